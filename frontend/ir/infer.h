@@ -1,0 +1,34 @@
+// Shape and dtype inference over the IR, for every op in the op list (primitive and fused).
+// It is the project's own (libonnx 1.12 knows opsets <= 17 only), works on symbolic dims, reads
+// constant operands (Reshape's shape, Slice's starts, ...) where present, and reports a shape
+// contradiction naming the node. Rules live in infer_*.cc by op family.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+
+namespace onnxpipe::ir {
+
+struct TypeAndShape {
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+
+// Infers the outputs of one node from its inputs' types and shapes (and constant data).
+absl::StatusOr<std::vector<TypeAndShape>> InferNode(const Graph& g, const Node& n);
+
+// Runs InferNode over the graph in order and stores the results in the output values. Where an
+// output already has a known shape (from the ONNX file), the two must agree (symbolic dims in the
+// file may be refined by the inferred ones).
+absl::Status InferShapes(Graph& g);
+
+// Replaces symbols ("B", "S") in every value's shape with bound sizes and records the bindings.
+// Fails naming the value when a bound dim contradicts a constant's data. Re-run InferShapes after.
+absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& bindings);
+
+}  // namespace onnxpipe::ir
