@@ -47,6 +47,10 @@ struct Node {
   std::vector<ValueId> outputs; // kNoValue marks an unused optional output
   Attrs attrs;
   Phase phase = Phase::kForward;
+  // Backward and optimizer nodes: the name of the forward node (or parameter value) they belong to,
+  // so that the partitioner keeps a forward op, its gradient ops and its parameters' updates on one
+  // stage. Empty for forward nodes.
+  std::string origin;
   bool removed = false;
 };
 
@@ -95,6 +99,15 @@ class Graph {
   const std::vector<ValueId>& outputs() const { return outputs_; }
   bool IsGraphOutput(ValueId v) const;
 
+  // State updates of a training graph: after a step, each `new_value` is copied (or aliased) into
+  // `state` (a parameter or optimizer-state constant). Empty for forward graphs.
+  struct StateUpdate {
+    ValueId state = kNoValue;
+    ValueId new_value = kNoValue;
+  };
+  std::vector<StateUpdate>& state_updates() { return state_updates_; }
+  const std::vector<StateUpdate>& state_updates() const { return state_updates_; }
+
   // --- metadata ---
   std::string name;
   std::string producer_name, producer_version;
@@ -107,6 +120,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<ValueId> inputs_, outputs_;
+  std::vector<StateUpdate> state_updates_;
   std::map<std::string, ValueId> by_name_;
 };
 
