@@ -1,9 +1,52 @@
-// onnxpipe: the command-line tool. Subcommands are registered in tools/commands.h.
+// onnxpipe: the command-line tool. `onnxpipe <command> --help` documents each command.
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "tools/commands.h"
+
+namespace onnxpipe::tools {
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args&);
+};
+
+constexpr Command kCommands[] = {
+    {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters",
+     RunInspect},
+};
+
+void PrintUsage(FILE* out) {
+  std::fprintf(out,
+               "onnxpipe — compile ONNX transformer graphs for pipelined training\n\n"
+               "usage: onnxpipe <command> [flags]   (onnxpipe <command> --help for its flags)\n\n"
+               "commands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int Fail(const std::string& command, const std::string& message, int code) {
+  std::fprintf(stderr, "onnxpipe %s: %s\n", command.c_str(), message.c_str());
+  return code;
+}
+
+}  // namespace onnxpipe::tools
+
 int main(int argc, char** argv) {
-  std::printf("onnxpipe\n");
-  return 0;
+  using namespace onnxpipe::tools;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    PrintUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) return c.run(Args(argv + 2, argv + argc));
+  }
+  std::fprintf(stderr, "onnxpipe: unknown command '%s'\n\n", argv[1]);
+  PrintUsage(stderr);
+  return 2;
 }

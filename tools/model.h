@@ -1,0 +1,45 @@
+// Loading a model for any subcommand: import the ONNX file, infer shapes, bind the symbolic batch
+// and sequence dims, fold and fuse. Shared by inspect, run, train and partition.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+#include "frontend/onnx/loader.h"
+
+namespace onnxpipe::tools {
+
+struct ModelOptions {
+  int64_t batch = 0;  // 0: leave the batch symbol unbound
+  int64_t seq = 0;    // 0: leave the sequence symbol unbound
+  std::map<std::string, int64_t> extra_dims;  // --dim NAME=V
+  bool fuse = true;
+  bool allow_unsupported = false;  // inspect: report unsupported ops instead of failing
+};
+
+struct Model {
+  onnx_frontend::ModelSummary summary;
+  std::vector<std::string> warnings;
+  std::optional<ir::Graph> imported;  // as imported (before folding and fusion)
+  std::optional<ir::Graph> graph;     // after binding, folding and fusion
+  std::map<std::string, int64_t> bindings;
+};
+
+// Symbols that name the batch and sequence dims: a symbol at position 0 of a graph input is the
+// batch; one at position 1 (and never at 0) is the sequence.
+struct DimRoles {
+  std::vector<std::string> batch, seq, other;
+};
+DimRoles ClassifySymbols(const ir::Graph& g);
+
+absl::StatusOr<Model> LoadModel(const std::string& path, const ModelOptions& options);
+
+// Histogram of live node op names.
+std::map<std::string, int64_t> OpHistogram(const ir::Graph& g);
+
+}  // namespace onnxpipe::tools
