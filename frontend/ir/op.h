@@ -21,6 +21,39 @@
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
 //   softmax(scale * Q K^T + mask [causal: -inf above the diagonal]) then dropout, times V.
 //   The mask broadcasts to (..., Sq, Sk).
+// Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
+// Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
+// so once symbols are bound a memory planner need not keep their buffers alive for them.
+// - SoftmaxCrossEntropyLoss additionally takes attr label_smoothing (float, default 0), with the
+//   semantics of PyTorch's CrossEntropyLoss(label_smoothing): target = (1-e) onehot + e/C.
+// - Sum(X0, X1, ...) -> elementwise sum with numpy broadcasting (accumulates gradients).
+// - FusedMatMul(A, B) attrs trans_a, trans_b (0/1: transpose the last two dims), alpha (float,
+//   default 1) -> alpha * op(A) @ op(B); ranks >= 2, batch dims broadcast as in MatMul.
+// - ReduceToShapeOf(X, like) -> X summed over the axes where like (right-aligned, numpy rules)
+//   broadcasts to X's shape; the result has like's shape (the gradient of a broadcast).
+// - ExpandLike(X, like) attrs axes (ints, optional), mean (int, default 0) -> X with size-1 dims
+//   inserted at `axes` (positions in the output, as Unsqueeze) and broadcast to like's shape,
+//   divided by numel(like)/numel(X) when mean=1 (the gradient of ReduceSum/ReduceMean).
+// - ReshapeLike(X, like) -> X's data with like's shape (same element count).
+// - ZerosLike(like) -> zeros of like's dtype and shape.
+// - GatherGrad(dY, indices, like) attr axis -> zeros shaped like `like` with dY's slices
+//   scatter-added at `indices` along axis (negative indices wrap as in Gather); deterministic.
+// - SliceGrad(dY, like, starts, ends, axes?, steps?) -> zeros shaped like `like`, dY written into
+//   the region Slice(like, starts, ends, axes, steps) selects.
+// - ConcatGrad(dY, like_0, ..., like_{n-1}) attr axis -> n outputs, dY split along axis into
+//   pieces of like_i's extent (the gradient of Concat; works with symbolic extents).
+// - ReluGrad(dY, Y) -> dY * (Y > 0).
+// - SoftmaxGrad(dY, Y) attr axis -> Y * (dY - sum(dY * Y, axis)); Y = Softmax output.
+// - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
+// - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X).
+// - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) attrs axis, epsilon -> dX, dScale?, dBias?.
+//   mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
+// - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
+// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV. Recomputes
+//   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
+//   random stream as the forward Attention node named by Node::origin.
+// - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
+//   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 #pragma once
 
 #include <cstdint>
@@ -84,7 +117,25 @@ constexpr int kVariadic = 1 << 20;
   V(Linear, "Linear", 2, 3, 1, 1)                            \
   V(LayerNorm, "LayerNorm", 2, 3, 1, 3)                      \
   V(Gelu, "Gelu", 1, 1, 1, 1)                                \
-  V(Attention, "Attention", 3, 4, 1, 1)
+  V(Attention, "Attention", 3, 4, 1, 1)                      \
+  /* Gradient and training ops */                            \
+  V(Sum, "Sum", 1, kVariadic, 1, 1)                          \
+  V(FusedMatMul, "FusedMatMul", 2, 2, 1, 1)                  \
+  V(ReduceToShapeOf, "ReduceToShapeOf", 2, 2, 1, 1)          \
+  V(ExpandLike, "ExpandLike", 2, 2, 1, 1)                    \
+  V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1)                  \
+  V(ZerosLike, "ZerosLike", 1, 1, 1, 1)                      \
+  V(GatherGrad, "GatherGrad", 3, 3, 1, 1)                    \
+  V(SliceGrad, "SliceGrad", 4, 6, 1, 1)                      \
+  V(ConcatGrad, "ConcatGrad", 2, kVariadic, 1, kVariadic)    \
+  V(ReluGrad, "ReluGrad", 2, 2, 1, 1)                        \
+  V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1)                  \
+  V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1)            \
+  V(GeluGrad, "GeluGrad", 2, 2, 1, 1)                        \
+  V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3)              \
+  V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1)                  \
+  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 3)              \
+  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1)
 
 enum class OpKind : uint16_t {
 #define V(e, name, min_in, max_in, min_out, max_out) k##e,
