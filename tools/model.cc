@@ -42,20 +42,30 @@ std::map<std::string, int64_t> OpHistogram(const ir::Graph& g) {
   return h;
 }
 
-absl::StatusOr<Model> LoadModel(const std::string& path, const ModelOptions& options) {
+absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported) {
   onnx_frontend::LoadOptions load_options;
-  load_options.allow_unsupported = options.allow_unsupported;
+  load_options.allow_unsupported = allow_unsupported;
   ASSIGN_OR_RETURN(onnx_frontend::LoadedModel loaded,
                    onnx_frontend::LoadOnnxModel(path, load_options));
   Model model;
   model.summary = std::move(loaded.summary);
   model.warnings = std::move(loaded.warnings);
   if (!loaded.graph) return model;  // unsupported ops: summary only
+  RETURN_IF_ERROR(Annotate(ir::InferShapes(*loaded.graph), path));
+  model.imported = std::move(*loaded.graph);
+  return model;
+}
 
-  ir::Graph g = std::move(*loaded.graph);
-  RETURN_IF_ERROR(Annotate(ir::InferShapes(g), path));
-  model.imported = g;
+absl::StatusOr<Model> LoadModel(const std::string& path, const ModelOptions& options) {
+  ASSIGN_OR_RETURN(Model model, ImportModel(path, options.allow_unsupported));
+  RETURN_IF_ERROR(PrepareModel(model, options));
+  return model;
+}
 
+absl::Status PrepareModel(Model& model, const ModelOptions& options) {
+  if (!model.imported) return absl::OkStatus();
+  ir::Graph g = *model.imported;
+  const std::string& path = g.source_path;
   const DimRoles roles = ClassifySymbols(g);
   std::map<std::string, int64_t> bindings = options.extra_dims;
   auto bind_role = [&](const std::vector<std::string>& syms, int64_t value, const char* flag,
@@ -93,7 +103,7 @@ absl::StatusOr<Model> LoadModel(const std::string& path, const ModelOptions& opt
     RETURN_IF_ERROR(Annotate(passes::RunForwardPipeline(&g, evaluator, popts), path));
   }
   model.graph = std::move(g);
-  return model;
+  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::tools

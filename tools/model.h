@@ -37,6 +37,12 @@ struct DimRoles {
 };
 DimRoles ClassifySymbols(const ir::Graph& g);
 
+// Imports the file and infers shapes (Model::imported); with unsupported ops and
+// allow_unsupported, only the summary is filled.
+absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported);
+// Binds dims, folds and fuses Model::imported into Model::graph.
+absl::Status PrepareModel(Model& model, const ModelOptions& options);
+// ImportModel + PrepareModel.
 absl::StatusOr<Model> LoadModel(const std::string& path, const ModelOptions& options);
 
 // Histogram of live node op names.
