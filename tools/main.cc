@@ -17,6 +17,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters",
      RunInspect},
+    {"run", "evaluate the forward pass on the CPU backend (.pb or .npy inputs -> .npy outputs)", RunRun},
 };
 
 void PrintUsage(FILE* out) {

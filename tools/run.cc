@@ -1,0 +1,116 @@
+// onnxpipe run: evaluates the forward pass of a model on the CPU backend.
+#include <cstdio>
+#include <filesystem>
+
+#include "executor/cpu/cpu_evaluator.h"
+#include "executor/data/npy.h"
+#include "executor/runtime/interpreter.h"
+#include "frontend/ir/precision.h"
+#include "frontend/ir/status.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "tools/model.h"
+
+namespace onnxpipe::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Reads one feed per graph input: `input_<i>.pb` (ONNX backend-test layout, graph-input order)
+// when input_0.pb exists, else `<input name>.npy`.
+absl::StatusOr<std::vector<ir::Tensor>> ReadFeeds(const ir::Graph& g, const fs::path& dir) {
+  if (!fs::is_directory(dir)) return NOT_FOUND() << "--inputs " << dir.string() << " is not a directory";
+  std::vector<ir::Tensor> feeds;
+  const bool pb_layout = fs::exists(dir / "input_0.pb");
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const std::string& name = g.value(g.inputs()[i]).name;
+    absl::StatusOr<ir::Tensor> t;
+    if (pb_layout) {
+      fs::path p = dir / ("input_" + std::to_string(i) + ".pb");
+      if (!fs::exists(p))
+        return NOT_FOUND() << p.string() << " is missing (graph input " << i << " '" << name << "')";
+      t = onnx_frontend::LoadTensorProtoFile(p.string());
+    } else {
+      fs::path p = dir / (name + ".npy");
+      if (!fs::exists(p))
+        return NOT_FOUND() << p.string() << " is missing: --inputs needs input_<i>.pb files or one "
+                           << "<input name>.npy per graph input";
+      t = data::ReadNpy(p.string());
+    }
+    if (!t.ok()) return t.status();
+    feeds.push_back(std::move(*t));
+  }
+  return feeds;
+}
+
+std::string FileNameFor(const std::string& value_name) {
+  std::string out = value_name;
+  for (char& c : out)
+    if (c == '/' || c == '\\' || c == ':') c = '_';
+  return out;
+}
+
+}  // namespace
+
+int RunRun(const Args& args) {
+  std::string inputs_dir, out_dir, backend = "cpu", dtype = "fp32";
+  bool check_numerics = false;
+  FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu] [--dtype fp32|fp64]",
+                "Evaluates the forward pass (inference: Dropout is identity). DIR holds input_<i>.pb\n"
+                "TensorProto files in graph-input order (the ONNX backend-test layout) or one\n"
+                "<input name>.npy per graph input; writes <output name>.npy into --out.");
+  flags.String("inputs", &inputs_dir, "folder with the input tensors");
+  flags.String("out", &out_dir, "folder for the outputs (created)");
+  flags.String("backend", &backend, "cpu");
+  flags.String("dtype", &dtype, "fp32 | fp64: float precision to compute in");
+  flags.Bool("check-numerics", &check_numerics, "stop at the first node producing NaN/Inf");
+  if (absl::Status st = flags.Parse(args); !st.ok()) return Fail("run", std::string(st.message()), 2);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Usage().c_str());
+    return 0;
+  }
+  if (flags.positional().size() != 1) return Fail("run", "expected exactly one MODEL.onnx (see --help)", 2);
+  if (inputs_dir.empty() || out_dir.empty()) return Fail("run", "--inputs and --out are required", 2);
+  if (backend != "cpu") return Fail("run", "--backend '" + backend + "' is not available; expected cpu", 2);
+  if (dtype != "fp32" && dtype != "fp64") return Fail("run", "--dtype expects fp32 or fp64, got '" + dtype + "'", 2);
+
+  absl::StatusOr<Model> model = ImportModel(flags.positional()[0], /*allow_unsupported=*/false);
+  if (!model.ok()) return Fail("run", std::string(model.status().message()));
+  absl::StatusOr<std::vector<ir::Tensor>> feeds = ReadFeeds(*model->imported, inputs_dir);
+  if (!feeds.ok()) return Fail("run", std::string(feeds.status().message()));
+
+  // Bind the symbolic dims to the feeds' sizes, then fold and fuse for those shapes.
+  ModelOptions options;
+  for (size_t i = 0; i < feeds->size(); ++i) {
+    absl::Status st = runtime::CheckInput(*model->imported, model->imported->inputs()[i], (*feeds)[i],
+                                          &options.extra_dims);
+    if (!st.ok()) return Fail("run", std::string(st.message()));
+  }
+  if (absl::Status st = PrepareModel(*model, options); !st.ok()) return Fail("run", std::string(st.message()));
+  ir::Graph& g = *model->graph;
+  if (dtype == "fp64") {
+    if (absl::Status st = ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64); !st.ok())
+      return Fail("run", std::string(st.message()));
+    for (ir::Tensor& t : *feeds)
+      if (t.dtype() == ir::DType::kF32) t = t.CastTo(ir::DType::kF64);
+  }
+  cpu::CpuEvaluator evaluator;
+  runtime::InterpreterOptions iopts;
+  iopts.check_numerics = check_numerics;
+  absl::StatusOr<std::vector<ir::Tensor>> outputs = runtime::Interpret(g, evaluator, *feeds, iopts);
+  if (!outputs.ok()) return Fail("run", std::string(outputs.status().message()));
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return Fail("run", "cannot create --out " + out_dir + ": " + ec.message());
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    const std::string name = g.value(g.outputs()[i]).name;
+    const fs::path p = fs::path(out_dir) / (FileNameFor(name) + ".npy");
+    if (absl::Status st = data::WriteNpy(p.string(), (*outputs)[i]); !st.ok())
+      return Fail("run", std::string(st.message()));
+    std::printf("%s -> %s\n", name.c_str(), p.string().c_str());
+  }
+  return 0;
+}
+
+}  // namespace onnxpipe::tools
