@@ -54,6 +54,22 @@
 //   random stream as the forward Attention node named by Node::origin.
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
+// Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
+// Their outputs are the next values of parameters and optimizer state, recorded in
+// Graph::state_updates(); `lr` is an f64 scalar and `step` an i64 scalar graph input fed per step;
+// `scale` is the optional gradient-clipping factor (ClipScale's output) multiplied into the grad.
+// - SumSquares(X0, X1, ...) -> scalar of X0's dtype: sum of x^2 over every element of every input
+//   (accumulated in double); Sqrt of it is the global gradient norm.
+// - ClipScale(norm) attrs max_norm (float), eps (float, default 1e-6) -> min(1, max_norm/(norm+eps))
+//   (torch.nn.utils.clip_grad_norm_).
+// - SGDUpdate(param, grad, momentum_buf?, lr, scale?) attrs momentum, nesterov (int), weight_decay
+//   -> param', momentum_buf' (present iff momentum != 0), torch.optim.SGD without dampening:
+//   d = g*scale + wd*p; buf' = momentum*buf + d; d = nesterov ? d + momentum*buf' : buf';
+//   p' = p - lr*d. A zero-initialised buffer gives PyTorch's first step (buf = d) exactly.
+// - AdamWUpdate(param, grad, m, v, lr, step, scale?) attrs beta1, beta2, eps, weight_decay
+//   -> param', m', v', torch.optim.AdamW: p *= 1 - lr*wd; m' = b1*m + (1-b1)*g;
+//   v' = b2*v + (1-b2)*g*g; p' = p - lr/(1-b1^step) * m' / (sqrt(v')/sqrt(1-b2^step) + eps);
+//   `step` is the 1-based count of updates including this one.
 #pragma once
 
 #include <cstdint>
@@ -135,7 +151,11 @@ constexpr int kVariadic = 1 << 20;
   V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3)              \
   V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1)                  \
   V(AttentionGrad, "AttentionGrad", 4, 5, 3, 3)              \
-  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1)
+  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1) \
+  V(SumSquares, "SumSquares", 1, kVariadic, 1, 1)            \
+  V(ClipScale, "ClipScale", 1, 1, 1, 1)                      \
+  V(SGDUpdate, "SGDUpdate", 4, 5, 1, 2)                      \
+  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3)
 
 enum class OpKind : uint16_t {
 #define V(e, name, min_in, max_in, min_out, max_out) k##e,
