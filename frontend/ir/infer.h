@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,12 @@ absl::Status InferShapes(Graph& g);
 // Replaces symbols ("B", "S") in every value's shape with bound sizes and records the bindings.
 // Fails naming the value when a bound dim contradicts a constant's data. Re-run InferShapes after.
 absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& bindings);
+
+// The named symbols ("B", "S"; not the unknown "?k" ones) in the graph inputs' shapes: what a
+// user can bind.
+std::set<std::string> CollectSymbols(const Graph& g);
+
+// True when the op has a shape rule (every op in the op list should).
+bool HasShapeRule(OpKind op);
 
 }  // namespace onnxpipe::ir

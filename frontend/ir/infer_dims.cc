@@ -1,0 +1,364 @@
+// Dim algebra shared by the shape rules, and the compile-time data of small integer tensors.
+//
+// Exporters compute Reshape/Expand/Slice operands from the model's own shape
+// (Shape -> Gather -> Unsqueeze -> Concat, with Mul/Div/Sub of dims in between). Following those
+// chains symbolically here is what lets Reshape(x, Concat(B, S, 16, 64)) come out as (B, S, 16, 64)
+// before B and S are bound, instead of four unknown dims.
+#include <algorithm>
+#include <functional>
+#include <unordered_map>
+
+#include "frontend/ir/infer_rules.h"
+
+namespace onnxpipe::ir::infer_internal {
+
+int Specificity(const Dim& d) {
+  if (d.is_concrete()) return 2;
+  return d.is_unknown() ? 0 : 1;
+}
+
+std::optional<Dim> UnifyDims(const Dim& a, const Dim& b) {
+  if (a == b) return a;
+  if (a.is_concrete() && b.is_concrete()) return std::nullopt;
+  return Specificity(b) > Specificity(a) ? b : a;
+}
+
+std::optional<Dim> BroadcastDims(const Dim& a, const Dim& b) {
+  if (a == b) return a;
+  if (IsOne(a)) return b;
+  if (IsOne(b)) return a;
+  if (a.is_concrete() && b.is_concrete()) return std::nullopt;
+  // A concrete dim (> 1, or 0) against a symbol: the symbol must be 1 or that dim at run time.
+  if (a.is_concrete()) return a;
+  if (b.is_concrete()) return b;
+  // A named symbol against an unknown: the result is the named one unless it is 1 at run time;
+  // re-inference after binding makes it exact.
+  const int sa = Specificity(a), sb = Specificity(b);
+  if (sa != sb) return sa > sb ? a : b;
+  return Dim::Unknown();
+}
+
+namespace {
+
+// factor * symbols with an explicit factor, or an unknown when the factor is not positive.
+Dim WithFactor(int64_t factor, const std::vector<std::string>& symbols) {
+  if (symbols.empty()) return Dim(factor);
+  if (factor == 0) return Dim(0);
+  if (factor < 0) return Dim::Unknown();
+  Dim d(factor);
+  for (const std::string& s : symbols) d = d * Dim::Symbol(s);
+  return d;
+}
+
+Dim Combine(const Dim& a, const Dim& b, int64_t sign) {
+  if (b.is_concrete() && b.value() == 0) return a;
+  if (a.is_concrete() && a.value() == 0 && sign > 0) return b;
+  if (a.symbols() != b.symbols() || a.is_unknown()) return Dim::Unknown();
+  return WithFactor(a.factor() + sign * b.factor(), a.symbols());
+}
+
+}  // namespace
+
+Dim AddDims(const Dim& a, const Dim& b) { return Combine(a, b, +1); }
+Dim SubDims(const Dim& a, const Dim& b) { return Combine(a, b, -1); }
+
+// ---------------------------------------------------------------------------------------------
+
+bool KnownData::AllConcrete() const {
+  return std::all_of(elems.begin(), elems.end(), [](const Dim& d) { return d.is_concrete(); });
+}
+
+std::vector<int64_t> KnownData::Ints() const { return ToInts(elems); }
+
+std::optional<Tensor> ConstantNodeTensor(const Node& n) {
+  if (n.op != OpKind::kConstant) return std::nullopt;
+  const Attrs& a = n.attrs;
+  if (a.Has("value")) {
+    Tensor t = a.Get<Tensor>("value");
+    if (t.defined()) return t;
+    return std::nullopt;
+  }
+  if (a.Has("value_int")) return Tensor::Scalar<int64_t>(a.Get<int64_t>("value_int"));
+  if (a.Has("value_float")) return Tensor::Scalar<float>(a.Get<float>("value_float"));
+  if (a.Has("value_ints")) {
+    std::vector<int64_t> v = a.Get<std::vector<int64_t>>("value_ints");
+    return Tensor::FromVector<int64_t>({static_cast<int64_t>(v.size())}, v);
+  }
+  if (a.Has("value_floats")) {
+    std::vector<double> v = a.Get<std::vector<double>>("value_floats");
+    std::vector<float> f(v.begin(), v.end());
+    return Tensor::FromVector<float>({static_cast<int64_t>(f.size())}, f);
+  }
+  return std::nullopt;
+}
+
+const Tensor* ConstantTensor(const Graph& g, ValueId v) {
+  if (v == kNoValue) return nullptr;
+  const Value& val = g.value(v);
+  if (val.constant && val.constant->defined()) return &*val.constant;
+  if (val.producer == kNoNode) return nullptr;
+  const Node& p = g.node(val.producer);
+  if (p.removed || p.op != OpKind::kConstant) return nullptr;
+  // Constant nodes keep their tensor in the `value` attribute; the other ONNX spellings are
+  // materialised by ConstantNodeTensor (callers that need them use ComputeKnownData).
+  auto it = p.attrs.all().find("value");
+  if (it == p.attrs.all().end()) return nullptr;
+  return std::get_if<Tensor>(&it->second);
+}
+
+namespace {
+
+bool IsTrackedDType(DType t) { return IsInteger(t) || t == DType::kBool; }
+
+KnownData FromTensor(const Tensor& t) {
+  KnownData d;
+  d.dims = t.dims();
+  for (int64_t i = 0; i < t.num_elements(); ++i) d.elems.push_back(Dim(t.GetAsInt(i)));
+  return d;
+}
+
+// Element i of a broadcast operand that is either a scalar or has n elements.
+const Dim& ElemAt(const KnownData& d, size_t i) { return d.elems.size() == 1 ? d.elems[0] : d.elems[i]; }
+
+bool IsPositiveSymbolic(const Dim& d) { return !d.is_concrete() && !d.is_unknown() && d.factor() > 0; }
+
+class KnownDataBuilder {
+ public:
+  explicit KnownDataBuilder(const Graph& g) : g_(g) {}
+
+  std::optional<KnownData> Get(ValueId v, int depth) {
+    if (v == kNoValue) return std::nullopt;
+    auto it = memo_.find(v);
+    if (it != memo_.end()) return it->second;
+    std::optional<KnownData> r = Compute(v, depth);
+    memo_[v] = r;
+    return r;
+  }
+
+ private:
+  // Only the shape is known: a tensor of unknown elements.
+  std::optional<KnownData> ShapeOnly(const Value& val) {
+    if (!val.shape_known || !IsConcrete(val.shape) || !IsTrackedDType(val.dtype))
+      return std::nullopt;
+    std::vector<int64_t> dims = ToInts(val.shape);
+    const Dim n = NumElements(val.shape);
+    if (n.value() > kMaxKnownElements) return std::nullopt;
+    KnownData d;
+    d.dims = dims;
+    for (int64_t i = 0; i < n.value(); ++i) d.elems.push_back(Dim::Unknown());
+    return d;
+  }
+
+  std::optional<KnownData> Compute(ValueId v, int depth) {
+    const Value& val = g_.value(v);
+    if (val.constant) {
+      if (!IsTrackedDType(val.constant->dtype()) ||
+          val.constant->num_elements() > kMaxKnownElements)
+        return std::nullopt;
+      return FromTensor(*val.constant);
+    }
+    if (val.producer == kNoNode || depth > kMaxDepth) return ShapeOnly(val);
+    const Node& p = g_.node(val.producer);
+    if (p.removed) return ShapeOnly(val);
+    std::optional<KnownData> r = FromProducer(val, p, depth + 1);
+    if (!r) return ShapeOnly(val);
+    return r;
+  }
+
+  std::optional<KnownData> In(const Node& p, int i, int depth) {
+    if (i >= static_cast<int>(p.inputs.size())) return std::nullopt;
+    return Get(p.inputs[i], depth);
+  }
+
+  // The output takes the (concrete) shape the rule inferred for it; elements as given.
+  std::optional<KnownData> Shaped(const Value& out, std::vector<Dim> elems) {
+    if (!out.shape_known || !IsConcrete(out.shape)) return std::nullopt;
+    if (NumElements(out.shape).value() != static_cast<int64_t>(elems.size())) return std::nullopt;
+    KnownData d;
+    d.dims = ToInts(out.shape);
+    d.elems = std::move(elems);
+    return d;
+  }
+
+  std::optional<KnownData> FromProducer(const Value& out, const Node& p, int depth) {
+    switch (p.op) {
+      case OpKind::kConstant: {
+        std::optional<Tensor> t = ConstantNodeTensor(p);
+        if (!t || !IsTrackedDType(t->dtype()) || t->num_elements() > kMaxKnownElements)
+          return std::nullopt;
+        return FromTensor(*t);
+      }
+      case OpKind::kShape: {
+        const Value& x = g_.value(p.inputs[0]);
+        if (!x.shape_known) return std::nullopt;
+        const int64_t r = static_cast<int64_t>(x.shape.size());
+        auto clamp = [r](int64_t a) { return std::clamp(a < 0 ? a + r : a, int64_t{0}, r); };
+        const int64_t start = clamp(p.attrs.Get<int64_t>("start", 0));
+        const int64_t end = clamp(p.attrs.Get<int64_t>("end", r));
+        std::vector<Dim> elems;
+        for (int64_t i = start; i < end; ++i) elems.push_back(x.shape[i]);
+        return Shaped(out, std::move(elems));
+      }
+      case OpKind::kIdentity:
+      case OpKind::kSqueeze:
+      case OpKind::kUnsqueeze:
+      case OpKind::kReshape:
+      case OpKind::kFlatten: {
+        std::optional<KnownData> x = In(p, 0, depth);
+        if (!x) return std::nullopt;
+        return Shaped(out, x->elems);
+      }
+      case OpKind::kCast: {
+        std::optional<KnownData> x = In(p, 0, depth);
+        if (!x || !IsTrackedDType(out.dtype)) return std::nullopt;
+        if (out.dtype == DType::kBool) {
+          for (Dim& e : x->elems) {
+            if (e.is_concrete()) e = Dim(e.value() != 0 ? 1 : 0);
+            else if (!IsPositiveSymbolic(e)) e = Dim::Unknown();
+            else e = Dim(1);
+          }
+        }
+        return Shaped(out, x->elems);
+      }
+      case OpKind::kGather: {
+        std::optional<KnownData> x = In(p, 0, depth), idx = In(p, 1, depth);
+        if (!x || !idx || x->dims.size() != 1 || !idx->AllConcrete()) return std::nullopt;
+        const int64_t n = x->dims[0];
+        std::vector<Dim> elems;
+        for (int64_t i : idx->Ints()) {
+          if (i < 0) i += n;
+          if (i < 0 || i >= n) return std::nullopt;
+          elems.push_back(x->elems[i]);
+        }
+        return Shaped(out, std::move(elems));
+      }
+      case OpKind::kConcat: {
+        std::vector<Dim> elems;
+        for (int i = 0; i < static_cast<int>(p.inputs.size()); ++i) {
+          std::optional<KnownData> x = In(p, i, depth);
+          if (!x || x->dims.size() != 1) return std::nullopt;
+          elems.insert(elems.end(), x->elems.begin(), x->elems.end());
+        }
+        return Shaped(out, std::move(elems));
+      }
+      case OpKind::kSlice:
+        return SliceData(out, p, depth);
+      case OpKind::kAdd:
+      case OpKind::kSub:
+      case OpKind::kMul:
+      case OpKind::kDiv:
+      case OpKind::kEqual:
+        return Binary(out, p, depth);
+      case OpKind::kWhere: {
+        std::optional<KnownData> c = In(p, 0, depth), x = In(p, 1, depth), y = In(p, 2, depth);
+        if (!c || !x || !y || !c->AllConcrete()) return std::nullopt;
+        const size_t n = std::max({c->elems.size(), x->elems.size(), y->elems.size()});
+        for (const KnownData* d : {&*c, &*x, &*y})
+          if (d->elems.size() != 1 && d->elems.size() != n) return std::nullopt;
+        std::vector<Dim> elems;
+        for (size_t i = 0; i < n; ++i)
+          elems.push_back(ElemAt(*c, i).value() != 0 ? ElemAt(*x, i) : ElemAt(*y, i));
+        return Shaped(out, std::move(elems));
+      }
+      case OpKind::kConstantOfShape: {
+        if (!out.shape_known || !IsConcrete(out.shape)) return std::nullopt;
+        Tensor value = p.attrs.Get<Tensor>("value");
+        const int64_t fill = value.defined() && value.num_elements() == 1 ? value.GetAsInt(0) : 0;
+        const int64_t n = NumElements(out.shape).value();
+        if (n > kMaxKnownElements) return std::nullopt;
+        return Shaped(out, std::vector<Dim>(n, Dim(fill)));
+      }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  std::optional<KnownData> Binary(const Value& out, const Node& p, int depth) {
+    std::optional<KnownData> a = In(p, 0, depth), b = In(p, 1, depth);
+    if (!a || !b) return std::nullopt;
+    const size_t n = std::max(a->elems.size(), b->elems.size());
+    if ((a->elems.size() != 1 && a->elems.size() != n) ||
+        (b->elems.size() != 1 && b->elems.size() != n))
+      return std::nullopt;
+    std::vector<Dim> elems;
+    for (size_t i = 0; i < n; ++i) {
+      const Dim &x = ElemAt(*a, i), &y = ElemAt(*b, i);
+      const bool concrete = x.is_concrete() && y.is_concrete();
+      switch (p.op) {
+        case OpKind::kAdd: elems.push_back(AddDims(x, y)); break;
+        case OpKind::kSub: elems.push_back(SubDims(x, y)); break;
+        case OpKind::kMul: elems.push_back(x.is_unknown() || y.is_unknown() ? Dim::Unknown() : x * y); break;
+        case OpKind::kDiv:
+          if (concrete) {
+            elems.push_back(y.value() == 0 ? Dim::Unknown() : Dim(x.value() / y.value()));
+          } else {
+            std::optional<Dim> q = x.is_unknown() ? std::nullopt : x.DivExact(y);
+            elems.push_back(q ? *q : Dim::Unknown());
+          }
+          break;
+        case OpKind::kEqual:
+          // Symbols stand for dims (>= 1), so a named symbol never equals 0 or the -1 sentinel.
+          if (x == y && !x.is_unknown()) {
+            elems.push_back(Dim(1));
+          } else if (concrete || (IsPositiveSymbolic(x) && y.is_concrete() && y.value() <= 0) ||
+                     (IsPositiveSymbolic(y) && x.is_concrete() && x.value() <= 0)) {
+            elems.push_back(Dim(0));
+          } else {
+            elems.push_back(Dim::Unknown());
+          }
+          break;
+        default: return std::nullopt;
+      }
+      if (!elems.back().is_concrete() && elems.back().factor() < 0) elems.back() = Dim::Unknown();
+    }
+    return Shaped(out, std::move(elems));
+  }
+
+  std::optional<KnownData> SliceData(const Value& out, const Node& p, int depth) {
+    std::optional<KnownData> x = In(p, 0, depth), starts = In(p, 1, depth), ends = In(p, 2, depth);
+    if (!x || x->dims.size() != 1 || !starts || !ends || !starts->AllConcrete() ||
+        !ends->AllConcrete() || starts->elems.size() != 1 || ends->elems.size() != 1)
+      return std::nullopt;
+    int64_t step = 1;
+    if (p.inputs.size() > 3 && p.inputs[3] != kNoValue) {
+      std::optional<KnownData> axes = In(p, 3, depth);
+      if (!axes || !axes->AllConcrete() || axes->elems.size() != 1) return std::nullopt;
+      const int64_t axis = axes->elems[0].value();
+      if (axis != 0 && axis != -1) return std::nullopt;
+    }
+    if (p.inputs.size() > 4 && p.inputs[4] != kNoValue) {
+      std::optional<KnownData> steps = In(p, 4, depth);
+      if (!steps || !steps->AllConcrete() || steps->elems.size() != 1) return std::nullopt;
+      step = steps->elems[0].value();
+      if (step == 0) return std::nullopt;
+    }
+    const int64_t n = x->dims[0];
+    int64_t s = starts->elems[0].value(), e = ends->elems[0].value();
+    if (s < 0) s += n;
+    if (e < 0) e += n;
+    std::vector<Dim> elems;
+    if (step > 0) {
+      s = std::clamp<int64_t>(s, 0, n);
+      e = std::clamp<int64_t>(e, 0, n);
+      for (int64_t i = s; i < e; i += step) elems.push_back(x->elems[i]);
+    } else {
+      s = std::clamp<int64_t>(s, 0, n - 1);
+      e = std::clamp<int64_t>(e, -1, n - 1);
+      for (int64_t i = s; i > e; i += step) elems.push_back(x->elems[i]);
+    }
+    return Shaped(out, std::move(elems));
+  }
+
+  static constexpr int kMaxDepth = 48;
+  const Graph& g_;
+  std::unordered_map<ValueId, std::optional<KnownData>> memo_;
+};
+
+}  // namespace
+
+std::optional<KnownData> ComputeKnownData(const Graph& g, ValueId v) {
+  KnownDataBuilder b(g);
+  return b.Get(v, 0);
+}
+
+}  // namespace onnxpipe::ir::infer_internal
