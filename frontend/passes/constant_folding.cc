@@ -1,0 +1,316 @@
+// Constant and shape folding. The folder walks the nodes once in topological order, so a chain of
+// foldable nodes collapses in a single run: each folded output is a constant by the time its
+// consumers are visited.
+
+#include "frontend/passes/constant_folding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "frontend/ir/status.h"
+#include "frontend/passes/pattern.h"
+
+namespace onnxpipe::passes {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::OpKind;
+using ir::Tensor;
+using ir::ValueId;
+
+class Folder {
+ public:
+  Folder(Graph* g, const ir::OpEvaluator& ev, const ConstantFoldingOptions& options)
+      : g_(g), ev_(ev), options_(options) {
+    graph_inputs_.insert(g->inputs().begin(), g->inputs().end());
+  }
+
+  absl::StatusOr<bool> Run() {
+    bool changed = false;
+    for (NodeId id : g_->LiveNodes()) {
+      ASSIGN_OR_RETURN(bool folded, Visit(id));
+      changed |= folded;
+    }
+    if (changed) RETURN_IF_ERROR(g_->TopoSort());
+    return changed;
+  }
+
+ private:
+  std::string Describe(const Node& n) const {
+    return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")";
+  }
+
+  bool Frozen(ValueId v) const {
+    return v == ir::kNoValue || (!graph_inputs_.count(v) && IsFrozenConstant(*g_, v));
+  }
+
+  bool ProducesGraphOutput(const Node& n) const {
+    return std::any_of(n.outputs.begin(), n.outputs.end(),
+                       [&](ValueId v) { return v != ir::kNoValue && g_->IsGraphOutput(v); });
+  }
+
+  absl::StatusOr<bool> Visit(NodeId id) {
+    const Node& n = g_->node(id);
+    if (n.removed || n.op == OpKind::kDropout || ProducesGraphOutput(n)) return false;
+    if (n.op == OpKind::kShape) {
+      std::optional<Tensor> t = ShapeTensor(n);
+      if (!t) return false;
+      RETURN_IF_ERROR(Commit(id, {*t}));
+      return true;
+    }
+    if (IsNoOp(n)) {
+      ValueId in = n.inputs[0], out = n.outputs[0];
+      g_->RemoveNode(id);
+      g_->ReplaceAllUses(out, in);
+      return true;
+    }
+    if (std::all_of(n.inputs.begin(), n.inputs.end(), [&](ValueId v) { return Frozen(v); })) {
+      if (!OutputsFitCap(n)) return false;
+      std::vector<Tensor> inputs;
+      for (ValueId v : n.inputs) inputs.push_back(v == ir::kNoValue ? Tensor() : *g_->value(v).constant);
+      return EvaluateAndCommit(id, inputs);
+    }
+    if (AllOutputsNonFloat(n)) {
+      // Rule 4 of the header: a gradient-stopping node over parameters.
+      std::vector<Tensor> inputs;
+      for (ValueId v : n.inputs) {
+        if (v == ir::kNoValue) {
+          inputs.emplace_back();
+          continue;
+        }
+        ASSIGN_OR_RETURN(std::optional<Tensor> t, Compute(v, /*depth=*/0));
+        if (!t) return false;
+        inputs.push_back(*t);
+      }
+      if (!OutputsFitCap(n)) return false;
+      return EvaluateAndCommit(id, inputs);
+    }
+    return false;
+  }
+
+  bool AllOutputsNonFloat(const Node& n) const {
+    bool any = false;
+    for (ValueId v : n.outputs) {
+      if (v == ir::kNoValue) continue;
+      if (ir::IsFloat(g_->value(v).dtype)) return false;
+      any = true;
+    }
+    return any;
+  }
+
+  // Shape(x) as a constant when x's dims are concrete; honours the opset-15 start/end attrs.
+  std::optional<Tensor> ShapeTensor(const Node& n) const {
+    const ir::Value& x = g_->value(n.inputs[0]);
+    if (!x.shape_known || !ir::IsConcrete(x.shape)) return std::nullopt;
+    const int64_t rank = static_cast<int64_t>(x.shape.size());
+    auto clamp = [rank](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
+    const int64_t start = clamp(n.attrs.Get<int64_t>("start", 0));
+    const int64_t end = clamp(n.attrs.Get<int64_t>("end", rank));
+    std::vector<int64_t> dims;
+    for (int64_t i = start; i < end; ++i) dims.push_back(x.shape[i].value());
+    return Tensor::FromVector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+  }
+
+  bool SameKnownShape(ValueId a, ValueId b) const {
+    const ir::Value& va = g_->value(a);
+    const ir::Value& vb = g_->value(b);
+    if (!va.shape_known || !vb.shape_known || va.shape != vb.shape) return false;
+    // Two fresh unknown dims never compare equal, but the same unknown symbol might have been
+    // propagated without proof; only trust concrete and named symbolic dims.
+    return std::none_of(va.shape.begin(), va.shape.end(), [](const ir::Dim& d) { return d.is_unknown(); });
+  }
+
+  bool IsNoOp(const Node& n) const {
+    if (n.outputs.empty() || n.outputs[0] == ir::kNoValue || n.inputs.empty() ||
+        n.inputs[0] == ir::kNoValue) {
+      return false;
+    }
+    const ValueId in = n.inputs[0], out = n.outputs[0];
+    if (g_->value(in).dtype != g_->value(out).dtype) return false;
+    switch (n.op) {
+      case OpKind::kIdentity:
+        return true;
+      case OpKind::kCast: {
+        std::optional<ir::DType> to = ir::ParseDType(n.attrs.Get<std::string>("to"));
+        return to.has_value() && *to == g_->value(in).dtype;
+      }
+      case OpKind::kReshape:
+      case OpKind::kExpand:
+        return SameKnownShape(in, out);
+      default:
+        return false;
+    }
+  }
+
+  // Element count of each output known before evaluating, where it can be; false when one is
+  // over the cap. Unknown counts are checked after evaluation.
+  bool OutputsFitCap(const Node& n) const {
+    for (ValueId v : n.outputs) {
+      if (v == ir::kNoValue) continue;
+      const ir::Value& val = g_->value(v);
+      if (val.shape_known && ir::IsConcrete(val.shape) &&
+          ir::NumElements(val.shape).value() > options_.max_elements) {
+        return false;
+      }
+    }
+    std::optional<double> estimate = EstimateElements(n);
+    return !estimate || *estimate <= static_cast<double>(options_.max_elements);
+  }
+
+  // Sizes of the ops whose output can be far larger than their inputs, from constant operands.
+  std::optional<double> EstimateElements(const Node& n) const {
+    auto const_of = [&](int i) -> const Tensor* {
+      if (i >= static_cast<int>(n.inputs.size()) || n.inputs[i] == ir::kNoValue) return nullptr;
+      const ir::Value& v = g_->value(n.inputs[i]);
+      return v.constant ? &*v.constant : nullptr;
+    };
+    switch (n.op) {
+      case OpKind::kConstantOfShape:
+      case OpKind::kExpand: {
+        const Tensor* shape = const_of(n.op == OpKind::kExpand ? 1 : 0);
+        if (shape == nullptr) return std::nullopt;
+        double count = 1;
+        for (int64_t d : shape->ToInt64Vector()) count *= std::max<int64_t>(d, 1);
+        if (n.op == OpKind::kExpand) {
+          const Tensor* data = const_of(0);
+          if (data != nullptr) count = std::max(count, static_cast<double>(data->num_elements()));
+        }
+        return count;
+      }
+      case OpKind::kRange: {
+        const Tensor *start = const_of(0), *limit = const_of(1), *delta = const_of(2);
+        if (!start || !limit || !delta || delta->GetAsDouble(0) == 0) return std::nullopt;
+        return std::ceil((limit->GetAsDouble(0) - start->GetAsDouble(0)) / delta->GetAsDouble(0));
+      }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  absl::StatusOr<bool> EvaluateAndCommit(NodeId id, const std::vector<Tensor>& inputs) {
+    const Node& n = g_->node(id);
+    absl::StatusOr<std::vector<Tensor>> result = ev_.Evaluate(n, inputs);
+    if (!result.ok()) {
+      if (absl::IsUnimplemented(result.status())) return false;
+      return Annotate(result.status(), "folding " + Describe(n));
+    }
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      if (n.outputs[i] == ir::kNoValue) continue;
+      if (i >= result->size() || !(*result)[i].defined()) {
+        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": the evaluator computed no output " << i;
+      }
+      if ((*result)[i].num_elements() > options_.max_elements) return false;
+    }
+    RETURN_IF_ERROR(Commit(id, *result));
+    return true;
+  }
+
+  // Turns the node's outputs into constants holding `results` and removes the node.
+  absl::Status Commit(NodeId id, const std::vector<Tensor>& results) {
+    const Node& n = g_->node(id);
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      ValueId v = n.outputs[i];
+      if (v == ir::kNoValue) continue;
+      ir::Value& val = g_->value(v);
+      const Tensor& t = results[i];
+      const ir::Shape dims = ir::FromInts(t.dims());
+      if (t.dtype() != val.dtype) {
+        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": output '" << val.name << "' is declared "
+                                     << ir::DTypeName(val.dtype) << " but evaluates to "
+                                     << ir::DTypeName(t.dtype());
+      }
+      if (val.shape_known && ir::IsConcrete(val.shape) && val.shape != dims) {
+        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": output '" << val.name << "' is declared "
+                                     << ir::ShapeToString(val.shape) << " but evaluates to "
+                                     << ir::ShapeToString(dims);
+      }
+    }
+    // Copy first: RemoveNode tombstones the node but keeps its outputs list.
+    const std::vector<ValueId> outputs = n.outputs;
+    g_->RemoveNode(id);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i] == ir::kNoValue) continue;
+      ir::Value& val = g_->value(outputs[i]);
+      val.constant = results[i];
+      val.shape = ir::FromInts(results[i].dims());
+      val.shape_known = true;
+      val.is_initializer = false;
+    }
+    return absl::OkStatus();
+  }
+
+  // The data of `v` computed from constants and parameters without committing anything; nullopt
+  // when `v` depends on a graph input, a random op, or a tensor over the size cap.
+  absl::StatusOr<std::optional<Tensor>> Compute(ValueId v, int depth) {
+    const ir::Value& val = g_->value(v);
+    if (graph_inputs_.count(v)) return std::optional<Tensor>();
+    if (val.constant) return std::optional<Tensor>(*val.constant);
+    if (auto it = side_values_.find(v); it != side_values_.end()) return std::optional<Tensor>(it->second);
+    if (not_computable_.count(v) || depth > 64) return std::optional<Tensor>();
+    NodeId p = ProducerId(*g_, v);
+    if (p == ir::kNoNode || g_->node(p).op == OpKind::kDropout || !val.shape_known ||
+        !ir::IsConcrete(val.shape) ||
+        ir::NumElements(val.shape).value() > options_.max_elements) {
+      not_computable_.insert(v);
+      return std::optional<Tensor>();
+    }
+    const Node& n = g_->node(p);
+    if (n.op == OpKind::kShape) {
+      std::optional<Tensor> t = ShapeTensor(n);
+      if (!t) not_computable_.insert(v);
+      return t;
+    }
+    std::vector<Tensor> inputs;
+    for (ValueId in : n.inputs) {
+      if (in == ir::kNoValue) {
+        inputs.emplace_back();
+        continue;
+      }
+      ASSIGN_OR_RETURN(std::optional<Tensor> t, Compute(in, depth + 1));
+      if (!t) {
+        not_computable_.insert(v);
+        return std::optional<Tensor>();
+      }
+      inputs.push_back(std::move(*t));
+    }
+    absl::StatusOr<std::vector<Tensor>> result = ev_.Evaluate(n, inputs);
+    if (!result.ok()) {
+      if (absl::IsUnimplemented(result.status())) {
+        not_computable_.insert(v);
+        return std::optional<Tensor>();
+      }
+      return Annotate(result.status(), "folding " + Describe(n));
+    }
+    for (size_t i = 0; i < n.outputs.size() && i < result->size(); ++i) {
+      if (n.outputs[i] != ir::kNoValue && (*result)[i].defined())
+        side_values_[n.outputs[i]] = (*result)[i];
+    }
+    auto it = side_values_.find(v);
+    if (it == side_values_.end()) {
+      not_computable_.insert(v);
+      return std::optional<Tensor>();
+    }
+    return std::optional<Tensor>(it->second);
+  }
+
+  Graph* g_;
+  const ir::OpEvaluator& ev_;
+  const ConstantFoldingOptions& options_;
+  std::unordered_set<ValueId> graph_inputs_;
+  std::unordered_map<ValueId, Tensor> side_values_;  // parameter-derived, never committed
+  std::unordered_set<ValueId> not_computable_;
+};
+
+}  // namespace
+
+absl::StatusOr<bool> ConstantFolding::Run(ir::Graph* g) { return Folder(g, evaluator_, options_).Run(); }
+
+}  // namespace onnxpipe::passes

@@ -1,0 +1,88 @@
+#include "frontend/passes/pattern.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace onnxpipe::passes {
+
+int UseInfo::NumUses(ir::ValueId v) const {
+  int n = static_cast<int>(uses_[v].size());
+  for (ir::ValueId o : g_->outputs())
+    if (o == v) ++n;
+  return n;
+}
+
+std::vector<ir::NodeId> UseInfo::Consumers(ir::ValueId v) const {
+  std::vector<ir::NodeId> out = uses_[v];
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+ir::NodeId ProducerId(const ir::Graph& g, ir::ValueId v) {
+  if (v == ir::kNoValue) return ir::kNoNode;
+  ir::NodeId p = g.value(v).producer;
+  if (p == ir::kNoNode || g.node(p).removed) return ir::kNoNode;
+  return p;
+}
+
+const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v) {
+  ir::NodeId p = ProducerId(g, v);
+  return p == ir::kNoNode ? nullptr : &g.node(p);
+}
+
+const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v, ir::OpKind op) {
+  const ir::Node* n = ProducerOf(g, v);
+  return n != nullptr && n->op == op ? n : nullptr;
+}
+
+std::optional<double> ScalarConstant(const ir::Graph& g, ir::ValueId v) {
+  if (v == ir::kNoValue) return std::nullopt;
+  const ir::Value& val = g.value(v);
+  if (!val.constant || val.constant->num_elements() != 1) return std::nullopt;
+  return val.constant->GetAsDouble(0);
+}
+
+bool NearlyEqual(double a, double b, double rel_tol) {
+  if (a == b) return true;
+  if (std::isnan(a) || std::isnan(b)) return false;
+  return std::fabs(a - b) <= rel_tol * std::max(std::fabs(a), std::fabs(b));
+}
+
+bool IsScalarNear(const ir::Graph& g, ir::ValueId v, double expected, double rel_tol) {
+  std::optional<double> c = ScalarConstant(g, v);
+  return c.has_value() && NearlyEqual(*c, expected, rel_tol);
+}
+
+bool IsParameter(const ir::Value& v) { return v.is_initializer && ir::IsFloat(v.dtype); }
+
+bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v) {
+  const ir::Value& val = g.value(v);
+  return val.constant.has_value() && !IsParameter(val);
+}
+
+std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= rank) return std::nullopt;
+  return axis < 0 ? axis + rank : axis;
+}
+
+ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead,
+                            ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs) {
+  const std::string name = g->node(root).name;
+  const ir::ValueId out = g->node(root).outputs[0];
+  for (ir::NodeId d : dead)
+    if (d != root && !g->node(d).removed) g->RemoveNode(d);
+  g->RemoveNode(root);
+  return g->AddNode(op, name, std::move(inputs), {out}, std::move(attrs));
+}
+
+ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name,
+                              std::vector<ir::ValueId> inputs, ir::Attrs attrs, ir::DType dtype,
+                              ir::Shape shape, bool shape_known) {
+  ir::ValueId out = g->AddValue(g->UniqueName(name + "_output_0"), dtype, std::move(shape),
+                                shape_known);
+  g->AddNode(op, name, std::move(inputs), {out}, std::move(attrs));
+  return out;
+}
+
+}  // namespace onnxpipe::passes

@@ -1,0 +1,80 @@
+// Small helpers shared by the passes: producer lookup, use counts, scalar constants compared with a
+// tolerance, commutative operand matching, and the bookkeeping of replacing a matched subgraph by
+// one fused node.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "frontend/ir/graph.h"
+
+namespace onnxpipe::passes {
+
+// Use lists of the live nodes, recomputed on demand after a rewrite.
+class UseInfo {
+ public:
+  explicit UseInfo(const ir::Graph& g) : g_(&g) { Refresh(); }
+  void Refresh() { uses_ = g_->ComputeUses(); }
+
+  // Number of operand uses of `v` by live nodes (a node using it twice counts twice), plus one if
+  // it is a graph output.
+  int NumUses(ir::ValueId v) const;
+  // True when `v` is used by exactly one live node operand and is not a graph output: the value is
+  // internal to a pattern and disappears with it.
+  bool HasSingleUse(ir::ValueId v) const { return NumUses(v) == 1; }
+  // Distinct live consumer nodes of `v`.
+  std::vector<ir::NodeId> Consumers(ir::ValueId v) const;
+
+ private:
+  const ir::Graph* g_;
+  std::vector<std::vector<ir::NodeId>> uses_;
+};
+
+// The live node producing `v` if it has op kind `op`, else nullptr.
+const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v, ir::OpKind op);
+// The live node producing `v` (any op), else nullptr.
+const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v);
+ir::NodeId ProducerId(const ir::Graph& g, ir::ValueId v);
+
+// The value of `v` when it holds constant data with exactly one element (any rank), as a double.
+std::optional<double> ScalarConstant(const ir::Graph& g, ir::ValueId v);
+// |a - b| <= rel_tol * max(|a|, |b|) (or both zero).
+bool NearlyEqual(double a, double b, double rel_tol = 1e-4);
+// True when `v` is a one-element constant within tolerance of `expected`.
+bool IsScalarNear(const ir::Graph& g, ir::ValueId v, double expected, double rel_tol = 1e-4);
+
+// For a binary node, if one operand satisfies `pred`, returns {that operand, the other operand}.
+// Tries input 0 first, then input 1 (for commutative ops).
+template <typename Pred>
+std::optional<std::pair<ir::ValueId, ir::ValueId>> SplitOperands(const ir::Node& n, Pred pred) {
+  if (n.inputs.size() != 2) return std::nullopt;
+  if (pred(n.inputs[0])) return std::make_pair(n.inputs[0], n.inputs[1]);
+  if (pred(n.inputs[1])) return std::make_pair(n.inputs[1], n.inputs[0]);
+  return std::nullopt;
+}
+
+// Float initializers are the model's trainable parameters (DESIGN.md). Everything else that holds
+// constant data (Constant nodes, integer initializers, folded values) is a compile-time constant.
+bool IsParameter(const ir::Value& v);
+bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v);
+
+// Normalises a possibly negative axis against `rank`; nullopt when out of range.
+std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
+
+// Replaces the matched subgraph whose result is `root`'s output 0 by one new node: removes `root`
+// and every node in `dead` (all must be live; the caller has checked that their outputs are used
+// only inside the pattern), then adds `op` with `inputs` and `attrs` producing root's output
+// value, named after root. Returns the new node's id. The graph is left unsorted: call
+// ir::Graph::TopoSort() once the pass is done.
+ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead,
+                            ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs);
+
+// Adds a node computing a new value; `shape_known` false when `shape` is a guess.
+ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name,
+                              std::vector<ir::ValueId> inputs, ir::Attrs attrs, ir::DType dtype,
+                              ir::Shape shape, bool shape_known);
+
+}  // namespace onnxpipe::passes

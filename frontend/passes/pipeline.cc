@@ -1,0 +1,26 @@
+#include "frontend/passes/pipeline.h"
+
+#include "frontend/ir/status.h"
+#include "frontend/ir/verifier.h"
+#include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/pass.h"
+
+namespace onnxpipe::passes {
+
+absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
+                                const PipelineOptions& options) {
+  if (options.verify) RETURN_IF_ERROR(Annotate(ir::Verify(*g), "graph invalid before the forward pipeline"));
+  PassPipeline pipeline("forward");
+  pipeline.set_verify(options.verify);
+  if (options.fold) {
+    PassPipeline& simplify = pipeline.AddFixpoint("simplify");
+    simplify.AddPass<ConstantFolding>(evaluator, options.folding);
+    simplify.AddPass<DeadCodeElimination>();
+  }
+  pipeline.AddPass<DeadCodeElimination>();
+  RETURN_IF_ERROR(pipeline.Run(g).status());
+  if (options.changed_log != nullptr) *options.changed_log = pipeline.changed_log();
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::passes
