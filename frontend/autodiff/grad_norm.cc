@@ -1,0 +1,69 @@
+// Gradient rules of normalisations and smooth activations: Softmax, LogSoftmax, LayerNorm, Gelu.
+// Each maps to one fused backward kernel (SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad, GeluGrad)
+// rather than a chain of primitives: one pass over the data instead of four or five.
+#include "frontend/autodiff/grad_builder.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::autodiff {
+namespace {
+
+using ir::OpKind;
+using ir::ValueId;
+
+// Softmax and LogSoftmax follow opset-13 semantics: one axis (default -1).
+absl::Status SoftmaxFamilyGrad(GradBuilder& b) {
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(b.node().attrs.Get<int64_t>("axis", -1), b.Rank(b.I(0))));
+  ir::Attrs a;
+  a.Set("axis", axis);
+  const OpKind op = b.node().op == OpKind::kSoftmax ? OpKind::kSoftmaxGrad : OpKind::kLogSoftmaxGrad;
+  b.SetGI(0, b.Emit(op, {b.GO(0), b.O(0)}, b.TypeOf(b.I(0)), std::move(a)));
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormGrad(GradBuilder& b) {
+  if (b.GO(1) != ir::kNoValue || b.GO(2) != ir::kNoValue) {
+    return b.Error("gradient through LayerNorm's Mean/InvStdDev outputs is not supported");
+  }
+  ValueId x = b.I(0);
+  const ir::DType dt = b.TypeOf(x).dtype;
+  ir::Attrs a;
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(b.node().attrs.Get<int64_t>("axis", -1), b.Rank(x)));
+  a.Set("axis", axis);
+  a.Set("epsilon", b.node().attrs.Get<double>("epsilon", 1e-5));
+  std::vector<ValueId> ins = {b.GO(0), x, b.I(1)};
+  // Saved statistics are used when the forward computes them in the input's precision (else the
+  // kernel recomputes them: cheaper than a precision mismatch in fp64 gradient checks).
+  ValueId mean = b.O(1), inv = b.O(2);
+  if (mean != ir::kNoValue && inv != ir::kNoValue && b.TypeOf(mean).dtype == dt &&
+      b.TypeOf(inv).dtype == dt) {
+    ins.push_back(mean);
+    ins.push_back(inv);
+  }
+  std::vector<std::optional<ValueType>> outs = {
+      b.NeedsGI(0) ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
+      b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt,
+      b.NeedsGI(2) ? std::optional<ValueType>(b.TypeOf(b.I(2))) : std::nullopt};
+  while (outs.size() > 1 && !outs.back()) outs.pop_back();
+  std::vector<ValueId> g = b.EmitMulti(OpKind::kLayerNormGrad, ins, outs, std::move(a));
+  for (int i = 0; i < static_cast<int>(g.size()); ++i)
+    if (b.NeedsGI(i)) b.SetGI(i, g[i]);
+  return absl::OkStatus();
+}
+
+absl::Status GeluGrad(GradBuilder& b) {
+  ir::Attrs a;
+  a.Set("approximate", b.node().attrs.Get<std::string>("approximate", "none"));
+  b.SetGI(0, b.Emit(OpKind::kGeluGrad, {b.GO(0), b.I(0)}, b.TypeOf(b.I(0)), std::move(a)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNormActivationGradients(GradRegistry& r) {
+  r.Register(OpKind::kSoftmax, SoftmaxFamilyGrad);
+  r.Register(OpKind::kLogSoftmax, SoftmaxFamilyGrad);
+  r.Register(OpKind::kLayerNorm, LayerNormGrad);
+  r.Register(OpKind::kGelu, GeluGrad);
+}
+
+}  // namespace onnxpipe::autodiff
