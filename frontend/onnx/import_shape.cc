@@ -1,0 +1,208 @@
+// Importers for ops that move or reinterpret data without arithmetic: Transpose, Reshape, Flatten,
+// Squeeze, Unsqueeze, Concat, Split, Slice, Shape, Expand, ConstantOfShape, Range, Trilu.
+// Static operands that ONNX turned into inputs (Squeeze/Unsqueeze axes, Split sizes) become
+// attributes here; dynamic shape operands (Reshape/Expand shape, Slice bounds) stay inputs.
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "frontend/onnx/importer.h"
+
+namespace onnxpipe::onnx_frontend {
+namespace {
+
+using ir::OpKind;
+
+ONNX_IMPORTER(Transpose) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> perm,
+                   ctx.attrs().GetOptional<std::vector<int64_t>>("perm"));
+  ir::Attrs attrs;
+  if (perm) {
+    std::vector<int64_t> sorted = *perm;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] != static_cast<int64_t>(i)) {
+        return ctx.Error() << "attribute perm [" << absl::StrJoin(*perm, ",")
+                           << "] is not a permutation of 0.." << perm->size() - 1;
+      }
+    }
+    attrs.Set("perm", *perm);
+  }
+  return ctx.Emit(OpKind::kTranspose, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Reshape) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(2, 2));
+  ASSIGN_OR_RETURN(int64_t allowzero, ctx.attrs().Get<int64_t>("allowzero", 0));
+  ir::Attrs attrs;
+  attrs.Set("allowzero", allowzero);
+  return ctx.Emit(OpKind::kReshape, {ctx.input(0), ctx.input(1)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Flatten) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.attrs().Get<int64_t>("axis", 1));
+  ir::Attrs attrs;
+  attrs.Set("axis", axis);
+  return ctx.Emit(OpKind::kFlatten, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Squeeze) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> axes,
+                   AttrOrConstantInputInts(ctx, "axes", 1));
+  ir::Attrs attrs;
+  if (axes && !axes->empty()) attrs.Set("axes", *axes);  // none or empty: all 1-dims
+  return ctx.Emit(OpKind::kSqueeze, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Unsqueeze) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> axes,
+                   AttrOrConstantInputInts(ctx, "axes", 1));
+  if (!axes || axes->empty()) return ctx.Error() << "needs axes (input 1 or attribute)";
+  ir::Attrs attrs;
+  attrs.Set("axes", *axes);
+  return ctx.Emit(OpKind::kUnsqueeze, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Concat) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, ir::kVariadic));
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is empty";
+  }
+  ASSIGN_OR_RETURN(int64_t axis, ctx.attrs().Required<int64_t>("axis"));
+  ir::Attrs attrs;
+  attrs.Set("axis", axis);
+  std::vector<ir::ValueId> in(ctx.num_inputs());
+  for (int i = 0; i < ctx.num_inputs(); ++i) in[i] = ctx.input(i);
+  return ctx.Emit(OpKind::kConcat, std::move(in), std::move(attrs));
+}
+
+// Opsets 13-17 give sizes as input 1 (or split evenly by the output count); opset 18 adds
+// `num_outputs`, where the last chunk may be smaller. Both become the IR's `split` attribute,
+// left unset for an even split so that every opset's even split imports to the same IR.
+ONNX_IMPORTER(Split) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
+  ctx.MaterializeAllOutputs();
+  const int64_t n = ctx.num_outputs();
+  if (n < 1) return ctx.Error() << "has no outputs";
+  ASSIGN_OR_RETURN(int64_t axis, ctx.attrs().Get<int64_t>("axis", 0));
+  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> split,
+                   AttrOrConstantInputInts(ctx, "split", 1));
+  ASSIGN_OR_RETURN(std::optional<int64_t> num_outputs,
+                   ctx.attrs().GetOptional<int64_t>("num_outputs"));
+  ir::Attrs attrs;
+  attrs.Set("axis", axis);
+  if (split && split->empty()) split.reset();
+  if (split && num_outputs) {
+    return ctx.Error() << "gives both split sizes and num_outputs; ONNX allows one of them";
+  }
+  if (split) {
+    if (static_cast<int64_t>(split->size()) != n) {
+      return ctx.Error() << "split sizes [" << absl::StrJoin(*split, ",") << "] name "
+                         << split->size() << " parts but the node has " << n << " outputs";
+    }
+    for (int64_t s : *split) {
+      if (s < 0) return ctx.Error() << "split sizes must be non-negative; got " << s;
+    }
+    attrs.Set("split", *split);
+  } else if (num_outputs) {
+    if (*num_outputs != n) {
+      return ctx.Error() << "num_outputs is " << *num_outputs << " but the node has " << n
+                         << " outputs";
+    }
+    // Uneven chunks need the axis length; use it when the file declares it, else assume even.
+    const ir::Value& x = ctx.graph().value(ctx.input(0));
+    const int64_t rank = static_cast<int64_t>(x.shape.size());
+    const int64_t a = axis < 0 ? axis + rank : axis;
+    if (x.shape_known && a >= 0 && a < rank && x.shape[a].is_concrete()) {
+      const int64_t len = x.shape[a].value();
+      if (len % n != 0) {
+        const int64_t chunk = (len + n - 1) / n;
+        std::vector<int64_t> sizes(n);
+        int64_t left = len;
+        for (int64_t i = 0; i < n; ++i) {
+          sizes[i] = std::min(chunk, left);
+          left -= sizes[i];
+        }
+        attrs.Set("split", sizes);
+      }
+    } else {
+      ctx.Warn(absl::StrCat("Split num_outputs=", n,
+                            ": the split axis length is not declared in the file; onnxpipe "
+                            "assumes it divides evenly"));
+    }
+  }
+  return ctx.Emit(OpKind::kSplit, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Slice) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(3, 5));
+  std::vector<ir::ValueId> in(ctx.num_inputs());
+  for (int i = 0; i < ctx.num_inputs(); ++i) in[i] = ctx.input(i);
+  return ctx.Emit(OpKind::kSlice, std::move(in));
+}
+
+ONNX_IMPORTER(Shape) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
+  ASSIGN_OR_RETURN(int64_t start, ctx.attrs().Get<int64_t>("start", 0));
+  ASSIGN_OR_RETURN(std::optional<int64_t> end, ctx.attrs().GetOptional<int64_t>("end"));
+  ir::Attrs attrs;
+  attrs.Set("start", start);
+  if (end) attrs.Set("end", *end);
+  return ctx.Emit(OpKind::kShape, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Expand) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(2, 2));
+  return ctx.Emit(OpKind::kExpand, {ctx.input(0), ctx.input(1)});
+}
+
+// The fill value becomes a one-element Tensor attribute `value` (ONNX default: float 0).
+ONNX_IMPORTER(ConstantOfShape) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
+  ASSIGN_OR_RETURN(ir::Tensor value,
+                   ctx.attrs().Get<ir::Tensor>("value", ir::Tensor(ir::DType::kF32, {1})));
+  if (value.num_elements() != 1) {
+    return ctx.Error() << "attribute value must hold exactly one element; got "
+                       << value.DebugString(4);
+  }
+  ir::Attrs attrs;
+  attrs.Set("value", value);
+  return ctx.Emit(OpKind::kConstantOfShape, {ctx.input(0)}, std::move(attrs));
+}
+
+ONNX_IMPORTER(Range) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(3, 3));
+  return ctx.Emit(OpKind::kRange, {ctx.input(0), ctx.input(1), ctx.input(2)});
+}
+
+ONNX_IMPORTER(Trilu) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
+  ASSIGN_OR_RETURN(int64_t upper, ctx.attrs().Get<int64_t>("upper", 1));
+  ir::Attrs attrs;
+  attrs.Set("upper", upper);
+  return ctx.Emit(OpKind::kTrilu, {ctx.input(0), ctx.input(1)}, std::move(attrs));
+}
+
+}  // namespace
+
+void RegisterShapeImporters(ImporterRegistry& r) {
+  REGISTER_ONNX_IMPORTER(r, Transpose);
+  REGISTER_ONNX_IMPORTER(r, Reshape);
+  REGISTER_ONNX_IMPORTER(r, Flatten);
+  REGISTER_ONNX_IMPORTER(r, Squeeze);
+  REGISTER_ONNX_IMPORTER(r, Unsqueeze);
+  REGISTER_ONNX_IMPORTER(r, Concat);
+  REGISTER_ONNX_IMPORTER(r, Split);
+  REGISTER_ONNX_IMPORTER(r, Slice);
+  REGISTER_ONNX_IMPORTER(r, Shape);
+  REGISTER_ONNX_IMPORTER(r, Expand);
+  REGISTER_ONNX_IMPORTER(r, ConstantOfShape);
+  REGISTER_ONNX_IMPORTER(r, Range);
+  REGISTER_ONNX_IMPORTER_SINCE(r, Trilu, 14);
+}
+
+}  // namespace onnxpipe::onnx_frontend
