@@ -110,6 +110,7 @@ const RuleTable& Rules() {
     infer_internal::RegisterShapeOpRules(t);
     infer_internal::RegisterIndexingRules(t);
     infer_internal::RegisterNnRules(t);
+    infer_internal::RegisterGradRules(t);
     return t;
   }();
   return table;

@@ -133,6 +133,8 @@ void RegisterElementwiseRules(RuleTable& t);  // infer_elementwise.cc
 void RegisterShapeOpRules(RuleTable& t);      // infer_shape_ops.cc
 void RegisterIndexingRules(RuleTable& t);     // infer_indexing.cc
 void RegisterNnRules(RuleTable& t);           // infer_nn.cc
+void RegisterGradRules(RuleTable& t);         // infer_grad.cc
+void RegisterTrainRules(RuleTable& t);        // infer_train.cc (optimizer ops)
 
 // One output of the given type and shape.
 inline Outputs One(DType dtype, Shape shape) { return Outputs{TypeAndShape{dtype, std::move(shape)}}; }

@@ -1,0 +1,265 @@
+// Shape rules for the gradient, training and optimizer ops autodiff builds (conventions in op.h).
+// Most of them take the shape of a forward operand (the `like` inputs are shape-only); the rules
+// check the operands that must agree so a wrong gradient graph fails here, naming the node, rather
+// than in a kernel.
+#include <algorithm>
+
+#include "frontend/ir/infer_rules.h"
+
+namespace onnxpipe::ir::infer_internal {
+namespace {
+
+// Inputs i and j must have the same shape (up to symbolic refinement).
+absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j) {
+  bool ok = ctx.rank(i) == ctx.rank(j);
+  Shape out = ctx.shape(i);
+  for (size_t k = 0; ok && k < out.size(); ++k) {
+    std::optional<Dim> d = UnifyDims(out[k], ctx.shape(j)[k]);
+    if (!d) ok = false;
+    else out[k] = *d;
+  }
+  if (!ok) return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j) << " must have the same shape";
+  return out;
+}
+
+// `from` right-aligned must broadcast to `to` (numpy rules, `to` unchanged).
+bool BroadcastsTo(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t k = 0; k < from.size(); ++k) {
+    const Dim& f = from[from.size() - 1 - k];
+    if (!IsOne(f) && !UnifyDims(f, to[to.size() - 1 - k])) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<Outputs> SumRule(const InferContext& ctx) {
+  std::vector<Shape> shapes;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is absent";
+    RETURN_IF_ERROR(ctx.ExpectSameDType(0, i));
+    shapes.push_back(ctx.shape(i));
+  }
+  ASSIGN_OR_RETURN(Shape s, BroadcastShapes(ctx, shapes));
+  return One(ctx.dtype(0), std::move(s));
+}
+
+absl::StatusOr<Outputs> FusedMatMulRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 2));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(1, 2));
+  const bool ta = ctx.attrs().Get<int64_t>("trans_a", 0) != 0;
+  const bool tb = ctx.attrs().Get<int64_t>("trans_b", 0) != 0;
+  const Shape &a = ctx.shape(0), &b = ctx.shape(1);
+  const size_t ra = a.size(), rb = b.size();
+  const Dim m = a[ta ? ra - 1 : ra - 2], ka = a[ta ? ra - 2 : ra - 1];
+  const Dim kb = b[tb ? rb - 1 : rb - 2], n = b[tb ? rb - 2 : rb - 1];
+  if (!UnifyDims(ka, kb)) {
+    return ctx.Error() << "inner dims differ: " << ka.ToString() << " vs " << kb.ToString()
+                       << " in " << ctx.Describe(0) << " and " << ctx.Describe(1);
+  }
+  ASSIGN_OR_RETURN(Shape out, BroadcastShapes(ctx, {Shape(a.begin(), a.end() - 2),
+                                                    Shape(b.begin(), b.end() - 2)}));
+  out.push_back(m);
+  out.push_back(n);
+  return One(ctx.dtype(0), std::move(out));
+}
+
+absl::StatusOr<Outputs> ReduceToShapeOfRule(const InferContext& ctx) {
+  if (!BroadcastsTo(ctx.shape(1), ctx.shape(0)))
+    return ctx.Error() << ctx.Describe(1) << " does not broadcast to " << ctx.Describe(0);
+  return One(ctx.dtype(0), ctx.shape(1));
+}
+
+absl::StatusOr<Outputs> ExpandLikeRule(const InferContext& ctx) {
+  Shape x = ctx.shape(0);
+  const std::vector<int64_t> raw = ctx.attrs().Get<std::vector<int64_t>>("axes");
+  if (!raw.empty()) {
+    const int64_t out_rank = ctx.rank(0) + static_cast<int64_t>(raw.size());
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, ctx.Axes(raw, out_rank, "axes"));
+    Shape u;
+    size_t next = 0;
+    for (int64_t i = 0; i < out_rank; ++i) {
+      if (std::find(axes.begin(), axes.end(), i) != axes.end()) u.push_back(Dim(1));
+      else u.push_back(x[next++]);
+    }
+    x = std::move(u);
+  }
+  if (!BroadcastsTo(x, ctx.shape(1))) {
+    return ctx.Error() << ctx.Describe(0) << " (as " << ShapeToString(x) << ") does not broadcast to "
+                       << ctx.Describe(1);
+  }
+  return One(ctx.dtype(0), ctx.shape(1));
+}
+
+absl::StatusOr<Outputs> ReshapeLikeRule(const InferContext& ctx) {
+  const Dim a = NumElements(ctx.shape(0)), b = NumElements(ctx.shape(1));
+  if (a.symbols() == b.symbols() && a.factor() != b.factor()) {
+    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1)
+                       << " have different element counts";
+  }
+  return One(ctx.dtype(0), ctx.shape(1));
+}
+
+absl::StatusOr<Outputs> ZerosLikeRule(const InferContext& ctx) {
+  return One(ctx.dtype(0), ctx.shape(0));
+}
+
+absl::StatusOr<Outputs> GatherGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectInteger(1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(2, 1));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(2), "axis"));
+  // dY = like[:axis] + indices + like[axis+1:].
+  if (ctx.rank(0) != ctx.rank(2) - 1 + ctx.rank(1)) {
+    return ctx.Error() << ctx.Describe(0) << " is not a Gather output of " << ctx.Describe(2)
+                       << " with " << ctx.Describe(1) << " on axis " << axis;
+  }
+  return One(ctx.dtype(0), ctx.shape(2));
+}
+
+absl::StatusOr<Outputs> SliceGradRule(const InferContext& ctx) {
+  if (ctx.rank(0) != ctx.rank(1))
+    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1) << " must have the same rank";
+  return One(ctx.dtype(0), ctx.shape(1));
+}
+
+absl::StatusOr<Outputs> ConcatGradRule(const InferContext& ctx) {
+  const int n = ctx.num_inputs() - 1;
+  if (ctx.num_outputs() != n) {
+    return ctx.Error() << "has " << ctx.num_outputs() << " outputs for " << n << " like inputs";
+  }
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  (void)axis;
+  Outputs out;
+  for (int i = 1; i <= n; ++i) {
+    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is absent";
+    if (ctx.rank(i) != ctx.rank(0))
+      return ctx.Error() << ctx.Describe(i) << " must have the rank of " << ctx.Describe(0);
+    out.push_back({ctx.dtype(0), ctx.shape(i)});
+  }
+  return out;
+}
+
+// dY with the shape of the forward operand (ReluGrad's Y, GeluGrad's X, DropoutGrad's mask...).
+absl::StatusOr<Outputs> PointwiseGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
+  return One(ctx.dtype(0), std::move(s));
+}
+
+absl::StatusOr<Outputs> SoftmaxGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
+  RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis").status());
+  return One(ctx.dtype(0), std::move(s));
+}
+
+absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
+  RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(1), "axis").status());
+  Outputs out = One(ctx.dtype(1), std::move(s));
+  for (int i = 1; i < ctx.num_outputs(); ++i) out.push_back({ctx.dtype(2), ctx.shape(2)});
+  return out;
+}
+
+absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  // dO has O's shape: Q's with the last dim replaced by V's.
+  Shape o = ctx.shape(1);
+  if (o.empty() || ctx.rank(3) < 2) return ctx.Error() << "Q and V must have rank >= 2";
+  o.back() = ctx.shape(3).back();
+  bool ok = o.size() == ctx.shape(0).size();
+  for (size_t k = 0; ok && k < o.size(); ++k) ok = UnifyDims(o[k], ctx.shape(0)[k]).has_value();
+  if (!ok) {
+    return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape "
+                       << ShapeToString(o);
+  }
+  return Outputs{{ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)},
+                 {ctx.dtype(3), ctx.shape(3)}};
+}
+
+absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(1));
+  RETURN_IF_ERROR(ctx.ExpectInteger(2));
+  if (ctx.rank(2) + 1 != ctx.rank(1)) {
+    return ctx.Error() << "labels " << ctx.Describe(2) << " do not match log_prob "
+                       << ctx.Describe(1);
+  }
+  return One(ctx.dtype(1), ctx.shape(1));
+}
+
+absl::StatusOr<Outputs> SumSquaresRule(const InferContext& ctx) {
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is absent";
+    RETURN_IF_ERROR(ctx.ExpectFloat(i));
+  }
+  return One(ctx.dtype(0), {});
+}
+
+absl::StatusOr<Outputs> ClipScaleRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  if (ctx.rank(0) != 0) return ctx.Error() << ctx.Describe(0) << " must be a scalar";
+  return One(ctx.dtype(0), {});
+}
+
+// A scalar operand (lr, step, scale).
+absl::Status ExpectScalar(const InferContext& ctx, int i, const char* what) {
+  if (!ctx.has_input(i)) return absl::OkStatus();
+  if (ctx.rank(i) == 0) return absl::OkStatus();
+  return ctx.Error() << what << " " << ctx.Describe(i) << " must be a scalar";
+}
+
+absl::StatusOr<Outputs> SGDUpdateRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(SameShape(ctx, 0, 1).status());
+  const bool has_buf = ctx.has_input(2);
+  if (has_buf) RETURN_IF_ERROR(SameShape(ctx, 0, 2).status());
+  RETURN_IF_ERROR(ExpectScalar(ctx, 3, "lr"));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 4, "scale"));
+  const double momentum = ctx.attrs().Get<double>("momentum", 0.0);
+  if (momentum != 0.0 && !has_buf) return ctx.Error() << "momentum " << momentum << " needs momentum_buf";
+  Outputs out = One(ctx.dtype(0), ctx.shape(0));
+  if (ctx.num_outputs() > 1) {
+    if (!has_buf) return ctx.Error() << "has a momentum_buf' output but no momentum_buf input";
+    out.push_back({ctx.dtype(2), ctx.shape(2)});
+  }
+  return out;
+}
+
+absl::StatusOr<Outputs> AdamWUpdateRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  for (int i = 1; i <= 3; ++i) RETURN_IF_ERROR(SameShape(ctx, 0, i).status());
+  RETURN_IF_ERROR(ExpectScalar(ctx, 4, "lr"));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 5, "step"));
+  RETURN_IF_ERROR(ctx.ExpectInteger(5));
+  RETURN_IF_ERROR(ExpectScalar(ctx, 6, "scale"));
+  return Outputs{{ctx.dtype(0), ctx.shape(0)}, {ctx.dtype(2), ctx.shape(2)},
+                 {ctx.dtype(3), ctx.shape(3)}};
+}
+
+}  // namespace
+
+void RegisterGradRules(RuleTable& t) {
+  SetRule(t, OpKind::kSum, SumRule);
+  SetRule(t, OpKind::kFusedMatMul, FusedMatMulRule);
+  SetRule(t, OpKind::kReduceToShapeOf, ReduceToShapeOfRule);
+  SetRule(t, OpKind::kExpandLike, ExpandLikeRule);
+  SetRule(t, OpKind::kReshapeLike, ReshapeLikeRule);
+  SetRule(t, OpKind::kZerosLike, ZerosLikeRule);
+  SetRule(t, OpKind::kGatherGrad, GatherGradRule);
+  SetRule(t, OpKind::kSliceGrad, SliceGradRule);
+  SetRule(t, OpKind::kConcatGrad, ConcatGradRule);
+  for (OpKind op : {OpKind::kReluGrad, OpKind::kGeluGrad, OpKind::kDropoutGrad})
+    SetRule(t, op, PointwiseGradRule);
+  SetRule(t, OpKind::kSoftmaxGrad, SoftmaxGradRule);
+  SetRule(t, OpKind::kLogSoftmaxGrad, SoftmaxGradRule);
+  SetRule(t, OpKind::kLayerNormGrad, LayerNormGradRule);
+  SetRule(t, OpKind::kAttentionGrad, AttentionGradRule);
+  SetRule(t, OpKind::kSoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyLossGradRule);
+  SetRule(t, OpKind::kSumSquares, SumSquaresRule);
+  SetRule(t, OpKind::kClipScale, ClipScaleRule);
+  SetRule(t, OpKind::kSGDUpdate, SGDUpdateRule);
+  SetRule(t, OpKind::kAdamWUpdate, AdamWUpdateRule);
+}
+
+}  // namespace onnxpipe::ir::infer_internal
