@@ -1,0 +1,166 @@
+// Fused Attention: O = dropout(softmax(scale * Q K^T + mask [causal])) V per batch matrix.
+//
+// Shapes: Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), batch dims broadcast among them; the
+// mask broadcasts to (..., Sq, Sk). Causal masking is top-left aligned (key j is visible from
+// query i iff j <= i), as PyTorch's scaled_dot_product_attention(is_causal=True). A bool mask marks
+// the keys that take part (true = attend). A row whose keys are all masked yields zeros (not NaN).
+// `scale` defaults to 1/sqrt(Dh). Dropout on the probabilities uses the node's Philox stream
+// (dropout.h) indexed by the flat position in (..., Sq, Sk), active only while training.
+//
+// Per batch matrix: one GEMM for the scores into a (Sq, Sk) scratch, the row softmax on the pool,
+// one GEMM for the output.
+#include <cmath>
+#include <limits>
+
+#include "executor/cpu/dropout.h"
+#include "executor/cpu/kernel_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
+
+Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& q = in[0];
+  const ir::Tensor& k = in[1];
+  const ir::Tensor& v = in[2];
+  for (int i = 0; i < 3; ++i) {
+    if (in[i].rank() < 2) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " must have rank >= 2, got "
+                                << DimsToString(in[i].dims());
+    }
+    if (in[i].dtype() != q.dtype()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
+                                << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(q.dtype());
+    }
+  }
+  const int64_t sq = q.dims()[q.rank() - 2], dh = q.dims()[q.rank() - 1];
+  const int64_t sk = k.dims()[k.rank() - 2], dv = v.dims()[v.rank() - 1];
+  if (k.dims()[k.rank() - 1] != dh || v.dims()[v.rank() - 2] != sk) {
+    return INVALID_ARGUMENT() << Describe(node) << ": expected Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), got "
+                              << DimsToString(q.dims()) << ", " << DimsToString(k.dims()) << ", "
+                              << DimsToString(v.dims());
+  }
+  auto batch_of = [](const ir::Tensor& t) { return std::vector<int64_t>(t.dims().begin(), t.dims().end() - 2); };
+  ASSIGN_OR_RETURN(std::vector<int64_t> batch, BroadcastDims(node, {batch_of(q), batch_of(k), batch_of(v)}));
+  const size_t br = batch.size();
+  int64_t nbatch = 1;
+  for (int64_t d : batch) nbatch *= d;
+  const std::vector<int64_t> qs = BroadcastStrides(batch_of(q), br), ks = BroadcastStrides(batch_of(k), br),
+                             vs = BroadcastStrides(batch_of(v), br);
+
+  const double scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
+  const bool causal = node.attrs.Get<int64_t>("causal", 0) != 0;
+  const double ratio = node.attrs.Get<double>("dropout", 0.0);
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": dropout is " << ratio << ", expected [0, 1]";
+  }
+  const std::string mask_kind = node.attrs.Get<std::string>("mask_kind", "additive");
+  const bool has_mask = HasInput(in, 3);
+  std::vector<int64_t> full = batch;
+  full.push_back(sq);
+  full.push_back(sk);
+  std::vector<int64_t> ms;  // mask strides over `full`
+  bool bool_mask = false;
+  if (has_mask) {
+    const ir::Tensor& mask = in[3];
+    if (mask_kind != "additive" && mask_kind != "bool") {
+      return INVALID_ARGUMENT() << Describe(node) << ": mask_kind is '" << mask_kind
+                                << "', expected 'additive' or 'bool'";
+    }
+    bool_mask = mask.dtype() == ir::DType::kBool;
+    if (mask_kind == "bool" && !bool_mask) {
+      return INVALID_ARGUMENT() << Describe(node) << ": mask_kind 'bool' needs a bool mask, got "
+                                << ir::DTypeName(mask.dtype());
+    }
+    if (!bool_mask && mask.dtype() != q.dtype()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": additive mask has dtype " << ir::DTypeName(mask.dtype())
+                                << ", expected " << ir::DTypeName(q.dtype());
+    }
+    auto md = BroadcastDims(node, {mask.dims(), full});
+    if (!md.ok() || *md != full) {
+      return INVALID_ARGUMENT() << Describe(node) << ": mask of shape " << DimsToString(mask.dims())
+                                << " does not broadcast to " << DimsToString(full);
+    }
+    ms = BroadcastStrides(mask.dims(), full.size());
+  }
+  const bool dropout = ctx.training && ratio > 0.0;
+  const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
+  RETURN_IF_ERROR(CheckGemmSize(node, sq, sk, dh));
+  RETURN_IF_ERROR(CheckGemmSize(node, sq, dv, sk));
+
+  return DispatchDType(FloatTypes{}, node, "input 0", q.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    std::vector<int64_t> out_dims = batch;
+    out_dims.push_back(sq);
+    out_dims.push_back(dv);
+    ir::Tensor out(q.dtype(), out_dims);
+    if (out.num_elements() == 0) return std::vector<ir::Tensor>{out};
+    const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
+    std::vector<T> probs(static_cast<size_t>(sq * sk));
+    for (int64_t t = 0; t < nbatch; ++t) {
+      int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
+      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
+        const int64_t idx = rem % batch[d];
+        rem /= batch[d];
+        qi += idx * qs[d];
+        ki += idx * ks[d];
+        vi += idx * vs[d];
+        if (has_mask) mi += idx * ms[d];
+      }
+      T* s = probs.data();
+      if (dh > 0) {
+        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), q.data<T>() + qi * sq * dh, dh,
+                k.data<T>() + ki * sk * dh, dh, T(0), s, sk);
+      } else {
+        std::fill(probs.begin(), probs.end(), T(0));
+      }
+      ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
+        std::vector<uint8_t> keep(dropout ? sk : 0);
+        for (int64_t i = b; i < e; ++i) {
+          T* row = s + i * sk;
+          const int64_t visible = causal ? std::min(i + 1, sk) : sk;
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < sk; ++j) {
+            T x = row[j];
+            if (j >= visible) {
+              x = -std::numeric_limits<T>::infinity();
+            } else if (has_mask) {
+              const int64_t mo = mi + i * ms[br] + j * ms[br + 1];
+              if (bool_mask) {
+                if (!in[3].data<bool>()[mo]) x = -std::numeric_limits<T>::infinity();
+              } else {
+                x += in[3].data<T>()[mo];
+              }
+            }
+            row[j] = x;
+            mx = std::max(mx, x);
+          }
+          if (mx == -std::numeric_limits<T>::infinity()) {  // every key masked
+            std::fill(row, row + sk, T(0));
+            continue;
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < sk; ++j) {
+            row[j] = std::exp(row[j] - mx);
+            sum += row[j];
+          }
+          const double inv = 1.0 / sum;
+          for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
+          if (dropout) {
+            const int64_t base = (t * sq + i) * sk;
+            FillDropoutKeepMask(stream, base, base + sk, keep.data());
+            for (int64_t j = 0; j < sk; ++j) row[j] = keep[j] ? row[j] * drop_scale : T(0);
+          }
+        }
+      });
+      Gemm<T>(false, false, sq, dv, sk, T(1), s, sk, v.data<T>() + vi * sk * dv, dv, T(0),
+              out.mutable_data<T>() + t * sq * dv, dv);
+    }
+    return std::vector<ir::Tensor>{out};
+  });
+}
+REGISTER_CPU_KERNEL(kAttention, AttentionKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu

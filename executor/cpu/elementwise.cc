@@ -1,0 +1,189 @@
+// Unary elementwise kernels: math functions (float only), Neg/Relu (float and signed integers),
+// Not (bool), Gelu (erf and tanh forms), Identity and Cast. Each op is a tiny functor applied by
+// one parallel map, instantiated per dtype from a single template.
+#include <cmath>
+#include <limits>
+
+#include "executor/cpu/kernel_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+
+template <typename T, typename Op>
+ir::Tensor MapUnary(const ir::Tensor& x, Op op) {
+  ir::Tensor out(x.dtype(), x.dims());
+  const T* in = x.data<T>();
+  T* o = out.mutable_data<T>();
+  ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) o[i] = op(in[i]);
+  });
+  return out;
+}
+
+// Kernel for `Op::Apply<T>` over the dtypes of `Types`.
+template <typename Types, typename Op>
+absl::StatusOr<std::vector<ir::Tensor>> UnaryKernel(const ir::Node& node,
+                                                    const std::vector<ir::Tensor>& in,
+                                                    const EvalContext&) {
+  return DispatchDType(Types{}, node, "input 0", in[0].dtype(),
+                       [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+                         using T = typename decltype(tag)::type;
+                         return std::vector<ir::Tensor>{
+                             MapUnary<T>(in[0], [](T v) { return Op::template Apply<T>(v); })};
+                       });
+}
+
+using SignedTypes = TypeList<float, double, int64_t, int32_t>;
+
+struct SqrtOp {
+  template <typename T> static T Apply(T x) { return std::sqrt(x); }
+};
+struct ReciprocalOp {
+  template <typename T> static T Apply(T x) { return T(1) / x; }
+};
+struct NegOp {
+  // Through the unsigned type so that negating the most negative integer wraps instead of UB.
+  template <typename T> static T Apply(T x) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(-static_cast<std::make_unsigned_t<T>>(x));
+    } else {
+      return -x;
+    }
+  }
+};
+struct ExpOp {
+  template <typename T> static T Apply(T x) { return std::exp(x); }
+};
+struct LogOp {
+  template <typename T> static T Apply(T x) { return std::log(x); }
+};
+struct ErfOp {
+  template <typename T> static T Apply(T x) { return std::erf(x); }
+};
+struct TanhOp {
+  template <typename T> static T Apply(T x) { return std::tanh(x); }
+};
+struct ReluOp {
+  // `x < 0 ? 0 : x` keeps NaN, as numpy's clip and PyTorch's relu do.
+  template <typename T> static T Apply(T x) { return x < T(0) ? T(0) : x; }
+};
+struct SigmoidOp {
+  // Split on the sign so exp never overflows.
+  template <typename T> static T Apply(T x) {
+    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
+    T e = std::exp(x);
+    return e / (T(1) + e);
+  }
+};
+
+REGISTER_CPU_KERNEL(kSqrt, (UnaryKernel<FloatTypes, SqrtOp>));
+REGISTER_CPU_KERNEL(kReciprocal, (UnaryKernel<FloatTypes, ReciprocalOp>));
+REGISTER_CPU_KERNEL(kNeg, (UnaryKernel<SignedTypes, NegOp>));
+REGISTER_CPU_KERNEL(kExp, (UnaryKernel<FloatTypes, ExpOp>));
+REGISTER_CPU_KERNEL(kLog, (UnaryKernel<FloatTypes, LogOp>));
+REGISTER_CPU_KERNEL(kErf, (UnaryKernel<FloatTypes, ErfOp>));
+REGISTER_CPU_KERNEL(kTanh, (UnaryKernel<FloatTypes, TanhOp>));
+REGISTER_CPU_KERNEL(kRelu, (UnaryKernel<SignedTypes, ReluOp>));
+REGISTER_CPU_KERNEL(kSigmoid, (UnaryKernel<FloatTypes, SigmoidOp>));
+
+absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node,
+                                                  const std::vector<ir::Tensor>& in,
+                                                  const EvalContext&) {
+  if (in[0].dtype() != ir::DType::kBool) {
+    return UnsupportedDType(node, "input 0", in[0].dtype(), {ir::DType::kBool});
+  }
+  return std::vector<ir::Tensor>{MapUnary<bool>(in[0], [](bool v) { return !v; })};
+}
+REGISTER_CPU_KERNEL(kNot, NotKernel);
+
+// Gelu: x * Phi(x) exactly (approximate = "none") or with the tanh approximation, as
+// torch.nn.functional.gelu.
+absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node,
+                                                   const std::vector<ir::Tensor>& in,
+                                                   const EvalContext&) {
+  const std::string approx = node.attrs.Get<std::string>("approximate", "none");
+  if (approx != "none" && approx != "tanh") {
+    return INVALID_ARGUMENT() << Describe(node) << ": attribute approximate is '" << approx
+                              << "', expected 'none' or 'tanh'";
+  }
+  const bool tanh_form = approx == "tanh";
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(),
+                       [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+                         using T = typename decltype(tag)::type;
+                         if (tanh_form) {
+                           const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
+                           return std::vector<ir::Tensor>{MapUnary<T>(in[0], [c](T x) {
+                             return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
+                           })};
+                         }
+                         const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
+                         return std::vector<ir::Tensor>{MapUnary<T>(
+                             in[0], [r](T x) { return T(0.5) * x * (T(1) + std::erf(x * r)); })};
+                       });
+}
+REGISTER_CPU_KERNEL(kGelu, GeluKernel);
+
+absl::StatusOr<std::vector<ir::Tensor>> IdentityKernel(const ir::Node&,
+                                                       const std::vector<ir::Tensor>& in,
+                                                       const EvalContext&) {
+  return std::vector<ir::Tensor>{in[0]};
+}
+REGISTER_CPU_KERNEL(kIdentity, IdentityKernel);
+
+// --- Cast -------------------------------------------------------------------------------------
+// Float -> integer follows C truncation; NaN gives 0 and out-of-range values saturate (the ONNX
+// spec leaves both undefined; C++ would make them undefined behaviour).
+template <typename To, typename From>
+To ConvertValue(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    if (std::isnan(v)) return To(0);
+    if (v <= static_cast<From>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::min();
+    if (v >= static_cast<From>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+using CastTypes = TypeList<float, double, int64_t, int32_t, bool, uint8_t, int8_t>;
+
+absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
+                                                   const std::vector<ir::Tensor>& in,
+                                                   const EvalContext&) {
+  const std::string to_name = node.attrs.Get<std::string>("to", "");
+  std::optional<ir::DType> to = ir::ParseDType(to_name);
+  if (!to) {
+    return INVALID_ARGUMENT() << Describe(node) << ": attribute 'to' is '" << to_name
+                              << "', expected an IR dtype name (f32, f64, i64, ...)";
+  }
+  const ir::Tensor& x = in[0];
+  if (*to == x.dtype()) return std::vector<ir::Tensor>{x};
+  auto half = [](ir::DType t) { return t == ir::DType::kBF16 || t == ir::DType::kF16; };
+  if (half(*to) || half(x.dtype())) {
+    // bf16/f16 only appear in small constant tensors on the CPU: the scalar converter suffices.
+    return std::vector<ir::Tensor>{x.CastTo(*to)};
+  }
+  return DispatchDType(CastTypes{}, node, "input 0", x.dtype(),
+                       [&](auto from_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+    using From = typename decltype(from_tag)::type;
+    return DispatchDType(CastTypes{}, node, "attribute 'to'", *to,
+                         [&](auto to_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+      using To = typename decltype(to_tag)::type;
+      ir::Tensor out(*to, x.dims());
+      const From* s = x.data<From>();
+      To* d = out.mutable_data<To>();
+      ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = ConvertValue<To, From>(s[i]);
+      });
+      return std::vector<ir::Tensor>{out};
+    });
+  });
+}
+REGISTER_CPU_KERNEL(kCast, CastKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu

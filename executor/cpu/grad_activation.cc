@@ -1,0 +1,252 @@
+// Backward kernels of activations, softmax and normalisation: ReluGrad, GeluGrad (erf and tanh
+// forms), DropoutGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad. Line reductions (softmax,
+// LayerNorm rows) accumulate in double, one line per thread; LayerNorm's dScale/dBias sum over
+// rows column-block by column-block in row order, so nothing depends on the thread count.
+#include <cmath>
+
+#include "executor/cpu/grad_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
+
+absl::Status ExpectSame(const ir::Node& node, const ir::Tensor& a, const ir::Tensor& b, const char* what) {
+  if (a.dims() != b.dims() || a.dtype() != b.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": dY " << ir::DTypeName(a.dtype()) << DimsToString(a.dims())
+                              << " and " << what << " " << ir::DTypeName(b.dtype()) << DimsToString(b.dims())
+                              << " must have the same dtype and shape";
+  }
+  return absl::OkStatus();
+}
+
+// out[i] = f(dy[i], x[i]) over the thread pool.
+template <typename T, typename F>
+ir::Tensor Pointwise(const ir::Tensor& dy, const ir::Tensor& x, F f) {
+  ir::Tensor out(dy.dtype(), dy.dims());
+  const T* pg = dy.data<T>();
+  const T* px = x.data<T>();
+  T* po = out.mutable_data<T>();
+  ParallelFor(out.num_elements(), 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) po[i] = f(pg[i], px[i]);
+  });
+  return out;
+}
+
+Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "Y"));
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [](T g, T y) { return y > T(0) ? g : T(0); })};
+  });
+}
+REGISTER_CPU_KERNEL(kReluGrad, ReluGradKernel);
+
+Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "X"));
+  const std::string approx = node.attrs.Get<std::string>("approximate", "none");
+  if (approx != "none" && approx != "tanh") {
+    return INVALID_ARGUMENT() << Describe(node) << ": approximate is '" << approx << "', expected none|tanh";
+  }
+  const bool tanh_form = approx == "tanh";
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    if (tanh_form) {
+      // gelu = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3).
+      const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
+      return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [c](T g, T x) {
+        const T t = std::tanh(c * (x + T(0.044715) * x * x * x));
+        const T du = c * (T(1) + T(3) * T(0.044715) * x * x);
+        return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+      })};
+    }
+    // gelu = x Phi(x): derivative Phi(x) + x phi(x).
+    const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [=](T g, T x) {
+      const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
+      const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
+      return g * (cdf + x * pdf);
+    })};
+  });
+}
+REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
+
+Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& mask = in[1];
+  if (mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": mask " << ir::DTypeName(mask.dtype())
+                              << DimsToString(mask.dims()) << " must be bool with dY's shape "
+                              << DimsToString(dy.dims());
+  }
+  const double ratio = node.attrs.Get<double>("ratio", 0.5);
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": ratio " << ratio << " is outside [0, 1]";
+  }
+  return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ir::Tensor out(dy.dtype(), dy.dims());
+    const T scale = ratio < 1.0 ? static_cast<T>(1.0 / (1.0 - ratio)) : T(0);
+    const T* pg = dy.data<T>();
+    const bool* pm = mask.data<bool>();
+    T* po = out.mutable_data<T>();
+    ParallelFor(out.num_elements(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) po[i] = pm[i] ? pg[i] * scale : T(0);
+    });
+    return std::vector<ir::Tensor>{out};
+  });
+}
+REGISTER_CPU_KERNEL(kDropoutGrad, DropoutGradKernel);
+
+// SoftmaxGrad: dx = y (dy - sum(dy y)); LogSoftmaxGrad: dx = dy - exp(y) sum(dy). Lines along
+// `axis` of the (outer, n, inner) view.
+template <bool kLog>
+Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& y = in[1];
+  RETURN_IF_ERROR(ExpectSame(node, dy, y, "Y"));
+  if (dy.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": inputs must have rank >= 1";
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), dy.rank()));
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= dy.dims()[d];
+  for (int64_t d = axis + 1; d < dy.rank(); ++d) inner *= dy.dims()[d];
+  const int64_t n = dy.dims()[axis];
+  return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ir::Tensor out(dy.dtype(), dy.dims());
+    const T* pg = dy.data<T>();
+    const T* py = y.data<T>();
+    T* po = out.mutable_data<T>();
+    ParallelFor(outer * inner, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t line = b; line < e; ++line) {
+        const int64_t base = (line / inner) * n * inner + line % inner;
+        double s = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t k = base + i * inner;
+          s += kLog ? static_cast<double>(pg[k]) : static_cast<double>(pg[k]) * py[k];
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t k = base + i * inner;
+          if constexpr (kLog) {
+            po[k] = static_cast<T>(pg[k] - std::exp(static_cast<double>(py[k])) * s);
+          } else {
+            po[k] = static_cast<T>(py[k] * (pg[k] - s));
+          }
+        }
+      }
+    });
+    return std::vector<ir::Tensor>{out};
+  });
+}
+REGISTER_CPU_KERNEL(kSoftmaxGrad, SoftmaxGradKernel<false>);
+REGISTER_CPU_KERNEL(kLogSoftmaxGrad, SoftmaxGradKernel<true>);
+
+// LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) -> dX, dScale?, dBias?. With x^ = (x - mu) r
+// and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)); dScale = sum over
+// rows of dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
+Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& x = in[1];
+  const ir::Tensor& scale = in[2];
+  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": X must have rank >= 1";
+  if (scale.dtype() != x.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
+  }
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
+  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
+  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
+  int64_t rows = 1, n = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
+  ir::Tensor s = scale;
+  if (scale.num_elements() != n) {
+    auto bd = BroadcastDims(node, {scale.dims(), norm_dims});
+    if (!bd.ok() || *bd != norm_dims) {
+      return INVALID_ARGUMENT() << Describe(node) << ": scale " << DimsToString(scale.dims())
+                                << " does not broadcast to the normalised shape " << DimsToString(norm_dims);
+    }
+    s = StridedCopy(scale, norm_dims, BroadcastStrides(scale.dims(), norm_dims.size()), 0);
+  }
+  const bool saved = HasInput(in, 3) && HasInput(in, 4);
+  if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows ||
+                in[3].dtype() != x.dtype() || in[4].dtype() != x.dtype())) {
+    return INVALID_ARGUMENT() << Describe(node) << ": mean/inv_std_dev must hold " << rows << " "
+                              << ir::DTypeName(x.dtype()) << " values";
+  }
+  auto wants = [&](size_t k) { return k < node.outputs.size() && node.outputs[k] != ir::kNoValue; };
+  return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    const T* pg = dy.data<T>();
+    const T* px = x.data<T>();
+    const T* ps = s.data<T>();
+    std::vector<double> mu(rows), rstd(rows);
+    ir::Tensor dx(x.dtype(), x.dims());
+    T* pdx = dx.mutable_data<T>();
+    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = px + r * n;
+        const T* gr = pg + r * n;
+        if (saved) {
+          mu[r] = in[3].data<T>()[r];
+          rstd[r] = in[4].data<T>()[r];
+        } else {
+          double sum = 0, sq = 0;
+          for (int64_t i = 0; i < n; ++i) sum += xr[i];
+          mu[r] = sum / static_cast<double>(n);
+          for (int64_t i = 0; i < n; ++i) sq += (xr[i] - mu[r]) * (xr[i] - mu[r]);
+          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        }
+        double mg = 0, mgx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double g = static_cast<double>(gr[i]) * ps[i];
+          mg += g;
+          mgx += g * (xr[i] - mu[r]) * rstd[r];
+        }
+        mg /= static_cast<double>(n);
+        mgx /= static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const double xh = (xr[i] - mu[r]) * rstd[r];
+          pdx[r * n + i] = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - mg - xh * mgx));
+        }
+      }
+    });
+    std::vector<ir::Tensor> outs = {dx};
+    if (wants(1) || wants(2)) {
+      ir::Tensor dscale(x.dtype(), norm_dims), dbias(x.dtype(), norm_dims);
+      T* pds = dscale.mutable_data<T>();
+      T* pdb = dbias.mutable_data<T>();
+      constexpr int64_t kBlock = 64;
+      ParallelFor((n + kBlock - 1) / kBlock, 1, [&](int64_t b, int64_t e) {
+        for (int64_t blk = b; blk < e; ++blk) {
+          const int64_t c0 = blk * kBlock, c1 = std::min(n, c0 + kBlock);
+          double as[kBlock] = {}, ab[kBlock] = {};
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = c0; c < c1; ++c) {
+              const double g = pg[r * n + c];
+              as[c - c0] += g * (px[r * n + c] - mu[r]) * rstd[r];
+              ab[c - c0] += g;
+            }
+          }
+          for (int64_t c = c0; c < c1; ++c) {
+            pds[c] = static_cast<T>(as[c - c0]);
+            pdb[c] = static_cast<T>(ab[c - c0]);
+          }
+        }
+      });
+      for (int k = 1; k <= 2; ++k) {
+        ir::Tensor t = k == 1 ? dscale : dbias;
+        // Parameters of the forward's shape (bias: scale's shape when absent from the inputs).
+        const std::vector<int64_t>& want = scale.dims();
+        if (t.dims() != want) {
+          ASSIGN_OR_RETURN(t, ReduceToDims(node, t, want));
+        }
+        outs.push_back(wants(k) ? t : ir::Tensor());
+      }
+    }
+    return outs;
+  });
+}
+REGISTER_CPU_KERNEL(kLayerNormGrad, LayerNormGradKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu

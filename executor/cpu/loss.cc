@@ -1,0 +1,102 @@
+// SoftmaxCrossEntropyLoss (ONNX opset 13): scores (N, C, D1..Dk), labels (N, D1..Dk), optional
+// class weights (C). loss[n, d] = -w[label] * log_softmax(scores)[n, label, d]; positions whose
+// label equals ignore_index contribute 0 and no weight. reduction: "none" (N, D1..Dk), "sum",
+// "mean" = sum / sum of the weights of the non-ignored positions (their count without weights),
+// as the ONNX reference and PyTorch. Optional second output: log_prob, shaped like scores.
+// A label outside [0, C) that is not ignore_index is an error naming the position.
+#include <cmath>
+#include <limits>
+
+#include "executor/cpu/kernel_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
+
+Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  const ir::Tensor& scores = in[0];
+  const ir::Tensor& labels = in[1];
+  const bool has_w = HasInput(in, 2);
+  if (scores.rank() < 2) {
+    return INVALID_ARGUMENT() << Describe(node) << ": scores must be (N, C, ...), got "
+                              << DimsToString(scores.dims());
+  }
+  if (labels.dtype() != ir::DType::kI64 && labels.dtype() != ir::DType::kI32) {
+    return UnsupportedDType(node, "input 1 (labels)", labels.dtype(), {ir::DType::kI64, ir::DType::kI32});
+  }
+  std::vector<int64_t> label_dims = scores.dims();
+  label_dims.erase(label_dims.begin() + 1);
+  if (labels.dims() != label_dims) {
+    return INVALID_ARGUMENT() << Describe(node) << ": labels have shape " << DimsToString(labels.dims())
+                              << ", expected " << DimsToString(label_dims) << " for scores "
+                              << DimsToString(scores.dims());
+  }
+  const int64_t n = scores.dims()[0], c = scores.dims()[1];
+  const int64_t d = n * c == 0 ? 0 : scores.num_elements() / (n * c);
+  if (has_w && (in[2].dtype() != scores.dtype() || in[2].rank() != 1 || in[2].dims()[0] != c)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": weights are " << ir::DTypeName(in[2].dtype())
+                              << DimsToString(in[2].dims()) << ", expected " << ir::DTypeName(scores.dtype())
+                              << "[" << c << "]";
+  }
+  const std::string reduction = node.attrs.Get<std::string>("reduction", "mean");
+  if (reduction != "mean" && reduction != "sum" && reduction != "none") {
+    return INVALID_ARGUMENT() << Describe(node) << ": reduction is '" << reduction
+                              << "', expected 'mean', 'sum' or 'none'";
+  }
+  const bool has_ignore = node.attrs.Has("ignore_index");
+  const int64_t ignore = node.attrs.Get<int64_t>("ignore_index", 0);
+  const std::vector<int64_t> lab = labels.ToInt64Vector();
+  for (size_t i = 0; i < lab.size(); ++i) {
+    if (has_ignore && lab[i] == ignore) continue;
+    if (lab[i] < 0 || lab[i] >= c) {
+      return INVALID_ARGUMENT() << Describe(node) << ": label " << lab[i] << " at position " << i
+                                << " is out of range [0, " << c << ")"
+                                << (has_ignore ? " and is not ignore_index " + std::to_string(ignore) : "");
+    }
+  }
+  return DispatchDType(FloatTypes{}, node, "input 0", scores.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ir::Tensor log_prob(scores.dtype(), scores.dims());
+    const T* x = scores.data<T>();
+    T* lp = log_prob.mutable_data<T>();
+    // log_softmax over C for each (n, d) line (stride d).
+    ParallelFor(n * d, std::max<int64_t>(1, 8192 / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t line = b; line < e; ++line) {
+        const int64_t base = (line / d) * c * d + line % d;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < c; ++j) mx = std::max(mx, x[base + j * d]);
+        double sum = 0;
+        for (int64_t j = 0; j < c; ++j) sum += std::exp(x[base + j * d] - mx);
+        const T lse = static_cast<T>(std::log(sum));
+        for (int64_t j = 0; j < c; ++j) lp[base + j * d] = x[base + j * d] - mx - lse;
+      }
+    });
+    ir::Tensor loss(scores.dtype(), label_dims);
+    T* l = loss.mutable_data<T>();
+    const T* w = has_w ? in[2].data<T>() : nullptr;
+    double total = 0, weight_sum = 0;
+    for (int64_t line = 0; line < n * d; ++line) {
+      const int64_t label = lab[line];
+      if (has_ignore && label == ignore) continue;
+      const T wt = w ? w[label] : T(1);
+      l[line] = -wt * lp[(line / d) * c * d + label * d + line % d];
+      total += l[line];
+      weight_sum += wt;
+    }
+    std::vector<ir::Tensor> outs;
+    if (reduction == "none") {
+      outs.push_back(loss);
+    } else if (reduction == "sum") {
+      outs.push_back(ir::Tensor::Scalar<T>(static_cast<T>(total)));
+    } else {
+      outs.push_back(ir::Tensor::Scalar<T>(static_cast<T>(total / weight_sum)));
+    }
+    outs.push_back(log_prob);
+    return outs;
+  });
+}
+REGISTER_CPU_KERNEL(kSoftmaxCrossEntropyLoss, SceKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu

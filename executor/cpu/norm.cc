@@ -1,0 +1,88 @@
+// LayerNorm (ONNX LayerNormalization semantics): normalises over dims [axis, rank) and returns
+// Y, Mean and InvStdDev. Mean and InvStdDev have the input's dims with the normalised ones set to
+// 1, and the input's float dtype (f32 for f32 input, ONNX's default stash_type; f64 for f64 so that
+// gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in double,
+// one row per thread.
+#include <cmath>
+
+#include "executor/cpu/kernel_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
+
+// Scale/bias as n contiguous values: exact-size operands are used as is, smaller ones that
+// broadcast to the normalised shape are expanded once.
+absl::StatusOr<ir::Tensor> AsNormalizedShape(const ir::Node& node, const ir::Tensor& t,
+                                             const std::vector<int64_t>& norm_dims, int64_t n,
+                                             std::string_view what) {
+  if (t.num_elements() == n) return t;
+  auto b = BroadcastDims(node, {t.dims(), norm_dims});
+  if (!b.ok() || *b != norm_dims) {
+    return INVALID_ARGUMENT() << Describe(node) << ": " << what << " has shape " << DimsToString(t.dims())
+                              << ", expected the normalised shape " << DimsToString(norm_dims)
+                              << " or one that broadcasts to it";
+  }
+  return StridedCopy(t, norm_dims, BroadcastStrides(t.dims(), norm_dims.size()), 0);
+}
+
+Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+  const ir::Tensor& x = in[0];
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
+  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
+  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
+  int64_t rows = 1, n = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
+  std::vector<int64_t> stat_dims = x.dims();
+  for (int64_t d = axis; d < x.rank(); ++d) stat_dims[d] = 1;
+  for (size_t i = 1; i < in.size(); ++i) {
+    if (in[i].defined() && in[i].dtype() != x.dtype()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
+                                << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(x.dtype());
+    }
+  }
+  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], norm_dims, n, "input 1 (scale)"));
+  ir::Tensor bias;
+  if (HasInput(in, 2)) {
+    ASSIGN_OR_RETURN(bias, AsNormalizedShape(node, in[2], norm_dims, n, "input 2 (bias)"));
+  }
+  return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ir::Tensor y(x.dtype(), x.dims()), mean(x.dtype(), stat_dims), inv_std(x.dtype(), stat_dims);
+    const T* px = x.data<T>();
+    const T* ps = scale.data<T>();
+    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+    T* py = y.mutable_data<T>();
+    T* pm = mean.mutable_data<T>();
+    T* pi = inv_std.mutable_data<T>();
+    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = px + r * n;
+        T* yr = py + r * n;
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) sum += xr[i];
+        const double mu = sum / static_cast<double>(n);
+        double sq = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double c = xr[i] - mu;
+          sq += c * c;
+        }
+        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        for (int64_t i = 0; i < n; ++i) {
+          double v = (xr[i] - mu) * inv * ps[i];
+          if (pb) v += pb[i];
+          yr[i] = static_cast<T>(v);
+        }
+        pm[r] = static_cast<T>(mu);
+        pi[r] = static_cast<T>(inv);
+      }
+    });
+    return std::vector<ir::Tensor>{y, mean, inv_std};
+  });
+}
+REGISTER_CPU_KERNEL(kLayerNorm, LayerNormKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu

@@ -1,0 +1,250 @@
+// Optimizer kernels: SumSquares and ClipScale (global-norm gradient clipping), SGDUpdate and
+// AdamWUpdate (frontend/ir/op.h states their semantics). f32 and f64.
+//
+// They reproduce torch.optim's single-tensor (foreach=False) code path operation by operation:
+// scalar hyper-parameters are combined in double on the host side of the formula (as Python does
+// before handing them to a tensor op) and then rounded to the tensor's dtype, and every tensor op
+// of the PyTorch update is one rounding step here, in the same order. Kernels never update in
+// place: the trainer moves the outputs into the parameter store (Graph::state_updates()).
+#include <cmath>
+#include <string>
+
+#include "executor/cpu/kernel_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+// SumSquares reduces fixed-size chunks (the boundaries depend only on the element count, never on
+// the thread count) and adds the chunk sums in order, so its result is bit-reproducible.
+constexpr int64_t kChunk = 1 << 15;
+
+using Result = absl::StatusOr<std::vector<ir::Tensor>>;
+
+absl::Status ExpectScalar(const ir::Node& node, const std::vector<ir::Tensor>& in, size_t i,
+                          const char* what) {
+  if (in[i].num_elements() != 1) {
+    return INVALID_ARGUMENT() << Describe(node) << ": " << what << " (input " << i
+                              << ") must be a scalar, got dims " << DimsToString(in[i].dims());
+  }
+  return absl::OkStatus();
+}
+
+// Each input in `others` must be present and have the dtype and dims of input `like`.
+absl::Status ExpectLike(const ir::Node& node, const std::vector<ir::Tensor>& in, size_t like,
+                        std::initializer_list<size_t> others) {
+  for (size_t i : others) {
+    if (!HasInput(in, i)) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is required";
+    }
+    if (in[i].dtype() != in[like].dtype() || in[i].dims() != in[like].dims()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is "
+                                << ir::DTypeName(in[i].dtype()) << DimsToString(in[i].dims())
+                                << " but input " << like << " is "
+                                << ir::DTypeName(in[like].dtype()) << DimsToString(in[like].dims());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The clipping factor at input `i` when present (1 otherwise), in T.
+template <typename T>
+absl::StatusOr<T> ReadScale(const ir::Node& node, const std::vector<ir::Tensor>& in, size_t i) {
+  if (!HasInput(in, i)) return T(1);
+  RETURN_IF_ERROR(ExpectScalar(node, in, i, "scale"));
+  return static_cast<T>(in[i].GetAsDouble(0));
+}
+
+// --- SumSquares ------------------------------------------------------------------------------
+
+template <typename T>
+double SumSquaresOf(const ir::Tensor& x) {
+  const T* p = x.data<T>();
+  const int64_t n = x.num_elements();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks, 0.0);
+  ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      double s = 0;
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(p[i]) * p[i];
+      partial[c] = s;
+    }
+  });
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+Result SumSquaresKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
+                        const EvalContext&) {
+  if (in.empty() || !HasInput(in, 0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": needs at least one input";
+  }
+  const ir::DType dt = in[0].dtype();
+  return DispatchDType(FloatTypes{}, node, "input 0", dt, [&](auto tag) -> Result {
+    using T = typename decltype(tag)::type;
+    double total = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!HasInput(in, i)) continue;
+      if (in[i].dtype() != dt) {
+        return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is "
+                                  << ir::DTypeName(in[i].dtype()) << " but input 0 is "
+                                  << ir::DTypeName(dt);
+      }
+      total += SumSquaresOf<T>(in[i]);
+    }
+    return std::vector<ir::Tensor>{ir::Tensor::Scalar<T>(static_cast<T>(total))};
+  });
+}
+
+// --- ClipScale -------------------------------------------------------------------------------
+
+Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
+                       const EvalContext&) {
+  RETURN_IF_ERROR(ExpectScalar(node, in, 0, "norm"));
+  const double max_norm = node.attrs.Get<double>("max_norm", 0.0);
+  const double eps = node.attrs.Get<double>("eps", 1e-6);
+  if (!(max_norm > 0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": attribute max_norm must be positive, got "
+                              << max_norm;
+  }
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Result {
+    using T = typename decltype(tag)::type;
+    // clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1; both
+    // operations are tensor ops in the gradients' dtype.
+    const T norm = in[0].data<T>()[0];
+    const T coef = static_cast<T>(max_norm) / (norm + static_cast<T>(eps));
+    const T scale = coef < T(1) ? coef : (std::isnan(coef) ? coef : T(1));
+    return std::vector<ir::Tensor>{ir::Tensor::Scalar<T>(scale)};
+  });
+}
+
+// --- SGDUpdate -------------------------------------------------------------------------------
+// Inputs: 0 param, 1 grad, 2 momentum_buf (absent when momentum == 0), 3 lr, 4 scale?.
+
+Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
+                       const EvalContext&) {
+  const double momentum = node.attrs.Get<double>("momentum", 0.0);
+  const bool nesterov = node.attrs.Get<int64_t>("nesterov", 0) != 0;
+  const double weight_decay = node.attrs.Get<double>("weight_decay", 0.0);
+  RETURN_IF_ERROR(ExpectLike(node, in, 0, {1}));
+  if (momentum != 0) {
+    RETURN_IF_ERROR(ExpectLike(node, in, 0, {2}));
+  } else if (HasInput(in, 2)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": has a momentum buffer but momentum is 0";
+  }
+  if (nesterov && momentum == 0) {
+    return INVALID_ARGUMENT() << Describe(node) << ": nesterov needs a non-zero momentum";
+  }
+  if (!HasInput(in, 3)) return INVALID_ARGUMENT() << Describe(node) << ": lr (input 3) is required";
+  RETURN_IF_ERROR(ExpectScalar(node, in, 3, "lr"));
+  const double lr = in[3].GetAsDouble(0);
+
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Result {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(const T scale, ReadScale<T>(node, in, 4));
+    const bool scaled = HasInput(in, 4);
+    const T wd = static_cast<T>(weight_decay), mom = static_cast<T>(momentum);
+    const T neg_lr = static_cast<T>(-lr);
+    const int64_t n = in[0].num_elements();
+    ir::Tensor p_out(in[0].dtype(), in[0].dims());
+    ir::Tensor buf_out;
+    if (momentum != 0) buf_out = ir::Tensor(in[0].dtype(), in[0].dims());
+    const T* p = in[0].data<T>();
+    const T* g = in[1].data<T>();
+    const T* buf = momentum != 0 ? in[2].data<T>() : nullptr;
+    T* po = p_out.mutable_data<T>();
+    T* bo = momentum != 0 ? buf_out.mutable_data<T>() : nullptr;
+    ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        T d = scaled ? g[i] * scale : g[i];
+        if (weight_decay != 0) d = d + wd * p[i];  // d_p.add(param, alpha=weight_decay)
+        if (momentum != 0) {
+          // buf.mul_(momentum).add_(d_p); PyTorch's first step clones d_p instead, which is the
+          // same number when the buffer starts at zero.
+          const T nb = buf[i] * mom + d;
+          bo[i] = nb;
+          d = nesterov ? d + mom * nb : nb;
+        }
+        po[i] = p[i] + neg_lr * d;  // param.add_(d_p, alpha=-lr)
+      }
+    });
+    std::vector<ir::Tensor> out{std::move(p_out)};
+    if (node.outputs.size() > 1) out.push_back(std::move(buf_out));
+    return out;
+  });
+}
+
+// --- AdamWUpdate -----------------------------------------------------------------------------
+// Inputs: 0 param, 1 grad, 2 m, 3 v, 4 lr, 5 step, 6 scale?.
+
+Result AdamWUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
+                         const EvalContext&) {
+  const double beta1 = node.attrs.Get<double>("beta1", 0.9);
+  const double beta2 = node.attrs.Get<double>("beta2", 0.999);
+  const double eps = node.attrs.Get<double>("eps", 1e-8);
+  const double weight_decay = node.attrs.Get<double>("weight_decay", 0.01);
+  RETURN_IF_ERROR(ExpectLike(node, in, 0, {1, 2, 3}));
+  if (!HasInput(in, 4) || !HasInput(in, 5)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": lr (input 4) and step (input 5) are required";
+  }
+  RETURN_IF_ERROR(ExpectScalar(node, in, 4, "lr"));
+  RETURN_IF_ERROR(ExpectScalar(node, in, 5, "step"));
+  const double lr = in[4].GetAsDouble(0);
+  const int64_t step = in[5].GetAsInt(0);
+  if (step < 1) {
+    return INVALID_ARGUMENT() << Describe(node) << ": step must be >= 1 (1-based update count), got "
+                              << step;
+  }
+  // Host-side scalars, in double as torch.optim computes them in Python.
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  const double step_size = lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  const double decay = 1 - lr * weight_decay;
+
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Result {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(const T scale, ReadScale<T>(node, in, 6));
+    const bool scaled = HasInput(in, 6);
+    const T t_decay = static_cast<T>(decay);
+    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1);
+    const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1 - beta2);
+    const T bc2_sqrt = static_cast<T>(bias_correction2_sqrt);
+    const T t_eps = static_cast<T>(eps);
+    const T neg_step_size = static_cast<T>(-step_size);
+    const int64_t n = in[0].num_elements();
+    ir::Tensor p_out(in[0].dtype(), in[0].dims());
+    ir::Tensor m_out(in[0].dtype(), in[0].dims());
+    ir::Tensor v_out(in[0].dtype(), in[0].dims());
+    const T* p = in[0].data<T>();
+    const T* g = in[1].data<T>();
+    const T* m = in[2].data<T>();
+    const T* v = in[3].data<T>();
+    T* po = p_out.mutable_data<T>();
+    T* mo = m_out.mutable_data<T>();
+    T* vo = v_out.mutable_data<T>();
+    ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const T gi = scaled ? g[i] * scale : g[i];
+        const T pd = p[i] * t_decay;                          // param.mul_(1 - lr*wd)
+        const T mi = m[i] * b1 + one_minus_b1 * gi;           // exp_avg.mul_(b1).add_(g, 1-b1)
+        const T vi = v[i] * b2 + one_minus_b2 * gi * gi;      // exp_avg_sq.mul_(b2).addcmul_(g, g)
+        const T denom = std::sqrt(vi) / bc2_sqrt + t_eps;     // (sqrt(v) / bc2_sqrt).add_(eps)
+        mo[i] = mi;
+        vo[i] = vi;
+        po[i] = pd + neg_step_size * (mi / denom);            // addcdiv_(m, denom, -step_size)
+      }
+    });
+    return std::vector<ir::Tensor>{std::move(p_out), std::move(m_out), std::move(v_out)};
+  });
+}
+
+REGISTER_CPU_KERNEL(kSumSquares, SumSquaresKernel);
+REGISTER_CPU_KERNEL(kClipScale, ClipScaleKernel);
+REGISTER_CPU_KERNEL(kSGDUpdate, SGDUpdateKernel);
+REGISTER_CPU_KERNEL(kAdamWUpdate, AdamWUpdateKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu
