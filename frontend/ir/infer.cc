@@ -168,14 +168,11 @@ absl::StatusOr<std::vector<TypeAndShape>> InferNode(const Graph& g, const Node& 
 }
 
 absl::Status InferShapes(Graph& g) {
-  const std::string file = g.source_path.empty() ? "" : g.source_path + ": ";
+  // Messages name the node and op; callers prefix the file (Annotate(status, path)).
   for (NodeId id : g.LiveNodes()) {
     const Node& n = g.node(id);
     absl::StatusOr<std::vector<TypeAndShape>> inferred = InferNode(g, n);
-    if (!inferred.ok()) {
-      return absl::Status(inferred.status().code(),
-                          file + std::string(inferred.status().message()));
-    }
+    if (!inferred.ok()) return inferred.status();
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const ValueId v = n.outputs[i];
       if (v == kNoValue) continue;
@@ -191,7 +188,7 @@ absl::Status InferShapes(Graph& g) {
         }
         if (!ok) {
           return INVALID_ARGUMENT()
-                 << file << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
+                 << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
                  << DTypeName(val.dtype) << ShapeToString(val.shape) << " but inferred "
                  << DTypeName(ts.dtype) << ShapeToString(ts.shape);
         }
@@ -241,9 +238,8 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
       return INVALID_ARGUMENT() << "symbol '" << sym << "' is already bound to " << prev->second
                                 << "; cannot bind it to " << size;
     }
-    return INVALID_ARGUMENT() << "symbol '" << sym << "' is not used by the model"
-                              << (g.source_path.empty() ? "" : " " + g.source_path)
-                              << "; its symbolic dims are: " << list(CollectSymbols(g));
+    return INVALID_ARGUMENT() << "symbol '" << sym
+                              << "' is not used by the model; its symbolic dims are: " << list(CollectSymbols(g));
   }
   // Check every graph input before changing anything, so a failed bind leaves the graph intact.
   for (ValueId v : g.inputs()) {

@@ -92,18 +92,12 @@ std::optional<Tensor> ConstantNodeTensor(const Node& n) {
   return std::nullopt;
 }
 
-const Tensor* ConstantTensor(const Graph& g, ValueId v) {
-  if (v == kNoValue) return nullptr;
+std::optional<Tensor> ConstantTensor(const Graph& g, ValueId v) {
+  if (v == kNoValue) return std::nullopt;
   const Value& val = g.value(v);
-  if (val.constant && val.constant->defined()) return &*val.constant;
-  if (val.producer == kNoNode) return nullptr;
-  const Node& p = g.node(val.producer);
-  if (p.removed || p.op != OpKind::kConstant) return nullptr;
-  // Constant nodes keep their tensor in the `value` attribute; the other ONNX spellings are
-  // materialised by ConstantNodeTensor (callers that need them use ComputeKnownData).
-  auto it = p.attrs.all().find("value");
-  if (it == p.attrs.all().end()) return nullptr;
-  return std::get_if<Tensor>(&it->second);
+  if (val.constant && val.constant->defined()) return *val.constant;
+  if (val.producer == kNoNode || g.node(val.producer).removed) return std::nullopt;
+  return ConstantNodeTensor(g.node(val.producer));
 }
 
 namespace {

@@ -63,7 +63,7 @@ constexpr int64_t kMaxKnownElements = 64;
 std::optional<KnownData> ComputeKnownData(const Graph& g, ValueId v);
 
 // The tensor behind `v` when it is a constant value or the output of a live Constant node.
-const Tensor* ConstantTensor(const Graph& g, ValueId v);
+std::optional<Tensor> ConstantTensor(const Graph& g, ValueId v);
 
 // The tensor stored in a Constant node's attributes (`value`, or ONNX's value_int(s)/value_float(s)).
 std::optional<Tensor> ConstantNodeTensor(const Node& n);

@@ -294,9 +294,9 @@ absl::StatusOr<Outputs> RangeRule(const InferContext& ctx) {
   const DType t = ctx.dtype(0);
   if (t == DType::kBool) return ctx.Error() << "start, limit and delta must be numeric";
   // Float ranges: only from constants.
-  const Tensor* c[3] = {ConstantTensor(ctx.graph(), ctx.node().inputs[0]),
-                        ConstantTensor(ctx.graph(), ctx.node().inputs[1]),
-                        ConstantTensor(ctx.graph(), ctx.node().inputs[2])};
+  const std::optional<Tensor> c[3] = {ConstantTensor(ctx.graph(), ctx.node().inputs[0]),
+                                      ConstantTensor(ctx.graph(), ctx.node().inputs[1]),
+                                      ConstantTensor(ctx.graph(), ctx.node().inputs[2])};
   if (IsFloat(t)) {
     if (!c[0] || !c[1] || !c[2]) return One(t, {Dim::Unknown()});
     const double start = c[0]->GetAsDouble(0), limit = c[1]->GetAsDouble(0),
