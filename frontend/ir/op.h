@@ -48,6 +48,7 @@
 // - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X).
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) attrs axis, epsilon -> dX, dScale?, dBias?.
 //   mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
+//   dScale and dBias both have scale's shape.
 // - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
 // - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV. Recomputes
 //   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
@@ -62,8 +63,8 @@
 //   (accumulated in double); Sqrt of it is the global gradient norm.
 // - ClipScale(norm) attrs max_norm (float), eps (float, default 1e-6) -> min(1, max_norm/(norm+eps))
 //   (torch.nn.utils.clip_grad_norm_).
-// - SGDUpdate(param, grad, momentum_buf?, lr, scale?) attrs momentum, nesterov (int), weight_decay
-//   -> param', momentum_buf' (present iff momentum != 0), torch.optim.SGD without dampening:
+// - SGDUpdate(param, grad, lr, momentum_buf?, scale?) attrs momentum, nesterov (int), weight_decay
+//   -> param', momentum_buf' (both present iff momentum != 0), torch.optim.SGD without dampening:
 //   d = g*scale + wd*p; buf' = momentum*buf + d; d = nesterov ? d + momentum*buf' : buf';
 //   p' = p - lr*d. A zero-initialised buffer gives PyTorch's first step (buf = d) exactly.
 // - AdamWUpdate(param, grad, m, v, lr, step, scale?) attrs beta1, beta2, eps, weight_decay
@@ -154,7 +155,7 @@ constexpr int kVariadic = 1 << 20;
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1) \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1)            \
   V(ClipScale, "ClipScale", 1, 1, 1, 1)                      \
-  V(SGDUpdate, "SGDUpdate", 4, 5, 1, 2)                      \
+  V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2)                      \
   V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3)
 
 enum class OpKind : uint16_t {
