@@ -26,6 +26,14 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   }
   ValueId x = b.I(0);
   const ir::DType dt = b.TypeOf(x).dtype;
+  if (b.NeedsGI(2)) {
+    const ValueType ts = b.TypeOf(b.I(1)), tb = b.TypeOf(b.I(2));
+    if (ts.shape_known && tb.shape_known && ts.shape != tb.shape) {
+      // LayerNormGrad returns dScale and dBias in scale's shape.
+      return b.Error("bias " + ir::ShapeToString(tb.shape) + " and scale " +
+                     ir::ShapeToString(ts.shape) + " differ in shape; not supported");
+    }
+  }
   ir::Attrs a;
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(b.node().attrs.Get<int64_t>("axis", -1), b.Rank(x)));
   a.Set("axis", axis);
