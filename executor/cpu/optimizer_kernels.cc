@@ -121,7 +121,7 @@ Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
 }
 
 // --- SGDUpdate -------------------------------------------------------------------------------
-// Inputs: 0 param, 1 grad, 2 momentum_buf (absent when momentum == 0), 3 lr, 4 scale?.
+// Inputs: 0 param, 1 grad, 2 lr, 3 momentum_buf (absent when momentum == 0), 4 scale?.
 
 Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                        const EvalContext&) {
@@ -130,16 +130,15 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   const double weight_decay = node.attrs.Get<double>("weight_decay", 0.0);
   RETURN_IF_ERROR(ExpectLike(node, in, 0, {1}));
   if (momentum != 0) {
-    RETURN_IF_ERROR(ExpectLike(node, in, 0, {2}));
-  } else if (HasInput(in, 2)) {
+    RETURN_IF_ERROR(ExpectLike(node, in, 0, {3}));
+  } else if (HasInput(in, 3)) {
     return INVALID_ARGUMENT() << Describe(node) << ": has a momentum buffer but momentum is 0";
   }
   if (nesterov && momentum == 0) {
     return INVALID_ARGUMENT() << Describe(node) << ": nesterov needs a non-zero momentum";
   }
-  if (!HasInput(in, 3)) return INVALID_ARGUMENT() << Describe(node) << ": lr (input 3) is required";
-  RETURN_IF_ERROR(ExpectScalar(node, in, 3, "lr"));
-  const double lr = in[3].GetAsDouble(0);
+  RETURN_IF_ERROR(ExpectScalar(node, in, 2, "lr"));
+  const double lr = in[2].GetAsDouble(0);
 
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Result {
     using T = typename decltype(tag)::type;
@@ -153,7 +152,7 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     if (momentum != 0) buf_out = ir::Tensor(in[0].dtype(), in[0].dims());
     const T* p = in[0].data<T>();
     const T* g = in[1].data<T>();
-    const T* buf = momentum != 0 ? in[2].data<T>() : nullptr;
+    const T* buf = momentum != 0 ? in[3].data<T>() : nullptr;
     T* po = p_out.mutable_data<T>();
     T* bo = momentum != 0 ? buf_out.mutable_data<T>() : nullptr;
     ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {

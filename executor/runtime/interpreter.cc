@@ -60,9 +60,14 @@ bool AllFinite(const ir::Tensor& t) {
   return true;
 }
 
-absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::OpEvaluator& ev,
-                                                  const std::vector<ir::Tensor>& inputs,
-                                                  const InterpreterOptions& options) {
+namespace {
+
+// Evaluates the graph and returns the graph outputs followed by the values of `extra` (which are
+// kept alive until the end like outputs).
+absl::StatusOr<std::vector<ir::Tensor>> InterpretImpl(const ir::Graph& g, const ir::OpEvaluator& ev,
+                                                      const std::vector<ir::Tensor>& inputs,
+                                                      const InterpreterOptions& options,
+                                                      const std::vector<ir::ValueId>& extra) {
   if (inputs.size() != g.inputs().size()) {
     return INVALID_ARGUMENT() << "the model has " << g.inputs().size() << " inputs but "
                               << inputs.size() << " were given";
@@ -80,6 +85,7 @@ absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::
     for (ir::ValueId v : g.node(id).inputs)
       if (v != ir::kNoValue) ++remaining[v];
   for (ir::ValueId v : g.outputs()) ++remaining[v];
+  for (ir::ValueId v : extra) ++remaining[v];
 
   std::vector<ir::Tensor> operands;
   for (ir::NodeId id : order) {
@@ -120,7 +126,54 @@ absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::
   for (ir::ValueId v : g.outputs()) {
     result.push_back(g.value(v).constant ? *g.value(v).constant : values[v]);
   }
+  for (ir::ValueId v : extra) {
+    result.push_back(g.value(v).constant ? *g.value(v).constant : values[v]);
+  }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::OpEvaluator& ev,
+                                                  const std::vector<ir::Tensor>& inputs,
+                                                  const InterpreterOptions& options) {
+  return InterpretImpl(g, ev, inputs, options, /*extra=*/{});
+}
+
+absl::StatusOr<StepResult> InterpretStep(const ir::Graph& g, const ir::OpEvaluator& ev,
+                                         const std::vector<ir::Tensor>& inputs,
+                                         const InterpreterOptions& options) {
+  std::vector<ir::ValueId> extra;
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    RET_CHECK(u.state >= 0 && u.state < g.num_values() && u.new_value >= 0 &&
+              u.new_value < g.num_values());
+    extra.push_back(u.new_value);
+  }
+  ASSIGN_OR_RETURN(std::vector<ir::Tensor> all, InterpretImpl(g, ev, inputs, options, extra));
+  StepResult r;
+  const size_t n_out = g.outputs().size();
+  r.outputs.assign(std::make_move_iterator(all.begin()),
+                   std::make_move_iterator(all.begin() + n_out));
+  r.state.assign(std::make_move_iterator(all.begin() + n_out), std::make_move_iterator(all.end()));
+  return r;
+}
+
+absl::Status ApplyStateUpdates(ir::Graph& g, std::vector<ir::Tensor> state) {
+  RET_CHECK(state.size() == g.state_updates().size())
+      << "got " << state.size() << " state values for " << g.state_updates().size() << " updates";
+  for (size_t i = 0; i < state.size(); ++i) {
+    ir::Value& s = g.value(g.state_updates()[i].state);
+    if (!s.constant) {
+      return FAILED_PRECONDITION() << "state '" << s.name << "' is not a constant of the graph";
+    }
+    if (!state[i].defined() || state[i].dtype() != s.constant->dtype() ||
+        state[i].dims() != s.constant->dims()) {
+      return FAILED_PRECONDITION() << "the new value of state '" << s.name
+                                   << "' does not match its dtype and dims";
+    }
+    s.constant = std::move(state[i]);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::runtime

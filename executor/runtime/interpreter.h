@@ -28,6 +28,22 @@ absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::
                                                   const std::vector<ir::Tensor>& inputs,
                                                   const InterpreterOptions& options = {});
 
+// One evaluation of a training graph: its outputs and the new value of every state (parameter or
+// optimizer state) that the graph updates.
+struct StepResult {
+  std::vector<ir::Tensor> outputs;  // one per graph output
+  std::vector<ir::Tensor> state;    // state[i] is the new value of g.state_updates()[i].state
+};
+
+// Interpret, also returning the values named by Graph::state_updates() (kept alive to the end).
+absl::StatusOr<StepResult> InterpretStep(const ir::Graph& g, const ir::OpEvaluator& ev,
+                                         const std::vector<ir::Tensor>& inputs,
+                                         const InterpreterOptions& options = {});
+
+// Stores state[i] as the constant of g.state_updates()[i].state (the parameter store of the CPU
+// reference path), after checking that it keeps the state's dtype and dims.
+absl::Status ApplyStateUpdates(ir::Graph& g, std::vector<ir::Tensor> state);
+
 // True when every element of a float tensor is finite (non-float tensors: always true).
 bool AllFinite(const ir::Tensor& t);
 

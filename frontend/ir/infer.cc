@@ -111,6 +111,7 @@ const RuleTable& Rules() {
     infer_internal::RegisterIndexingRules(t);
     infer_internal::RegisterNnRules(t);
     infer_internal::RegisterGradRules(t);
+    infer_internal::RegisterTrainRules(t);  // after: its optimizer rules take precedence
     return t;
   }();
   return table;
@@ -187,10 +188,19 @@ absl::Status InferShapes(Graph& g) {
           else merged[k] = *d;
         }
         if (!ok) {
+          // After binding, the declared shape is the symbolic one with the sizes substituted; a
+          // contradiction then usually means a size the model cannot take (a sequence longer
+          // than its position table or causal-mask buffer).
+          std::string bound;
+          for (const auto& [sym, size] : g.symbol_bindings)
+            bound += (bound.empty() ? "" : ", ") + sym + "=" + std::to_string(size);
           return INVALID_ARGUMENT()
                  << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
                  << DTypeName(val.dtype) << ShapeToString(val.shape) << " but inferred "
-                 << DTypeName(ts.dtype) << ShapeToString(ts.shape);
+                 << DTypeName(ts.dtype) << ShapeToString(ts.shape)
+                 << (bound.empty() ? std::string()
+                                   : " (with " + bound +
+                                         " bound; does the model support these sizes?)");
         }
         val.shape = std::move(merged);
       } else {

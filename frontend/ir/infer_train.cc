@@ -1,0 +1,83 @@
+// Shape rules of the optimizer ops (SumSquares, ClipScale, SGDUpdate, AdamWUpdate; op.h states
+// their semantics). Updates produce values shaped like the parameter; the norm ops produce scalars.
+#include "frontend/ir/infer_rules.h"
+
+namespace onnxpipe::ir::infer_internal {
+namespace {
+
+absl::Status ExpectScalarInput(const InferContext& ctx, int i, std::string_view what) {
+  if (!ctx.has_input(i)) return ctx.Error() << what << " (input " << i << ") is required";
+  const Dim n = NumElements(ctx.shape(i));
+  if (!n.is_concrete() || n.value() != 1) {
+    return ctx.Error() << what << " must be a scalar, got " << ctx.Describe(i);
+  }
+  return absl::OkStatus();
+}
+
+// Inputs `others` must have the dtype and shape of input `like`.
+absl::Status ExpectSameAs(const InferContext& ctx, int like, std::initializer_list<int> others) {
+  for (int i : others) {
+    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is required";
+    RETURN_IF_ERROR(ctx.ExpectSameDType(like, i));
+    const Shape& a = ctx.shape(like);
+    const Shape& b = ctx.shape(i);
+    bool same = a.size() == b.size();
+    for (size_t k = 0; same && k < a.size(); ++k) same = UnifyDims(a[k], b[k]).has_value();
+    if (!same) {
+      return ctx.Error() << ctx.Describe(i) << " must have the shape of " << ctx.Describe(like);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Outputs> InferSumSquares(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    if (ctx.has_input(i)) RETURN_IF_ERROR(ctx.ExpectSameDType(0, i));
+  }
+  return One(ctx.dtype(0), Shape{});
+}
+
+absl::StatusOr<Outputs> InferClipScale(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ExpectScalarInput(ctx, 0, "norm"));
+  return One(ctx.dtype(0), Shape{});
+}
+
+absl::StatusOr<Outputs> InferSGDUpdate(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ExpectSameAs(ctx, 0, {1}));
+  const bool momentum = ctx.attrs().Get<double>("momentum", 0.0) != 0;
+  if (momentum) RETURN_IF_ERROR(ExpectSameAs(ctx, 0, {3}));
+  if (momentum != ctx.has_output(1)) {
+    return ctx.Error() << "the momentum buffer output must be present exactly when momentum != 0";
+  }
+  RETURN_IF_ERROR(ExpectScalarInput(ctx, 2, "lr"));
+  if (ctx.has_input(4)) RETURN_IF_ERROR(ExpectScalarInput(ctx, 4, "scale"));
+  const TypeAndShape p{ctx.dtype(0), ctx.shape(0)};
+  Outputs out{p};
+  if (ctx.num_outputs() > 1) out.push_back(p);
+  return out;
+}
+
+absl::StatusOr<Outputs> InferAdamWUpdate(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ExpectSameAs(ctx, 0, {1, 2, 3}));
+  RETURN_IF_ERROR(ExpectScalarInput(ctx, 4, "lr"));
+  RETURN_IF_ERROR(ExpectScalarInput(ctx, 5, "step"));
+  RETURN_IF_ERROR(ctx.ExpectInteger(5));
+  if (ctx.has_input(6)) RETURN_IF_ERROR(ExpectScalarInput(ctx, 6, "scale"));
+  const TypeAndShape p{ctx.dtype(0), ctx.shape(0)};
+  return Outputs{p, p, p};
+}
+
+}  // namespace
+
+void RegisterTrainRules(RuleTable& t) {
+  SetRule(t, OpKind::kSumSquares, InferSumSquares);
+  SetRule(t, OpKind::kClipScale, InferClipScale);
+  SetRule(t, OpKind::kSGDUpdate, InferSGDUpdate);
+  SetRule(t, OpKind::kAdamWUpdate, InferAdamWUpdate);
+}
+
+}  // namespace onnxpipe::ir::infer_internal
