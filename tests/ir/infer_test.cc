@@ -571,6 +571,33 @@ TEST(InferTest, BindSymbols) {
   EXPECT_THAT(BindSymbols(b.g, {{"B", 3}}).message(), HasSubstr("already bound to 2"));
 }
 
+// A GPT-style causal mask buffer sliced to S: fine symbolically, and contradicted after binding S
+// beyond the buffer, which the message attributes to the binding.
+TEST(InferTest, BindingBeyondABufferIsReported) {
+  Builder b;
+  ValueId x = b.Input("x", {B, S});
+  ValueId s = b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(1)})},
+                   A({{"axes", I({0})}}));
+  ValueId mask = b.Op(OpKind::kSlice, {b.Input("buf", {8, 8}), b.Ints({0}), s, b.Ints({0})}, {}, "/attn/Slice");
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(mask), "(S, 8)");
+  ASSERT_TRUE(BindSymbols(b.g, {{"B", 2}, {"S", 6}}).ok());
+  ASSERT_TRUE(InferShapes(b.g).ok());
+  EXPECT_EQ(b.Str(mask), "(6, 8)");
+
+  Builder c;
+  ValueId y = c.Input("x", {B, S});
+  ValueId t = c.Op(OpKind::kUnsqueeze, {c.Op(OpKind::kGather, {c.Op(OpKind::kShape, {y}), c.Scalar(1)})},
+                   A({{"axes", I({0})}}));
+  c.Op(OpKind::kSlice, {c.Input("buf", {8, 8}), c.Ints({0}), t, c.Ints({0})}, {}, "/attn/Slice");
+  ASSERT_TRUE(c.Infer().ok());
+  ASSERT_TRUE(BindSymbols(c.g, {{"S", 16}}).ok());
+  absl::Status st = InferShapes(c.g);
+  EXPECT_THAT(st.message(), HasSubstr("'/attn/Slice' (Slice)"));
+  EXPECT_THAT(st.message(), HasSubstr("declared f32(16, 8) but inferred f32(8, 8)"));
+  EXPECT_THAT(st.message(), HasSubstr("S=16 bound"));
+}
+
 TEST(InferTest, TrainingOps) {
   Builder b;
   ValueId x = b.Input("x", {B, S, 64}), w = b.Input("w", {128, 64});
