@@ -111,7 +111,7 @@ const RuleTable& Rules() {
     infer_internal::RegisterIndexingRules(t);
     infer_internal::RegisterNnRules(t);
     infer_internal::RegisterGradRules(t);
-    infer_internal::RegisterTrainRules(t);  // after: its optimizer rules take precedence
+    infer_internal::RegisterTrainRules(t);
     return t;
   }();
   return table;

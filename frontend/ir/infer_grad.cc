@@ -1,4 +1,5 @@
-// Shape rules for the gradient, training and optimizer ops autodiff builds (conventions in op.h).
+// Shape rules for the gradient and training ops autodiff builds (conventions in op.h); the
+// optimizer ops' rules are in infer_train.cc.
 // Most of them take the shape of a forward operand (the `like` inputs are shape-only); the rules
 // check the operands that must agree so a wrong gradient graph fails here, naming the node, rather
 // than in a kernel.
@@ -188,55 +189,6 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx)
   return One(ctx.dtype(1), ctx.shape(1));
 }
 
-absl::StatusOr<Outputs> SumSquaresRule(const InferContext& ctx) {
-  for (int i = 0; i < ctx.num_inputs(); ++i) {
-    if (!ctx.has_input(i)) return ctx.Error() << "input " << i << " is absent";
-    RETURN_IF_ERROR(ctx.ExpectFloat(i));
-  }
-  return One(ctx.dtype(0), {});
-}
-
-absl::StatusOr<Outputs> ClipScaleRule(const InferContext& ctx) {
-  RETURN_IF_ERROR(ctx.ExpectFloat(0));
-  if (ctx.rank(0) != 0) return ctx.Error() << ctx.Describe(0) << " must be a scalar";
-  return One(ctx.dtype(0), {});
-}
-
-// A scalar operand (lr, step, scale).
-absl::Status ExpectScalar(const InferContext& ctx, int i, const char* what) {
-  if (!ctx.has_input(i)) return absl::OkStatus();
-  if (ctx.rank(i) == 0) return absl::OkStatus();
-  return ctx.Error() << what << " " << ctx.Describe(i) << " must be a scalar";
-}
-
-absl::StatusOr<Outputs> SGDUpdateRule(const InferContext& ctx) {
-  RETURN_IF_ERROR(ctx.ExpectFloat(0));
-  RETURN_IF_ERROR(SameShape(ctx, 0, 1).status());
-  const bool has_buf = ctx.has_input(2);
-  if (has_buf) RETURN_IF_ERROR(SameShape(ctx, 0, 2).status());
-  RETURN_IF_ERROR(ExpectScalar(ctx, 3, "lr"));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 4, "scale"));
-  const double momentum = ctx.attrs().Get<double>("momentum", 0.0);
-  if (momentum != 0.0 && !has_buf) return ctx.Error() << "momentum " << momentum << " needs momentum_buf";
-  Outputs out = One(ctx.dtype(0), ctx.shape(0));
-  if (ctx.num_outputs() > 1) {
-    if (!has_buf) return ctx.Error() << "has a momentum_buf' output but no momentum_buf input";
-    out.push_back({ctx.dtype(2), ctx.shape(2)});
-  }
-  return out;
-}
-
-absl::StatusOr<Outputs> AdamWUpdateRule(const InferContext& ctx) {
-  RETURN_IF_ERROR(ctx.ExpectFloat(0));
-  for (int i = 1; i <= 3; ++i) RETURN_IF_ERROR(SameShape(ctx, 0, i).status());
-  RETURN_IF_ERROR(ExpectScalar(ctx, 4, "lr"));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 5, "step"));
-  RETURN_IF_ERROR(ctx.ExpectInteger(5));
-  RETURN_IF_ERROR(ExpectScalar(ctx, 6, "scale"));
-  return Outputs{{ctx.dtype(0), ctx.shape(0)}, {ctx.dtype(2), ctx.shape(2)},
-                 {ctx.dtype(3), ctx.shape(3)}};
-}
-
 }  // namespace
 
 void RegisterGradRules(RuleTable& t) {
@@ -256,10 +208,6 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kLayerNormGrad, LayerNormGradRule);
   SetRule(t, OpKind::kAttentionGrad, AttentionGradRule);
   SetRule(t, OpKind::kSoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyLossGradRule);
-  SetRule(t, OpKind::kSumSquares, SumSquaresRule);
-  SetRule(t, OpKind::kClipScale, ClipScaleRule);
-  SetRule(t, OpKind::kSGDUpdate, SGDUpdateRule);
-  SetRule(t, OpKind::kAdamWUpdate, AdamWUpdateRule);
 }
 
 }  // namespace onnxpipe::ir::infer_internal
