@@ -24,7 +24,9 @@ class UseInfo {
   int NumUses(ir::ValueId v) const;
   // True when `v` is used by exactly one live node operand and is not a graph output: the value is
   // internal to a pattern and disappears with it.
-  bool HasSingleUse(ir::ValueId v) const { return NumUses(v) == 1; }
+  bool HasSingleUse(ir::ValueId v) const {
+    return uses_[v].size() == 1 && !g_->IsGraphOutput(v);
+  }
   // Distinct live consumer nodes of `v`.
   std::vector<ir::NodeId> Consumers(ir::ValueId v) const;
 

@@ -2,7 +2,11 @@
 
 #include "frontend/ir/status.h"
 #include "frontend/ir/verifier.h"
+#include "frontend/passes/attention_fusion.h"
 #include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/gelu_fusion.h"
+#include "frontend/passes/layer_norm_fusion.h"
+#include "frontend/passes/linear_fusion.h"
 #include "frontend/passes/pass.h"
 
 namespace onnxpipe::passes {
@@ -16,6 +20,12 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
     PassPipeline& simplify = pipeline.AddFixpoint("simplify");
     simplify.AddPass<ConstantFolding>(evaluator, options.folding);
     simplify.AddPass<DeadCodeElimination>();
+  }
+  if (options.fuse) {
+    pipeline.AddPass<LinearFusion>();
+    pipeline.AddPass<LayerNormFusion>();
+    pipeline.AddPass<GeluFusion>();
+    pipeline.AddPass<AttentionFusion>();
   }
   pipeline.AddPass<DeadCodeElimination>();
   RETURN_IF_ERROR(pipeline.Run(g).status());

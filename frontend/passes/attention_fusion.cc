@@ -1,0 +1,366 @@
+// The matcher anchors on the final MatMul(P, V) and walks backwards: dropout, softmax, the chain
+// of scalings and masks on the scores, the Q K^T MatMul, and the pre-scalings and transposes of
+// Q and K. All checks happen before the graph is touched; the rewrite (new Transpose/Not nodes,
+// the fused node) only runs on a complete match.
+
+#include "frontend/passes/attention_fusion.h"
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frontend/ir/status.h"
+#include "frontend/passes/pattern.h"
+
+namespace onnxpipe::passes {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::NodeId;
+using ir::OpKind;
+using ir::Tensor;
+using ir::ValueId;
+
+// Fill values at or below this count as "masked" (-inf, finfo.min, BERT's -10000).
+constexpr double kVeryNegative = -1e4;
+
+struct AttentionMatch {
+  std::vector<NodeId> dead;
+  double scale = 1.0;
+  double dropout = 0.0;
+  ValueId q = ir::kNoValue, v = ir::kNoValue;
+  ValueId k_source = ir::kNoValue;  // K, or the value a new Transpose turns into K
+  std::vector<int64_t> k_perm;       // empty: k_source is K
+  ValueId additive = ir::kNoValue;   // additive mask as found
+  ValueId bool_cond = ir::kNoValue;  // Where condition as found
+  bool bool_cond_means_masked = false;  // masked_fill: condition true = masked
+};
+
+class AttentionMatcher {
+ public:
+  explicit AttentionMatcher(Graph* g) : g_(g), uses_(*g) {}
+
+  bool TryAt(NodeId root) {
+    AttentionMatch m;
+    if (!Match(root, &m)) return false;
+    return Rewrite(root, m);
+  }
+
+ private:
+  bool Take(ValueId v, AttentionMatch* m) {
+    if (!uses_.HasSingleUse(v)) return false;
+    NodeId p = ProducerId(*g_, v);
+    if (p == ir::kNoNode) return false;
+    m->dead.push_back(p);
+    return true;
+  }
+
+  // Scalar constants that are not parameters (a learned temperature must stay a graph value).
+  std::optional<double> FrozenScalar(ValueId v) const {
+    if (!IsFrozenConstant(*g_, v)) return std::nullopt;
+    return ScalarConstant(*g_, v);
+  }
+
+  // If `v` is Mul(x, c) / Mul(c, x) / Div(x, c) with a frozen scalar c, returns {x, factor}.
+  std::optional<std::pair<ValueId, double>> ScalarScaling(ValueId v) const {
+    const Node* n = ProducerOf(*g_, v);
+    if (n == nullptr) return std::nullopt;
+    if (n->op == OpKind::kMul) {
+      auto split = SplitOperands(*n, [&](ValueId w) { return FrozenScalar(w).has_value(); });
+      if (split) return std::make_pair(split->second, *FrozenScalar(split->first));
+    } else if (n->op == OpKind::kDiv) {
+      std::optional<double> c = FrozenScalar(n->inputs[1]);
+      if (c && *c != 0) return std::make_pair(n->inputs[0], 1.0 / *c);
+    }
+    return std::nullopt;
+  }
+
+  // Strips single-use scalar scalings from `v`, multiplying them into the scale.
+  ValueId AbsorbScalings(ValueId v, AttentionMatch* m) {
+    while (auto s = ScalarScaling(v)) {
+      if (!Take(v, m)) break;
+      m->scale *= s->second;
+      v = s->first;
+    }
+    return v;
+  }
+
+  bool IsVeryNegative(ValueId v) const {
+    std::optional<double> c = FrozenScalar(v);
+    return c.has_value() && *c <= kVeryNegative;
+  }
+
+  // True when the backward chain from `v` through single-use scalings, Adds and Wheres reaches a
+  // MatMul: that operand of an Add is the scores, the other the mask.
+  bool LeadsToScores(ValueId v, int depth = 0) const {
+    if (depth > 8) return false;
+    const Node* n = ProducerOf(*g_, v);
+    if (n == nullptr) return false;
+    if (n->op == OpKind::kMatMul) return true;
+    if (!uses_.HasSingleUse(v)) return false;
+    switch (n->op) {
+      case OpKind::kMul:
+      case OpKind::kDiv:
+        return ScalarScaling(v).has_value() && LeadsToScores(ScalarScaling(v)->first, depth + 1);
+      case OpKind::kAdd:
+        return LeadsToScores(n->inputs[0], depth + 1) || LeadsToScores(n->inputs[1], depth + 1);
+      case OpKind::kWhere:
+        return LeadsToScores(n->inputs[1], depth + 1) || LeadsToScores(n->inputs[2], depth + 1);
+      default:
+        return false;
+    }
+  }
+
+  std::optional<int64_t> RankOf(ValueId v) const {
+    const ir::Value& val = g_->value(v);
+    if (!val.shape_known) return std::nullopt;
+    return static_cast<int64_t>(val.shape.size());
+  }
+
+  bool Match(NodeId root, AttentionMatch* m) {
+    const Node& pv = g_->node(root);
+    ValueId p = pv.inputs[0];
+    m->v = pv.inputs[1];
+    // Optional dropout on the probabilities; its mask output must be unused.
+    if (const Node* drop = ProducerOf(*g_, p, OpKind::kDropout)) {
+      if (drop->outputs.size() > 1 && drop->outputs[1] != ir::kNoValue && uses_.NumUses(drop->outputs[1]) > 0)
+        return false;
+      m->dropout = drop->attrs.Get<double>("ratio", 0.5);
+      if (!Take(p, m)) return false;
+      p = drop->inputs[0];
+    }
+    const Node* softmax = ProducerOf(*g_, p, OpKind::kSoftmax);
+    if (softmax == nullptr || !Take(p, m)) return false;
+    ValueId s = softmax->inputs[0];
+    const int64_t axis = softmax->attrs.Get<int64_t>("axis", -1);
+    if (axis != -1) {
+      std::optional<int64_t> rank = RankOf(s);
+      if (!rank || NormalizeAxis(axis, *rank) != *rank - 1) return false;
+    }
+    // Scores chain, walked from the softmax towards Q K^T (i.e. against the data flow).
+    bool scaled = false;
+    while (true) {
+      const Node* n = ProducerOf(*g_, s);
+      if (n == nullptr) return false;
+      if (n->op == OpKind::kMatMul) break;
+      if (!uses_.HasSingleUse(s)) return false;
+      if (auto sc = ScalarScaling(s)) {
+        Take(s, m);
+        if (sc->second != 1.0) {
+          m->scale *= sc->second;
+          scaled = true;
+        }
+        s = sc->first;
+      } else if (n->op == OpKind::kAdd) {
+        // A mask added before a scaling would be scaled with the scores.
+        if (scaled || m->additive != ir::kNoValue) return false;
+        const bool lhs = LeadsToScores(n->inputs[0]), rhs = LeadsToScores(n->inputs[1]);
+        if (lhs == rhs) return false;
+        Take(s, m);
+        ValueId mask = lhs ? n->inputs[1] : n->inputs[0];
+        s = lhs ? n->inputs[0] : n->inputs[1];
+        // baddbmm's beta: Mul(mask, 1).
+        if (auto sc = ScalarScaling(mask); sc && sc->second == 1.0 && uses_.HasSingleUse(mask)) {
+          Take(mask, m);
+          mask = sc->first;
+        }
+        m->additive = mask;
+      } else if (n->op == OpKind::kWhere) {
+        if (scaled || m->bool_cond != ir::kNoValue) return false;
+        if (g_->value(n->inputs[0]).dtype != ir::DType::kBool) return false;
+        Take(s, m);
+        m->bool_cond = n->inputs[0];
+        if (IsVeryNegative(n->inputs[1])) {
+          m->bool_cond_means_masked = true;
+          s = n->inputs[2];
+        } else if (IsVeryNegative(n->inputs[2])) {
+          m->bool_cond_means_masked = false;
+          s = n->inputs[1];
+        } else {
+          return false;
+        }
+      } else {
+        return false;
+      }
+    }
+    if (!Take(s, m)) return false;
+    const Node& qk = g_->node(ProducerId(*g_, s));
+    m->q = AbsorbScalings(qk.inputs[0], m);
+    ValueId kt = AbsorbScalings(qk.inputs[1], m);
+    if (const Node* t = ProducerOf(*g_, kt, OpKind::kTranspose)) {
+      const ValueId src = t->inputs[0];
+      std::optional<int64_t> rank = RankOf(src);
+      std::vector<int64_t> perm = t->attrs.Get<std::vector<int64_t>>("perm");
+      if (perm.empty()) {
+        if (!rank) return false;
+        perm.resize(*rank);
+        std::iota(perm.rbegin(), perm.rend(), 0);
+      }
+      if (perm.size() < 2) return false;
+      std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+      // K's own pre-scaling can go only if the transpose goes with it.
+      if (uses_.HasSingleUse(kt)) {
+        m->dead.push_back(ProducerId(*g_, kt));
+        m->k_source = AbsorbScalings(src, m);
+      } else {
+        m->k_source = src;
+      }
+      bool identity = true;
+      for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
+      if (!identity) m->k_perm = perm;
+    } else {
+      std::optional<int64_t> rank = RankOf(kt);
+      if (!rank || *rank < 2) return false;
+      m->k_perm.resize(*rank);
+      std::iota(m->k_perm.begin(), m->k_perm.end(), 0);
+      std::swap(m->k_perm[*rank - 1], m->k_perm[*rank - 2]);
+      m->k_source = kt;
+    }
+    // Q, K^T and V must agree in rank (the fused op does not broadcast batch dims between them).
+    std::optional<int64_t> rq = RankOf(m->q), rk = RankOf(qk.inputs[1]), rv = RankOf(m->v);
+    if (rq && rk && *rq != *rk) return false;
+    if (rq && rv && *rq != *rv) return false;
+    const ir::DType dtype = g_->value(pv.outputs[0]).dtype;
+    if (g_->value(m->q).dtype != dtype || g_->value(m->v).dtype != dtype ||
+        g_->value(m->k_source).dtype != dtype) {
+      return false;
+    }
+    return true;
+  }
+
+  // Dims (Sq, Sk) of the scores, where known.
+  std::pair<std::optional<int64_t>, std::optional<int64_t>> ScoreDims(NodeId root) const {
+    const ir::Value& out = g_->value(g_->node(root).outputs[0]);
+    const ir::Value& q = g_->value(g_->node(root).inputs[0]);  // P: (..., Sq, Sk)
+    std::optional<int64_t> sq, sk;
+    if (q.shape_known && q.shape.size() >= 2) {
+      if (q.shape[q.shape.size() - 2].is_concrete()) sq = q.shape[q.shape.size() - 2].value();
+      if (q.shape.back().is_concrete()) sk = q.shape.back().value();
+    }
+    (void)out;
+    return {sq, sk};
+  }
+
+  // True when the constant mask `t` (additive, or boolean with true = attend) is exactly the
+  // causal pattern for scores of `dims`, broadcast over every leading dim.
+  static bool IsCausal(const Tensor& t, bool additive,
+                       std::pair<std::optional<int64_t>, std::optional<int64_t>> dims) {
+    if (t.rank() < 2) return false;
+    const int64_t n = t.dims()[t.rank() - 2];
+    if (t.dims().back() != n) return false;
+    for (int64_t i = 0; i + 2 < t.rank(); ++i)
+      if (t.dims()[i] != 1) return false;
+    // A size-1 mask broadcasts to any length; only a full square proves the pattern.
+    if (dims.first ? *dims.first != n : n < 2) return false;
+    if (dims.second ? *dims.second != n : n < 2) return false;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double x = t.GetAsDouble(i * n + j);
+        if (additive) {
+          if (j <= i ? x != 0.0 : !(x <= kVeryNegative)) return false;
+        } else if ((x != 0.0) != (j <= i)) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  static Tensor Negate(const Tensor& t) {
+    Tensor out(ir::DType::kBool, t.dims());
+    for (int64_t i = 0; i < t.num_elements(); ++i) out.mutable_data<bool>()[i] = t.GetAsDouble(i) == 0.0;
+    return out;
+  }
+
+  bool Rewrite(NodeId root, const AttentionMatch& m) {
+    const std::string name = g_->node(root).name;
+    const auto dims = ScoreDims(root);
+    bool causal = false;
+    ValueId mask = ir::kNoValue;
+    std::string mask_kind;
+    // Additive mask: causal when provably so, else an input.
+    if (m.additive != ir::kNoValue) {
+      const ir::Value& a = g_->value(m.additive);
+      if (a.constant && IsCausal(*a.constant, /*additive=*/true, dims)) {
+        causal = true;
+      } else {
+        mask = m.additive;
+        mask_kind = "additive";
+      }
+    }
+    // Boolean mask, normalised to true = attend.
+    std::optional<Tensor> keep_const;
+    if (m.bool_cond != ir::kNoValue) {
+      const ir::Value& c = g_->value(m.bool_cond);
+      bool consumed = false;
+      if (c.constant) {
+        keep_const = m.bool_cond_means_masked ? Negate(*c.constant) : *c.constant;
+        if (IsCausal(*keep_const, /*additive=*/false, dims)) {
+          causal = true;
+          consumed = true;
+        }
+      }
+      if (!consumed) {
+        if (mask != ir::kNoValue) return false;  // two non-causal masks: not expressible
+        mask_kind = "bool";
+        mask = m.bool_cond;  // replaced below by a constant or a Not when it needs negating
+      }
+    }
+
+    // The match is complete; mutate the graph.
+    if (mask_kind == "bool" && m.bool_cond_means_masked) {
+      if (keep_const) {
+        mask = g_->AddConstant(g_->UniqueName(name + "/keep_mask"), *keep_const);
+      } else {
+        const ir::Value& c = g_->value(m.bool_cond);
+        mask = AddNodeWithOutput(g_, OpKind::kNot, name + "/keep_mask", {m.bool_cond}, {},
+                                 ir::DType::kBool, c.shape, c.shape_known);
+      }
+    }
+    ValueId k = m.k_source;
+    if (!m.k_perm.empty()) {
+      const ir::Value& src = g_->value(m.k_source);
+      ir::Shape shape;
+      if (src.shape_known && src.shape.size() == m.k_perm.size())
+        for (int64_t a : m.k_perm) shape.push_back(src.shape[a]);
+      ir::Attrs attrs;
+      attrs.Set("perm", m.k_perm);
+      k = AddNodeWithOutput(g_, OpKind::kTranspose, name + "/k_transpose", {m.k_source}, std::move(attrs),
+                            src.dtype, shape, src.shape_known && shape.size() == m.k_perm.size());
+    }
+    std::vector<ValueId> inputs = {m.q, k, m.v};
+    ir::Attrs attrs;
+    attrs.Set("scale", m.scale);
+    attrs.Set("causal", int64_t{causal ? 1 : 0});
+    attrs.Set("dropout", m.dropout);
+    if (mask != ir::kNoValue) {
+      inputs.push_back(mask);
+      attrs.Set("mask_kind", mask_kind);
+    }
+    ReplaceWithFused(g_, root, m.dead, OpKind::kAttention, std::move(inputs), std::move(attrs));
+    uses_.Refresh();
+    return true;
+  }
+
+  Graph* g_;
+  UseInfo uses_;
+};
+
+}  // namespace
+
+absl::StatusOr<bool> AttentionFusion::Run(ir::Graph* g) {
+  AttentionMatcher matcher(g);
+  bool changed = false;
+  for (NodeId id : g->LiveNodes()) {
+    if (g->node(id).removed || g->node(id).op != OpKind::kMatMul) continue;
+    changed |= matcher.TryAt(id);
+  }
+  if (changed) RETURN_IF_ERROR(g->TopoSort());
+  return changed;
+}
+
+}  // namespace onnxpipe::passes

@@ -1,0 +1,47 @@
+// AttentionFusion: rewrites scaled dot-product attention, as PyTorch's exporter writes it for
+// nn.MultiheadAttention (torch 1.13) and for hand-written GPT/BERT attention, into the fused
+// Attention op (frontend/ir/op.h):
+//
+//   S = MatMul(Q', K^T)        Q' = Q, or Q pre-scaled by Mul/Div with a scalar constant (as
+//                              nn.MultiheadAttention does); K^T = Transpose(K', perm) with a perm
+//                              that swaps the last two axes of K's head layout (K' may be
+//                              pre-scaled too: "sqrt of the scale on both sides"), or any other
+//                              value, which is then transposed explicitly
+//   S = S * c | S / c          any number of scalar scalings (including baddbmm's Mul by 1)
+//   S = S + M                  optional additive mask (either operand order; a Mul by 1 on M is
+//                              stripped)
+//   S = Where(C, -big, S)      optional masked_fill (C true = masked) or Where(C, S, -big)
+//                              (C true = kept); -big is a scalar <= -1e4 or -inf
+//   P = Softmax(S, axis=-1) [Dropout(P, ratio)]
+//   O = MatMul(P, V)
+//   -> Attention(Q, K, V[, mask]) scale=c_total causal dropout=ratio mask_kind
+//
+// Masks. A constant mask is proven causal by reading it: additive 0 on and below the diagonal and
+// <= -1e4 above it; boolean (normalised to true = attend) true exactly on and below the diagonal,
+// with any leading dims of size 1. A proven causal mask sets causal=1 and is dropped. Otherwise
+// it is passed as the mask input, mask_kind "additive" or "bool" (true = attend; a masked_fill
+// condition is negated with a Not, folded when constant). At most one non-causal mask can be
+// expressed; patterns with two are left alone. A scaling applied after the mask is not absorbed
+// (it would scale the mask too) and prevents the match.
+//
+// The head reshapes and transposes around the core stay: Attention works on any leading dims. A
+// Transpose is inserted for K when the K^T producer's perm does not reduce to the identity. Every
+// intermediate (scores, probabilities, the scalings, K^T) must be used only inside the pattern;
+// a pre-scaling of Q or K with other uses is kept and simply not absorbed.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+#include "frontend/passes/pass.h"
+
+namespace onnxpipe::passes {
+
+class AttentionFusion : public Pass {
+ public:
+  std::string_view name() const override { return "attention-fusion"; }
+  absl::StatusOr<bool> Run(ir::Graph* g) override;
+};
+
+}  // namespace onnxpipe::passes

@@ -1,0 +1,353 @@
+#include "frontend/passes/attention_fusion.h"
+
+#include <cmath>
+#include <limits>
+
+#include "frontend/ir/verifier.h"
+#include "gtest/gtest.h"
+#include "tests/passes/test_util.h"
+
+namespace onnxpipe::passes {
+namespace {
+
+using ir::Dim;
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+using ir::ValueId;
+using testing::GraphBuilder;
+using testing::Histogram;
+using testing::MakeAttrs;
+using Hist = std::map<std::string, int>;
+
+constexpr int64_t kS = 5;
+const float kInf = std::numeric_limits<float>::infinity();
+
+ir::Attrs Perm(std::vector<int64_t> p) { return MakeAttrs({{"perm", p}}); }
+
+// Additive (S, S) causal mask as torch.triu(full(-inf), 1) builds it, with leading unit dims.
+Tensor AdditiveCausal(std::vector<int64_t> dims, float fill = -kInf) {
+  Tensor t(DType::kF32, dims);
+  for (int64_t i = 0; i < kS; ++i)
+    for (int64_t j = 0; j < kS; ++j) t.mutable_data<float>()[i * kS + j] = j > i ? fill : 0.0f;
+  return t;
+}
+
+// Boolean (S, S) mask; `masked_above`: true above the diagonal (masked_fill's condition).
+Tensor BoolTriangle(std::vector<int64_t> dims, bool masked_above) {
+  Tensor t(DType::kBool, dims);
+  for (int64_t i = 0; i < kS; ++i)
+    for (int64_t j = 0; j < kS; ++j) t.mutable_data<bool>()[i * kS + j] = (j > i) == masked_above;
+  return t;
+}
+
+absl::StatusOr<bool> RunAttention(ir::Graph& g) {
+  AttentionFusion pass;
+  absl::StatusOr<bool> r = pass.Run(&g);
+  if (r.ok()) EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+  return r;
+}
+
+const ir::Node& OnlyAttention(const ir::Graph& g) {
+  std::vector<const ir::Node*> nodes = testing::NodesOf(g, OpKind::kAttention);
+  EXPECT_EQ(nodes.size(), 1u) << testing::HistogramString(g);
+  return *nodes.at(0);
+}
+
+// nn.MultiheadAttention as torch 1.13 exports it: (S, B*H, Dh) heads transposed to (B*H, S, Dh),
+// Q pre-divided by sqrt(Dh), K^T by one Transpose perm [1, 2, 0], dropout on the probabilities.
+struct MhaOptions {
+  enum Mask { kNone, kCausalConst, kInputMask } mask = kNone;
+  bool extra_softmax_use = false;
+  bool scale_after_mask = false;
+  bool dropout_mask_used = false;
+};
+
+struct MhaGraph {
+  ValueId qh, kr, vh, out, mask = ir::kNoValue;
+};
+
+MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o) {
+  const Dim BH = Dim(4), S = Dim(kS), Dh = Dim(8);
+  MhaGraph m;
+  ValueId qr = b.Input("q", {S, BH, Dh});
+  m.kr = b.Input("k", {S, BH, Dh});
+  ValueId vr = b.Input("v", {S, BH, Dh});
+  m.qh = b.Op(OpKind::kTranspose, {qr}, {BH, S, Dh}, Perm({1, 0, 2}));
+  m.vh = b.Op(OpKind::kTranspose, {vr}, {BH, S, Dh}, Perm({1, 0, 2}));
+  ValueId qs = b.Op(OpKind::kDiv, {m.qh, b.Scalar(std::sqrt(8.0f))}, {BH, S, Dh});
+  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {BH, Dh, S}, Perm({1, 2, 0}));
+  ValueId s = b.Op(OpKind::kMatMul, {qs, kt}, {BH, S, S});
+  if (o.mask != MhaOptions::kNone) {
+    // baddbmm(mask, q, k^T): Mul(scores, 1) + Mul(mask, 1).
+    m.mask = o.mask == MhaOptions::kCausalConst ? b.Const("mask", AdditiveCausal({1, kS, kS}))
+                                                : b.Input("attn_mask", {Dim(1), S, S});
+    ValueId scaled_mask = b.Op(OpKind::kMul, {m.mask, b.Scalar(1.0f)}, {Dim(1), S, S});
+    s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMul, {s, b.Scalar(1.0f)}, {BH, S, S}), scaled_mask}, {BH, S, S});
+  }
+  if (o.scale_after_mask) s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {BH, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {BH, S, S}, MakeAttrs({{"axis", int64_t{-1}}}));
+  if (o.extra_softmax_use) b.Output(p);
+  ir::Graph& g = b.graph();
+  ValueId dropped = g.AddValue("drop_out", DType::kF32, {BH, S, S});
+  ValueId drop_mask = g.AddValue("drop_mask", DType::kBool, {BH, S, S});
+  g.AddNode(OpKind::kDropout, "/attn/Dropout", {p}, {dropped, drop_mask}, MakeAttrs({{"ratio", 0.1}}));
+  if (o.dropout_mask_used) b.Output(drop_mask);
+  m.out = b.Op(OpKind::kMatMul, {dropped, m.vh}, {BH, S, Dh});
+  b.Output(b.Op(OpKind::kTranspose, {m.out}, {S, BH, Dh}, Perm({1, 0, 2})));
+  return m;
+}
+
+// The inserted K transpose turns (S, B*H, Dh) into (B*H, S, Dh).
+void ExpectKIsTransposedFrom(const ir::Graph& g, ValueId k, ValueId source, std::vector<int64_t> perm) {
+  const ir::Node* t = g.node(g.value(k).producer).op == OpKind::kTranspose ? &g.node(g.value(k).producer) : nullptr;
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->inputs[0], source);
+  EXPECT_EQ(t->attrs.Get<std::vector<int64_t>>("perm"), perm);
+}
+
+TEST(AttentionFusionTest, MultiheadAttentionExport) {
+  GraphBuilder b;
+  MhaGraph m = BuildMha(b, {});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Transpose", 4}}));  // q, v, new k, output
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 3u);
+  EXPECT_EQ(att.inputs[0], m.qh);
+  ExpectKIsTransposedFrom(g, att.inputs[1], m.kr, {1, 0, 2});
+  EXPECT_EQ(att.inputs[2], m.vh);
+  EXPECT_EQ(att.outputs[0], m.out);
+  EXPECT_NEAR(att.attrs.Get<double>("scale", 0), 1.0 / std::sqrt(8.0), 1e-6);
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+  EXPECT_NEAR(att.attrs.Get<double>("dropout", 0), 0.1, 1e-9);
+  EXPECT_FALSE(att.attrs.Has("mask_kind"));
+  EXPECT_EQ(g.value(att.inputs[1]).shape, (ir::Shape{Dim(4), Dim(kS), Dim(8)}));
+}
+
+TEST(AttentionFusionTest, ConstantCausalMaskBecomesCausal) {
+  GraphBuilder b;
+  BuildMha(b, {.mask = MhaOptions::kCausalConst});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Transpose", 4}}));
+  const ir::Node& att = OnlyAttention(g);
+  EXPECT_EQ(att.inputs.size(), 3u);
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 1);
+}
+
+TEST(AttentionFusionTest, InputMaskStaysAdditive) {
+  GraphBuilder b;
+  MhaGraph m = BuildMha(b, {.mask = MhaOptions::kInputMask});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.inputs[3], m.mask);  // the Mul by 1 is stripped
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Transpose", 4}}));
+}
+
+void ExpectMhaNotFused(const MhaOptions& o) {
+  GraphBuilder b;
+  BuildMha(b, o);
+  ir::Graph& g = b.graph();
+  const Hist before = Histogram(g);
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r) << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), before);
+}
+
+TEST(AttentionFusionTest, SoftmaxWithAnotherConsumerIsNotFused) {
+  ExpectMhaNotFused({.extra_softmax_use = true});
+}
+TEST(AttentionFusionTest, ScalingAfterTheMaskIsNotFused) {
+  ExpectMhaNotFused({.mask = MhaOptions::kInputMask, .scale_after_mask = true});
+}
+TEST(AttentionFusionTest, UsedDropoutMaskIsNotFused) { ExpectMhaNotFused({.dropout_mask_used = true}); }
+
+// GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
+// with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
+struct GptOptions {
+  enum Cond { kCausalConst, kInputCond, kKeepCond } cond = kCausalConst;
+  bool extra_scores_use = false;
+};
+
+struct GptGraph {
+  ValueId qh, kr, vh, out, cond;
+};
+
+GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o) {
+  const Dim B = Dim(2), H = Dim(2), S = Dim(kS), Dh = Dim(4);
+  GptGraph m;
+  ValueId qr = b.Input("q", {B, S, H, Dh});
+  m.kr = b.Input("k", {B, S, H, Dh});
+  ValueId vr = b.Input("v", {B, S, H, Dh});
+  m.qh = b.Op(OpKind::kTranspose, {qr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
+  m.vh = b.Op(OpKind::kTranspose, {vr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
+  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {B, H, Dh, S}, Perm({0, 2, 3, 1}));
+  ValueId s = b.Op(OpKind::kMatMul, {m.qh, kt}, {B, H, S, S});
+  s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {B, H, S, S});
+  if (o.extra_scores_use) b.Output(s);
+  switch (o.cond) {
+    case GptOptions::kCausalConst:
+      m.cond = b.Const("cond", BoolTriangle({1, 1, kS, kS}, /*masked_above=*/true));
+      break;
+    case GptOptions::kInputCond:
+    case GptOptions::kKeepCond:
+      m.cond = b.Input("cond", {B, Dim(1), Dim(1), S}, DType::kBool);
+      break;
+  }
+  ValueId fill = b.Scalar(o.cond == GptOptions::kKeepCond ? -3.4028234663852886e38f : -kInf);
+  s = o.cond == GptOptions::kKeepCond ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S})
+                                      : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{3}}}));
+  m.out = b.Op(OpKind::kMatMul, {p, m.vh}, {B, H, S, Dh});
+  b.Output(m.out);
+  return m;
+}
+
+TEST(AttentionFusionTest, GptMaskedFillWithConstantTriangleIsCausal) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, {});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Transpose", 3}}));
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 3u);
+  EXPECT_EQ(att.inputs[0], m.qh);
+  ExpectKIsTransposedFrom(g, att.inputs[1], m.kr, {0, 2, 1, 3});
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 1);
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("scale", 0), 0.5);
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("dropout", -1), 0.0);
+}
+
+TEST(AttentionFusionTest, MaskedFillWithInputConditionIsNegatedToAKeepMask) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, {.cond = GptOptions::kInputCond});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Not", 1}, {"Transpose", 3}}));
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  const ir::Node& negation = g.node(g.value(att.inputs[3]).producer);
+  EXPECT_EQ(negation.op, OpKind::kNot);
+  EXPECT_EQ(negation.inputs[0], m.cond);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "bool");
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+}
+
+TEST(AttentionFusionTest, WhereKeepConditionIsUsedAsIs) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, {.cond = GptOptions::kKeepCond});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.inputs[3], m.cond);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "bool");
+}
+
+TEST(AttentionFusionTest, ScoresWithAnotherConsumerAreNotFused) {
+  GraphBuilder b;
+  BuildGpt(b, {.extra_scores_use = true});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(Histogram(g)["Attention"], 0);
+}
+
+// BERT-style: heads already (B, H, S, Dh); K^T = Transpose(K, [0,1,3,2]) so K is used directly;
+// scores / sqrt(Dh) + extended mask from an input; both Q and K pre-scaled by Dh^-1/4 here.
+TEST(AttentionFusionTest, BertStyleWithPreScaledQAndK) {
+  const Dim B = Dim(2), H = Dim(2), S = Dim(kS), Dh = Dim(16);
+  GraphBuilder b;
+  ValueId q = b.Input("q", {B, H, S, Dh});
+  ValueId k = b.Input("k", {B, H, S, Dh});
+  ValueId v = b.Input("v", {B, H, S, Dh});
+  ValueId ext = b.Input("ext_mask", {B, Dim(1), Dim(1), S});
+  ValueId qs = b.Op(OpKind::kMul, {q, b.Scalar(0.5f)}, {B, H, S, Dh});
+  ValueId ks = b.Op(OpKind::kMul, {b.Scalar(0.5f), k}, {B, H, S, Dh});
+  ValueId kt = b.Op(OpKind::kTranspose, {ks}, {B, H, Dh, S}, Perm({0, 1, 3, 2}));
+  ValueId s = b.Op(OpKind::kMatMul, {qs, kt}, {B, H, S, S});
+  s = b.Op(OpKind::kDiv, {s, b.Scalar(2.0f)}, {B, H, S, S});
+  s = b.Op(OpKind::kAdd, {ext, s}, {B, H, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S});
+  b.Output(b.Op(OpKind::kMatMul, {p, v}, {B, H, S, Dh}));
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}}));
+  const ir::Node& att = OnlyAttention(g);
+  EXPECT_EQ(att.inputs, (std::vector<ValueId>{q, k, v, ext}));
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("scale", 0), 0.5 * 0.5 / 2.0);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+}
+
+TEST(AttentionFusionTest, PreScaleWithOtherUsesIsKept) {
+  const Dim S = Dim(kS), Dh = Dim(4);
+  GraphBuilder b;
+  ValueId q = b.Input("q", {S, Dh});
+  ValueId k = b.Input("k", {S, Dh});
+  ValueId v = b.Input("v", {S, Dh});
+  ValueId qs = b.Op(OpKind::kMul, {q, b.Scalar(0.5f)}, {S, Dh});
+  b.Output(qs);  // another use: stays, and Attention reads it unscaled
+  ValueId kt = b.Op(OpKind::kTranspose, {k}, {Dh, S}, Perm({1, 0}));
+  ValueId p = b.Op(OpKind::kSoftmax, {b.Op(OpKind::kMatMul, {qs, kt}, {S, S})}, {S, S});
+  b.Output(b.Op(OpKind::kMatMul, {p, v}, {S, Dh}));
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Mul", 1}}));
+  const ir::Node& att = OnlyAttention(g);
+  EXPECT_EQ(att.inputs, (std::vector<ValueId>{qs, k, v}));
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("scale", 0), 1.0);
+}
+
+TEST(AttentionFusionTest, KeyWithoutTransposeGetsOne) {
+  const Dim S = Dim(kS), Dh = Dim(4);
+  GraphBuilder b;
+  ValueId q = b.Input("q", {Dim(3), S, Dh});
+  ValueId kt = b.Input("k_t", {Dim(3), Dh, S});
+  ValueId v = b.Input("v", {Dim(3), S, Dh});
+  ValueId p = b.Op(OpKind::kSoftmax, {b.Op(OpKind::kMatMul, {q, kt}, {Dim(3), S, S})}, {Dim(3), S, S});
+  b.Output(b.Op(OpKind::kMatMul, {p, v}, {Dim(3), S, Dh}));
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  ExpectKIsTransposedFrom(g, att.inputs[1], kt, {0, 2, 1});
+}
+
+TEST(AttentionFusionTest, NonTriangularConstantMaskIsKept) {
+  GraphBuilder b;
+  const Dim S = Dim(kS), Dh = Dim(4);
+  ValueId q = b.Input("q", {S, Dh});
+  ValueId k = b.Input("k", {S, Dh});
+  ValueId v = b.Input("v", {S, Dh});
+  Tensor band = AdditiveCausal({kS, kS}, -1e9f);
+  band.mutable_data<float>()[kS * 2 + 0] = -1e9f;  // also hides key 0 from query 2
+  ValueId mask = b.Const("band", band);
+  ValueId kt = b.Op(OpKind::kTranspose, {k}, {Dh, S}, Perm({1, 0}));
+  ValueId s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMatMul, {q, kt}, {S, S}), mask}, {S, S});
+  b.Output(b.Op(OpKind::kMatMul, {b.Op(OpKind::kSoftmax, {s}, {S, S}), v}, {S, Dh}));
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status();
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.inputs[3], mask);
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+}
+
+}  // namespace
+}  // namespace onnxpipe::passes
