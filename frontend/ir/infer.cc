@@ -20,7 +20,7 @@ StatusBuilder InferContext::Error() const {
 }
 
 absl::StatusOr<int64_t> InferContext::Axis(int64_t axis, int64_t rank, std::string_view what,
-                                            bool allow_rank) const {
+                                           bool allow_rank) const {
   const int64_t hi = allow_rank ? rank : rank - 1;
   const int64_t lo = allow_rank ? -rank - 1 : -rank;
   if (axis < lo || axis > hi) {
@@ -139,9 +139,9 @@ absl::StatusOr<std::vector<TypeAndShape>> InferNode(const Graph& g, const Node& 
   if (nin < info.min_inputs || nin > info.max_inputs || nout < info.min_outputs ||
       nout > info.max_outputs) {
     return INVALID_ARGUMENT() << NodeLabel(n) << ": has " << nin << " inputs and " << nout
-                              << " outputs; expected " << info.min_inputs << ".."
-                              << info.max_inputs << " inputs and " << info.min_outputs << ".."
-                              << info.max_outputs << " outputs";
+                              << " outputs; expected " << info.min_inputs << ".." << info.max_inputs
+                              << " inputs and " << info.min_outputs << ".." << info.max_outputs
+                              << " outputs";
   }
   for (int i = 0; i < nin; ++i) {
     const ValueId v = n.inputs[i];
@@ -184,8 +184,10 @@ absl::Status InferShapes(Graph& g) {
         Shape merged = ts.shape;
         for (size_t k = 0; ok && k < merged.size(); ++k) {
           std::optional<Dim> d = MergeDim(val.shape[k], ts.shape[k]);
-          if (!d) ok = false;
-          else merged[k] = *d;
+          if (!d)
+            ok = false;
+          else
+            merged[k] = *d;
         }
         if (!ok) {
           // After binding, the declared shape is the symbolic one with the sizes substituted; a
@@ -198,9 +200,9 @@ absl::Status InferShapes(Graph& g) {
                  << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
                  << DTypeName(val.dtype) << ShapeToString(val.shape) << " but inferred "
                  << DTypeName(ts.dtype) << ShapeToString(ts.shape)
-                 << (bound.empty() ? std::string()
-                                   : " (with " + bound +
-                                         " bound; does the model support these sizes?)");
+                 << (bound.empty()
+                         ? std::string()
+                         : " (with " + bound + " bound; does the model support these sizes?)");
         }
         val.shape = std::move(merged);
       } else {
@@ -227,8 +229,7 @@ std::set<std::string> CollectSymbols(const Graph& g) {
 absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& bindings) {
   std::set<std::string> used;
   for (ValueId v = 0; v < g.num_values(); ++v) {
-    for (const Dim& d : g.value(v).shape)
-      used.insert(d.symbols().begin(), d.symbols().end());
+    for (const Dim& d : g.value(v).shape) used.insert(d.symbols().begin(), d.symbols().end());
   }
   auto list = [](const std::set<std::string>& s) {
     std::string out;
@@ -249,7 +250,8 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
                                 << "; cannot bind it to " << size;
     }
     return INVALID_ARGUMENT() << "symbol '" << sym
-                              << "' is not used by the model; its symbolic dims are: " << list(CollectSymbols(g));
+                              << "' is not used by the model; its symbolic dims are: "
+                              << list(CollectSymbols(g));
   }
   // Check every graph input before changing anything, so a failed bind leaves the graph intact.
   for (ValueId v : g.inputs()) {

@@ -112,9 +112,13 @@ KnownData FromTensor(const Tensor& t) {
 }
 
 // Element i of a broadcast operand that is either a scalar or has n elements.
-const Dim& ElemAt(const KnownData& d, size_t i) { return d.elems.size() == 1 ? d.elems[0] : d.elems[i]; }
+const Dim& ElemAt(const KnownData& d, size_t i) {
+  return d.elems.size() == 1 ? d.elems[0] : d.elems[i];
+}
 
-bool IsPositiveSymbolic(const Dim& d) { return !d.is_concrete() && !d.is_unknown() && d.factor() > 0; }
+bool IsPositiveSymbolic(const Dim& d) {
+  return !d.is_concrete() && !d.is_unknown() && d.factor() > 0;
+}
 
 class KnownDataBuilder {
  public:
@@ -207,9 +211,12 @@ class KnownDataBuilder {
         if (!x || !IsTrackedDType(out.dtype)) return std::nullopt;
         if (out.dtype == DType::kBool) {
           for (Dim& e : x->elems) {
-            if (e.is_concrete()) e = Dim(e.value() != 0 ? 1 : 0);
-            else if (!IsPositiveSymbolic(e)) e = Dim::Unknown();
-            else e = Dim(1);
+            if (e.is_concrete())
+              e = Dim(e.value() != 0 ? 1 : 0);
+            else if (!IsPositiveSymbolic(e))
+              e = Dim::Unknown();
+            else
+              e = Dim(1);
           }
         }
         return Shaped(out, x->elems);
@@ -279,9 +286,15 @@ class KnownDataBuilder {
       const Dim &x = ElemAt(*a, i), &y = ElemAt(*b, i);
       const bool concrete = x.is_concrete() && y.is_concrete();
       switch (p.op) {
-        case OpKind::kAdd: elems.push_back(AddDims(x, y)); break;
-        case OpKind::kSub: elems.push_back(SubDims(x, y)); break;
-        case OpKind::kMul: elems.push_back(x.is_unknown() || y.is_unknown() ? Dim::Unknown() : x * y); break;
+        case OpKind::kAdd:
+          elems.push_back(AddDims(x, y));
+          break;
+        case OpKind::kSub:
+          elems.push_back(SubDims(x, y));
+          break;
+        case OpKind::kMul:
+          elems.push_back(x.is_unknown() || y.is_unknown() ? Dim::Unknown() : x * y);
+          break;
         case OpKind::kDiv:
           if (concrete) {
             elems.push_back(y.value() == 0 ? Dim::Unknown() : Dim(x.value() / y.value()));
@@ -301,7 +314,8 @@ class KnownDataBuilder {
             elems.push_back(Dim::Unknown());
           }
           break;
-        default: return std::nullopt;
+        default:
+          return std::nullopt;
       }
       if (!elems.back().is_concrete() && elems.back().factor() < 0) elems.back() = Dim::Unknown();
     }

@@ -68,16 +68,26 @@ absl::StatusOr<Outputs> WhereRule(const InferContext& ctx) {
 // ONNX TensorProto.DataType numbers, for a `to` that an importer left as ONNX wrote it.
 std::optional<DType> DTypeFromOnnxEnum(int64_t e) {
   switch (e) {
-    case 1: return DType::kF32;
-    case 2: return DType::kU8;
-    case 3: return DType::kI8;
-    case 6: return DType::kI32;
-    case 7: return DType::kI64;
-    case 9: return DType::kBool;
-    case 10: return DType::kF16;
-    case 11: return DType::kF64;
-    case 16: return DType::kBF16;
-    default: return std::nullopt;
+    case 1:
+      return DType::kF32;
+    case 2:
+      return DType::kU8;
+    case 3:
+      return DType::kI8;
+    case 6:
+      return DType::kI32;
+    case 7:
+      return DType::kI64;
+    case 9:
+      return DType::kBool;
+    case 10:
+      return DType::kF16;
+    case 11:
+      return DType::kF64;
+    case 16:
+      return DType::kBF16;
+    default:
+      return std::nullopt;
   }
 }
 

@@ -16,10 +16,14 @@ absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j) {
   Shape out = ctx.shape(i);
   for (size_t k = 0; ok && k < out.size(); ++k) {
     std::optional<Dim> d = UnifyDims(out[k], ctx.shape(j)[k]);
-    if (!d) ok = false;
-    else out[k] = *d;
+    if (!d)
+      ok = false;
+    else
+      out[k] = *d;
   }
-  if (!ok) return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j) << " must have the same shape";
+  if (!ok)
+    return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j)
+                       << " must have the same shape";
   return out;
 }
 
@@ -80,14 +84,16 @@ absl::StatusOr<Outputs> ExpandLikeRule(const InferContext& ctx) {
     Shape u;
     size_t next = 0;
     for (int64_t i = 0; i < out_rank; ++i) {
-      if (std::find(axes.begin(), axes.end(), i) != axes.end()) u.push_back(Dim(1));
-      else u.push_back(x[next++]);
+      if (std::find(axes.begin(), axes.end(), i) != axes.end())
+        u.push_back(Dim(1));
+      else
+        u.push_back(x[next++]);
     }
     x = std::move(u);
   }
   if (!BroadcastsTo(x, ctx.shape(1))) {
-    return ctx.Error() << ctx.Describe(0) << " (as " << ShapeToString(x) << ") does not broadcast to "
-                       << ctx.Describe(1);
+    return ctx.Error() << ctx.Describe(0) << " (as " << ShapeToString(x)
+                       << ") does not broadcast to " << ctx.Describe(1);
   }
   return One(ctx.dtype(0), ctx.shape(1));
 }
@@ -108,7 +114,8 @@ absl::StatusOr<Outputs> ZerosLikeRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> GatherGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   RETURN_IF_ERROR(ctx.ExpectRankAtLeast(2, 1));
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(2), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(2), "axis"));
   // dY = like[:axis] + indices + like[axis+1:].
   if (ctx.rank(0) != ctx.rank(2) - 1 + ctx.rank(1)) {
     return ctx.Error() << ctx.Describe(0) << " is not a Gather output of " << ctx.Describe(2)
@@ -119,7 +126,8 @@ absl::StatusOr<Outputs> GatherGradRule(const InferContext& ctx) {
 
 absl::StatusOr<Outputs> SliceGradRule(const InferContext& ctx) {
   if (ctx.rank(0) != ctx.rank(1))
-    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1) << " must have the same rank";
+    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1)
+                       << " must have the same rank";
   return One(ctx.dtype(0), ctx.shape(1));
 }
 
@@ -128,7 +136,8 @@ absl::StatusOr<Outputs> ConcatGradRule(const InferContext& ctx) {
   if (ctx.num_outputs() != n) {
     return ctx.Error() << "has " << ctx.num_outputs() << " outputs for " << n << " like inputs";
   }
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
   (void)axis;
   Outputs out;
   for (int i = 1; i <= n; ++i) {
@@ -175,8 +184,8 @@ absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
     return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape "
                        << ShapeToString(o);
   }
-  return Outputs{{ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)},
-                 {ctx.dtype(3), ctx.shape(3)}};
+  return Outputs{
+      {ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)}, {ctx.dtype(3), ctx.shape(3)}};
 }
 
 absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx) {

@@ -128,7 +128,8 @@ absl::StatusOr<Outputs> GatherRule(const InferContext& ctx) {
   const Shape& data = ctx.shape(0);
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   if (ctx.rank(0) == 0) return ctx.Error() << ctx.Describe(0) << " must have rank >= 1";
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
   // Constant indices on a concrete axis are checked here rather than failing in a kernel.
   if (data[axis].is_concrete()) {
     if (std::optional<KnownData> idx = ctx.data(1); idx) {

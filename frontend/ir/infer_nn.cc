@@ -33,7 +33,8 @@ absl::Status ExpectBroadcastsTo(const InferContext& ctx, int i, const Shape& to)
 absl::StatusOr<Outputs> MatMulRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
   if (ctx.rank(0) == 0 || ctx.rank(1) == 0)
-    return ctx.Error() << "operands must have rank >= 1: " << ctx.Describe(0) << ", " << ctx.Describe(1);
+    return ctx.Error() << "operands must have rank >= 1: " << ctx.Describe(0) << ", "
+                       << ctx.Describe(1);
   // numpy: a 1-D left operand is a row (1, K), a 1-D right operand a column (K, 1); the added dim
   // is dropped from the result.
   const bool a_vec = ctx.rank(0) == 1, b_vec = ctx.rank(1) == 1;
@@ -46,8 +47,8 @@ absl::StatusOr<Outputs> MatMulRule(const InferContext& ctx) {
   absl::StatusOr<Shape> batch = BroadcastShapes(ctx, {a_batch, b_batch});
   if (!batch.ok()) {
     return ctx.Error() << "batch dims " << ShapeToString(a_batch) << " and "
-                       << ShapeToString(b_batch) << " do not broadcast: " << ctx.Describe(0)
-                       << ", " << ctx.Describe(1);
+                       << ShapeToString(b_batch) << " do not broadcast: " << ctx.Describe(0) << ", "
+                       << ctx.Describe(1);
   }
   Shape out = *batch;
   if (!a_vec) out.push_back(a[a.size() - 2]);
@@ -104,8 +105,10 @@ absl::StatusOr<Outputs> ReduceRule(const InferContext& ctx) {
   ASSIGN_OR_RETURN(axes, ctx.Axes(axes, ctx.rank(0), "axes"));
   Shape out;
   for (int64_t i = 0; i < ctx.rank(0); ++i) {
-    if (std::find(axes.begin(), axes.end(), i) == axes.end()) out.push_back(in[i]);
-    else if (keepdims) out.push_back(Dim(1));
+    if (std::find(axes.begin(), axes.end(), i) == axes.end())
+      out.push_back(in[i]);
+    else if (keepdims)
+      out.push_back(Dim(1));
   }
   return One(ctx.dtype(0), std::move(out));
 }
@@ -119,10 +122,14 @@ absl::StatusOr<Outputs> SoftmaxRule(const InferContext& ctx) {
 // ONNX stash_type numbers (TensorProto.DataType) for LayerNormalization's Mean/InvStdDev.
 absl::StatusOr<DType> StashType(const InferContext& ctx) {
   switch (ctx.attrs().Get<int64_t>("stash_type", 1)) {
-    case 1: return DType::kF32;
-    case 11: return DType::kF64;
-    case 10: return DType::kF16;
-    case 16: return DType::kBF16;
+    case 1:
+      return DType::kF32;
+    case 11:
+      return DType::kF64;
+    case 10:
+      return DType::kF16;
+    case 16:
+      return DType::kBF16;
     default:
       return ctx.Error() << "stash_type " << ctx.attrs().Get<int64_t>("stash_type", 1)
                          << " is not a float type";
@@ -134,7 +141,8 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
   RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
   const Shape& x = ctx.shape(0);
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
   const Shape normalized(x.begin() + axis, x.end());
   RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 1, normalized));
   if (ctx.has_input(2)) {
@@ -156,10 +164,11 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   const Shape &scores = ctx.shape(0), &labels = ctx.shape(1);
-  if (scores.size() < 2) return ctx.Error() << "scores " << ctx.Describe(0) << " must be (N, C, ...)";
+  if (scores.size() < 2)
+    return ctx.Error() << "scores " << ctx.Describe(0) << " must be (N, C, ...)";
   if (labels.size() + 1 != scores.size()) {
-    return ctx.Error() << "labels " << ctx.Describe(1) << " must have rank "
-                       << scores.size() - 1 << " to match scores " << ctx.Describe(0);
+    return ctx.Error() << "labels " << ctx.Describe(1) << " must have rank " << scores.size() - 1
+                       << " to match scores " << ctx.Describe(0);
   }
   // labels are (N, D1, ..., Dk) against scores (N, C, D1, ..., Dk).
   Shape per_item;
@@ -168,14 +177,16 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
     std::optional<Dim> d = UnifyDims(s, labels[i]);
     if (!d) {
       return ctx.Error() << "labels " << ctx.Describe(1) << " do not match scores "
-                         << ctx.Describe(0) << " (expected (N, D1, ..., Dk) of (N, C, D1, ..., Dk))";
+                         << ctx.Describe(0)
+                         << " (expected (N, D1, ..., Dk) of (N, C, D1, ..., Dk))";
     }
     per_item.push_back(*d);
   }
   if (ctx.has_input(2)) {
     RETURN_IF_ERROR(ctx.ExpectSameDType(0, 2));
     if (ctx.rank(2) != 1 || !UnifyDims(ctx.shape(2)[0], scores[1]))
-      return ctx.Error() << "weights " << ctx.Describe(2) << " must be (C) with C = " << scores[1].ToString();
+      return ctx.Error() << "weights " << ctx.Describe(2)
+                         << " must be (C) with C = " << scores[1].ToString();
   }
   const std::string reduction = ctx.attrs().Get<std::string>("reduction", "mean");
   Outputs out;
@@ -208,7 +219,8 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
                        << ctx.Describe(1) << ", " << ctx.Describe(2);
   }
   const double dropout = ctx.attrs().Get<double>("dropout", 0.0);
-  if (!(dropout >= 0.0 && dropout < 1.0)) return ctx.Error() << "dropout " << dropout << " must be in [0, 1)";
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    return ctx.Error() << "dropout " << dropout << " must be in [0, 1)";
   if (ctx.has_input(3)) {
     const std::string kind = ctx.attrs().Get<std::string>("mask_kind", "additive");
     if (kind == "bool") {

@@ -31,8 +31,8 @@ inline bool IsOne(const Dim& d) { return d.is_concrete() && d.value() == 1; }
 // specific); nullopt when both are concrete and differ.
 std::optional<Dim> UnifyDims(const Dim& a, const Dim& b);
 
-// numpy broadcasting of two dims: equal dims stay, a concrete 1 yields the other, a concrete dim > 1
-// wins over a symbolic one (the symbol must be 1 or equal to it), a named symbol wins over an
+// numpy broadcasting of two dims: equal dims stay, a concrete 1 yields the other, a concrete dim >
+// 1 wins over a symbolic one (the symbol must be 1 or equal to it), a named symbol wins over an
 // unknown one, two different named symbols give a fresh unknown. nullopt: two different concrete
 // dims > 1.
 std::optional<Dim> BroadcastDims(const Dim& a, const Dim& b);
@@ -65,7 +65,8 @@ std::optional<KnownData> ComputeKnownData(const Graph& g, ValueId v);
 // The tensor behind `v` when it is a constant value or the output of a live Constant node.
 std::optional<Tensor> ConstantTensor(const Graph& g, ValueId v);
 
-// The tensor stored in a Constant node's attributes (`value`, or ONNX's value_int(s)/value_float(s)).
+// The tensor stored in a Constant node's attributes (`value`, or ONNX's
+// value_int(s)/value_float(s)).
 std::optional<Tensor> ConstantNodeTensor(const Node& n);
 
 // ---------------------------------------------------------------------------------------------
@@ -137,6 +138,8 @@ void RegisterGradRules(RuleTable& t);         // infer_grad.cc
 void RegisterTrainRules(RuleTable& t);        // infer_train.cc (optimizer ops)
 
 // One output of the given type and shape.
-inline Outputs One(DType dtype, Shape shape) { return Outputs{TypeAndShape{dtype, std::move(shape)}}; }
+inline Outputs One(DType dtype, Shape shape) {
+  return Outputs{TypeAndShape{dtype, std::move(shape)}};
+}
 
 }  // namespace onnxpipe::ir::infer_internal

@@ -64,9 +64,9 @@ absl::StatusOr<Outputs> ReshapeRule(const InferContext& ctx) {
     const Dim known = NumElements(out);
     if (total.is_concrete() && known.is_concrete()) {
       if (known.value() == 0 || total.value() % known.value() != 0) {
-        return ctx.Error() << "cannot reshape " << ShapeToString(in) << " ("
-                           << total.value() << " elements) into " << ShapeToString(out)
-                           << " with -1 at " << infer_at;
+        return ctx.Error() << "cannot reshape " << ShapeToString(in) << " (" << total.value()
+                           << " elements) into " << ShapeToString(out) << " with -1 at "
+                           << infer_at;
       }
       out[infer_at] = Dim(total.value() / known.value());
     } else {
@@ -79,8 +79,8 @@ absl::StatusOr<Outputs> ReshapeRule(const InferContext& ctx) {
     const Dim count = NumElements(out);
     if (count.symbols() == total.symbols() && count.factor() != total.factor()) {
       return ctx.Error() << "cannot reshape " << ShapeToString(in) << " (" << total.ToString()
-                         << " elements) into " << ShapeToString(out) << " ("
-                         << count.ToString() << " elements)";
+                         << " elements) into " << ShapeToString(out) << " (" << count.ToString()
+                         << " elements)";
     }
   }
   return One(ctx.dtype(0), std::move(out));
@@ -88,8 +88,8 @@ absl::StatusOr<Outputs> ReshapeRule(const InferContext& ctx) {
 
 absl::StatusOr<Outputs> FlattenRule(const InferContext& ctx) {
   const Shape& in = ctx.shape(0);
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 1), ctx.rank(0),
-                                          "axis", /*allow_rank=*/true));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 1), ctx.rank(0), "axis",
+                                          /*allow_rank=*/true));
   Dim outer(1), inner(1);
   for (int64_t i = 0; i < ctx.rank(0); ++i) {
     Dim& side = i < axis ? outer : inner;
@@ -129,8 +129,10 @@ absl::StatusOr<Outputs> UnsqueezeRule(const InferContext& ctx) {
   Shape out;
   size_t next = 0;
   for (int64_t i = 0; i < out_rank; ++i) {
-    if (std::find(axes.begin(), axes.end(), i) != axes.end()) out.push_back(Dim(1));
-    else out.push_back(ctx.shape(0)[next++]);
+    if (std::find(axes.begin(), axes.end(), i) != axes.end())
+      out.push_back(Dim(1));
+    else
+      out.push_back(ctx.shape(0)[next++]);
   }
   return One(ctx.dtype(0), std::move(out));
 }
@@ -143,8 +145,10 @@ absl::StatusOr<Outputs> TransposeRule(const InferContext& ctx) {
   std::vector<bool> seen(r, false);
   bool ok = static_cast<int64_t>(perm.size()) == r;
   for (int64_t p : perm) {
-    if (!ok || p < 0 || p >= r || seen[p]) ok = false;
-    else seen[p] = true;
+    if (!ok || p < 0 || p >= r || seen[p])
+      ok = false;
+    else
+      seen[p] = true;
   }
   if (!ok) {
     StatusBuilder b = ctx.Error();
@@ -191,7 +195,8 @@ absl::StatusOr<Outputs> ConcatRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> SplitRule(const InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   const int64_t n = ctx.num_outputs();
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
   const Dim d = in[axis];
   std::vector<Dim> sizes;
   const std::vector<int64_t> split = ctx.attrs().Get<std::vector<int64_t>>("split");

@@ -86,18 +86,19 @@ TEST(InferTest, BroadcastingConcreteAndSymbolic) {
   ValueId col = b.Input("col", {S, 1}), row = b.Input("row", {1, S});
   ValueId vb = b.Input("vb", {B}), vs = b.Input("vs", {S}), v5 = b.Input("v5", {5});
   ValueId cond = b.Input("cond", {1, S}, DType::kBool);
-  ValueId add = b.Op(OpKind::kAdd, {x, y});         // numpy: (2,1,4)+(3,1) -> (2,3,4)
+  ValueId add = b.Op(OpKind::kAdd, {x, y});  // numpy: (2,1,4)+(3,1) -> (2,3,4)
   ValueId add_bias = b.Op(OpKind::kAdd, {h, bias});
   ValueId masked = b.Op(OpKind::kAdd, {scores, mask});
   ValueId outer = b.Op(OpKind::kMul, {col, row});
-  ValueId bs = b.Op(OpKind::kSub, {vb, vs});        // B vs S: either may be 1 -> unknown
-  ValueId five = b.Op(OpKind::kDiv, {vs, v5});      // S must be 1 or 5 -> 5
+  ValueId bs = b.Op(OpKind::kSub, {vb, vs});    // B vs S: either may be 1 -> unknown
+  ValueId five = b.Op(OpKind::kDiv, {vs, v5});  // S must be 1 or 5 -> 5
   ValueId eq = b.Op(OpKind::kEqual, {x, y});
   ValueId where = b.Op(OpKind::kWhere, {cond, scores, b.Input("zero", {})});
   ValueId pw = b.Op(OpKind::kPow, {h, b.Input("two", {}, DType::kF64)});
   const Dim unknown = Dim::Unknown();
   ValueId named = b.Op(OpKind::kAdd, {vs, b.Input("vu", {unknown})});  // named beats unknown
-  ValueId same_unknown = b.Op(OpKind::kAdd, {b.Input("u1", {unknown, 1}), b.Input("u2", {unknown})});
+  ValueId same_unknown =
+      b.Op(OpKind::kAdd, {b.Input("u1", {unknown, 1}), b.Input("u2", {unknown})});
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(add), "(2, 3, 4)");
   EXPECT_EQ(b.Str(add_bias), "(B, S, 64)");
@@ -163,8 +164,10 @@ TEST(InferTest, GemmAndLinear) {
   Builder b;
   ValueId a = b.Input("a", {4, 3}), w = b.Input("w", {5, 4}), c = b.Input("c", {5});
   // transA: A^T is (3, 4); transB: B^T is (4, 5) -> (3, 5); C (5) broadcasts.
-  ValueId gemm = b.Op(OpKind::kGemm, {a, w, c}, A({{"transA", int64_t{1}}, {"transB", int64_t{1}}}));
-  ValueId x = b.Input("x", {B, S, 64}), wt = b.Input("wt", {128, 64}), bias = b.Input("bias", {128});
+  ValueId gemm =
+      b.Op(OpKind::kGemm, {a, w, c}, A({{"transA", int64_t{1}}, {"transB", int64_t{1}}}));
+  ValueId x = b.Input("x", {B, S, 64}), wt = b.Input("wt", {128, 64}),
+          bias = b.Input("bias", {128});
   ValueId lin = b.Op(OpKind::kLinear, {x, wt, bias}, A({{"trans_b", int64_t{1}}}));
   ValueId lin_kn = b.Op(OpKind::kLinear, {x, b.Input("wkn", {64, 32})});
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
@@ -199,8 +202,8 @@ TEST(InferTest, ReshapeZeroAndMinusOneOnSymbolicDims) {
   ValueId restored = b.Op(OpKind::kReshape, {flat, target});
   // (B*S, 64) -> (B, S*64 / 16...): Mul of gathered dims computes B*S for a 2-D view.
   ValueId bs = b.Op(OpKind::kMul, {d0, d1});
-  ValueId target2 = b.Op(OpKind::kConcat, {b.Op(OpKind::kUnsqueeze, {bs}, A({{"axes", I({0})}})),
-                                           b.Ints({4, 16})},
+  ValueId target2 = b.Op(OpKind::kConcat,
+                         {b.Op(OpKind::kUnsqueeze, {bs}, A({{"axes", I({0})}})), b.Ints({4, 16})},
                          A({{"axis", int64_t{0}}}));
   ValueId view = b.Op(OpKind::kReshape, {x, target2});
   ValueId dynamic = b.Op(OpKind::kReshape, {x, b.Input("shape", {3}, DType::kI64)});
@@ -249,8 +252,8 @@ TEST(InferTest, SliceClampingAndNegativeSteps) {
   // x[100:, -100:5] -> start clamps to 10 (empty), start -100 clamps to 0 -> (0, 5)
   ValueId clamped = b.Op(OpKind::kSlice, {x, b.Ints({100, -100}), b.Ints({kMax, 5})});
   // x[1:-1, 3:19:4] -> 8 rows; cols 3, 7, 11, 15 -> (8, 4)
-  ValueId both = b.Op(OpKind::kSlice, {x, b.Ints({1, 3}), b.Ints({-1, 19}), b.Ints({0, -1}),
-                                       b.Ints({1, 4})});
+  ValueId both =
+      b.Op(OpKind::kSlice, {x, b.Ints({1, 3}), b.Ints({-1, 19}), b.Ints({0, -1}), b.Ints({1, 4})});
   // x[-1:-12:-3, :] -> rows 9, 6, 3, 0 -> (4, 20)  (end -12 + 10 = -2 clamps to -1)
   ValueId neg = b.Op(OpKind::kSlice, {x, b.Ints({-1}), b.Ints({-12}), b.Ints({0}), b.Ints({-3})});
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
@@ -271,8 +274,9 @@ TEST(InferTest, SliceOnSymbolicDims) {
   ValueId last_dim = b.Op(OpKind::kSlice, {x, b.Ints({0}), b.Ints({32}), b.Ints({2})});
   // The causal-mask slice of a GPT export: bias[:, :, :S, :S] with S from Shape(x).
   ValueId bias = b.Input("bias", {1, 1, 1024, 1024});
-  ValueId s = b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(1)})},
-                   A({{"axes", I({0})}}));
+  ValueId s =
+      b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(1)})},
+           A({{"axes", I({0})}}));
   ValueId ends = b.Op(OpKind::kConcat, {s, s}, A({{"axis", int64_t{0}}}));
   ValueId mask = b.Op(OpKind::kSlice, {bias, b.Ints({0, 0}), ends, b.Ints({2, 3})});
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
@@ -286,10 +290,12 @@ TEST(InferTest, SliceOnSymbolicDims) {
 TEST(InferTest, SplitVariants) {
   Builder b;
   ValueId x = b.Input("x", {B, 12});
-  std::vector<ValueId> sized = b.Node(OpKind::kSplit, {x}, 2, A({{"axis", int64_t{1}}, {"split", I({4, 8})}}));
+  std::vector<ValueId> sized =
+      b.Node(OpKind::kSplit, {x}, 2, A({{"axis", int64_t{1}}, {"split", I({4, 8})}}));
   std::vector<ValueId> equal = b.Node(OpKind::kSplit, {x}, 3, A({{"axis", int64_t{-1}}}));
   // opset 18 num_outputs: ceil(10/3) = 4 -> 4, 4, 2
-  std::vector<ValueId> ceil = b.Node(OpKind::kSplit, {b.Input("y", {10})}, 3, A({{"num_outputs", int64_t{3}}}));
+  std::vector<ValueId> ceil =
+      b.Node(OpKind::kSplit, {b.Input("y", {10})}, 3, A({{"num_outputs", int64_t{3}}}));
   ValueId qkv = b.Input("qkv", {B, S, Dim(3) * S});
   std::vector<ValueId> sym = b.Node(OpKind::kSplit, {qkv}, 3, A({{"axis", int64_t{2}}}));
   std::vector<ValueId> unk = b.Node(OpKind::kSplit, {x}, 2, A({{"axis", int64_t{0}}}));
@@ -318,9 +324,11 @@ TEST(InferTest, GatherInsertsIndicesShape) {
   ValueId emb = b.Input("emb", {100, 64}), ids = b.Input("ids", {B, S}, DType::kI64);
   ValueId looked = b.Op(OpKind::kGather, {emb, ids});
   // np.take(x, idx, axis=1) with x (2,3,4), idx (5,6) -> (2,5,6,4)
-  ValueId mid = b.Op(OpKind::kGather, {b.Input("x", {2, 3, 4}), b.Input("idx", {5, 6}, DType::kI32)},
-                     A({{"axis", int64_t{1}}}));
-  ValueId scalar = b.Op(OpKind::kGather, {b.Input("h", {B, S, 64}), b.Scalar(-1)}, A({{"axis", int64_t{1}}}));
+  ValueId mid =
+      b.Op(OpKind::kGather, {b.Input("x", {2, 3, 4}), b.Input("idx", {5, 6}, DType::kI32)},
+           A({{"axis", int64_t{1}}}));
+  ValueId scalar =
+      b.Op(OpKind::kGather, {b.Input("h", {B, S, 64}), b.Scalar(-1)}, A({{"axis", int64_t{1}}}));
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(looked), "(B, S, 64)");
   EXPECT_EQ(b.Str(mid), "(2, 5, 6, 4)");
@@ -353,11 +361,12 @@ TEST(InferTest, ReductionsKeepdims) {
 
 TEST(InferTest, LayerNormOutputs) {
   Builder b;
-  ValueId x = b.Input("x", {B, S, 64}), scale = b.Input("scale", {64}), bias = b.Input("bias", {64});
+  ValueId x = b.Input("x", {B, S, 64}), scale = b.Input("scale", {64}),
+          bias = b.Input("bias", {64});
   std::vector<ValueId> ln = b.Node(OpKind::kLayerNorm, {x, scale, bias}, 3);
   ValueId x16 = b.Input("x16", {B, S, 4, 16}, DType::kBF16);
-  std::vector<ValueId> ln2 = b.Node(OpKind::kLayerNorm, {x16, b.Input("s2", {4, 16}, DType::kBF16)}, 3,
-                                    A({{"axis", int64_t{2}}}));
+  std::vector<ValueId> ln2 = b.Node(OpKind::kLayerNorm, {x16, b.Input("s2", {4, 16}, DType::kBF16)},
+                                    3, A({{"axis", int64_t{2}}}));
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(ln[0]), "(B, S, 64)");
   EXPECT_EQ(b.Str(ln[1]), "(B, S, 1)");
@@ -381,9 +390,10 @@ TEST(InferTest, SoftmaxCrossEntropyLossShapes) {
   ValueId sum = b.Op(OpKind::kSoftmaxCrossEntropyLoss, {scores, labels, b.Input("w", {10})},
                      A({{"reduction", std::string("sum")}}));
   // Token-level loss: scores (N, C, D1) with labels (N, D1).
-  std::vector<ValueId> lm = b.Node(OpKind::kSoftmaxCrossEntropyLoss,
-                                   {b.Input("logits", {B, 50, S}), b.Input("tok", {B, S}, DType::kI64)}, 2,
-                                   A({{"reduction", std::string("none")}}));
+  std::vector<ValueId> lm =
+      b.Node(OpKind::kSoftmaxCrossEntropyLoss,
+             {b.Input("logits", {B, 50, S}), b.Input("tok", {B, S}, DType::kI64)}, 2,
+             A({{"reduction", std::string("none")}}));
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(mean[0]), "()");
   EXPECT_EQ(b.Str(mean[1]), "(B, 10)");
@@ -393,7 +403,8 @@ TEST(InferTest, SoftmaxCrossEntropyLossShapes) {
   EXPECT_EQ(b.Str(lm[1]), "(B, 50, S)");
 
   Builder bad;
-  bad.Op(OpKind::kSoftmaxCrossEntropyLoss, {bad.Input("s", {4, 10, 7}), bad.Input("l", {4, 6}, DType::kI64)},
+  bad.Op(OpKind::kSoftmaxCrossEntropyLoss,
+         {bad.Input("s", {4, 10, 7}), bad.Input("l", {4, 6}, DType::kI64)},
          A({{"reduction", std::string("none")}}), "/loss");
   EXPECT_THAT(bad.Infer().message(), HasSubstr("'/loss' (SoftmaxCrossEntropyLoss)"));
 }
@@ -411,8 +422,9 @@ TEST(InferTest, AttentionShapes) {
   EXPECT_EQ(b.Str(o2), "(B, 4, S, 16)");
 
   Builder bad;
-  bad.Op(OpKind::kAttention, {bad.Input("q", {2, 5, 16}), bad.Input("k", {2, 5, 8}), bad.Input("v", {2, 5, 8})},
-         {}, "/attn");
+  bad.Op(OpKind::kAttention,
+         {bad.Input("q", {2, 5, 16}), bad.Input("k", {2, 5, 8}), bad.Input("v", {2, 5, 8})}, {},
+         "/attn");
   absl::Status st = bad.Infer();
   EXPECT_THAT(st.message(), HasSubstr("'/attn' (Attention)"));
   EXPECT_THAT(st.message(), HasSubstr("head dims"));
@@ -428,9 +440,11 @@ TEST(InferTest, LayoutOps) {
   ValueId un = b.Op(OpKind::kUnsqueeze, {b.Input("m", {B, S})}, A({{"axes", I({1, -1})}}));
   ValueId sq = b.Op(OpKind::kSqueeze, {b.Input("one", {B, 1, S, 1})}, A({{"axes", I({-1, 1})}}));
   ValueId sq_all = b.Op(OpKind::kSqueeze, {b.Input("one2", {1, S, 1})});
-  ValueId cat = b.Op(OpKind::kConcat, {b.Input("a", {B, S, 3}), b.Input("c", {B, S, 5})}, A({{"axis", int64_t{-1}}}));
+  ValueId cat = b.Op(OpKind::kConcat, {b.Input("a", {B, S, 3}), b.Input("c", {B, S, 5})},
+                     A({{"axis", int64_t{-1}}}));
   ValueId cat_s = b.Op(OpKind::kConcat, {x, x}, A({{"axis", int64_t{1}}}));
-  ValueId cat_u = b.Op(OpKind::kConcat, {b.Input("p", {S}), b.Input("r", {4})}, A({{"axis", int64_t{0}}}));
+  ValueId cat_u =
+      b.Op(OpKind::kConcat, {b.Input("p", {S}), b.Input("r", {4})}, A({{"axis", int64_t{0}}}));
   ValueId shp = b.Op(OpKind::kShape, {x}, A({{"start", int64_t{-3}}, {"end", int64_t{-1}}}));
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(t), "(B, 4, S, 16)");
@@ -447,7 +461,8 @@ TEST(InferTest, LayoutOps) {
   EXPECT_EQ(b.Type(shp), DType::kI64);
 
   Builder bad;
-  bad.Op(OpKind::kConcat, {bad.Input("a", {2, 3}), bad.Input("c", {2, 3, 1})}, A({{"axis", int64_t{0}}}), "/cat");
+  bad.Op(OpKind::kConcat, {bad.Input("a", {2, 3}), bad.Input("c", {2, 3, 1})},
+         A({{"axis", int64_t{0}}}), "/cat");
   EXPECT_THAT(bad.Infer().message(), HasSubstr("same rank"));
   Builder bad2;
   bad2.Op(OpKind::kTranspose, {bad2.Input("a", {2, 3})}, A({{"perm", I({0, 0})}}), "/tr");
@@ -467,7 +482,7 @@ TEST(InferTest, ShapeCreatingOps) {
   // arange(S): Range(0, Gather(Shape(x), 2), 1)
   ValueId s = b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(2)});
   ValueId pos = b.Op(OpKind::kRange, {b.Scalar(0), s, b.Scalar(1)});
-  ValueId r = b.Op(OpKind::kRange, {b.Scalar(0), b.Scalar(10), b.Scalar(3)});  // 0,3,6,9
+  ValueId r = b.Op(OpKind::kRange, {b.Scalar(0), b.Scalar(10), b.Scalar(3)});      // 0,3,6,9
   ValueId down = b.Op(OpKind::kRange, {b.Scalar(10), b.Scalar(0), b.Scalar(-4)});  // 10,6,2
   ValueId fr = b.Op(OpKind::kRange, {b.g.AddConstant("f0", Tensor::Scalar<float>(0.f)),
                                      b.g.AddConstant("f1", Tensor::Scalar<float>(1.f)),
@@ -499,10 +514,12 @@ TEST(InferTest, ShapeCreatingOps) {
 TEST(InferTest, TorchExpandPatternIsFollowed) {
   Builder b;
   ValueId h = b.Input("h", {B, S, 64}), cls = b.Input("cls", {1, 1, 64});
-  ValueId bdim = b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {h}), b.Scalar(0)})},
-                      A({{"axes", I({0})}}));
+  ValueId bdim =
+      b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {h}), b.Scalar(0)})},
+           A({{"axes", I({0})}}));
   ValueId shape = b.Op(OpKind::kConcat, {bdim, b.Ints({-1, -1})}, A({{"axis", int64_t{0}}}));
-  ValueId ones = b.Op(OpKind::kConstantOfShape, {b.Ints({3})}, A({{"value", Tensor::Scalar<int64_t>(1)}}));
+  ValueId ones =
+      b.Op(OpKind::kConstantOfShape, {b.Ints({3})}, A({{"value", Tensor::Scalar<int64_t>(1)}}));
   ValueId is_neg = b.Op(OpKind::kEqual, {shape, b.Op(OpKind::kMul, {ones, b.Scalar(-1)})});
   ValueId fixed = b.Op(OpKind::kWhere, {is_neg, ones, shape});
   ValueId out = b.Op(OpKind::kExpand, {cls, fixed});
@@ -523,7 +540,8 @@ TEST(InferTest, DeclaredShapesAreVerifiedAndRefined) {
 
   Builder bad;
   ValueId o = bad.g.AddValue("o", DType::kF32, {B, 128});
-  bad.g.AddNode(OpKind::kMatMul, "/layers.1/MatMul", {bad.Input("x", {B, 64}), bad.Input("w", {64, 32})}, {o});
+  bad.g.AddNode(OpKind::kMatMul, "/layers.1/MatMul",
+                {bad.Input("x", {B, 64}), bad.Input("w", {64, 32})}, {o});
   absl::Status st = bad.Infer();
   EXPECT_THAT(st.message(), HasSubstr("'/layers.1/MatMul' (MatMul)"));
   EXPECT_THAT(st.message(), HasSubstr("'o' is declared f32(B, 128) but inferred f32(B, 32)"));
@@ -576,9 +594,11 @@ TEST(InferTest, BindSymbols) {
 TEST(InferTest, BindingBeyondABufferIsReported) {
   Builder b;
   ValueId x = b.Input("x", {B, S});
-  ValueId s = b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(1)})},
-                   A({{"axes", I({0})}}));
-  ValueId mask = b.Op(OpKind::kSlice, {b.Input("buf", {8, 8}), b.Ints({0}), s, b.Ints({0})}, {}, "/attn/Slice");
+  ValueId s =
+      b.Op(OpKind::kUnsqueeze, {b.Op(OpKind::kGather, {b.Op(OpKind::kShape, {x}), b.Scalar(1)})},
+           A({{"axes", I({0})}}));
+  ValueId mask = b.Op(OpKind::kSlice, {b.Input("buf", {8, 8}), b.Ints({0}), s, b.Ints({0})}, {},
+                      "/attn/Slice");
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(mask), "(S, 8)");
   ASSERT_TRUE(BindSymbols(b.g, {{"B", 2}, {"S", 6}}).ok());
@@ -587,8 +607,9 @@ TEST(InferTest, BindingBeyondABufferIsReported) {
 
   Builder c;
   ValueId y = c.Input("x", {B, S});
-  ValueId t = c.Op(OpKind::kUnsqueeze, {c.Op(OpKind::kGather, {c.Op(OpKind::kShape, {y}), c.Scalar(1)})},
-                   A({{"axes", I({0})}}));
+  ValueId t =
+      c.Op(OpKind::kUnsqueeze, {c.Op(OpKind::kGather, {c.Op(OpKind::kShape, {y}), c.Scalar(1)})},
+           A({{"axes", I({0})}}));
   c.Op(OpKind::kSlice, {c.Input("buf", {8, 8}), c.Ints({0}), t, c.Ints({0})}, {}, "/attn/Slice");
   ASSERT_TRUE(c.Infer().ok());
   ASSERT_TRUE(BindSymbols(c.g, {{"S", 16}}).ok());
@@ -611,8 +632,8 @@ TEST(InferTest, TrainingOps) {
       b.Node(OpKind::kConcatGrad, {dx, b.Input("l0", {B, S, 16}), b.Input("l1", {B, S, 48})}, 2,
              A({{"axis", int64_t{2}}}));
   ValueId lr = b.Input("lr", {}, DType::kF64), step = b.Input("step", {}, DType::kI64);
-  std::vector<ValueId> adam = b.Node(OpKind::kAdamWUpdate,
-                                     {w, w, b.Input("m", {128, 64}), b.Input("v", {128, 64}), lr, step}, 3);
+  std::vector<ValueId> adam = b.Node(
+      OpKind::kAdamWUpdate, {w, w, b.Input("m", {128, 64}), b.Input("v", {128, 64}), lr, step}, 3);
   ValueId norm = b.Op(OpKind::kSumSquares, {w, x});
   ASSERT_TRUE(b.Infer().ok()) << b.Infer();
   EXPECT_EQ(b.Str(dx), "(B, S, 64)");
