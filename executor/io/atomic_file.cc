@@ -54,7 +54,9 @@ absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(const s
   // O_TRUNC, not O_EXCL: a stale temp of an earlier process that had our pid is garbage, not a conflict.
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return ErrnoError(errno, absl::StrCat("cannot create temp file for '", path, "':"), temp);
+    int err = errno;
+    absl::Status s = ErrnoError(err, "cannot create temp file", temp);
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (writing '", path, "')"));
   }
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, std::move(temp), fd));
 }

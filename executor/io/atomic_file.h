@@ -2,6 +2,7 @@
 // prefix: bytes go to `<path>.tmp.<pid>` in the same folder, which is fsync'ed, renamed over `path` (atomic on
 // POSIX file systems within one folder) and then the folder is fsync'ed so the rename itself survives a power loss.
 // A process killed mid-write leaves at most a stale `<path>.tmp.<pid>` beside an intact `path`.
+// The temp name is per process: one writer per target path at a time within a process.
 #pragma once
 
 #include <memory>
