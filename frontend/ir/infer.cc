@@ -24,8 +24,10 @@ absl::StatusOr<int64_t> InferContext::Axis(int64_t axis, int64_t rank, std::stri
   const int64_t hi = allow_rank ? rank : rank - 1;
   const int64_t lo = allow_rank ? -rank - 1 : -rank;
   if (axis < lo || axis > hi) {
-    return Error() << what << " " << axis << " is out of range [" << lo << ", " << hi
-                   << "] for rank " << rank;
+    StatusBuilder b = Error();
+    b << what << " " << axis << " is out of range [" << lo << ", " << hi << "] for rank " << rank;
+    if (has_input(0)) b << " (" << Describe(0) << ")";
+    return b;
   }
   return axis < 0 ? axis + (allow_rank ? rank + 1 : rank) : axis;
 }

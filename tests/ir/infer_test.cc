@@ -552,6 +552,31 @@ TEST(InferTest, DeclaredShapesAreVerifiedAndRefined) {
   EXPECT_THAT(rank.Infer().message(), HasSubstr("declared f32(4) but inferred f32(2, 2)"));
 }
 
+TEST(InferTest, AttributeErrorsNameNodeAndInput) {
+  Builder b;
+  b.Op(OpKind::kSoftmax, {b.Input("x", {B, S, 64})}, A({{"axis", int64_t{3}}}), "/sm");
+  absl::Status st = b.Infer();
+  EXPECT_THAT(st.message(), HasSubstr("'/sm' (Softmax): axis 3 is out of range [-3, 2]"));
+  EXPECT_THAT(st.message(), HasSubstr("f32(B, S, 64)"));
+
+  Builder c;
+  c.Op(OpKind::kCast, {c.Input("x", {2})}, A({{"to", std::string("complex64")}}), "/cast");
+  EXPECT_THAT(c.Infer().message(), HasSubstr("'/cast' (Cast): attribute 'to'"));
+
+  Builder d;
+  d.Op(OpKind::kUnsqueeze, {d.Input("x", {2})}, {}, "/unsq");
+  EXPECT_THAT(d.Infer().message(), HasSubstr("'axes' is missing"));
+
+  Builder e;
+  e.Op(OpKind::kDropout, {e.Input("x", {2})}, A({{"ratio", 1.0}}), "/drop");
+  EXPECT_THAT(e.Infer().message(), HasSubstr("ratio 1 must be in [0, 1)"));
+
+  Builder f;  // Expand (3) to (2): 3 and 2 do not broadcast
+  f.Op(OpKind::kExpand, {f.Input("x", {3}), f.Ints({2})}, {}, "/expand");
+  EXPECT_THAT(f.Infer().message(),
+              HasSubstr("'/expand' (Expand): shapes (3) (2) do not broadcast"));
+}
+
 TEST(InferTest, MissingInputShapeIsReported) {
   Builder b;
   ValueId x = b.g.AddValue("untyped", DType::kF32, {}, /*shape_known=*/false);
