@@ -210,13 +210,13 @@ class KnownDataBuilder {
         std::optional<KnownData> x = In(p, 0, depth);
         if (!x || !IsTrackedDType(out.dtype)) return std::nullopt;
         if (out.dtype == DType::kBool) {
+          // A named symbol is a dim (>= 1), so it casts to true.
           for (Dim& e : x->elems) {
-            if (e.is_concrete())
+            if (e.is_concrete()) {
               e = Dim(e.value() != 0 ? 1 : 0);
-            else if (!IsPositiveSymbolic(e))
-              e = Dim::Unknown();
-            else
-              e = Dim(1);
+            } else {
+              e = IsPositiveSymbolic(e) ? Dim(1) : Dim::Unknown();
+            }
           }
         }
         return Shaped(out, x->elems);
