@@ -122,7 +122,11 @@ absl::StatusOr<TextDataset> LoadAclImdb(const std::string& path) {
 absl::StatusOr<TextSplit> LoadTsvFile(const std::string& path) {
   absl::StatusOr<std::string> content = io::ReadFileToString(path);
   if (!content.ok()) return Annotate(content.status(), "TSV data");
-  std::string_view rest = *content;
+  return ParseTsv(*content, path);
+}
+
+absl::StatusOr<TextSplit> ParseTsv(std::string_view content, const std::string& path) {
+  std::string_view rest = content;
   if (rest.substr(0, 3) == "\xEF\xBB\xBF") rest.remove_prefix(3);
   TextSplit split;
   const std::string name = fs::path(path).filename().string();

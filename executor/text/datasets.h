@@ -44,6 +44,8 @@ absl::StatusOr<TextDataset> LoadAclImdb(const std::string& path);
 
 // One TSV file (errors name file:line).
 absl::StatusOr<TextSplit> LoadTsvFile(const std::string& path);
+// LoadTsvFile on bytes already in memory; `path` names them in errors and sources.
+absl::StatusOr<TextSplit> ParseTsv(std::string_view content, const std::string& path);
 // A folder with train.tsv and test.tsv (both required), or one .tsv file used as the train split (test empty).
 absl::StatusOr<TextDataset> LoadTsv(const std::string& path);
 

@@ -52,21 +52,25 @@ absl::Status Vocabulary::Save(const std::string& path) const {
 }
 
 absl::StatusOr<Vocabulary> Vocabulary::Load(const std::string& path) {
-  absl::StatusOr<std::string> text = io::ReadFileToString(path);
-  if (!text.ok()) return Annotate(text.status(), "vocabulary file");
+  absl::StatusOr<std::string> content = io::ReadFileToString(path);
+  if (!content.ok()) return Annotate(content.status(), "vocabulary file");
+  return Parse(*content, path);
+}
+
+absl::StatusOr<Vocabulary> Vocabulary::Parse(std::string_view content, const std::string& path) {
   auto bad = [&](size_t line, const std::string& what) {
     return absl::DataLossError(absl::StrCat("vocabulary file ", path, ":", line, ": ", what,
                                             " (expected one token per line, starting with <pad> and <unk>)"));
   };
-  if (text->empty()) return bad(1, "file is empty");
-  if (text->back() != '\n') return bad(std::count(text->begin(), text->end(), '\n') + 1,
+  if (content.empty()) return bad(1, "file is empty");
+  if (content.back() != '\n') return bad(std::count(content.begin(), content.end(), '\n') + 1,
                                       "last line has no newline (truncated file?)");
   std::vector<std::string> tokens;
   absl::flat_hash_map<std::string, size_t> first_line;
   size_t start = 0;
-  for (size_t line = 1; start < text->size(); ++line) {
-    size_t end = text->find('\n', start);
-    std::string_view tok = std::string_view(*text).substr(start, end - start);
+  for (size_t line = 1; start < content.size(); ++line) {
+    size_t end = content.find('\n', start);
+    std::string_view tok = content.substr(start, end - start);
     start = end + 1;
     if (tok.empty()) return bad(line, "empty line");
     for (char c : tok) {

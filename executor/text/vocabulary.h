@@ -28,6 +28,8 @@ class Vocabulary {
   static absl::StatusOr<Vocabulary> Build(const std::vector<std::string>& texts, int64_t max_size);
   // Refuses a file that is not exactly what Save writes (errors give file:line).
   static absl::StatusOr<Vocabulary> Load(const std::string& path);
+  // Load on bytes already in memory; `source` names them in errors.
+  static absl::StatusOr<Vocabulary> Parse(std::string_view content, const std::string& source);
   absl::Status Save(const std::string& path) const;
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
