@@ -40,8 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
 
   auto parsed = Vocabulary::Parse(input, "fuzz.vocab");
-  if (parsed.ok()) Check(parsed->size() >= 2 && parsed->Id("<pad>") == 0 && parsed->Id("<unk>") == 1);
-  else Check(parsed.status().message().find("fuzz.vocab:") != std::string_view::npos);
+  if (parsed.ok())
+    Check(parsed->size() >= 2 && parsed->Id("<pad>") == 0 && parsed->Id("<unk>") == 1);
+  else
+    Check(parsed.status().message().find("fuzz.vocab:") != std::string_view::npos);
 
   auto tsv = onnxpipe::text::ParseTsv(input, "fuzz.tsv");
   if (tsv.ok()) {

@@ -15,14 +15,7 @@
 //  6. ir::Verify.
 #include "frontend/onnx/loader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <climits>
-#include <cstring>
-#include <filesystem>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -30,9 +23,9 @@
 #include "absl/strings/str_join.h"
 #include "frontend/ir/status.h"
 #include "frontend/ir/verifier.h"
+#include "frontend/onnx/file_io.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/tensor_proto.h"
-#include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "onnx/checker.h"
 #include "onnx/shape_inference/implementation.h"
 
@@ -45,8 +38,6 @@ void check_model(const ModelProto& model, CheckerContext& ctx);
 
 namespace onnxpipe::onnx_frontend {
 namespace {
-
-namespace fs = std::filesystem;
 
 std::string DescribeNode(const onnx::NodeProto& n, int index) {
   std::string who =
@@ -215,6 +206,17 @@ class ModelImporter {
       const std::string& name = g.initializer(i).name();
       if (name.empty()) return Error() << "initializer #" << i << " has no name";
       RETURN_IF_ERROR(define(name, {DefSite::kInitializer, i}));
+      // Data size, dims and external-data paths, without reading any data yet.
+      auto layout = InspectTensorProto(g.initializer(i), base_dir_);
+      if (!layout.ok()) {
+        return InFile(Annotate(layout.status(), absl::StrCat("initializer '", name, "'")));
+      }
+    }
+    // Declared types: supported dtypes, no negative or absurd dims.
+    for (const auto* list : {&g.input(), &g.output(), &g.value_info()}) {
+      for (const onnx::ValueInfoProto& vi : *list) {
+        RETURN_IF_ERROR(Declared(vi.type(), vi.name()).status());
+      }
     }
     for (int i = 0; i < g.input_size(); ++i) {
       const std::string& name = g.input(i).name();
@@ -425,49 +427,6 @@ class ModelImporter {
   std::unordered_set<std::string> initializer_inputs_;
 };
 
-// Opens a regular file for reading; NotFound when missing. Returns the fd and its size.
-absl::StatusOr<std::pair<int, int64_t>> OpenRegularFile(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return NOT_FOUND() << path << ": file not found";
-  if (!fs::is_regular_file(path, ec)) return INVALID_ARGUMENT() << path << ": not a regular file";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NOT_FOUND() << path << ": cannot open: " << std::strerror(errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return INVALID_ARGUMENT() << path << ": cannot stat: " << std::strerror(errno);
-  }
-  if (st.st_size > INT_MAX) {
-    ::close(fd);
-    return INVALID_ARGUMENT() << path << ": " << st.st_size
-                              << " bytes is over protobuf's 2 GiB limit; store the weights as "
-                                 "external data";
-  }
-  return std::make_pair(fd, static_cast<int64_t>(st.st_size));
-}
-
-// Parses a protobuf message straight from the file (no intermediate copy of the bytes).
-absl::Status ParseFile(const std::string& path, google::protobuf::Message& msg,
-                       const char* what) {
-  ASSIGN_OR_RETURN(auto fd_size, OpenRegularFile(path));
-  bool ok;
-  {
-    google::protobuf::io::FileInputStream stream(fd_size.first);
-    ok = msg.ParseFromZeroCopyStream(&stream);
-  }
-  ::close(fd_size.first);
-  if (!ok) {
-    return INVALID_ARGUMENT() << path << ": not a valid " << what
-                              << " protobuf (truncated or corrupt file, or not ONNX at all)";
-  }
-  return absl::OkStatus();
-}
-
-std::string FolderOf(const std::string& path) {
-  fs::path p = fs::path(path).parent_path();
-  return p.empty() ? std::string(".") : p.string();
-}
-
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadOnnxModelFromBytes(std::string_view bytes,
@@ -489,14 +448,14 @@ absl::StatusOr<LoadedModel> LoadOnnxModelFromBytes(std::string_view bytes,
 
 absl::StatusOr<LoadedModel> LoadOnnxModel(const std::string& path, const LoadOptions& options) {
   onnx::ModelProto model;
-  RETURN_IF_ERROR(ParseFile(path, model, "ONNX model"));
+  RETURN_IF_ERROR(ParseProtoFile(path, model, "ONNX model"));
   ModelImporter importer(model, path, FolderOf(path), options);
   return importer.Run();
 }
 
 absl::StatusOr<ir::Tensor> LoadTensorProtoFile(const std::string& path) {
   onnx::TensorProto t;
-  RETURN_IF_ERROR(ParseFile(path, t, "ONNX TensorProto"));
+  RETURN_IF_ERROR(ParseProtoFile(path, t, "ONNX TensorProto"));
   auto tensor = TensorFromProto(t, FolderOf(path));
   if (!tensor.ok()) return Annotate(tensor.status(), path);
   return tensor;

@@ -209,18 +209,19 @@ absl::StatusOr<ExternalData> ParseExternalData(const TensorProto& t, const std::
   return ext;
 }
 
-absl::StatusOr<ir::Tensor> TensorFromProto(const TensorProto& t, const std::string& base_dir,
-                                           std::string* external_file) {
+absl::StatusOr<TensorLayout> InspectTensorProto(const TensorProto& t,
+                                               const std::string& base_dir) {
   const std::string what = absl::StrCat("tensor '", t.name(), "'");
   auto dtype_or = DTypeFromOnnx(t.data_type());
   if (!dtype_or.ok()) return Annotate(dtype_or.status(), what);
-  const ir::DType dtype = *dtype_or;
+  TensorLayout L;
+  L.dtype = *dtype_or;
   if (t.has_segment()) return INVALID_ARGUMENT() << what << " is segmented (not supported)";
-  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
-  ASSIGN_OR_RETURN(const int64_t n, CheckedElementCount(dims, what));
-  const int64_t nbytes = n * ir::DTypeSize(dtype);
+  L.dims.assign(t.dims().begin(), t.dims().end());
+  ASSIGN_OR_RETURN(L.num_elements, CheckedElementCount(L.dims, what));
+  L.num_bytes = L.num_elements * ir::DTypeSize(L.dtype);
   const std::string shape_desc =
-      absl::StrCat(DimsString(dims), " of ", OnnxTypeName(t.data_type()));
+      absl::StrCat(DimsString(L.dims), " of ", OnnxTypeName(t.data_type()));
 
   // Which typed fields carry data; exactly one may, and it must be the dtype's own.
   struct Field {
@@ -231,7 +232,7 @@ absl::StatusOr<ir::Tensor> TensorFromProto(const TensorProto& t, const std::stri
                           {"string_data", t.string_data_size()}, {"int64_data", t.int64_data_size()},
                           {"double_data", t.double_data_size()}, {"uint64_data", t.uint64_data_size()}};
   const char* expected_field = "";
-  switch (dtype) {
+  switch (L.dtype) {
     case ir::DType::kF32: expected_field = "float_data"; break;
     case ir::DType::kF64: expected_field = "double_data"; break;
     case ir::DType::kI64: expected_field = "int64_data"; break;
@@ -247,88 +248,102 @@ absl::StatusOr<ir::Tensor> TensorFromProto(const TensorProto& t, const std::stri
     typed_count = f.size;
   }
 
-  const bool external = t.has_data_location() && t.data_location() == TensorProto::EXTERNAL;
-  if (external) {
+  if (t.has_data_location() && t.data_location() == TensorProto::EXTERNAL) {
     if (typed_count >= 0 || t.has_raw_data()) {
       return INVALID_ARGUMENT() << what << " is stored externally but also has inline data";
     }
-    ASSIGN_OR_RETURN(ExternalData ext, ParseExternalData(t, base_dir));
-    if (ext.length >= 0 && ext.length != nbytes) {
+    L.source = TensorLayout::kExternal;
+    ASSIGN_OR_RETURN(L.external, ParseExternalData(t, base_dir));
+    const ExternalData& ext = L.external;
+    if (ext.length >= 0 && ext.length != L.num_bytes) {
       return INVALID_ARGUMENT() << what << " external data in '" << ext.path << "' has length "
                                 << ext.length << " bytes; dims " << shape_desc << " need "
-                                << nbytes << " bytes";
+                                << L.num_bytes << " bytes";
     }
     struct stat st;
     if (::stat(ext.path.c_str(), &st) != 0) {
       return NOT_FOUND() << what << ": external data file '" << ext.path << "' not found";
     }
     const int64_t size = st.st_size;
-    if (ext.offset > size || nbytes > size - ext.offset) {
+    if (ext.offset > size || L.num_bytes > size - ext.offset) {
       return INVALID_ARGUMENT() << what << ": external data file '" << ext.path << "' has " << size
-                                << " bytes; the tensor needs " << nbytes << " bytes at offset "
-                                << ext.offset << " (past the end)";
+                                << " bytes; the tensor needs " << L.num_bytes
+                                << " bytes at offset " << ext.offset << " (past the end)";
     }
-    ir::Tensor out(dtype, dims);
-    RETURN_IF_ERROR(ReadFileRange(ext.path, ext.offset, nbytes, out.raw(), t.name()));
-    if (dtype == ir::DType::kBool) {
-      uint8_t* b = static_cast<uint8_t*>(out.raw());
-      for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
-    }
-    if (external_file) *external_file = ext.path;
-    return out;
+    return L;
   }
-
   if (t.has_raw_data()) {
     if (typed_count >= 0) {
       return INVALID_ARGUMENT() << what << " has both raw_data and " << expected_field;
     }
-    if (static_cast<int64_t>(t.raw_data().size()) != nbytes) {
+    if (static_cast<int64_t>(t.raw_data().size()) != L.num_bytes) {
       return INVALID_ARGUMENT() << what << " has " << t.raw_data().size()
-                                << " bytes of raw_data; dims " << shape_desc << " need " << nbytes
-                                << " bytes";
+                                << " bytes of raw_data; dims " << shape_desc << " need "
+                                << L.num_bytes << " bytes";
     }
-    ir::Tensor out(dtype, dims);
-    if (nbytes > 0) std::memcpy(out.raw(), t.raw_data().data(), nbytes);
-    if (dtype == ir::DType::kBool) {
-      uint8_t* b = static_cast<uint8_t*>(out.raw());
-      for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
-    }
-    return out;
+    L.source = TensorLayout::kRaw;
+    return L;
   }
-
   const int64_t count = std::max(typed_count, 0);
-  if (count != n) {
+  if (count != L.num_elements) {
     return INVALID_ARGUMENT() << what << " has " << count << " elements in " << expected_field
-                              << "; dims " << shape_desc << " need " << n;
+                              << "; dims " << shape_desc << " need " << L.num_elements;
   }
-  ir::Tensor out(dtype, dims);
-  if (n == 0) return out;
-  switch (dtype) {
-    case ir::DType::kF32:
-      CopyTyped<float>(t.float_data(), out, [](float v) { return v; });
+  L.source = TensorLayout::kTyped;
+  return L;
+}
+
+absl::StatusOr<ir::Tensor> TensorFromProto(const TensorProto& t, const std::string& base_dir,
+                                           std::string* external_file) {
+  ASSIGN_OR_RETURN(TensorLayout L, InspectTensorProto(t, base_dir));
+  // Allocation happens only now, once the data that fills it is known to exist.
+  ir::Tensor out(L.dtype, L.dims);
+  const int64_t n = L.num_elements;
+  switch (L.source) {
+    case TensorLayout::kExternal:
+      RETURN_IF_ERROR(
+          ReadFileRange(L.external.path, L.external.offset, L.num_bytes, out.raw(), t.name()));
+      if (external_file) *external_file = L.external.path;
       break;
-    case ir::DType::kF64:
-      CopyTyped<double>(t.double_data(), out, [](double v) { return v; });
+    case TensorLayout::kRaw:
+      if (L.num_bytes > 0) std::memcpy(out.raw(), t.raw_data().data(), L.num_bytes);
       break;
-    case ir::DType::kI64:
-      CopyTyped<int64_t>(t.int64_data(), out, [](int64_t v) { return v; });
+    case TensorLayout::kTyped:
+      if (n == 0) break;
+      switch (L.dtype) {
+        case ir::DType::kF32:
+          CopyTyped<float>(t.float_data(), out, [](float v) { return v; });
+          break;
+        case ir::DType::kF64:
+          CopyTyped<double>(t.double_data(), out, [](double v) { return v; });
+          break;
+        case ir::DType::kI64:
+          CopyTyped<int64_t>(t.int64_data(), out, [](int64_t v) { return v; });
+          break;
+        case ir::DType::kI32:
+          CopyTyped<int32_t>(t.int32_data(), out, [](int32_t v) { return v; });
+          break;
+        case ir::DType::kI8:
+          CopyTyped<int8_t>(t.int32_data(), out, [](int32_t v) { return static_cast<int8_t>(v); });
+          break;
+        case ir::DType::kU8:
+          CopyTyped<uint8_t>(t.int32_data(), out,
+                             [](int32_t v) { return static_cast<uint8_t>(v); });
+          break;
+        case ir::DType::kBool:
+          CopyTyped<uint8_t>(t.int32_data(), out, [](int32_t v) { return uint8_t{v != 0}; });
+          break;
+        case ir::DType::kF16:
+        case ir::DType::kBF16:  // int32_data holds the 16-bit patterns
+          CopyTyped<uint16_t>(t.int32_data(), out,
+                              [](int32_t v) { return static_cast<uint16_t>(v); });
+          break;
+      }
       break;
-    case ir::DType::kI32:
-      CopyTyped<int32_t>(t.int32_data(), out, [](int32_t v) { return v; });
-      break;
-    case ir::DType::kI8:
-      CopyTyped<int8_t>(t.int32_data(), out, [](int32_t v) { return static_cast<int8_t>(v); });
-      break;
-    case ir::DType::kU8:
-      CopyTyped<uint8_t>(t.int32_data(), out, [](int32_t v) { return static_cast<uint8_t>(v); });
-      break;
-    case ir::DType::kBool:
-      CopyTyped<uint8_t>(t.int32_data(), out, [](int32_t v) { return uint8_t{v != 0}; });
-      break;
-    case ir::DType::kF16:
-    case ir::DType::kBF16:  // int32_data holds the 16-bit patterns
-      CopyTyped<uint16_t>(t.int32_data(), out, [](int32_t v) { return static_cast<uint16_t>(v); });
-      break;
+  }
+  if (L.dtype == ir::DType::kBool) {  // any non-zero byte is true; C++ bool must be 0 or 1
+    uint8_t* b = static_cast<uint8_t*>(out.raw());
+    for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
   }
   return out;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -43,6 +44,18 @@ absl::StatusOr<std::string> ResolveExternalPath(const std::string& base_dir,
                                                 const std::string& tensor_name);
 // Parses and validates the external_data entries of `t` (location/offset/length).
 absl::StatusOr<ExternalData> ParseExternalData(const onnx::TensorProto& t,
+                                               const std::string& base_dir);
+
+// What a TensorProto holds, after every check short of reading its data: dtype supported, dims
+// sane, inline data of the right size, external data inside the folder and long enough.
+struct TensorLayout {
+  ir::DType dtype = ir::DType::kF32;
+  std::vector<int64_t> dims;
+  int64_t num_elements = 0, num_bytes = 0;
+  enum Source { kRaw, kTyped, kExternal } source = kTyped;
+  ExternalData external;  // when source == kExternal
+};
+absl::StatusOr<TensorLayout> InspectTensorProto(const onnx::TensorProto& t,
                                                const std::string& base_dir);
 
 // TensorProto -> IR tensor: raw_data (little-endian) or the typed field of the dtype, or

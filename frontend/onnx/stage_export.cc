@@ -1,0 +1,447 @@
+// Stage export: IR forward graph -> ONNX opset 17. Fused ops are expanded into the standard ops
+// their importers and fusion passes recognise, so a stage file re-imports into the same fused
+// graph. The model is checked by libonnx (checker + strict shape inference) before the file is
+// committed: a stage that would not load elsewhere is an error here, naming the node.
+#include "frontend/onnx/stage_export.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <numbers>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "frontend/ir/status.h"
+#include "frontend/onnx/file_io.h"
+#include "frontend/onnx/tensor_proto.h"
+#include "onnx/checker.h"
+#include "onnx/defs/schema.h"
+#include "onnx/onnx_pb.h"
+#include "onnx/shape_inference/implementation.h"
+
+namespace onnx::checker {
+void check_model(const ModelProto& model, CheckerContext& ctx);
+}  // namespace onnx::checker
+
+namespace onnxpipe::onnx_frontend {
+namespace {
+
+constexpr int64_t kOpset = 17;
+constexpr int64_t kIrVersion = 8;
+
+void SetTensorData(onnx::TensorProto* t, const std::string& name, const ir::Tensor& value) {
+  t->set_name(name);
+  t->set_data_type(OnnxFromDType(value.dtype()));
+  for (int64_t d : value.dims()) t->add_dims(d);
+  t->set_raw_data(value.raw(), static_cast<size_t>(value.num_bytes()));
+}
+
+ir::Tensor Scalar(ir::DType dtype, double x) {
+  ir::Tensor t(dtype, {});
+  switch (dtype) {
+    case ir::DType::kF64: t.mutable_data<double>()[0] = x; break;
+    case ir::DType::kBF16: t.mutable_data<uint16_t>()[0] = ir::FloatToBF16(static_cast<float>(x)); break;
+    case ir::DType::kF16: t.mutable_data<uint16_t>()[0] = ir::FloatToF16(static_cast<float>(x)); break;
+    default: t.mutable_data<float>()[0] = static_cast<float>(x); break;
+  }
+  return t;
+}
+
+class Exporter {
+ public:
+  Exporter(const ir::Graph& g, const StageExportOptions& options) : g_(g), options_(options) {
+    for (ir::ValueId v = 0; v < g.num_values(); ++v) used_names_.insert(g.value(v).name);
+    graph_ = model_.mutable_graph();
+  }
+
+  absl::Status Build() {
+    model_.set_ir_version(kIrVersion);
+    model_.set_producer_name("onnxpipe");
+    model_.set_producer_version("partition");
+    auto* opset = model_.add_opset_import();
+    opset->set_domain("");
+    opset->set_version(kOpset);
+    graph_->set_name(options_.graph_name);
+    if (!options_.doc.empty()) graph_->set_doc_string(options_.doc);
+    for (ir::ValueId v : g_.inputs()) RETURN_IF_ERROR(ValueInfo(graph_->add_input(), v));
+    for (ir::NodeId id : g_.LiveNodes()) RETURN_IF_ERROR(Node(g_.node(id)));
+    for (ir::ValueId v : g_.outputs()) RETURN_IF_ERROR(ValueInfo(graph_->add_output(), v));
+    return absl::OkStatus();
+  }
+
+  onnx::ModelProto& model() { return model_; }
+  // Initializers (IR constants) in first-use order.
+  const std::vector<ir::ValueId>& constants() const { return constants_; }
+  std::vector<std::pair<std::string, ir::Tensor>>& extra_constants() { return extra_; }
+
+ private:
+  absl::Status ValueInfo(onnx::ValueInfoProto* vi, ir::ValueId v) {
+    const ir::Value& val = g_.value(v);
+    vi->set_name(val.name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(OnnxFromDType(val.dtype));
+    auto* shape = tt->mutable_shape();
+    for (const ir::Dim& d : val.shape) {
+      if (d.is_concrete()) {
+        shape->add_dim()->set_dim_value(d.value());
+      } else {
+        shape->add_dim()->set_dim_param(d.ToString());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Fresh(const std::string& base) {
+    std::string name = base;
+    for (int i = 1; used_names_.count(name); ++i) name = absl::StrCat(base, "_", i);
+    used_names_.insert(name);
+    return name;
+  }
+
+  // A value read by a node: constants become initializers the first time.
+  std::string In(ir::ValueId v) {
+    if (v == ir::kNoValue) return "";
+    const ir::Value& val = g_.value(v);
+    if (val.constant && seen_constants_.insert(v).second) constants_.push_back(v);
+    return val.name;
+  }
+  std::string Out(ir::ValueId v) { return v == ir::kNoValue ? "" : g_.value(v).name; }
+
+  std::string Const(const std::string& hint, ir::Tensor t) {
+    const std::string name = Fresh(hint);
+    extra_.emplace_back(name, std::move(t));
+    return name;
+  }
+  std::string IntsConst(const std::string& hint, const std::vector<int64_t>& values) {
+    return Const(hint, ir::Tensor::FromVector<int64_t>({static_cast<int64_t>(values.size())}, values));
+  }
+
+  onnx::NodeProto* Emit(const std::string& op, const std::string& name, std::vector<std::string> inputs,
+                        std::vector<std::string> outputs) {
+    while (!inputs.empty() && inputs.back().empty()) inputs.pop_back();
+    while (!outputs.empty() && outputs.back().empty()) outputs.pop_back();
+    onnx::NodeProto* n = graph_->add_node();
+    n->set_op_type(op);
+    n->set_name(name);
+    for (const std::string& i : inputs) n->add_input(i);
+    for (const std::string& o : outputs) n->add_output(o);
+    return n;
+  }
+
+  static void SetInt(onnx::NodeProto* n, const char* name, int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  static void SetFloat(onnx::NodeProto* n, const char* name, double v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(static_cast<float>(v));
+  }
+  static void SetInts(onnx::NodeProto* n, const char* name, const std::vector<int64_t>& v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v) a->add_ints(x);
+  }
+
+  // Copies the IR attributes the op's opset-17 schema declares, in the schema's types.
+  absl::Status CopyAttrs(const ir::Node& n, onnx::NodeProto* out, const std::set<std::string>& skip = {}) {
+    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(out->op_type(), static_cast<int>(kOpset), "");
+    if (!schema) return INVALID_ARGUMENT() << "node '" << n.name << "': no ONNX schema for " << out->op_type();
+    const auto& declared = schema->attributes();
+    for (const auto& [name, value] : n.attrs.all()) {
+      if (skip.count(name)) continue;
+      auto it = declared.find(name);
+      if (it == declared.end()) continue;  // onnxpipe-only attribute
+      auto* a = out->add_attribute();
+      a->set_name(name);
+      const auto type = it->second.type;
+      a->set_type(type);
+      switch (type) {
+        case onnx::AttributeProto::INT:
+          if (auto* i = std::get_if<int64_t>(&value)) {
+            a->set_i(*i);
+          } else if (auto* d = std::get_if<double>(&value)) {
+            a->set_i(static_cast<int64_t>(*d));
+          } else if (auto* s = std::get_if<std::string>(&value)) {  // Cast's `to` is a dtype name here
+            std::optional<ir::DType> dt = ir::ParseDType(*s);
+            if (!dt) return INVALID_ARGUMENT() << "node '" << n.name << "': attribute " << name << " = '" << *s << "'";
+            a->set_i(OnnxFromDType(*dt));
+          }
+          break;
+        case onnx::AttributeProto::FLOAT:
+          if (auto* d = std::get_if<double>(&value)) a->set_f(static_cast<float>(*d));
+          if (auto* i = std::get_if<int64_t>(&value)) a->set_f(static_cast<float>(*i));
+          break;
+        case onnx::AttributeProto::STRING:
+          if (auto* s = std::get_if<std::string>(&value)) a->set_s(*s);
+          break;
+        case onnx::AttributeProto::INTS:
+          if (auto* v = std::get_if<std::vector<int64_t>>(&value))
+            for (int64_t x : *v) a->add_ints(x);
+          break;
+        case onnx::AttributeProto::FLOATS:
+          if (auto* v = std::get_if<std::vector<double>>(&value))
+            for (double x : *v) a->add_floats(static_cast<float>(x));
+          break;
+        case onnx::AttributeProto::TENSOR:
+          if (auto* t = std::get_if<ir::Tensor>(&value)) SetTensorData(a->mutable_t(), "", *t);
+          break;
+        default:
+          return INVALID_ARGUMENT() << "node '" << n.name << "': attribute " << name << " has an unsupported type";
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Node(const ir::Node& n) {
+    const std::string op(ir::OpName(n.op));
+    std::vector<std::string> ins, outs;
+    for (ir::ValueId v : n.inputs) ins.push_back(In(v));
+    for (ir::ValueId v : n.outputs) outs.push_back(Out(v));
+    switch (n.op) {
+      case ir::OpKind::kLinear: return Linear(n, ins, outs);
+      case ir::OpKind::kLayerNorm: {
+        onnx::NodeProto* p = Emit("LayerNormalization", n.name, ins, outs);
+        SetInt(p, "axis", n.attrs.Get<int64_t>("axis", -1));
+        SetFloat(p, "epsilon", n.attrs.Get<double>("epsilon", 1e-5));
+        return absl::OkStatus();
+      }
+      case ir::OpKind::kGelu: return Gelu(n, ins[0], outs[0]);
+      case ir::OpKind::kAttention: return Attention(n, ins, outs[0]);
+      case ir::OpKind::kReduceSum:
+      case ir::OpKind::kSqueeze:
+      case ir::OpKind::kUnsqueeze:
+      case ir::OpKind::kSplit: {
+        const char* key = n.op == ir::OpKind::kSplit ? "split" : "axes";
+        if (n.attrs.Has(key)) ins.push_back(IntsConst(n.name + "/" + key, n.attrs.Get<std::vector<int64_t>>(key)));
+        return CopyAttrs(n, Emit(op, n.name, ins, outs), {key});
+      }
+      case ir::OpKind::kDropout: {
+        ins.push_back(Const(n.name + "/ratio", Scalar(ir::DType::kF32, n.attrs.Get<double>("ratio", 0.5))));
+        ins.push_back(Const(n.name + "/training_mode", ir::Tensor::Scalar<bool>(true)));
+        return CopyAttrs(n, Emit(op, n.name, ins, outs), {"ratio"});
+      }
+      case ir::OpKind::kSoftmaxCrossEntropyLoss:
+        if (n.attrs.Get<double>("label_smoothing", 0.0) != 0.0) {
+          return INVALID_ARGUMENT() << "node '" << n.name
+                                    << "': SoftmaxCrossEntropyLoss with label smoothing has no ONNX form";
+        }
+        return CopyAttrs(n, Emit(op, n.name, ins, outs));
+      default:
+        break;
+    }
+    // The op list puts the gradient and training ops after Sum; none has a standard ONNX form.
+    if (static_cast<int>(n.op) > static_cast<int>(ir::OpKind::kSum)) {
+      return INVALID_ARGUMENT() << "node '" << n.name << "' (" << op
+                                << ") has no ONNX form: stage files hold forward nodes only";
+    }
+    return CopyAttrs(n, Emit(op, n.name, ins, outs));
+  }
+
+  absl::Status Linear(const ir::Node& n, const std::vector<std::string>& ins, const std::vector<std::string>& outs) {
+    const bool trans_b = n.attrs.Get<int64_t>("trans_b", 0) != 0;
+    const bool has_bias = ins.size() > 2 && !ins[2].empty();
+    const ir::Value& x = g_.value(n.inputs[0]);
+    if (x.shape.size() == 2) {
+      onnx::NodeProto* p = Emit("Gemm", n.name, {ins[0], ins[1], has_bias ? ins[2] : ""}, {outs[0]});
+      if (trans_b) SetInt(p, "transB", 1);
+      return absl::OkStatus();
+    }
+    std::string w = ins[1];
+    if (trans_b) {
+      const std::string wt = Fresh(n.name + "/W_T");
+      SetInts(Emit("Transpose", n.name + "/transpose_W", {w}, {wt}), "perm", {1, 0});
+      w = wt;
+    }
+    if (!has_bias) {
+      Emit("MatMul", n.name, {ins[0], w}, {outs[0]});
+      return absl::OkStatus();
+    }
+    const std::string mm = Fresh(n.name + "/matmul");
+    Emit("MatMul", n.name + "/MatMul", {ins[0], w}, {mm});
+    Emit("Add", n.name, {mm, ins[2]}, {outs[0]});
+    return absl::OkStatus();
+  }
+
+  absl::Status Gelu(const ir::Node& n, const std::string& x, const std::string& y) {
+    const ir::DType dt = g_.value(n.inputs[0]).dtype;
+    auto c = [&](const char* hint, double v) { return Const(n.name + "/" + hint, Scalar(dt, v)); };
+    auto tmp = [&](const char* hint) { return Fresh(n.name + "/" + hint); };
+    const std::string approximate = n.attrs.Get<std::string>("approximate", "none");
+    if (approximate == "tanh") {
+      // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+      const std::string x2 = tmp("x2"), x3 = tmp("x3"), a = tmp("cubic"), s = tmp("inner"), sc = tmp("scaled"),
+                        t = tmp("tanh"), t1 = tmp("tanh_plus_1"), hx = tmp("half_x");
+      Emit("Mul", n.name + "/Mul_x2", {x, x}, {x2});
+      Emit("Mul", n.name + "/Mul_x3", {x2, x}, {x3});
+      Emit("Mul", n.name + "/Mul_c", {x3, c("c", 0.044715)}, {a});
+      Emit("Add", n.name + "/Add_inner", {x, a}, {s});
+      Emit("Mul", n.name + "/Mul_k", {s, c("k", std::sqrt(2.0 / std::numbers::pi))}, {sc});
+      Emit("Tanh", n.name + "/Tanh", {sc}, {t});
+      Emit("Add", n.name + "/Add_1", {t, c("one", 1.0)}, {t1});
+      Emit("Mul", n.name + "/Mul_half", {x, c("half", 0.5)}, {hx});
+      Emit("Mul", n.name, {hx, t1}, {y});
+      return absl::OkStatus();
+    }
+    if (approximate != "none") {
+      return INVALID_ARGUMENT() << "node '" << n.name << "': Gelu approximate='" << approximate << "'";
+    }
+    // x * 0.5 * (1 + erf(x / sqrt 2))
+    const std::string d = tmp("div"), e = tmp("erf"), e1 = tmp("erf_plus_1"), m = tmp("x_times");
+    Emit("Div", n.name + "/Div", {x, c("sqrt2", std::sqrt(2.0))}, {d});
+    Emit("Erf", n.name + "/Erf", {d}, {e});
+    Emit("Add", n.name + "/Add", {e, c("one", 1.0)}, {e1});
+    Emit("Mul", n.name + "/Mul", {x, e1}, {m});
+    Emit("Mul", n.name, {m, c("half", 0.5)}, {y});
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const ir::Node& n, const std::vector<std::string>& ins, const std::string& out) {
+    const ir::Value& q = g_.value(n.inputs[0]);
+    const ir::Value& k = g_.value(n.inputs[1]);
+    const int r = static_cast<int>(q.shape.size());
+    if (r < 2 || k.shape.size() != q.shape.size()) {
+      return INVALID_ARGUMENT() << "node '" << n.name << "': Attention needs Q and K of equal rank >= 2";
+    }
+    const ir::DType dt = q.dtype;
+    std::vector<int64_t> perm;
+    for (int i = 0; i < r - 2; ++i) perm.push_back(i);
+    perm.push_back(r - 1);
+    perm.push_back(r - 2);
+    auto tmp = [&](const char* hint) { return Fresh(n.name + "/" + hint); };
+    const std::string kt = tmp("K_T"), s = tmp("scores");
+    SetInts(Emit("Transpose", n.name + "/Transpose_K", {ins[1]}, {kt}), "perm", perm);
+    Emit("MatMul", n.name + "/MatMul_QK", {ins[0], kt}, {s});
+    std::string cur = s;
+    const double dh = q.shape.back().is_concrete() ? static_cast<double>(q.shape.back().value()) : 1.0;
+    const double scale = n.attrs.Get<double>("scale", 1.0 / std::sqrt(dh));
+    if (scale != 1.0) {
+      const std::string scaled = tmp("scaled");
+      Emit("Mul", n.name + "/Mul_scale", {cur, Const(n.name + "/scale", Scalar(dt, scale))}, {scaled});
+      cur = scaled;
+    }
+    if (ins.size() > 3 && !ins[3].empty()) {
+      const std::string masked = tmp("masked");
+      if (g_.value(n.inputs[3]).dtype == ir::DType::kBool) {
+        Emit("Where", n.name + "/Where_mask",
+             {ins[3], cur, Const(n.name + "/neg_inf", Scalar(dt, -std::numeric_limits<double>::infinity()))},
+             {masked});
+      } else {
+        Emit("Add", n.name + "/Add_mask", {cur, ins[3]}, {masked});
+      }
+      cur = masked;
+    }
+    if (n.attrs.Get<int64_t>("causal", 0) != 0) {
+      if (!q.shape[r - 2].is_concrete() || !k.shape[r - 2].is_concrete()) {
+        return INVALID_ARGUMENT() << "node '" << n.name << "': causal Attention needs concrete sequence lengths";
+      }
+      const int64_t sq = q.shape[r - 2].value(), sk = k.shape[r - 2].value();
+      ir::Tensor tri(ir::DType::kF32, {sq, sk});
+      for (int64_t i = 0; i < sq; ++i)
+        for (int64_t j = 0; j < sk; ++j)
+          tri.mutable_data<float>()[i * sk + j] = j > i ? -std::numeric_limits<float>::infinity() : 0.0f;
+      if (dt != ir::DType::kF32) tri = tri.CastTo(dt);
+      const std::string causal = tmp("causal");
+      Emit("Add", n.name + "/Add_causal", {cur, Const(n.name + "/causal_mask", std::move(tri))}, {causal});
+      cur = causal;
+    }
+    const std::string probs = tmp("probs");
+    SetInt(Emit("Softmax", n.name + "/Softmax", {cur}, {probs}), "axis", -1);
+    cur = probs;
+    const double dropout = n.attrs.Get<double>("dropout", 0.0);
+    if (dropout > 0) {
+      const std::string dropped = tmp("dropped");
+      Emit("Dropout", n.name + "/Dropout",
+           {cur, Const(n.name + "/ratio", Scalar(ir::DType::kF32, dropout)),
+            Const(n.name + "/training_mode", ir::Tensor::Scalar<bool>(true))},
+           {dropped});
+      cur = dropped;
+    }
+    Emit("MatMul", n.name, {cur, ins[2]}, {out});
+    return absl::OkStatus();
+  }
+
+  const ir::Graph& g_;
+  const StageExportOptions& options_;
+  onnx::ModelProto model_;
+  onnx::GraphProto* graph_ = nullptr;
+  std::set<std::string> used_names_;
+  std::set<ir::ValueId> seen_constants_;
+  std::vector<ir::ValueId> constants_;
+  std::vector<std::pair<std::string, ir::Tensor>> extra_;
+};
+
+}  // namespace
+
+absl::Status ExportStageOnnx(const ir::Graph& g, const std::string& path, const StageExportOptions& options) {
+  Exporter ex(g, options);
+  if (absl::Status st = ex.Build(); !st.ok()) return Annotate(st, path);
+  onnx::ModelProto& model = ex.model();
+  std::vector<std::pair<std::string, const ir::Tensor*>> tensors;
+  int64_t total = 0;
+  for (ir::ValueId v : ex.constants()) {
+    const ir::Value& val = g.value(v);
+    if (!val.constant->defined()) return INVALID_ARGUMENT() << path << ": constant '" << val.name << "' has no data";
+    tensors.emplace_back(val.name, &*val.constant);
+    total += val.constant->num_bytes();
+  }
+  for (auto& [name, t] : ex.extra_constants()) {
+    tensors.emplace_back(name, &t);
+    total += t.num_bytes();
+  }
+  const bool external = total > options.inline_limit_bytes;
+  const std::string data_path = path + ".data";
+  AtomicFileWriter data_file(data_path);
+  if (external) RETURN_IF_ERROR(data_file.Open());
+  for (const auto& [name, t] : tensors) {
+    onnx::TensorProto* init = model.mutable_graph()->add_initializer();
+    if (external && t->num_bytes() > options.external_threshold_bytes) {
+      init->set_name(name);
+      init->set_data_type(OnnxFromDType(t->dtype()));
+      for (int64_t d : t->dims()) init->add_dims(d);
+      RETURN_IF_ERROR(data_file.PadTo(64));
+      const int64_t offset = data_file.size();
+      RETURN_IF_ERROR(data_file.Write(t->raw(), t->num_bytes()));
+      init->set_data_location(onnx::TensorProto::EXTERNAL);
+      for (const auto& [key, val] :
+           {std::pair<std::string, std::string>{"location", std::filesystem::path(data_path).filename().string()},
+            {"offset", absl::StrCat(offset)},
+            {"length", absl::StrCat(t->num_bytes())}}) {
+        auto* entry = init->add_external_data();
+        entry->set_key(key);
+        entry->set_value(val);
+      }
+    } else {
+      SetTensorData(init, name, *t);
+    }
+  }
+  if (external) RETURN_IF_ERROR(data_file.Commit());
+  if (options.check) {
+    onnx::checker::CheckerContext ctx;
+    ctx.set_model_dir(FolderOf(path) + "/");
+    try {
+      onnx::checker::check_model(model, ctx);
+      onnx::ModelProto copy = model;
+      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(/*check_type_val=*/true, /*strict_mode_val=*/1));
+    } catch (const std::exception& e) {
+      return INVALID_ARGUMENT() << path << ": the exported stage fails the ONNX checker: " << e.what();
+    }
+  }
+  std::string bytes;
+  if (model.ByteSizeLong() > static_cast<size_t>(INT32_MAX) || !model.SerializeToString(&bytes)) {
+    return INVALID_ARGUMENT() << path << ": the stage does not fit protobuf's 2 GiB limit";
+  }
+  AtomicFileWriter model_file(path);
+  RETURN_IF_ERROR(model_file.Open());
+  RETURN_IF_ERROR(model_file.Write(bytes));
+  return model_file.Commit();
+}
+
+}  // namespace onnxpipe::onnx_frontend
