@@ -4,6 +4,8 @@
 // "mean" = sum / sum of the weights of the non-ignored positions (their count without weights),
 // as the ONNX reference and PyTorch. Optional second output: log_prob, shaped like scores.
 // A label outside [0, C) that is not ignore_index is an error naming the position.
+// Attr label_smoothing e (op.h; PyTorch's CrossEntropyLoss(label_smoothing)): the loss of a
+// position becomes (1-e) w[label] (-log p[label]) + e/C sum_c w[c] (-log p[c]), same reductions.
 #include <cmath>
 #include <limits>
 
@@ -46,6 +48,10 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
   }
   const bool has_ignore = node.attrs.Has("ignore_index");
   const int64_t ignore = node.attrs.Get<int64_t>("ignore_index", 0);
+  const double smoothing = node.attrs.Get<double>("label_smoothing", 0.0);
+  if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": label_smoothing is " << smoothing << ", expected [0, 1]";
+  }
   const std::vector<int64_t> lab = labels.ToInt64Vector();
   for (size_t i = 0; i < lab.size(); ++i) {
     if (has_ignore && lab[i] == ignore) continue;
@@ -81,6 +87,11 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
       if (has_ignore && label == ignore) continue;
       const T wt = w ? w[label] : T(1);
       l[line] = -wt * lp[(line / d) * c * d + label * d + line % d];
+      if (smoothing != 0.0) {
+        double smooth = 0;
+        for (int64_t j = 0; j < c; ++j) smooth -= (w ? w[j] : T(1)) * lp[(line / d) * c * d + j * d + line % d];
+        l[line] = static_cast<T>((1.0 - smoothing) * l[line] + smoothing / static_cast<double>(c) * smooth);
+      }
       total += l[line];
       weight_sum += wt;
     }
