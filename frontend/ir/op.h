@@ -52,7 +52,7 @@
 // - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
 // - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV. Recomputes
 //   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
-//   random stream as the forward Attention node named by Node::origin.
+//   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
