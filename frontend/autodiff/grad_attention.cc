@@ -1,7 +1,7 @@
 // Gradient rule of the fused Attention op: one AttentionGrad node -> dQ, dK, dV. The kernel
 // recomputes the attention probabilities from Q, K and the mask (flash-attention style: nothing
 // of size Sq x Sk is saved by the forward) and, with dropout, regenerates the forward's dropout
-// mask from the same random stream (the forward node is named by the backward node's origin).
+// mask from the same random stream: the backward node carries the forward's `rng_key`.
 // The mask is a stop-gradient edge.
 #include "frontend/autodiff/grad_builder.h"
 #include "frontend/ir/status.h"
@@ -18,7 +18,11 @@ absl::Status AttentionGrad(GradBuilder& b) {
   std::vector<std::optional<ValueType>> outs;
   for (int i = 0; i < 3; ++i)
     outs.push_back(b.NeedsGI(i) ? std::optional<ValueType>(b.TypeOf(b.I(i))) : std::nullopt);
-  std::vector<ValueId> g = b.EmitMulti(OpKind::kAttentionGrad, ins, outs, b.node().attrs);
+  // The backward kernel replays the forward's dropout stream, which the CPU backend keys by the
+  // node's `rng_key` attribute, else its name (executor/cpu/dropout.h).
+  ir::Attrs attrs = b.node().attrs;
+  if (!attrs.Has("rng_key")) attrs.Set("rng_key", b.node().name);
+  std::vector<ValueId> g = b.EmitMulti(OpKind::kAttentionGrad, ins, outs, std::move(attrs));
   for (int i = 0; i < 3; ++i)
     if (b.NeedsGI(i)) b.SetGI(i, g[i]);
   return absl::OkStatus();

@@ -1,0 +1,207 @@
+// AttentionGrad(dO, Q, K, V, mask?) -> dQ, dK, dV: the backward of the fused Attention kernel
+// (attention.cc), with the same shapes, scale, causal/mask handling and dropout. Per batch matrix
+// it recomputes the probabilities P (the forward saves nothing of size Sq x Sk), replays the
+// forward's dropout keep mask, and runs
+//   dV = D^T dO,  dD = dO V^T,  dP = dD * keep / (1 - ratio),  dS = P * (dP - rowsum(dP * P)),
+//   dQ = scale dS K,  dK = scale dS^T Q,     with D = P * keep / (1 - ratio),
+// five GEMMs through BLAS and the row work on the thread pool. Dropout replay: the node carries
+// the forward node's `rng_key` (autodiff sets it), so MakeDropoutStream gives the forward's
+// stream, and elements are indexed by the same flat position in (batch..., Sq, Sk). Operands whose
+// batch dims were broadcast get their gradient summed back (ReduceToDims).
+#include <cmath>
+#include <limits>
+
+#include "executor/cpu/dropout.h"
+#include "executor/cpu/grad_util.h"
+
+namespace onnxpipe::cpu {
+namespace {
+
+using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
+
+Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& dout = in[0];
+  const ir::Tensor& q = in[1];
+  const ir::Tensor& k = in[2];
+  const ir::Tensor& v = in[3];
+  for (int i = 0; i < 4; ++i) {
+    if (in[i].rank() < 2 || in[i].dtype() != q.dtype()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is " << ir::DTypeName(in[i].dtype())
+                                << DimsToString(in[i].dims()) << ", expected " << ir::DTypeName(q.dtype())
+                                << " of rank >= 2";
+    }
+  }
+  const int64_t sq = q.dims()[q.rank() - 2], dh = q.dims()[q.rank() - 1];
+  const int64_t sk = k.dims()[k.rank() - 2], dv = v.dims()[v.rank() - 1];
+  if (k.dims()[k.rank() - 1] != dh || v.dims()[v.rank() - 2] != sk) {
+    return INVALID_ARGUMENT() << Describe(node) << ": expected Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), got "
+                              << DimsToString(q.dims()) << ", " << DimsToString(k.dims()) << ", "
+                              << DimsToString(v.dims());
+  }
+  auto batch_of = [](const ir::Tensor& t) { return std::vector<int64_t>(t.dims().begin(), t.dims().end() - 2); };
+  ASSIGN_OR_RETURN(std::vector<int64_t> batch, BroadcastDims(node, {batch_of(q), batch_of(k), batch_of(v)}));
+  const size_t br = batch.size();
+  int64_t nbatch = 1;
+  for (int64_t d : batch) nbatch *= d;
+  std::vector<int64_t> o_dims = batch;
+  o_dims.push_back(sq);
+  o_dims.push_back(dv);
+  if (dout.dims() != o_dims) {
+    return INVALID_ARGUMENT() << Describe(node) << ": dO has shape " << DimsToString(dout.dims())
+                              << ", expected the attention output's " << DimsToString(o_dims);
+  }
+  const std::vector<int64_t> qs = BroadcastStrides(batch_of(q), br), ks = BroadcastStrides(batch_of(k), br),
+                             vs = BroadcastStrides(batch_of(v), br);
+  const double scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
+  const bool causal = node.attrs.Get<int64_t>("causal", 0) != 0;
+  const double ratio = node.attrs.Get<double>("dropout", 0.0);
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": dropout is " << ratio << ", expected [0, 1]";
+  }
+  const bool has_mask = HasInput(in, 4);
+  std::vector<int64_t> full = batch;
+  full.push_back(sq);
+  full.push_back(sk);
+  std::vector<int64_t> ms;
+  bool bool_mask = false;
+  if (has_mask) {
+    const ir::Tensor& mask = in[4];
+    bool_mask = mask.dtype() == ir::DType::kBool;
+    if (!bool_mask && mask.dtype() != q.dtype()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": additive mask has dtype " << ir::DTypeName(mask.dtype());
+    }
+    auto md = BroadcastDims(node, {mask.dims(), full});
+    if (!md.ok() || *md != full) {
+      return INVALID_ARGUMENT() << Describe(node) << ": mask of shape " << DimsToString(mask.dims())
+                                << " does not broadcast to " << DimsToString(full);
+    }
+    ms = BroadcastStrides(mask.dims(), full.size());
+  }
+  const bool dropout = ctx.training && ratio > 0.0;
+  const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
+  RETURN_IF_ERROR(CheckGemmSize(node, sq, sk, std::max(dh, dv)));
+  RETURN_IF_ERROR(CheckGemmSize(node, sk, std::max(dh, dv), sq));
+  auto wants = [&](size_t i) { return i < node.outputs.size() && node.outputs[i] != ir::kNoValue; };
+
+  return DispatchDType(FloatTypes{}, node, "input 1", q.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    auto with_batch = [&](int64_t a, int64_t b) {
+      std::vector<int64_t> d = batch;
+      d.push_back(a);
+      d.push_back(b);
+      return d;
+    };
+    ir::Tensor dq(q.dtype(), with_batch(sq, dh)), dk(q.dtype(), with_batch(sk, dh)), dvt(q.dtype(), with_batch(sk, dv));
+    const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
+    std::vector<T> p(static_cast<size_t>(sq * sk)), dp(static_cast<size_t>(sq * sk));
+    std::vector<uint8_t> keep(dropout ? static_cast<size_t>(sq * sk) : 0);
+    for (int64_t t = 0; t < nbatch; ++t) {
+      int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
+      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
+        const int64_t idx = rem % batch[d];
+        rem /= batch[d];
+        qi += idx * qs[d];
+        ki += idx * ks[d];
+        vi += idx * vs[d];
+        if (has_mask) mi += idx * ms[d];
+      }
+      const T* qt = q.data<T>() + qi * sq * dh;
+      const T* kt = k.data<T>() + ki * sk * dh;
+      const T* vt = v.data<T>() + vi * sk * dv;
+      const T* dot = dout.data<T>() + t * sq * dv;
+      // P, recomputed exactly as the forward does.
+      if (dh > 0) {
+        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), qt, dh, kt, dh, T(0), p.data(), sk);
+      } else {
+        std::fill(p.begin(), p.end(), T(0));
+      }
+      ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          T* row = p.data() + i * sk;
+          const int64_t visible = causal ? std::min(i + 1, sk) : sk;
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < sk; ++j) {
+            T x = row[j];
+            if (j >= visible) {
+              x = -std::numeric_limits<T>::infinity();
+            } else if (has_mask) {
+              const int64_t mo = mi + i * ms[br] + j * ms[br + 1];
+              if (bool_mask) {
+                if (!in[4].data<bool>()[mo]) x = -std::numeric_limits<T>::infinity();
+              } else {
+                x += in[4].data<T>()[mo];
+              }
+            }
+            row[j] = x;
+            mx = std::max(mx, x);
+          }
+          if (mx == -std::numeric_limits<T>::infinity()) {
+            std::fill(row, row + sk, T(0));
+            continue;
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < sk; ++j) {
+            row[j] = std::exp(row[j] - mx);
+            sum += row[j];
+          }
+          const double inv = 1.0 / sum;
+          for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
+          if (dropout) {
+            const int64_t base = (t * sq + i) * sk;
+            FillDropoutKeepMask(stream, base, base + sk, keep.data() + i * sk);
+          }
+        }
+      });
+      // dD = dO V^T (into dp).
+      Gemm<T>(false, true, sq, sk, dv, T(1), dot, dv, vt, dv, T(0), dp.data(), sk);
+      if (wants(2)) {
+        // dV = D^T dO: form D in place of dp's partner buffer only when dropout changes P.
+        if (dropout) {
+          std::vector<T> dmat(static_cast<size_t>(sq * sk));
+          for (int64_t x = 0; x < sq * sk; ++x) dmat[x] = keep[x] ? p[x] * drop_scale : T(0);
+          Gemm<T>(true, false, sk, dv, sq, T(1), dmat.data(), sk, dot, dv, T(0),
+                  dvt.mutable_data<T>() + t * sk * dv, dv);
+        } else {
+          Gemm<T>(true, false, sk, dv, sq, T(1), p.data(), sk, dot, dv, T(0), dvt.mutable_data<T>() + t * sk * dv, dv);
+        }
+      }
+      // dS = P * (dP - rowsum(dP * P)), dP = dD * keep * drop_scale (in place in dp).
+      ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          T* g = dp.data() + i * sk;
+          const T* pr = p.data() + i * sk;
+          if (dropout) {
+            const uint8_t* kr = keep.data() + i * sk;
+            for (int64_t j = 0; j < sk; ++j) g[j] = kr[j] ? g[j] * drop_scale : T(0);
+          }
+          double s = 0;
+          for (int64_t j = 0; j < sk; ++j) s += static_cast<double>(g[j]) * pr[j];
+          for (int64_t j = 0; j < sk; ++j) g[j] = static_cast<T>(pr[j] * (g[j] - s));
+        }
+      });
+      if (wants(0) && dh > 0) {
+        Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp.data(), sk, kt, dh, T(0),
+                dq.mutable_data<T>() + t * sq * dh, dh);
+      }
+      if (wants(1) && dh > 0) {
+        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp.data(), sk, qt, dh, T(0),
+                dk.mutable_data<T>() + t * sk * dh, dh);
+      }
+    }
+    std::vector<ir::Tensor> outs(3);
+    const ir::Tensor* fulls[3] = {&dq, &dk, &dvt};
+    for (int i = 0; i < 3; ++i) {
+      if (!wants(i)) continue;
+      if (fulls[i]->dims() == in[i + 1].dims()) {
+        outs[i] = *fulls[i];
+      } else {
+        ASSIGN_OR_RETURN(outs[i], ReduceToDims(node, *fulls[i], in[i + 1].dims()));
+      }
+    }
+    return outs;
+  });
+}
+REGISTER_CPU_KERNEL(kAttentionGrad, AttentionGradKernel);
+
+}  // namespace
+}  // namespace onnxpipe::cpu
