@@ -14,6 +14,7 @@
 
 #include "frontend/ir/status.h"
 #include "frontend/passes/pattern.h"
+#include "frontend/passes/side_eval.h"
 
 namespace onnxpipe::passes {
 namespace {
@@ -42,9 +43,9 @@ struct AttentionMatch {
 
 class AttentionMatcher {
  public:
-  explicit AttentionMatcher(Graph* g) : g_(g), uses_(*g) {}
+  AttentionMatcher(Graph* g, SideEvaluator* side) : g_(g), uses_(*g), side_(side) {}
 
-  bool TryAt(NodeId root) {
+  absl::StatusOr<bool> TryAt(NodeId root) {
     AttentionMatch m;
     if (!Match(root, &m)) return false;
     return Rewrite(root, m);
@@ -276,7 +277,16 @@ class AttentionMatcher {
     return out;
   }
 
-  bool Rewrite(NodeId root, const AttentionMatch& m) {
+  // The mask's data: constant, or computed on the side from initializers when an evaluator is
+  // available (never committed to the graph).
+  absl::StatusOr<std::optional<Tensor>> MaskData(ValueId v) {
+    const ir::Value& val = g_->value(v);
+    if (val.constant) return std::optional<Tensor>(*val.constant);
+    if (side_ == nullptr) return std::optional<Tensor>();
+    return side_->Compute(v);
+  }
+
+  absl::StatusOr<bool> Rewrite(NodeId root, const AttentionMatch& m) {
     const std::string name = g_->node(root).name;
     const auto dims = ScoreDims(root);
     bool causal = false;
@@ -284,8 +294,8 @@ class AttentionMatcher {
     std::string mask_kind;
     // Additive mask: causal when provably so, else an input.
     if (m.additive != ir::kNoValue) {
-      const ir::Value& a = g_->value(m.additive);
-      if (a.constant && IsCausal(*a.constant, /*additive=*/true, dims)) {
+      ASSIGN_OR_RETURN(std::optional<Tensor> a, MaskData(m.additive));
+      if (a && IsCausal(*a, /*additive=*/true, dims)) {
         causal = true;
       } else {
         mask = m.additive;
@@ -295,13 +305,14 @@ class AttentionMatcher {
     // Boolean mask, normalised to true = attend.
     std::optional<Tensor> keep_const;
     if (m.bool_cond != ir::kNoValue) {
-      const ir::Value& c = g_->value(m.bool_cond);
+      ASSIGN_OR_RETURN(std::optional<Tensor> c, MaskData(m.bool_cond));
       bool consumed = false;
-      if (c.constant) {
-        keep_const = m.bool_cond_means_masked ? Negate(*c.constant) : *c.constant;
-        if (IsCausal(*keep_const, /*additive=*/false, dims)) {
+      if (c) {
+        if (IsCausal(m.bool_cond_means_masked ? Negate(*c) : *c, /*additive=*/false, dims)) {
           causal = true;
           consumed = true;
+        } else if (g_->value(m.bool_cond).constant) {
+          keep_const = m.bool_cond_means_masked ? Negate(*c) : *c;
         }
       }
       if (!consumed) {
@@ -348,16 +359,20 @@ class AttentionMatcher {
 
   Graph* g_;
   UseInfo uses_;
+  SideEvaluator* side_;
 };
 
 }  // namespace
 
 absl::StatusOr<bool> AttentionFusion::Run(ir::Graph* g) {
-  AttentionMatcher matcher(g);
+  std::optional<SideEvaluator> side;
+  if (evaluator_ != nullptr) side.emplace(*g, *evaluator_, max_mask_elements_);
+  AttentionMatcher matcher(g, side ? &*side : nullptr);
   bool changed = false;
   for (NodeId id : g->LiveNodes()) {
     if (g->node(id).removed || g->node(id).op != OpKind::kMatMul) continue;
-    changed |= matcher.TryAt(id);
+    ASSIGN_OR_RETURN(bool fused, matcher.TryAt(id));
+    changed |= fused;
   }
   if (changed) RETURN_IF_ERROR(g->TopoSort());
   return changed;

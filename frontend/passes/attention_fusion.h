@@ -16,7 +16,9 @@
 //   O = MatMul(P, V)
 //   -> Attention(Q, K, V[, mask]) scale=c_total causal dropout=ratio mask_kind
 //
-// Masks. A constant mask is proven causal by reading it: additive 0 on and below the diagonal and
+// Masks. A constant mask (or, given an evaluator, one computed from constants and buffer
+// initializers, like GPT's `mask[:, :, :S, :S]` slice of a registered triangle) is proven causal
+// by reading it: additive 0 on and below the diagonal and
 // <= -1e4 above it; boolean (normalised to true = attend) true exactly on and below the diagonal,
 // with any leading dims of size 1. A proven causal mask sets causal=1 and is dropped. Otherwise
 // it is passed as the mask input, mask_kind "additive" or "bool" (true = attend; a masked_fill
@@ -30,9 +32,11 @@
 // a pre-scaling of Q or K with other uses is kept and simply not absorbed.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "frontend/ir/evaluator.h"
 #include "frontend/ir/graph.h"
 #include "frontend/passes/pass.h"
 
@@ -40,8 +44,16 @@ namespace onnxpipe::passes {
 
 class AttentionFusion : public Pass {
  public:
+  // `evaluator` (optional) lets the pass read masks that are computed from initializers.
+  explicit AttentionFusion(const ir::OpEvaluator* evaluator = nullptr,
+                           int64_t max_mask_elements = int64_t{1} << 20)
+      : evaluator_(evaluator), max_mask_elements_(max_mask_elements) {}
   std::string_view name() const override { return "attention-fusion"; }
   absl::StatusOr<bool> Run(ir::Graph* g) override;
+
+ private:
+  const ir::OpEvaluator* evaluator_;
+  int64_t max_mask_elements_;
 };
 
 }  // namespace onnxpipe::passes

@@ -15,6 +15,7 @@
 
 #include "frontend/ir/status.h"
 #include "frontend/passes/pattern.h"
+#include "frontend/passes/side_eval.h"
 
 namespace onnxpipe::passes {
 namespace {
@@ -29,7 +30,7 @@ using ir::ValueId;
 class Folder {
  public:
   Folder(Graph* g, const ir::OpEvaluator& ev, const ConstantFoldingOptions& options)
-      : g_(g), ev_(ev), options_(options) {
+      : g_(g), ev_(ev), options_(options), side_(*g, ev, options.max_elements) {
     graph_inputs_.insert(g->inputs().begin(), g->inputs().end());
   }
 
@@ -61,7 +62,7 @@ class Folder {
     const Node& n = g_->node(id);
     if (n.removed || n.op == OpKind::kDropout || ProducesGraphOutput(n)) return false;
     if (n.op == OpKind::kShape) {
-      std::optional<Tensor> t = ShapeTensor(n);
+      std::optional<Tensor> t = ConcreteShapeTensor(*g_, n);
       if (!t) return false;
       RETURN_IF_ERROR(Commit(id, {*t}));
       return true;
@@ -86,7 +87,7 @@ class Folder {
           inputs.emplace_back();
           continue;
         }
-        ASSIGN_OR_RETURN(std::optional<Tensor> t, Compute(v, /*depth=*/0));
+        ASSIGN_OR_RETURN(std::optional<Tensor> t, side_.Compute(v));
         if (!t) return false;
         inputs.push_back(*t);
       }
@@ -104,19 +105,6 @@ class Folder {
       any = true;
     }
     return any;
-  }
-
-  // Shape(x) as a constant when x's dims are concrete; honours the opset-15 start/end attrs.
-  std::optional<Tensor> ShapeTensor(const Node& n) const {
-    const ir::Value& x = g_->value(n.inputs[0]);
-    if (!x.shape_known || !ir::IsConcrete(x.shape)) return std::nullopt;
-    const int64_t rank = static_cast<int64_t>(x.shape.size());
-    auto clamp = [rank](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
-    const int64_t start = clamp(n.attrs.Get<int64_t>("start", 0));
-    const int64_t end = clamp(n.attrs.Get<int64_t>("end", rank));
-    std::vector<int64_t> dims;
-    for (int64_t i = start; i < end; ++i) dims.push_back(x.shape[i].value());
-    return Tensor::FromVector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
   }
 
   bool SameKnownShape(ValueId a, ValueId b) const {
@@ -247,66 +235,11 @@ class Folder {
     return absl::OkStatus();
   }
 
-  // The data of `v` computed from constants and parameters without committing anything; nullopt
-  // when `v` depends on a graph input, a random op, or a tensor over the size cap.
-  absl::StatusOr<std::optional<Tensor>> Compute(ValueId v, int depth) {
-    const ir::Value& val = g_->value(v);
-    if (graph_inputs_.count(v)) return std::optional<Tensor>();
-    if (val.constant) return std::optional<Tensor>(*val.constant);
-    if (auto it = side_values_.find(v); it != side_values_.end()) return std::optional<Tensor>(it->second);
-    if (not_computable_.count(v) || depth > 64) return std::optional<Tensor>();
-    NodeId p = ProducerId(*g_, v);
-    if (p == ir::kNoNode || g_->node(p).op == OpKind::kDropout || !val.shape_known ||
-        !ir::IsConcrete(val.shape) ||
-        ir::NumElements(val.shape).value() > options_.max_elements) {
-      not_computable_.insert(v);
-      return std::optional<Tensor>();
-    }
-    const Node& n = g_->node(p);
-    if (n.op == OpKind::kShape) {
-      std::optional<Tensor> t = ShapeTensor(n);
-      if (!t) not_computable_.insert(v);
-      return t;
-    }
-    std::vector<Tensor> inputs;
-    for (ValueId in : n.inputs) {
-      if (in == ir::kNoValue) {
-        inputs.emplace_back();
-        continue;
-      }
-      ASSIGN_OR_RETURN(std::optional<Tensor> t, Compute(in, depth + 1));
-      if (!t) {
-        not_computable_.insert(v);
-        return std::optional<Tensor>();
-      }
-      inputs.push_back(std::move(*t));
-    }
-    absl::StatusOr<std::vector<Tensor>> result = ev_.Evaluate(n, inputs);
-    if (!result.ok()) {
-      if (absl::IsUnimplemented(result.status())) {
-        not_computable_.insert(v);
-        return std::optional<Tensor>();
-      }
-      return Annotate(result.status(), "folding " + Describe(n));
-    }
-    for (size_t i = 0; i < n.outputs.size() && i < result->size(); ++i) {
-      if (n.outputs[i] != ir::kNoValue && (*result)[i].defined())
-        side_values_[n.outputs[i]] = (*result)[i];
-    }
-    auto it = side_values_.find(v);
-    if (it == side_values_.end()) {
-      not_computable_.insert(v);
-      return std::optional<Tensor>();
-    }
-    return std::optional<Tensor>(it->second);
-  }
-
   Graph* g_;
   const ir::OpEvaluator& ev_;
   const ConstantFoldingOptions& options_;
   std::unordered_set<ValueId> graph_inputs_;
-  std::unordered_map<ValueId, Tensor> side_values_;  // parameter-derived, never committed
-  std::unordered_set<ValueId> not_computable_;
+  SideEvaluator side_;  // parameter-derived values, never committed
 };
 
 }  // namespace

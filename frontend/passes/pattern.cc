@@ -61,6 +61,18 @@ bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v) {
   return val.constant.has_value() && !IsParameter(val);
 }
 
+std::optional<ir::Tensor> ConcreteShapeTensor(const ir::Graph& g, const ir::Node& n) {
+  const ir::Value& x = g.value(n.inputs[0]);
+  if (!x.shape_known || !ir::IsConcrete(x.shape)) return std::nullopt;
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  auto clamp = [rank](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
+  const int64_t start = clamp(n.attrs.Get<int64_t>("start", 0));
+  const int64_t end = clamp(n.attrs.Get<int64_t>("end", rank));
+  std::vector<int64_t> dims;
+  for (int64_t i = start; i < end; ++i) dims.push_back(x.shape[i].value());
+  return ir::Tensor::FromVector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+}
+
 std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank) {
   if (axis < -rank || axis >= rank) return std::nullopt;
   return axis < 0 ? axis + rank : axis;

@@ -63,6 +63,9 @@ std::optional<std::pair<ir::ValueId, ir::ValueId>> SplitOperands(const ir::Node&
 bool IsParameter(const ir::Value& v);
 bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v);
 
+// Shape(x) (honouring the opset-15 start/end attrs) as an i64 tensor when x's dims are concrete.
+std::optional<ir::Tensor> ConcreteShapeTensor(const ir::Graph& g, const ir::Node& shape_node);
+
 // Normalises a possibly negative axis against `rank`; nullopt when out of range.
 std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
 

@@ -25,7 +25,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
     pipeline.AddPass<LinearFusion>();
     pipeline.AddPass<LayerNormFusion>();
     pipeline.AddPass<GeluFusion>();
-    pipeline.AddPass<AttentionFusion>();
+    pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
   }
   pipeline.AddPass<DeadCodeElimination>();
   RETURN_IF_ERROR(pipeline.Run(g).status());

@@ -5,6 +5,7 @@
 
 #include "frontend/ir/verifier.h"
 #include "gtest/gtest.h"
+#include "tests/passes/test_patterns.h"
 #include "tests/passes/test_util.h"
 
 namespace onnxpipe::passes {
@@ -16,30 +17,10 @@ using ir::OpKind;
 using ir::Tensor;
 using ir::ValueId;
 using testing::GraphBuilder;
+using namespace testing::patterns;  // NOLINT: the shared pattern builders
 using testing::Histogram;
 using testing::MakeAttrs;
 using Hist = std::map<std::string, int>;
-
-constexpr int64_t kS = 5;
-const float kInf = std::numeric_limits<float>::infinity();
-
-ir::Attrs Perm(std::vector<int64_t> p) { return MakeAttrs({{"perm", p}}); }
-
-// Additive (S, S) causal mask as torch.triu(full(-inf), 1) builds it, with leading unit dims.
-Tensor AdditiveCausal(std::vector<int64_t> dims, float fill = -kInf) {
-  Tensor t(DType::kF32, dims);
-  for (int64_t i = 0; i < kS; ++i)
-    for (int64_t j = 0; j < kS; ++j) t.mutable_data<float>()[i * kS + j] = j > i ? fill : 0.0f;
-  return t;
-}
-
-// Boolean (S, S) mask; `masked_above`: true above the diagonal (masked_fill's condition).
-Tensor BoolTriangle(std::vector<int64_t> dims, bool masked_above) {
-  Tensor t(DType::kBool, dims);
-  for (int64_t i = 0; i < kS; ++i)
-    for (int64_t j = 0; j < kS; ++j) t.mutable_data<bool>()[i * kS + j] = (j > i) == masked_above;
-  return t;
-}
 
 absl::StatusOr<bool> RunAttention(ir::Graph& g) {
   AttentionFusion pass;
@@ -52,50 +33,6 @@ const ir::Node& OnlyAttention(const ir::Graph& g) {
   std::vector<const ir::Node*> nodes = testing::NodesOf(g, OpKind::kAttention);
   EXPECT_EQ(nodes.size(), 1u) << testing::HistogramString(g);
   return *nodes.at(0);
-}
-
-// nn.MultiheadAttention as torch 1.13 exports it: (S, B*H, Dh) heads transposed to (B*H, S, Dh),
-// Q pre-divided by sqrt(Dh), K^T by one Transpose perm [1, 2, 0], dropout on the probabilities.
-struct MhaOptions {
-  enum Mask { kNone, kCausalConst, kInputMask } mask = kNone;
-  bool extra_softmax_use = false;
-  bool scale_after_mask = false;
-  bool dropout_mask_used = false;
-};
-
-struct MhaGraph {
-  ValueId qh, kr, vh, out, mask = ir::kNoValue;
-};
-
-MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o) {
-  const Dim BH = Dim(4), S = Dim(kS), Dh = Dim(8);
-  MhaGraph m;
-  ValueId qr = b.Input("q", {S, BH, Dh});
-  m.kr = b.Input("k", {S, BH, Dh});
-  ValueId vr = b.Input("v", {S, BH, Dh});
-  m.qh = b.Op(OpKind::kTranspose, {qr}, {BH, S, Dh}, Perm({1, 0, 2}));
-  m.vh = b.Op(OpKind::kTranspose, {vr}, {BH, S, Dh}, Perm({1, 0, 2}));
-  ValueId qs = b.Op(OpKind::kDiv, {m.qh, b.Scalar(std::sqrt(8.0f))}, {BH, S, Dh});
-  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {BH, Dh, S}, Perm({1, 2, 0}));
-  ValueId s = b.Op(OpKind::kMatMul, {qs, kt}, {BH, S, S});
-  if (o.mask != MhaOptions::kNone) {
-    // baddbmm(mask, q, k^T): Mul(scores, 1) + Mul(mask, 1).
-    m.mask = o.mask == MhaOptions::kCausalConst ? b.Const("mask", AdditiveCausal({1, kS, kS}))
-                                                : b.Input("attn_mask", {Dim(1), S, S});
-    ValueId scaled_mask = b.Op(OpKind::kMul, {m.mask, b.Scalar(1.0f)}, {Dim(1), S, S});
-    s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMul, {s, b.Scalar(1.0f)}, {BH, S, S}), scaled_mask}, {BH, S, S});
-  }
-  if (o.scale_after_mask) s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {BH, S, S});
-  ValueId p = b.Op(OpKind::kSoftmax, {s}, {BH, S, S}, MakeAttrs({{"axis", int64_t{-1}}}));
-  if (o.extra_softmax_use) b.Output(p);
-  ir::Graph& g = b.graph();
-  ValueId dropped = g.AddValue("drop_out", DType::kF32, {BH, S, S});
-  ValueId drop_mask = g.AddValue("drop_mask", DType::kBool, {BH, S, S});
-  g.AddNode(OpKind::kDropout, "/attn/Dropout", {p}, {dropped, drop_mask}, MakeAttrs({{"ratio", 0.1}}));
-  if (o.dropout_mask_used) b.Output(drop_mask);
-  m.out = b.Op(OpKind::kMatMul, {dropped, m.vh}, {BH, S, Dh});
-  b.Output(b.Op(OpKind::kTranspose, {m.out}, {S, BH, Dh}, Perm({1, 0, 2})));
-  return m;
 }
 
 // The inserted K transpose turns (S, B*H, Dh) into (B*H, S, Dh).
@@ -170,47 +107,6 @@ TEST(AttentionFusionTest, ScalingAfterTheMaskIsNotFused) {
   ExpectMhaNotFused({.mask = MhaOptions::kInputMask, .scale_after_mask = true});
 }
 TEST(AttentionFusionTest, UsedDropoutMaskIsNotFused) { ExpectMhaNotFused({.dropout_mask_used = true}); }
-
-// GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
-// with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
-struct GptOptions {
-  enum Cond { kCausalConst, kInputCond, kKeepCond } cond = kCausalConst;
-  bool extra_scores_use = false;
-};
-
-struct GptGraph {
-  ValueId qh, kr, vh, out, cond;
-};
-
-GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o) {
-  const Dim B = Dim(2), H = Dim(2), S = Dim(kS), Dh = Dim(4);
-  GptGraph m;
-  ValueId qr = b.Input("q", {B, S, H, Dh});
-  m.kr = b.Input("k", {B, S, H, Dh});
-  ValueId vr = b.Input("v", {B, S, H, Dh});
-  m.qh = b.Op(OpKind::kTranspose, {qr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
-  m.vh = b.Op(OpKind::kTranspose, {vr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
-  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {B, H, Dh, S}, Perm({0, 2, 3, 1}));
-  ValueId s = b.Op(OpKind::kMatMul, {m.qh, kt}, {B, H, S, S});
-  s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {B, H, S, S});
-  if (o.extra_scores_use) b.Output(s);
-  switch (o.cond) {
-    case GptOptions::kCausalConst:
-      m.cond = b.Const("cond", BoolTriangle({1, 1, kS, kS}, /*masked_above=*/true));
-      break;
-    case GptOptions::kInputCond:
-    case GptOptions::kKeepCond:
-      m.cond = b.Input("cond", {B, Dim(1), Dim(1), S}, DType::kBool);
-      break;
-  }
-  ValueId fill = b.Scalar(o.cond == GptOptions::kKeepCond ? -3.4028234663852886e38f : -kInf);
-  s = o.cond == GptOptions::kKeepCond ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S})
-                                      : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
-  ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{3}}}));
-  m.out = b.Op(OpKind::kMatMul, {p, m.vh}, {B, H, S, Dh});
-  b.Output(m.out);
-  return m;
-}
 
 TEST(AttentionFusionTest, GptMaskedFillWithConstantTriangleIsCausal) {
   GraphBuilder b;

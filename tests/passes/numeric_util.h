@@ -1,0 +1,28 @@
+// Numerical checks of rewrites: evaluate a graph before and after a pass on the same random
+// inputs with the CPU backend's evaluator (inference mode: Dropout is the identity) and compare.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+#include "frontend/ir/tensor.h"
+
+namespace onnxpipe::passes::testing {
+
+// One tensor per graph input: floats uniform in [-1, 1), bools true with probability 0.8,
+// integers in [0, int_high). Symbolic dims are taken from `dims` ("B" -> 2).
+absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g,
+                                                    const std::map<std::string, int64_t>& dims,
+                                                    uint32_t seed, int64_t int_high = 4);
+
+// Evaluates the graph on the CPU backend (inference mode).
+absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds);
+
+// Largest |a - b| over all outputs (as double); fails when dtypes/dims differ or a value is NaN
+// in one and not the other.
+absl::StatusOr<double> MaxAbsDiff(const std::vector<ir::Tensor>& a, const std::vector<ir::Tensor>& b);
+
+}  // namespace onnxpipe::passes::testing

@@ -1,0 +1,167 @@
+#include "tests/passes/test_patterns.h"
+
+namespace onnxpipe::passes::testing::patterns {
+
+// The opset < 17 export of nn.LayerNorm(16, eps=1e-5) on a (B, S, 16) input.
+LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant& v) {
+  const Dim B = Dim::Symbol("B"), S = Dim::Symbol("S");
+  const ir::Shape full = {B, S, Dim(16)}, reduced = {B, S, Dim(1)};
+  const ir::Attrs axes = MakeAttrs({{"axes", std::vector<int64_t>{v.axis}}});
+  LayerNormGraph out;
+  out.x = b.Input("x", full);
+  ValueId m = b.Op(OpKind::kReduceMean, {out.x}, reduced, axes);
+  ValueId d = b.Op(OpKind::kSub, {out.x, m}, full);
+  if (v.extra_mean_use) b.Output(m);
+  const ir::Attrs to_f32 = MakeAttrs({{"to", std::string("f32")}});
+  ValueId d_sq = v.casts ? b.Op(OpKind::kCast, {d}, full, to_f32) : d;
+  ValueId p = v.square_as_mul ? b.Op(OpKind::kMul, {d_sq, d_sq}, full)
+                              : b.Op(OpKind::kPow, {d_sq, b.Scalar(static_cast<float>(v.pow_exponent))}, full);
+  if (v.casts) p = b.Op(OpKind::kCast, {p}, full, to_f32);
+  ValueId var = b.Op(OpKind::kReduceMean, {p}, reduced, axes);
+  ValueId eps = b.Scalar(1e-5f);
+  ValueId e = b.Op(OpKind::kAdd, v.swap_operands ? std::vector<ValueId>{eps, var} : std::vector<ValueId>{var, eps},
+                   reduced);
+  ValueId s = b.Op(OpKind::kSqrt, {e}, reduced);
+  ValueId n = v.reciprocal ? b.Op(OpKind::kMul, {d, b.Op(OpKind::kReciprocal, {s}, reduced)}, full)
+                           : b.Op(OpKind::kDiv, {d, s}, full);
+  out.scale = b.Param("ln.weight", {16});
+  ValueId y = b.Op(OpKind::kMul, v.swap_operands ? std::vector<ValueId>{out.scale, n} : std::vector<ValueId>{n, out.scale},
+                   full);
+  out.bias = ir::kNoValue;
+  if (v.bias) {
+    out.bias = b.Param("ln.bias", {16});
+    y = b.Op(OpKind::kAdd, v.swap_operands ? std::vector<ValueId>{out.bias, y} : std::vector<ValueId>{y, out.bias},
+             full);
+  }
+  out.y = b.Op(OpKind::kRelu, {y}, full);  // a consumer, so the LayerNorm output is internal
+  b.Output(out.y);
+  return out;
+}
+
+
+// Builds y = gelu(x) in the requested form; returns {x, y}.
+std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o) {
+  ValueId in = b.Input("in", kGeluShape);
+  ValueId x = o.x_from_add ? b.Op(OpKind::kAdd, {b.Param("bias", {8}), in}, kGeluShape) : in;
+  auto mul = [&](ValueId a, ValueId c) { return b.Op(OpKind::kMul, {a, c}, kGeluShape); };
+  auto add = [&](ValueId a, ValueId c) { return b.Op(OpKind::kAdd, {a, c}, kGeluShape); };
+  ValueId f, y;
+  switch (o.form) {
+    case GeluForm::kErfExporter:
+    case GeluForm::kErfHalfFirst:
+    case GeluForm::kErfMulRsqrt2: {
+      ValueId arg = o.form == GeluForm::kErfMulRsqrt2 ? mul(x, b.Scalar(0.70710678f))
+                    : b.Op(OpKind::kDiv, {x, b.Scalar(o.form == GeluForm::kErfExporter ? 1.4142135f : 1.4142f)}, kGeluShape);
+      f = b.Op(OpKind::kErf, {arg}, kGeluShape);
+      if (o.form == GeluForm::kErfExporter) {
+        y = mul(mul(x, add(f, b.Scalar(1.0f))), b.Scalar(o.half));
+      } else if (o.form == GeluForm::kErfHalfFirst) {
+        y = mul(mul(x, b.Scalar(o.half)), add(b.Scalar(1.0f), f));
+      } else {
+        y = mul(x, mul(b.Scalar(o.half), add(f, b.Scalar(1.0f))));
+      }
+      break;
+    }
+    case GeluForm::kTanhExporter:
+    case GeluForm::kTanhPow: {
+      ValueId cube = o.form == GeluForm::kTanhExporter
+                         ? mul(x, mul(x, x))
+                         : b.Op(OpKind::kPow, {x, b.Scalar(3.0f)}, kGeluShape);
+      ValueId inner = o.form == GeluForm::kTanhExporter ? mul(b.Scalar(0.044715f), cube) : mul(cube, b.Scalar(0.044715f));
+      ValueId arg = o.form == GeluForm::kTanhExporter ? mul(b.Scalar(0.7978845834732056f), add(x, inner))
+                                                  : mul(add(x, inner), b.Scalar(0.7978846f));
+      f = b.Op(OpKind::kTanh, {arg}, kGeluShape);
+      y = o.form == GeluForm::kTanhExporter ? mul(b.Scalar(o.half), mul(x, add(b.Scalar(1.0f), f)))
+                                        : mul(mul(x, b.Scalar(o.half)), add(f, b.Scalar(1.0f)));
+      break;
+    }
+  }
+  if (o.extra_use) b.Output(f);
+  b.Output(b.Op(OpKind::kRelu, {y}, kGeluShape));
+  return {x, y};
+}
+
+
+ir::Attrs Perm(std::vector<int64_t> p) { return MakeAttrs({{"perm", p}}); }
+
+// Additive (S, S) causal mask as torch.triu(full(-inf), 1) builds it, with leading unit dims.
+Tensor AdditiveCausal(std::vector<int64_t> dims, float fill) {
+  Tensor t(DType::kF32, dims);
+  for (int64_t i = 0; i < kS; ++i)
+    for (int64_t j = 0; j < kS; ++j) t.mutable_data<float>()[i * kS + j] = j > i ? fill : 0.0f;
+  return t;
+}
+
+// Boolean (S, S) mask; `masked_above`: true above the diagonal (masked_fill's condition).
+Tensor BoolTriangle(std::vector<int64_t> dims, bool masked_above) {
+  Tensor t(DType::kBool, dims);
+  for (int64_t i = 0; i < kS; ++i)
+    for (int64_t j = 0; j < kS; ++j) t.mutable_data<bool>()[i * kS + j] = (j > i) == masked_above;
+  return t;
+}
+
+
+MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o) {
+  const Dim BH = Dim(4), S = Dim(kS), Dh = Dim(8);
+  MhaGraph m;
+  ValueId qr = b.Input("q", {S, BH, Dh});
+  m.kr = b.Input("k", {S, BH, Dh});
+  ValueId vr = b.Input("v", {S, BH, Dh});
+  m.qh = b.Op(OpKind::kTranspose, {qr}, {BH, S, Dh}, Perm({1, 0, 2}));
+  m.vh = b.Op(OpKind::kTranspose, {vr}, {BH, S, Dh}, Perm({1, 0, 2}));
+  ValueId qs = b.Op(OpKind::kDiv, {m.qh, b.Scalar(std::sqrt(8.0f))}, {BH, S, Dh});
+  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {BH, Dh, S}, Perm({1, 2, 0}));
+  ValueId s = b.Op(OpKind::kMatMul, {qs, kt}, {BH, S, S});
+  if (o.mask != MhaOptions::kNone) {
+    // baddbmm(mask, q, k^T): Mul(scores, 1) + Mul(mask, 1).
+    m.mask = o.mask == MhaOptions::kCausalConst ? b.Const("mask", AdditiveCausal({1, kS, kS}))
+                                                : b.Input("attn_mask", {Dim(1), S, S});
+    ValueId scaled_mask = b.Op(OpKind::kMul, {m.mask, b.Scalar(1.0f)}, {Dim(1), S, S});
+    s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMul, {s, b.Scalar(1.0f)}, {BH, S, S}), scaled_mask}, {BH, S, S});
+  }
+  if (o.scale_after_mask) s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {BH, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {BH, S, S}, MakeAttrs({{"axis", int64_t{-1}}}));
+  if (o.extra_softmax_use) b.Output(p);
+  ir::Graph& g = b.graph();
+  ValueId dropped = g.AddValue("drop_out", DType::kF32, {BH, S, S});
+  ValueId drop_mask = g.AddValue("drop_mask", DType::kBool, {BH, S, S});
+  g.AddNode(OpKind::kDropout, "/attn/Dropout", {p}, {dropped, drop_mask}, MakeAttrs({{"ratio", 0.1}}));
+  if (o.dropout_mask_used) b.Output(drop_mask);
+  m.out = b.Op(OpKind::kMatMul, {dropped, m.vh}, {BH, S, Dh});
+  b.Output(b.Op(OpKind::kTranspose, {m.out}, {S, BH, Dh}, Perm({1, 0, 2})));
+  return m;
+}
+
+
+GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o) {
+  const Dim B = Dim(2), H = Dim(2), S = Dim(kS), Dh = Dim(4);
+  GptGraph m;
+  ValueId qr = b.Input("q", {B, S, H, Dh});
+  m.kr = b.Input("k", {B, S, H, Dh});
+  ValueId vr = b.Input("v", {B, S, H, Dh});
+  m.qh = b.Op(OpKind::kTranspose, {qr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
+  m.vh = b.Op(OpKind::kTranspose, {vr}, {B, H, S, Dh}, Perm({0, 2, 1, 3}));
+  ValueId kt = b.Op(OpKind::kTranspose, {m.kr}, {B, H, Dh, S}, Perm({0, 2, 3, 1}));
+  ValueId s = b.Op(OpKind::kMatMul, {m.qh, kt}, {B, H, S, S});
+  s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {B, H, S, S});
+  if (o.extra_scores_use) b.Output(s);
+  switch (o.cond) {
+    case GptOptions::kCausalConst:
+      m.cond = b.Const("cond", BoolTriangle({1, 1, kS, kS}, /*masked_above=*/true));
+      break;
+    case GptOptions::kInputCond:
+    case GptOptions::kKeepCond:
+      m.cond = b.Input("cond", {B, Dim(1), Dim(1), S}, DType::kBool);
+      break;
+  }
+  ValueId fill = b.Scalar(o.cond == GptOptions::kKeepCond ? -3.4028234663852886e38f : -kInf);
+  s = o.cond == GptOptions::kKeepCond ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S})
+                                      : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{3}}}));
+  m.out = b.Op(OpKind::kMatMul, {p, m.vh}, {B, H, S, Dh});
+  b.Output(m.out);
+  return m;
+}
+
+
+}  // namespace onnxpipe::passes::testing::patterns

@@ -1,0 +1,98 @@
+// Graph builders for the patterns the fusion passes match, shared by the structural tests and the
+// numerical-equivalence tests. Each mirrors what PyTorch's exporter (torch 1.13) writes, with
+// options for the variants and the negative cases.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "frontend/ir/graph.h"
+#include "tests/passes/test_util.h"
+
+namespace onnxpipe::passes::testing::patterns {
+
+using ir::Dim;
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+using ir::ValueId;
+
+struct LayerNormVariant {
+  int64_t axis = -1;           // axes of both ReduceMeans
+  bool swap_operands = false;  // Add(eps, v), Mul(scale, n), Add(bias, y)
+  bool square_as_mul = false;  // Mul(d, d) instead of Pow(d, 2)
+  bool casts = false;          // Cast(d) -> Pow -> Cast, as the exporter writes for half inputs
+  bool reciprocal = false;     // Mul(d, Reciprocal(s)) instead of Div(d, s)
+  bool bias = true;
+  double pow_exponent = 2.0;
+  bool extra_mean_use = false;  // negative: the mean has another consumer
+};
+
+struct LayerNormGraph {
+  ValueId x, scale, bias, y;
+};
+
+// The opset < 17 export of nn.LayerNorm(16, eps=1e-5) on a (B, S, 16) input, output through a Relu.
+LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant& v);
+
+inline const ir::Shape kGeluShape = {ir::Dim::Symbol("B"), ir::Dim(8)};
+
+enum class GeluForm {
+  kErfExporter,       // 0.5 * (x * (1 + erf(x / 1.4142135)))     torch 1.13 nn.GELU()
+  kErfHalfFirst,      // (x * 0.5) * (1 + erf(x / 1.4142))
+  kErfMulRsqrt2,      // x * (0.5 * (erf(x * 0.70710678) + 1))
+  kTanhExporter,      // F.gelu(approximate='tanh'): x*x*x products, constants on the left
+  kTanhPow,           // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))
+};
+
+struct GeluOptions {
+  GeluForm form = GeluForm::kErfExporter;
+  bool x_from_add = false;   // x is a bias Add's output (an Add leaf besides 1 + erf)
+  float half = 0.5f;
+  bool extra_use = false;    // the Erf/Tanh output has another consumer
+};
+
+// Builds y = gelu(x) in the requested form, output through a Relu; returns {x, y}.
+std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o);
+
+inline constexpr int64_t kS = 5;
+inline const float kInf = std::numeric_limits<float>::infinity();
+
+
+ir::Attrs Perm(std::vector<int64_t> p);
+// Additive (S, S) causal mask as torch.triu(full(-inf), 1) builds it, with leading unit dims.
+Tensor AdditiveCausal(std::vector<int64_t> dims, float fill = -kInf);
+// Boolean (S, S) mask; `masked_above`: true above the diagonal (masked_fill's condition).
+Tensor BoolTriangle(std::vector<int64_t> dims, bool masked_above);
+
+// nn.MultiheadAttention as torch 1.13 exports it: (S, B*H, Dh) heads transposed to (B*H, S, Dh),
+// Q pre-divided by sqrt(Dh), K^T by one Transpose perm [1, 2, 0], dropout on the probabilities.
+struct MhaOptions {
+  enum Mask { kNone, kCausalConst, kInputMask } mask = kNone;
+  bool extra_softmax_use = false;
+  bool scale_after_mask = false;
+  bool dropout_mask_used = false;
+};
+
+struct MhaGraph {
+  ValueId qh, kr, vh, out, mask = ir::kNoValue;
+};
+
+MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o);
+
+// GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
+// with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
+struct GptOptions {
+  enum Cond { kCausalConst, kInputCond, kKeepCond } cond = kCausalConst;
+  bool extra_scores_use = false;
+};
+
+struct GptGraph {
+  ValueId qh, kr, vh, out, cond;
+};
+
+GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o);
+
+}  // namespace onnxpipe::passes::testing::patterns
