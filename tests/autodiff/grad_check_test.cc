@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "frontend/autodiff/autodiff.h"
+#include "frontend/ir/precision.h"
 #include "frontend/ir/verifier.h"
 #include "gtest/gtest.h"
 #include "tests/autodiff/test_graph.h"
@@ -298,6 +299,34 @@ TEST_P(GradCheckTest, MatchesFiniteDifferences) {
                             << " numeric " << n;
     }
     RecordProperty("max_rel_err_" + pname, std::to_string(max_err));
+  }
+}
+
+// The same training graph computed in fp32 (every kernel's f32 instantiation) agrees with fp64.
+TEST_P(GradCheckTest, Float32MatchesFloat64) {
+  const GradCase& c = GetParam();
+  TestGraph t;
+  V ys = c.build(t);
+  absl::StatusOr<ValueId> loss = t.AddWeightedSumLoss(ys);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  absl::StatusOr<TrainingGraphInfo> info = BuildGradients(&t.g(), *loss, {});
+  ASSERT_TRUE(info.ok()) << info.status();
+  ir::Graph f32 = t.g();
+  ASSERT_TRUE(ir::ConvertFloatPrecision(f32, ir::DType::kF64, ir::DType::kF32).ok());
+  auto ref = testing::Run(t.g());
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto got = testing::Run(f32);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(ref->size(), got->size());
+  for (size_t k = 0; k < ref->size(); ++k) {
+    ASSERT_EQ((*got)[k].dtype(), ir::DType::kF32);
+    const ir::Tensor g64 = (*got)[k].CastTo(ir::DType::kF64);
+    double scale = 1;
+    for (int64_t i = 0; i < g64.num_elements(); ++i) scale = std::max(scale, std::abs((*ref)[k].data<double>()[i]));
+    for (int64_t i = 0; i < g64.num_elements(); ++i) {
+      EXPECT_NEAR(g64.data<double>()[i], (*ref)[k].data<double>()[i], 2e-5 * scale)
+          << c.name << " output " << t.g().value(t.g().outputs()[k]).name << "[" << i << "]";
+    }
   }
 }
 
