@@ -33,9 +33,7 @@ std::string ParentDir(const std::string& path) {
 
 }  // namespace
 
-std::string AtomicTempPath(const std::string& path) {
-  return absl::StrCat(path, ".tmp.", static_cast<long>(getpid()));
-}
+std::string AtomicTempPath(const std::string& path) { return absl::StrCat(path, ".tmp.", static_cast<long>(getpid())); }
 
 absl::Status SyncDirectory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

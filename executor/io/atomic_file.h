@@ -31,9 +31,7 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
   absl::Status Write(std::string_view chunk);
-  absl::Status Write(const void* data, size_t n) {
-    return Write(std::string_view(static_cast<const char*>(data), n));
-  }
+  absl::Status Write(const void* data, size_t n) { return Write(std::string_view(static_cast<const char*>(data), n)); }
   // Flushes, fsyncs, renames over the target and fsyncs the folder.
   absl::Status Commit();
   // Closes and deletes the temp file; `path` is untouched. Safe to call more than once.

@@ -146,8 +146,8 @@ std::string ModelFingerprint::ToString() const { return absl::StrCat(size, " byt
 absl::StatusOr<ModelFingerprint> FingerprintFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open model file '", path, "' to fingerprint it: ",
-                                            std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot open model file '", path, "' to fingerprint it: ", std::strerror(errno)));
   }
   ModelFingerprint fp;
   std::vector<char> buf(1 << 20);
@@ -304,7 +304,8 @@ absl::StatusOr<std::vector<IndexEntry>> ParseIndex(const std::string& path, std:
     entries.push_back(std::move(e));
   }
   if (!r.done()) return Corrupt(path, "index has trailing bytes");
-  if (prev_end != data_end) return Corrupt(path, absl::StrCat("tensor data ends at ", prev_end, ", expected ", data_end));
+  if (prev_end != data_end)
+    return Corrupt(path, absl::StrCat("tensor data ends at ", prev_end, ", expected ", data_end));
   return entries;
 }
 
@@ -336,8 +337,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
                                             std::string(kMagic, sizeof(kMagic)), "\")"));
   }
   if (head_len < kHeaderSize) {
-    return Corrupt(path, absl::StrCat("truncated: ", actual_size, " bytes, shorter than the ", kHeaderSize,
-                                      "-byte header"));
+    return Corrupt(path,
+                   absl::StrCat("truncated: ", actual_size, " bytes, shorter than the ", kHeaderSize, "-byte header"));
   }
   ByteReader hr(std::string_view(header).substr(sizeof(kMagic)));
   uint32_t version, flags;
@@ -355,8 +356,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
                                                  "; this build reads version ", kFormatVersion));
   }
   if (file_size != actual_size) {
-    return Corrupt(path, absl::StrCat(file_size > actual_size ? "truncated: " : "trailing bytes: ", "the header records ",
-                                      file_size, " bytes but the file has ", actual_size));
+    return Corrupt(path, absl::StrCat(file_size > actual_size ? "truncated: " : "trailing bytes: ",
+                                      "the header records ", file_size, " bytes but the file has ", actual_size));
   }
   if (flags != 0 || metadata_offset != kHeaderSize || metadata_size > file_size ||
       index_offset != metadata_offset + metadata_size || index_size > file_size ||
@@ -421,20 +422,20 @@ absl::Status CheckCompatible(const Checkpoint& checkpoint, const std::vector<Ten
     wanted.insert(spec.name);
     const ir::Tensor* t = checkpoint.Find(spec.name);
     if (t == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, " does not match the model: it has no tensor '", spec.name, "' (expected ",
-                       DTypeStr(spec.dtype), DimsString(spec.dims), ")"));
+      return absl::FailedPreconditionError(absl::StrCat(where, " does not match the model: it has no tensor '",
+                                                        spec.name, "' (expected ", DTypeStr(spec.dtype),
+                                                        DimsString(spec.dims), ")"));
     }
     if (t->dtype() != spec.dtype || t->dims() != spec.dims) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, " does not match the model: tensor '", spec.name, "' is ", DTypeStr(t->dtype()),
-          DimsString(t->dims()), ", the model expects ", DTypeStr(spec.dtype), DimsString(spec.dims)));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, " does not match the model: tensor '", spec.name, "' is ", DTypeStr(t->dtype()),
+                       DimsString(t->dims()), ", the model expects ", DTypeStr(spec.dtype), DimsString(spec.dims)));
     }
   }
   for (const NamedTensor& t : checkpoint.tensors) {
     if (!wanted.count(t.name)) {
-      return absl::FailedPreconditionError(absl::StrCat(where, " does not match the model: it has tensor '", t.name,
-                                                        "' that the model does not"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, " does not match the model: it has tensor '", t.name, "' that the model does not"));
     }
   }
   if (model && !(*model == checkpoint.metadata.model)) {

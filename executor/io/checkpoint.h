@@ -43,12 +43,12 @@ absl::StatusOr<ModelFingerprint> FingerprintFile(const std::string& path);
 
 struct CheckpointMetadata {
   int64_t schema_version = kCheckpointSchemaVersion;
-  int64_t step = 0;           // optimizer steps completed
+  int64_t step = 0;  // optimizer steps completed
   int64_t epoch = 0;
   int64_t data_position = 0;  // trainer-defined position in the data order (e.g. samples consumed this epoch)
   uint64_t rng_seed = 0;
-  uint64_t rng_offset = 0;    // Philox offset (counter) reached
-  std::string optimizer;      // "sgd", "adamw", ...
+  uint64_t rng_offset = 0;                        // Philox offset (counter) reached
+  std::string optimizer;                          // "sgd", "adamw", ...
   std::map<std::string, double> hyperparameters;  // lr, momentum, beta1, ... (doubles round-trip exactly)
   ModelFingerprint model;
   nlohmann::json extra = nlohmann::json::object();  // anything else the trainer wants back (flags, vocab file...)

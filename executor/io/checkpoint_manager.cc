@@ -107,14 +107,16 @@ absl::StatusOr<std::optional<std::string>> CheckpointManager::LatestPath() const
   std::string name = *text;
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (!ParseStepFileName(name)) {
-    return absl::DataLossError(absl::StrCat("checkpoint pointer '", pointer, "' is corrupt: expected one line "
-                                            "\"step_<n>.ckpt\", found \"", name.substr(0, 64), "\""));
+    return absl::DataLossError(absl::StrCat("checkpoint pointer '", pointer,
+                                            "' is corrupt: expected one line "
+                                            "\"step_<n>.ckpt\", found \"",
+                                            name.substr(0, 64), "\""));
   }
   std::string path = (fs::path(dir_) / name).string();
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("checkpoint pointer '", pointer, "' names '", name,
-                                            "', which does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint pointer '", pointer, "' names '", name, "', which does not exist"));
   }
   return std::optional<std::string>(path);
 }

@@ -103,8 +103,8 @@ std::string SafeHostName() {
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
   std::string host(buf);
   for (char& c : host) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-              c == '_';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
     if (!ok) c = '_';
   }
   return host;
@@ -115,8 +115,8 @@ std::string SafeHostName() {
 absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Create(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--tensorboard: cannot create folder '", dir, "': ",
-                                                         ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("--tensorboard: cannot create folder '", dir, "': ", ec.message()));
   double now = NowSeconds();
   std::string base = absl::StrCat((std::filesystem::path(dir) / "events.out.tfevents.").string(),
                                   static_cast<int64_t>(now), ".", SafeHostName());
@@ -129,8 +129,8 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Create(con
     if (fd >= 0 || errno != EEXIST) break;
   }
   if (fd < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tensorboard: cannot create event file '", path, "': ",
-                                                   std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensorboard: cannot create event file '", path, "': ", std::strerror(errno)));
   }
   std::unique_ptr<TensorBoardWriter> w(new TensorBoardWriter(path, fd));
   RETURN_IF_ERROR(w->WriteRecord(tfevents::EncodeFileVersionEvent(now)));
@@ -149,8 +149,8 @@ absl::Status TensorBoardWriter::WriteRecord(std::string_view data) {
     ssize_t w = ::write(fd_, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("cannot write TensorBoard event file '", path_, "': ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot write TensorBoard event file '", path_, "': ", std::strerror(errno)));
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -163,7 +163,8 @@ absl::Status TensorBoardWriter::AddScalar(std::string_view tag, int64_t step, fl
 }
 
 absl::Status TensorBoardWriter::AddScalar(std::string_view tag, int64_t step, float value, double wall_time) {
-  if (tag.empty()) return absl::InvalidArgumentError(absl::StrCat("TensorBoard scalar with an empty tag (", path_, ")"));
+  if (tag.empty())
+    return absl::InvalidArgumentError(absl::StrCat("TensorBoard scalar with an empty tag (", path_, ")"));
   return WriteRecord(tfevents::EncodeScalarEvent(wall_time, step, {{std::string(tag), value}}));
 }
 

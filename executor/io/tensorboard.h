@@ -50,8 +50,7 @@ namespace tfevents {
 // TFRecord framing of one record.
 std::string FrameRecord(std::string_view data);
 std::string EncodeFileVersionEvent(double wall_time);
-std::string EncodeScalarEvent(double wall_time, int64_t step,
-                              const std::vector<std::pair<std::string, float>>& values);
+std::string EncodeScalarEvent(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>>& values);
 }  // namespace tfevents
 
 }  // namespace onnxpipe::io

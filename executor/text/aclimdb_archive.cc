@@ -29,8 +29,8 @@ absl::StatusOr<std::vector<Review>> ReadAclImdbArchive(const std::string& path) 
   archive_read_support_filter_all(a.get());
   archive_read_support_format_all(a.get());
   if (archive_read_open_filename(a.get(), path.c_str(), 1 << 16) != ARCHIVE_OK) {
-    return absl::InvalidArgumentError(absl::StrCat("--data '", path, "': cannot read it as an archive: ",
-                                                   ArchiveError(a.get()),
+    return absl::InvalidArgumentError(absl::StrCat("--data '", path,
+                                                   "': cannot read it as an archive: ", ArchiveError(a.get()),
                                                    " (expected an aclImdb folder or aclImdb_v1.tar.gz)"));
   }
   std::vector<Review> reviews;
@@ -55,8 +55,8 @@ absl::StatusOr<std::vector<Review>> ReadAclImdbArchive(const std::string& path) 
       entry_top = parts[0];
       parts.erase(parts.begin());
     }
-    if (parts.size() != 3 || (parts[0] != "train" && parts[0] != "test") ||
-        (parts[1] != "pos" && parts[1] != "neg") || !IsReviewFileName(parts[2])) {
+    if (parts.size() != 3 || (parts[0] != "train" && parts[0] != "test") || (parts[1] != "pos" && parts[1] != "neg") ||
+        !IsReviewFileName(parts[2])) {
       continue;
     }
     if (!have_top) {
@@ -71,8 +71,8 @@ absl::StatusOr<std::vector<Review>> ReadAclImdbArchive(const std::string& path) 
     while (true) {
       la_ssize_t n = archive_read_data(a.get(), buf, sizeof(buf));
       if (n < 0) {
-        return absl::DataLossError(absl::StrCat("--data '", path, "': cannot read entry '", raw_name,
-                                                "': ", ArchiveError(a.get())));
+        return absl::DataLossError(
+            absl::StrCat("--data '", path, "': cannot read entry '", raw_name, "': ", ArchiveError(a.get())));
       }
       if (n == 0) break;
       r.text.append(buf, static_cast<size_t>(n));

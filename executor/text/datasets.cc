@@ -96,14 +96,15 @@ std::string Snippet(std::string_view line) {
 absl::StatusOr<TextFormat> ParseTextFormat(std::string_view name) {
   if (name == "aclimdb") return TextFormat::kAclImdb;
   if (name == "tsv") return TextFormat::kTsv;
-  return absl::InvalidArgumentError(absl::StrCat("--data-format '", std::string(name),
-                                                 "': expected 'aclimdb' or 'tsv'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--data-format '", std::string(name), "': expected 'aclimdb' or 'tsv'"));
 }
 
 absl::StatusOr<TextDataset> LoadAclImdb(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("--data '", path, "': no such file or folder (expected an aclImdb "
+    return absl::NotFoundError(absl::StrCat("--data '", path,
+                                            "': no such file or folder (expected an aclImdb "
                                             "folder or aclImdb_v1.tar.gz)"));
   }
   if (!fs::is_directory(path, ec)) {
@@ -176,8 +177,10 @@ absl::StatusOr<TextDataset> LoadTsv(const std::string& path) {
 
 absl::StatusOr<TextDataset> LoadTextDataset(TextFormat format, const std::string& path) {
   switch (format) {
-    case TextFormat::kAclImdb: return LoadAclImdb(path);
-    case TextFormat::kTsv: return LoadTsv(path);
+    case TextFormat::kAclImdb:
+      return LoadAclImdb(path);
+    case TextFormat::kTsv:
+      return LoadTsv(path);
   }
   return absl::InvalidArgumentError("unknown text format");
 }

@@ -31,7 +31,7 @@ struct TextSplit {
 
 struct TextDataset {
   TextSplit train;
-  TextSplit test;        // empty only for a single TSV file
+  TextSplit test;           // empty only for a single TSV file
   int64_t num_classes = 0;  // 1 + the largest label in either split
 };
 

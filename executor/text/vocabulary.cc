@@ -37,7 +37,9 @@ absl::StatusOr<Vocabulary> Vocabulary::Build(const std::vector<std::string>& tex
   std::vector<std::pair<const std::string*, int64_t>> ranked;
   ranked.reserve(counts.size());
   for (const auto& [token, n] : counts) ranked.emplace_back(&token, n);
-  auto order = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : *a.first < *b.first; };
+  auto order = [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : *a.first < *b.first;
+  };
   size_t keep = std::min<size_t>(ranked.size(), static_cast<size_t>(max_size - 2));
   std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end(), order);
   std::vector<std::string> tokens = {std::string(kPad), std::string(kUnk)};
@@ -63,8 +65,8 @@ absl::StatusOr<Vocabulary> Vocabulary::Parse(std::string_view content, const std
                                             " (expected one token per line, starting with <pad> and <unk>)"));
   };
   if (content.empty()) return bad(1, "file is empty");
-  if (content.back() != '\n') return bad(std::count(content.begin(), content.end(), '\n') + 1,
-                                      "last line has no newline (truncated file?)");
+  if (content.back() != '\n')
+    return bad(std::count(content.begin(), content.end(), '\n') + 1, "last line has no newline (truncated file?)");
   std::vector<std::string> tokens;
   absl::flat_hash_map<std::string, size_t> first_line;
   size_t start = 0;
@@ -77,8 +79,10 @@ absl::StatusOr<Vocabulary> Vocabulary::Parse(std::string_view content, const std
       auto u = static_cast<unsigned char>(c);
       if (u <= ' ' || u == 0x7f) return bad(line, "token contains whitespace or a control character");
     }
-    if (line == 1 && tok != kPad) return bad(line, absl::StrCat("first token is \"", std::string(tok), "\", not <pad>"));
-    if (line == 2 && tok != kUnk) return bad(line, absl::StrCat("second token is \"", std::string(tok), "\", not <unk>"));
+    if (line == 1 && tok != kPad)
+      return bad(line, absl::StrCat("first token is \"", std::string(tok), "\", not <pad>"));
+    if (line == 2 && tok != kUnk)
+      return bad(line, absl::StrCat("second token is \"", std::string(tok), "\", not <unk>"));
     auto [it, inserted] = first_line.emplace(std::string(tok), line);
     if (!inserted) {
       return bad(line, absl::StrCat("duplicate token \"", std::string(tok), "\" (first on line ", it->second, ")"));

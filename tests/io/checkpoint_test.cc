@@ -35,8 +35,8 @@ Checkpoint MakeCheckpoint(int64_t version, int64_t big_elements = 64 * 32) {
   c.metadata.rng_seed = (uint64_t{1} << 63) + 5;  // above int64 max: must survive JSON
   c.metadata.rng_offset = static_cast<uint64_t>(version) * 4096;
   c.metadata.optimizer = "adamw";
-  c.metadata.hyperparameters = {{"lr", 0.1}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
-                                {"weight_decay", 1.0 / 3.0}};
+  c.metadata.hyperparameters = {
+      {"lr", 0.1}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 1.0 / 3.0}};
   c.metadata.model = {123456789, 0xDEADBEEF};
   c.metadata.extra = {{"vocab", "vocab.txt"}, {"seq", 128}};
 
@@ -88,7 +88,8 @@ uint32_t LoadU32(const std::string& s, size_t off) {
 }
 
 void WriteRaw(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 TEST(CheckpointTest, RoundTripIsBitwiseAndFollowsTheDocumentedLayout) {
@@ -153,8 +154,7 @@ TEST(CheckpointTest, CorruptionAtEveryOffsetIsDetected) {
       b[off] = static_cast<char>(b[off] ^ flip);
       WriteRaw(bad, b);
       auto r = LoadCheckpoint(bad);
-      ASSERT_FALSE(r.ok()) << "flip 0x" << std::hex << int(flip) << " at offset " << std::dec << off
-                           << " was accepted";
+      ASSERT_FALSE(r.ok()) << "flip 0x" << std::hex << int(flip) << " at offset " << std::dec << off << " was accepted";
       ASSERT_NE(r.status().message().find(bad), std::string::npos) << r.status();
       if (r.status().message().find("CRC32C mismatch") != std::string::npos) ++crc_messages;
     }
@@ -347,8 +347,8 @@ TEST(CheckpointManagerTest, KillDuringSaveLeavesACompleteCheckpoint) {
     const int64_t step = latest->metadata.step;
     // Before any reported completion: the previous round's checkpoint or the first one this child wrote.
     const int64_t lo = completed < 0 ? prev_step : completed, hi = completed < 0 ? first : completed + 1;
-    EXPECT_TRUE(step == lo || step == hi) << "round " << round << ": loaded step " << step << ", expected " << lo
-                                          << " or " << hi;
+    EXPECT_TRUE(step == lo || step == hi)
+        << "round " << round << ": loaded step " << step << ", expected " << lo << " or " << hi;
     ExpectSameCheckpoint(*latest, MakeCheckpoint(step, kBig));
     prev_step = step;
     version = hi + 1;  // never reuse a step the dead child may have half-written

@@ -34,12 +34,14 @@ uint64_t DoubleBits(double d) {
 // Event{wall_time: 1.5, step: 3, summary {value {tag: "loss", simple_value: 0.25}}}, encoded by hand:
 // 1.5 = 0x3FF8000000000000, 0.25f = 0x3E800000, keys (field << 3 | wire type).
 TEST(TfEventsTest, ScalarEventWireFormat) {
-  Bytes expected = {0x09, 0, 0, 0, 0, 0, 0, 0xF8, 0x3F,            // wall_time, fixed64
-                    0x10, 0x03,                                     // step, varint
-                    0x2A, 0x0D,                                     // summary, 13 bytes
-                    0x0A, 0x0B,                                     //   value, 11 bytes
-                    0x0A, 0x04, 'l', 'o', 's', 's',                 //     tag
-                    0x15, 0x00, 0x00, 0x80, 0x3E};                  //     simple_value, fixed32
+  // clang-format off
+  Bytes expected = {0x09, 0, 0, 0, 0, 0, 0, 0xF8, 0x3F,  // wall_time, fixed64
+                    0x10, 0x03,                           // step, varint
+                    0x2A, 0x0D,                           // summary, 13 bytes
+                    0x0A, 0x0B,                           //   value, 11 bytes
+                    0x0A, 0x04, 'l', 'o', 's', 's',       //     tag
+                    0x15, 0x00, 0x00, 0x80, 0x3E};        //     simple_value, fixed32
+  // clang-format on
   EXPECT_EQ(ToBytes(tfevents::EncodeScalarEvent(1.5, 3, {{"loss", 0.25f}})), expected);
 
   // Negative int64 steps are 10-byte two's-complement varints; 300 = 0xAC 0x02.
@@ -131,8 +133,8 @@ TEST(TensorBoardWriterTest, FileReadBackByIndependentReader) {
 
   // Written per call: readable now, while the writer is still open.
   std::string script = std::string(ONNXPIPE_SOURCE_DIR) + "/tests/io/read_tfevents.py";
-  CommandResult r = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " +
-                               ShellQuote((*w)->path()) + " 2>&1");
+  CommandResult r =
+      RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " + ShellQuote((*w)->path()) + " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ExpectEvents(ParseJsonLines(r.output), rows, "independent reader");
 
@@ -141,8 +143,8 @@ TEST(TensorBoardWriterTest, FileReadBackByIndependentReader) {
   std::string corrupt_path = dir.Path("corrupt.tfevents");
   bytes[bytes.size() / 2] ^= 0x20;
   ASSERT_TRUE(WriteFileAtomically(corrupt_path, bytes).ok());
-  CommandResult bad = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " +
-                                 ShellQuote(corrupt_path) + " 2>&1");
+  CommandResult bad =
+      RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " + ShellQuote(corrupt_path) + " 2>&1");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
 
   // TensorBoard's own loader, from any Python on the machine that has it.

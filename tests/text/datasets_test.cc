@@ -57,8 +57,8 @@ std::string MakeArchive(const fs::path& parent, const std::string& out, const st
       "    with tarfile.open(out, mode) as t: t.add('aclImdb')\n";
   std::string py = (parent / "mk.py").string();
   EXPECT_TRUE(io::WriteFileAtomically(py, script).ok());
-  CommandResult r = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(py) + " " +
-                               ShellQuote(parent.string()) + " " + ShellQuote(out) + " " + mode + " 2>&1");
+  CommandResult r = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(py) + " " + ShellQuote(parent.string()) +
+                               " " + ShellQuote(out) + " " + mode + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return out;
 }
@@ -156,11 +156,13 @@ TEST(AclImdbTest, MissingOrEmptyClassFolders) {
 TEST(TsvTest, ParsesLabelsAndText) {
   TestDir dir("tsv_ok");
   std::string path = dir.Path("train.tsv");
-  ASSERT_TRUE(io::WriteFileAtomically(path, "\xEF\xBB\xBF" "1\tGood movie\r\n"
-                                            "\n"
-                                            "0\tBad\tmovie, with a tab\n"
-                                            "2\t\n"
-                                            "10\tlast line without newline")
+  ASSERT_TRUE(io::WriteFileAtomically(path,
+                                      "\xEF\xBB\xBF"
+                                      "1\tGood movie\r\n"
+                                      "\n"
+                                      "0\tBad\tmovie, with a tab\n"
+                                      "2\t\n"
+                                      "10\tlast line without newline")
                   .ok());
   auto s = LoadTsvFile(path);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -190,8 +192,12 @@ TEST(TsvTest, BadLinesNameFileAndLine) {
     int line;
   };
   std::vector<Case> cases = {
-      {"1\tok\n0\tok\nx\thello\n", 3}, {"1\tok\nno tab here\n", 2}, {"-1\tnegative\n", 1},
-      {"\tno label\n", 1},            {"1.5\tfraction\n", 1},     {" 1\tspace\n", 1},
+      {"1\tok\n0\tok\nx\thello\n", 3},
+      {"1\tok\nno tab here\n", 2},
+      {"-1\tnegative\n", 1},
+      {"\tno label\n", 1},
+      {"1.5\tfraction\n", 1},
+      {" 1\tspace\n", 1},
       {"99999999999999999999\tbig\n", 1},
   };
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -29,7 +29,10 @@ TEST(TokenizerTest, TrickyStrings) {
   EXPECT_THAT(Tokenize("(\"quoted\")"), ElementsAre("(", "\"", "quoted", "\"", ")"));
   EXPECT_THAT(Tokenize("  \t\n\r\v\f "), IsEmpty());
   EXPECT_THAT(Tokenize(""), IsEmpty());
-  EXPECT_THAT(Tokenize(std::string("a\0b\x7f" "c\x01", 6)), ElementsAre("a", "b", "c"));
+  EXPECT_THAT(Tokenize(std::string("a\0b\x7f"
+                                   "c\x01",
+                                   6)),
+              ElementsAre("a", "b", "c"));
   // UTF-8 bytes are word characters; only ASCII is lower-cased.
   EXPECT_THAT(Tokenize("Café ÜBER naïve"), ElementsAre("café", "Über", "naïve"));
   EXPECT_THAT(Tokenize("TAB\tsep\nNEW_line"), ElementsAre("tab", "sep", "new", "_", "line"));
@@ -122,8 +125,8 @@ TEST(VocabularyTest, CorruptFilesAreRefusedWithFileAndLine) {
     ASSERT_TRUE(io::WriteFileAtomically(path, cases[i].content).ok());
     auto r = Vocabulary::Load(path);
     ASSERT_FALSE(r.ok()) << "case " << i;
-    EXPECT_NE(r.status().message().find(path + cases[i].needle), std::string::npos) << "case " << i << ": "
-                                                                                   << r.status();
+    EXPECT_NE(r.status().message().find(path + cases[i].needle), std::string::npos)
+        << "case " << i << ": " << r.status();
   }
   auto missing = Vocabulary::Load(dir.Path("absent.txt"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
