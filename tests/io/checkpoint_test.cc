@@ -182,7 +182,9 @@ TEST(CheckpointTest, TruncatedOrExtendedFileIsRefused) {
     auto r = LoadCheckpoint(bad);
     ASSERT_FALSE(r.ok()) << "truncated to " << len << " bytes was accepted";
     ASSERT_NE(r.status().message().find(bad), std::string::npos) << r.status();
-    if (len >= 64) ASSERT_NE(r.status().message().find("truncated"), std::string::npos) << r.status();
+    if (len >= 64) {
+      ASSERT_NE(r.status().message().find("truncated"), std::string::npos) << r.status();
+    }
   }
   WriteRaw(bad, bytes + "x");
   auto r = LoadCheckpoint(bad);
