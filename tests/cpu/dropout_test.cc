@@ -1,0 +1,115 @@
+// Dropout: Philox known-answer vectors, inference identity, reproducibility per context, mask
+// independence from the thread count, keep ratio within statistical bounds, scaling.
+#include <cmath>
+
+#include "executor/cpu/dropout.h"
+#include "executor/cpu/thread_pool.h"
+#include "tests/cpu/test_util.h"
+
+namespace onnxpipe::cpu::testing {
+namespace {
+
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+
+TEST(Philox, KnownAnswerVectors) {
+  // Random123 kat_vectors for philox4x32 with 10 rounds.
+  Philox4x32 r0 = Philox4x32_10(Philox4x32{{0, 0, 0, 0}}, 0, 0);
+  EXPECT_EQ(r0.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r0.v[1], 0xe169c58du);
+  EXPECT_EQ(r0.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r0.v[3], 0x9b00dbd8u);
+  Philox4x32 r1 = Philox4x32_10(Philox4x32{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  EXPECT_EQ(r1.v[0], 0x408f276du);
+  EXPECT_EQ(r1.v[1], 0x41c83b0eu);
+  EXPECT_EQ(r1.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(r1.v[3], 0x6d5451fdu);
+  Philox4x32 r2 = Philox4x32_10(Philox4x32{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(r2.v[0], 0xd16cfe09u);
+  EXPECT_EQ(r2.v[1], 0x94fdccebu);
+  EXPECT_EQ(r2.v[2], 0x5001e420u);
+  EXPECT_EQ(r2.v[3], 0x24126ea1u);
+}
+
+ir::Node DropoutNode(double ratio, const std::string& name = "/layers.0/dropout/Dropout") {
+  ir::Attrs a;
+  a.Set("ratio", ratio);
+  return MakeNode(OpKind::kDropout, 1, 2, a, name);
+}
+
+TEST(Dropout, InferenceIsIdentityWithAllTrueMask) {
+  Tensor x = Rand(DType::kF32, {3, 5}, 1);
+  auto r = Eval(DropoutNode(0.5), {x});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE((*r)[0].BitwiseEquals(x));
+  EXPECT_EQ((*r)[1].dtype(), DType::kBool);
+  EXPECT_EQ((*r)[1].ToInt64Vector(), std::vector<int64_t>(15, 1));
+  // Training with ratio 0 is the identity too.
+  auto z = Eval(DropoutNode(0.0), {x}, EvalContext{true, 1, 2});
+  EXPECT_TRUE((*z)[0].BitwiseEquals(x));
+}
+
+TEST(Dropout, TrainingMaskIsReproducibleAndKeyedByContextAndNode) {
+  for (DType dt : FloatDTypes()) {
+    Tensor x = Rand(dt, {64, 33}, 2, 0.5, 1.5);
+    const EvalContext ctx{true, 42, 3};
+    auto a = Eval(DropoutNode(0.3), {x}, ctx);
+    auto b = Eval(DropoutNode(0.3), {x}, ctx);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE((*a)[0].BitwiseEquals((*b)[0]));
+    EXPECT_TRUE((*a)[1].BitwiseEquals((*b)[1]));
+    EXPECT_FALSE((*a)[1].BitwiseEquals((*Eval(DropoutNode(0.3), {x}, EvalContext{true, 42, 4}))[1]));
+    EXPECT_FALSE((*a)[1].BitwiseEquals((*Eval(DropoutNode(0.3), {x}, EvalContext{true, 43, 3}))[1]));
+    EXPECT_FALSE((*a)[1].BitwiseEquals((*Eval(DropoutNode(0.3, "/layers.1/dropout/Dropout"), {x}, ctx))[1]));
+    // A clone carrying rng_key replays the original node's mask (recompute, backward).
+    ir::Node clone = DropoutNode(0.3, "/layers.0/dropout/Dropout_recompute");
+    clone.attrs.Set("rng_key", std::string("/layers.0/dropout/Dropout"));
+    EXPECT_TRUE((*a)[1].BitwiseEquals((*Eval(clone, {x}, ctx))[1]));
+    // Kept values are scaled by 1 / (1 - ratio), dropped ones are 0.
+    const Tensor& y = (*a)[0];
+    const Tensor& m = (*a)[1];
+    for (int64_t i = 0; i < x.num_elements(); ++i) {
+      const double want = m.data<bool>()[i] ? x.GetAsDouble(i) / 0.7 : 0.0;
+      EXPECT_NEAR(y.GetAsDouble(i), want, 1e-6 * std::fabs(want)) << i;
+    }
+    // The mask agrees with the documented stream element by element.
+    const DropoutStream s = MakeDropoutStream(DropoutNode(0.3), ctx, 0.3);
+    for (int64_t i = 0; i < x.num_elements(); i += 97) EXPECT_EQ(m.data<bool>()[i], s.Keep(i)) << i;
+  }
+}
+
+TEST(Dropout, KeepFractionMatchesRatio) {
+  const int64_t n = 1 << 20;
+  Tensor x(DType::kF32, {n});
+  std::fill_n(x.mutable_data<float>(), n, 1.0f);
+  for (double ratio : {0.1, 0.5, 0.9}) {
+    auto r = Eval(DropoutNode(ratio), {x}, EvalContext{true, 7, 0});
+    ASSERT_TRUE(r.ok());
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) kept += (*r)[1].data<bool>()[i];
+    const double p = 1 - ratio, sigma = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(static_cast<double>(kept) / n, p, 5 * sigma) << ratio;
+  }
+  // ratio 1 drops everything; outside [0, 1] is an error.
+  auto all = Eval(DropoutNode(1.0), {x}, EvalContext{true, 7, 0});
+  EXPECT_EQ((*all)[0].GetAsDouble(123), 0.0);
+  EXPECT_FALSE(Eval(DropoutNode(1.5), {x}, EvalContext{true, 7, 0}).ok());
+}
+
+TEST(Dropout, MaskDoesNotDependOnThreadCount) {
+  Tensor x = Rand(DType::kF32, {100003}, 3);
+  std::vector<Tensor> masks;
+  for (int threads : {1, 2, 5}) {
+    ThreadPool::SetGlobalNumThreads(threads);
+    auto r = Eval(DropoutNode(0.4), {x}, EvalContext{true, 9, 11});
+    ASSERT_TRUE(r.ok());
+    masks.push_back((*r)[1]);
+  }
+  ThreadPool::SetGlobalNumThreads(0);
+  EXPECT_TRUE(masks[0].BitwiseEquals(masks[1]));
+  EXPECT_TRUE(masks[0].BitwiseEquals(masks[2]));
+}
+
+}  // namespace
+}  // namespace onnxpipe::cpu::testing

@@ -1,0 +1,93 @@
+// Softmax / LogSoftmax along any axis and LayerNorm (Y, Mean, InvStdDev) against numpy.
+#include <cmath>
+
+#include "tests/cpu/test_util.h"
+
+namespace onnxpipe::cpu::testing {
+namespace {
+
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+
+TEST(Softmax, BothFormsOnEveryAxis) {
+  for (DType dt : FloatDTypes()) {
+    Tensor x = Rand(dt, {3, 4, 5}, 40, -10, 10);
+    std::vector<Tensor> got;
+    std::string code = "x = a['x'].astype(np.float64)\n";
+    for (int64_t axis : {0, 1, 2, -1, -3}) {
+      ir::Attrs attrs;
+      attrs.Set("axis", axis);
+      got.push_back(Eval1(MakeNode(OpKind::kSoftmax, 1, 1, attrs), {x}));
+      got.push_back(Eval1(MakeNode(OpKind::kLogSoftmax, 1, 1, attrs), {x}));
+      const std::string ax = std::to_string(axis);
+      code += "m = x.max(axis=" + ax + ", keepdims=True)\ne = np.exp(x - m)\ns = e.sum(axis=" + ax + ", keepdims=True)\n";
+      code += "out['s" + ax + "'] = e / s\nout['l" + ax + "'] = x - m - np.log(s)\n";
+    }
+    auto ref = Numpy({{"x", x}}, code);
+    int i = 0;
+    for (int64_t axis : {0, 1, 2, -1, -3}) {
+      const std::string ax = std::to_string(axis);
+      EXPECT_TRUE(AllClose(got[i++], ref["s" + ax].CastTo(dt), RelTol(dt), 1e-7)) << "softmax axis " << axis;
+      EXPECT_TRUE(AllClose(got[i++], ref["l" + ax].CastTo(dt), RelTol(dt), 1e-6)) << "logsoftmax axis " << axis;
+    }
+    // Default axis is -1.
+    EXPECT_TRUE(AllClose(Eval1(MakeNode(OpKind::kSoftmax, 1), {x}), ref["s-1"].CastTo(dt), RelTol(dt), 1e-7));
+  }
+}
+
+TEST(Softmax, LargeLogitsStayFinite) {
+  Tensor x = Tensor::FromVector<float>({1, 3}, {1000.f, 1001.f, -1000.f});
+  Tensor s = Eval1(MakeNode(OpKind::kSoftmax, 1), {x});
+  Tensor l = Eval1(MakeNode(OpKind::kLogSoftmax, 1), {x});
+  const double z = 1 + std::exp(1.0);
+  EXPECT_NEAR(s.data<float>()[0], 1 / z, 1e-6);
+  EXPECT_NEAR(s.data<float>()[1], std::exp(1.0) / z, 1e-6);
+  EXPECT_EQ(s.data<float>()[2], 0.f);
+  EXPECT_NEAR(l.data<float>()[0], -std::log(z), 1e-5);
+  EXPECT_NEAR(l.data<float>()[2], -2001 - std::log(z) + 1, 1e-2);
+}
+
+TEST(LayerNorm, OutputsMatchTheOnnxReference) {
+  for (DType dt : FloatDTypes()) {
+    Tensor x = Rand(dt, {2, 3, 4, 5}, 50, -3, 3);
+    for (int64_t axis : {-1, 1, 2, 0}) {
+      const int64_t a = axis < 0 ? axis + 4 : axis;
+      std::vector<int64_t> norm(x.dims().begin() + a, x.dims().end());
+      Tensor scale = Rand(dt, norm, 51), bias = Rand(dt, norm, 52);
+      ir::Attrs attrs;
+      attrs.Set("axis", axis);
+      attrs.Set("epsilon", 1e-3);
+      auto r = Eval(MakeNode(OpKind::kLayerNorm, 3, 3, attrs), {x, scale, bias});
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto ref = Numpy({{"x", x}, {"s", scale}, {"b", bias}},
+                       "x = a['x'].astype(np.float64)\naxes = tuple(range(" + std::to_string(a) + ", 4))\n"
+                       "m = x.mean(axis=axes, keepdims=True)\nv = ((x - m) ** 2).mean(axis=axes, keepdims=True)\n"
+                       "inv = 1 / np.sqrt(v + 1e-3)\n"
+                       "out['y'] = (x - m) * inv * a['s'].astype(np.float64) + a['b'].astype(np.float64)\n"
+                       "out['m'] = m\nout['i'] = inv\n");
+      EXPECT_TRUE(AllClose((*r)[0], ref["y"].CastTo(dt), RelTol(dt), 1e-5)) << axis;
+      EXPECT_TRUE(AllClose((*r)[1], ref["m"].CastTo(dt), RelTol(dt), 1e-6)) << axis;
+      EXPECT_TRUE(AllClose((*r)[2], ref["i"].CastTo(dt), RelTol(dt), 1e-6)) << axis;
+    }
+  }
+}
+
+TEST(LayerNorm, NoBiasOneOutputAndBadScale) {
+  Tensor x = Rand(DType::kF64, {4, 6}, 53);
+  Tensor scale = Rand(DType::kF64, {6}, 54);
+  Tensor y = Eval1(MakeNode(OpKind::kLayerNorm, 2), {x, scale});
+  // Row 0 by hand.
+  double m = 0, v = 0;
+  for (int i = 0; i < 6; ++i) m += x.data<double>()[i] / 6;
+  for (int i = 0; i < 6; ++i) v += (x.data<double>()[i] - m) * (x.data<double>()[i] - m) / 6;
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(y.data<double>()[i], (x.data<double>()[i] - m) / std::sqrt(v + 1e-5) * scale.data<double>()[i], 1e-12);
+  }
+  EXPECT_FALSE(Eval(MakeNode(OpKind::kLayerNorm, 2), {x, Rand(DType::kF64, {5}, 1)}).ok());
+  // A scale that broadcasts to the normalised shape is accepted.
+  EXPECT_TRUE(Eval(MakeNode(OpKind::kLayerNorm, 2), {x, Rand(DType::kF64, {1}, 1)}).ok());
+}
+
+}  // namespace
+}  // namespace onnxpipe::cpu::testing
