@@ -18,6 +18,7 @@ constexpr Command kCommands[] = {
     {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters",
      RunInspect},
     {"run", "evaluate the forward pass on the CPU backend (.pb or .npy inputs -> .npy outputs)", RunRun},
+    {"train", "train on the CPU backend (npy data, SGD/AdamW, metrics JSONL), matching PyTorch", RunTrain},
 };
 
 void PrintUsage(FILE* out) {

@@ -1,0 +1,41 @@
+#include "executor/train/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "frontend/ir/status.h"
+#include "nlohmann/json.hpp"
+
+namespace onnxpipe::train {
+
+std::string MetricsJson(const StepMetrics& m) {
+  // nlohmann keeps insertion order only with ordered_json: the documented key order reads best.
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;  // a non-finite value is written as null
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["samples_per_s"] = m.samples_per_s;
+  return j.dump();
+}
+
+absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path) {
+  MetricsWriter w;
+  w.path_ = path;
+  w.file_.reset(std::fopen(path.c_str(), "w"));
+  if (!w.file_) {
+    return INVALID_ARGUMENT() << "cannot create --metrics " << path << ": " << std::strerror(errno);
+  }
+  return w;
+}
+
+absl::Status MetricsWriter::Write(const StepMetrics& m) {
+  const std::string line = MetricsJson(m) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
+      std::fflush(file_.get()) != 0) {
+    return absl::DataLossError("writing " + path_ + ": " + std::strerror(errno));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::train

@@ -1,0 +1,106 @@
+// The CPU reference training loop.
+//
+// Trainer::Create turns a prepared forward graph (symbols bound to the batch and sequence length,
+// folded and fused: tools/model.h's PrepareModel) into one training graph
+//   forward -> cross-entropy loss (frontend/autodiff/loss.h) -> gradients (autodiff.h)
+//   -> global gradient norm, optional clipping and the optimizer update (optimizer.h)
+// whose outputs are the loss and the gradient norm. Each Step() feeds the step's batch rows
+// (dataset.h), the learning rate of the host-side schedule (lr_schedule.h) and the 1-based step
+// count, interprets the graph once on the CPU backend (EvalContext training = dropout on,
+// seed, offset = step), then stores the new parameter and optimizer-state values into the graph's
+// constants (Graph::state_updates()).
+//
+// fp64 (TrainOptions::dtype) converts the whole graph to double before the loss is added; float
+// data is converted on the fly. Nothing here reads files except through Dataset.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "executor/cpu/cpu_evaluator.h"
+#include "executor/runtime/interpreter.h"
+#include "executor/train/dataset.h"
+#include "executor/train/metrics.h"
+#include "frontend/autodiff/lr_schedule.h"
+#include "frontend/autodiff/optimizer.h"
+#include "frontend/ir/graph.h"
+
+namespace onnxpipe::train {
+
+struct TrainOptions {
+  int64_t batch = 0;
+  int64_t steps = 0;
+  autodiff::OptimizerOptions optimizer;
+  double lr = 0.0;
+  autodiff::LrScheduleKind schedule = autodiff::LrScheduleKind::kConstant;
+  int64_t warmup_steps = 0;
+  std::string logits;            // the graph value the loss reads
+  std::string labels = "labels"; // the labels' name: graph input and <labels>.npy
+  std::string freeze_regex;      // initializers never trained (std::regex_search on their names)
+  ir::DType dtype = ir::DType::kF32;  // kF32 | kF64
+  uint64_t seed = 0;
+  bool shuffle = false;
+  bool dropout = true;           // false: every Dropout is the identity (EvalContext training off)
+  bool check_numerics = false;   // name the first node producing NaN/Inf
+  double label_smoothing = 0.0;
+  int64_t ignore_index = -100;
+};
+
+// What the data folder must hold for a forward graph (as imported, before binding): one field per
+// graph input (its dtype and dims after the batch dim) and the labels (int64, the logits' dims
+// between the batch and the class dim). Float inputs also accept the other float width.
+absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
+                                                  const std::string& logits,
+                                                  const std::string& labels);
+
+class Trainer {
+ public:
+  static absl::StatusOr<Trainer> Create(const ir::Graph& forward, const TrainOptions& options);
+
+  // Checks the data against the training graph (rows >= batch, labels in [0, classes) or the
+  // ignore index) and keeps it.
+  absl::Status SetData(Dataset data);
+
+  // Runs step step() and advances. The metrics' loss is the batch loss before the update.
+  absl::StatusOr<StepMetrics> Step();
+  int64_t step() const { return step_; }
+
+  // The gradient of every trainable parameter for step step()'s batch, without updating
+  // anything (for checks against a reference; Step() computes them as part of the update).
+  absl::StatusOr<std::map<std::string, ir::Tensor>> Gradients();
+
+  const ir::Graph& graph() const { return graph_; }
+  // The trainable parameters (current values, the training dtype), by initializer name.
+  std::map<std::string, ir::Tensor> Parameters() const;
+  // Float initializers the loss does not depend on (not trained; worth a warning) and those
+  // frozen by the regex.
+  const std::vector<std::string>& unreachable_parameters() const { return unreachable_; }
+  const std::vector<std::string>& frozen_parameters() const { return frozen_; }
+  int64_t num_trainable_parameters() const;
+  int64_t optimizer_state_bytes() const { return optimizer_info_.state_bytes; }
+
+ private:
+  enum class Feed { kData, kLabels, kLr, kStep };
+
+  std::vector<ir::Tensor> Feeds(double lr) const;
+  absl::StatusOr<runtime::StepResult> Run(const ir::Graph& g, double lr);
+
+  TrainOptions options_;
+  ir::Graph graph_;
+  autodiff::OptimizerGraphInfo optimizer_info_;
+  autodiff::LrSchedule schedule_;
+  ir::ValueId loss_ = ir::kNoValue;
+  std::vector<Feed> feeds_;              // per graph input
+  std::vector<ir::ValueId> params_, grads_;
+  std::vector<std::string> unreachable_, frozen_;
+  int64_t num_classes_ = 0;
+  std::optional<Dataset> data_;
+  cpu::CpuEvaluator evaluator_;
+  int64_t step_ = 0;
+};
+
+}  // namespace onnxpipe::train
