@@ -5,6 +5,7 @@
 // differences, in fp64 with dropout active (the masks replay identically in both graphs).
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 
@@ -40,6 +41,16 @@ TEST_P(ModelGradTest, GradientsMatchFiniteDifferences) {
   cpu::CpuEvaluator folder;
   absl::Status piped = passes::RunForwardPipeline(&g, folder);
   ASSERT_TRUE(piped.ok()) << piped;
+
+  // The fused ops whose rules this test is meant to exercise are there.
+  std::map<ir::OpKind, int> histogram;
+  for (ir::NodeId id : g.LiveNodes()) ++histogram[g.node(id).op];
+  for (ir::OpKind op : {ir::OpKind::kLinear, ir::OpKind::kLayerNorm, ir::OpKind::kAttention}) {
+    EXPECT_GT(histogram[op], 0) << GetParam() << " has no " << ir::OpName(op) << " after fusion";
+  }
+  std::string ops;
+  for (const auto& [op, n] : histogram) ops += std::string(ir::OpName(op)) + ":" + std::to_string(n) + " ";
+  RecordProperty("forward_ops", ops);
 
   CrossEntropyOptions ce;
   ce.granularity = sidecar["loss"]["per"] == "token" ? CrossEntropyGranularity::kPerToken
