@@ -86,6 +86,17 @@ class ModelImporter {
     // the data into the IR and drop the protobuf's copy, halving peak memory on big models.
     // It only can when the nodes are in topological order (libonnx refuses anything else):
     // otherwise TopoSort first reports a cycle or gives the order to check the model in.
+    if (model_.functions_size() > 0) {
+      // No node is imported through a model-local function (calls to them are unsupported
+      // ops, refused above); drop them so that libonnx does not check unused code.
+      result_.warnings.push_back(absl::StrCat(file_, ": ", model_.functions_size(),
+                                              " unused model-local function(s) ignored"));
+      model_.clear_functions();
+    }
+    if (model_.training_info_size() > 0) {
+      result_.warnings.push_back(absl::StrCat(file_, ": training_info ignored"));
+      model_.clear_training_info();
+    }
     if (checked_ && in_order_) RETURN_IF_ERROR(CheckAndInferWithLibonnx());
     RETURN_IF_ERROR(BuildGraph(/*release_proto_data=*/!checked_ || in_order_));
     RETURN_IF_ERROR(InFile(graph_.TopoSort()));
@@ -233,6 +244,27 @@ class ModelImporter {
     for (int i = 0; i < g.node_size(); ++i) {
       for (const std::string& out : g.node(i).output()) {
         if (!out.empty()) RETURN_IF_ERROR(define(out, {DefSite::kNode, i}));
+      }
+    }
+    // Attributes: tensors must decode (external data stays inside the folder), and no imported
+    // op takes a subgraph. Checked before libonnx, whose checker would follow both.
+    for (int i = 0; i < g.node_size(); ++i) {
+      for (const onnx::AttributeProto& a : g.node(i).attribute()) {
+        const std::string where =
+            absl::StrCat(DescribeNode(g.node(i), i), ": attribute '", a.name(), "'");
+        if (a.has_g() || a.graphs_size() > 0) {
+          return Error() << where << ": subgraphs are not supported";
+        }
+        if (a.has_sparse_tensor() || a.sparse_tensors_size() > 0) {
+          return Error() << where << ": sparse tensors are not supported";
+        }
+        std::vector<const onnx::TensorProto*> tensors;
+        if (a.has_t()) tensors.push_back(&a.t());
+        for (const onnx::TensorProto& t : a.tensors()) tensors.push_back(&t);
+        for (const onnx::TensorProto* t : tensors) {
+          auto layout = InspectTensorProto(*t, base_dir_);
+          if (!layout.ok()) return Error() << where << ": " << layout.status().message();
+        }
       }
     }
     in_order_ = true;

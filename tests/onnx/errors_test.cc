@@ -56,6 +56,14 @@ std::vector<BadCase> BadCases() {
       {"bad_attr_type", kInvalid, {"'bad_axis' (Softmax)", "attribute 'axis'", "FLOAT",
                                    "expected INT"}},
       {"checker_rejects", kInvalid, {"libonnx checker", "axis"}},
+      {"subgraph_attr", kInvalid, {"'with_body' (Relu)", "attribute 'body'", "subgraphs"}},
+      {"attr_tensor_escape", kInvalid, {"'sneaky_const' (Constant)", "attribute 'value'",
+                                        "'../secret.bin' escapes the model's folder"}},
+      {"concat_no_axis", kInvalid, {"'cat' (Concat)", "missing required attribute 'axis'"}},
+      {"cast_to_string", kInvalid, {"'to_str' (Cast)", "attribute to", "STRING",
+                                    "not supported"}},
+      {"dropout_dynamic_ratio", kInvalid, {"'dyn_drop' (Dropout)", "input 1 ('r', ratio)",
+                                           "must be a constant"}},
   };
 }
 

@@ -361,6 +361,14 @@ TEST(LoaderTest, UnsortedNodesAreSorted) {
   EXPECT_TRUE(m.graph->value(m.graph->FindValue("h")).shape_known);
 }
 
+TEST(LoaderTest, UnusedLocalFunctionsAreIgnored) {
+  LoadedModel m = LoadOk("ops/unused_function.onnx");
+  ASSERT_TRUE(m.graph);
+  EXPECT_EQ(m.graph->num_live_nodes(), 1);
+  ASSERT_EQ(m.warnings.size(), 1u);
+  EXPECT_THAT(m.warnings[0], HasSubstr("1 unused model-local function(s) ignored"));
+}
+
 TEST(LoaderTest, SummaryAndMetadata) {
   LoadedModel m = LoadOk("ops/Gelu_msft.onnx");
   EXPECT_EQ(m.summary.producer_name, "onnxpipe-tests");

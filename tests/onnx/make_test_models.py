@@ -287,6 +287,13 @@ def misc_models():
         [helper.make_node("Relu", ["h"], ["y"], name="second"),
          helper.make_node("Neg", ["x"], ["h"], name="first")],
         [vi("x", F, [3])], [vi("y", F, [3])])
+    # An unused model-local function is ignored (with a warning).
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", F, [3])],
+              [vi("y", F, [3])], extra_opsets=[("local", 1)])
+    m.functions.append(helper.make_function(
+        "local", "Unused", ["a"], ["b"], [helper.make_node("Neg", ["a"], ["b"])],
+        [helper.make_opsetid("", 17)]))
+    ms["unused_function"] = m
     return ms
 
 
@@ -365,6 +372,26 @@ def bad_models():
     ms["bad_attr_type"] = model(
         [helper.make_node("Softmax", ["x"], ["y"], name="bad_axis", axis=1.5)], x,
         [vi("y", F, None)], opset=18)
+    body = helper.make_graph([helper.make_node("Relu", ["a"], ["b"])], "body",
+                             [vi("a", F, [3])], [vi("b", F, [3])])
+    ms["subgraph_attr"] = model([helper.make_node("Relu", ["x"], ["y"], name="with_body",
+                                                  body=body)], x, [vi("y", F, [3])])
+    ext_value = helper.make_tensor("v", F, [1], [1.0])
+    ext_value.ClearField("float_data")
+    ext_value.data_location = TensorProto.EXTERNAL
+    e = ext_value.external_data.add()
+    e.key, e.value = "location", "../secret.bin"
+    ms["attr_tensor_escape"] = model(
+        [helper.make_node("Constant", [], ["y"], name="sneaky_const", value=ext_value)], [],
+        [vi("y", F, [1])])
+    ms["concat_no_axis"] = model([helper.make_node("Concat", ["x", "x"], ["y"], name="cat")], x,
+                                 [vi("y", F, None)], opset=18)
+    ms["cast_to_string"] = model(
+        [helper.make_node("Cast", ["x"], ["y"], name="to_str", to=TensorProto.STRING)], x,
+        [vi("y", F, None)], opset=18)
+    ms["dropout_dynamic_ratio"] = model(
+        [helper.make_node("Dropout", ["x", "r"], ["y"], name="dyn_drop")],
+        [vi("x", F, [3]), vi("r", F, [])], [vi("y", F, [3])])
     # libonnx's checker rejects this one (opset 17): wrong attribute type
     ms["checker_rejects"] = model(
         [helper.make_node("Softmax", ["x"], ["y"], name="bad_axis17", axis=1.5)], x,
