@@ -1,0 +1,561 @@
+// The driver. Each stage thread owns its StageProgram (graph with its parameters), its micro-batch
+// tables and accumulators; threads share nothing but the read-only feeds and the comm group, so
+// the only synchronisation is Send/Recv. Why sends are eager (right after the producing node) and
+// the SEND actions are no-ops here: a value leaves the stage as soon as it exists, which is what
+// the memory planner assumes and what lets the receiver start early; with NCCL the SEND action is
+// where the stage would wait for its outstanding isends of the micro-batch.
+#include "executor/pipeline/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "executor/comm/inprocess_comm.h"
+#include "frontend/autodiff/optimizer.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1, kTagReplica = 2;
+
+uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
+  return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) |
+         static_cast<uint32_t>(v);
+}
+
+int64_t AlignedBytes(const ir::Tensor& t) { return (t.num_bytes() + 63) / 64 * 64; }
+
+// Bytes of distinct tensor storages currently held, with a high-water mark. Storages shared by
+// several holders (a Reshape's output and its input, a gradient in a table and an accumulator)
+// count once.
+class MemoryMeter {
+ public:
+  void Add(const ir::Tensor& t) {
+    if (!t.defined() || t.raw() == nullptr) return;
+    Entry& e = live_[t.raw()];
+    if (e.refs++ == 0) {
+      e.bytes = AlignedBytes(t);
+      current_ += e.bytes;
+      peak_ = std::max(peak_, current_);
+    }
+  }
+  void Remove(const ir::Tensor& t) {
+    if (!t.defined() || t.raw() == nullptr) return;
+    auto it = live_.find(t.raw());
+    if (it == live_.end()) return;
+    if (--it->second.refs == 0) {
+      current_ -= it->second.bytes;
+      live_.erase(it);
+    }
+  }
+  int64_t current() const { return current_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  struct Entry {
+    int64_t bytes = 0;
+    int32_t refs = 0;
+  };
+  std::unordered_map<const void*, Entry> live_;
+  int64_t current_ = 0, peak_ = 0;
+};
+
+std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
+
+}  // namespace
+
+// One stage's work for one step.
+class PipelineExecutor::StageRun {
+ public:
+  StageRun(PipelineExecutor& ex, StageProgram& sp, comm::Comm& comm, const StepFeeds& feeds,
+           const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices, const std::vector<ir::Tensor>& scales,
+           Clock::time_point t0)
+      : ex_(ex), sp_(sp), comm_(comm), feeds_(feeds), slices_(slices), scales_(scales), t0_(t0) {
+    const int32_t M = ex.options_.microbatches;
+    tables_.resize(M);
+    losses.assign(M, std::nan(""));
+    saved_.assign(M, -1);
+    send_f_.resize(sp.graph.num_values());
+    send_b_.resize(sp.graph.num_values());
+    for (const auto& [peer, vs] : sp.send_forward)
+      for (ir::ValueId v : vs) send_f_[v].push_back(peer);
+    for (const auto& [peer, vs] : sp.send_backward)
+      for (ir::ValueId v : vs) send_b_[v].push_back(peer);
+    acc_.resize(sp.graph.num_values());
+    lr_ = ir::Tensor::Scalar<double>(feeds.lr);
+    step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
+  }
+
+  absl::Status Run(const ActionList& list) {
+    for (const Action& a : list) {
+      switch (a.kind) {
+        case ActionKind::kRecvActivation:
+          RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_forward.at(a.peer), "F"));
+          break;
+        case ActionKind::kRecvGradient:
+          RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_backward.at(a.peer), "B"));
+          break;
+        case ActionKind::kForward: RETURN_IF_ERROR(Forward(a.microbatch)); break;
+        case ActionKind::kBackward: RETURN_IF_ERROR(Backward(a.microbatch)); break;
+        case ActionKind::kSendActivation:
+        case ActionKind::kSendGradient:
+          break;  // sent eagerly by the compute action (see the file comment)
+        case ActionKind::kOptimizerStep: RETURN_IF_ERROR(Post()); break;
+      }
+    }
+    measure.peak_bytes = meter_.peak();
+    measure.bytes_sent = comm_.bytes_sent();
+    measure.bytes_received = comm_.bytes_received();
+    return absl::OkStatus();
+  }
+
+  std::vector<double> losses;
+  double grad_norm = std::nan("");
+  StageMeasure measure;
+  std::vector<TraceEvent> trace;
+
+ private:
+  struct Table {
+    bool live = false;
+    bool forwarded = false;
+    std::vector<ir::Tensor> values;
+    std::vector<int32_t> remaining;
+    MemoryMeter meter;
+  };
+
+  double Now() const { return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count(); }
+  RandomContext Context(int32_t m) const {
+    return RandomContext{ex_.options_.dropout, ex_.options_.seed,
+                         static_cast<uint64_t>(feeds_.step) * ex_.options_.microbatches + static_cast<uint64_t>(m)};
+  }
+  std::string Where(int32_t m, StepPhase ph) const {
+    std::string s = "stage " + std::to_string(sp_.stage);
+    if (m >= 0) s += ", micro-batch " + std::to_string(m);
+    return s + ", " + StepPhaseName(ph);
+  }
+
+  Table& Get(int32_t m) {
+    Table& t = tables_[m];
+    if (t.live) return t;
+    t.live = true;
+    t.values.assign(sp_.graph.num_values(), ir::Tensor());
+    t.remaining = sp_.uses;
+    for (ir::ValueId v : sp_.data_inputs) Put(t, v, slices_[m].at(v));
+    for (ir::ValueId v : sp_.step_inputs)
+      if (sp_.uses[v] > 0) Put(t, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_);
+    if (sp_.loss_scale != ir::kNoValue) Put(t, sp_.loss_scale, scales_[m]);
+    return t;
+  }
+  void Put(Table& t, ir::ValueId v, const ir::Tensor& x) {
+    if (t.remaining[v] <= 0) return;  // nobody here reads it
+    t.values[v] = x;
+    t.meter.Add(x);
+    meter_.Add(x);
+  }
+  void Release(Table& t, ir::ValueId v) {
+    if (--t.remaining[v] > 0) return;
+    t.meter.Remove(t.values[v]);
+    meter_.Remove(t.values[v]);
+    t.values[v] = ir::Tensor();
+  }
+  // Bytes held by micro-batches forwarded and not yet backwarded.
+  void SampleInFlight() {
+    int64_t bytes = 0;
+    int32_t n = 0;
+    for (const Table& t : tables_) {
+      if (t.live && t.forwarded) {
+        bytes += t.meter.current();
+        ++n;
+      }
+    }
+    measure.activations_peak = std::max(measure.activations_peak, bytes);
+    measure.max_in_flight = std::max(measure.max_in_flight, n);
+  }
+
+  absl::Status Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values, const char* phase) {
+    Table& t = Get(m);
+    const double start = Now();
+    for (ir::ValueId v : values) {
+      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, v));
+      if (!x.ok()) {
+        if (comm::IsAbortedByPeer(x.status())) return x.status();
+        return Annotate(x.status(), "stage " + std::to_string(sp_.stage) + ", micro-batch " + std::to_string(m) +
+                                        ": receiving '" + sp_.graph.value(v).name + "' from stage " +
+                                        std::to_string(peer));
+      }
+      Put(t, v, *x);
+    }
+    const double end = Now();
+    measure.recv_wait_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 1, std::string("recv ") + phase + std::to_string(m) + " from " + std::to_string(peer),
+                     "recv", m, start, end - start});
+    return absl::OkStatus();
+  }
+
+  // Runs node `id` of the stage graph with operands from `values`; returns its outputs.
+  absl::StatusOr<std::vector<ir::Tensor>> Eval(ir::NodeId id, const std::vector<ir::Tensor>& values, int32_t m,
+                                               StepPhase ph) {
+    const ir::Node& n = sp_.graph.node(id);
+    std::vector<ir::Tensor> operands;
+    operands.reserve(n.inputs.size());
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue) {
+        operands.emplace_back();
+      } else if (sp_.graph.value(v).constant) {
+        operands.push_back(*sp_.graph.value(v).constant);
+      } else {
+        if (!values[v].defined()) {
+          return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + ": operand '" + sp_.graph.value(v).name +
+                                     "' is not available (a pipeline program bug)");
+        }
+        operands.push_back(values[v]);
+      }
+    }
+    absl::StatusOr<std::vector<ir::Tensor>> out;
+    try {
+      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m));
+      if (out.ok() && ex_.options_.node_hook) {
+        absl::Status st = ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, &*out);
+        if (!st.ok()) out = st;
+      }
+    } catch (const std::exception& e) {
+      out = absl::InternalError(std::string("exception: ") + e.what());
+    } catch (...) {
+      out = absl::InternalError("unknown exception");
+    }
+    if (!out.ok()) return Annotate(out.status(), Where(m, ph) + " " + NodeDesc(n));
+    if (out->size() < n.outputs.size()) {
+      return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + ": the backend returned too few outputs");
+    }
+    if (ex_.options_.check_numerics) {
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        if (n.outputs[k] != ir::kNoValue && (*out)[k].defined() && !ex_.backend_->AllFinite((*out)[k])) {
+          return FAILED_PRECONDITION() << Where(m, ph) << " " << NodeDesc(n) << " produced a non-finite value in output '"
+                                       << sp_.graph.value(n.outputs[k]).name << "'";
+        }
+      }
+    }
+    return out;
+  }
+
+  absl::Status RunMicrobatchNode(ir::NodeId id, int32_t m, StepPhase ph, Table& t) {
+    ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, Eval(id, t.values, m, ph));
+    const ir::Node& n = sp_.graph.node(id);
+    const auto& sends = ph == StepPhase::kForward ? send_f_ : send_b_;
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const ir::ValueId v = n.outputs[k];
+      if (v == ir::kNoValue) continue;
+      Put(t, v, out[k]);
+      for (int32_t peer : sends[v]) {
+        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k]);
+        if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
+        Release(t, v);
+      }
+    }
+    for (ir::ValueId v : n.inputs)
+      if (v != ir::kNoValue && !sp_.graph.value(v).constant) Release(t, v);
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(int32_t m) {
+    Table& t = Get(m);
+    SampleInFlight();
+    const double start = Now();
+    for (ir::NodeId id : sp_.forward) RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kForward, t));
+    if (sp_.loss != ir::kNoValue) {
+      losses[m] = t.values[sp_.loss].GetAsDouble(0);
+      Release(t, sp_.loss);
+    }
+    t.forwarded = true;
+    saved_[m] = t.meter.current();
+    measure.saved_bytes = std::max(measure.saved_bytes, saved_[m]);
+    ++measure.microbatches_forwarded;
+    SampleInFlight();
+    const double end = Now();
+    measure.forward_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 0, "F" + std::to_string(m), "forward", m, start, end - start});
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(int32_t m) {
+    Table& t = Get(m);
+    SampleInFlight();
+    const double start = Now();
+    const std::set<ir::NodeId> clones(sp_.recompute_clones.begin(), sp_.recompute_clones.end());
+    for (ir::NodeId id : sp_.backward) {
+      const Clock::time_point n0 = Clock::now();
+      RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kBackward, t));
+      if (clones.count(id)) measure.recompute_s += std::chrono::duration<double>(Clock::now() - n0).count();
+    }
+    for (ir::ValueId v : sp_.accumulate) {
+      const ir::Tensor g = t.values[v];
+      if (!g.defined()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' was not computed");
+      if (!acc_[v].defined()) {
+        acc_[v] = g;
+        meter_.Add(g);
+      } else {
+        absl::StatusOr<ir::Tensor> sum = ex_.backend_->Accumulate(acc_[v], g);
+        if (!sum.ok()) return Annotate(sum.status(), Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
+        meter_.Remove(acc_[v]);
+        acc_[v] = *sum;
+        meter_.Add(acc_[v]);
+      }
+      Release(t, v);
+    }
+    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(t.values.size()); ++v) {
+      if (t.values[v].defined()) {
+        return absl::InternalError(Where(m, StepPhase::kBackward) + ": value '" + sp_.graph.value(v).name +
+                                   "' is still held after the backward (a pipeline program bug)");
+      }
+    }
+    t = Table();
+    const double end = Now();
+    measure.backward_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 0, "B" + std::to_string(m), "backward", m, start, end - start});
+    return absl::OkStatus();
+  }
+
+  absl::Status Post() {
+    const double start = Now();
+    ir::Graph& sg = sp_.graph;
+    std::vector<ir::Tensor> pv(sg.num_values());
+    int64_t acc_bytes = 0;
+    for (ir::ValueId v : sp_.accumulate) {
+      pv[v] = acc_[v];
+      acc_bytes += AlignedBytes(acc_[v]);
+    }
+    measure.accumulator_bytes = acc_bytes;
+    for (ir::ValueId v : sp_.step_inputs) pv[v] = sg.value(v).name == autodiff::kLrName ? lr_ : step_;
+    auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
+      absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x);
+      if (st.ok() || comm::IsAbortedByPeer(st)) return st;
+      return Annotate(st, Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
+    };
+    auto recv = [&](int32_t peer, uint64_t kind, ir::ValueId v) -> absl::StatusOr<ir::Tensor> {
+      const double r0 = Now();
+      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v));
+      measure.recv_wait_s += (Now() - r0) * 1e-6;
+      if (x.ok() || comm::IsAbortedByPeer(x.status())) return x;
+      return Annotate(x.status(), Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " +
+                                      std::to_string(peer));
+    };
+    const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
+    for (const auto& [peer, vs] : sp_.send_post)
+      for (ir::ValueId v : vs)
+        if (accumulated.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
+    for (ir::NodeId id : sp_.post) {
+      for (ir::ValueId v : sg.node(id).inputs) {
+        if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
+        for (const auto& [peer, vs] : sp_.recv_post) {
+          if (std::binary_search(vs.begin(), vs.end(), v)) {
+            ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+            meter_.Add(pv[v]);
+          }
+        }
+      }
+      ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, Eval(id, pv, -1, StepPhase::kPost));
+      const ir::Node& n = sg.node(id);
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const ir::ValueId o = n.outputs[k];
+        if (o == ir::kNoValue) continue;
+        pv[o] = out[k];
+        for (const auto& [peer, vs] : sp_.send_post)
+          if (std::binary_search(vs.begin(), vs.end(), o)) RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
+      }
+    }
+    if (sp_.grad_norm != ir::kNoValue) grad_norm = pv[sp_.grad_norm].GetAsDouble(0);
+    for (const ir::Graph::StateUpdate& u : sp_.state_updates) {
+      ir::Value& s = sg.value(u.state);
+      const ir::Tensor& x = pv[u.new_value];
+      if (!x.defined() || !s.constant || x.dtype() != s.constant->dtype() || x.dims() != s.constant->dims()) {
+        return absl::InternalError(Where(-1, StepPhase::kPost) + ": the new value of '" + s.name +
+                                   "' is missing or does not match the state");
+      }
+      s.constant = x;
+    }
+    for (const auto& [peer, vs] : sp_.send_replica)
+      for (ir::ValueId v : vs) RETURN_IF_ERROR(send(peer, kTagReplica, v, *sg.value(v).constant));
+    for (const auto& [peer, vs] : sp_.recv_replica) {
+      for (ir::ValueId v : vs) {
+        ASSIGN_OR_RETURN(ir::Tensor x, recv(peer, kTagReplica, v));
+        ir::Value& r = sg.value(v);
+        if (!r.constant || x.dtype() != r.constant->dtype() || x.dims() != r.constant->dims()) {
+          return absl::InternalError(Where(-1, StepPhase::kPost) + ": replica '" + r.name + "' does not match");
+        }
+        r.constant = x;
+      }
+    }
+    for (ir::ValueId v : sp_.accumulate) meter_.Remove(acc_[v]);
+    acc_.assign(acc_.size(), ir::Tensor());
+    const double end = Now();
+    measure.post_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 0, "O", "optimizer", -1, start, end - start});
+    return absl::OkStatus();
+  }
+
+  PipelineExecutor& ex_;
+  StageProgram& sp_;
+  comm::Comm& comm_;
+  const StepFeeds& feeds_;
+  const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices_;
+  const std::vector<ir::Tensor>& scales_;
+  Clock::time_point t0_;
+  std::vector<Table> tables_;
+  std::vector<int64_t> saved_;
+  std::vector<std::vector<int32_t>> send_f_, send_b_;
+  std::vector<ir::Tensor> acc_;
+  MemoryMeter meter_;
+  ir::Tensor lr_, step_;
+};
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const ir::Graph& training_graph,
+                                                                           const StageAssignment& assignment,
+                                                                           const ExecutorOptions& options,
+                                                                           std::shared_ptr<const StageBackend> backend) {
+  if (options.microbatches < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << options.microbatches;
+  std::unique_ptr<PipelineExecutor> ex(new PipelineExecutor());
+  ex->options_ = options;
+  ex->backend_ = backend ? std::move(backend) : MakeCpuBackend();
+  ProgramOptions po;
+  po.coordinator = options.coordinator;
+  ASSIGN_OR_RETURN(ex->program_, BuildPipelineProgram(training_graph, assignment, po));
+  ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, options.microbatches));
+  ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
+  ASSIGN_OR_RETURN(ex->lists_, ConcreteActionLists(ex->program_, options.schedule, options.microbatches));
+  RETURN_IF_ERROR(ProveDeadlockFree(ex->program_, ex->lists_));
+  std::set<ir::ValueId> data;
+  for (const StageProgram& sp : ex->program_.stages) data.insert(sp.data_inputs.begin(), sp.data_inputs.end());
+  for (ir::ValueId v : data) {
+    const ir::Value& val = training_graph.value(v);
+    if (!val.shape_known || val.shape.empty() || !val.shape[0].is_concrete()) {
+      return INVALID_ARGUMENT() << "data input '" << val.name << "' has no concrete leading (batch) dim in the "
+                                << "training graph: bind the micro-batch size before building it";
+    }
+    if (ex->microbatch_size_ != 0 && ex->microbatch_size_ != val.shape[0].value()) {
+      return INVALID_ARGUMENT() << "data inputs disagree on the micro-batch size (" << ex->microbatch_size_ << " and "
+                                << val.shape[0].value() << " at '" << val.name << "')";
+    }
+    ex->microbatch_size_ = val.shape[0].value();
+    ex->data_inputs_.push_back(val.name);
+  }
+  if (!ex->loss_rule_.labels_input.empty() &&
+      std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(), ex->loss_rule_.labels_input) ==
+          ex->data_inputs_.end()) {
+    return absl::InternalError("the loss's labels '" + ex->loss_rule_.labels_input + "' are read by no stage");
+  }
+  return ex;
+}
+
+absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds) {
+  if (broken_) return FAILED_PRECONDITION() << "a previous step failed; the pipeline's parameters are inconsistent";
+  const int32_t K = program_.num_stages, M = options_.microbatches;
+  const int64_t b = microbatch_size_;
+  const ir::Graph& g0 = program_.stages[0].graph;  // ids and names are the same on every stage
+
+  // Micro-batch slices of every data input.
+  std::vector<std::map<ir::ValueId, ir::Tensor>> slices(M);
+  std::map<std::string, std::vector<ir::Tensor>> by_name;
+  for (const std::string& name : data_inputs_) {
+    auto it = feeds.batch.find(name);
+    if (it == feeds.batch.end()) return INVALID_ARGUMENT() << "step " << feeds.step << ": no data for input '" << name << "'";
+    const ir::Tensor& t = it->second;
+    const ir::ValueId v = g0.FindValue(name);
+    if (t.rank() < 1 || t.dims()[0] != b * M) {
+      return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' has "
+                                << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M << " micro-batches of " << b
+                                << " need " << b * M;
+    }
+    if (t.dtype() != g0.value(v).dtype) {
+      return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' is " << ir::DTypeName(t.dtype())
+                                << ", the model expects " << ir::DTypeName(g0.value(v).dtype);
+    }
+    for (int32_t m = 0; m < M; ++m) {
+      ASSIGN_OR_RETURN(ir::Tensor s, SliceRows(t, m * b, (m + 1) * b));
+      slices[m][v] = s;
+      by_name[name].push_back(s);
+    }
+  }
+  std::vector<double> shares(M, 1.0);
+  if (!loss_rule_.labels_input.empty()) {
+    absl::StatusOr<std::vector<double>> s = LossShares(loss_rule_, by_name.at(loss_rule_.labels_input));
+    if (!s.ok()) return Annotate(s.status(), "step " + std::to_string(feeds.step));
+    shares = *s;
+  }
+  std::vector<ir::Tensor> scales;
+  for (double s : shares) scales.push_back(ir::Tensor::Scalar<double>(s).CastTo(seed_like_.dtype()).Reshaped(seed_like_.dims()));
+
+  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s);
+  std::vector<std::unique_ptr<comm::Comm>> comms;
+  std::vector<std::unique_ptr<StageRun>> runs;
+  const Clock::time_point t0 = Clock::now();
+  for (int32_t s = 0; s < K; ++s) {
+    comms.push_back(group->Endpoint(s));
+    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *comms[s], feeds, slices, scales, t0));
+  }
+  std::vector<absl::Status> status(K);
+  std::vector<std::thread> threads;
+  for (int32_t s = 0; s < K; ++s) {
+    threads.emplace_back([&, s] {
+      try {
+        status[s] = runs[s]->Run(lists_[s]);
+      } catch (const std::exception& e) {
+        status[s] = absl::InternalError("stage " + std::to_string(s) + ": exception: " + e.what());
+      } catch (...) {
+        status[s] = absl::InternalError("stage " + std::to_string(s) + ": unknown exception");
+      }
+      if (!status[s].ok() && !comm::IsAbortedByPeer(status[s])) comms[s]->Abort(status[s]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const absl::Status root = group->abort_status();
+  if (!root.ok()) {
+    broken_ = true;
+    return absl::Status(root.code(), "step " + std::to_string(feeds.step) + ": " + std::string(root.message()));
+  }
+  PipelineStepResult r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.shares = shares;
+  r.microbatch_losses = runs[program_.loss_stage]->losses;
+  r.loss = 0;
+  for (int32_t m = 0; m < M; ++m) r.loss += shares[m] * r.microbatch_losses[m];
+  r.grad_norm = program_.grad_norm_stage >= 0 ? runs[program_.grad_norm_stage]->grad_norm : std::nan("");
+  for (int32_t s = 0; s < K; ++s) {
+    r.stages.push_back(runs[s]->measure);
+    r.trace.insert(r.trace.end(), runs[s]->trace.begin(), runs[s]->trace.end());
+  }
+  if (!std::isfinite(r.loss)) {
+    broken_ = true;
+    return FAILED_PRECONDITION() << "step " << feeds.step << ": the loss is " << r.loss
+                                 << "; rerun with --check-numerics to name the stage, micro-batch and node that "
+                                    "first produce a non-finite value";
+  }
+  return r;
+}
+
+std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
+  std::map<std::string, ir::Tensor> out;
+  for (const auto& [v, s] : program_.parameter_owner) {
+    const ir::Value& val = program_.stages[s].graph.value(v);
+    if (val.constant) out[val.name] = *val.constant;
+  }
+  return out;
+}
+
+std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const std::string& name) const {
+  if (stage < 0 || stage >= program_.num_stages) return std::nullopt;
+  const ir::Graph& g = program_.stages[stage].graph;
+  const ir::ValueId v = g.FindValue(name);
+  if (v == ir::kNoValue || !g.value(v).constant) return std::nullopt;
+  return *g.value(v).constant;
+}
+
+}  // namespace onnxpipe::pipeline

@@ -1,0 +1,138 @@
+// The pipeline executor: runs a training graph as K stages over M micro-batches per step with the
+// GPipe or 1F1B schedule, one std::thread per stage, stages talking only through comm::Comm.
+//
+// Step(feeds): the batch (B = M x micro-batch rows of every data input, labels included) is cut
+// into M micro-batches; each stage thread runs its concrete action list (program.h), computing
+// with the StageBackend, sending every value another stage reads as soon as it is made and
+// receiving before each compute action; gradients accumulate over the micro-batches; after the
+// last backward the post phase runs the global norm (coordinator), the optimizer updates (owners)
+// and refreshes parameter replicas. The step's loss is sum_m share_m * loss_m (microbatch.h).
+//
+// Random streams: micro-batch m of step k uses RandomContext{dropout, seed, offset = k*M + m} in
+// its forward, backward and recompute, so a recomputed Dropout replays its mask and M = 1 uses the
+// Trainer's offsets (offset = k).
+//
+// Failures: an error status, a thrown exception or (check_numerics) a NaN/Inf output in any stage
+// aborts the comm group, which wakes every stage blocked in a receive; Step joins all threads and
+// returns ONE error naming the stage, micro-batch, phase and node that failed first. The executor
+// is unusable after a failed step (its parameters may be half-updated): Step then fails at once.
+//
+// Memory: each stage meters the tensors it holds for micro-batches, accumulators and the post
+// phase (distinct storages, each rounded up to 64 bytes, as the static planner sizes buffers):
+// StageMeasure reports the high-water, the bytes one micro-batch keeps from its forward to its
+// backward, and the high-water of those bytes over the micro-batches in flight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "executor/pipeline/backend.h"
+#include "executor/pipeline/microbatch.h"
+#include "executor/pipeline/program.h"
+#include "executor/pipeline/schedule.h"
+
+namespace onnxpipe::pipeline {
+
+// After a node has run: where, and its outputs (a hook may change them, e.g. to inject a NaN).
+struct NodeEvent {
+  int32_t stage = 0;
+  int32_t microbatch = -1;  // -1 in the post phase
+  StepPhase phase = StepPhase::kForward;
+  const ir::Node* node = nullptr;
+};
+// Returning an error (or throwing) fails the node as a kernel error would. For tests.
+using NodeHook = std::function<absl::Status(const NodeEvent&, std::vector<ir::Tensor>* outputs)>;
+
+struct ExecutorOptions {
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int32_t microbatches = 1;
+  bool dropout = true;  // RandomContext::training
+  uint64_t seed = 0;
+  bool check_numerics = false;
+  double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
+  int32_t coordinator = 0;
+  NodeHook node_hook;
+};
+
+struct StepFeeds {
+  std::map<std::string, ir::Tensor> batch;  // every data input (and the labels), B rows each
+  double lr = 0;
+  int64_t step = 0;  // 0-based; the optimizer's step input gets step + 1
+};
+
+// Chrome-trace-like record of one action (times in microseconds from the step's start).
+struct TraceEvent {
+  int32_t stage = 0;
+  int32_t lane = 0;  // 0 compute, 1 communication waits
+  std::string name;  // "F3", "B3", "O", "recv F3 from 0", ...
+  std::string category;  // forward | backward | optimizer | recv
+  int32_t microbatch = -1;
+  double start_us = 0, dur_us = 0;
+};
+
+struct StageMeasure {
+  double forward_s = 0, backward_s = 0, recompute_s = 0, post_s = 0, recv_wait_s = 0;
+  int32_t microbatches_forwarded = 0;
+  int64_t peak_bytes = 0;        // high-water of everything the stage held (see header comment)
+  int64_t saved_bytes = 0;       // largest forward-to-backward footprint of one micro-batch
+  int64_t activations_peak = 0;  // high-water of the footprints of the micro-batches in flight
+  int32_t max_in_flight = 0;
+  int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
+  int64_t bytes_sent = 0, bytes_received = 0;
+};
+
+struct PipelineStepResult {
+  double loss = 0;
+  double grad_norm = 0;  // NaN when the graph has no norm
+  std::vector<double> microbatch_losses, shares;
+  double seconds = 0;
+  std::vector<StageMeasure> stages;
+  std::vector<TraceEvent> trace;
+};
+
+class PipelineExecutor {
+ public:
+  // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size).
+  // Builds the stage programs, the concrete action lists, and proves them free of deadlock.
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const ir::Graph& training_graph,
+                                                                  const StageAssignment& assignment,
+                                                                  const ExecutorOptions& options,
+                                                                  std::shared_ptr<const StageBackend> backend = nullptr);
+  ~PipelineExecutor();
+
+  absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
+
+  // Trained parameters by name, from the stages that own them.
+  std::map<std::string, ir::Tensor> Parameters() const;
+  // The value stage `stage` holds for constant `name` (its own parameter or a replica), if any.
+  std::optional<ir::Tensor> StageConstant(int32_t stage, const std::string& name) const;
+
+  const PipelineProgram& program() const { return program_; }
+  const std::vector<ActionList>& action_lists() const { return lists_; }
+  const ExecutorOptions& options() const { return options_; }
+  int64_t microbatch_size() const { return microbatch_size_; }
+  // The names of the data inputs a step must feed.
+  const std::vector<std::string>& data_inputs() const { return data_inputs_; }
+
+ private:
+  PipelineExecutor() = default;
+  class StageRun;
+
+  ExecutorOptions options_;
+  std::shared_ptr<const StageBackend> backend_;
+  PipelineProgram program_;
+  std::vector<ActionList> lists_;
+  LossShareRule loss_rule_;
+  ir::Tensor seed_like_;  // dtype and dims of the loss seed
+  int64_t microbatch_size_ = 0;
+  std::vector<std::string> data_inputs_;
+  bool broken_ = false;
+};
+
+}  // namespace onnxpipe::pipeline

@@ -1,0 +1,165 @@
+#include "tests/pipeline/pipeline_test_util.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "frontend/ir/status.h"
+#include "nlohmann/json.hpp"
+#include "tools/model.h"
+
+namespace onnxpipe::pipeline::testing {
+namespace {
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  if (!f.good()) return NOT_FOUND() << "cannot read " << path;
+  return nlohmann::json::parse(f);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelFixture>> ModelFixture::Load(const std::string& name) {
+  const std::string src = ONNXPIPE_SOURCE_DIR;
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelFixture> f,
+                   FromFile(src + "/models/" + name + ".onnx", src + "/models/" + name + ".json",
+                            src + "/models/golden/" + name + "/data", 4));
+  f->name_ = name;
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<ModelFixture>> ModelFixture::FromFile(const std::string& onnx_path,
+                                                                     const std::string& sidecar_json,
+                                                                     const std::string& data_dir, int64_t batch) {
+  auto f = std::make_unique<ModelFixture>();
+  f->name_ = onnx_path;
+  f->batch_ = batch;
+  ASSIGN_OR_RETURN(tools::Model model, tools::ImportModel(onnx_path, /*allow_unsupported=*/false));
+  f->imported_ = std::move(*model.imported);
+  ASSIGN_OR_RETURN(nlohmann::json sidecar, ReadJson(sidecar_json));
+  if (sidecar["freeze_regex"].is_string()) f->freeze_regex_ = sidecar["freeze_regex"];
+  ASSIGN_OR_RETURN(f->fields_, train::DataFields(f->imported_, "logits", "labels"));
+  std::map<std::string, int64_t> bindings;
+  ASSIGN_OR_RETURN(train::Dataset data, train::Dataset::Load(data_dir, f->fields_, batch, &bindings));
+  f->data_ = std::make_unique<train::Dataset>(std::move(data));
+  const tools::DimRoles roles = tools::ClassifySymbols(f->imported_);
+  for (const auto& [sym, size] : bindings) {
+    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end()) f->other_bindings_[sym] = size;
+  }
+  return f;
+}
+
+absl::StatusOr<train::TrainOptions> ModelFixture::Options(const RunConfig& c, int64_t batch) const {
+  train::TrainOptions o;
+  o.batch = batch;
+  o.steps = c.steps;
+  o.optimizer.kind = c.optimizer;
+  if (c.optimizer == autodiff::OptimizerKind::kSGD) {
+    o.optimizer.momentum = 0.9;
+    o.optimizer.weight_decay = 0.01;
+  } else {
+    o.optimizer.weight_decay = 0.01;
+  }
+  o.optimizer.clip_norm = c.clip_norm;
+  o.lr = c.lr;
+  o.logits = "logits";
+  o.labels = "labels";
+  o.freeze_regex = freeze_regex_;
+  o.dtype = c.dtype;
+  o.seed = c.seed;
+  o.dropout = c.dropout;
+  o.ignore_index = ignore_index_;
+  return o;
+}
+
+StepFeeds ModelFixture::Feeds(int64_t step, double lr, ir::DType dtype) const {
+  StepFeeds f;
+  f.step = step;
+  f.lr = lr;
+  const std::vector<int64_t> rows = data_->BatchRows(step, batch_, /*shuffle=*/false, /*seed=*/0);
+  for (const train::FieldSpec& field : fields_) {
+    ir::Tensor t = data_->Gather(field.name, rows);
+    if (ir::IsFloat(t.dtype()) && t.dtype() != dtype) t = t.CastTo(dtype);
+    f.batch[field.name] = t;
+  }
+  return f;
+}
+
+absl::StatusOr<RunResult> ModelFixture::Reference(const RunConfig& c) const {
+  tools::Model model;
+  model.imported = imported_;
+  tools::ModelOptions mo;
+  mo.batch = batch_;
+  mo.extra_dims = other_bindings_;
+  RETURN_IF_ERROR(tools::PrepareModel(model, mo));
+  ASSIGN_OR_RETURN(train::TrainOptions o, Options(c, batch_));
+  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(*model.graph, o));
+  RETURN_IF_ERROR(trainer.SetData(*data_));
+  RunResult r;
+  for (int32_t k = 0; k < c.steps; ++k) {
+    ASSIGN_OR_RETURN(train::StepMetrics m, trainer.Step());
+    r.losses.push_back(m.loss);
+    r.grad_norms.push_back(m.grad_norm);
+  }
+  r.params = trainer.Parameters();
+  return r;
+}
+
+absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig& c) const {
+  if (batch_ % c.microbatches != 0) {
+    return INVALID_ARGUMENT() << "batch " << batch_ << " is not divisible by " << c.microbatches;
+  }
+  const int64_t b = batch_ / c.microbatches;
+  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported_, "B", b, other_bindings_));
+  ASSIGN_OR_RETURN(train::TrainOptions o, Options(c, b));
+  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, o));
+  return trainer.graph();
+}
+
+absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c) const {
+  ASSIGN_OR_RETURN(ir::Graph g, MicrobatchTrainingGraph(c));
+  ASSIGN_OR_RETURN(StageAssignment a, AssignContiguous(g, c.stages, c.cuts));
+  RETURN_IF_ERROR(MarkRecompute(g, c.recompute, &a));
+  RETURN_IF_ERROR(MarkRecomputeByName(g, c.recompute_nodes, &a));
+  ExecutorOptions eo;
+  eo.schedule = c.schedule;
+  eo.microbatches = c.microbatches;
+  eo.dropout = c.dropout;
+  eo.seed = c.seed;
+  eo.check_numerics = c.check_numerics;
+  eo.node_hook = c.hook;
+  eo.recv_timeout_s = c.recv_timeout_s;
+  RunResult r;
+  ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, a, eo));
+  for (int32_t k = 0; k < c.steps; ++k) {
+    ASSIGN_OR_RETURN(PipelineStepResult s, r.executor->Step(Feeds(k, c.lr, c.dtype)));
+    r.losses.push_back(s.loss);
+    r.grad_norms.push_back(s.grad_norm);
+    r.steps.push_back(std::move(s));
+  }
+  r.params = r.executor->Parameters();
+  return r;
+}
+
+double MaxRelDiff(const ir::Tensor& a, const ir::Tensor& b, double floor) {
+  if (a.dims() != b.dims()) return INFINITY;
+  double worst = 0;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    const double x = a.GetAsDouble(i), y = b.GetAsDouble(i);
+    worst = std::max(worst, std::abs(x - y) / std::max(std::abs(y), floor));
+  }
+  return worst;
+}
+
+std::string Describe(const RunConfig& c) {
+  std::ostringstream os;
+  os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleKindName(c.schedule)
+     << " recompute=" << RecomputePolicyName(c.recompute);
+  if (!c.cuts.empty()) {
+    os << " cuts=";
+    for (int32_t x : c.cuts) os << x << ",";
+  }
+  return os.str();
+}
+
+}  // namespace onnxpipe::pipeline::testing
