@@ -366,8 +366,9 @@ absl::StatusOr<std::string> SerializeNpy(const ir::Tensor& t) {
 }
 
 absl::Status WriteNpy(const std::string& path, const ir::Tensor& t) {
-  ASSIGN_OR_RETURN(std::string bytes, SerializeNpy(t));
-  absl::Status st = io::WriteFileAtomically(path, bytes);
+  absl::StatusOr<std::string> bytes = SerializeNpy(t);
+  if (!bytes.ok()) return Annotate(bytes.status(), path);
+  absl::Status st = io::WriteFileAtomically(path, *bytes);
   if (!st.ok()) return Annotate(st, "writing " + path);
   return absl::OkStatus();
 }
