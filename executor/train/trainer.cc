@@ -18,6 +18,17 @@ namespace {
 
 ir::DType OtherFloat(ir::DType t) { return t == ir::DType::kF32 ? ir::DType::kF64 : ir::DType::kF32; }
 
+// --no-dropout: the model as PyTorch rebuilds it with p = 0. Setting the ratios to 0 before
+// autodiff (rather than only running the forward in inference mode) keeps the backward consistent:
+// DropoutGrad scales by 1 / (1 - ratio).
+void DisableDropout(ir::Graph& g) {
+  for (ir::NodeId id : g.LiveNodes()) {
+    ir::Node& n = g.node(id);
+    if (n.op == ir::OpKind::kDropout) n.attrs.Set("ratio", 0.0);
+    if (n.op == ir::OpKind::kAttention && n.attrs.Has("dropout")) n.attrs.Set("dropout", 0.0);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
@@ -79,6 +90,7 @@ absl::StatusOr<Trainer> Trainer::Create(const ir::Graph& forward, const TrainOpt
   if (options.dtype == ir::DType::kF64) {
     RETURN_IF_ERROR(ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64));
   }
+  if (!options.dropout) DisableDropout(g);
 
   // Phase 1: the loss.
   autodiff::CrossEntropyOptions ce;

@@ -1,0 +1,175 @@
+// `onnxpipe train` through the built binary: the metrics file against the PyTorch golden, and every
+// kind of bad input giving a clear error and exit code.
+#include <filesystem>
+#include <fstream>
+
+#include "executor/data/npy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/cli_util.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::Onnxpipe;
+using testing::RunCommand;
+using testing::SourcePath;
+
+const char kClassifierFreeze[] = "'^pos\\.table$'";
+
+class TrainCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("train_cli");
+    data_ = dir_ / "data";
+    fs::copy(SourcePath("models/golden/tiny_classifier/data"), data_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The golden's SGD setting on the classifier, plus `extra` flags.
+  CommandResult Train(const std::string& extra) {
+    return RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                      " --data " + data_.string() +
+                      " --batch 4 --optimizer sgd --lr 0.01 --momentum 0.9 --weight-decay 0.01"
+                      " --logits logits --labels labels --no-dropout --freeze " +
+                      kClassifierFreeze + " " + extra);
+  }
+
+  fs::path dir_, data_;
+};
+
+TEST_F(TrainCliTest, MetricsMatchTheGoldenAndProgressIsPlainWithoutTty) {
+  const fs::path metrics = dir_ / "m.jsonl";
+  CommandResult r = Train("--steps 3 --metrics " + metrics.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step 1/3  loss"));
+  EXPECT_THAT(r.out, HasSubstr("step 3/3  loss"));
+  EXPECT_EQ(r.out.find('\r'), std::string::npos);  // stdout is not a terminal here
+
+  std::ifstream golden_file(SourcePath("models/golden/tiny_classifier.json"));
+  const nlohmann::json golden = nlohmann::json::parse(golden_file);
+  const nlohmann::json& run = golden["runs"][1];  // sgd, float32
+  ASSERT_EQ(run["optimizer"], "sgd");
+  ASSERT_EQ(run["dtype"], "float32");
+  std::ifstream in(metrics);
+  std::string line;
+  int k = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["step"].get<int>(), k);
+    const double want = run["losses"][k].get<double>();
+    EXPECT_NEAR(m["loss"].get<double>(), want, 1e-4 * want);
+    const double want_norm = run["grad_norms"][k].get<double>();
+    EXPECT_NEAR(m["grad_norm"].get<double>(), want_norm, 1e-4 * want_norm);
+    EXPECT_EQ(m["lr"].get<double>(), 0.01);
+    EXPECT_GT(m["samples_per_s"].get<double>(), 0);
+    ++k;
+  }
+  EXPECT_EQ(k, 3);
+}
+
+TEST_F(TrainCliTest, MissingNpyIsNamed) {
+  fs::remove(data_ / "tokens.npy");
+  CommandResult r = Train("--steps 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("tokens.npy is missing"));
+}
+
+TEST_F(TrainCliTest, WrongDtypeIsNamed) {
+  absl::StatusOr<ir::Tensor> t = data::ReadNpy((data_ / "tokens.npy").string());
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(data::WriteNpy((data_ / "tokens.npy").string(), t->CastTo(ir::DType::kF32)).ok());
+  CommandResult r = Train("--steps 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("'tokens' expects dtype i64 but the file holds f32"));
+}
+
+TEST_F(TrainCliTest, SequenceLengthMismatchIsNamed) {
+  CommandResult r = Train("--steps 1 --seq 32");  // the data has 64 tokens per row
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("'tokens' dim 1 ('S') is 64 but it is bound to 32"));
+}
+
+TEST_F(TrainCliTest, LabelOutOfRangeNamesTheRow) {
+  absl::StatusOr<ir::Tensor> t = data::ReadNpy((data_ / "labels.npy").string());
+  ASSERT_TRUE(t.ok());
+  ir::Tensor labels = t->Clone();
+  labels.mutable_data<int64_t>()[7] = 2;  // two classes: 0 and 1
+  ASSERT_TRUE(data::WriteNpy((data_ / "labels.npy").string(), labels).ok());
+  CommandResult r = Train("--steps 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("labels.npy row 7: label 2 is out of range [0, 2)"));
+}
+
+TEST_F(TrainCliTest, FewerRowsThanTheBatch) {
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                               " --data " + data_.string() +
+                               " --batch 32 --steps 1 --optimizer sgd --lr 0.1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("20 rows (samples), fewer than --batch 32"));
+}
+
+TEST_F(TrainCliTest, DivergenceWithCheckNumericsNamesANode) {
+  // A huge learning rate makes the second forward pass overflow.
+  CommandResult r = Train("--steps 3 --lr 1e30 --check-numerics");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("step 1: node '"));
+  EXPECT_THAT(r.err, HasSubstr("produced a non-finite value"));
+  // Without the flag the loss check stops the run and points at the flag.
+  r = Train("--steps 3 --lr 1e30");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("rerun with --check-numerics"));
+}
+
+TEST_F(TrainCliTest, UsageErrors) {
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                               " --data " + data_.string() + " --batch 4 --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--lr is required"));
+  r = Train("--steps 1 --optimizer adam");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("sgd or adamw"));
+  r = Train("--steps 1 --dtype fp16");
+  EXPECT_EQ(r.exit_code, 2);
+  r = RunCommand(Onnxpipe() + " train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--data", "--batch", "--steps", "--optimizer", "--lr", "--momentum",
+                           "--weight-decay", "--nesterov", "--beta1", "--beta2", "--eps",
+                           "--clip-norm", "--warmup-steps", "--schedule", "--logits", "--labels",
+                           "--metrics", "--backend", "--dtype", "--freeze", "--seed", "--shuffle",
+                           "--dropout", "--check-numerics", "--label-smoothing", "--ignore-index",
+                           "--seq"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+TEST_F(TrainCliTest, AdamWWithScheduleClippingAndCheckpoint) {
+  const fs::path metrics = dir_ / "m.jsonl", ckpt = dir_ / "trained.onnx";
+  CommandResult r = RunCommand(
+      Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+      data_.string() + " --batch 4 --steps 4 --optimizer adamw --lr 0.002 --warmup-steps 2" +
+      " --schedule linear --clip-norm 0.5 --shuffle --seed 3 --freeze " + kClassifierFreeze +
+      " --metrics " + metrics.string() + " --checkpoint " + ckpt.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(metrics);
+  std::vector<double> lrs;
+  std::string line;
+  while (std::getline(in, line)) lrs.push_back(nlohmann::json::parse(line)["lr"].get<double>());
+  // Warm-up 0.001, 0.002, then linear decay over the remaining 2 steps: 0.002, 0.001.
+  ASSERT_EQ(lrs.size(), 4u);
+  EXPECT_DOUBLE_EQ(lrs[0], 0.001);
+  EXPECT_DOUBLE_EQ(lrs[1], 0.002);
+  EXPECT_DOUBLE_EQ(lrs[2], 0.002);
+  EXPECT_DOUBLE_EQ(lrs[3], 0.001);
+  EXPECT_TRUE(fs::exists(ckpt));
+  // The checkpoint is a model `onnxpipe inspect` accepts.
+  CommandResult inspect = RunCommand(Onnxpipe() + " inspect " + ckpt.string());
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
+}
+
+}  // namespace
+}  // namespace onnxpipe
