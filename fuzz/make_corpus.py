@@ -5,7 +5,9 @@
   bad_<name>.onnx     models with one defect each (errors the loader must report)
   trunc_<name>_<n>    prefixes of valid models
   random_<n>          random bytes
-usage: fuzz/make_corpus.py   (run from anywhere; rewrites the corpus folder)
+  found_<sha1>        inputs that reached new code while fuzzing (libFuzzer -merge=1), kept
+  crash_<name>        inputs that crashed the loader once (regressions), kept
+usage: fuzz/make_corpus.py   (run from anywhere; rewrites the generated part of the folder)
 """
 import os
 import sys
@@ -27,7 +29,7 @@ def write(name, data):
 def main():
     os.makedirs(OUT, exist_ok=True)
     for f in os.listdir(OUT):
-        if not f.startswith("crash_"):  # crashers found by fuzzing stay
+        if not f.startswith(("crash_", "found_")):  # what fuzzing found stays
             os.remove(os.path.join(OUT, f))
     valid = {}
     valid.update(tm.op_models())
