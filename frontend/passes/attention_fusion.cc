@@ -325,10 +325,10 @@ class AttentionMatcher {
     // The match is complete; mutate the graph.
     if (mask_kind == "bool" && m.bool_cond_means_masked) {
       if (keep_const) {
-        mask = g_->AddConstant(g_->UniqueName(name + "/keep_mask"), *keep_const);
+        mask = g_->AddConstant(g_->UniqueName(name + "_keep_mask"), *keep_const);
       } else {
         const ir::Value& c = g_->value(m.bool_cond);
-        mask = AddNodeWithOutput(g_, OpKind::kNot, name + "/keep_mask", {m.bool_cond}, {},
+        mask = AddNodeWithOutput(g_, OpKind::kNot, name + "_keep_mask", {m.bool_cond}, {},
                                  ir::DType::kBool, c.shape, c.shape_known);
       }
     }
@@ -340,7 +340,7 @@ class AttentionMatcher {
         for (int64_t a : m.k_perm) shape.push_back(src.shape[a]);
       ir::Attrs attrs;
       attrs.Set("perm", m.k_perm);
-      k = AddNodeWithOutput(g_, OpKind::kTranspose, name + "/k_transpose", {m.k_source}, std::move(attrs),
+      k = AddNodeWithOutput(g_, OpKind::kTranspose, name + "_k_transpose", {m.k_source}, std::move(attrs),
                             src.dtype, shape, src.shape_known && shape.size() == m.k_perm.size());
     }
     std::vector<ValueId> inputs = {m.q, k, m.v};

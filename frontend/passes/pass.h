@@ -57,7 +57,7 @@ class PassPipeline : public Pass {
   // pass inside a sub-pipeline). Reset at the start of every Run(). For logs and tests.
   const std::vector<std::string>& changed_log() const { return changed_log_; }
 
-  // Whether to run ir::Verify after each pass (default true).
+  // Whether to run ir::Verify after each pass (default true); sub-pipelines follow their parent.
   void set_verify(bool verify) { verify_ = verify; }
 
  private:

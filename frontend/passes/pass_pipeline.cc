@@ -20,6 +20,8 @@ absl::StatusOr<bool> PassPipeline::RunOnce(ir::Graph* g) {
   bool changed = false;
   for (const std::unique_ptr<Pass>& pass : passes_) {
     const std::string pass_name(pass->name());
+    auto* sub = dynamic_cast<PassPipeline*>(pass.get());
+    if (sub != nullptr) sub->verify_ = verify_;  // a sub-pipeline verifies as its parent does
     absl::StatusOr<bool> result = pass->Run(g);
     if (!result.ok()) return Annotate(result.status(), "pass '" + pass_name + "'");
     if (verify_) {
@@ -29,7 +31,7 @@ absl::StatusOr<bool> PassPipeline::RunOnce(ir::Graph* g) {
     }
     if (*result) {
       changed = true;
-      if (auto* sub = dynamic_cast<PassPipeline*>(pass.get())) {
+      if (sub != nullptr) {
         for (const std::string& inner : sub->changed_log())
           changed_log_.push_back(pass_name + "/" + inner);
       } else {

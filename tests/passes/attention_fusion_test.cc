@@ -40,6 +40,7 @@ void ExpectKIsTransposedFrom(const ir::Graph& g, ValueId k, ValueId source, std:
   const ir::Node* t = g.node(g.value(k).producer).op == OpKind::kTranspose ? &g.node(g.value(k).producer) : nullptr;
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->inputs[0], source);
+  EXPECT_EQ(t->scope, "/l");  // the layer scope of the attention it feeds
   EXPECT_EQ(t->attrs.Get<std::vector<int64_t>>("perm"), perm);
 }
 
