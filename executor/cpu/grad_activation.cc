@@ -71,7 +71,9 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
 
-Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+// Outside training the forward Dropout is the identity (mask all true, no 1/(1-ratio) scale), so
+// the backward is too.
+Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& mask = in[1];
   if (mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims()) {
@@ -86,7 +88,7 @@ Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ir::Tensor out(dy.dtype(), dy.dims());
-    const T scale = ratio < 1.0 ? static_cast<T>(1.0 / (1.0 - ratio)) : T(0);
+    const T scale = !ctx.training || ratio == 0.0 ? T(1) : ratio < 1.0 ? static_cast<T>(1.0 / (1.0 - ratio)) : T(0);
     const T* pg = dy.data<T>();
     const bool* pm = mask.data<bool>();
     T* po = out.mutable_data<T>();

@@ -239,6 +239,23 @@ TEST(AutodiffTest, BackwardNodesCarryPhaseOriginAndScope) {
   EXPECT_EQ(t.g().value(t.g().outputs()[2]).name, "grad/w");
 }
 
+TEST(AutodiffTest, DropoutBackwardIsIdentityOutsideTraining) {
+  // Evaluated with EvalContext::training == false the forward Dropout is the identity; its
+  // gradient must be too (no 1 / (1 - ratio) scale), so d sum(dropout(x) * w) / dx = w.
+  TestGraph t;
+  ValueId x = t.Param("x", {4, 8});
+  ValueId y = t.Op1(OpKind::kDropout, {x}, MakeAttrs({{"ratio", 0.5}}));
+  auto loss = t.AddWeightedSumLoss({y});
+  ASSERT_TRUE(loss.ok());
+  const ValueId w = t.g().node(t.g().value(t.g().node(t.g().value(*loss).producer).inputs[0]).producer).inputs[1];
+  auto info = BuildGradients(&t.g(), *loss, {});
+  ASSERT_TRUE(info.ok()) << info.status();
+  cpu::CpuEvaluator ev(cpu::EvalContext{});
+  auto out = runtime::Interpret(t.g(), ev, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE((*out)[1].BitwiseEquals(*t.g().value(w).constant));
+}
+
 TEST(LossTest, PerTokenCrossEntropyAddsLabelsAndDifferentiates) {
   TestGraph t;
   ValueId x = t.ConstF("x", {2, 3, 4});
