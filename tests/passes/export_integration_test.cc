@@ -197,6 +197,48 @@ INSTANTIATE_TEST_SUITE_P(
                    .norm_first = true}),
     [](const ::testing::TestParamInfo<ExportCase>& info) { return info.param.name; });
 
+// nn.TransformerEncoderLayer with the standard causal src_mask (torch.triu(full(-inf), 1) built
+// from S inside forward): once S is bound the mask folds to a constant triangle, the baddbmm's
+// Mul-by-1 on scores and mask are absorbed, and the attention comes out causal without a mask.
+TEST(CausalEncoderTest, GeneratedSquareSubsequentMaskBecomesCausal) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("onnxpipe_passes_export_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "causal_encoder.onnx").string();
+  const std::string cmd = Quote(ONNXPIPE_PYTHON) + " " +
+                          Quote(std::string(ONNXPIPE_SOURCE_DIR) + "/tests/passes/export_causal_encoder.py") + " " +
+                          Quote(path) + " > " + Quote(path + ".log") + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  absl::StatusOr<onnx_frontend::LoadedModel> loaded = onnx_frontend::LoadOnnxModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ir::Graph g = std::move(*loaded->graph);
+  ASSERT_TRUE(ir::InferShapes(g).ok());
+  ASSERT_TRUE(ir::BindSymbols(g, {{"B", kBatch}, {"S", kSeq}}).ok());
+  ASSERT_TRUE(ir::InferShapes(g).ok());
+  const ir::Graph unfused = g;
+  cpu::CpuEvaluator evaluator;
+  ASSERT_TRUE(RunForwardPipeline(&g, evaluator).ok());
+  SCOPED_TRACE("fused: " + testing::HistogramString(g));
+  std::vector<const ir::Node*> att = testing::NodesOf(g, ir::OpKind::kAttention);
+  ASSERT_EQ(att.size(), 1u);
+  EXPECT_EQ(att[0]->attrs.Get<int64_t>("causal", -1), 1);
+  EXPECT_EQ(att[0]->inputs.size(), 3u);
+  EXPECT_NEAR(att[0]->attrs.Get<double>("scale", 0), 1.0 / 4.0, 1e-6);
+  for (const char* op : {"Trilu", "ConstantOfShape", "Shape", "Mul", "Softmax"})
+    EXPECT_EQ(testing::Histogram(g)[op], 0) << op;
+  // Float input: random feeds through the shared helper.
+  for (uint32_t seed : {3u, 4u}) {
+    absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(unfused, {}, seed);
+    ASSERT_TRUE(feeds.ok()) << feeds.status();
+    absl::StatusOr<std::vector<ir::Tensor>> before = testing::Evaluate(unfused, *feeds);
+    absl::StatusOr<std::vector<ir::Tensor>> after = testing::Evaluate(g, *feeds);
+    ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
+    absl::StatusOr<double> diff = testing::MaxAbsDiff(*before, *after);
+    ASSERT_TRUE(diff.ok()) << diff.status();
+    EXPECT_LE(*diff, 1e-4);
+  }
+}
+
 // The committed models (models/tiny_*.onnx, 2 layers each), fused with B and S left symbolic and
 // with them bound.
 TEST(ShippedModelsTest, FuseUnboundAndBound) {
