@@ -1,0 +1,266 @@
+// Phase 2: positions, parameter ownership, crossing bytes per cut, cut candidates. Everything is
+// linear in the graph size (one pass over the nodes, difference arrays for the crossings) so that
+// a 96-layer model is analysed in milliseconds.
+#include "partitioner/analysis.h"
+
+#include <algorithm>
+#include <regex>
+#include <unordered_map>
+
+#include "frontend/ir/status.h"
+#include "partitioner/memory_planner.h"
+
+namespace onnxpipe::partitioner {
+namespace {
+
+bool IsUpdateOp(ir::OpKind op) {
+  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
+}
+
+}  // namespace
+
+std::string LayerKey(const std::string& scope) {
+  static const std::regex indexed(R"(.*[._]\d+$)");
+  size_t pos = 0;
+  std::string first;
+  while (pos < scope.size()) {
+    size_t next = scope.find('/', pos + 1);
+    if (next == std::string::npos) next = scope.size();
+    const std::string prefix = scope.substr(0, next);
+    const std::string component = scope.substr(pos + 1, next - pos - 1);
+    if (first.empty() && !component.empty()) first = prefix;
+    if (std::regex_match(component, indexed)) return prefix;
+    pos = next;
+  }
+  return first.empty() ? "(top)" : first;
+}
+
+int32_t GraphAnalysis::unit_of_position(int32_t p) const {
+  auto it = std::upper_bound(unit_begin.begin(), unit_begin.end(), p);
+  return static_cast<int32_t>(it - unit_begin.begin()) - 1;
+}
+
+bool GraphAnalysis::IsForward(ir::NodeId id) const {
+  return graph->node(id).phase == ir::Phase::kForward;
+}
+
+bool GraphAnalysis::IsActivation(ir::ValueId v) const {
+  const ir::Value& val = graph->value(v);
+  if (val.constant) return false;
+  return val.producer != ir::kNoNode || is_input[v];
+}
+
+absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const AnalysisOptions& options) {
+  GraphAnalysis a;
+  a.graph = &g;
+  a.precision = options.precision;
+  a.order = g.LiveNodes();
+  const int32_t nv = g.num_values();
+  a.is_input.assign(nv, false);
+  for (ir::ValueId v : g.inputs()) a.is_input[v] = true;
+
+  // The stored order must be a schedule: every computed operand produced earlier.
+  {
+    std::vector<bool> produced(nv, false);
+    for (ir::NodeId id : a.order) {
+      const ir::Node& n = g.node(id);
+      for (ir::ValueId v : n.inputs) {
+        if (v == ir::kNoValue || g.value(v).constant || a.is_input[v]) continue;
+        if (!produced[v]) {
+          return INVALID_ARGUMENT() << "training graph: node '" << n.name << "' (" << ir::OpName(n.op)
+                                    << ") reads '" << g.value(v).name
+                                    << "' before it is produced; the graph is not topologically sorted";
+        }
+      }
+      for (ir::ValueId v : n.outputs)
+        if (v != ir::kNoValue) produced[v] = true;
+    }
+  }
+
+  // Parameters and their gradients.
+  a.is_param.assign(nv, false);
+  a.is_param_grad.assign(nv, false);
+  bool has_updates = false;
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    const ir::Value& s = g.value(u.state);
+    if (s.constant && s.is_initializer && ir::IsFloat(s.dtype)) a.is_param[u.state] = true;
+  }
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    if (!IsUpdateOp(n.op)) continue;
+    has_updates = true;
+    if (n.inputs.size() > 1 && n.inputs[1] != ir::kNoValue) a.is_param_grad[n.inputs[1]] = true;
+  }
+  if (!has_updates) {  // a backward-only graph: BuildGradients' "grad/<param>" outputs
+    for (ir::ValueId v : g.outputs()) {
+      const std::string& name = g.value(v).name;
+      if (name.rfind("grad/", 0) != 0) continue;
+      a.is_param_grad[v] = true;
+      const ir::ValueId p = g.FindValue(name.substr(5));
+      if (p != ir::kNoValue && g.value(p).constant) a.is_param[p] = true;
+    }
+  }
+
+  // Sizes: every value a node touches must have a concrete shape.
+  a.value_bytes.assign(nv, 0);
+  a.uses = g.ComputeUses();
+  for (ir::ValueId v = 0; v < nv; ++v) {
+    const ir::Value& val = g.value(v);
+    const bool touched = !a.uses[v].empty() || val.producer != ir::kNoNode || a.is_input[v];
+    if (!touched) continue;
+    if (!val.shape_known || !ir::IsConcrete(val.shape)) {
+      return INVALID_ARGUMENT() << "training graph: value '" << val.name << "' has shape "
+                                << (val.shape_known ? ir::ShapeToString(val.shape) : "unknown")
+                                << "; bind the batch and sequence dims (--batch, --seq) first";
+    }
+    int64_t size = ir::DTypeSize(val.dtype);
+    const bool optimizer_value =
+        val.producer != ir::kNoNode && g.node(val.producer).phase == ir::Phase::kOptimizer;
+    if (options.precision == Precision::kBF16 && ir::IsFloat(val.dtype) && !val.constant &&
+        !a.is_param_grad[v] && !optimizer_value && !a.is_input[v]) {
+      size = std::min<int64_t>(size, 2);
+    }
+    a.value_bytes[v] = ir::NumElements(val.shape).value() * size;
+  }
+
+  // Forward positions.
+  a.position.assign(g.num_node_slots(), -1);
+  std::unordered_map<std::string, int32_t> forward_by_name;
+  for (ir::NodeId id : a.order) {
+    if (g.node(id).phase != ir::Phase::kForward) continue;
+    const int32_t p = static_cast<int32_t>(a.forward.size());
+    a.position[id] = p;
+    a.forward.push_back(id);
+    forward_by_name.emplace(g.node(id).name, p);
+  }
+  const int32_t F = a.num_positions();
+  if (F == 0) return INVALID_ARGUMENT() << "training graph '" << g.name << "' has no forward nodes";
+
+  // Parameter owners: the first forward consumer.
+  a.param_owner.assign(nv, -1);
+  std::unordered_map<std::string, ir::ValueId> param_by_name;
+  for (ir::ValueId v = 0; v < nv; ++v) {
+    if (!a.is_param[v]) continue;
+    param_by_name.emplace(g.value(v).name, v);
+    int32_t owner = -1;
+    for (ir::NodeId u : a.uses[v]) {
+      const int32_t p = a.position[u];
+      if (p >= 0 && g.node(u).phase == ir::Phase::kForward && (owner < 0 || p < owner)) owner = p;
+    }
+    a.param_owner[v] = owner;
+  }
+
+  // Backward and optimizer nodes, in order (so that a Sum's contributions are placed already).
+  auto latest_input = [&](const ir::Node& n) {
+    int32_t p = -1;
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue || g.value(v).producer == ir::kNoNode) continue;
+      p = std::max(p, a.position[g.value(v).producer]);
+    }
+    return p;
+  };
+  auto origin_position = [&](const ir::Node& n) -> int32_t {
+    if (n.origin.empty()) return -1;
+    if (auto it = forward_by_name.find(n.origin); it != forward_by_name.end()) return it->second;
+    if (auto it = param_by_name.find(n.origin); it != param_by_name.end()) return a.param_owner[it->second];
+    return -1;
+  };
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    if (n.phase == ir::Phase::kForward) continue;
+    int32_t p = -1;
+    if (n.phase == ir::Phase::kBackward) {
+      p = origin_position(n);
+      if (p < 0) p = latest_input(n);
+      if (p < 0) p = F - 1;
+    } else {
+      p = origin_position(n);
+      if (p < 0) {
+        a.global_nodes.push_back(id);
+        continue;
+      }
+    }
+    a.position[id] = p;
+  }
+
+  // Buffer sharing of views (as the memory planner does it).
+  a.alias_root.resize(nv);
+  for (ir::ValueId v = 0; v < nv; ++v) a.alias_root[v] = v;
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    if (!IsAliasOp(n.op) || n.inputs.empty() || n.inputs[0] == ir::kNoValue || n.outputs.empty()) continue;
+    const ir::ValueId out = n.outputs[0];
+    if (out == ir::kNoValue || a.is_param_grad[out] || n.phase == ir::Phase::kOptimizer) continue;
+    a.alias_root[out] = a.alias_root[n.inputs[0]];
+  }
+
+  // Crossing bytes per cut: a value produced at position p and read at positions lo..hi crosses
+  // the cuts (p, hi] forward and (lo, p] backward.
+  std::vector<int64_t> dfwd(F + 2, 0), dbwd(F + 2, 0);
+  for (ir::ValueId v = 0; v < nv; ++v) {
+    const ir::Value& val = g.value(v);
+    if (val.constant || val.producer == ir::kNoNode) continue;
+    const int32_t p = a.position[val.producer];
+    if (p < 0) continue;
+    int32_t lo = p, hi = p;
+    for (ir::NodeId u : a.uses[v]) {
+      const int32_t q = a.position[u];
+      if (q < 0) continue;
+      const ir::Node& un = g.node(u);
+      bool data_use = false;
+      for (size_t i = 0; i < un.inputs.size(); ++i)
+        if (un.inputs[i] == v && !IsShapeOnlyOperand(un, static_cast<int>(i))) data_use = true;
+      if (!data_use) continue;
+      lo = std::min(lo, q);
+      hi = std::max(hi, q);
+    }
+    if (hi > p) {
+      dfwd[p + 1] += a.value_bytes[v];
+      dfwd[hi + 1] -= a.value_bytes[v];
+    }
+    if (lo < p) {
+      dbwd[lo + 1] += a.value_bytes[v];
+      dbwd[p + 1] -= a.value_bytes[v];
+    }
+  }
+  a.cross_fwd_bytes.assign(F + 1, 0);
+  a.cross_bwd_bytes.assign(F + 1, 0);
+  int64_t f = 0, b = 0;
+  for (int32_t c = 0; c <= F; ++c) {
+    f += dfwd[c];
+    b += dbwd[c];
+    a.cross_fwd_bytes[c] = f;
+    a.cross_bwd_bytes[c] = b;
+  }
+  a.cross_fwd_bytes[0] = a.cross_bwd_bytes[0] = 0;
+  a.cross_fwd_bytes[F] = a.cross_bwd_bytes[F] = 0;
+
+  // Cut candidates.
+  if (F > 1) {
+    int32_t lo = 1, hi = F - 1;
+    if (F >= 8) {
+      lo = std::max(1, F / 4);
+      hi = std::min(F - 1, (3 * F) / 4);
+    }
+    int64_t smallest = -1;
+    for (int32_t c = lo; c <= hi; ++c) {
+      const int64_t t = a.cross_fwd_bytes[c] + a.cross_bwd_bytes[c];
+      if (smallest < 0 || t < smallest) smallest = t;
+    }
+    const double limit = static_cast<double>(smallest) * (1.0 + options.cut_slack);
+    for (int32_t c = 1; c < F; ++c) {
+      if (static_cast<double>(a.cross_fwd_bytes[c] + a.cross_bwd_bytes[c]) <= limit) {
+        a.cut_candidates.push_back(c);
+      }
+    }
+  }
+  a.unit_begin.push_back(0);
+  for (int32_t c : a.cut_candidates) a.unit_begin.push_back(c);
+  a.unit_begin.push_back(F);
+
+  a.layer_of_position.reserve(F);
+  for (ir::NodeId id : a.forward) a.layer_of_position.push_back(LayerKey(g.node(id).scope));
+  return a;
+}
+
+}  // namespace onnxpipe::partitioner

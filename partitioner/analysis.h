@@ -1,0 +1,71 @@
+// Phase 2 of the partitioner: the training graph seen as one line of forward positions.
+//
+// Every forward node gets a position (its index in the graph's topological order restricted to
+// forward nodes). Every backward node takes the position of the forward node it differentiates
+// (Node::origin), every optimizer node the position of the parameter it updates, and a parameter
+// belongs to the position of its first forward consumer: so a forward op, its gradient ops and its
+// parameters' updates always land on one stage (the ORT rule; DESIGN.md). Gradient accumulation
+// Sums follow their origin too (the activation's producer, or the tied parameter's owner), as the
+// pipeline executor places them (executor/pipeline/program.h). Optimizer nodes without an origin
+// (SumSquares, the norm's Sqrt, ClipScale: the global gradient norm) are "global": they run once
+// per step over every stage's gradients and belong to no stage.
+// A stage is a contiguous range of positions. A cut c (between positions c-1 and c) has the bytes
+// that cross it per micro-batch: activations forward, gradients backward (constants are replicated
+// and graph inputs are fed to each stage that reads them, so neither crosses). Cut candidates are
+// the cuts whose crossing bytes are no more than (1 + cut_slack) times the smallest crossing found
+// in the middle half of the model (between transformer layers: one (B, S, D) tensor each way).
+// The ranges between consecutive candidates are the units the search assigns to stages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+#include "partitioner/device.h"
+
+namespace onnxpipe::partitioner {
+
+struct AnalysisOptions {
+  Precision precision = Precision::kFP32;
+  double cut_slack = 0.05;
+};
+
+struct GraphAnalysis {
+  const ir::Graph* graph = nullptr;
+  Precision precision = Precision::kFP32;
+  std::vector<ir::NodeId> order;          // live nodes in graph order (topological)
+  std::vector<ir::NodeId> forward;        // forward nodes in order; index = position
+  std::vector<int32_t> position;          // per node id; -1 for removed and global nodes
+  std::vector<ir::NodeId> global_nodes;   // in order
+  std::vector<bool> is_param;             // per value: a trained parameter (state-updated initializer)
+  std::vector<bool> is_param_grad;        // per value: the `grad` operand of an update op
+  std::vector<int32_t> param_owner;       // per value: owner position of a parameter, else -1
+  std::vector<bool> is_input;             // per value: a graph input
+  std::vector<ir::ValueId> alias_root;    // per value: the value whose buffer it shares
+  std::vector<int64_t> value_bytes;       // per value, at the precision (bf16 activations: 2 bytes)
+  std::vector<std::vector<ir::NodeId>> uses;  // per value: live consumer nodes
+  // Per cut c in [0, F]: bytes crossing between positions c-1 and c per micro-batch.
+  std::vector<int64_t> cross_fwd_bytes, cross_bwd_bytes;
+  std::vector<int32_t> cut_candidates;    // ascending, in (0, F)
+  std::vector<int32_t> unit_begin;        // unit u = positions [unit_begin[u], unit_begin[u+1]); size U+1
+  std::vector<std::string> layer_of_position;  // layer key of each forward node
+
+  int32_t num_positions() const { return static_cast<int32_t>(forward.size()); }
+  int32_t num_units() const { return static_cast<int32_t>(unit_begin.size()) - 1; }
+  int32_t unit_of_position(int32_t p) const;
+  bool IsForward(ir::NodeId id) const;
+  // A value that must be stored per micro-batch: computed by a node, or a non-constant graph input.
+  bool IsActivation(ir::ValueId v) const;
+};
+
+// Fails when the graph is not a shape-bound training graph in topological order, naming the
+// node or value.
+absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const AnalysisOptions& options);
+
+// The layer a node belongs to, from its scope: up to the first component that ends in an index
+// ("/encoder/layers.3/self_attn" -> "/encoder/layers.3"), else the first component, else "(top)".
+std::string LayerKey(const std::string& scope);
+
+}  // namespace onnxpipe::partitioner

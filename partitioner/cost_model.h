@@ -1,0 +1,86 @@
+// Phase 1 of the partitioner: the cost of every node of a shape-bound training graph.
+//
+// Roofline: time = op_overhead + max(FLOPs / (peak * compute_efficiency),
+//                                    bytes / (bandwidth * memory_efficiency)),
+// with the GEMM peak of the precision for GEMM-class ops (MatMul, Gemm, Linear, FusedMatMul,
+// Attention, AttentionGrad) and the vector peak for everything else. Bytes are the non-shape-only
+// operands read plus the outputs written, at the precision's element size (bf16: 2 bytes for
+// activations and weights read by GEMMs; optimizer ops always touch fp32). Views (Reshape,
+// Flatten, (Un)Squeeze, Identity, ReshapeLike) and Shape cost nothing: no kernel runs.
+// Attention is costed as a fused (flash-style) kernel: its FLOPs are the two GEMMs plus the
+// softmax, its bytes Q, K, V, mask and O only (no S x S matrix), causal masks halve the work.
+//
+// Measured times (`--profile times.json`, written by `onnxpipe profile`) replace the roofline for
+// the nodes they name. Format "onnxpipe-op-times/1":
+//   {
+//     "format": "onnxpipe-op-times/1",
+//     "model": "m.onnx", "backend": "cpu", "dtype": "fp32", "optimizer": "sgd",
+//     "microbatch": 4,           the batch the training graph was bound to when measuring
+//     "seq": 64,                 0 when the model has no sequence dim
+//     "repeats": 5,              each node's time is the median over this many runs
+//     "created": "2026-12-02T16:00:00Z",
+//     "ops": [ {"node": "<training-graph node name>", "op": "Linear", "phase": "forward",
+//               "ms": 0.123}, ... ]
+//   }
+// Node names are those of the training graph onnxpipe builds (forward names come from the ONNX
+// file, backward and optimizer names from autodiff), so a profile fits every plan of the same
+// model, optimizer and sequence length. Forward and backward times are scaled linearly from the
+// profile's micro-batch to the plan's; optimizer times are per step and not scaled. Nodes the
+// profile does not name fall back to the roofline (the plan reports how many).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/graph.h"
+#include "nlohmann/json.hpp"
+#include "partitioner/device.h"
+
+namespace onnxpipe::partitioner {
+
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;
+  bool gemm = false;  // uses the GEMM peak
+  bool free = false;  // a view or metadata op: no kernel
+};
+
+// FLOPs and bytes of one node. Shapes must be concrete (unknown dims count as 1).
+OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n, Precision precision);
+double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precision);
+
+inline constexpr char kOpTimesFormat[] = "onnxpipe-op-times/1";
+
+struct OpTimes {
+  std::string model, backend = "cpu", dtype = "fp32", optimizer, created;
+  int64_t microbatch = 0;
+  int64_t seq = 0;
+  int64_t repeats = 0;
+  struct Entry {
+    std::string node, op, phase;
+    double ms = 0;
+  };
+  std::vector<Entry> ops;
+};
+
+// Strict parse: every error names `what` and the offending field or entry.
+absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::string& what);
+absl::StatusOr<OpTimes> LoadOpTimes(const std::string& path);
+nlohmann::ordered_json OpTimesToJson(const OpTimes& t);
+
+struct CostSummary {
+  std::string source;  // "roofline" | "profile"
+  int64_t measured_nodes = 0, roofline_nodes = 0;
+  int64_t profile_nodes_unmatched = 0;  // profile entries naming no node of the graph
+};
+
+// Seconds per node id (0 for removed nodes), one micro-batch of the graph's bound batch for
+// forward/backward nodes, one step for optimizer nodes. `measured` may be null. `microbatch` is
+// the graph's bound batch (for scaling measured times).
+std::vector<double> NodeSeconds(const ir::Graph& g, const DeviceProfile& device, Precision precision,
+                                const OpTimes* measured, int64_t microbatch, CostSummary* summary);
+
+}  // namespace onnxpipe::partitioner

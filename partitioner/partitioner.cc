@@ -1,0 +1,284 @@
+// Phases 1-2 (PartitionContext) and phases 4-6 for a given stage assignment (PlanAssignment).
+// Phase 3, the search, is in search.cc.
+#include "partitioner/partitioner.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::partitioner {
+namespace {
+
+std::vector<int64_t> Dims(const ir::Value& v) {
+  std::vector<int64_t> d;
+  for (const ir::Dim& x : v.shape) d.push_back(x.is_concrete() ? x.value() : -1);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PartitionContext>> PartitionContext::Create(
+    const ir::Graph& training_graph, const Cluster& cluster, Precision precision,
+    std::shared_ptr<const OpTimes> op_times, int64_t microbatch_size, double cut_slack,
+    int64_t alignment) {
+  std::unique_ptr<PartitionContext> ctx(new PartitionContext());
+  ctx->cluster_ = cluster;
+  ctx->alignment_ = alignment;
+  // Phase 1: costs.
+  ctx->node_seconds_ = NodeSeconds(training_graph, cluster.device, precision, op_times.get(),
+                                   microbatch_size, &ctx->cost_);
+  // Phase 2: positions and cut candidates.
+  AnalysisOptions ao;
+  ao.precision = precision;
+  ao.cut_slack = cut_slack;
+  ASSIGN_OR_RETURN(ctx->analysis_, AnalyzeTrainingGraph(training_graph, ao));
+  ctx->units_ = BuildUnitTable(ctx->analysis_, ctx->node_seconds_, cluster.device, alignment);
+  return ctx;
+}
+
+absl::Status ValidateOptions(const PartitionContext& ctx, const PartitionOptions& o) {
+  if (o.batch < 1) return INVALID_ARGUMENT() << "--batch must be >= 1, got " << o.batch;
+  if (o.microbatches < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << o.microbatches;
+  if (o.microbatches > o.batch) {
+    return INVALID_ARGUMENT() << "--microbatches " << o.microbatches << " is larger than --batch "
+                              << o.batch << ": a micro-batch needs at least one sample";
+  }
+  if (o.batch % o.microbatches != 0) {
+    return INVALID_ARGUMENT() << "--batch " << o.batch << " is not divisible by --microbatches "
+                              << o.microbatches << " (micro-batches must be equal; try "
+                              << o.batch / o.microbatches * o.microbatches << " or "
+                              << (o.batch / o.microbatches + 1) * o.microbatches << ")";
+  }
+  const int32_t units = ctx.analysis().num_units();
+  if (o.num_stages < 0) return INVALID_ARGUMENT() << "--stages must be >= 1 or auto";
+  if (o.num_stages > units) {
+    return INVALID_ARGUMENT() << "--stages " << o.num_stages << " is more than this model can be cut into: "
+                              << ctx.analysis().cut_candidates.size() << " cut candidates give at most "
+                              << units << " stages";
+  }
+  const DeviceProfile& d = ctx.cluster().device;
+  const int64_t memory = o.memory_bytes > 0 ? o.memory_bytes : d.memory_bytes;
+  if (memory <= d.reserved_bytes) {
+    return INVALID_ARGUMENT() << "device memory " << FormatBytes(memory) << " leaves nothing after the "
+                              << FormatBytes(d.reserved_bytes) << " reserved for the runtime on " << d.name;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const PartitionOptions& o,
+                                             const StageAssignment& assignment, bool* fits) {
+  const GraphAnalysis& a = ctx.analysis();
+  const UnitTable& t = ctx.units();
+  const ir::Graph& g = *a.graph;
+  const std::vector<double>& sec = ctx.node_seconds();
+  const int32_t K = static_cast<int32_t>(assignment.ranges.size());
+  RET_CHECK(K >= 1);
+  RET_CHECK(assignment.ranges.front().first == 0 && assignment.ranges.back().second == a.num_units());
+  for (int32_t k = 0; k + 1 < K; ++k) RET_CHECK(assignment.ranges[k].second == assignment.ranges[k + 1].first);
+
+  PartitionPlan plan;
+  plan.model = o.model;
+  plan.optimizer = o.optimizer;
+  plan.device = ctx.cluster().device;
+  plan.capacity_bytes = (o.memory_bytes > 0 ? o.memory_bytes : plan.device.memory_bytes) -
+                        plan.device.reserved_bytes;
+  if (o.memory_bytes > 0) plan.device.memory_bytes = o.memory_bytes;
+  plan.num_stages = K;
+  plan.batch = o.batch;
+  plan.microbatches = o.microbatches;
+  plan.microbatch_size = o.batch / std::max<int64_t>(1, o.microbatches);
+  plan.schedule = o.schedule;
+  plan.recompute = o.recompute;
+  plan.precision = o.precision;
+  plan.objective = o.objective;
+  plan.stages_auto = o.num_stages == 0;
+  plan.cost = ctx.cost();
+  for (ir::NodeId id : a.global_nodes) plan.global_nodes.push_back(g.node(id).name);
+
+  // Which stage each node and value lives on, for boundary peers.
+  auto stage_of_position = [&](int32_t p) {
+    for (int32_t k = 0; k < K; ++k)
+      if (p < a.unit_begin[assignment.ranges[k].second]) return k;
+    return K - 1;
+  };
+  bool all_fit = true;
+  std::vector<StageTiming> timing(K);
+  double sum_p = 0, max_p = 0, comm = 0;
+  for (int32_t k = 0; k < K; ++k) {
+    const auto [ub, ue] = assignment.ranges[k];
+    StagePlan s;
+    s.index = k;
+    s.unit_begin = ub;
+    s.unit_end = ue;
+    s.position_begin = a.unit_begin[ub];
+    s.position_end = a.unit_begin[ue];
+    // Phase 4: what this stage recomputes.
+    std::vector<UnitRecompute> choice;
+    bool stage_full = false;
+    switch (o.recompute) {
+      case RecomputePolicy::kNone: choice.assign(ue - ub, UnitRecompute::kNone); break;
+      case RecomputePolicy::kSelective: choice.assign(ue - ub, UnitRecompute::kSelective); break;
+      case RecomputePolicy::kFull: stage_full = true; break;
+      case RecomputePolicy::kAuto:
+        if (assignment.unit_choice.size() == static_cast<size_t>(a.num_units())) {
+          choice.assign(assignment.unit_choice.begin() + ub, assignment.unit_choice.begin() + ue);
+        } else {
+          choice.assign(ue - ub, UnitRecompute::kNone);
+        }
+        break;
+    }
+    if (o.recompute == RecomputePolicy::kAuto && !choice.empty() &&
+        std::all_of(choice.begin(), choice.end(), [](UnitRecompute c) { return c == UnitRecompute::kStage; })) {
+      stage_full = true;
+    }
+    s.recompute = RecomputePolicyName(o.recompute);
+    for (int32_t u = ub; u < ue; ++u) {
+      s.unit_recompute.push_back(stage_full ? "full" : UnitRecomputeName(choice[u - ub]));
+    }
+    const std::vector<bool> rec = RecomputeSet(a, ub, ue, stage_full, choice);
+    // Phase 5: the stage's program and its memory.
+    ASSIGN_OR_RETURN(StageProgram sp, BuildStageProgram(a, ub, ue, rec));
+    const int64_t in_flight = InFlightMicrobatches(o.schedule, K, k, o.microbatches);
+    ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, ctx.alignment()));
+    if (s.memory.total > plan.capacity_bytes) all_fit = false;
+
+    double fwd = 0, bwd = 0, rcp = 0, opt = 0;
+    for (ir::NodeId id : sp.forward) {
+      fwd += sec[id];
+      s.forward_nodes.push_back(g.node(id).name);
+    }
+    for (ir::NodeId id : sp.backward) {
+      bwd += sec[id];
+      s.backward_nodes.push_back(g.node(id).name);
+    }
+    for (ir::NodeId id : sp.optimizer) {
+      opt += sec[id];
+      s.optimizer_nodes.push_back(g.node(id).name);
+    }
+    for (const RecomputeRegion& r : sp.regions) {
+      RegionPlan rp;
+      for (ir::NodeId id : r.nodes) {
+        rp.nodes.push_back(g.node(id).name);
+        rp.ms += sec[id] * 1e3;
+        rcp += sec[id];
+      }
+      rp.before = g.node(r.before).name;
+      s.recompute_regions.push_back(std::move(rp));
+    }
+    for (ir::ValueId v : sp.parameters) {
+      s.parameters.push_back(g.value(v).name);
+      s.parameter_count += ir::NumElements(g.value(v).shape).value();
+    }
+    auto boundary = [&](ir::ValueId v, const char* kind, bool input) {
+      BoundaryTensor b;
+      const ir::Value& val = g.value(v);
+      b.name = val.name;
+      b.dtype = std::string(ir::DTypeName(val.dtype));
+      if (o.precision == Precision::kBF16 && ir::IsFloat(val.dtype) && a.value_bytes[v] * 2 ==
+          ir::NumElements(val.shape).value() * 4) {
+        b.dtype = "bf16";
+      }
+      b.dims = Dims(val);
+      b.bytes = a.value_bytes[v];
+      b.kind = kind;
+      std::set<int32_t> peers;
+      if (input) {
+        if (val.producer != ir::kNoNode && a.position[val.producer] >= 0)
+          peers.insert(stage_of_position(a.position[val.producer]));
+      } else {
+        for (ir::NodeId w : a.uses[v]) {
+          if (a.position[w] < 0) continue;
+          const int32_t ks = stage_of_position(a.position[w]);
+          if (ks != k) peers.insert(ks);
+        }
+      }
+      b.peers.assign(peers.begin(), peers.end());
+      return b;
+    };
+    for (ir::ValueId v : sp.inputs_forward) s.boundary_inputs.push_back(boundary(v, "activation", true));
+    for (ir::ValueId v : sp.inputs_backward) s.boundary_inputs.push_back(boundary(v, "gradient", true));
+    for (ir::ValueId v : sp.data_inputs) s.boundary_inputs.push_back(boundary(v, "data", true));
+    for (ir::ValueId v : sp.step_inputs) s.boundary_inputs.push_back(boundary(v, "step", true));
+    for (ir::ValueId v : sp.outputs_forward) s.boundary_outputs.push_back(boundary(v, "activation", false));
+    for (ir::ValueId v : sp.outputs_backward) s.boundary_outputs.push_back(boundary(v, "gradient", false));
+    for (ir::ValueId v : sp.global_outputs) s.boundary_outputs.push_back(boundary(v, "global", false));
+    for (int32_t p = s.position_begin; p < s.position_end; ++p) {
+      const std::string& layer = a.layer_of_position[p];
+      if (s.layers.empty() || s.layers.back() != layer) {
+        if (std::find(s.layers.begin(), s.layers.end(), layer) == s.layers.end()) s.layers.push_back(layer);
+      }
+    }
+    s.forward_ms = fwd * 1e3;
+    s.backward_ms = bwd * 1e3;
+    s.recompute_ms = rcp * 1e3;
+    s.optimizer_ms = opt * 1e3;
+    const double send_f = k + 1 < K ? t.send_forward_s[ue] : 0.0;
+    const double send_b = k > 0 ? t.send_backward_s[ub] : 0.0;
+    s.send_forward_ms = send_f * 1e3;
+    s.send_backward_ms = send_b * 1e3;
+    timing[k] = {fwd, bwd + rcp, opt, send_f, send_b};
+    const double p = fwd + bwd + rcp;
+    sum_p += p;
+    max_p = std::max(max_p, p);
+    if (k > 0) comm += t.send_forward_s[ub] + t.send_backward_s[ub];
+    plan.stages.push_back(std::move(s));
+  }
+
+  // Phase 6: the schedule.
+  plan.timeline = SimulateSchedule(o.schedule, timing, o.microbatches);
+  plan.step_ms = plan.timeline.step_s * 1e3;
+  plan.bubble_fraction = plan.timeline.bubble_fraction;
+  plan.samples_per_s = plan.timeline.step_s > 0 ? static_cast<double>(o.batch) / plan.timeline.step_s : 0;
+  plan.analytic_step_ms = (sum_p + static_cast<double>(o.microbatches - 1) * max_p + comm) * 1e3;
+
+  // Layers.
+  std::map<std::string, size_t> layer_index;
+  for (int32_t p = 0; p < a.num_positions(); ++p) {
+    const std::string& name = a.layer_of_position[p];
+    auto [it, inserted] = layer_index.emplace(name, plan.layers.size());
+    if (inserted) {
+      LayerPlan lp;
+      lp.name = name;
+      plan.layers.push_back(lp);
+    }
+    LayerPlan& lp = plan.layers[it->second];
+    const int32_t k = stage_of_position(p);
+    if (std::find(lp.stages.begin(), lp.stages.end(), k) == lp.stages.end()) lp.stages.push_back(k);
+  }
+  for (ir::NodeId id : a.order) {
+    const int32_t p = a.position[id];
+    if (p < 0) continue;
+    LayerPlan& lp = plan.layers[layer_index[a.layer_of_position[p]]];
+    if (g.node(id).phase == ir::Phase::kForward) lp.forward_ms += sec[id] * 1e3;
+    if (g.node(id).phase == ir::Phase::kBackward) lp.backward_ms += sec[id] * 1e3;
+  }
+  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+    if (a.is_param[v] && a.param_owner[v] >= 0) {
+      plan.layers[layer_index[a.layer_of_position[a.param_owner[v]]]].parameter_bytes += a.value_bytes[v];
+    }
+  }
+  if (plan.cost.profile_nodes_unmatched > 0) {
+    plan.warnings.push_back(std::to_string(plan.cost.profile_nodes_unmatched) +
+                            " profile entries name no node of this training graph (another model, "
+                            "optimizer or sequence length?)");
+  }
+  if (plan.cost.source == "profile" && plan.cost.roofline_nodes > 0) {
+    plan.warnings.push_back(std::to_string(plan.cost.roofline_nodes) +
+                            " nodes have no measured time and use the roofline");
+  }
+  if (fits) *fits = all_fit;
+  return plan;
+}
+
+absl::StatusOr<PartitionPlan> Partition(const ir::Graph& training_graph, const Cluster& cluster,
+                                        const PartitionOptions& options) {
+  const int64_t mb = options.microbatches > 0 ? options.batch / options.microbatches : options.batch;
+  ASSIGN_OR_RETURN(std::unique_ptr<PartitionContext> ctx,
+                   PartitionContext::Create(training_graph, cluster, options.precision, options.op_times,
+                                            mb, options.cut_slack, options.alignment));
+  return Partition(*ctx, options);
+}
+
+}  // namespace onnxpipe::partitioner

@@ -1,0 +1,277 @@
+// report.txt, partition.dot, schedule.trace.json and the plan-folder writer. (report.html is in
+// report_html.cc.)
+#include "partitioner/reports.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "executor/io/atomic_file.h"
+#include "frontend/ir/status.h"
+#include "nlohmann/json.hpp"
+#include "partitioner/plan_io.h"
+
+namespace onnxpipe::partitioner {
+namespace {
+
+std::string Percent(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f %%", 100.0 * x);
+  return buf;
+}
+
+std::string Short(std::string name) {
+  while (!name.empty() && name[0] == '/') name.erase(0, 1);
+  return name.empty() ? "(top)" : name;
+}
+
+std::string Pad(const std::string& s, size_t width, bool right = true) {
+  if (s.size() >= width) return s;
+  return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
+}
+
+}  // namespace
+
+std::string FormatMs(double ms) {
+  char buf[32];
+  if (ms >= 1000) {
+    std::snprintf(buf, sizeof(buf), "%.2f s", ms / 1000);
+  } else if (ms >= 10) {
+    std::snprintf(buf, sizeof(buf), "%.1f ms", ms);
+  } else if (ms >= 0.1) {
+    std::snprintf(buf, sizeof(buf), "%.2f ms", ms);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f us", ms * 1000);
+  }
+  return buf;
+}
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// "encoder/layers.0-5, norm" from consecutive indexed layer keys.
+std::string CompressLayers(const std::vector<std::string>& layers) {
+  static const std::regex indexed(R"((.*[._])(\d+)$)");
+  std::vector<std::string> parts;
+  std::string prefix;
+  long first = -1, last = -1;
+  auto flush = [&] {
+    if (first < 0) return;
+    parts.push_back(first == last ? prefix + std::to_string(first)
+                                  : prefix + std::to_string(first) + "-" + std::to_string(last));
+    first = last = -1;
+  };
+  for (const std::string& raw : layers) {
+    const std::string l = Short(raw);
+    std::smatch m;
+    if (std::regex_match(l, m, indexed)) {
+      const long idx = std::stol(m[2].str());
+      if (first >= 0 && m[1].str() == prefix && idx == last + 1) {
+        last = idx;
+        continue;
+      }
+      flush();
+      prefix = m[1].str();
+      first = last = idx;
+    } else {
+      flush();
+      parts.push_back(l);
+    }
+  }
+  flush();
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+std::string ReportText(const PartitionPlan& p) {
+  std::ostringstream os;
+  os << "onnxpipe partition: " << (p.model.empty() ? "(model)" : p.model) << "\n";
+  os << "device     " << p.device.name << " (" << p.device.source << "): " << FormatBytes(p.device.memory_bytes)
+     << ", " << FormatBytes(p.device.reserved_bytes) << " reserved -> " << FormatBytes(p.capacity_bytes)
+     << " usable per stage\n";
+  os << "config     batch " << p.batch << " = " << p.microbatches << " micro-batches x " << p.microbatch_size
+     << ", " << p.num_stages << (p.num_stages == 1 ? " stage" : " stages")
+     << (p.stages_auto ? " (auto)" : "") << ", " << ScheduleName(p.schedule) << ", recompute "
+     << RecomputePolicyName(p.recompute) << ", " << PrecisionName(p.precision)
+     << (p.optimizer.empty() ? "" : ", " + p.optimizer) << "\n";
+  os << "cost       " << p.cost.source;
+  if (p.cost.source == "profile") os << " (" << p.cost.measured_nodes << " nodes measured, " << p.cost.roofline_nodes << " roofline)";
+  os << "\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "predicted  step %s, %.1f samples/s, bubble %s\n\n", FormatMs(p.step_ms).c_str(),
+                p.samples_per_s, Percent(p.bubble_fraction).c_str());
+  os << line;
+
+  os << "stage " << Pad("fwd", 10) << Pad("bwd", 10) << Pad("recomp", 10) << Pad("params", 11) << Pad("grads", 11)
+     << Pad("optim", 11) << Pad("activ", 11) << Pad("x", 4) << Pad("work", 11) << Pad("total", 11) << Pad("use", 8)
+     << "  layers\n";
+  int worst = 0;
+  for (const StagePlan& s : p.stages) {
+    const StageMemory& m = s.memory;
+    if (m.total > p.stages[worst].memory.total) worst = s.index;
+    os << Pad(std::to_string(s.index), 5) << " " << Pad(FormatMs(s.forward_ms), 10) << Pad(FormatMs(s.backward_ms), 10)
+       << Pad(FormatMs(s.recompute_ms), 10) << Pad(FormatBytes(m.parameters), 11) << Pad(FormatBytes(m.gradients), 11)
+       << Pad(FormatBytes(m.optimizer_state), 11) << Pad(FormatBytes(m.activations), 11)
+       << Pad(std::to_string(m.in_flight), 4) << Pad(FormatBytes(m.workspace + m.boundary + m.constants), 11)
+       << Pad(FormatBytes(m.total), 11)
+       << Pad(Percent(static_cast<double>(m.total) / static_cast<double>(std::max<int64_t>(1, p.capacity_bytes))), 8)
+       << "  " << CompressLayers(s.layers) << "\n";
+  }
+  os << "\n(per micro-batch: fwd, bwd, recomp; activ = saved activations x in-flight micro-batches (x); "
+        "work = workspace + constants + boundary buffers)\n";
+  const StagePlan& w = p.stages[worst];
+  os << "memory     all " << p.stages.size() << " stages fit; the largest is stage " << w.index << " with "
+     << FormatBytes(w.memory.total) << " (" << Percent(static_cast<double>(w.memory.total) / p.capacity_bytes)
+     << " of " << FormatBytes(p.capacity_bytes) << ")\n";
+  for (const StagePlan& s : p.stages) {
+    if (s.recompute_regions.empty()) continue;
+    os << "recompute  stage " << s.index << ": " << s.recompute_regions.size() << " regions, "
+       << FormatMs(s.recompute_ms) << " per micro-batch\n";
+  }
+  for (const StagePlan& s : p.stages) {
+    for (const BoundaryTensor& b : s.boundary_outputs) {
+      if (b.kind != "activation") continue;
+      std::string dims;
+      for (int64_t d : b.dims) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      os << "boundary   stage " << s.index << " -> ";
+      for (size_t i = 0; i < b.peers.size(); ++i) os << (i ? "," : "") << b.peers[i];
+      os << ": " << b.name << " (" << dims << " " << b.dtype << ", " << FormatBytes(b.bytes) << ")\n";
+    }
+  }
+  std::snprintf(line, sizeof(line), "search     %d cut candidates, %d units, %lld DP runs, %d verify rounds, %.3f s\n",
+                p.search.cut_candidates, p.search.units, static_cast<long long>(p.search.dp_runs),
+                p.search.verify_rounds, p.search.seconds);
+  os << line;
+  for (const std::string& warning : p.warnings) os << "warning    " << warning << "\n";
+  return os.str();
+}
+
+std::string PartitionDot(const PartitionPlan& p) {
+  auto q = [](const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  };
+  static const char* kColors[] = {"#dbe7f3", "#fde3cc", "#f7d3d4", "#d9efed", "#d8ecd4", "#fbf1cc", "#eadbe7", "#ffe5e8"};
+  std::ostringstream os;
+  os << "digraph partition {\n  rankdir=LR;\n  compound=true;\n"
+     << "  node [shape=box, style=\"rounded,filled\", fillcolor=white, fontname=\"Helvetica\", fontsize=10];\n"
+     << "  edge [fontname=\"Helvetica\", fontsize=9];\n"
+     << "  label=" << q(Short(p.model) + ": " + std::to_string(p.num_stages) + " stages, " +
+                       ScheduleName(p.schedule) + ", step " + FormatMs(p.step_ms))
+     << ";\n";
+  std::vector<std::string> first(p.stages.size()), last(p.stages.size());
+  for (const StagePlan& s : p.stages) {
+    os << "  subgraph cluster_" << s.index << " {\n";
+    os << "    label=" << q("stage " + std::to_string(s.index) + "\n" + FormatBytes(s.memory.total) + " / " +
+                            FormatBytes(p.capacity_bytes) + "\nF " + FormatMs(s.forward_ms) + "  B " +
+                            FormatMs(s.backward_ms + s.recompute_ms))
+       << ";\n    style=filled; color=\"#888888\"; fillcolor=" << q(kColors[s.index % 8]) << ";\n";
+    std::string prev;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+      const std::string id = "s" + std::to_string(s.index) + "_" + std::to_string(i);
+      os << "    " << id << " [label=" << q(Short(s.layers[i])) << "];\n";
+      if (!prev.empty()) os << "    " << prev << " -> " << id << ";\n";
+      if (i == 0) first[s.index] = id;
+      prev = id;
+    }
+    last[s.index] = prev;
+    os << "  }\n";
+  }
+  for (const StagePlan& s : p.stages) {
+    std::map<int32_t, std::string> labels;
+    for (const BoundaryTensor& b : s.boundary_outputs) {
+      if (b.kind != "activation") continue;
+      std::string dims;
+      for (int64_t d : b.dims) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      for (int32_t peer : b.peers) {
+        std::string& l = labels[peer];
+        l += (l.empty() ? "" : "\n") + b.name + " (" + dims + ", " + FormatBytes(b.bytes) + ")";
+      }
+    }
+    for (const auto& [peer, label] : labels) {
+      os << "  " << last[s.index] << " -> " << first[peer] << " [label=" << q(label) << ", ltail=cluster_" << s.index
+         << ", lhead=cluster_" << peer << "];\n";
+    }
+  }
+  os << "}\n";
+  return os.str();
+}
+
+std::string ScheduleTraceJson(const PartitionPlan& p) {
+  nlohmann::ordered_json events = nlohmann::ordered_json::array();
+  for (const StagePlan& s : p.stages) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0},
+                      {"args", {{"name", "stage " + std::to_string(s.index)}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0},
+                      {"args", {{"sort_index", s.index}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 1}, {"args", {{"name", "transfers"}}}});
+  }
+  for (const ScheduleEvent& e : p.timeline.events) {
+    std::string name, cat;
+    int tid = 0;
+    switch (e.kind) {
+      case ScheduleEvent::kForward: name = "F" + std::to_string(e.microbatch); cat = "forward"; break;
+      case ScheduleEvent::kBackward: name = "B" + std::to_string(e.microbatch); cat = "backward"; break;
+      case ScheduleEvent::kOptimizer: name = "optimizer"; cat = "optimizer"; break;
+      case ScheduleEvent::kSendForward:
+        name = "send F" + std::to_string(e.microbatch) + " -> " + std::to_string(e.stage + 1);
+        cat = "transfer";
+        tid = 1;
+        break;
+      case ScheduleEvent::kSendBackward:
+        name = "send B" + std::to_string(e.microbatch) + " -> " + std::to_string(e.stage - 1);
+        cat = "transfer";
+        tid = 1;
+        break;
+    }
+    nlohmann::ordered_json ev = {{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", e.start_s * 1e6},
+                                 {"dur", (e.end_s - e.start_s) * 1e6}, {"pid", e.stage}, {"tid", tid}};
+    if (e.microbatch >= 0) ev["args"] = {{"microbatch", e.microbatch}};
+    events.push_back(std::move(ev));
+  }
+  nlohmann::ordered_json j;
+  j["traceEvents"] = std::move(events);
+  j["displayTimeUnit"] = "ms";
+  j["otherData"] = {{"generator", "onnxpipe partition"}, {"model", p.model}, {"schedule", ScheduleName(p.schedule)},
+                    {"step_ms", p.step_ms}, {"bubble_fraction", p.bubble_fraction}};
+  return j.dump(1) + "\n";
+}
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  return io::WriteFileAtomically(path, contents);
+}
+
+absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return INVALID_ARGUMENT() << dir << ": cannot create the output folder: " << ec.message();
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/plan.json", PlanToJson(plan).dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.txt", ReportText(plan)));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", ReportHtml(plan)));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/partition.dot", PartitionDot(plan)));
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/schedule.trace.json", ScheduleTraceJson(plan)));
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::partitioner

@@ -1,0 +1,41 @@
+// The partition reports, each a pure function of the plan returning the file's text, and the
+// writer of a plan folder (every file atomically: temp file, fsync, rename, folder fsync).
+//   plan.json            plan_io.h
+//   report.txt           a per-stage table for a terminal
+//   report.html          self-contained (inline SVG and CSS, no script, no network): stacked memory
+//                        bars per stage against the device capacity, a Gantt chart of the
+//                        simulated schedule, the layer-to-stage map, the stage table
+//   partition.dot        Graphviz: one cluster per stage (its layers), boundary tensors as edges
+//   schedule.trace.json  Chrome trace (chrome://tracing, Perfetto): pid = stage, tid 0 compute,
+//                        tid 1 transfers; times in microseconds
+// stage_<k>.onnx files come from frontend/onnx/stage_export.h (the tool writes them).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "partitioner/partitioner.h"
+
+namespace onnxpipe::partitioner {
+
+std::string ReportText(const PartitionPlan& plan);
+std::string ReportHtml(const PartitionPlan& plan);
+std::string PartitionDot(const PartitionPlan& plan);
+std::string ScheduleTraceJson(const PartitionPlan& plan);
+
+// Writes plan.json, report.txt, report.html, partition.dot and schedule.trace.json into `dir`
+// (created if missing).
+absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir);
+
+// Atomic write of one file (the folder must exist).
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+// "12.5 ms", "1.23 s"
+std::string FormatMs(double ms);
+// "encoder/layers.0-5, norm": consecutive indexed layer keys folded into ranges.
+std::string CompressLayers(const std::vector<std::string>& layers);
+// Escapes &, <, >, " for HTML/SVG text and attributes.
+std::string HtmlEscape(const std::string& s);
+
+}  // namespace onnxpipe::partitioner

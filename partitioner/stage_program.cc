@@ -1,0 +1,273 @@
+// Phase 5: stage programs and their memory. The copy of the whole training graph keeps value and
+// node ids identical to the training graph's, so plans, reports and tests can name things by the
+// ids the analysis uses; the planner only allocates what the stage's order touches.
+#include "partitioner/stage_program.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::partitioner {
+namespace {
+
+int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+void PushUnique(std::vector<ir::ValueId>& list, std::set<ir::ValueId>& seen, ir::ValueId v) {
+  if (seen.insert(v).second) list.push_back(v);
+}
+
+}  // namespace
+
+absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t unit_begin,
+                                               int32_t unit_end, const std::vector<bool>& recompute) {
+  RET_CHECK(unit_begin >= 0 && unit_begin < unit_end && unit_end <= a.num_units());
+  const ir::Graph& g = *a.graph;
+  const int32_t p0 = a.unit_begin[unit_begin], p1 = a.unit_begin[unit_end];
+  auto in_range = [&](ir::NodeId id) {
+    const int32_t p = a.position[id];
+    return p >= p0 && p < p1;
+  };
+  StageProgram sp;
+  for (ir::NodeId id : a.order) {
+    if (!in_range(id)) continue;
+    switch (g.node(id).phase) {
+      case ir::Phase::kForward: sp.forward.push_back(id); break;
+      case ir::Phase::kBackward: sp.backward.push_back(id); break;
+      case ir::Phase::kOptimizer: sp.optimizer.push_back(id); break;
+    }
+  }
+  sp.regions = BuildRegions(a, recompute, sp.backward);
+  sp.graph = g;
+  ir::Graph& sg = sp.graph;
+
+  // Recompute clones, grouped by the backward node they precede.
+  std::vector<ir::ValueId> clone_of(g.num_values(), ir::kNoValue);
+  std::map<ir::NodeId, std::vector<ir::NodeId>> clones_before;
+  for (const RecomputeRegion& region : sp.regions) {
+    for (ir::NodeId id : region.nodes) {
+      const ir::Node src = g.node(id);
+      std::vector<ir::ValueId> inputs = src.inputs;
+      for (ir::ValueId& v : inputs)
+        if (v != ir::kNoValue && v < static_cast<ir::ValueId>(clone_of.size()) && clone_of[v] != ir::kNoValue)
+          v = clone_of[v];
+      std::vector<ir::ValueId> outputs;
+      for (ir::ValueId v : src.outputs) {
+        if (v == ir::kNoValue) {
+          outputs.push_back(ir::kNoValue);
+          continue;
+        }
+        const ir::Value& val = g.value(v);
+        const ir::ValueId c = sg.AddValue(sg.UniqueName("recompute/" + val.name), val.dtype, val.shape,
+                                          val.shape_known);
+        clone_of[v] = c;
+        outputs.push_back(c);
+      }
+      ir::Attrs attrs = src.attrs;
+      // A recomputed Dropout (or dropout inside Attention) must draw the forward's mask again.
+      if ((src.op == ir::OpKind::kDropout || src.op == ir::OpKind::kAttention) && !attrs.Has("rng_key")) {
+        attrs.Set("rng_key", src.name);
+      }
+      const ir::NodeId c = sg.AddNode(src.op, "recompute/" + src.name, std::move(inputs),
+                                      std::move(outputs), std::move(attrs));
+      sg.node(c).phase = ir::Phase::kBackward;
+      sg.node(c).origin = src.name;
+      sg.node(c).scope = src.scope;
+      clones_before[region.before].push_back(c);
+    }
+  }
+  for (ir::NodeId b : sp.backward) {
+    for (ir::ValueId& v : sg.node(b).inputs)
+      if (v != ir::kNoValue && clone_of[v] != ir::kNoValue) v = clone_of[v];
+  }
+
+  sp.order = sp.forward;
+  sp.num_forward = static_cast<int32_t>(sp.forward.size());
+  for (ir::NodeId b : sp.backward) {
+    if (auto it = clones_before.find(b); it != clones_before.end()) {
+      for (ir::NodeId c : it->second) {
+        sp.order.push_back(c);
+        sp.recompute_clones.push_back(c);
+      }
+    }
+    sp.order.push_back(b);
+  }
+  sp.order.insert(sp.order.end(), sp.optimizer.begin(), sp.optimizer.end());
+
+  // Boundary values.
+  std::vector<bool> here(sg.num_node_slots(), false);
+  for (ir::NodeId id : sp.order) here[id] = true;
+  std::vector<bool> optimizer_only_input(g.num_values(), true);
+  for (ir::NodeId id : a.order) {
+    if (g.node(id).phase == ir::Phase::kOptimizer) continue;
+    for (ir::ValueId v : g.node(id).inputs)
+      if (v != ir::kNoValue) optimizer_only_input[v] = false;
+  }
+  std::set<ir::ValueId> seen_in, seen_out;
+  for (ir::NodeId id : sp.order) {
+    for (ir::ValueId v : sg.node(id).inputs) {
+      if (v == ir::kNoValue || sg.value(v).constant) continue;
+      const ir::NodeId m = sg.value(v).producer;
+      if (m == ir::kNoNode) {
+        if (a.is_input[v]) {
+          PushUnique(optimizer_only_input[v] ? sp.step_inputs : sp.data_inputs, seen_in, v);
+        }
+        continue;
+      }
+      if (here[m]) continue;
+      const int32_t pm = a.position[m];
+      if (pm < 0) {
+        PushUnique(sp.step_inputs, seen_in, v);
+      } else if (pm < p0) {
+        PushUnique(sp.inputs_forward, seen_in, v);
+      } else {
+        PushUnique(sp.inputs_backward, seen_in, v);
+      }
+    }
+  }
+  for (ir::NodeId id : sp.forward) {
+    // (forward outputs first, then backward, so the lists read in schedule order)
+    for (ir::ValueId v : g.node(id).outputs) {
+      if (v == ir::kNoValue) continue;
+      for (ir::NodeId w : a.uses[v]) {
+        if (here[w]) continue;
+        const int32_t pw = a.position[w];
+        if (pw < 0) {
+          PushUnique(sp.global_outputs, seen_out, v);
+        } else if (pw >= p1) {
+          PushUnique(sp.outputs_forward, seen_out, v);
+        } else {
+          PushUnique(sp.outputs_backward, seen_out, v);
+        }
+      }
+    }
+  }
+  for (const std::vector<ir::NodeId>* list : {&sp.backward, &sp.optimizer}) {
+    for (ir::NodeId id : *list) {
+      for (ir::ValueId v : g.node(id).outputs) {
+        if (v == ir::kNoValue) continue;
+        for (ir::NodeId w : a.uses[v]) {
+          if (here[w]) continue;
+          const int32_t pw = a.position[w];
+          if (pw < 0) {
+            PushUnique(sp.global_outputs, seen_out, v);
+          } else if (pw >= p1) {
+            PushUnique(sp.outputs_forward, seen_out, v);
+          } else {
+            PushUnique(sp.outputs_backward, seen_out, v);
+          }
+        }
+      }
+    }
+  }
+  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+    if (a.is_param[v] && a.param_owner[v] >= p0 && a.param_owner[v] < p1) sp.parameters.push_back(v);
+  }
+
+  // The stage's interface.
+  std::vector<ir::ValueId> inputs = g.inputs();
+  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.step_inputs})
+    for (ir::ValueId v : *list)
+      if (!a.is_input[v]) inputs.push_back(v);
+  sg.inputs() = std::move(inputs);
+  // Values sent to other stages are not outputs: they leave through the boundary buffers as soon
+  // as they are made, so they need no arena space past their producer.
+  std::vector<ir::ValueId> outputs = sp.global_outputs;
+  for (ir::ValueId v : g.outputs()) {
+    const ir::NodeId m = g.value(v).producer;
+    if (m != ir::kNoNode && here[m] &&
+        std::find(outputs.begin(), outputs.end(), v) == outputs.end()) {
+      outputs.push_back(v);
+    }
+  }
+  sg.outputs() = std::move(outputs);
+
+  if (a.precision == Precision::kBF16) {
+    for (ir::ValueId v = 0; v < sg.num_values(); ++v) {
+      ir::Value& val = sg.value(v);
+      if (val.constant || !ir::IsFloat(val.dtype)) continue;
+      if (v < g.num_values() && a.is_param_grad[v]) continue;
+      if (val.producer != ir::kNoNode && sg.node(val.producer).phase == ir::Phase::kOptimizer) continue;
+      if (val.producer == ir::kNoNode && v < g.num_values() && a.is_input[v]) continue;  // lr and friends
+      val.dtype = ir::DType::kBF16;
+    }
+  }
+  return sp;
+}
+
+absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end) {
+  RET_CHECK(unit_begin >= 0 && unit_begin < unit_end && unit_end <= a.num_units());
+  const ir::Graph& g = *a.graph;
+  const int32_t p0 = a.unit_begin[unit_begin], p1 = a.unit_begin[unit_end];
+  std::vector<bool> keep(g.num_node_slots(), false);
+  for (int32_t p = p0; p < p1; ++p) keep[a.forward[p]] = true;
+  ir::Graph sg = g;
+  sg.name = g.name + "_stage";
+  sg.state_updates().clear();
+  std::vector<ir::ValueId> inputs, outputs;
+  std::set<ir::ValueId> seen_in, seen_out;
+  for (int32_t p = p0; p < p1; ++p) {
+    const ir::Node& n = g.node(a.forward[p]);
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue || g.value(v).constant) continue;
+      const ir::NodeId m = g.value(v).producer;
+      if (m == ir::kNoNode || !keep[m]) PushUnique(inputs, seen_in, v);
+    }
+    for (ir::ValueId v : n.outputs) {
+      if (v == ir::kNoValue) continue;
+      bool leaves = g.IsGraphOutput(v);
+      for (ir::NodeId w : a.uses[v]) {
+        const int32_t q = a.position[w];
+        if (q < p0 || q >= p1) leaves = true;
+      }
+      if (leaves) PushUnique(outputs, seen_out, v);
+    }
+  }
+  for (ir::NodeId id : g.LiveNodes())
+    if (!keep[id]) sg.RemoveNode(id);
+  sg.inputs() = std::move(inputs);
+  sg.outputs() = std::move(outputs);
+  RETURN_IF_ERROR(sg.TopoSort());
+  return sg;
+}
+
+absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp,
+                                            int64_t in_flight, int64_t alignment, MemoryPlan* plan_out) {
+  MemoryPlanOptions options;
+  options.alignment = alignment;
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(sp.graph, sp.order, options));
+  const ir::Graph& sg = sp.graph;
+  std::vector<bool> fed_forward(sg.num_values(), false);
+  for (ir::ValueId v : sp.inputs_forward) fed_forward[v] = true;
+  for (ir::ValueId v : sp.data_inputs) fed_forward[v] = true;
+  std::vector<int32_t> at(sg.num_node_slots(), -1);
+  for (int32_t t = 0; t < static_cast<int32_t>(sp.order.size()); ++t) at[sp.order[t]] = t;
+
+  StageMemory m;
+  m.in_flight = in_flight;
+  for (ir::ValueId v = 0; v < sg.num_values(); ++v) {
+    const ValueMemory& vm = plan.values[v];
+    if (vm.region != MemoryRegion::kArena || vm.buffer != v || vm.bytes == 0) continue;
+    const ir::NodeId p = sg.value(v).producer;
+    const bool forward_made = (p != ir::kNoNode && at[p] >= 0 && at[p] < sp.num_forward) || fed_forward[v];
+    if (forward_made && vm.live_end >= sp.num_forward) m.saved += AlignUp(vm.bytes, alignment);
+  }
+  m.parameters = plan.parameter_bytes;
+  if (a.precision == Precision::kBF16) m.parameters += plan.parameter_bytes / 2;
+  m.gradients = plan.gradient_bytes;
+  m.optimizer_state = plan.optimizer_state_bytes;
+  m.constants = plan.constant_bytes;
+  m.arena = plan.arena_bytes;
+  m.activations = m.saved * in_flight;
+  m.workspace = plan.arena_bytes - m.saved;
+  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.outputs_forward, &sp.outputs_backward}) {
+    for (ir::ValueId v : *list) m.boundary += AlignUp(a.value_bytes[v], alignment);
+  }
+  m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.workspace +
+            m.boundary;
+  if (plan_out) *plan_out = std::move(plan);
+  return m;
+}
+
+}  // namespace onnxpipe::partitioner

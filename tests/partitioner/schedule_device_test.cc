@@ -1,0 +1,171 @@
+// Phase 6 (schedule simulation) against hand-computed timelines and the closed forms of
+// REFERENCES.md section 1; device profiles, byte sizes and the measured-times format.
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/device.h"
+#include "partitioner/schedule.h"
+
+namespace onnxpipe::partitioner {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<StageTiming> Uniform(int K, double f, double b) {
+  return std::vector<StageTiming>(K, StageTiming{f, b, 0, 0, 0});
+}
+
+TEST(Schedule, UniformStagesMatchTheClosedForm) {
+  // (M + K - 1)(f + b) and bubble (K - 1)/(M + K - 1), GPipe and 1F1B alike.
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+    const ScheduleResult r = SimulateSchedule(kind, Uniform(4, 1.0, 2.0), 8);
+    EXPECT_DOUBLE_EQ(r.step_s, 33.0) << ScheduleName(kind);
+    EXPECT_NEAR(r.bubble_fraction, 3.0 / 11.0, 1e-12) << ScheduleName(kind);
+    EXPECT_EQ(r.events.size(), 4u * 8u * 2u);
+  }
+}
+
+TEST(Schedule, GPipeHandTimeline) {
+  // f = (1, 2), b = (2, 4), M = 3. Stage 1 runs F0..F2 in [1,7], B0..B2 in [7,19]; stage 0 runs
+  // B0 at [11,13], B1 [15,17], B2 [19,21]: step 21 = sum f + 2 max f + sum b + 2 max b.
+  const std::vector<StageTiming> t = {{1, 2, 0, 0, 0}, {2, 4, 0, 0, 0}};
+  const ScheduleResult r = SimulateSchedule(ScheduleKind::kGPipe, t, 3);
+  EXPECT_DOUBLE_EQ(r.step_s, 21.0);
+  bool found = false;
+  for (const ScheduleEvent& e : r.events) {
+    if (e.stage == 0 && e.kind == ScheduleEvent::kBackward && e.microbatch == 1) {
+      EXPECT_DOUBLE_EQ(e.start_s, 15.0);
+      EXPECT_DOUBLE_EQ(e.end_s, 17.0);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_NEAR(r.bubble_fraction, 1.0 - (3 * 3 + 3 * 6) / (2 * 21.0), 1e-12);
+}
+
+TEST(Schedule, OneFOneBHandTimeline) {
+  // K = 2, M = 3, f = 1, b = 2: stage 0 runs F0 F1 B0 F2 B1 B2 = [0,1] [1,2] [4,6] [6,7] [7,9] [10,12].
+  const ScheduleResult r = SimulateSchedule(ScheduleKind::k1F1B, Uniform(2, 1, 2), 3);
+  EXPECT_DOUBLE_EQ(r.step_s, 12.0);
+  std::vector<std::pair<double, double>> stage0;
+  for (const ScheduleEvent& e : r.events)
+    if (e.stage == 0) stage0.push_back({e.start_s, e.end_s});
+  const std::vector<std::pair<double, double>> want = {{0, 1}, {1, 2}, {4, 6}, {6, 7}, {7, 9}, {10, 12}};
+  EXPECT_EQ(stage0, want);
+}
+
+TEST(Schedule, TransfersAndOptimizerExtendTheStep) {
+  // GPipe with a transfer delay c per hop: F phase sum f + (K-1)c + (M-1) max f, the same for B.
+  std::vector<StageTiming> t(3, StageTiming{1, 2, 0, 0.5, 0.5});
+  t[2].optimizer_s = 3;  // the last stage's update ends the step only if it finishes last
+  const ScheduleResult r = SimulateSchedule(ScheduleKind::kGPipe, t, 4);
+  const double f_phase = 3 * 1 + 2 * 0.5 + 3 * 1, b_phase = 3 * 2 + 2 * 0.5 + 3 * 2;
+  // Stage 0 ends B at f_phase + b_phase; stage 2 ends B at f_phase + 4*2 and then updates for 3.
+  EXPECT_DOUBLE_EQ(r.step_s, std::max(f_phase + b_phase, f_phase + 8 + 3));
+}
+
+TEST(Schedule, InFlightMicrobatches) {
+  EXPECT_EQ(InFlightMicrobatches(ScheduleKind::kGPipe, 4, 0, 8), 8);
+  EXPECT_EQ(InFlightMicrobatches(ScheduleKind::k1F1B, 4, 0, 8), 4);
+  EXPECT_EQ(InFlightMicrobatches(ScheduleKind::k1F1B, 4, 3, 8), 1);
+  EXPECT_EQ(InFlightMicrobatches(ScheduleKind::k1F1B, 4, 0, 2), 2);
+}
+
+TEST(Device, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseByteSize("40 GB"), int64_t{40} * 1000000000);
+  EXPECT_EQ(*ParseByteSize("1.5KiB"), 1536);
+  EXPECT_EQ(*ParseByteSize("123"), 123);
+  EXPECT_FALSE(ParseByteSize("80 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("GiB").ok());
+  EXPECT_FALSE(ParseByteSize("-4GB").ok());
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(512), "512 B");
+}
+
+TEST(Device, BuiltinsAndUnknownNames) {
+  for (const std::string& name : BuiltinDeviceNames()) {
+    absl::StatusOr<DeviceProfile> d = BuiltinDevice(name);
+    ASSERT_TRUE(d.ok()) << name;
+    EXPECT_GT(d->usable_bytes(), 0) << name;
+    EXPECT_GT(d->gemm_flops(Precision::kBF16), 0) << name;
+  }
+  EXPECT_EQ(BuiltinDevice("a100-40gb")->memory_bytes, int64_t{40} << 30);
+  EXPECT_DOUBLE_EQ(BuiltinDevice("h100-80gb")->gemm_flops(Precision::kBF16), 989e12);
+  absl::Status st = BuiltinDevice("tpu-v9").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("h200"));
+}
+
+TEST(Device, JsonFile) {
+  nlohmann::json j = nlohmann::json::parse(R"({"name": "lab-gpu", "memory": "24GiB", "reserved": "512MiB",
+      "peak_tflops": {"bf16": 100}, "memory_bandwidth_gbps": 1000, "link_bandwidth_gbps": 25,
+      "op_overhead_us": 3})");
+  absl::StatusOr<DeviceProfile> d = DeviceFromJson(j, "dev.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->usable_bytes(), (int64_t{24} << 30) - (int64_t{512} << 20));
+  EXPECT_DOUBLE_EQ(d->gemm_flops_bf16, 100e12);
+  EXPECT_DOUBLE_EQ(d->gemm_flops_fp32, 50e12);  // derived from bf16 when absent
+  EXPECT_DOUBLE_EQ(d->memory_bandwidth, 1e12);
+  EXPECT_DOUBLE_EQ(d->op_overhead_s, 3e-6);
+  for (const char* bad : {R"({"name": "x"})",
+                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"fp8": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
+                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": -1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
+                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1, "colour": "red"})"}) {
+    EXPECT_FALSE(DeviceFromJson(nlohmann::json::parse(bad), "dev.json").ok()) << bad;
+  }
+}
+
+TEST(CostModel, GemmRooflineByHand) {
+  // (8, 64) x (64, 32): 2*8*32*64 = 32768 FLOPs; bytes 4*(512 + 2048 + 256) = 11264.
+  ir::Graph g;
+  const ir::ValueId a = g.AddValue("a", ir::DType::kF32, ir::FromInts({8, 64}));
+  const ir::ValueId b = g.AddConstant("b", ir::Tensor(ir::DType::kF32, {64, 32}), true);
+  const ir::ValueId c = g.AddValue("c", ir::DType::kF32, ir::FromInts({8, 32}));
+  const ir::NodeId id = g.AddNode(ir::OpKind::kMatMul, "mm", {a, b}, {c});
+  const OpCost cost = EstimateOpCost(g, g.node(id), Precision::kFP32);
+  EXPECT_TRUE(cost.gemm);
+  EXPECT_DOUBLE_EQ(cost.flops, 32768);
+  EXPECT_DOUBLE_EQ(cost.bytes, 11264);
+  DeviceProfile d;
+  d.gemm_flops_fp32 = 1e12;
+  d.memory_bandwidth = 1e9;
+  d.vector_flops = 1e12;
+  d.compute_efficiency = d.memory_efficiency = 1;
+  d.op_overhead_s = 1e-6;
+  // Memory-bound: 11264 bytes at 1 GB/s = 11.264 us, plus the 1 us overhead.
+  EXPECT_NEAR(RooflineSeconds(cost, d, Precision::kFP32), 12.264e-6, 1e-15);
+  // bf16 halves the traffic of activations and weights.
+  EXPECT_DOUBLE_EQ(EstimateOpCost(g, g.node(id), Precision::kBF16).bytes, 11264 / 2);
+}
+
+TEST(CostModel, ProfileFormat) {
+  nlohmann::json ok = nlohmann::json::parse(R"({"format": "onnxpipe-op-times/1", "microbatch": 4,
+      "ops": [{"node": "a", "ms": 1.5}, {"node": "b", "op": "Relu", "phase": "forward", "ms": 0}]})");
+  absl::StatusOr<OpTimes> t = OpTimesFromJson(ok, "t.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->ops.size(), 2u);
+  // Round trip.
+  absl::StatusOr<OpTimes> back = OpTimesFromJson(nlohmann::json::parse(OpTimesToJson(*t).dump()), "t2");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->ops[0].node, "a");
+  EXPECT_DOUBLE_EQ(back->ops[0].ms, 1.5);
+  const char* bad[] = {
+      R"({"microbatch": 4, "ops": []})",
+      R"({"format": "onnxpipe-op-times/1", "ops": []})",
+      R"({"format": "onnxpipe-op-times/1", "microbatch": 4, "ops": [{"node": "a", "ms": -1}]})",
+      R"({"format": "onnxpipe-op-times/1", "microbatch": 4, "ops": [{"node": "a", "ms": 1}, {"node": "a", "ms": 2}]})",
+      R"({"format": "onnxpipe-op-times/1", "microbatch": 0, "ops": []})",
+      R"({"format": "onnxpipe-op-times/1", "microbatch": 2, "ops": [{"ms": 1}]})"};
+  for (const char* b : bad) EXPECT_FALSE(OpTimesFromJson(nlohmann::json::parse(b), "t.json").ok()) << b;
+  const std::string path = ::testing::TempDir() + "/malformed_times.json";
+  std::ofstream(path) << "{\"format\": \"onnxpipe-op-times/1\", ";
+  absl::Status st = LoadOpTimes(path).status();
+  EXPECT_THAT(std::string(st.message()), HasSubstr("malformed profile"));
+}
+
+}  // namespace
+}  // namespace onnxpipe::partitioner
