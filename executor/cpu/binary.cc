@@ -77,6 +77,19 @@ T Wrapping(T a, T b, F f) {
   }
 }
 
+// Arithmetic and comparisons also take the one-byte integer types (ONNX tests use uint8/int8).
+using ArithTypes = TypeList<float, double, int64_t, int32_t, int8_t, uint8_t>;
+
+// x / -1 and x % -1 are special-cased for signed integers: MIN / -1 overflows (and traps).
+template <typename T>
+constexpr bool IsMinusOne(T b) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    return b == T(-1);
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 T NegWrap(T a) {
   return static_cast<T>(-static_cast<std::make_unsigned_t<T>>(a));
@@ -89,7 +102,7 @@ absl::StatusOr<std::vector<ir::Tensor>> ArithKernel(const ir::Node& node,
                                                     const std::vector<ir::Tensor>& in,
                                                     const EvalContext&) {
   RETURN_IF_ERROR(SameDType(node, in, 0, 1));
-  return DispatchDType(NumericTypes{}, node, "input 0", in[0].dtype(),
+  return DispatchDType(ArithTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using T = typename decltype(tag)::type;
     auto run = [&](auto op) -> absl::StatusOr<std::vector<ir::Tensor>> {
@@ -107,7 +120,7 @@ absl::StatusOr<std::vector<ir::Tensor>> ArithKernel(const ir::Node& node,
       // Integer division truncates toward zero (ONNX reference); MIN / -1 wraps.
       return run([](T a, T b) -> T {
         if constexpr (std::is_integral_v<T>) {
-          if (b == T(-1)) return NegWrap(a);
+          if (IsMinusOne(b)) return NegWrap(a);
         }
         return a / b;
       });
@@ -165,7 +178,7 @@ absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
   if (fmod != 0 && fmod != 1) {
     return INVALID_ARGUMENT() << Describe(node) << ": attribute fmod is " << fmod << ", expected 0 or 1";
   }
-  return DispatchDType(NumericTypes{}, node, "input 0", in[0].dtype(),
+  return DispatchDType(ArithTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using T = typename decltype(tag)::type;
     absl::StatusOr<ir::Tensor> out;
@@ -179,12 +192,14 @@ absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
       RETURN_IF_ERROR(CheckNoZeroDivisor<T>(node, in[1]));
       if (fmod == 1) {
         out = BinaryBroadcast<T, T, T>(node, in[0], in[1],
-                                       [](T a, T b) -> T { return b == T(-1) ? T(0) : a % b; });
+                                       [](T a, T b) -> T { return IsMinusOne(b) ? T(0) : static_cast<T>(a % b); });
       } else {
         out = BinaryBroadcast<T, T, T>(node, in[0], in[1], [](T a, T b) -> T {
-          if (b == T(-1)) return 0;
-          T r = a % b;
-          if (r != 0 && ((r < 0) != (b < 0))) r += b;
+          if (IsMinusOne(b)) return 0;
+          T r = static_cast<T>(a % b);
+          if constexpr (std::is_signed_v<T>) {
+            if (r != 0 && ((r < 0) != (b < 0))) r = static_cast<T>(r + b);
+          }
           return r;
         });
       }
@@ -195,7 +210,7 @@ absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
 }
 
 enum class Cmp { kEqual, kLess, kGreater };
-using EqualTypes = TypeList<float, double, int64_t, int32_t, bool>;
+using EqualTypes = TypeList<float, double, int64_t, int32_t, int8_t, uint8_t, bool>;
 
 template <Cmp kOp, typename Types>
 absl::StatusOr<std::vector<ir::Tensor>> CompareKernel(const ir::Node& node,
@@ -266,8 +281,8 @@ REGISTER_CPU_KERNEL(kDiv, ArithKernel<Arith::kDiv>);
 REGISTER_CPU_KERNEL(kPow, PowKernel);
 REGISTER_CPU_KERNEL(kMod, ModKernel);
 REGISTER_CPU_KERNEL(kEqual, (CompareKernel<Cmp::kEqual, EqualTypes>));
-REGISTER_CPU_KERNEL(kLess, (CompareKernel<Cmp::kLess, NumericTypes>));
-REGISTER_CPU_KERNEL(kGreater, (CompareKernel<Cmp::kGreater, NumericTypes>));
+REGISTER_CPU_KERNEL(kLess, (CompareKernel<Cmp::kLess, ArithTypes>));
+REGISTER_CPU_KERNEL(kGreater, (CompareKernel<Cmp::kGreater, ArithTypes>));
 REGISTER_CPU_KERNEL(kAnd, AndKernel);
 REGISTER_CPU_KERNEL(kWhere, WhereKernel);
 

@@ -35,7 +35,7 @@ absl::StatusOr<std::vector<ir::Tensor>> UnaryKernel(const ir::Node& node,
                        });
 }
 
-using SignedTypes = TypeList<float, double, int64_t, int32_t>;
+using SignedTypes = TypeList<float, double, int64_t, int32_t, int8_t>;
 
 struct SqrtOp {
   template <typename T> static T Apply(T x) { return std::sqrt(x); }

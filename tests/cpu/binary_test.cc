@@ -22,8 +22,8 @@ const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& Broadc
 TEST(Binary, ArithmeticBroadcastsLikeNumpyForEveryDType) {
   const std::vector<std::pair<OpKind, std::string>> ops = {
       {OpKind::kAdd, "x + y"}, {OpKind::kSub, "x - y"}, {OpKind::kMul, "x * y"}, {OpKind::kDiv, "DIV"}};
-  for (DType dt : {DType::kF32, DType::kF64, DType::kI64, DType::kI32}) {
-    const bool is_int = dt == DType::kI64 || dt == DType::kI32;
+  for (DType dt : {DType::kF32, DType::kF64, DType::kI64, DType::kI32, DType::kI8, DType::kU8}) {
+    const bool is_int = ir::IsInteger(dt);  // integer results wrap on overflow, as numpy's
     std::map<std::string, Tensor> in;
     std::map<std::string, Tensor> got;
     std::string code;
@@ -82,6 +82,12 @@ TEST(Binary, ModFollowsPythonOrC) {
   auto ref = Numpy({{"x", x}, {"y", y}}, "out['py'] = np.mod(a['x'], a['y'])\nout['c'] = np.fmod(a['x'], a['y'])\n");
   EXPECT_TRUE(AllClose(Eval1(MakeNode(OpKind::kMod, 2), {x, y}), ref["py"], 0, 0));
   EXPECT_TRUE(AllClose(Eval1(MakeNode(OpKind::kMod, 2, 1, c_mode), {x, y}), ref["c"], 0, 0));
+  for (DType dt : {DType::kI32, DType::kI8, DType::kU8}) {
+    Tensor xs = x.CastTo(dt), ys = Eval1(MakeNode(OpKind::kMul, 2), {y, y}).CastTo(dt);  // positive divisors
+    auto r = Numpy({{"x", xs}, {"y", ys}}, "out['py'] = np.mod(a['x'], a['y'])\nout['c'] = np.fmod(a['x'], a['y'])\n");
+    EXPECT_TRUE(Eval1(MakeNode(OpKind::kMod, 2), {xs, ys}).BitwiseEquals(r["py"])) << ir::DTypeName(dt);
+    EXPECT_TRUE(Eval1(MakeNode(OpKind::kMod, 2, 1, c_mode), {xs, ys}).BitwiseEquals(r["c"])) << ir::DTypeName(dt);
+  }
   for (DType dt : FloatDTypes()) {
     Tensor xf = Rand(dt, {3, 4}, 3, -10, 10), yf = Rand(dt, {4}, 4, 0.5, 3);
     auto rf = Numpy({{"x", xf}, {"y", yf}}, "out['r'] = np.fmod(a['x'], a['y'])\n");
@@ -107,7 +113,7 @@ TEST(Binary, PowWithMixedExponentTypes) {
 }
 
 TEST(Binary, ComparisonsAndLogic) {
-  for (DType dt : {DType::kF32, DType::kF64, DType::kI64, DType::kI32}) {
+  for (DType dt : {DType::kF32, DType::kF64, DType::kI64, DType::kI32, DType::kI8, DType::kU8}) {
     Tensor x = RandInt(DType::kI64, {3, 4}, 8, -3, 3).CastTo(dt);
     Tensor y = RandInt(DType::kI64, {4}, 9, -3, 3).CastTo(dt);
     auto ref = Numpy({{"x", x}, {"y", y}},
