@@ -235,14 +235,12 @@ class AttentionMatcher {
 
   // Dims (Sq, Sk) of the scores, where known.
   std::pair<std::optional<int64_t>, std::optional<int64_t>> ScoreDims(NodeId root) const {
-    const ir::Value& out = g_->value(g_->node(root).outputs[0]);
     const ir::Value& q = g_->value(g_->node(root).inputs[0]);  // P: (..., Sq, Sk)
     std::optional<int64_t> sq, sk;
     if (q.shape_known && q.shape.size() >= 2) {
       if (q.shape[q.shape.size() - 2].is_concrete()) sq = q.shape[q.shape.size() - 2].value();
       if (q.shape.back().is_concrete()) sk = q.shape.back().value();
     }
-    (void)out;
     return {sq, sk};
   }
 
