@@ -49,12 +49,14 @@ ordered_json DescribeValues(const ir::Graph& g, const std::vector<ir::ValueId>& 
   return out;
 }
 
-// Float initializers consumed by the graph; each counted once even when used by several nodes
-// (tied weights), attributed to the layer of its first consumer.
+// Parameters: float initializers on which a float graph output depends through float values
+// only (a mask buffer read through Equal reaches the outputs as bool, so it is not one). Each is
+// counted once even when several nodes use it (tied weights) and attributed to the layer of its
+// first consumer.
 ordered_json DescribeParameters(const ir::Graph& g) {
   int64_t count = 0, bytes = 0, tensors = 0, shared = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> per_scope;
-  std::vector<ir::ValueId> first_use(g.num_values(), -1);
+  std::vector<ir::NodeId> first_use(g.num_values(), -1);
   std::vector<int> consumers(g.num_values(), 0);
   for (ir::NodeId id : g.LiveNodes()) {
     for (ir::ValueId v : g.node(id).inputs) {
@@ -63,9 +65,23 @@ ordered_json DescribeParameters(const ir::Graph& g) {
       ++consumers[v];
     }
   }
+  std::vector<bool> reaches(g.num_values(), false);
+  std::vector<ir::ValueId> stack;
+  for (ir::ValueId v : g.outputs())
+    if (ir::IsFloat(g.value(v).dtype) && !reaches[v]) reaches[v] = true, stack.push_back(v);
+  while (!stack.empty()) {
+    const ir::ValueId v = stack.back();
+    stack.pop_back();
+    if (g.value(v).producer == ir::kNoNode) continue;
+    for (ir::ValueId in : g.node(g.value(v).producer).inputs) {
+      if (in == ir::kNoValue || reaches[in] || !ir::IsFloat(g.value(in).dtype)) continue;
+      reaches[in] = true;
+      stack.push_back(in);
+    }
+  }
   for (ir::ValueId v = 0; v < g.num_values(); ++v) {
     const ir::Value& val = g.value(v);
-    if (!val.is_initializer || !ir::IsFloat(val.dtype) || first_use[v] < 0) continue;
+    if (!val.is_initializer || !reaches[v] || first_use[v] < 0) continue;
     const int64_t n = val.constant->num_elements(), b = val.constant->num_bytes();
     count += n;
     bytes += b;
