@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Per-parameter gradients of one training step in PyTorch, for tests/train/golden_test.cc.
 
-  torch_grads.py MODEL.onnx DATA_DIR --batch B [--step K] [--dtype float64]
+  torch_grads.py MODEL.onnx DATA_DIR --batch B [--step K] [--dtype float64] [--label-smoothing E]
 
 Rebuilds the module of MODEL.onnx the way models/torch_reference.py does (same weights, dropout off), takes the
 rows of step K ((K*B + j) mod N), and prints JSON {parameter name: {"norm", "sum", "head": first 8 entries}} of
-the gradients of the mean cross-entropy loss.
+the gradients of the mean cross-entropy loss (with label smoothing E), and the loss.
 """
 import argparse
 import json
@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--step", type=int, default=0)
     ap.add_argument("--dtype", default="float64")
+    ap.add_argument("--label-smoothing", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ref.load_sidecar(a.model)
@@ -38,8 +39,14 @@ def main():
     inputs = {n: np.load(os.path.join(a.data, n + ".npy")) for n in names}
     labels = np.load(os.path.join(a.data, "labels.npy"))
     rows = [(a.step * a.batch + j) % labels.shape[0] for j in range(a.batch)]
-    loss = ref.loss_fn(cfg, model(*[torch.from_numpy(inputs[n][rows]) for n in names]),
-                       torch.from_numpy(labels[rows]))
+    logits = model(*[torch.from_numpy(inputs[n][rows]) for n in names])
+    y = torch.from_numpy(labels[rows])
+    if a.label_smoothing:
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 ignore_index=ref.IGNORE_INDEX,
+                                                 label_smoothing=a.label_smoothing)
+    else:
+        loss = ref.loss_fn(cfg, logits, y)
     loss.backward()
     out = {}
     for name, p in model.named_parameters():

@@ -1,5 +1,6 @@
 // `onnxpipe train` through the built binary: the metrics file against the PyTorch golden, and every
 // kind of bad input giving a clear error and exit code.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -70,6 +71,31 @@ TEST_F(TrainCliTest, MetricsMatchTheGoldenAndProgressIsPlainWithoutTty) {
     ++k;
   }
   EXPECT_EQ(k, 3);
+}
+
+// Dropout is on unless --no-dropout: it changes the losses, and --seed makes it reproducible.
+TEST_F(TrainCliTest, DropoutFollowsTheSeed) {
+  auto losses = [&](const std::string& seed) {
+    const fs::path metrics = dir_ / ("m" + seed + ".jsonl");
+    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                                 " --data " + data_.string() +
+                                 " --batch 4 --steps 2 --optimizer sgd --lr 0.01 --freeze " +
+                                 kClassifierFreeze + " --seed " + seed + " --metrics " +
+                                 metrics.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<double> out;
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  const std::vector<double> a = losses("5"), b = losses("5"), c = losses("6");
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], c[0]);
+  std::ifstream golden_file(SourcePath("models/golden/tiny_classifier.json"));
+  const nlohmann::json golden = nlohmann::json::parse(golden_file);
+  EXPECT_GT(std::abs(a[0] - golden["runs"][1]["losses"][0].get<double>()), 1e-4);  // not dropout-free
 }
 
 TEST_F(TrainCliTest, MissingNpyIsNamed) {
