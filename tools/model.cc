@@ -42,9 +42,11 @@ std::map<std::string, int64_t> OpHistogram(const ir::Graph& g) {
   return h;
 }
 
-absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported) {
+absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported,
+                                  std::map<std::string, ir::Tensor> constant_inputs) {
   onnx_frontend::LoadOptions load_options;
   load_options.allow_unsupported = allow_unsupported;
+  load_options.constant_inputs = std::move(constant_inputs);
   ASSIGN_OR_RETURN(onnx_frontend::LoadedModel loaded,
                    onnx_frontend::LoadOnnxModel(path, load_options));
   Model model;

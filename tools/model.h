@@ -39,7 +39,8 @@ DimRoles ClassifySymbols(const ir::Graph& g);
 
 // Imports the file and infers shapes (Model::imported); with unsupported ops and
 // allow_unsupported, only the summary is filled.
-absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported);
+absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported,
+                                  std::map<std::string, ir::Tensor> constant_inputs = {});
 // Binds dims, folds and fuses Model::imported into Model::graph.
 absl::Status PrepareModel(Model& model, const ModelOptions& options);
 // ImportModel + PrepareModel.

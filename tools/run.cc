@@ -1,6 +1,7 @@
 // onnxpipe run: evaluates the forward pass of a model on the CPU backend.
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/data/npy.h"
@@ -16,31 +17,44 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Reads one feed per graph input: `input_<i>.pb` (ONNX backend-test layout, graph-input order)
-// when input_0.pb exists, else `<input name>.npy`.
-absl::StatusOr<std::vector<ir::Tensor>> ReadFeeds(const ir::Graph& g, const fs::path& dir) {
+// Reads one feed per graph input, named: `input_<i>.pb` (ONNX backend-test layout, graph-input
+// order) when input_0.pb exists, else `<input name>.npy`.
+absl::StatusOr<std::map<std::string, ir::Tensor>> ReadFeeds(const std::vector<std::string>& names,
+                                                            const fs::path& dir) {
   if (!fs::is_directory(dir)) return NOT_FOUND() << "--inputs " << dir.string() << " is not a directory";
-  std::vector<ir::Tensor> feeds;
+  std::map<std::string, ir::Tensor> feeds;
   const bool pb_layout = fs::exists(dir / "input_0.pb");
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    const std::string& name = g.value(g.inputs()[i]).name;
+  for (size_t i = 0; i < names.size(); ++i) {
     absl::StatusOr<ir::Tensor> t;
     if (pb_layout) {
       fs::path p = dir / ("input_" + std::to_string(i) + ".pb");
       if (!fs::exists(p))
-        return NOT_FOUND() << p.string() << " is missing (graph input " << i << " '" << name << "')";
+        return NOT_FOUND() << p.string() << " is missing (graph input " << i << " '" << names[i] << "')";
       t = onnx_frontend::LoadTensorProtoFile(p.string());
     } else {
-      fs::path p = dir / (name + ".npy");
+      fs::path p = dir / (names[i] + ".npy");
       if (!fs::exists(p))
         return NOT_FOUND() << p.string() << " is missing: --inputs needs input_<i>.pb files or one "
                            << "<input name>.npy per graph input";
       t = data::ReadNpy(p.string());
     }
     if (!t.ok()) return t.status();
-    feeds.push_back(std::move(*t));
+    feeds[names[i]] = std::move(*t);
   }
   return feeds;
+}
+
+// Operand-like feeds (integer vectors and float scalars: Reduce axes, Split sizes, a Dropout
+// ratio fed at run time) become constants for this one evaluation, so that the importer, which
+// needs such operands at compile time, accepts the model. Results are unchanged.
+std::map<std::string, ir::Tensor> OperandFeeds(const std::map<std::string, ir::Tensor>& feeds) {
+  std::map<std::string, ir::Tensor> out;
+  for (const auto& [name, t] : feeds) {
+    const bool int_vector = (ir::IsInteger(t.dtype()) && t.rank() <= 1 && t.num_elements() <= 64);
+    const bool float_scalar = ir::IsFloat(t.dtype()) && t.rank() == 0;
+    if (int_vector || float_scalar) out[name] = t;
+  }
+  return out;
 }
 
 std::string FileNameFor(const std::string& value_name) {
@@ -74,10 +88,20 @@ int RunRun(const Args& args) {
   if (backend != "cpu") return Fail("run", "--backend '" + backend + "' is not available; expected cpu", 2);
   if (dtype != "fp32" && dtype != "fp64") return Fail("run", "--dtype expects fp32 or fp64, got '" + dtype + "'", 2);
 
-  absl::StatusOr<Model> model = ImportModel(flags.positional()[0], /*allow_unsupported=*/false);
-  if (!model.ok()) return Fail("run", std::string(model.status().message()));
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = ReadFeeds(*model->imported, inputs_dir);
-  if (!feeds.ok()) return Fail("run", std::string(feeds.status().message()));
+  const std::string path = flags.positional()[0];
+  absl::StatusOr<std::vector<std::string>> names = onnx_frontend::ReadGraphInputNames(path);
+  if (!names.ok()) return Fail("run", std::string(names.status().message()));
+  absl::StatusOr<std::map<std::string, ir::Tensor>> named = ReadFeeds(*names, inputs_dir);
+  if (!named.ok()) return Fail("run", std::string(named.status().message()));
+  absl::StatusOr<Model> model = ImportModel(path, /*allow_unsupported=*/false);
+  if (!model.ok()) {
+    // Retry with operand-like feeds as constants (see OperandFeeds).
+    absl::StatusOr<Model> specialised = ImportModel(path, false, OperandFeeds(*named));
+    if (!specialised.ok()) return Fail("run", std::string(model.status().message()));
+    model = std::move(specialised);
+  }
+  absl::StatusOr<std::vector<ir::Tensor>> feeds = std::vector<ir::Tensor>();
+  for (ir::ValueId v : model->imported->inputs()) feeds->push_back(named->at(model->imported->value(v).name));
 
   // Bind the symbolic dims to the feeds' sizes, then fold and fuse for those shapes.
   ModelOptions options;

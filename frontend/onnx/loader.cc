@@ -15,6 +15,7 @@
 //  6. ir::Verify.
 #include "frontend/onnx/loader.h"
 
+#include <algorithm>
 #include <climits>
 #include <unordered_map>
 #include <unordered_set>
@@ -62,6 +63,7 @@ class ModelImporter {
 
   absl::StatusOr<LoadedModel> Run() {
     RETURN_IF_ERROR(CheckModelHeader());
+    RETURN_IF_ERROR(SpecializeInputs());
     Summarise();
     if (!result_.summary.unsupported.empty()) {
       RETURN_IF_ERROR(ReportUnsupported());
@@ -112,6 +114,24 @@ class ModelImporter {
 
  private:
   absl::Status InFile(const absl::Status& s) const { return Annotate(s, file_); }
+  // LoadOptions::constant_inputs: the named graph inputs become initializers holding the values.
+  absl::Status SpecializeInputs() {
+    onnx::GraphProto* g = model_.mutable_graph();
+    for (const auto& [name, t] : options_.constant_inputs) {
+      auto* inputs = g->mutable_input();
+      auto it = std::find_if(inputs->begin(), inputs->end(),
+                             [&](const onnx::ValueInfoProto& v) { return v.name() == name; });
+      if (it == inputs->end()) return Error() << "'" << name << "' is not a graph input";
+      inputs->erase(it);
+      onnx::TensorProto* init = g->add_initializer();
+      init->set_name(name);
+      init->set_data_type(OnnxFromDType(t.dtype()));
+      for (int64_t d : t.dims()) init->add_dims(d);
+      init->set_raw_data(std::string(static_cast<const char*>(t.raw()), t.num_bytes()));
+    }
+    return absl::OkStatus();
+  }
+
   StatusBuilder Error() const {
     StatusBuilder b(absl::StatusCode::kInvalidArgument, __FILE__, __LINE__);
     b << file_ << ": ";
@@ -491,6 +511,17 @@ absl::StatusOr<ir::Tensor> LoadTensorProtoFile(const std::string& path) {
   auto tensor = TensorFromProto(t, FolderOf(path));
   if (!tensor.ok()) return Annotate(tensor.status(), path);
   return tensor;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadGraphInputNames(const std::string& path) {
+  onnx::ModelProto model;
+  RETURN_IF_ERROR(ParseProtoFile(path, model, "ONNX model"));
+  std::unordered_set<std::string> initializers;
+  for (const onnx::TensorProto& t : model.graph().initializer()) initializers.insert(t.name());
+  std::vector<std::string> names;
+  for (const onnx::ValueInfoProto& v : model.graph().input())
+    if (!initializers.count(v.name())) names.push_back(v.name());
+  return names;
 }
 
 std::vector<std::string> SupportedOnnxOps() { return ImporterRegistry::Get().DefaultDomainOps(); }

@@ -45,6 +45,10 @@ struct ModelSummary {
 struct LoadOptions {
   // true: a model with unsupported ops returns its summary without a graph instead of failing.
   bool allow_unsupported = false;
+  // Graph inputs fixed to known values: they become initializers before import, so operands
+  // that ONNX allows at run time but onnxpipe needs at compile time (Reduce axes, Split sizes,
+  // Dropout ratio fed as graph inputs) are constants. Unknown names are an error.
+  std::map<std::string, ir::Tensor> constant_inputs;
 };
 
 struct LoadedModel {
@@ -73,6 +77,9 @@ constexpr int64_t kMaxOpset = 21;
 // Highest ai.onnx opset (and IR version) libonnx 1.12's checker and shape inference know.
 constexpr int64_t kMaxCheckedOpset = 17;
 constexpr int64_t kMaxCheckedIrVersion = 8;
+
+// Names of the graph inputs that are not initializers, in order (what a caller feeds).
+absl::StatusOr<std::vector<std::string>> ReadGraphInputNames(const std::string& path);
 
 // Sorted ai.onnx op types that have an importer.
 std::vector<std::string> SupportedOnnxOps();
