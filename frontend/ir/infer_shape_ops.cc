@@ -88,8 +88,14 @@ absl::StatusOr<Outputs> ReshapeRule(const InferContext& ctx) {
 
 absl::StatusOr<Outputs> FlattenRule(const InferContext& ctx) {
   const Shape& in = ctx.shape(0);
-  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 1), ctx.rank(0), "axis",
-                                          /*allow_rank=*/true));
+  // Flatten's axis lies in [-r, r] and a negative one counts from r (not r + 1 as an
+  // insertion position would).
+  int64_t axis = ctx.attrs().Get<int64_t>("axis", 1);
+  if (axis == ctx.rank(0)) {
+    // axis == r: everything goes to the outer dim.
+  } else {
+    ASSIGN_OR_RETURN(axis, ctx.Axis(axis, ctx.rank(0), "axis"));
+  }
   Dim outer(1), inner(1);
   for (int64_t i = 0; i < ctx.rank(0); ++i) {
     Dim& side = i < axis ? outer : inner;

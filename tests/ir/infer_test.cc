@@ -437,6 +437,8 @@ TEST(InferTest, LayoutOps) {
   ValueId rev = b.Op(OpKind::kTranspose, {x});
   ValueId fl = b.Op(OpKind::kFlatten, {x}, A({{"axis", int64_t{2}}}));
   ValueId fl0 = b.Op(OpKind::kFlatten, {x}, A({{"axis", int64_t{0}}}));
+  ValueId fl_neg = b.Op(OpKind::kFlatten, {x}, A({{"axis", int64_t{-1}}}));  // ONNX: -1 -> r - 1
+  ValueId fl_r = b.Op(OpKind::kFlatten, {x}, A({{"axis", int64_t{4}}}));
   ValueId un = b.Op(OpKind::kUnsqueeze, {b.Input("m", {B, S})}, A({{"axes", I({1, -1})}}));
   ValueId sq = b.Op(OpKind::kSqueeze, {b.Input("one", {B, 1, S, 1})}, A({{"axes", I({-1, 1})}}));
   ValueId sq_all = b.Op(OpKind::kSqueeze, {b.Input("one2", {1, S, 1})});
@@ -451,6 +453,8 @@ TEST(InferTest, LayoutOps) {
   EXPECT_EQ(b.Str(rev), "(16, 4, S, B)");
   EXPECT_EQ(b.Str(fl), "(B*S, 64)");
   EXPECT_EQ(b.Str(fl0), "(1, 64*B*S)");
+  EXPECT_EQ(b.Str(fl_neg), "(4*B*S, 16)");
+  EXPECT_EQ(b.Str(fl_r), "(64*B*S, 1)");
   EXPECT_EQ(b.Str(un), "(B, 1, S, 1)");
   EXPECT_EQ(b.Str(sq), "(B, S)");
   EXPECT_EQ(b.Str(sq_all), "(S)");
