@@ -102,6 +102,10 @@ class StridedLoop {
               const std::vector<int64_t>& offsets = {});
 
   int64_t num_elements() const { return num_elements_; }
+  // The merged iteration space: dims (innermost last) and operand k's stride along each.
+  const std::vector<int64_t>& merged_dims() const { return dims_; }
+  int64_t merged_stride(size_t dim, int operand) const { return strides_[dim][operand]; }
+  int64_t base_offset(int operand) const { return base_[operand]; }
 
   // Calls fn(out_offset, operand_offsets, len, operand_steps) for runs of `len` consecutive
   // output elements, operand k advancing by operand_steps[k] per element; runs are distributed

@@ -34,6 +34,13 @@ TEST(ShapeOps, TransposeMatchesNumpyForAllDTypes) {
     EXPECT_TRUE(Eval1(MakeNode(OpKind::kTranspose, 1), {x}).BitwiseEquals(ref["default"]));
   }
   EXPECT_FALSE(Eval(MakeNode(OpKind::kTranspose, 1, 1, A("perm", std::vector<int64_t>{0, 0})), {Rand(DType::kF32, {2, 2}, 1)}).ok());
+  // Large enough for several (partial) 32x32 tiles of the blocked transpose path.
+  Tensor big = Rand(DType::kF64, {3, 70, 45}, 2);
+  auto ref = Numpy({{"x", big}}, "out['a'] = np.transpose(a['x'], (0, 2, 1))\nout['b'] = np.transpose(a['x'], (2, 1, 0))\n"
+                                 "out['c'] = np.transpose(a['x'], (1, 2, 0))\n");
+  EXPECT_TRUE(Eval1(MakeNode(OpKind::kTranspose, 1, 1, A("perm", std::vector<int64_t>{0, 2, 1})), {big}).BitwiseEquals(ref["a"]));
+  EXPECT_TRUE(Eval1(MakeNode(OpKind::kTranspose, 1, 1, A("perm", std::vector<int64_t>{2, 1, 0})), {big}).BitwiseEquals(ref["b"]));
+  EXPECT_TRUE(Eval1(MakeNode(OpKind::kTranspose, 1, 1, A("perm", std::vector<int64_t>{1, 2, 0})), {big}).BitwiseEquals(ref["c"]));
 }
 
 TEST(ShapeOps, ReshapeZeroMinusOneAndAllowzero) {
