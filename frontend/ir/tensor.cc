@@ -8,6 +8,14 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(st
   storage_ = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(num_bytes()), 0);
 }
 
+Tensor Tensor::DimsOnly(DType dtype, std::vector<int64_t> dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.storage_ = std::make_shared<std::vector<uint8_t>>();
+  return t;
+}
+
 int64_t Tensor::num_elements() const {
   int64_t n = 1;
   for (int64_t d : dims_) n *= d;

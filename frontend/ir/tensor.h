@@ -34,12 +34,20 @@ class Tensor {
     return FromVector<T>({}, std::vector<T>{v});
   }
 
+  // A tensor with a dtype and dims but no elements, for operands a kernel reads only for their
+  // dims (the shape-only `like` inputs of op.h's gradient ops): defined() is true, has_data() false,
+  // raw() null. It lets an executor free a buffer whose remaining readers need only its shape.
+  // Reading its elements is a bug.
+  static Tensor DimsOnly(DType dtype, std::vector<int64_t> dims);
+
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t rank() const { return static_cast<int64_t>(dims_.size()); }
   int64_t num_elements() const;
   int64_t num_bytes() const { return num_elements() * DTypeSize(dtype_); }
   bool defined() const { return storage_ != nullptr; }
+  // False for DimsOnly tensors (and undefined ones).
+  bool has_data() const { return storage_ != nullptr && (!storage_->empty() || num_bytes() == 0); }
 
   const void* raw() const { return storage_ ? storage_->data() : nullptr; }
   void* raw() { return storage_ ? storage_->data() : nullptr; }
