@@ -98,6 +98,19 @@ TEST_F(TrainCliTest, DropoutFollowsTheSeed) {
   EXPECT_GT(std::abs(a[0] - golden["runs"][1]["losses"][0].get<double>()), 1e-4);  // not dropout-free
 }
 
+// On a terminal the progress line is rewritten in place with \r (util-linux `script` gives the
+// command a pseudo-terminal).
+TEST_F(TrainCliTest, ProgressLineOnATerminal) {
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1)";
+  const std::string cmd = Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                          " --data " + data_.string() +
+                          " --batch 4 --steps 3 --optimizer sgd --lr 0.01 --no-dropout";
+  CommandResult r = RunCommand("script -qec '" + cmd + "' /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\rstep 2/3  loss"));
+  EXPECT_THAT(r.out, HasSubstr("\rstep 3/3  loss"));
+}
+
 TEST_F(TrainCliTest, MissingNpyIsNamed) {
   fs::remove(data_ / "tokens.npy");
   CommandResult r = Train("--steps 1");
