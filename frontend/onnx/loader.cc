@@ -26,6 +26,7 @@
 #include "frontend/ir/verifier.h"
 #include "frontend/onnx/file_io.h"
 #include "frontend/onnx/importer.h"
+#include "frontend/onnx/libonnx_guard.h"
 #include "frontend/onnx/tensor_proto.h"
 #include "onnx/checker.h"
 #include "onnx/shape_inference/implementation.h"
@@ -117,7 +118,10 @@ class ModelImporter {
   // LoadOptions::constant_inputs: the named graph inputs become initializers holding the values.
   absl::Status SpecializeInputs() {
     onnx::GraphProto* g = model_.mutable_graph();
-    for (const auto& [name, t] : options_.constant_inputs) {
+    for (const auto& entry : options_.constant_inputs) {
+      // Not a structured binding: clang 14 cannot capture one in the lambda below.
+      const std::string& name = entry.first;
+      const ir::Tensor& t = entry.second;
       auto* inputs = g->mutable_input();
       auto it = std::find_if(inputs->begin(), inputs->end(),
                              [&](const onnx::ValueInfoProto& v) { return v.name() == name; });
@@ -455,6 +459,7 @@ class ModelImporter {
     } catch (const std::exception& e) {
       return Error() << "libonnx checker: " << e.what();
     }
+    GuardLibonnxInference();
     try {
       onnx::shape_inference::InferShapes(
           model_, onnx::OpSchemaRegistry::Instance(),

@@ -26,14 +26,14 @@ def vi(name, elem, shape):
 
 
 def model(nodes, inputs, outputs, inits=(), opset=17, ir_version=8, value_info=(),
-          extra_opsets=(), name="g"):
+          extra_opsets=(), name="g", infer=True):
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(inits),
                               value_info=list(value_info))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
     m = helper.make_model(graph, opset_imports=opsets, producer_name="onnxpipe-tests",
                           producer_version="1.0")
     m.ir_version = ir_version
-    if opset <= 17:
+    if opset <= 17 and infer:
         # Graph outputs need a shape for onnx.checker: let onnx's inference fill them in.
         try:
             inferred = onnx.shape_inference.infer_shapes(m)
@@ -392,6 +392,18 @@ def bad_models():
     ms["dropout_dynamic_ratio"] = model(
         [helper.make_node("Dropout", ["x", "r"], ["y"], name="dyn_drop")],
         [vi("x", F, [3]), vi("r", F, [])], [vi("y", F, [3])])
+    # libonnx 1.12's LayerNormalization inference writes out of bounds for these (found by
+    # fuzzing; python's onnx.shape_inference crashes on them too); onnxpipe's guard makes it an
+    # error.
+    ms["layernorm_axis_below_rank"] = model(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean"], name="ln_axis",
+                          axis=-7)],
+        [vi("x", F, [2, 3, 4])], [vi("y", F, [2, 3, 4])],
+        [numpy_helper.from_array(np.ones(4, np.float32), "s")], infer=False)
+    ms["layernorm_scalar"] = model(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"], name="ln_scalar")],
+        [vi("x", F, [])], [vi("y", F, [])],
+        [numpy_helper.from_array(np.ones(1, np.float32), "s")], infer=False)
     # libonnx's checker rejects this one (opset 17): wrong attribute type
     ms["checker_rejects"] = model(
         [helper.make_node("Softmax", ["x"], ["y"], name="bad_axis17", axis=1.5)], x,
