@@ -240,7 +240,7 @@ ir::Tensor StridedCopy(const ir::Tensor& src, const std::vector<int64_t>& dims,
 
 absl::Status CheckGemmSize(const ir::Node& node, int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
-  if (m > kMax || n > kMax || k > kMax || m * k > kMax * 64 || k * n > kMax * 64) {
+  if (m > kMax || n > kMax || k > kMax) {
     return INVALID_ARGUMENT() << Describe(node) << ": GEMM of size " << m << "x" << n << "x" << k
                               << " exceeds the 32-bit sizes CBLAS accepts";
   }

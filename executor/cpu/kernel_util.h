@@ -53,7 +53,7 @@ auto DispatchDType(TypeList<Ts...>, const ir::Node& node, std::string_view what,
                    F&& f) -> decltype(f(Tag<std::tuple_element_t<0, std::tuple<Ts...>>>{})) {
   using R = decltype(f(Tag<std::tuple_element_t<0, std::tuple<Ts...>>>{}));
   std::optional<R> result;
-  ((ir::DTypeOf<Ts>::value == dt ? (result.emplace(f(Tag<Ts>{})), true) : false) || ...);
+  (void)((ir::DTypeOf<Ts>::value == dt ? (result.emplace(f(Tag<Ts>{})), true) : false) || ...);
   if (!result) return UnsupportedDType(node, what, dt, {ir::DTypeOf<Ts>::value...});
   return std::move(*result);
 }
