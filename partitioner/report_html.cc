@@ -52,9 +52,13 @@ std::string MemorySvg(const PartitionPlan& p) {
       {"boundary buffers", "#b07aa1", &StageMemory::boundary},
   };
   const int left = 70, width = 760, bar = 24, gap = 12, top = 30;
-  int64_t largest = p.capacity_bytes;
+  int64_t largest = 0;
   for (const StagePlan& s : p.stages) largest = std::max(largest, s.memory.total);
-  const double scale = width / (1.08 * static_cast<double>(largest));
+  // Far below capacity, the bars are drawn to their own scale and the capacity is only named.
+  const bool capacity_on_scale = largest * 4 >= p.capacity_bytes;
+  const double scale =
+      width / (1.08 * static_cast<double>(std::max<int64_t>(1, capacity_on_scale ? std::max(largest, p.capacity_bytes)
+                                                                                 : largest)));
   const int rows = static_cast<int>(p.stages.size());
   const int height = top + rows * (bar + gap) + 60;
   std::ostringstream os;
@@ -77,11 +81,17 @@ std::string MemorySvg(const PartitionPlan& p) {
     os << "<text x=\"" << Num(x + 6) << "\" y=\"" << y + bar / 2 + 4 << "\">" << HtmlEscape(FormatBytes(s.memory.total))
        << " (" << Pct(static_cast<double>(s.memory.total) / p.capacity_bytes) << ")</text>\n";
   }
-  const double cx = left + p.capacity_bytes * scale;
-  os << "<line x1=\"" << Num(cx) << "\" y1=\"" << top - 12 << "\" x2=\"" << Num(cx) << "\" y2=\""
-     << top + rows * (bar + gap) - gap + 6 << "\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n";
-  os << "<text x=\"" << Num(cx) << "\" y=\"" << top - 16 << "\" text-anchor=\"middle\" fill=\"#d62728\">capacity "
-     << HtmlEscape(FormatBytes(p.capacity_bytes)) << "</text>\n";
+  if (capacity_on_scale) {
+    const double cx = left + p.capacity_bytes * scale;
+    os << "<line x1=\"" << Num(cx) << "\" y1=\"" << top - 12 << "\" x2=\"" << Num(cx) << "\" y2=\""
+       << top + rows * (bar + gap) - gap + 6 << "\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n";
+    os << "<text x=\"" << Num(cx) << "\" y=\"" << top - 16 << "\" text-anchor=\"middle\" fill=\"#d62728\">capacity "
+       << HtmlEscape(FormatBytes(p.capacity_bytes)) << "</text>\n";
+  } else {
+    os << "<text x=\"" << left << "\" y=\"" << top - 16 << "\" fill=\"#d62728\">capacity "
+       << HtmlEscape(FormatBytes(p.capacity_bytes)) << " per stage (off this scale: the most loaded stage uses "
+       << Pct(static_cast<double>(largest) / p.capacity_bytes) << ")</text>\n";
+  }
   int lx = left;
   const int ly = top + rows * (bar + gap) + 20;
   for (const Part& part : kParts) {

@@ -166,6 +166,10 @@ std::string PartitionDot(const PartitionPlan& p) {
   auto q = [](const std::string& s) {
     std::string out = "\"";
     for (char c : s) {
+      if (c == '\n') {  // a line break in a Graphviz label is the escape \n
+        out += "\\n";
+        continue;
+      }
       if (c == '"' || c == '\\') out += '\\';
       out += c;
     }

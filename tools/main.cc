@@ -19,6 +19,9 @@ constexpr Command kCommands[] = {
      RunInspect},
     {"run", "evaluate the forward pass on the CPU backend (.pb or .npy inputs -> .npy outputs)", RunRun},
     {"train", "train on the CPU backend (npy data, SGD/AdamW, metrics JSONL), matching PyTorch", RunTrain},
+    {"partition", "split the training graph into pipeline stages that fit the GPUs; plan + reports", RunPartition},
+    {"profile", "measure per-op times of the training graph on the CPU backend (for partition --profile)",
+     RunProfile},
 };
 
 void PrintUsage(FILE* out) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/file_io.h"
+#include "frontend/onnx/libonnx_guard.h"
 #include "frontend/onnx/tensor_proto.h"
 #include "onnx/checker.h"
 #include "onnx/defs/schema.h"
@@ -427,6 +428,7 @@ absl::Status ExportStageOnnx(const ir::Graph& g, const std::string& path, const 
     ctx.set_model_dir(FolderOf(path) + "/");
     try {
       onnx::checker::check_model(model, ctx);
+      GuardLibonnxInference();
       onnx::ModelProto copy = model;
       onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
                                          onnx::ShapeInferenceOptions(/*check_type_val=*/true, /*strict_mode_val=*/1));

@@ -1,0 +1,283 @@
+// `onnxpipe partition` and `onnxpipe profile` on models exported at test time: balance of a
+// uniform 24-layer model, stage 0 of an embedding-heavy model, every report file written and read
+// back by an independent reader (onnx.checker for the stage files, Graphviz or a structural check
+// for the DOT file, headless Chromium or a structural check for the HTML), the sweep, the profile
+// round trip, and the error contract.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "frontend/onnx/loader.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "partitioner/plan_io.h"
+#include "tests/cli/cli_util.h"
+
+namespace onnxpipe::testing {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class PartitionCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(MakeTempDir("partition_cli"));
+    // Small widths keep the export fast; the layer structure is the benchmark's.
+    Export("uniform24", "--family classifier --layers 24 --d-model 32 --heads 2 --ffn 128 --seq 16 --vocab 64");
+    Export("embed", "--family classifier --layers 12 --d-model 32 --heads 2 --ffn 64 --seq 16 --vocab 50000");
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  static void Export(const std::string& name, const std::string& flags) {
+    const CommandResult r = RunCommand(Python() + " " + SourcePath("models/export.py") + " " + flags + " --out " +
+                                       Path(name + ".onnx"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static std::string Path(const std::string& name) { return (*dir_ / name).string(); }
+  static CommandResult Partition(const std::string& args) { return RunCommand(Onnxpipe() + " partition " + args); }
+  static json Plan(const std::string& out) { return json::parse(ReadAll(out + "/plan.json")); }
+
+  static std::filesystem::path* dir_;
+};
+std::filesystem::path* PartitionCli::dir_ = nullptr;
+
+double StageMs(const json& stage) {
+  const json& p = stage["predicted"];
+  return p["forward_ms"].get<double>() + p["backward_ms"].get<double>() + p["recompute_ms"].get<double>();
+}
+
+// Layers ("…/layers.N") whose forward nodes all sit on stage `k`.
+int WholeLayersOn(const json& plan, int k) {
+  static const std::regex layer(R"(.*layers\.\d+$)");
+  int n = 0;
+  for (const json& l : plan["layers"]) {
+    if (!std::regex_match(l["name"].get<std::string>(), layer)) continue;
+    if (l["stages"].size() == 1 && l["stages"][0] == k) ++n;
+  }
+  return n;
+}
+
+TEST_F(PartitionCli, Uniform24LayersSplitWithinFivePercentOfIdeal) {
+  const std::string out = Path("u24");
+  const CommandResult r = Partition(Path("uniform24.onnx") + " --stages 4 --batch 32 --microbatches 8 --seq 16 "
+                                    "--device h100-80gb --no-onnx --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = Plan(out);
+  ASSERT_EQ(plan["stages"].size(), 4u);
+  double total = 0, worst = 0;
+  for (const json& s : plan["stages"]) {
+    total += StageMs(s);
+    worst = std::max(worst, StageMs(s));
+  }
+  EXPECT_LE(worst, 1.05 * total / 4) << r.out;
+  // Every layer is whole on one stage or split between two neighbours; 24 layers, 5-7 per stage.
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_GE(WholeLayersOn(plan, k), 4) << "stage " << k << "\n" << r.out;
+    EXPECT_LE(WholeLayersOn(plan, k), 7) << "stage " << k << "\n" << r.out;
+  }
+}
+
+TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
+  // A 50000 x 32 embedding with AdamW (parameters, gradients and two moments: 25.6 MB) next to
+  // layers of 12.7 K parameters: with the device barely larger than a quarter of the model,
+  // stage 0 must take fewer than its share of the 12 layers.
+  const std::string loose = Path("embed_loose");
+  CommandResult r = Partition(Path("embed.onnx") + " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
+                              "--device h100-80gb --no-onnx --out " + loose);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json base = Plan(loose);
+  int64_t largest = 0;
+  for (const json& s : base["stages"]) largest = std::max(largest, s["memory"]["total"].get<int64_t>());
+  // Memory that fits the embedding plus a little: 5% over the embedding stage's persistent state.
+  const json& s0 = base["stages"][0]["memory"];
+  const int64_t persistent0 = s0["parameters"].get<int64_t>() + s0["gradients"].get<int64_t>() +
+                              s0["optimizer_state"].get<int64_t>();
+  const int64_t device = persistent0 + persistent0 / 10 + (int64_t{1} << 30);  // + the 1 GiB reserve
+  const std::string tight = Path("embed_tight");
+  r = Partition(Path("embed.onnx") + " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
+                "--device h100-80gb --device-memory " + std::to_string(device) + " --no-onnx --out " + tight);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const json plan = Plan(tight);
+  EXPECT_LT(WholeLayersOn(plan, 0), 3) << r.out;
+  int later = 0;
+  for (int k = 1; k < 4; ++k) later += WholeLayersOn(plan, k);
+  EXPECT_GE(later, 9) << r.out;
+  for (const json& s : plan["stages"]) {
+    EXPECT_LE(s["memory"]["total"].get<int64_t>(), plan["device"]["capacity"].get<int64_t>());
+  }
+}
+
+TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
+  const std::string out = Path("tiny");
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  const CommandResult r = Partition(model + " --stages 2 --batch 8 --microbatches 4 --seq 32 --recompute selective "
+                                    "--schedule 1f1b --device a100-40gb --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"plan.json", "report.txt", "report.html", "partition.dot", "schedule.trace.json",
+                        "stage_0.onnx", "stage_1.onnx"}) {
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  }
+  // plan.json: the strict loader.
+  absl::StatusOr<partitioner::PartitionPlan> plan = partitioner::LoadPlan(out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 2u);
+  EXPECT_EQ(plan->microbatch_size, 2);
+  EXPECT_GT(plan->stages[0].recompute_regions.size(), 0u);
+  // report.txt: one row per stage and the prediction.
+  const std::string txt = ReadAll(out + "/report.txt");
+  EXPECT_THAT(txt, HasSubstr("samples/s"));
+  EXPECT_THAT(txt, HasSubstr("a100-40gb"));
+  // schedule.trace.json: Chrome trace, one process per stage, 2 x 4 F/B per stage + updates.
+  const json trace = json::parse(ReadAll(out + "/schedule.trace.json"));
+  int compute = 0;
+  std::set<int> pids;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X" && e["tid"] == 0) {
+      ++compute;
+      pids.insert(e["pid"].get<int>());
+      EXPECT_GE(e["dur"].get<double>(), 0);
+    }
+  }
+  EXPECT_EQ(compute, 2 * (2 * 4 + 1));
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  // partition.dot: Graphviz when installed, else the structure.
+  const std::string dot = ReadAll(out + "/partition.dot");
+  EXPECT_THAT(dot, HasSubstr("subgraph cluster_0"));
+  EXPECT_THAT(dot, HasSubstr("subgraph cluster_1"));
+  EXPECT_EQ(std::count(dot.begin(), dot.end(), '{'), std::count(dot.begin(), dot.end(), '}'));
+  if (RunCommand("command -v dot").exit_code == 0) {
+    const CommandResult d = RunCommand("dot -Tsvg " + out + "/partition.dot -o " + out + "/partition.svg");
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_THAT(ReadAll(out + "/partition.svg"), HasSubstr("<svg"));
+  }
+  // stage_<k>.onnx: the ONNX checker (python onnx), full check with shape inference, and our loader.
+  for (int k = 0; k < 2; ++k) {
+    const std::string stage = out + "/stage_" + std::to_string(k) + ".onnx";
+    const CommandResult c = RunCommand(Python() + " -c \"import onnx,sys; m=onnx.load(sys.argv[1]); "
+                                       "onnx.checker.check_model(m, full_check=True); "
+                                       "print(len(m.graph.node), len(m.graph.initializer))\" " + stage);
+    EXPECT_EQ(c.exit_code, 0) << c.err;
+    absl::StatusOr<onnx_frontend::LoadedModel> loaded = onnx_frontend::LoadOnnxModel(stage);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+  }
+  // report.html: self-contained, the three charts present with one bar or block per item.
+  const std::string html = ReadAll(out + "/report.html");
+  for (const char* id : {"id=\"memory-chart\"", "id=\"gantt-chart\"", "id=\"layer-map\""}) {
+    EXPECT_THAT(html, HasSubstr(id));
+  }
+  EXPECT_EQ(html.find("http://www.w3.org/2000/svg\"") != std::string::npos, true);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  // The Gantt chart draws one block per event of the trace; the memory chart one bar per stage.
+  int trace_blocks = 0;
+  for (const json& e : trace["traceEvents"]) trace_blocks += e["ph"] == "X";
+  const std::regex ev("class=\"ev\""), mem("class=\"mem\"");
+  EXPECT_EQ(std::distance(std::sregex_iterator(html.begin(), html.end(), ev), std::sregex_iterator()), trace_blocks);
+  EXPECT_GE(std::distance(std::sregex_iterator(html.begin(), html.end(), mem), std::sregex_iterator()), 2 * 4);
+  // Rendered by headless Chromium when the machine has it: the screenshot is not blank.
+  for (const char* browser : {"chromium", "chromium-browser", "google-chrome"}) {
+    if (RunCommand(std::string("command -v ") + browser).exit_code != 0) continue;
+    const std::string png = out + "/report.png";
+    const CommandResult c = RunCommand(std::string(browser) + " --headless --no-sandbox --disable-gpu "
+                                       "--window-size=1200,1600 --screenshot=" + png + " file://" + out + "/report.html");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    const CommandResult px = RunCommand(Python() + " -c \"import sys,zlib,struct;d=open(sys.argv[1],'rb').read();"
+                                        "print(len(set(d[100:]))>50)\" " + png);
+    EXPECT_THAT(px.out, HasSubstr("True"));
+    break;
+  }
+}
+
+TEST_F(PartitionCli, ProfileRoundTrip) {
+  const std::string times = Path("times.json");
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  CommandResult r = RunCommand(Onnxpipe() + " profile " + model + " --batch 2 --seq 16 --repeats 2 --out " + times);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json t = json::parse(ReadAll(times));
+  EXPECT_EQ(t["format"], "onnxpipe-op-times/1");
+  EXPECT_EQ(t["microbatch"], 2);
+  ASSERT_GT(t["ops"].size(), 50u);
+  std::set<std::string> phases;
+  for (const json& op : t["ops"]) phases.insert(op["phase"].get<std::string>());
+  EXPECT_EQ(phases, (std::set<std::string>{"forward", "backward", "optimizer"}));
+  const std::string out = Path("profiled");
+  r = Partition(model + " --stages 2 --batch 8 --microbatches 4 --seq 16 --profile " + times +
+                " --device cpu --no-onnx --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = Plan(out);
+  EXPECT_EQ(plan["predicted"]["cost_source"], "profile");
+  EXPECT_EQ(plan["predicted"]["roofline_nodes"], 0);
+  EXPECT_EQ(plan["predicted"]["measured_nodes"].get<size_t>(), t["ops"].size());
+  // The measured forward times, summed over the stages, are the profile's forward total.
+  double fwd = 0, want = 0;
+  for (const json& s : plan["stages"]) fwd += s["predicted"]["forward_ms"].get<double>();
+  for (const json& op : t["ops"])
+    if (op["phase"] == "forward") want += op["ms"].get<double>();
+  EXPECT_NEAR(fwd, want, 1e-6 * want + 1e-9);
+}
+
+TEST_F(PartitionCli, SweepWritesTheTableWithOomMarked) {
+  const std::string out = Path("sweep");
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  CommandResult r = Partition(model + " --seq 16 --sweep \"batch=8,64 microbatches=1,4,16 stages=1,2\" "
+                              "--schedule gpipe --device h100-80gb --device-memory 1030MiB --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream csv(out + "/sweep.csv");
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_THAT(line, HasSubstr("batch,microbatches,stages"));
+  std::map<std::string, int> status;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) f.push_back(cell);
+    ++status[f[4]];
+    if (f[0] == "8" && f[1] == "16") {
+      EXPECT_EQ(f[4], "invalid");  // more micro-batches than samples
+    }
+  }
+  EXPECT_EQ(rows, 2 * 3 * 2);
+  EXPECT_GT(status["ok"], 0);
+  EXPECT_GT(status["oom"], 0) << ReadAll(out + "/sweep.csv");
+  const std::string html = ReadAll(out + "/sweep.html");
+  EXPECT_THAT(html, HasSubstr("class=\"oom\""));
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+}
+
+TEST_F(PartitionCli, BadInputsFailClearly) {
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  const std::string out = " --out " + Path("bad");
+  struct Case {
+    std::string args, message;
+  } cases[] = {
+      {" --stages 2 --batch 4 --microbatches 8", "larger than --batch"},
+      {" --stages 2 --batch 10 --microbatches 4", "not divisible"},
+      {" --stages 2 --batch 8 --microbatches 4 --device tpu-v9", "unknown device 'tpu-v9'"},
+      {" --stages 500 --batch 8 --microbatches 4 --seq 16", "cut candidates"},
+      {" --stages 2 --batch 8 --microbatches 4 --profile " + Path("broken.json"), "malformed profile"},
+      {" --stages 2 --batch 8 --recompute sometimes", "unknown recompute policy"},
+      {" --stages 1 --batch 64 --microbatches 1 --seq 64 --device h100-80gb --device-memory 1026MiB --schedule gpipe",
+       "It would fit on devices with"},
+  };
+  std::ofstream(Path("broken.json")) << "{\"format\": \"onnxpipe-op-times/1\", \"microbatch\": 2, \"ops\": [";
+  for (const Case& c : cases) {
+    const CommandResult r = Partition(model + c.args + out);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace onnxpipe::testing

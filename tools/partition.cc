@@ -1,0 +1,224 @@
+// onnxpipe partition: cut a model's training graph into pipeline stages that fit the devices and
+// write the plan with its reports (partitioner/). Offline: no GPU needed.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "frontend/ir/status.h"
+#include "frontend/onnx/stage_export.h"
+#include "partitioner/partitioner.h"
+#include "partitioner/plan_io.h"
+#include "partitioner/reports.h"
+#include "partitioner/sweep.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "tools/partition_model.h"
+
+namespace onnxpipe::tools {
+namespace {
+
+namespace part = onnxpipe::partitioner;
+
+struct Flags {
+  std::string stages = "1", schedule = "1f1b", recompute = "none", optimizer = "sgd", dtype = "fp32";
+  std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest", logits;
+  std::string labels = "labels", freeze;
+  int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64;
+  double momentum = 0, clip_norm = 0, cut_slack = 0.05;
+  bool onnx = true;
+};
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+absl::Status Run(const std::string& model_path, const Flags& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Everything that can be checked without the model first.
+  ASSIGN_OR_RETURN(part::DeviceProfile device, part::ResolveDevice(f.device));
+  part::PartitionOptions o;
+  o.model = std::filesystem::path(model_path).filename().string();
+  o.optimizer = f.optimizer;
+  o.batch = f.batch;
+  o.microbatches = f.microbatches;
+  o.max_stages = f.max_stages;
+  o.cut_slack = f.cut_slack;
+  ASSIGN_OR_RETURN(o.schedule, part::ParseSchedule(f.schedule));
+  ASSIGN_OR_RETURN(o.recompute, part::ParseRecomputePolicy(f.recompute));
+  ASSIGN_OR_RETURN(o.precision, part::ParsePrecision(f.dtype));
+  if (f.objective == "throughput") {
+    o.objective = part::Objective::kThroughput;
+  } else if (f.objective != "fewest") {
+    return INVALID_ARGUMENT() << "--objective expects fewest or throughput, got '" << f.objective << "'";
+  }
+  if (f.stages == "auto") {
+    o.num_stages = 0;
+  } else {
+    char* end = nullptr;
+    const long long k = std::strtoll(f.stages.c_str(), &end, 10);
+    if (f.stages.empty() || *end != '\0' || k < 1) {
+      return INVALID_ARGUMENT() << "--stages expects a positive integer or auto, got '" << f.stages << "'";
+    }
+    o.num_stages = k;
+  }
+  if (!f.device_memory.empty()) {
+    absl::StatusOr<int64_t> bytes = part::ParseByteSize(f.device_memory);
+    if (!bytes.ok()) return Annotate(bytes.status(), "--device-memory");
+    o.memory_bytes = *bytes;
+  }
+  if (!f.profile.empty()) {
+    ASSIGN_OR_RETURN(part::OpTimes times, part::LoadOpTimes(f.profile));
+    o.op_times = std::make_shared<part::OpTimes>(std::move(times));
+  }
+  std::optional<part::SweepSpec> sweep;
+  if (!f.sweep.empty()) {
+    ASSIGN_OR_RETURN(sweep, part::ParseSweepSpec(f.sweep));
+  } else {
+    if (f.batch < 1) return INVALID_ARGUMENT() << "--batch B is required (>= 1)";
+    if (f.microbatches > f.batch) {
+      return INVALID_ARGUMENT() << "--microbatches " << f.microbatches << " is larger than --batch " << f.batch
+                                << ": a micro-batch needs at least one sample";
+    }
+    if (f.batch % f.microbatches != 0) {
+      return INVALID_ARGUMENT() << "--batch " << f.batch << " is not divisible by --microbatches " << f.microbatches;
+    }
+  }
+
+  TrainingGraphOptions to;
+  to.seq = f.seq;
+  to.optimizer = f.optimizer;
+  to.momentum = f.momentum;
+  to.clip_norm = f.clip_norm;
+  to.logits = f.logits;
+  to.labels = f.labels;
+  to.freeze = f.freeze;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
+  for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  const double load_s = Since(t0);
+  part::Cluster cluster{device};
+  std::error_code ec;
+  std::filesystem::create_directories(f.out, ec);
+  if (ec) return INVALID_ARGUMENT() << f.out << ": cannot create the output folder: " << ec.message();
+
+  if (sweep) {
+    // Group the points by micro-batch size so each training graph is built once.
+    std::map<int64_t, std::vector<std::tuple<int64_t, int64_t, int64_t>>> by_microbatch;
+    std::vector<part::SweepRow> rows;
+    std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> index;
+    for (int64_t b : sweep->batches)
+      for (int64_t m : sweep->microbatches)
+        for (int64_t k : sweep->stages) {
+          index[{b, m, k}] = rows.size();
+          if (m > b) {
+            rows.push_back(part::InvalidSweepRow(b, m, k, "more micro-batches than samples"));
+          } else if (b % m != 0) {
+            rows.push_back(part::InvalidSweepRow(b, m, k, "batch not divisible by micro-batches"));
+          } else {
+            rows.emplace_back();
+            by_microbatch[b / m].push_back({b, m, k});
+          }
+        }
+    for (const auto& [mb, points] : by_microbatch) {
+      ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
+      ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
+                       part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
+      for (const auto& [b, m, k] : points) {
+        rows[index[{b, m, k}]] = part::SweepPoint(*ctx, o, b, m, k);
+        const part::SweepRow& r = rows[index[{b, m, k}]];
+        std::printf("batch %5lld  micro-batches %3lld  stages %2lld  %-7s  %10s  %9.1f samples/s  %s\n",
+                    static_cast<long long>(b), static_cast<long long>(m), static_cast<long long>(k), r.status.c_str(),
+                    r.status == "invalid" ? "" : part::FormatMs(r.step_ms).c_str(), r.samples_per_s,
+                    r.status == "invalid" ? r.note.c_str() : part::FormatBytes(r.max_stage_memory).c_str());
+        std::fflush(stdout);
+      }
+    }
+    const int64_t memory = o.memory_bytes > 0 ? o.memory_bytes : device.memory_bytes;
+    const int64_t capacity = memory - device.reserved_bytes;
+    const std::string config = std::string(part::ScheduleName(o.schedule)) + ", recompute " +
+                               part::RecomputePolicyName(o.recompute) + ", " + part::PrecisionName(o.precision) +
+                               ", " + f.optimizer;
+    RETURN_IF_ERROR(part::WriteFileAtomic(f.out + "/sweep.csv", part::SweepCsv(rows, capacity)));
+    RETURN_IF_ERROR(part::WriteFileAtomic(f.out + "/sweep.html",
+                                          part::SweepHtml(rows, o.model, device, capacity, config)));
+    std::printf("wrote %s/sweep.csv and %s/sweep.html (%.2f s)\n", f.out.c_str(), f.out.c_str(), Since(t0));
+    return absl::OkStatus();
+  }
+
+  const int64_t mb = f.batch / f.microbatches;
+  const auto t1 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
+  const double graph_s = Since(t1);
+  const auto t2 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
+                   part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
+  ASSIGN_OR_RETURN(part::PartitionPlan plan, part::Partition(*ctx, o));
+  const double partition_s = Since(t2);
+  const auto t3 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(part::WritePlanFiles(plan, f.out));
+  if (f.onnx) {
+    for (const part::StagePlan& s : plan.stages) {
+      ASSIGN_OR_RETURN(ir::Graph stage, part::BuildStageForwardGraph(ctx->analysis(), s.unit_begin, s.unit_end));
+      onnx_frontend::StageExportOptions eo;
+      eo.graph_name = "stage_" + std::to_string(s.index);
+      eo.doc = "onnxpipe partition of " + o.model + ": stage " + std::to_string(s.index) + " of " +
+               std::to_string(plan.num_stages) + " (forward nodes)";
+      RETURN_IF_ERROR(onnx_frontend::ExportStageOnnx(stage, f.out + "/stage_" + std::to_string(s.index) + ".onnx", eo));
+    }
+  }
+  const double write_s = Since(t3);
+  std::printf("%s\n", part::ReportText(plan).c_str());
+  std::printf("wrote %s/{plan.json, report.txt, report.html, partition.dot, schedule.trace.json%s}\n", f.out.c_str(),
+              f.onnx ? ", stage_<k>.onnx" : "");
+  std::printf("time: import %.2f s, training graph %.2f s, partition %.3f s, write %.2f s\n", load_s, graph_s,
+              partition_s, write_s);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunPartition(const Args& args) {
+  Flags f;
+  FlagSet fs("partition",
+             "MODEL.onnx --stages K|auto --batch B --microbatches M [flags] --out DIR",
+             "Cuts the model's training graph (forward, loss, backward, optimizer) into K pipeline\n"
+             "stages so that every stage fits its device and the predicted step time is smallest,\n"
+             "chooses what each stage recomputes, simulates the schedule, and writes DIR/plan.json\n"
+             "(what `onnxpipe train --plan DIR` loads), report.txt, report.html, partition.dot,\n"
+             "schedule.trace.json and stage_<k>.onnx. --sweep writes DIR/sweep.csv and sweep.html.\n"
+             "Devices: h200, h100-80gb, a100-80gb, a100-40gb, v100-32gb, cpu, or a JSON file\n"
+             "(partitioner/device.h documents the format). --profile takes `onnxpipe profile` output.");
+  fs.String("stages", &f.stages, "number of pipeline stages, or auto (the fewest that fit; see --objective)");
+  fs.Int("batch", &f.batch, "global batch B (samples per optimizer step)");
+  fs.Int("microbatches", &f.microbatches, "micro-batches M per step (B must be divisible by M)");
+  fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
+  fs.String("schedule", &f.schedule, "gpipe | 1f1b");
+  fs.String("recompute", &f.recompute, "none | full | selective | auto");
+  fs.String("optimizer", &f.optimizer, "sgd | adamw (AdamW keeps two state tensors per parameter)");
+  fs.Double("momentum", &f.momentum, "SGD momentum (adds a buffer per parameter)");
+  fs.Double("clip-norm", &f.clip_norm, "global gradient-norm clipping, as train");
+  fs.String("dtype", &f.dtype, "fp32 | bf16 (bf16 activations and GEMMs, fp32 master weights)");
+  fs.String("device", &f.device, "built-in device name or a device JSON file");
+  fs.String("device-memory", &f.device_memory, "override the device memory, e.g. 40GiB");
+  fs.String("profile", &f.profile, "measured per-op times (onnxpipe profile --out times.json)");
+  fs.String("objective", &f.objective, "with --stages auto: fewest (stages that fit) | throughput");
+  fs.Int("max-stages", &f.max_stages, "upper end of --stages auto");
+  fs.String("sweep", &f.sweep, "\"batch=32,64 microbatches=1,2,4 stages=2,4\": predict a table instead");
+  fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
+  fs.String("labels", &f.labels, "name of the labels input the loss adds");
+  fs.String("freeze", &f.freeze, "regex of initializers not to train (buffers)");
+  fs.Double("cut-slack", &f.cut_slack, "a cut is a candidate when its crossing bytes are within this fraction of the smallest");
+  fs.Bool("onnx", &f.onnx, "write stage_<k>.onnx (--no-onnx skips them)");
+  fs.String("out", &f.out, "output folder");
+  if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("partition", std::string(st.message()), 2);
+  if (fs.help_requested()) {
+    std::printf("%s", fs.Usage().c_str());
+    return 0;
+  }
+  if (fs.positional().size() != 1) return Fail("partition", "expected exactly one MODEL.onnx (see --help)", 2);
+  if (f.out.empty()) return Fail("partition", "--out DIR is required", 2);
+  if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("partition", std::string(st.message()));
+  return 0;
+}
+
+}  // namespace onnxpipe::tools

@@ -1,0 +1,52 @@
+#include "tools/partition_model.h"
+
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::tools {
+
+absl::StatusOr<std::unique_ptr<TrainingGraphs>> TrainingGraphs::Open(const std::string& model_path,
+                                                                     const TrainingGraphOptions& options) {
+  std::unique_ptr<TrainingGraphs> t(new TrainingGraphs());
+  t->path_ = model_path;
+  t->options_ = options;
+  ASSIGN_OR_RETURN(t->model_, ImportModel(model_path, /*allow_unsupported=*/false));
+  return t;
+}
+
+absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
+  if (auto it = trainers_.find(microbatch); it != trainers_.end()) return &it->second->graph();
+  trainers_.clear();
+  // Bind the batch (and sequence) dims, fold and fuse: a fresh copy of the imported graph.
+  Model m;
+  m.imported = model_.imported;
+  ModelOptions mo;
+  mo.batch = microbatch;
+  mo.seq = options_.seq;
+  RETURN_IF_ERROR(PrepareModel(m, mo));
+  const ir::Graph& forward = *m.graph;
+
+  train::TrainOptions to;
+  to.batch = microbatch;
+  to.steps = 1;
+  to.lr = 1e-3;  // the partitioner never runs the step; the schedule only needs a valid rate
+  ASSIGN_OR_RETURN(to.optimizer.kind, autodiff::ParseOptimizerKind(options_.optimizer));
+  to.optimizer.momentum = options_.momentum;
+  to.optimizer.clip_norm = options_.clip_norm;
+  to.logits = options_.logits;
+  if (to.logits.empty()) {
+    if (forward.outputs().size() != 1) {
+      return INVALID_ARGUMENT() << path_ << ": the model has " << forward.outputs().size()
+                                << " outputs: name the one the loss reads with --logits";
+    }
+    to.logits = forward.value(forward.outputs()[0]).name;
+  }
+  to.labels = options_.labels;
+  to.freeze_regex = options_.freeze;
+  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, to));
+  auto owned = std::make_unique<train::Trainer>(std::move(trainer));
+  const ir::Graph* g = &owned->graph();
+  trainers_.emplace(microbatch, std::move(owned));
+  return g;
+}
+
+}  // namespace onnxpipe::tools

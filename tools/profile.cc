@@ -1,0 +1,182 @@
+// onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
+// per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "executor/cpu/cpu_evaluator.h"
+#include "frontend/ir/status.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/reports.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "tools/partition_model.h"
+
+namespace onnxpipe::tools {
+namespace {
+
+namespace part = onnxpipe::partitioner;
+
+struct Flags {
+  std::string optimizer = "sgd", out, logits, labels = "labels", freeze;
+  int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0;
+  double momentum = 0;
+};
+
+const char* PhaseName(ir::Phase p) {
+  switch (p) {
+    case ir::Phase::kForward: return "forward";
+    case ir::Phase::kBackward: return "backward";
+    case ir::Phase::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+// Inputs for one step: random normal floats, zeros for integers (valid token ids and labels for any
+// vocabulary), the learning rate and step count for the optimizer.
+std::vector<ir::Tensor> Feeds(const ir::Graph& g, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<ir::Tensor> feeds;
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Value& val = g.value(v);
+    ir::Tensor t(val.dtype, ir::ToInts(val.shape));
+    if (val.dtype == ir::DType::kF32) {
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<float>()[i] = normal(rng);
+    } else if (val.dtype == ir::DType::kF64) {
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<double>()[i] = normal(rng);
+      if (t.num_elements() == 1) t.mutable_data<double>()[0] = 1e-3;  // the learning rate
+    } else if (val.dtype == ir::DType::kI64 && t.num_elements() == 1 && val.shape.empty()) {
+      t.mutable_data<int64_t>()[0] = 1;  // the step count
+    }
+    feeds.push_back(std::move(t));
+  }
+  return feeds;
+}
+
+absl::Status Run(const std::string& model_path, const Flags& f) {
+  TrainingGraphOptions to;
+  to.seq = f.seq;
+  to.optimizer = f.optimizer;
+  to.momentum = f.momentum;
+  to.logits = f.logits;
+  to.labels = f.labels;
+  to.freeze = f.freeze;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
+  ASSIGN_OR_RETURN(const ir::Graph* gp, graphs->Get(f.batch));
+  const ir::Graph& g = *gp;
+  const std::vector<ir::NodeId> order = g.LiveNodes();
+  std::vector<int32_t> last_use(g.num_values(), -1);
+  for (int32_t t = 0; t < static_cast<int32_t>(order.size()); ++t)
+    for (ir::ValueId v : g.node(order[t]).inputs)
+      if (v != ir::kNoValue) last_use[v] = t;
+
+  cpu::EvalContext ctx;
+  ctx.training = true;
+  ctx.seed = static_cast<uint64_t>(f.seed);
+  cpu::CpuEvaluator evaluator(ctx);
+  const std::vector<ir::Tensor> feeds = Feeds(g, static_cast<uint64_t>(f.seed));
+  std::vector<std::vector<double>> samples(g.num_node_slots());
+  for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
+    std::vector<ir::Tensor> values(g.num_values());
+    for (size_t i = 0; i < g.inputs().size(); ++i) values[g.inputs()[i]] = feeds[i];
+    for (int32_t t = 0; t < static_cast<int32_t>(order.size()); ++t) {
+      const ir::Node& n = g.node(order[t]);
+      std::vector<ir::Tensor> in;
+      in.reserve(n.inputs.size());
+      for (ir::ValueId v : n.inputs) {
+        if (v == ir::kNoValue) {
+          in.emplace_back();
+        } else if (g.value(v).constant) {
+          in.push_back(*g.value(v).constant);
+        } else {
+          in.push_back(values[v]);
+        }
+      }
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<std::vector<ir::Tensor>> out = evaluator.Evaluate(n, in);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!out.ok()) return Annotate(out.status(), "profiling node '" + n.name + "'");
+      if (rep >= f.warmup) samples[order[t]].push_back(s);
+      for (size_t i = 0; i < n.outputs.size() && i < out->size(); ++i)
+        if (n.outputs[i] != ir::kNoValue) values[n.outputs[i]] = std::move((*out)[i]);
+      for (ir::ValueId v : n.inputs)  // free what no later node reads
+        if (v != ir::kNoValue && last_use[v] == t && !g.IsGraphOutput(v)) values[v] = ir::Tensor();
+    }
+  }
+
+  part::OpTimes times;
+  times.model = std::filesystem::path(model_path).filename().string();
+  times.backend = "cpu";
+  times.dtype = "fp32";
+  times.optimizer = f.optimizer;
+  times.microbatch = f.batch;
+  times.seq = f.seq;
+  times.repeats = f.repeats;
+  char created[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  times.created = created;
+  std::map<std::string, double> per_op;
+  double phase_ms[3] = {0, 0, 0};
+  for (ir::NodeId id : order) {
+    std::vector<double>& s = samples[id];
+    std::sort(s.begin(), s.end());
+    const double ms = s.empty() ? 0.0 : s[s.size() / 2] * 1e3;
+    const ir::Node& n = g.node(id);
+    times.ops.push_back({n.name, std::string(ir::OpName(n.op)), PhaseName(n.phase), ms});
+    per_op[std::string(ir::OpName(n.op))] += ms;
+    phase_ms[static_cast<int>(n.phase)] += ms;
+  }
+  RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the CPU backend\n",
+              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats));
+  std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
+              part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto& [op, ms] : per_op) top.push_back({ms, op});
+  std::sort(top.rbegin(), top.rend());
+  for (size_t i = 0; i < top.size() && i < 8; ++i)
+    std::printf("  %-28s %10s\n", top[i].second.c_str(), part::FormatMs(top[i].first).c_str());
+  std::printf("wrote %s\n", f.out.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunProfile(const Args& args) {
+  Flags f;
+  FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] --out times.json",
+             "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
+             "backend with random inputs and writes every node's median time (format\n"
+             "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
+             "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.");
+  fs.Int("batch", &f.batch, "micro-batch size to measure (binds the batch dim)");
+  fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
+  fs.String("optimizer", &f.optimizer, "sgd | adamw");
+  fs.Double("momentum", &f.momentum, "SGD momentum");
+  fs.Int("repeats", &f.repeats, "measured runs (the median is kept)");
+  fs.Int("warmup", &f.warmup, "unmeasured runs first");
+  fs.Int("seed", &f.seed, "seed of the random inputs and dropout");
+  fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
+  fs.String("labels", &f.labels, "name of the labels input the loss adds");
+  fs.String("freeze", &f.freeze, "regex of initializers not to train");
+  fs.String("out", &f.out, "output JSON file");
+  if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);
+  if (fs.help_requested()) {
+    std::printf("%s", fs.Usage().c_str());
+    return 0;
+  }
+  if (fs.positional().size() != 1) return Fail("profile", "expected exactly one MODEL.onnx (see --help)", 2);
+  if (f.out.empty()) return Fail("profile", "--out times.json is required", 2);
+  if (f.batch < 1) return Fail("profile", "--batch must be >= 1", 2);
+  if (f.repeats < 1 || f.warmup < 0) return Fail("profile", "--repeats must be >= 1 and --warmup >= 0", 2);
+  if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("profile", std::string(st.message()));
+  return 0;
+}
+
+}  // namespace onnxpipe::tools
