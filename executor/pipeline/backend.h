@@ -33,6 +33,9 @@ class StageBackend {
                                                       const RandomContext& ctx) const = 0;
   // acc + x (same dtype and dims), a new tensor: acc may be shared with other holders.
   virtual absl::StatusOr<ir::Tensor> Accumulate(const ir::Tensor& acc, const ir::Tensor& x) const = 0;
+  // acc += x in place; the caller owns acc's storage exclusively. Element for element the same
+  // addition as Accumulate (acc[i] + x[i]), so results do not depend on which one ran.
+  virtual absl::Status AccumulateInPlace(ir::Tensor& acc, const ir::Tensor& x) const = 0;
   virtual bool AllFinite(const ir::Tensor& t) const = 0;
 };
 

@@ -2,12 +2,20 @@
 // default context, and the driver always passes one), accumulation through the Sum kernel so that
 // the addition is the same one the unpartitioned graph's gradient Sums perform.
 #include "executor/cpu/cpu_evaluator.h"
+#include "executor/cpu/thread_pool.h"
 #include "executor/pipeline/backend.h"
 #include "executor/runtime/interpreter.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::pipeline {
 namespace {
+
+template <typename T>
+void AddInto(T* acc, const T* x, int64_t n) {
+  cpu::ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) acc[i] += x[i];
+  });
+}
 
 class CpuBackend : public StageBackend {
  public:
@@ -33,6 +41,21 @@ class CpuBackend : public StageBackend {
     }
     ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, evaluator_.Evaluate(sum_, {acc, x}, cpu::EvalContext{}));
     return out.at(0);
+  }
+  absl::Status AccumulateInPlace(ir::Tensor& acc, const ir::Tensor& x) const override {
+    if (acc.dtype() != x.dtype() || acc.dims() != x.dims() || !acc.has_data() || !x.has_data()) {
+      return INVALID_ARGUMENT() << "cannot accumulate " << ir::DTypeName(x.dtype()) << " " << x.DebugString(0)
+                                << " into " << ir::DTypeName(acc.dtype()) << " " << acc.DebugString(0);
+    }
+    const int64_t n = acc.num_elements();
+    if (acc.dtype() == ir::DType::kF32) {
+      AddInto(acc.mutable_data<float>(), x.data<float>(), n);
+    } else if (acc.dtype() == ir::DType::kF64) {
+      AddInto(acc.mutable_data<double>(), x.data<double>(), n);
+    } else {
+      return UNIMPLEMENTED() << "gradient accumulation in " << ir::DTypeName(acc.dtype());
+    }
+    return absl::OkStatus();
   }
   bool AllFinite(const ir::Tensor& t) const override { return runtime::AllFinite(t); }
 

@@ -17,6 +17,7 @@
 #include "executor/comm/inprocess_comm.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/status.h"
+#include "partitioner/memory_planner.h"
 
 namespace onnxpipe::pipeline {
 namespace {
@@ -89,6 +90,10 @@ class PipelineExecutor::StageRun {
     for (const auto& [peer, vs] : sp.send_backward)
       for (ir::ValueId v : vs) send_b_[v].push_back(peer);
     acc_.resize(sp.graph.num_values());
+    acc_owned_.assign(sp.graph.num_values(), false);
+    accumulated_.assign(sp.graph.num_values(), false);
+    accumulated_count_.assign(sp.graph.num_values(), 0);
+    for (ir::ValueId v : sp.accumulate) accumulated_[v] = true;
     lr_ = ir::Tensor::Scalar<double>(feeds.lr);
     step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
   }
@@ -126,7 +131,7 @@ class PipelineExecutor::StageRun {
     bool live = false;
     bool forwarded = false;
     std::vector<ir::Tensor> values;
-    std::vector<int32_t> remaining;
+    std::vector<int32_t> remaining, data_remaining;
     MemoryMeter meter;
   };
 
@@ -147,6 +152,7 @@ class PipelineExecutor::StageRun {
     t.live = true;
     t.values.assign(sp_.graph.num_values(), ir::Tensor());
     t.remaining = sp_.uses;
+    t.data_remaining = sp_.data_uses;
     for (ir::ValueId v : sp_.data_inputs) Put(t, v, slices_[m].at(v));
     for (ir::ValueId v : sp_.step_inputs)
       if (sp_.uses[v] > 0) Put(t, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_);
@@ -155,17 +161,26 @@ class PipelineExecutor::StageRun {
   }
   void Put(Table& t, ir::ValueId v, const ir::Tensor& x) {
     if (t.remaining[v] <= 0) return;  // nobody here reads it
+    if (t.data_remaining[v] <= 0) {   // only shape-only readers: keep the dims
+      t.values[v] = ir::Tensor::DimsOnly(x.dtype(), x.dims());
+      return;
+    }
     t.values[v] = x;
     t.meter.Add(x);
     meter_.Add(x);
   }
-  void Release(Table& t, ir::ValueId v) {
-    if (--t.remaining[v] > 0) return;
+  // One use of v is done; `shape_only`: the use read only its dims.
+  void Release(Table& t, ir::ValueId v, bool shape_only = false) {
+    const bool had_data = t.data_remaining[v] > 0;
+    if (!shape_only) --t.data_remaining[v];
+    const bool drop = --t.remaining[v] <= 0;
+    if (!drop && !(had_data && t.data_remaining[v] <= 0)) return;
     t.meter.Remove(t.values[v]);
     meter_.Remove(t.values[v]);
-    t.values[v] = ir::Tensor();
+    t.values[v] = drop ? ir::Tensor() : ir::Tensor::DimsOnly(t.values[v].dtype(), t.values[v].dims());
   }
-  // Bytes held by micro-batches forwarded and not yet backwarded.
+  // Bytes held by the micro-batches forwarded and not yet backwarded, sampled when a forward ends
+  // (before any of them has received its backward inputs): the stage's activation footprint.
   void SampleInFlight() {
     int64_t bytes = 0;
     int32_t n = 0;
@@ -205,13 +220,15 @@ class PipelineExecutor::StageRun {
     const ir::Node& n = sp_.graph.node(id);
     std::vector<ir::Tensor> operands;
     operands.reserve(n.inputs.size());
-    for (ir::ValueId v : n.inputs) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ir::ValueId v = n.inputs[i];
       if (v == ir::kNoValue) {
         operands.emplace_back();
       } else if (sp_.graph.value(v).constant) {
         operands.push_back(*sp_.graph.value(v).constant);
       } else {
-        if (!values[v].defined()) {
+        if (!values[v].defined() ||
+            (!values[v].has_data() && !partitioner::IsShapeOnlyOperand(n, static_cast<int>(i)))) {
           return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + ": operand '" + sp_.graph.value(v).name +
                                      "' is not available (a pipeline program bug)");
         }
@@ -253,20 +270,52 @@ class PipelineExecutor::StageRun {
       const ir::ValueId v = n.outputs[k];
       if (v == ir::kNoValue) continue;
       Put(t, v, out[k]);
+      if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
         absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k]);
         if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
     }
-    for (ir::ValueId v : n.inputs)
-      if (v != ir::kNoValue && !sp_.graph.value(v).constant) Release(t, v);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ir::ValueId v = n.inputs[i];
+      if (v != ir::kNoValue && !sp_.graph.value(v).constant) {
+        Release(t, v, partitioner::IsShapeOnlyOperand(n, static_cast<int>(i)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Adds micro-batch m's value of v into its accumulator as soon as it is made, so the gradient of
+  // one micro-batch is never held longer than its producer needs. Micro-batch 0's tensor becomes the
+  // accumulator (it may still be shared: a receiver holds what was sent, a Reshape its input), so
+  // micro-batch 1 adds out of place into a buffer the stage owns, and later ones add in place; the
+  // additions are the same (acc + g, micro-batch order) either way.
+  absl::Status Accumulate(Table& t, ir::ValueId v, int32_t m) {
+    const ir::Tensor& g = t.values[v];
+    if (!g.has_data()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' is not held");
+    if (!acc_[v].defined()) {
+      acc_[v] = g;
+      acc_owned_[v] = false;
+      meter_.Add(g);
+    } else if (!acc_owned_[v]) {
+      absl::StatusOr<ir::Tensor> sum = ex_.backend_->Accumulate(acc_[v], g);
+      if (!sum.ok()) return Annotate(sum.status(), Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
+      meter_.Add(*sum);
+      meter_.Remove(acc_[v]);
+      acc_[v] = *sum;
+      acc_owned_[v] = true;
+    } else {
+      absl::Status st = ex_.backend_->AccumulateInPlace(acc_[v], g);
+      if (!st.ok()) return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
+    }
+    ++accumulated_count_[v];
+    Release(t, v);
     return absl::OkStatus();
   }
 
   absl::Status Forward(int32_t m) {
     Table& t = Get(m);
-    SampleInFlight();
     const double start = Now();
     for (ir::NodeId id : sp_.forward) RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kForward, t));
     if (sp_.loss != ir::kNoValue) {
@@ -286,7 +335,6 @@ class PipelineExecutor::StageRun {
 
   absl::Status Backward(int32_t m) {
     Table& t = Get(m);
-    SampleInFlight();
     const double start = Now();
     const std::set<ir::NodeId> clones(sp_.recompute_clones.begin(), sp_.recompute_clones.end());
     for (ir::NodeId id : sp_.backward) {
@@ -295,19 +343,10 @@ class PipelineExecutor::StageRun {
       if (clones.count(id)) measure.recompute_s += std::chrono::duration<double>(Clock::now() - n0).count();
     }
     for (ir::ValueId v : sp_.accumulate) {
-      const ir::Tensor g = t.values[v];
-      if (!g.defined()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' was not computed");
-      if (!acc_[v].defined()) {
-        acc_[v] = g;
-        meter_.Add(g);
-      } else {
-        absl::StatusOr<ir::Tensor> sum = ex_.backend_->Accumulate(acc_[v], g);
-        if (!sum.ok()) return Annotate(sum.status(), Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
-        meter_.Remove(acc_[v]);
-        acc_[v] = *sum;
-        meter_.Add(acc_[v]);
+      if (accumulated_count_[v] != m + 1) {
+        return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name +
+                                   "' was not computed");
       }
-      Release(t, v);
     }
     for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(t.values.size()); ++v) {
       if (t.values[v].defined()) {
@@ -411,6 +450,8 @@ class PipelineExecutor::StageRun {
   std::vector<int64_t> saved_;
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<ir::Tensor> acc_;
+  std::vector<bool> acc_owned_, accumulated_;
+  std::vector<int32_t> accumulated_count_;
   MemoryMeter meter_;
   ir::Tensor lr_, step_;
 };

@@ -9,6 +9,7 @@
 
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/status.h"
+#include "partitioner/memory_planner.h"
 
 namespace onnxpipe::pipeline {
 namespace {
@@ -122,14 +123,17 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
     }
   }
 
-  // 4. Parameter-gradient Sums (and copies) fed from other stages move to post: each stage
-  // accumulates its contribution and sends it once per step.
+  // 4. Parameter-gradient Sums (and copies) move to post: each contribution is accumulated over
+  // the micro-batches where it is made (and sent once per step when that is another stage), then
+  // added. Doing this whether or not the contributions cross stages keeps the summation order
+  // (sum over micro-batches first, then over contributions) the same for every K, so results are
+  // bitwise equal across stage counts.
   for (bool changed = true; changed;) {
     changed = false;
     for (ir::NodeId id : order) {
       const ir::Node& n = g.node(id);
       if (phase[id] != StepPhase::kBackward || (n.op != ir::OpKind::kSum && n.op != ir::OpKind::kIdentity)) continue;
-      bool only_post = true, any_use = false, foreign = false;
+      bool only_post = true, any_use = false;
       for (ir::ValueId o : n.outputs) {
         if (o == ir::kNoValue) continue;
         for (ir::NodeId c : uses[o]) {
@@ -137,13 +141,9 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
           only_post = only_post && phase[c] == StepPhase::kPost;
         }
       }
-      for (ir::ValueId v : n.inputs) {
-        const ir::NodeId p = v == ir::kNoValue ? ir::kNoNode : g.value(v).producer;
-        if (p != ir::kNoNode && stage[p] != stage[id]) foreign = true;
-      }
-      if (any_use && only_post && foreign) {
+      if (any_use && only_post) {
         phase[id] = StepPhase::kPost;
-        prog.cross_stage_sums.push_back(n.name);
+        prog.post_sums.push_back(n.name);
         changed = true;
       }
     }
@@ -404,15 +404,27 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
       if (sg.value(v).constant && (!read[v] || v == prog.loss_seed)) sg.value(v).constant.reset();
     }
     sp.uses.assign(sg.num_values(), 0);
-    for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward})
-      for (ir::NodeId id : *list)
-        for (ir::ValueId v : sg.node(id).inputs)
-          if (v != ir::kNoValue && !sg.value(v).constant) ++sp.uses[v];
+    sp.data_uses.assign(sg.num_values(), 0);
+    for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward}) {
+      for (ir::NodeId id : *list) {
+        const ir::Node& n = sg.node(id);
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          const ir::ValueId v = n.inputs[i];
+          if (v == ir::kNoValue || sg.value(v).constant) continue;
+          ++sp.uses[v];
+          if (!partitioner::IsShapeOnlyOperand(n, static_cast<int>(i))) ++sp.data_uses[v];
+        }
+      }
+    }
+    auto other_use = [&](ir::ValueId v) {
+      ++sp.uses[v];
+      ++sp.data_uses[v];
+    };
     for (const auto* sends : {&sp.send_forward, &sp.send_backward})
       for (const auto& [peer, vs] : *sends)
-        for (ir::ValueId v : vs) ++sp.uses[v];
-    for (ir::ValueId v : sp.accumulate) ++sp.uses[v];
-    if (sp.loss != ir::kNoValue) ++sp.uses[sp.loss];
+        for (ir::ValueId v : vs) other_use(v);
+    for (ir::ValueId v : sp.accumulate) other_use(v);
+    if (sp.loss != ir::kNoValue) other_use(sp.loss);
   }
   return prog;
 }

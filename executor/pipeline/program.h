@@ -16,10 +16,11 @@
 //   computed with exactly the unpartitioned summation order.
 // Step phases: every forward node runs per micro-batch in the stage's forward (F), every backward
 // node in its backward (B), optimizer and global nodes once per step after the last backward (post).
-// A parameter-gradient Sum whose contributions come from several stages (a tied embedding read on
-// the first and the last stage) moves to post: each stage accumulates its own contribution over
-// the micro-batches, sends the sum once, and the owner adds them (Megatron's tied-embedding
-// all-reduce, as one Sum node with the graph's operand order).
+// A parameter-gradient Sum (a parameter read in several places, e.g. a tied embedding read on the
+// first and the last stage) moves to post: each stage accumulates its own contribution over the
+// micro-batches, sends the sum once, and the owner adds them (Megatron's tied-embedding all-reduce,
+// as one Sum node with the graph's operand order). It moves even when all contributions are on one
+// stage, so the summation order does not depend on the stage count.
 //
 // Gradient accumulation: every per-micro-batch value a post node reads (the parameter gradients and
 // tied contributions) is summed over the micro-batches on the stage that computes it, in
@@ -117,8 +118,10 @@ struct StageProgram {
   // Per-micro-batch values summed over the micro-batches (ascending id).
   std::vector<ir::ValueId> accumulate;
   // Uses of each value by one micro-batch on this stage (node operands, pending sends,
-  // accumulation, the loss read): a value is freed when its count reaches 0.
-  std::vector<int32_t> uses;
+  // accumulation, the loss read): a value is freed when its count reaches 0. data_uses leaves out
+  // the shape-only operands (memory_planner.h's IsShapeOnlyOperand): once it reaches 0 the executor
+  // keeps only the value's dims (ir::Tensor::DimsOnly), as the static memory planner assumes.
+  std::vector<int32_t> uses, data_uses;
 
   // State updates this stage applies after its post nodes (parameters it owns, their optimizer
   // state), and parameter replicas: new values sent to / received from other stages after the step.
@@ -137,8 +140,8 @@ struct PipelineProgram {
   int32_t loss_stage = -1, grad_norm_stage = -1;
   // Parameter (state-updated initializer) -> the stage that owns and updates it.
   std::map<ir::ValueId, int32_t> parameter_owner;
-  // Backward Sums moved to post (tied parameters), by name.
-  std::vector<std::string> cross_stage_sums;
+  // Parameter-gradient Sums moved to post (tied and shared parameters), by name.
+  std::vector<std::string> post_sums;
 };
 
 struct ProgramOptions {

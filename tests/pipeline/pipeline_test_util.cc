@@ -116,8 +116,13 @@ absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig&
   return trainer.graph();
 }
 
-absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c) const {
-  ASSIGN_OR_RETURN(ir::Graph g, MicrobatchTrainingGraph(c));
+absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::Graph* graph) const {
+  ir::Graph built;
+  if (graph == nullptr) {
+    ASSIGN_OR_RETURN(built, MicrobatchTrainingGraph(c));
+    graph = &built;
+  }
+  const ir::Graph& g = *graph;
   ASSIGN_OR_RETURN(StageAssignment a, AssignContiguous(g, c.stages, c.cuts));
   RETURN_IF_ERROR(MarkRecompute(g, c.recompute, &a));
   RETURN_IF_ERROR(MarkRecomputeByName(g, c.recompute_nodes, &a));
@@ -149,6 +154,17 @@ double MaxRelDiff(const ir::Tensor& a, const ir::Tensor& b, double floor) {
     worst = std::max(worst, std::abs(x - y) / std::max(std::abs(y), floor));
   }
   return worst;
+}
+
+double NormRelDiff(const ir::Tensor& a, const ir::Tensor& b) {
+  if (a.dims() != b.dims()) return INFINITY;
+  double d = 0, n = 0;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    const double x = a.GetAsDouble(i), y = b.GetAsDouble(i);
+    d += (x - y) * (x - y);
+    n += y * y;
+  }
+  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
 std::string Describe(const RunConfig& c) {

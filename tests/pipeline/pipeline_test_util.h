@@ -54,7 +54,8 @@ class ModelFixture {
   absl::StatusOr<RunResult> Reference(const RunConfig& c) const;
   // The training graph of one micro-batch (what the pipeline runs).
   absl::StatusOr<ir::Graph> MicrobatchTrainingGraph(const RunConfig& c) const;
-  absl::StatusOr<RunResult> Pipeline(const RunConfig& c) const;
+  // `graph`: MicrobatchTrainingGraph(c) when already built (it depends on dtype, M and the optimizer).
+  absl::StatusOr<RunResult> Pipeline(const RunConfig& c, const ir::Graph* graph = nullptr) const;
   // The feeds of step k (B rows of every input).
   StepFeeds Feeds(int64_t step, double lr, ir::DType dtype) const;
 
@@ -76,6 +77,8 @@ class ModelFixture {
 
 // Largest |a - b| / max(|b|, floor) over two tensors of equal dims (as doubles).
 double MaxRelDiff(const ir::Tensor& a, const ir::Tensor& b, double floor = 1e-3);
+// ||a - b||_2 / ||b||_2 (infinity for other dims).
+double NormRelDiff(const ir::Tensor& a, const ir::Tensor& b);
 std::string Describe(const RunConfig& c);
 
 }  // namespace onnxpipe::pipeline::testing

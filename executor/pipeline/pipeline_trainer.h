@@ -1,0 +1,86 @@
+// Pipelined training from a model: what `onnxpipe train --stages K | --plan DIR` runs. It mirrors
+// train::Trainer (same training graph, data order, learning-rate schedule, metrics) with the step
+// run by PipelineExecutor over M micro-batches:
+//   imported forward graph --PrepareMicrobatchForward(B / M)--> train::Trainer's training graph of
+//   one micro-batch --stage assignment (plan.json, the partitioner in-process for --recompute auto,
+//   or a balanced contiguous split)--> PipelineExecutor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "executor/pipeline/executor.h"
+#include "executor/train/dataset.h"
+#include "executor/train/metrics.h"
+#include "executor/train/trainer.h"
+#include "frontend/autodiff/lr_schedule.h"
+#include "partitioner/partitioner.h"
+
+namespace onnxpipe::pipeline {
+
+struct PipelineTrainOptions {
+  int32_t stages = 0;        // K; 0: the plan's
+  int32_t microbatches = 0;  // M; 0: the plan's, or 1
+  std::string schedule;      // gpipe | 1f1b; "": the plan's, or 1f1b
+  std::string recompute;     // none | full | selective | auto; "": the plan's, or none
+  std::string plan_dir;      // `onnxpipe partition --out DIR`
+  std::string report_dir;    // --report DIR
+  std::string device = "cpu";  // device profile for --recompute auto without a plan
+  double recv_timeout_s = 0;
+};
+
+class PipelineTrainer {
+ public:
+  // `imported`: the model as imported and shape-inferred (tools/model.h's Model::imported), not yet
+  // bound; `other_bindings`: sizes of its non-batch symbols (the sequence length from the data).
+  // `options.batch` is the global batch B (M micro-batches of B / M).
+  static absl::StatusOr<std::unique_ptr<PipelineTrainer>> Create(const ir::Graph& imported,
+                                                                 const std::map<std::string, int64_t>& other_bindings,
+                                                                 const train::TrainOptions& options,
+                                                                 const PipelineTrainOptions& pipeline,
+                                                                 const std::string& model_name);
+  // Checks the labels against the classes (as Trainer::SetData) and keeps the data.
+  absl::Status SetData(train::Dataset data);
+  absl::StatusOr<train::StepMetrics> Step();
+  int64_t step() const { return step_; }
+
+  std::map<std::string, ir::Tensor> Parameters() const { return executor_->Parameters(); }
+  int64_t num_trainable_parameters() const;
+  const std::vector<std::string>& unreachable_parameters() const { return unreachable_; }
+  const PipelineExecutor& executor() const { return *executor_; }
+  const std::vector<PipelineStepResult>& results() const { return results_; }
+  std::string Describe() const;  // "K stages, M micro-batches of b, 1f1b, recompute selective"
+
+  // Writes --report DIR (report.h) for the steps run so far; no-op without --report.
+  absl::Status WriteReport() const;
+
+ private:
+  PipelineTrainer() = default;
+  train::TrainOptions options_;
+  PipelineTrainOptions pipeline_;
+  std::string model_name_, recompute_name_;
+  std::unique_ptr<PipelineExecutor> executor_;
+  std::optional<partitioner::PartitionPlan> plan_;
+  std::optional<train::Dataset> data_;
+  std::optional<autodiff::LrSchedule> schedule_;
+  std::map<std::string, ir::DType> input_dtypes_;
+  std::vector<std::string> unreachable_;
+  int64_t num_classes_ = 0, num_trainable_ = 0;
+  int64_t step_ = 0;
+  std::vector<PipelineStepResult> results_;
+};
+
+// The whole `onnxpipe train` loop for a pipelined run: progress lines, --metrics JSONL, --report,
+// --checkpoint (the ONNX file with the trained initializers, in the model's dtypes).
+absl::Status RunPipelinedTraining(const std::string& model_path, const ir::Graph& imported,
+                                  const std::map<std::string, int64_t>& other_bindings,
+                                  const train::TrainOptions& options, train::Dataset data,
+                                  const PipelineTrainOptions& pipeline, const std::string& metrics_path,
+                                  const std::string& checkpoint_path);
+
+}  // namespace onnxpipe::pipeline

@@ -1,0 +1,212 @@
+// Report files. Means leave out step 0 when there are more steps (first-touch allocations and cold
+// caches make it an outlier), so the times describe the steady state the plan predicts.
+#include "executor/pipeline/report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "executor/io/atomic_file.h"
+#include "executor/pipeline/memory.h"
+#include "frontend/ir/status.h"
+#include "nlohmann/json.hpp"
+#include "partitioner/schedule.h"
+
+namespace onnxpipe::pipeline {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct StageMeans {
+  double forward_ms = 0, backward_ms = 0, recompute_ms = 0, optimizer_ms = 0, recv_wait_ms = 0;
+  StageMeasure worst;  // memory: the largest over the steps
+};
+
+std::vector<StageMeans> Means(const std::vector<PipelineStepResult>& steps, int32_t K, int32_t M) {
+  std::vector<StageMeans> out(K);
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  const double n = static_cast<double>(steps.size() - first);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    for (int32_t s = 0; s < K; ++s) {
+      const StageMeasure& m = steps[k].stages[s];
+      StageMeasure& w = out[s].worst;
+      w.peak_bytes = std::max(w.peak_bytes, m.peak_bytes);
+      w.saved_bytes = std::max(w.saved_bytes, m.saved_bytes);
+      w.activations_peak = std::max(w.activations_peak, m.activations_peak);
+      w.max_in_flight = std::max(w.max_in_flight, m.max_in_flight);
+      w.accumulator_bytes = std::max(w.accumulator_bytes, m.accumulator_bytes);
+      w.bytes_sent = m.bytes_sent;
+      w.bytes_received = m.bytes_received;
+      if (k < first) continue;
+      out[s].forward_ms += m.forward_s * 1e3 / M / n;
+      out[s].backward_ms += m.backward_s * 1e3 / M / n;
+      out[s].recompute_ms += m.recompute_s * 1e3 / M / n;
+      out[s].optimizer_ms += m.post_s * 1e3 / n;
+      out[s].recv_wait_ms += m.recv_wait_s * 1e3 / n;
+    }
+  }
+  return out;
+}
+
+std::string Bytes(int64_t b) {
+  char buf[32];
+  if (b >= (int64_t{1} << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / 1073741824.0);
+  } else if (b >= (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / 1048576.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024.0);
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string MeasuredTraceJson(const PipelineStepResult& step, int32_t num_stages, const std::string& model) {
+  ojson events = ojson::array();
+  for (int32_t s = 0; s < num_stages; ++s) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
+                      {"args", {{"name", "stage " + std::to_string(s)}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"sort_index", s}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 1}, {"args", {{"name", "receive waits"}}}});
+  }
+  for (const TraceEvent& e : step.trace) {
+    ojson ev = {{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"ts", e.start_us},
+                {"dur", e.dur_us}, {"pid", e.stage}, {"tid", e.lane}};
+    if (e.microbatch >= 0) ev["args"] = {{"microbatch", e.microbatch}};
+    events.push_back(std::move(ev));
+  }
+  ojson j;
+  j["traceEvents"] = std::move(events);
+  j["displayTimeUnit"] = "ms";
+  j["otherData"] = {{"generator", "onnxpipe train (measured)"}, {"model", model}, {"step_ms", step.seconds * 1e3}};
+  return j.dump(1) + "\n";
+}
+
+absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
+                            const std::vector<PipelineStepResult>& steps, const ReportContext& ctx) {
+  if (steps.empty()) return INVALID_ARGUMENT() << "--report: no step ran";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return INVALID_ARGUMENT() << "--report: cannot create '" << dir << "': " << ec.message();
+  const PipelineProgram& p = ex.program();
+  const int32_t K = p.num_stages, M = ex.options().microbatches;
+  const ScheduleKind kind = ex.options().schedule;
+  const std::vector<StageMeans> means = Means(steps, K, M);
+
+  ojson j;
+  j["schema_version"] = 1;
+  j["generator"] = "onnxpipe train";
+  j["model"] = ctx.model;
+  j["config"] = {{"num_stages", K}, {"microbatches", M}, {"microbatch_size", ex.microbatch_size()},
+                 {"batch", ex.microbatch_size() * M}, {"schedule", ScheduleKindName(kind)},
+                 {"plan", ctx.plan_dir.empty() ? nlohmann::ordered_json(nullptr) : ojson(ctx.plan_dir)}};
+  ojson js = ojson::array();
+  for (const PipelineStepResult& r : steps) {
+    js.push_back({{"loss", r.loss}, {"grad_norm", std::isfinite(r.grad_norm) ? ojson(r.grad_norm) : ojson(nullptr)},
+                  {"seconds", r.seconds}, {"samples_per_s", r.seconds > 0 ? ex.microbatch_size() * M / r.seconds : 0}});
+  }
+  j["steps"] = std::move(js);
+  std::ostringstream txt;
+  txt << "pipelined run: " << ctx.model << ", " << K << " stages, " << M << " micro-batches of "
+      << ex.microbatch_size() << ", " << ScheduleKindName(kind) << (ctx.plan ? ", plan " + ctx.plan_dir : "") << "\n";
+  txt << "memory: measured | predicted (static planner on the stage's program); times: mean per micro-batch\n";
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-5s %-23s %-23s %-9s %-23s %-12s %9s %9s %9s %9s\n", "stage", "saved/micro-batch",
+                "activations", "in-flight", "peak | bound", "accumulators", "fwd ms", "bwd ms", "recomp ms", "opt ms");
+  txt << line;
+  ojson stages = ojson::array();
+  for (int32_t s = 0; s < K; ++s) {
+    const StageMeasure& m = means[s].worst;
+    ASSIGN_OR_RETURN(StageMemoryPrediction pr, PredictStageMemory(p.stages[s], kind, K, M));
+    ojson st = {
+        {"index", s},
+        {"measured",
+         {{"memory", {{"peak", m.peak_bytes}, {"saved_per_microbatch", m.saved_bytes},
+                      {"activations", m.activations_peak}, {"in_flight", m.max_in_flight},
+                      {"accumulators", m.accumulator_bytes}}},
+          {"forward_ms", means[s].forward_ms}, {"backward_ms", means[s].backward_ms},
+          {"recompute_ms", means[s].recompute_ms}, {"optimizer_ms", means[s].optimizer_ms},
+          {"recv_wait_ms", means[s].recv_wait_ms}, {"bytes_sent", m.bytes_sent}, {"bytes_received", m.bytes_received}}},
+        {"predicted",
+         {{"memory", {{"saved_per_microbatch", pr.saved}, {"activations", pr.activations}, {"in_flight", pr.in_flight},
+                      {"arena_per_microbatch", pr.arena}, {"arena_lower_bound", pr.peak},
+                      {"accumulators", pr.accumulators}, {"bound", pr.total}, {"parameters", pr.parameters},
+                      {"optimizer_state", pr.optimizer_state}}}}},
+    };
+    if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
+      const partitioner::StagePlan& ps = ctx.plan->stages[s];
+      st["plan"] = {{"memory", {{"saved_per_microbatch", ps.memory.saved}, {"activations", ps.memory.activations},
+                                {"in_flight", ps.memory.in_flight}, {"workspace", ps.memory.workspace},
+                                {"gradients", ps.memory.gradients}, {"total", ps.memory.total}}},
+                    {"forward_ms", ps.forward_ms}, {"backward_ms", ps.backward_ms}, {"recompute_ms", ps.recompute_ms},
+                    {"optimizer_ms", ps.optimizer_ms}};
+    }
+    stages.push_back(std::move(st));
+    std::snprintf(line, sizeof(line), "%-5d %-23s %-23s %-9s %-23s %-12s %9.3f %9.3f %9.3f %9.3f\n", s,
+                  (Bytes(m.saved_bytes) + " | " + Bytes(pr.saved)).c_str(),
+                  (Bytes(m.activations_peak) + " | " + Bytes(pr.activations)).c_str(),
+                  (std::to_string(m.max_in_flight) + " | " + std::to_string(pr.in_flight)).c_str(),
+                  (Bytes(m.peak_bytes) + " | " + Bytes(pr.total)).c_str(), Bytes(m.accumulator_bytes).c_str(),
+                  means[s].forward_ms, means[s].backward_ms, means[s].recompute_ms, means[s].optimizer_ms);
+    txt << line;
+  }
+  j["stages"] = std::move(stages);
+  double mean_step = 0;
+  for (size_t k = steps.size() > 1 ? 1 : 0; k < steps.size(); ++k) mean_step += steps[k].seconds;
+  mean_step /= static_cast<double>(steps.size() > 1 ? steps.size() - 1 : 1);
+  j["measured"] = {{"step_ms", mean_step * 1e3}, {"samples_per_s", ex.microbatch_size() * M / mean_step}};
+  txt << "step: " << mean_step * 1e3 << " ms measured";
+
+  // The predicted timeline: the plan's, or the schedule simulated with the measured stage times.
+  std::string predicted;
+  if (ctx.plan && !ctx.plan_dir.empty()) {
+    absl::StatusOr<std::string> t = io::ReadFileToString(ctx.plan_dir + "/schedule.trace.json");
+    if (t.ok()) predicted = *t;
+    j["predicted"] = {{"source", "plan"}, {"step_ms", ctx.plan->step_ms}, {"bubble_fraction", ctx.plan->bubble_fraction}};
+    txt << ", " << ctx.plan->step_ms << " ms predicted by the plan\n";
+  }
+  if (predicted.empty()) {
+    std::vector<partitioner::StageTiming> timing(K);
+    for (int32_t s = 0; s < K; ++s) {
+      timing[s].forward_s = means[s].forward_ms * 1e-3;
+      timing[s].backward_s = means[s].backward_ms * 1e-3;
+      timing[s].optimizer_s = means[s].optimizer_ms * 1e-3;
+    }
+    const partitioner::ScheduleResult sim = partitioner::SimulateSchedule(
+        kind == ScheduleKind::kGPipe ? partitioner::ScheduleKind::kGPipe : partitioner::ScheduleKind::k1F1B, timing, M);
+    ojson events = ojson::array();
+    for (int32_t s = 0; s < K; ++s) {
+      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
+                        {"args", {{"name", "stage " + std::to_string(s)}}}});
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    }
+    for (const partitioner::ScheduleEvent& e : sim.events) {
+      if (e.kind == partitioner::ScheduleEvent::kSendForward || e.kind == partitioner::ScheduleEvent::kSendBackward) continue;
+      const std::string name = e.kind == partitioner::ScheduleEvent::kOptimizer
+                                   ? "O"
+                                   : std::string(1, static_cast<char>(e.kind)) + std::to_string(e.microbatch);
+      events.push_back({{"name", name}, {"ph", "X"}, {"ts", e.start_s * 1e6}, {"dur", (e.end_s - e.start_s) * 1e6},
+                        {"pid", e.stage}, {"tid", 0}});
+    }
+    ojson t;
+    t["traceEvents"] = std::move(events);
+    t["displayTimeUnit"] = "ms";
+    t["otherData"] = {{"generator", "onnxpipe train (schedule simulated with the measured mean stage times)"},
+                      {"step_ms", sim.step_s * 1e3}, {"bubble_fraction", sim.bubble_fraction}};
+    predicted = t.dump(1) + "\n";
+    j["predicted"] = {{"source", "schedule simulated with the measured stage times"}, {"step_ms", sim.step_s * 1e3},
+                      {"bubble_fraction", sim.bubble_fraction}};
+    txt << ", " << sim.step_s * 1e3 << " ms for the schedule alone (simulated with the measured stage times, bubble "
+        << sim.bubble_fraction << ")\n";
+  }
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/measured.json", j.dump(1) + "\n"));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/measured.trace.json", MeasuredTraceJson(steps.back(), K, ctx.model)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/predicted.trace.json", predicted));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/report.txt", txt.str()));
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::pipeline

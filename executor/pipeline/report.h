@@ -1,0 +1,39 @@
+// `onnxpipe train --report DIR`: the measured side of a pipelined run next to its prediction.
+//
+//   measured.json         schema_version 1: config; per step {step, loss, grad_norm, seconds};
+//                         per stage the measured memory (peak, saved per micro-batch, activations
+//                         high-water, in-flight count, accumulators) and mean times per micro-batch
+//                         (forward, backward, recompute) and per step (optimizer, receive waits),
+//                         beside the prediction: the static planner's numbers for the very program
+//                         the stage ran (memory.h) and, with --plan, the plan's own stage numbers
+//   measured.trace.json   Chrome trace of the last step: pid = stage, tid 0 compute (F m, B m,
+//                         optimizer), tid 1 receive waits
+//   predicted.trace.json  the plan's schedule.trace.json (with --plan); otherwise the schedule
+//                         simulated (partitioner/schedule.h) with the measured mean stage times,
+//                         i.e. what the schedule alone explains of the measured timeline
+//   report.txt            a per-stage table, measured | predicted
+// Files are written atomically; DIR is created.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "executor/pipeline/executor.h"
+#include "partitioner/partitioner.h"
+
+namespace onnxpipe::pipeline {
+
+struct ReportContext {
+  std::string model;
+  const partitioner::PartitionPlan* plan = nullptr;  // with --plan
+  std::string plan_dir;                              // its folder (for schedule.trace.json)
+};
+
+absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
+                            const std::vector<PipelineStepResult>& steps, const ReportContext& ctx);
+
+// The Chrome trace of one step (measured.trace.json's content).
+std::string MeasuredTraceJson(const PipelineStepResult& step, int32_t num_stages, const std::string& model);
+
+}  // namespace onnxpipe::pipeline

@@ -1,0 +1,292 @@
+// Pipeline behaviour beyond equality with the unpartitioned run: faults stop every stage with one
+// error naming stage, micro-batch and node; tied parameters stay identical on their stages;
+// dropout replays under recompute; memory measured against the static planner's prediction and
+// 1F1B's activations below GPipe's.
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+#include <thread>
+
+#include "executor/comm/comm.h"
+#include "executor/pipeline/memory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/pipeline/pipeline_test_util.h"
+
+namespace onnxpipe::pipeline::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const ModelFixture& Fixture(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<ModelFixture>> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(name);
+    EXPECT_TRUE(f.ok()) << f.status();
+    it = cache.emplace(name, std::move(*f)).first;
+  }
+  return *it->second;
+}
+
+// The first forward node of `stage` in a K-stage balanced split of the micro-batch graph.
+std::string FirstForwardNodeOf(const ModelFixture& f, const RunConfig& c, int32_t stage) {
+  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+  EXPECT_TRUE(g.ok());
+  absl::StatusOr<StageAssignment> a = AssignContiguous(*g, c.stages);
+  EXPECT_TRUE(a.ok());
+  for (ir::NodeId id : ForwardNodes(*g))
+    if (a->forward_stage[id] == stage) return g->node(id).name;
+  return "";
+}
+
+TEST(PipelineFaults, AnErrorInStageOneMicrobatchTwoStopsEveryStageWithOneError) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  c.stages = 3;
+  c.microbatches = 4;
+  c.schedule = ScheduleKind::k1F1B;
+  const std::string target = FirstForwardNodeOf(f, c, 1);
+  ASSERT_FALSE(target.empty());
+  std::atomic<int> hits{0};
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    if (e.stage == 1 && e.microbatch == 2 && e.phase == StepPhase::kForward && e.node->name == target) {
+      ++hits;
+      return absl::InternalError("injected fault");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(hits.load(), 1);
+  const std::string msg(r.status().message());
+  EXPECT_THAT(msg, HasSubstr("step 0: stage 1, micro-batch 2, forward node '" + target + "'"));
+  EXPECT_THAT(msg, HasSubstr("injected fault"));
+  EXPECT_THAT(msg, Not(HasSubstr("pipeline aborted")));  // the root cause, not a woken peer
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+}
+
+TEST(PipelineFaults, AnExceptionInABackwardIsCaughtAndNamed) {
+  const ModelFixture& f = Fixture("tiny_bert");
+  RunConfig c;
+  c.stages = 4;
+  c.microbatches = 2;
+  c.schedule = ScheduleKind::kGPipe;
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    if (e.stage == 2 && e.microbatch == 1 && e.phase == StepPhase::kBackward) throw std::runtime_error("kaboom");
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("stage 2, micro-batch 1, backward node"));
+  EXPECT_THAT(r.status().message(), HasSubstr("exception: kaboom"));
+}
+
+TEST(PipelineFaults, CheckNumericsNamesTheNodeProducingANaN) {
+  const ModelFixture& f = Fixture("tiny_classifier");
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 4;
+  c.check_numerics = true;
+  const std::string target = FirstForwardNodeOf(f, c, 1);
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>* out) -> absl::Status {
+    if (e.stage == 1 && e.microbatch == 3 && e.node->name == target && e.phase == StepPhase::kForward) {
+      ir::Tensor t = (*out)[0].Clone();
+      if (t.dtype() == ir::DType::kF64) t.mutable_data<double>()[0] = std::nan("");
+      if (t.dtype() == ir::DType::kF32) t.mutable_data<float>()[0] = std::nanf("");
+      (*out)[0] = t;
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("stage 1, micro-batch 3, forward node '" + target + "'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("produced a non-finite value"));
+}
+
+TEST(PipelineFaults, WithoutCheckNumericsANaNLossFailsTheStepAndSaysHowToFindIt) {
+  const ModelFixture& f = Fixture("tiny_classifier");
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  const std::string target = FirstForwardNodeOf(f, c, 1);
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>* out) -> absl::Status {
+    if (e.node->name == target && e.phase == StepPhase::kForward) {
+      ir::Tensor t = (*out)[0].Clone();
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<double>()[i] = INFINITY;
+      (*out)[0] = t;
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("--check-numerics"));
+}
+
+TEST(PipelineFaults, AFailedStepLeavesTheExecutorUnusable) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<StageAssignment> a = AssignContiguous(*g, 2);
+  ASSERT_TRUE(a.ok());
+  ExecutorOptions eo;
+  eo.microbatches = 2;
+  eo.dropout = false;
+  bool fail = true;
+  eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    return fail && e.stage == 0 && e.phase == StepPhase::kPost ? absl::InternalError("optimizer fault") : absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  absl::StatusOr<PipelineStepResult> s = (*ex)->Step(f.Feeds(0, 0.05, ir::DType::kF64));
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("stage 0, optimizer node"));
+  fail = false;
+  s = (*ex)->Step(f.Feeds(1, 0.05, ir::DType::kF64));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(PipelineFaults, AReceiveTimeoutTurnsAHangIntoAnError) {
+  // Stage 1 stalls (a hook that sleeps) longer than the receive timeout: stage 0 gives up waiting
+  // for its gradient, and the step fails naming the wait instead of hanging.
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  c.stages = 2;
+  c.recv_timeout_s = 0.2;
+  std::atomic<bool> slept{false};
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    if (e.stage == 1 && e.phase == StepPhase::kBackward && !slept.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(), HasSubstr("stage 0, micro-batch 0: receiving"));
+}
+
+TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndReplicasStayIdentical) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  for (int32_t K : {2, 3, 4}) {
+    RunConfig c;
+    c.stages = K;
+    c.microbatches = 2;
+    absl::StatusOr<RunResult> r = f.Pipeline(c);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const PipelineProgram& p = r->executor->program();
+    const ir::ValueId tied = p.stages[0].graph.FindValue("tok_emb.weight");
+    ASSERT_NE(tied, ir::kNoValue);
+    EXPECT_EQ(p.parameter_owner.at(tied), 0);  // the embedding Gather's stage
+    EXPECT_THAT(p.post_sums, ::testing::Contains(HasSubstr("tok_emb.weight")));
+    // The lm head (last stage) holds a replica refreshed after every step.
+    ASSERT_TRUE(p.stages[K - 1].recv_replica.count(0)) << "K=" << K;
+    EXPECT_THAT(p.stages[K - 1].recv_replica.at(0), ::testing::Contains(tied));
+    std::optional<ir::Tensor> owner = r->executor->StageConstant(0, "tok_emb.weight");
+    std::optional<ir::Tensor> replica = r->executor->StageConstant(K - 1, "tok_emb.weight");
+    ASSERT_TRUE(owner && replica);
+    EXPECT_TRUE(owner->BitwiseEquals(*replica)) << "K=" << K;
+    EXPECT_EQ(owner->raw() == replica->raw(), true);  // in-process: the very same storage
+    // Stages in between hold no copy at all.
+    for (int32_t s = 1; s < K - 1; ++s) EXPECT_FALSE(r->executor->StageConstant(s, "tok_emb.weight")) << s;
+  }
+}
+
+TEST(PipelineDropout, RecomputeReplaysTheMasksBitForBit) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  for (int32_t M : {1, 2}) {
+    RunConfig c;
+    c.dropout = true;
+    c.microbatches = M;
+    c.stages = 3;
+    absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+    ASSERT_TRUE(g.ok());
+    absl::StatusOr<RunResult> none = f.Pipeline(c, &*g);
+    ASSERT_TRUE(none.ok()) << none.status();
+    for (RecomputePolicy rp : {RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+      c.recompute = rp;
+      absl::StatusOr<RunResult> re = f.Pipeline(c, &*g);
+      ASSERT_TRUE(re.ok()) << re.status();
+      for (size_t k = 0; k < none->losses.size(); ++k) EXPECT_EQ(re->losses[k], none->losses[k]) << Describe(c);
+      for (const auto& [name, t] : none->params) EXPECT_TRUE(re->params.at(name).BitwiseEquals(t)) << Describe(c) << " " << name;
+    }
+    if (M == 1) {
+      // With one micro-batch the random streams are the trainer's (offset = step).
+      c.recompute = RecomputePolicy::kNone;
+      absl::StatusOr<RunResult> ref = f.Reference(c);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      for (size_t k = 0; k < ref->losses.size(); ++k) EXPECT_EQ(none->losses[k], ref->losses[k]);
+      // And dropout is really on: the run differs from one without it.
+      RunConfig off = c;
+      off.dropout = false;
+      absl::StatusOr<RunResult> r_off = f.Reference(off);
+      ASSERT_TRUE(r_off.ok());
+      EXPECT_NE(r_off->losses[0], ref->losses[0]);
+    }
+  }
+}
+
+// The executor meters what it really holds (distinct storages, 64-byte aligned). What a micro-batch
+// keeps from its forward to its backward must be exactly the static planner's prediction for the
+// stage's program, the in-flight count exactly the schedule's bound, so the activation high-water
+// is saved x in-flight, exactly; the stage's overall high-water stays within the planner's bound.
+// Dropout is on, as in training (without it Dropout passes its input through and shares its buffer,
+// which the planner does not assume).
+TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
+  for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
+    const ModelFixture& f = Fixture(model);
+    for (int32_t K : {2, 3}) {
+      for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+        std::map<ScheduleKind, std::vector<int64_t>> activations;
+        for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+          RunConfig c;
+          c.dropout = true;
+          c.stages = K;
+          c.microbatches = 4;
+          c.steps = 1;
+          c.schedule = kind;
+          c.recompute = rp;
+          absl::StatusOr<RunResult> r = f.Pipeline(c);
+          ASSERT_TRUE(r.ok()) << r.status();
+          for (int32_t s = 0; s < c.stages; ++s) {
+            const std::string where = std::string(model) + " " + Describe(c) + " stage " + std::to_string(s);
+            const StageMeasure& m = r->steps[0].stages[s];
+            absl::StatusOr<StageMemoryPrediction> p =
+                PredictStageMemory(r->executor->program().stages[s], kind, c.stages, c.microbatches);
+            ASSERT_TRUE(p.ok()) << p.status();
+            EXPECT_EQ(m.saved_bytes, p->saved) << where;
+            EXPECT_EQ(m.max_in_flight, p->in_flight) << where;
+            EXPECT_EQ(m.activations_peak, p->activations) << where;
+            EXPECT_EQ(m.accumulator_bytes, p->accumulators) << where;
+            EXPECT_LE(m.peak_bytes, p->total) << where;
+            EXPECT_GT(m.peak_bytes, p->activations) << where;
+            activations[kind].push_back(m.activations_peak);
+          }
+        }
+        // 1F1B keeps min(M, K - s) micro-batches where GPipe keeps M: less on every stage here.
+        for (int32_t s = 0; s < K; ++s) {
+          EXPECT_LT(activations[ScheduleKind::k1F1B][s], activations[ScheduleKind::kGPipe][s])
+              << model << " K=" << K << " " << RecomputePolicyName(rp) << " stage " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
+  ir::Tensor t = ir::Tensor::DimsOnly(ir::DType::kF32, {3, 5});
+  EXPECT_TRUE(t.defined());
+  EXPECT_FALSE(t.has_data());
+  EXPECT_EQ(t.raw(), nullptr);
+  EXPECT_EQ(t.dims(), (std::vector<int64_t>{3, 5}));
+  EXPECT_TRUE(ir::Tensor(ir::DType::kF32, {3, 5}).has_data());
+  EXPECT_TRUE(ir::Tensor(ir::DType::kF32, {0}).has_data());
+}
+
+}  // namespace
+}  // namespace onnxpipe::pipeline::testing
