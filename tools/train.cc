@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 
+#include "executor/pipeline/pipeline_trainer.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
 #include "executor/train/trainer.h"
@@ -27,6 +28,8 @@ struct Flags {
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
   bool nesterov = false, shuffle = false, dropout = true, check_numerics = false;
+  int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
+  std::string recompute, plan, report;
 };
 
 void Declare(FlagSet& fs, Flags& f) {
@@ -44,7 +47,9 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Double("beta2", &f.beta2, "AdamW beta2");
   fs.Double("eps", &f.eps, "AdamW epsilon");
   fs.Double("clip-norm", &f.clip_norm, "clip the global gradient norm to this (0: off)");
-  fs.String("schedule", &f.schedule, "constant | cosine | linear (decay to 0 at --steps)");
+  fs.String("schedule", &f.schedule,
+            "constant | cosine | linear (decay to 0 at --steps); gpipe | 1f1b: the pipeline schedule "
+            "(with --stages/--plan; the learning rate is then constant)");
   fs.Int("warmup-steps", &f.warmup_steps, "linear warm-up steps before the schedule");
   fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
   fs.String("labels", &f.labels, "labels name: <labels>.npy in --data");
@@ -59,6 +64,11 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
   fs.String("checkpoint", &f.checkpoint, "write the trained model to this .onnx file at the end");
+  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined");
+  fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
+  fs.String("recompute", &f.recompute, "none | full | selective | auto (auto needs the partitioner)");
+  fs.String("plan", &f.plan, "run the plan `onnxpipe partition --out DIR` wrote (stages, recompute)");
+  fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
 }
 
 absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g) {
@@ -107,6 +117,19 @@ std::string ProgressLine(const train::StepMetrics& m, int64_t steps) {
 absl::Status Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
+  pipeline::PipelineTrainOptions po;
+  if (pipelined) {
+    if (f.schedule == "gpipe" || f.schedule == "1f1b") {
+      po.schedule = f.schedule;
+      f.schedule = "constant";
+    }
+    po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
+    po.microbatches = static_cast<int32_t>(f.microbatches);
+    po.recompute = f.recompute;
+    po.plan_dir = f.plan;
+    po.report_dir = f.report;
+  }
   ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
 
   // The data decides the sizes --batch and --seq leave open (S of a (N, S) token file).
@@ -124,6 +147,10 @@ absl::Status Train(const std::string& model_path, Flags& f) {
   for (const auto& [sym, size] : bindings) {
     if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end())
       mo.extra_dims[sym] = size;
+  }
+  if (pipelined) {
+    return pipeline::RunPipelinedTraining(model_path, *model.imported, mo.extra_dims, options, std::move(data), po,
+                                          f.metrics, f.checkpoint);
   }
   RETURN_IF_ERROR(PrepareModel(model, mo));
 
