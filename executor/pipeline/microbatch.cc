@@ -276,7 +276,13 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
   ir::Graph g = imported;
   const std::string& path = g.source_path;
   std::string symbol = batch_symbol;
+  cpu::CpuEvaluator evaluator;
   if (HasFixedBatch(g)) {
+    // Fold first: the exporter spells a baked shape as Constant -> Unsqueeze -> Concat chains, which
+    // become one shape constant that MakeBatchSymbolic can inspect and patch.
+    passes::PipelineOptions fold;
+    fold.fuse = false;
+    RETURN_IF_ERROR(Annotate(passes::RunForwardPipeline(&g, evaluator, fold), path));
     int64_t b0 = 0;
     RETURN_IF_ERROR(Annotate(MakeBatchSymbolic(&g, symbol, &b0), path));
   } else {
@@ -293,7 +299,6 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
   bindings[symbol] = microbatch_size;
   RETURN_IF_ERROR(Annotate(ir::BindSymbols(g, bindings), path));
   RETURN_IF_ERROR(Annotate(ir::InferShapes(g), path));
-  cpu::CpuEvaluator evaluator;
   RETURN_IF_ERROR(Annotate(passes::RunForwardPipeline(&g, evaluator, passes::PipelineOptions{}), path));
   return g;
 }

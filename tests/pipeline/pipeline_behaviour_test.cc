@@ -3,12 +3,15 @@
 // dropout replays under recompute; memory measured against the static planner's prediction and
 // 1F1B's activations below GPipe's.
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
 
 #include "executor/comm/comm.h"
 #include "executor/pipeline/memory.h"
+#include "executor/pipeline/plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/pipeline/pipeline_test_util.h"
@@ -286,6 +289,112 @@ TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
   EXPECT_EQ(t.dims(), (std::vector<int64_t>{3, 5}));
   EXPECT_TRUE(ir::Tensor(ir::DType::kF32, {3, 5}).has_data());
   EXPECT_TRUE(ir::Tensor(ir::DType::kF32, {0}).has_data());
+}
+
+
+// The partitioner's plan run as is: its cuts and its recompute regions (none, full, selective,
+// auto). Results are bitwise those of one stage at the same M, and each stage's measured memory is
+// the plan's own prediction: saved bytes per micro-batch, micro-batches in flight, activations.
+TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
+  for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
+    const ModelFixture& f = Fixture(model);
+    RunConfig c;
+    c.dropout = true;
+    c.microbatches = 2;
+    c.steps = 2;
+    absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<RunResult> one = f.Pipeline(c, &*g);
+    ASSERT_TRUE(one.ok()) << one.status();
+    for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective,
+                               RecomputePolicy::kAuto}) {
+      for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        absl::StatusOr<partitioner::PartitionPlan> plan =
+            PartitionInProcess(*g, 2, f.batch(), c.microbatches, kind, rp, "cpu", model);
+        ASSERT_TRUE(plan.ok()) << model << ": " << plan.status();
+        absl::StatusOr<StageAssignment> a = AssignFromPlan(*g, *plan);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ExecutorOptions eo;
+        eo.schedule = kind;
+        eo.microbatches = c.microbatches;
+        eo.dropout = c.dropout;
+        eo.seed = c.seed;
+        absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
+        ASSERT_TRUE(ex.ok()) << ex.status();
+        const std::string where = std::string(model) + " " + RecomputePolicyName(rp) + " " + ScheduleKindName(kind);
+        for (int32_t k = 0; k < c.steps; ++k) {
+          absl::StatusOr<PipelineStepResult> r = (*ex)->Step(f.Feeds(k, c.lr, c.dtype));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_EQ(r->loss, one->losses[k]) << where;
+          for (int32_t s = 0; s < 2; ++s) {
+            const StageMeasure& m = r->stages[s];
+            const partitioner::StageMemory& pm = plan->stages[s].memory;
+            EXPECT_EQ(m.saved_bytes, pm.saved) << where << " stage " << s;
+            EXPECT_EQ(m.max_in_flight, pm.in_flight) << where << " stage " << s;
+            EXPECT_EQ(m.activations_peak, pm.activations) << where << " stage " << s;
+          }
+        }
+        for (const auto& [name, t] : (*ex)->Parameters()) EXPECT_TRUE(one->params.at(name).BitwiseEquals(t)) << where << " " << name;
+      }
+    }
+  }
+}
+
+TEST(PipelineProgram, AnAssignmentAgainstTheForwardOrderIsRefused) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok());
+  // Every forward node on stage 1 but the last, which goes to stage 0: it reads stage 1's outputs.
+  std::map<std::string, int32_t> stage_of;
+  const std::vector<ir::NodeId> fwd = ForwardNodes(*g);
+  for (ir::NodeId id : fwd) stage_of[g->node(id).name] = id == fwd.back() ? 0 : 1;
+  absl::StatusOr<StageAssignment> a = AssignByName(*g, 2, stage_of);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<PipelineProgram> p = BuildPipelineProgram(*g, *a);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("from the later stage 1"));
+  // A plan naming a node the graph does not have.
+  stage_of["no such node"] = 0;
+  EXPECT_THAT(AssignByName(*g, 2, stage_of).status().message(), HasSubstr("'no such node'"));
+}
+
+// A model exported with a fixed batch (PyTorch without dynamic axes) trains in micro-batches once
+// the batch is re-derived, bitwise like the dynamic export; an export whose batch equals the head
+// count is refused as ambiguous.
+TEST(PipelineFixedBatch, ReDerivedBatchTrainsLikeTheDynamicExport) {
+  const std::string dir = ::testing::TempDir() + "/pipeline_fixed_batch";
+  std::filesystem::create_directories(dir);
+  const std::string src = ONNXPIPE_SOURCE_DIR;
+  for (int b : {6, 4}) {
+    const std::string out = dir + "/gpt_b" + std::to_string(b) + ".onnx";
+    const std::string cmd = std::string(ONNXPIPE_PYTHON) + " " + src +
+                            "/models/export.py --family gpt --vocab 512 --d-model 64 --heads 4 --ffn 256 --layers 2 "
+                            "--seq 32 --dropout 0.1 --norm-first --causal-mask tril --opset 17 --seed 0 "
+                            "--no-dynamic-axes --export-batch " + std::to_string(b) + " --out " + out + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  absl::StatusOr<RunResult> dynamic = Fixture("tiny_gpt").Pipeline(c);
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  absl::StatusOr<std::unique_ptr<ModelFixture>> fixed =
+      ModelFixture::FromFile(dir + "/gpt_b6.onnx", dir + "/gpt_b6.json", src + "/models/golden/tiny_gpt/data", 4);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(HasFixedBatch((*fixed)->imported()));
+  absl::StatusOr<RunResult> r = (*fixed)->Pipeline(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->losses, dynamic->losses);
+  for (const auto& [name, t] : dynamic->params) EXPECT_TRUE(r->params.at(name).BitwiseEquals(t)) << name;
+
+  absl::StatusOr<std::unique_ptr<ModelFixture>> ambiguous =
+      ModelFixture::FromFile(dir + "/gpt_b4.onnx", dir + "/gpt_b4.json", src + "/models/golden/tiny_gpt/data", 4);
+  ASSERT_TRUE(ambiguous.ok()) << ambiguous.status();
+  absl::StatusOr<RunResult> refused = (*ambiguous)->Pipeline(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("ambiguous"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("re-export the model with dynamic axes"));
 }
 
 }  // namespace
