@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "executor/pipeline/plan.h"
 #include "executor/pipeline/report.h"
@@ -43,6 +44,12 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     if (!p.recompute.empty() && p.recompute != partitioner::RecomputePolicyName(plan.recompute)) {
       return INVALID_ARGUMENT() << "--recompute " << p.recompute << " but the plan's regions are for '"
                                 << partitioner::RecomputePolicyName(plan.recompute) << "'";
+    }
+    const bool plan_fp32 = plan.precision == partitioner::Precision::kFP32;
+    if (!(plan_fp32 && options.dtype == ir::DType::kF32)) {
+      std::fprintf(stderr, "warning: the plan in %s was made for %s and this run trains in %s: its memory "
+                   "predictions do not apply\n", p.plan_dir.c_str(), plan_fp32 ? "fp32" : "bf16",
+                   std::string(ir::DTypeName(options.dtype)).c_str());
     }
     p.stages = static_cast<int32_t>(plan.num_stages);
     p.microbatches = static_cast<int32_t>(plan.microbatches);
