@@ -209,7 +209,7 @@ absl::Status RunPipelinedTraining(const std::string& model_path, const ir::Graph
   if (tty) std::printf("\n");
   if (!pipeline.report_dir.empty()) {
     RETURN_IF_ERROR(trainer->WriteReport());
-    std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt)\n",
+    std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
                 pipeline.report_dir.c_str());
   }
   if (!checkpoint_path.empty()) {

@@ -202,8 +202,10 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
     txt << ", " << sim.step_s * 1e3 << " ms for the schedule alone (simulated with the measured stage times, bubble "
         << sim.bubble_fraction << ")\n";
   }
+  const std::string measured_trace = MeasuredTraceJson(steps.back(), K, ctx.model);
   RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/measured.json", j.dump(1) + "\n"));
-  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/measured.trace.json", MeasuredTraceJson(steps.back(), K, ctx.model)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/measured.trace.json", measured_trace));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/report.html", RunReportHtml(j, measured_trace, predicted)));
   RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/predicted.trace.json", predicted));
   RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/report.txt", txt.str()));
   return absl::OkStatus();

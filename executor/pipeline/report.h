@@ -12,6 +12,7 @@
 //                         simulated (partitioner/schedule.h) with the measured mean stage times,
 //                         i.e. what the schedule alone explains of the measured timeline
 //   report.txt            a per-stage table, measured | predicted
+//   report.html           the same table and both timelines as inline SVG (self-contained)
 // Files are written atomically; DIR is created.
 #pragma once
 
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "executor/pipeline/executor.h"
+#include "nlohmann/json.hpp"
 #include "partitioner/partitioner.h"
 
 namespace onnxpipe::pipeline {
@@ -35,5 +37,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
 
 // The Chrome trace of one step (measured.trace.json's content).
 std::string MeasuredTraceJson(const PipelineStepResult& step, int32_t num_stages, const std::string& model);
+// report.html from measured.json's content and the two traces.
+std::string RunReportHtml(const nlohmann::ordered_json& measured, const std::string& measured_trace,
+                          const std::string& predicted_trace);
 
 }  // namespace onnxpipe::pipeline

@@ -72,7 +72,7 @@ TEST_F(PipelineCliTest, PlanRunReportsMeasuredMemoryEqualToThePlan) {
   CommandResult r = Train("--plan " + plan.string() + " --report " + report.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("pipelined: 2 stages, 4 micro-batches of 1, 1f1b, recompute selective"));
-  for (const char* f : {"measured.json", "measured.trace.json", "predicted.trace.json", "report.txt"}) {
+  for (const char* f : {"measured.json", "measured.trace.json", "predicted.trace.json", "report.txt", "report.html"}) {
     EXPECT_TRUE(fs::exists(report / f)) << f;
   }
   const nlohmann::json m = Json(report / "measured.json"), pj = Json(plan / "plan.json");
@@ -101,6 +101,10 @@ TEST_F(PipelineCliTest, PlanRunReportsMeasuredMemoryEqualToThePlan) {
       EXPECT_TRUE(seen.count({s, "B" + std::to_string(mb)})) << s << " B" << mb;
     }
   }
+  const std::string html = testing::ReadAll((report / "report.html").string());
+  EXPECT_THAT(html, HasSubstr("<svg"));
+  EXPECT_THAT(html, HasSubstr("Measured (last step"));
+  EXPECT_THAT(html, HasSubstr("Predicted (plan)"));
   // The predicted trace beside it is the plan's.
   EXPECT_EQ(testing::ReadAll((report / "predicted.trace.json").string()),
             testing::ReadAll((plan / "schedule.trace.json").string()));
