@@ -6,7 +6,10 @@
 #   bench/partition_bench.sh [ONNXPIPE_BINARY] [LAYERS ...]      (default: .build/part/tools/onnxpipe, 24 96)
 #
 # The models are exported at bench time into $WORK (default /tmp/onnxpipe_partition_bench; kept
-# between runs, never committed); the 96-layer one (4.9 GB of weights) as external data. Writes
+# between runs, never committed); the 96-layer one (4.9 GB of weights) as external data. The export
+# needs about 7x the weights in RAM (8.6 GB peak for 24 layers), so the 96-layer model only exports
+# on a machine with ~40 GB free: results/partition_*_h200-machine.json was measured on the GPU
+# machine's CPU with ../shared/bench/torch_peer.py's export of the same model. Writes
 # bench/results/partition_<date>_<host>.json with the machine, the phases' times (the onnxpipe
 # partition "time:" line: import = ONNX load + checker + shape inference, training graph = bind,
 # fold, fuse, loss, autodiff, optimizer; partition = phases 1-6; write = the report files) and the
