@@ -258,8 +258,50 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
   for (int32_t c : a.cut_candidates) a.unit_begin.push_back(c);
   a.unit_begin.push_back(F);
 
+  // Layers: from the node's scope; exporters that leave no scopes (torch.export names nodes
+  // "add_48") still name parameters by module ("layers.3.linear1.weight"), so a scopeless node
+  // takes the layer of a parameter it reads, and one between two nodes of the same layer takes
+  // that layer.
+  auto from_parameter = [&](const ir::Node& n) -> std::string {
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue || !g.value(v).is_initializer) continue;
+      const std::string& name = g.value(v).name;
+      std::string key;
+      size_t pos = 0;
+      while (pos <= name.size()) {
+        size_t dot = name.find('.', pos);
+        if (dot == std::string::npos) dot = name.size();
+        const std::string part = name.substr(pos, dot - pos);
+        key += (key.empty() ? "" : ".") + part;
+        const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+        if (digits) return "/" + key;
+        pos = dot + 1;
+      }
+      const size_t first = name.find('.');
+      return "/" + name.substr(0, first);
+    }
+    return "";
+  };
   a.layer_of_position.reserve(F);
-  for (ir::NodeId id : a.forward) a.layer_of_position.push_back(LayerKey(g.node(id).scope));
+  for (ir::NodeId id : a.forward) {
+    std::string key = LayerKey(g.node(id).scope);
+    if (key == "(top)") {
+      const std::string p = from_parameter(g.node(id));
+      if (!p.empty()) key = p;
+    }
+    a.layer_of_position.push_back(key);
+  }
+  std::vector<std::string> next_known(F + 1, "(top)");
+  for (int32_t p = F - 1; p >= 0; --p) {
+    next_known[p] = a.layer_of_position[p] != "(top)" ? a.layer_of_position[p] : next_known[p + 1];
+  }
+  std::string prev_known = "(top)";
+  for (int32_t p = 0; p < F; ++p) {
+    if (a.layer_of_position[p] == "(top)" && prev_known != "(top)" && next_known[p] == prev_known) {
+      a.layer_of_position[p] = prev_known;
+    }
+    if (a.layer_of_position[p] != "(top)") prev_known = a.layer_of_position[p];
+  }
   return a;
 }
 

@@ -50,7 +50,10 @@ struct GraphAnalysis {
   std::vector<int64_t> cross_fwd_bytes, cross_bwd_bytes;
   std::vector<int32_t> cut_candidates;    // ascending, in (0, F)
   std::vector<int32_t> unit_begin;        // unit u = positions [unit_begin[u], unit_begin[u+1]); size U+1
-  std::vector<std::string> layer_of_position;  // layer key of each forward node
+  // Layer key of each forward node: LayerKey(scope); for scopeless nodes (torch.export names) the
+  // module path of a parameter it reads ("layers.3.linear1.weight" -> "/layers.3"), or the layer of
+  // its neighbours when the previous and next keyed nodes agree; else "(top)".
+  std::vector<std::string> layer_of_position;
 
   int32_t num_positions() const { return static_cast<int32_t>(forward.size()); }
   int32_t num_units() const { return static_cast<int32_t>(unit_begin.size()) - 1; }

@@ -20,8 +20,11 @@
 //   best[k][j] = min_i best[k-1][i] + p(i, j) + comm(i),  over stages with p(i, j) <= t,
 // and stops once (M - 1) t + min_sum can no longer beat the best T: exact for T. The plans found
 // on the way (the sum/bottleneck Pareto front) are then simulated (phase 6) and the one with the
-// lowest simulated step time wins; single cuts are then moved by one unit while the simulated
-// step improves (for 1F1B with uneven stages the makespan is not exactly T). Memory in the DP comes from the unit table's lower bounds
+// lowest simulated step time wins; each cut then moves to its best position between its
+// neighbours while the simulated step improves (for 1F1B with uneven stages the makespan is not
+// exactly T). Simulated steps within a millionth are ties, broken by the smaller bottleneck; with
+// one micro-batch (no pipelining, T = the sum) the most balanced split within 2% of the fastest
+// is taken. Memory in the DP comes from the unit table's lower bounds
 // (unit_table.h); every plan the search returns is re-checked with the memory planner (phase 5),
 // and stages the planner rejects get their exact numbers and the search runs again, so the final
 // plan fits by the planner's numbers and no plan that fits was excluded.

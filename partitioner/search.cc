@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16,6 +17,8 @@ namespace onnxpipe::partitioner {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// With one micro-batch (no pipelining) splits within this fraction of the fastest count as ties.
+constexpr double kSequentialSlack = 0.02;
 
 // Prefix sums over units: Range(i, j) = sum of units [i, j).
 template <typename T>
@@ -357,21 +360,34 @@ absl::StatusOr<std::optional<StageAssignment>> Searcher::Run() {
     const double m1 = static_cast<double>(o_.microbatches - 1);
     std::vector<DpResult> candidates = {unbounded};
     double best_obj = unbounded.sum + m1 * unbounded.max;
-    if (o_.microbatches > 1) {
-      std::vector<double> values;
-      for (double c : cost_)
-        if (c != kInf) values.push_back(c);
-      std::sort(values.begin(), values.end());
-      values.erase(std::unique(values.begin(), values.end()), values.end());
-      size_t lo = 0, hi = values.size() - 1;  // values[hi] >= unbounded.max is feasible
+    std::vector<double> values;
+    for (double c : cost_)
+      if (c != kInf) values.push_back(c);
+    std::sort(values.begin(), values.end());
+    values.erase(std::unique(values.begin(), values.end()), values.end());
+    // The smallest bottleneck for which `accept` holds (it is monotone in the bound).
+    auto smallest = [&](const std::function<bool(const DpResult&)>& accept) {
+      size_t lo = 0, hi = values.size() - 1;  // values[hi] >= unbounded.max: DP(values[hi]) = unbounded
       while (lo < hi) {
         const size_t mid = (lo + hi) / 2;
-        if (Dp(values[mid]).feasible) {
+        if (accept(Dp(values[mid]))) {
           hi = mid;
         } else {
           lo = mid + 1;
         }
       }
+      return lo;
+    };
+    if (o_.microbatches == 1) {
+      // No pipelining: the splits differ only in their transfers, a fraction of a percent; take
+      // the most balanced one within kSequentialSlack of the fastest (memory and work spread).
+      const size_t idx = smallest([&](const DpResult& r) {
+        return r.feasible && r.sum <= unbounded.sum * (1 + kSequentialSlack);
+      });
+      DpResult r = Dp(values[idx]);
+      if (r.ranges != unbounded.ranges) candidates.insert(candidates.begin(), r);
+    } else {
+      const size_t lo = smallest([](const DpResult& r) { return r.feasible; });
       for (size_t idx = lo; idx < values.size(); ++idx) {
         const double bound = values[idx];
         if (m1 * bound + unbounded.sum >= best_obj * (1 - 1e-12)) break;
@@ -390,7 +406,7 @@ absl::StatusOr<std::optional<StageAssignment>> Searcher::Run() {
     // Verify every candidate with the planner; learn from the stages that do not fit.
     bool all_fit = true;
     std::optional<StageAssignment> round_best;
-    double round_best_step = kInf, round_best_obj = kInf;
+    double round_best_step = kInf, round_best_obj = kInf, round_best_max = kInf;
     for (const DpResult& c : candidates) {
       StageAssignment as;
       as.ranges = c.ranges;
@@ -428,8 +444,15 @@ absl::StatusOr<std::optional<StageAssignment>> Searcher::Run() {
       const double obj = sum_p + m1 * max_p + comm;
       stats_->best_objective_ms = std::min(stats_->best_objective_ms == 0 ? kInf : stats_->best_objective_ms,
                                            obj * 1e3);
-      if (step < round_best_step * (1 - 1e-12) ||
-          (step <= round_best_step * (1 + 1e-12) && obj < round_best_obj)) {
+      // Ties (within a part in a million, e.g. splits that differ only in transfer time): the
+      // smaller bottleneck first, so that time and memory are spread.
+      const double tie = o_.microbatches == 1 ? kSequentialSlack : 1e-6;
+      const bool better = step < round_best_step * (1 - tie) ||
+                          (step <= round_best_step * (1 + tie) &&
+                           (max_p < round_best_max * (1 - 1e-12) ||
+                            (max_p <= round_best_max * (1 + 1e-12) && obj < round_best_obj)));
+      if (better) {
+        round_best_max = max_p;
         round_best_step = step;
         round_best_obj = obj;
         round_best = as;
@@ -479,7 +502,9 @@ std::optional<double> Searcher::SimulateEstimate(const std::vector<std::pair<int
 }
 
 absl::Status Searcher::Refine(StageAssignment* as, double* step) {
-  // Coordinate descent: each cut in turn takes its best position between its neighbours.
+  // Coordinate descent: each cut in turn takes its best position between its neighbours. Gains
+  // below the tie tolerance do not count (they would undo the balancing of ties).
+  const double min_gain = o_.microbatches == 1 ? kSequentialSlack : 1e-6;
   for (int sweep = 0; sweep < 4 * K_; ++sweep) {
     bool improved = false;
     for (int32_t c = 1; c < K_; ++c) {
@@ -491,10 +516,10 @@ absl::Status Searcher::Refine(StageAssignment* as, double* step) {
         r[c].first = cut;
         // The planner only for moves the unit table already finds better.
         const std::optional<double> quick = SimulateEstimate(r);
-        if (!quick || *quick >= *step * (1 - 1e-12)) continue;
+        if (!quick || *quick >= *step * (1 - min_gain)) continue;
         StageAssignment next;
         ASSIGN_OR_RETURN(std::optional<double> s, Simulate(r, &next));
-        if (s && *s < *step * (1 - 1e-12)) {
+        if (s && *s < *step * (1 - min_gain)) {
           *as = std::move(next);
           *step = *s;
           improved = true;

@@ -117,6 +117,19 @@ TEST(Analysis, ChainPositionsAndCuts) {
   EXPECT_THAT(narrow->cut_candidates, ::testing::Contains(cut));
 }
 
+TEST(Analysis, LayersFromParametersWhenNodesHaveNoScope) {
+  ChainSpec spec;
+  spec.widths = {16, 16, 16};
+  spec.expand = 2;
+  ir::Graph g = BuildChain(spec);
+  for (ir::NodeId id : g.LiveNodes()) g.node(id).scope.clear();
+  absl::StatusOr<GraphAnalysis> a = AnalyzeTrainingGraph(g, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<std::string> want = {"/layers.0", "/layers.0", "/layers.0", "/layers.1", "/layers.1", "/layers.1",
+                                   "/head", "(top)"};  // Linear, Relu, Linear.out per layer; head; loss
+  EXPECT_EQ(a->layer_of_position, want);
+}
+
 TEST(Search, OptimalAgainstBruteForce) {
   // Random widths and random per-node times; every contiguous assignment is planned (phases 4-6
   // with the memory planner) and the best that fits is compared with the search's plan.
@@ -195,7 +208,7 @@ TEST(Search, ProportionalCostsAreExactForTheSimulatedStep) {
       const Brute brute = BruteForce(*ctx, o);
       absl::StatusOr<PartitionPlan> plan = Partition(*ctx, o);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      EXPECT_NEAR(plan->step_ms, brute.best_sim, 1e-9 * brute.best_sim) << ScheduleName(kind) << " seed " << seed;
+      EXPECT_NEAR(plan->step_ms, brute.best_sim, 1e-6 * brute.best_sim) << ScheduleName(kind) << " seed " << seed;
     }
   }
 }
