@@ -298,43 +298,50 @@ TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
 TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
   for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
     const ModelFixture& f = Fixture(model);
-    RunConfig c;
-    c.dropout = true;
-    c.microbatches = 2;
-    c.steps = 2;
-    absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
-    ASSERT_TRUE(g.ok()) << g.status();
-    absl::StatusOr<RunResult> one = f.Pipeline(c, &*g);
-    ASSERT_TRUE(one.ok()) << one.status();
-    for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective,
-                               RecomputePolicy::kAuto}) {
-      for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
-        absl::StatusOr<partitioner::PartitionPlan> plan =
-            PartitionInProcess(*g, 2, f.batch(), c.microbatches, kind, rp, "cpu", model);
-        ASSERT_TRUE(plan.ok()) << model << ": " << plan.status();
-        absl::StatusOr<StageAssignment> a = AssignFromPlan(*g, *plan);
-        ASSERT_TRUE(a.ok()) << a.status();
-        ExecutorOptions eo;
-        eo.schedule = kind;
-        eo.microbatches = c.microbatches;
-        eo.dropout = c.dropout;
-        eo.seed = c.seed;
-        absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
-        ASSERT_TRUE(ex.ok()) << ex.status();
-        const std::string where = std::string(model) + " " + RecomputePolicyName(rp) + " " + ScheduleKindName(kind);
-        for (int32_t k = 0; k < c.steps; ++k) {
-          absl::StatusOr<PipelineStepResult> r = (*ex)->Step(f.Feeds(k, c.lr, c.dtype));
-          ASSERT_TRUE(r.ok()) << r.status();
-          EXPECT_EQ(r->loss, one->losses[k]) << where;
-          for (int32_t s = 0; s < 2; ++s) {
-            const StageMeasure& m = r->stages[s];
-            const partitioner::StageMemory& pm = plan->stages[s].memory;
-            EXPECT_EQ(m.saved_bytes, pm.saved) << where << " stage " << s;
-            EXPECT_EQ(m.max_in_flight, pm.in_flight) << where << " stage " << s;
-            EXPECT_EQ(m.activations_peak, pm.activations) << where << " stage " << s;
+    for (int32_t M : {1, 2, 4}) {
+      RunConfig c;
+      c.dropout = true;
+      c.microbatches = M;
+      c.steps = 2;
+      absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+      ASSERT_TRUE(g.ok()) << g.status();
+      absl::StatusOr<RunResult> one = f.Pipeline(c, &*g);
+      ASSERT_TRUE(one.ok()) << one.status();
+      for (int32_t K : {2, 3, 4}) {
+        for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective,
+                                   RecomputePolicy::kAuto}) {
+          for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+            const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
+                                      " " + RecomputePolicyName(rp) + " " + ScheduleKindName(kind);
+            absl::StatusOr<partitioner::PartitionPlan> plan =
+                PartitionInProcess(*g, K, f.batch(), M, kind, rp, "cpu", model);
+            ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
+            absl::StatusOr<StageAssignment> a = AssignFromPlan(*g, *plan);
+            ASSERT_TRUE(a.ok()) << a.status();
+            ExecutorOptions eo;
+            eo.schedule = kind;
+            eo.microbatches = M;
+            eo.dropout = c.dropout;
+            eo.seed = c.seed;
+            absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
+            ASSERT_TRUE(ex.ok()) << where << ": " << ex.status();
+            for (int32_t k = 0; k < c.steps; ++k) {
+              absl::StatusOr<PipelineStepResult> r = (*ex)->Step(f.Feeds(k, c.lr, c.dtype));
+              ASSERT_TRUE(r.ok()) << r.status();
+              EXPECT_EQ(r->loss, one->losses[k]) << where;
+              for (int32_t s = 0; s < K; ++s) {
+                const StageMeasure& m = r->stages[s];
+                const partitioner::StageMemory& pm = plan->stages[s].memory;
+                EXPECT_EQ(m.saved_bytes, pm.saved) << where << " stage " << s;
+                EXPECT_EQ(m.max_in_flight, pm.in_flight) << where << " stage " << s;
+                EXPECT_EQ(m.activations_peak, pm.activations) << where << " stage " << s;
+              }
+            }
+            for (const auto& [name, t] : (*ex)->Parameters()) {
+              EXPECT_TRUE(one->params.at(name).BitwiseEquals(t)) << where << " " << name;
+            }
           }
         }
-        for (const auto& [name, t] : (*ex)->Parameters()) EXPECT_TRUE(one->params.at(name).BitwiseEquals(t)) << where << " " << name;
       }
     }
   }
