@@ -21,16 +21,19 @@ bool IsUpdateOp(ir::OpKind op) {
 
 std::string LayerKey(const std::string& scope) {
   static const std::regex indexed(R"(.*[._]\d+$)");
-  size_t pos = 0;
   std::string first;
-  while (pos < scope.size()) {
-    size_t next = scope.find('/', pos + 1);
-    if (next == std::string::npos) next = scope.size();
-    const std::string prefix = scope.substr(0, next);
-    const std::string component = scope.substr(pos + 1, next - pos - 1);
-    if (first.empty() && !component.empty()) first = prefix;
-    if (std::regex_match(component, indexed)) return prefix;
-    pos = next;
+  size_t begin = 0;
+  while (begin < scope.size()) {
+    if (scope[begin] == '/') {
+      ++begin;
+      continue;
+    }
+    size_t end = scope.find('/', begin);
+    if (end == std::string::npos) end = scope.size();
+    const std::string prefix = scope.substr(0, end);
+    if (first.empty()) first = prefix;
+    if (std::regex_match(scope.substr(begin, end - begin), indexed)) return prefix;
+    begin = end;
   }
   return first.empty() ? "(top)" : first;
 }
@@ -301,6 +304,18 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
       a.layer_of_position[p] = prev_known;
     }
     if (a.layer_of_position[p] != "(top)") prev_known = a.layer_of_position[p];
+  }
+  // What is left outside every layer (embedding scale, pooling, the loss) is named by the first
+  // node of each run, so that the runs before and after the layers stay apart.
+  for (int32_t p = 0; p < F;) {
+    if (a.layer_of_position[p] != "(top)") {
+      ++p;
+      continue;
+    }
+    std::string name = g.node(a.forward[p]).name;
+    while (!name.empty() && name[0] == '/') name.erase(0, 1);
+    const std::string key = name.empty() ? "(top)" : "(top) " + name;
+    for (; p < F && a.layer_of_position[p] == "(top)"; ++p) a.layer_of_position[p] = key;
   }
   return a;
 }

@@ -52,7 +52,7 @@ struct GraphAnalysis {
   std::vector<int32_t> unit_begin;        // unit u = positions [unit_begin[u], unit_begin[u+1]); size U+1
   // Layer key of each forward node: LayerKey(scope); for scopeless nodes (torch.export names) the
   // module path of a parameter it reads ("layers.3.linear1.weight" -> "/layers.3"), or the layer of
-  // its neighbours when the previous and next keyed nodes agree; else "(top)".
+  // its neighbours when the previous and next keyed nodes agree; else "(top) <first node of the run>".
   std::vector<std::string> layer_of_position;
 
   int32_t num_positions() const { return static_cast<int32_t>(forward.size()); }

@@ -37,6 +37,7 @@ std::string Pad(const std::string& s, size_t width, bool right = true) {
 
 std::string FormatMs(double ms) {
   char buf[32];
+  if (ms == 0) return "0";
   if (ms >= 1000) {
     std::snprintf(buf, sizeof(buf), "%.2f s", ms / 1000);
   } else if (ms >= 10) {

@@ -117,6 +117,15 @@ TEST(Analysis, ChainPositionsAndCuts) {
   EXPECT_THAT(narrow->cut_candidates, ::testing::Contains(cut));
 }
 
+TEST(Analysis, LayerKeys) {
+  EXPECT_EQ(LayerKey("/encoder/layers.3/self_attn"), "/encoder/layers.3");
+  EXPECT_EQ(LayerKey("/h_11/mlp"), "/h_11");
+  EXPECT_EQ(LayerKey("/emb"), "/emb");
+  EXPECT_EQ(LayerKey("loss"), "loss");
+  EXPECT_EQ(LayerKey("blocks.2/attn"), "blocks.2");
+  EXPECT_EQ(LayerKey(""), "(top)");
+}
+
 TEST(Analysis, LayersFromParametersWhenNodesHaveNoScope) {
   ChainSpec spec;
   spec.widths = {16, 16, 16};
@@ -126,7 +135,7 @@ TEST(Analysis, LayersFromParametersWhenNodesHaveNoScope) {
   absl::StatusOr<GraphAnalysis> a = AnalyzeTrainingGraph(g, {});
   ASSERT_TRUE(a.ok()) << a.status();
   std::vector<std::string> want = {"/layers.0", "/layers.0", "/layers.0", "/layers.1", "/layers.1", "/layers.1",
-                                   "/head", "(top)"};  // Linear, Relu, Linear.out per layer; head; loss
+                                   "/head", "(top) loss/SoftmaxCrossEntropyLoss"};  // per layer: Linear, Relu, Linear.out
   EXPECT_EQ(a->layer_of_position, want);
 }
 
