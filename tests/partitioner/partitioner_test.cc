@@ -355,6 +355,35 @@ TEST(Recompute, AutoFitsWhereNoneDoesNot) {
   EXPECT_LE(auto_rec, full_rec);
 }
 
+TEST(Memory, Bf16HalvesActivationsAndAddsAWorkingCopyOfTheWeights) {
+  ChainSpec spec;
+  spec.batch = 16;
+  spec.widths = {64, 64, 64, 64};
+  const ir::Graph g = BuildChain(spec);
+  std::map<Precision, PartitionPlan> plans;
+  for (Precision p : {Precision::kFP32, Precision::kBF16}) {
+    absl::StatusOr<std::unique_ptr<PartitionContext>> ctx =
+        PartitionContext::Create(g, Cluster{FakeDevice(int64_t{1} << 40)}, p, nullptr, spec.batch, 0.05);
+    ASSERT_TRUE(ctx.ok());
+    PartitionOptions o;
+    o.num_stages = 1;
+    o.batch = 32;
+    o.microbatches = 2;
+    o.precision = p;
+    absl::StatusOr<PartitionPlan> plan = Partition(**ctx, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plans[p] = *plan;
+  }
+  const StageMemory& f = plans[Precision::kFP32].stages[0].memory;
+  const StageMemory& b = plans[Precision::kBF16].stages[0].memory;
+  EXPECT_EQ(b.parameters, f.parameters + f.parameters / 2);  // fp32 master + bf16 copy
+  EXPECT_EQ(b.gradients, f.gradients);                        // fp32 gradient accumulation
+  // Saved activations: the computed float ones halve; the fed input x (16 x 64 f32, fed as
+  // is), the labels (int64, 16 x 8 bytes) and the scalar loss slot (64 bytes) do not.
+  const int64_t fixed = 16 * 64 * 4 + 16 * 8 + 64;
+  EXPECT_EQ((b.saved - fixed) * 2, f.saved - fixed);
+}
+
 TEST(Plan, JsonRoundTripAndValidation) {
   ChainSpec spec;
   const ir::Graph g = BuildChain(spec);
