@@ -1,45 +1,66 @@
-// onnxpipe train: trains a model from its ONNX file on the CPU backend (executor/train).
-#include <unistd.h>
-
-#include <algorithm>
-#include <cmath>
+// onnxpipe train: trains a model from its ONNX file on the CPU backend (executor/train), or pipelined over stages
+// (executor/pipeline). This file owns the flags and the order of the run: data, trainer, resume, loop
+// (tools/train_loop.h), evaluation, --save.
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
 
+#include "executor/io/atomic_file.h"
+#include "executor/io/checkpoint_manager.h"
+#include "executor/io/crc32c.h"
+#include "executor/io/tensorboard.h"
 #include "executor/pipeline/pipeline_trainer.h"
-#include "executor/train/dataset.h"
+#include "executor/train/evaluate.h"
 #include "executor/train/metrics.h"
+#include "executor/train/train_checkpoint.h"
 #include "executor/train/trainer.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/writer.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/model.h"
+#include "tools/train_data.h"
+#include "tools/train_loop.h"
 
 namespace onnxpipe::tools {
 namespace {
 
+namespace fs = std::filesystem;
+
+constexpr char kVocabFile[] = "vocab.txt";  // in --checkpoint-dir
+
 struct Flags {
-  std::string data, optimizer = "sgd", schedule = "constant", logits, labels = "labels", metrics;
-  std::string backend = "cpu", dtype = "fp32", freeze, data_format = "npy", checkpoint;
-  int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, ignore_index = -100, seq = 0;
+  std::string data, optimizer = "sgd", lr_schedule = "constant", schedule, logits, labels = "labels", metrics;
+  std::string backend = "cpu", dtype = "fp32", freeze, data_format = "auto", save, mask = "auto";
+  std::string save_external = "auto", checkpoint_dir, tensorboard;
+  int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, ignore_index = -100, seq = 0, vocab_size = 0;
+  int64_t checkpoint_every = 0, keep_checkpoints = 3;
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
-  bool nesterov = false, shuffle = false, dropout = true, check_numerics = false;
+  bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   std::string recompute, plan, report;
 };
 
 void Declare(FlagSet& fs, Flags& f) {
-  fs.String("data", &f.data, "folder with one <input name>.npy per model input and <labels>.npy");
-  fs.String("data-format", &f.data_format, "npy (the only format so far)");
+  fs.String("data", &f.data, "training data: a folder, an aclImdb archive or a .tsv file (see --data-format)");
+  fs.String("data-format", &f.data_format,
+            "auto | npy | aclimdb | tsv. npy: one <input name>.npy per model input and <labels>.npy; aclimdb: "
+            "{train,test}/{pos,neg}/*.txt, folder or archive; tsv: train.tsv + test.tsv (label<TAB>text) or one "
+            ".tsv. auto: npy when DIR holds .npy files, else tsv/aclimdb from what it holds");
   fs.Int("batch", &f.batch, "samples per step (binds the batch dim)");
-  fs.Int("steps", &f.steps, "optimizer steps to run");
-  fs.Int("seq", &f.seq, "sequence length (binds the sequence dim; default: from the data)");
+  fs.Int("steps", &f.steps, "optimizer steps to run in total (a resumed run continues up to this step)");
+  fs.Int("seq", &f.seq,
+         "sequence length (binds the sequence dim; default: npy: from the data; text: the model's fixed length)");
+  fs.Int("vocab-size", &f.vocab_size, "text: vocabulary size incl. <pad> and <unk> (default: the embedding rows)");
+  fs.String("mask", &f.mask,
+            "text: values of a padding-mask input: keep (1 = token, 0 = pad) | pad (1 = pad) | auto (pad for a "
+            "bool mask, keep otherwise)");
   fs.String("optimizer", &f.optimizer, "sgd | adamw");
   fs.Double("lr", &f.lr, "base learning rate");
+  fs.String("lr-schedule", &f.lr_schedule, "constant | cosine | linear (decay to 0 at --steps)");
+  fs.Int("warmup-steps", &f.warmup_steps, "linear warm-up steps before the learning-rate schedule");
   fs.Double("momentum", &f.momentum, "SGD momentum");
   fs.Bool("nesterov", &f.nesterov, "SGD Nesterov momentum");
   fs.Double("weight-decay", &f.weight_decay, "SGD L2 / AdamW decoupled weight decay, every parameter");
@@ -47,15 +68,23 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Double("beta2", &f.beta2, "AdamW beta2");
   fs.Double("eps", &f.eps, "AdamW epsilon");
   fs.Double("clip-norm", &f.clip_norm, "clip the global gradient norm to this (0: off)");
-  fs.String("schedule", &f.schedule,
-            "constant | cosine | linear (decay to 0 at --steps); gpipe | 1f1b: the pipeline schedule "
-            "(with --stages/--plan; the learning rate is then constant)");
-  fs.Int("warmup-steps", &f.warmup_steps, "linear warm-up steps before the schedule");
   fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
   fs.String("labels", &f.labels, "labels name: <labels>.npy in --data");
   fs.Double("label-smoothing", &f.label_smoothing, "cross-entropy label smoothing in [0, 1]");
   fs.Int("ignore-index", &f.ignore_index, "label value that contributes no loss");
-  fs.String("metrics", &f.metrics, "write one JSON line per step here");
+  fs.String("metrics", &f.metrics, "write one JSON line per step here (and the --eval line)");
+  fs.String("tensorboard", &f.tensorboard, "also write loss, lr, grad_norm, samples_per_s (and --eval) as "
+            "TensorBoard scalars into this folder");
+  fs.Bool("eval", &f.eval, "after training, evaluate the test split (dropout off) and report "
+          "{\"split\": \"test\", \"accuracy\": A, \"loss\": L}");
+  fs.String("save", &f.save, "write the trained model to this .onnx file at the end (the model's dtypes)");
+  fs.String("save-external-data", &f.save_external,
+            "auto (initializers >= 1 KiB in OUT.onnx.data when they total >= 1 GiB) | always | never");
+  fs.String("checkpoint-dir", &f.checkpoint_dir,
+            "save training checkpoints (parameters, optimizer state, step, data position) and the vocabulary here");
+  fs.Int("checkpoint-every", &f.checkpoint_every, "checkpoint every N steps (and always at the end and on SIGINT)");
+  fs.Int("keep-checkpoints", &f.keep_checkpoints, "keep the newest N checkpoints (0: all)");
+  fs.Bool("resume", &f.resume, "continue from --checkpoint-dir's latest checkpoint");
   fs.String("backend", &f.backend, "cpu");
   fs.String("dtype", &f.dtype, "fp32 | fp64");
   fs.String("freeze", &f.freeze, "regex of initializer names not to train (buffers)");
@@ -63,9 +92,9 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch");
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
-  fs.String("checkpoint", &f.checkpoint, "write the trained model to this .onnx file at the end");
   fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined");
   fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
+  fs.String("schedule", &f.schedule, "pipeline schedule: gpipe | 1f1b (with --stages/--plan)");
   fs.String("recompute", &f.recompute, "none | full | selective | auto (auto needs the partitioner)");
   fs.String("plan", &f.plan, "run the plan `onnxpipe partition --out DIR` wrote (stages, recompute)");
   fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
@@ -84,7 +113,7 @@ absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g
   o.optimizer.eps = f.eps;
   o.optimizer.clip_norm = f.clip_norm;
   o.lr = f.lr;
-  ASSIGN_OR_RETURN(o.schedule, autodiff::ParseLrScheduleKind(f.schedule));
+  ASSIGN_OR_RETURN(o.schedule, autodiff::ParseLrScheduleKind(f.lr_schedule));
   o.warmup_steps = f.warmup_steps;
   o.logits = f.logits;
   if (o.logits.empty()) {
@@ -106,51 +135,117 @@ absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g
   return o;
 }
 
-std::string ProgressLine(const train::StepMetrics& m, int64_t steps) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "step %lld/%lld  loss %.6g  lr %.4g  grad_norm %.4g  %.1f samples/s",
-                static_cast<long long>(m.step + 1), static_cast<long long>(steps), m.loss, m.lr,
-                m.grad_norm, m.samples_per_s);
-  return buf;
+// --save-external-data as WriteOnnxWithInitializers' threshold.
+int64_t ExternalThreshold(const std::string& mode, const std::map<std::string, ir::Tensor>& params,
+                          const ir::Graph& imported) {
+  if (mode == "never") return -1;
+  if (mode == "always") return 0;
+  int64_t total = 0;
+  for (int32_t v = 0; v < imported.num_values(); ++v) {
+    if (imported.value(v).is_initializer && imported.value(v).constant) total += imported.value(v).constant->num_bytes();
+  }
+  return total >= (int64_t{1} << 30) ? 1024 : -1;
 }
 
-absl::Status Train(const std::string& model_path, Flags& f) {
+absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::Graph& imported,
+                       const std::map<std::string, ir::Tensor>& trained, const std::optional<text::Vocabulary>& vocab) {
+  std::map<std::string, ir::Tensor> params;
+  for (const auto& [name, t] : trained) {
+    // The file keeps the model's dtypes: an fp64 run is stored rounded to the model's float type.
+    const ir::Value& orig = imported.value(imported.FindValue(name));
+    params[name] = t.dtype() == orig.dtype ? t : t.CastTo(orig.dtype);
+  }
+  std::error_code ec;
+  const fs::path parent = fs::path(f.save).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  RETURN_IF_ERROR(onnx_frontend::WriteOnnxWithInitializers(model_path, params, f.save,
+                                                           ExternalThreshold(f.save_external, params, imported)));
+  std::printf("saved: %s\n", f.save.c_str());
+  if (vocab) {
+    const std::string vp = VocabPathBeside(f.save);
+    RETURN_IF_ERROR(vocab->Save(vp));
+    std::printf("vocabulary: %s\n", vp.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Evaluate(const Flags& f, const Model& model, const train::Trainer& trainer, const TrainData& data,
+                      const train::TrainOptions& options, train::MetricsWriter* metrics,
+                      io::TensorBoardWriter* tensorboard) {
+  train::EvalOptions eo;
+  eo.logits = options.logits;
+  eo.labels = options.labels;
+  eo.batch = options.batch;
+  eo.dtype = options.dtype;
+  eo.ignore_index = options.ignore_index;
+  ASSIGN_OR_RETURN(train::EvalResult r, train::Evaluate(*model.graph, trainer.Parameters(), *data.test, eo));
+  const std::string line = train::EvalJson("test", r.accuracy, r.loss);
+  std::printf("eval: %s  (%lld test samples)\n", line.c_str(), static_cast<long long>(r.samples));
+  if (metrics) RETURN_IF_ERROR(metrics->WriteLine(line));
+  if (tensorboard) {
+    RETURN_IF_ERROR(tensorboard->AddScalars(trainer.step(), {{"test/accuracy", static_cast<float>(r.accuracy)},
+                                                            {"test/loss", static_cast<float>(r.loss)}}));
+  }
+  return absl::OkStatus();
+}
+
+// Returns the process exit code on success: 0, or 130 when SIGINT stopped the run.
+absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
-  pipeline::PipelineTrainOptions po;
-  if (pipelined) {
-    if (f.schedule == "gpipe" || f.schedule == "1f1b") {
-      po.schedule = f.schedule;
-      f.schedule = "constant";
+  ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
+
+  std::optional<io::CheckpointManager> checkpoints;
+  std::optional<io::Checkpoint> resume_from;
+  DataRequest request;
+  if (!f.checkpoint_dir.empty()) {
+    checkpoints.emplace(f.checkpoint_dir, static_cast<int>(f.keep_checkpoints));
+    if (f.resume) {
+      absl::StatusOr<io::Checkpoint> c = checkpoints->LoadLatest();
+      if (absl::IsNotFound(c.status())) {
+        return NOT_FOUND() << "--resume: --checkpoint-dir " << f.checkpoint_dir << " holds no checkpoint yet ("
+                           << c.status().message() << ")";
+      }
+      RETURN_IF_ERROR(c.status());
+      resume_from = std::move(*c);
+      const std::string vocab = resume_from->metadata.extra.value("vocab", std::string());
+      if (!vocab.empty()) request.vocab_file = (fs::path(f.checkpoint_dir) / vocab).string();
     }
+  }
+  request.path = f.data;
+  request.format = f.data_format;
+  request.batch = f.batch;
+  request.seq = f.seq;
+  request.vocab_size = f.vocab_size;
+  request.mask = f.mask;
+  request.with_test = f.eval;
+  request.logits = options.logits;
+  request.labels = options.labels;
+  ASSIGN_OR_RETURN(TrainData data, LoadTrainData(*model.imported, request));
+  std::printf("data: %s\n", data.summary.c_str());
+
+  const DimRoles roles = ClassifySymbols(*model.imported);
+  ModelOptions mo;
+  mo.batch = f.batch;
+  for (const auto& [sym, size] : data.bindings) {
+    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end()) mo.extra_dims[sym] = size;
+  }
+  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
+  if (pipelined) {
+    pipeline::PipelineTrainOptions po;
+    po.schedule = f.schedule;
     po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
     po.microbatches = static_cast<int32_t>(f.microbatches);
     po.recompute = f.recompute;
     po.plan_dir = f.plan;
     po.report_dir = f.report;
-  }
-  ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
-
-  // The data decides the sizes --batch and --seq leave open (S of a (N, S) token file).
-  ASSIGN_OR_RETURN(std::vector<train::FieldSpec> fields,
-                   train::DataFields(*model.imported, options.logits, options.labels));
-  std::map<std::string, int64_t> bindings;
-  const DimRoles roles = ClassifySymbols(*model.imported);
-  if (f.seq > 0) {
-    for (const std::string& s : roles.seq) bindings[s] = f.seq;
-  }
-  ASSIGN_OR_RETURN(train::Dataset data, train::Dataset::Load(f.data, fields, f.batch, &bindings));
-  ModelOptions mo;
-  mo.batch = f.batch;
-  mo.seq = f.seq;
-  for (const auto& [sym, size] : bindings) {
-    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end())
-      mo.extra_dims[sym] = size;
-  }
-  if (pipelined) {
-    return pipeline::RunPipelinedTraining(model_path, *model.imported, mo.extra_dims, options, std::move(data), po,
-                                          f.metrics, f.checkpoint);
+    RETURN_IF_ERROR(pipeline::RunPipelinedTraining(model_path, *model.imported, mo.extra_dims, options,
+                                                   std::move(data.train), po, f.metrics, f.save));
+    if (!f.save.empty() && data.vocab) {
+      RETURN_IF_ERROR(data.vocab->Save(VocabPathBeside(f.save)));
+      std::printf("vocabulary: %s\n", VocabPathBeside(f.save).c_str());
+    }
+    return 0;
   }
   RETURN_IF_ERROR(PrepareModel(model, mo));
 
@@ -160,42 +255,101 @@ absl::Status Train(const std::string& model_path, Flags& f) {
     for (const std::string& n : trainer.unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
     std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
   }
-  RETURN_IF_ERROR(trainer.SetData(std::move(data)));
+  const int64_t rows = data.train.rows();
+  RETURN_IF_ERROR(trainer.SetData(std::move(data.train)));
+
+  train::RunIdentity run;
+  run.model_path = model_path;
+  run.options = options;
+  run.data_rows = rows;
+  if (checkpoints) {
+    ASSIGN_OR_RETURN(run.model, io::FingerprintFile(model_path));
+    if (data.vocab) {
+      run.vocab_file = kVocabFile;
+      const std::string vp = (fs::path(f.checkpoint_dir) / kVocabFile).string();
+      if (!resume_from) {
+        std::error_code ec;
+        fs::create_directories(f.checkpoint_dir, ec);
+        RETURN_IF_ERROR(data.vocab->Save(vp));
+      }
+      ASSIGN_OR_RETURN(std::string bytes, io::ReadFileToString(vp));
+      run.vocab_crc32c = io::Crc32c(bytes);
+    }
+  }
+  if (resume_from) {
+    ASSIGN_OR_RETURN(std::vector<std::string> warnings, train::RestoreCheckpoint(*resume_from, run, trainer));
+    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    std::printf("resumed from %s at step %lld\n", resume_from->path.c_str(),
+                static_cast<long long>(trainer.step()));
+  }
+
   std::optional<train::MetricsWriter> metrics;
   if (!f.metrics.empty()) {
-    ASSIGN_OR_RETURN(train::MetricsWriter w, train::MetricsWriter::Open(f.metrics));
+    ASSIGN_OR_RETURN(train::MetricsWriter w, train::MetricsWriter::Open(f.metrics, /*append=*/f.resume));
     metrics.emplace(std::move(w));
   }
-  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps\n",
-              model_path.c_str(), static_cast<long long>(trainer.num_trainable_parameters()),
-              f.optimizer.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
-              static_cast<long long>(f.steps));
+  std::unique_ptr<io::TensorBoardWriter> tensorboard;
+  if (!f.tensorboard.empty()) {
+    ASSIGN_OR_RETURN(tensorboard, io::TensorBoardWriter::Create(f.tensorboard));
+  }
+  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps\n", model_path.c_str(),
+              static_cast<long long>(trainer.num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
+              static_cast<long long>(f.batch), static_cast<long long>(f.steps));
   std::fflush(stdout);
-  const bool tty = isatty(fileno(stdout));
-  for (int64_t k = 0; k < f.steps; ++k) {
-    absl::StatusOr<train::StepMetrics> m = trainer.Step();
-    if (!m.ok()) {
-      if (tty && k > 0) std::printf("\n");
-      return m.status();
-    }
-    if (metrics) RETURN_IF_ERROR(metrics->Write(*m));
-    std::printf(tty ? "\r%s\x1b[K" : "%s\n", ProgressLine(*m, f.steps).c_str());
-    std::fflush(stdout);
+  TrainLoop loop;
+  loop.steps = f.steps;
+  loop.metrics = metrics ? &*metrics : nullptr;
+  loop.tensorboard = tensorboard.get();
+  loop.checkpoints = checkpoints ? &*checkpoints : nullptr;
+  loop.checkpoint_every = f.checkpoint_every;
+  loop.run = &run;
+  ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(trainer, loop));
+  if (end == LoopEnd::kInterrupted) {
+    std::printf(checkpoints ? "stopped; continue with the same command and --resume\n"
+                            : "stopped; nothing saved (no --checkpoint-dir)\n");
+    return 130;
   }
-  if (tty) std::printf("\n");
+  if (f.eval) RETURN_IF_ERROR(Evaluate(f, model, trainer, data, options, loop.metrics, tensorboard.get()));
+  if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer.Parameters(), data.vocab));
+  return 0;
+}
 
-  if (!f.checkpoint.empty()) {
-    std::map<std::string, ir::Tensor> params;
-    for (auto& [name, t] : trainer.Parameters()) {
-      // The file keeps the model's dtypes: an fp64 run is stored rounded to f32.
-      const ir::Value& orig = model.imported->value(model.imported->FindValue(name));
-      params[name] = t.dtype() == orig.dtype ? t : t.CastTo(orig.dtype);
-    }
-    RETURN_IF_ERROR(onnx_frontend::WriteOnnxWithInitializers(model_path, params, f.checkpoint,
-                                                             /*external_threshold_bytes=*/-1));
-    std::printf("checkpoint: %s\n", f.checkpoint.c_str());
+// Flag combinations refused before any work, with the flag named.
+std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
+  if (f.data.empty()) return "--data is required";
+  if (f.batch < 1) return "--batch must be >= 1";
+  if (f.steps < 1) return "--steps must be >= 1";
+  if (!fs.WasSet("lr")) return "--lr is required";
+  if (f.backend != "cpu") return "--backend '" + f.backend + "' is not available; expected cpu";
+  if (f.dtype != "fp32" && f.dtype != "fp64") return "--dtype expects fp32 or fp64, got '" + f.dtype + "'";
+  if (f.optimizer != "sgd" && f.optimizer != "adamw") {
+    return "--optimizer expects sgd or adamw, got '" + f.optimizer + "'";
   }
-  return absl::OkStatus();
+  if (f.seq < 0) return "--seq must be positive";
+  if (f.vocab_size < 0 || (f.vocab_size > 0 && f.vocab_size < 2)) return "--vocab-size must be >= 2";
+  if (f.save_external != "auto" && f.save_external != "always" && f.save_external != "never") {
+    return "--save-external-data expects auto, always or never, got '" + f.save_external + "'";
+  }
+  if (f.checkpoint_every < 0) return "--checkpoint-every must be >= 0";
+  if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) return "--checkpoint-every needs --checkpoint-dir";
+  if (f.resume && f.checkpoint_dir.empty()) return "--resume needs --checkpoint-dir DIR (it resumes from DIR/latest)";
+  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
+  if (!f.schedule.empty() && !pipelined) {
+    return "--schedule is the pipeline schedule (gpipe | 1f1b) and needs --stages or --plan; the learning-rate "
+           "schedule is --lr-schedule";
+  }
+  if (!f.schedule.empty() && f.schedule != "gpipe" && f.schedule != "1f1b") {
+    return "--schedule expects gpipe or 1f1b, got '" + f.schedule + "' (the learning-rate schedule is --lr-schedule)";
+  }
+  if (pipelined) {
+    for (const char* flag : {"checkpoint-dir", "resume", "eval", "tensorboard", "checkpoint-every"}) {
+      if (fs.WasSet(flag)) {
+        return std::string("--") + flag + " is not yet supported with pipelined training (--stages/--plan/"
+               "--microbatches); run without them, or use --save for the trained model";
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -204,11 +358,14 @@ int RunTrain(const Args& args) {
   Flags f;
   FlagSet fs("train",
              "MODEL.onnx --data DIR --batch B --steps N --optimizer sgd|adamw --lr X [flags]",
-             "Trains the model on the CPU backend: forward, mean cross-entropy between --logits and\n"
-             "<labels>.npy, backward, optional global-norm clipping, then an SGD or AdamW update per\n"
-             "step. Step k uses data rows (k*B + j) mod N, j = 0..B-1 (a seeded permutation per epoch\n"
-             "with --shuffle). --metrics gets {step, loss, lr, grad_norm, samples_per_s} per step,\n"
-             "loss being the batch loss before the step's update.");
+             "Trains the model on the CPU backend: forward, mean cross-entropy between --logits and the\n"
+             "labels, backward, optional global-norm clipping, then an SGD or AdamW update per step. Step k\n"
+             "uses data rows (k*B + j) mod N, j = 0..B-1 (a seeded permutation per epoch with --shuffle).\n"
+             "Text data (aclimdb, tsv) is tokenized with a vocabulary built from the train split, saved in\n"
+             "--checkpoint-dir and beside --save, and fed to the model's token-id input (and padding mask).\n"
+             "--metrics gets {step, loss, lr, grad_norm, samples_per_s} per step, loss being the batch loss\n"
+             "before the step's update. SIGINT finishes the step, saves a checkpoint (with --checkpoint-dir)\n"
+             "and exits with code 130.");
   Declare(fs, f);
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("train", std::string(st.message()), 2);
   if (fs.help_requested()) {
@@ -216,17 +373,10 @@ int RunTrain(const Args& args) {
     return 0;
   }
   if (fs.positional().size() != 1) return Fail("train", "expected exactly one MODEL.onnx (see --help)", 2);
-  if (f.data.empty()) return Fail("train", "--data DIR is required", 2);
-  if (f.data_format != "npy") return Fail("train", "--data-format '" + f.data_format + "' is not supported; expected npy", 2);
-  if (f.batch < 1) return Fail("train", "--batch must be >= 1", 2);
-  if (f.steps < 1) return Fail("train", "--steps must be >= 1", 2);
-  if (!fs.WasSet("lr")) return Fail("train", "--lr is required", 2);
-  if (f.backend != "cpu") return Fail("train", "--backend '" + f.backend + "' is not available; expected cpu", 2);
-  if (f.dtype != "fp32" && f.dtype != "fp64") return Fail("train", "--dtype expects fp32 or fp64, got '" + f.dtype + "'", 2);
-  if (f.optimizer != "sgd" && f.optimizer != "adamw") return Fail("train", "--optimizer expects sgd or adamw, got '" + f.optimizer + "'", 2);
-  if (f.seq < 0) return Fail("train", "--seq must be positive", 2);
-  if (absl::Status st = Train(fs.positional()[0], f); !st.ok()) return Fail("train", std::string(st.message()));
-  return 0;
+  if (std::optional<std::string> e = UsageError(fs, f)) return Fail("train", *e, 2);
+  absl::StatusOr<int> code = Train(fs.positional()[0], f);
+  if (!code.ok()) return Fail("train", std::string(code.status().message()));
+  return *code;
 }
 
 }  // namespace onnxpipe::tools

@@ -19,18 +19,28 @@ std::string MetricsJson(const StepMetrics& m) {
   return j.dump();
 }
 
-absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path) {
+std::string EvalJson(const std::string& split, double accuracy, double loss) {
+  nlohmann::ordered_json j;
+  j["split"] = split;
+  j["accuracy"] = accuracy;
+  j["loss"] = loss;
+  return j.dump();
+}
+
+absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path, bool append) {
   MetricsWriter w;
   w.path_ = path;
-  w.file_.reset(std::fopen(path.c_str(), "w"));
+  w.file_.reset(std::fopen(path.c_str(), append ? "a" : "w"));
   if (!w.file_) {
     return INVALID_ARGUMENT() << "cannot create --metrics " << path << ": " << std::strerror(errno);
   }
   return w;
 }
 
-absl::Status MetricsWriter::Write(const StepMetrics& m) {
-  const std::string line = MetricsJson(m) + "\n";
+absl::Status MetricsWriter::Write(const StepMetrics& m) { return WriteLine(MetricsJson(m)); }
+
+absl::Status MetricsWriter::WriteLine(const std::string& json) {
+  const std::string line = json + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
       std::fflush(file_.get()) != 0) {
     return absl::DataLossError("writing " + path_ + ": " + std::strerror(errno));

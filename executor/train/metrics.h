@@ -25,13 +25,16 @@ struct StepMetrics {
 
 // One JSON object (no newline).
 std::string MetricsJson(const StepMetrics& m);
+// The evaluation line: {"split": split, "accuracy": A, "loss": L}.
+std::string EvalJson(const std::string& split, double accuracy, double loss);
 
 class MetricsWriter {
  public:
-  // Creates (truncates) `path`; its folder must exist.
-  static absl::StatusOr<MetricsWriter> Open(const std::string& path);
+  // Creates (truncates) `path`, or appends to it (a resumed run); its folder must exist.
+  static absl::StatusOr<MetricsWriter> Open(const std::string& path, bool append = false);
   // Appends one line and flushes it, so a crashed or interrupted run keeps its completed steps.
   absl::Status Write(const StepMetrics& m);
+  absl::Status WriteLine(const std::string& json);
 
  private:
   struct Closer {

@@ -164,6 +164,36 @@ std::map<std::string, ir::Tensor> Trainer::Parameters() const {
   return out;
 }
 
+std::map<std::string, ir::Tensor> Trainer::State() const {
+  std::map<std::string, ir::Tensor> out;
+  for (const ir::Graph::StateUpdate& u : graph_.state_updates()) {
+    out[graph_.value(u.state).name] = *graph_.value(u.state).constant;
+  }
+  return out;
+}
+
+absl::Status Trainer::Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) {
+  if (step < 0) return INVALID_ARGUMENT() << "cannot continue at step " << step;
+  if (state.size() != graph_.state_updates().size()) {
+    return INVALID_ARGUMENT() << "the state holds " << state.size() << " tensors; the training graph updates "
+                              << graph_.state_updates().size();
+  }
+  for (const ir::Graph::StateUpdate& u : graph_.state_updates()) {
+    const ir::Value& v = graph_.value(u.state);
+    auto it = state.find(v.name);
+    if (it == state.end()) return NOT_FOUND() << "the state has no '" << v.name << "'";
+    if (it->second.dtype() != v.constant->dtype() || it->second.dims() != v.constant->dims()) {
+      return INVALID_ARGUMENT() << "state '" << v.name << "' is " << ir::DTypeName(it->second.dtype())
+                                << ", expected " << ir::DTypeName(v.constant->dtype()) << " of the same dims";
+    }
+  }
+  for (const ir::Graph::StateUpdate& u : graph_.state_updates()) {
+    graph_.value(u.state).constant = state.at(graph_.value(u.state).name).Clone();
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
 std::vector<ir::Tensor> Trainer::Feeds(double lr) const {
   const std::vector<int64_t> rows =
       data_->BatchRows(step_, options_.batch, options_.shuffle, options_.seed);

@@ -83,6 +83,14 @@ class Trainer {
   int64_t num_trainable_parameters() const;
   int64_t optimizer_state_bytes() const { return optimizer_info_.state_bytes; }
 
+  // Everything a step updates (trainable parameters and optimizer state) by constant name, current values: with
+  // step() and the options, all a run needs to continue bit for bit (the data order and the dropout stream are
+  // functions of the step).
+  std::map<std::string, ir::Tensor> State() const;
+  // Replaces the state (exactly State()'s names, dtypes and dims: an error naming the first difference otherwise)
+  // and continues at `step`.
+  absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step);
+
  private:
   enum class Feed { kData, kLabels, kLr, kStep };
 

@@ -174,14 +174,24 @@ TEST_F(TrainCliTest, UsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("sgd or adamw"));
   r = Train("--steps 1 --dtype fp16");
   EXPECT_EQ(r.exit_code, 2);
+  r = Train("--steps 1 --schedule linear");  // the learning-rate schedule has its own flag
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("the learning-rate schedule is --lr-schedule"));
+  r = Train("--steps 1 --resume");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--resume needs --checkpoint-dir"));
+  r = Train("--steps 1 --stages 2 --eval");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--eval is not yet supported with pipelined training"));
   r = RunCommand(Onnxpipe() + " train --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--data", "--batch", "--steps", "--optimizer", "--lr", "--momentum",
                            "--weight-decay", "--nesterov", "--beta1", "--beta2", "--eps",
-                           "--clip-norm", "--warmup-steps", "--schedule", "--logits", "--labels",
+                           "--clip-norm", "--warmup-steps", "--lr-schedule", "--schedule", "--logits", "--labels",
                            "--metrics", "--backend", "--dtype", "--freeze", "--seed", "--shuffle",
                            "--dropout", "--check-numerics", "--label-smoothing", "--ignore-index",
-                           "--seq"}) {
+                           "--seq", "--data-format", "--vocab-size", "--eval", "--save",
+                           "--checkpoint-dir", "--checkpoint-every", "--resume", "--tensorboard"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }
@@ -191,8 +201,8 @@ TEST_F(TrainCliTest, AdamWWithScheduleClippingAndCheckpoint) {
   CommandResult r = RunCommand(
       Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
       data_.string() + " --batch 4 --steps 4 --optimizer adamw --lr 0.002 --warmup-steps 2" +
-      " --schedule linear --clip-norm 0.5 --shuffle --seed 3 --freeze " + kClassifierFreeze +
-      " --metrics " + metrics.string() + " --checkpoint " + ckpt.string());
+      " --lr-schedule linear --clip-norm 0.5 --shuffle --seed 3 --freeze " + kClassifierFreeze +
+      " --metrics " + metrics.string() + " --save " + ckpt.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream in(metrics);
   std::vector<double> lrs;

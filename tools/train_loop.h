@@ -1,0 +1,37 @@
+// The step loop of `onnxpipe train` on the unpartitioned CPU trainer: progress (a rewritten line on a terminal,
+// plain lines otherwise), --metrics JSON lines, --tensorboard scalars, rolling checkpoints every N steps and at the
+// end, and SIGINT: the step in flight finishes, a checkpoint is saved (with --checkpoint-dir) and the loop returns
+// kInterrupted. A second SIGINT kills the process at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "executor/io/checkpoint_manager.h"
+#include "executor/io/tensorboard.h"
+#include "executor/train/metrics.h"
+#include "executor/train/train_checkpoint.h"
+#include "executor/train/trainer.h"
+
+namespace onnxpipe::tools {
+
+struct TrainLoop {
+  int64_t steps = 0;  // run until trainer.step() == steps
+  train::MetricsWriter* metrics = nullptr;
+  io::TensorBoardWriter* tensorboard = nullptr;
+  io::CheckpointManager* checkpoints = nullptr;
+  int64_t checkpoint_every = 0;  // 0: only at the end (and on SIGINT)
+  const train::RunIdentity* run = nullptr;
+};
+
+enum class LoopEnd { kCompleted, kInterrupted };
+
+absl::StatusOr<LoopEnd> RunTrainLoop(train::Trainer& trainer, const TrainLoop& loop);
+
+// "step k/N  loss ...  lr ...  grad_norm ...  X samples/s"
+std::string ProgressLine(const train::StepMetrics& m, int64_t steps);
+
+}  // namespace onnxpipe::tools
