@@ -1,0 +1,164 @@
+// `onnxpipe train` on text data: the aclImdb folder, its archive and TSV feed the same rows; the rows equal a
+// hand encoding of the texts through the saved vocabulary (token ids and the padding mask); the vocabulary is the
+// most frequent training words; clear errors for what text cannot feed.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "executor/data/npy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/cli_util.h"
+#include "tests/train/text_corpus.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::Onnxpipe;
+using testing::RunCommand;
+using testing::SourcePath;
+
+// Every metrics line without the timing field.
+std::vector<nlohmann::json> Losses(const fs::path& metrics) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    j.erase("samples_per_s");
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<std::string> Lines(const fs::path& p) {
+  std::vector<std::string> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+class TextTrainCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("text_train_cli");
+    corpus_ = dir_ / "corpus";
+    train_ = testing::MakeTextSplit(24, 1);
+    test_ = testing::MakeTextSplit(10, 2);
+    testing::WriteTextCorpus(corpus_, train_, test_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  CommandResult Train(const std::string& model, const std::string& data, const std::string& extra) {
+    return RunCommand(Onnxpipe() + " train " + SourcePath(model) + " --data " + data +
+                      " --batch 8 --steps 4 --optimizer adamw --lr 0.003 --no-dropout " + extra);
+  }
+
+  fs::path dir_, corpus_;
+  std::vector<testing::TextExample> train_, test_;
+};
+
+TEST_F(TextTrainCliTest, AclImdbFolderArchiveAndTsvTrainTheSameRows) {
+  ASSERT_EQ(RunCommand("tar czf " + (dir_ / "corpus.tar.gz").string() + " -C " + corpus_.string() +
+                       " train test").exit_code, 0);
+  const std::string common = "--seq 12 --shuffle --seed 4 --metrics ";
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const auto& [data, format] : std::vector<std::pair<fs::path, std::string>>{
+           {corpus_, "--data-format aclimdb"}, {dir_ / "corpus.tar.gz", ""}, {corpus_, "--data-format tsv"},
+           {corpus_ / "train.tsv", ""}}) {
+    const fs::path m = dir_ / ("m" + std::to_string(runs.size()) + ".jsonl");
+    CommandResult r = Train("models/tiny_classifier.onnx", data.string(), format + " " + common + m.string());
+    ASSERT_EQ(r.exit_code, 0) << data << " " << format << "\n" << r.err;
+    EXPECT_THAT(r.out, HasSubstr("48 training"));
+    runs.push_back(Losses(m));
+  }
+  ASSERT_EQ(runs[0].size(), 4u);
+  for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
+}
+
+// The text path feeds exactly what a hand encoding through the saved vocabulary gives: ids of the words (unknown
+// words 1), padding 0 up to --seq, truncation, and the BERT model's attention mask 1 at tokens and 0 at padding.
+TEST_F(TextTrainCliTest, TextRowsEqualAHandEncodingWithTheMask) {
+  const fs::path saved = dir_ / "out" / "bert.onnx", m_text = dir_ / "text.jsonl", m_npy = dir_ / "npy.jsonl";
+  const int64_t seq = 10, vocab_size = 12;
+  CommandResult r = Train("models/tiny_bert.onnx", (corpus_ / "train.tsv").string(),
+                          "--seq 10 --vocab-size 12 --metrics " + m_text.string() + " --save " + saved.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mask -> 'attention_mask'"));
+  const std::vector<std::string> vocab = Lines(dir_ / "out" / "bert.vocab.txt");
+  ASSERT_EQ(vocab.size(), static_cast<size_t>(vocab_size));
+  EXPECT_EQ(vocab[0], "<pad>");
+  EXPECT_EQ(vocab[1], "<unk>");
+
+  // The vocabulary: the 10 most frequent training words, by count then byte order.
+  std::map<std::string, int64_t> counts;
+  for (const testing::TextExample& e : train_) {
+    std::istringstream words(e.text);
+    for (std::string w; words >> w;) ++counts[w];
+  }
+  std::vector<std::pair<int64_t, std::string>> ranked;
+  for (const auto& [w, c] : counts) ranked.push_back({-c, w});
+  std::sort(ranked.begin(), ranked.end());
+  for (int64_t i = 2; i < vocab_size; ++i) EXPECT_EQ(vocab[i], ranked[i - 2].second) << "id " << i;
+
+  std::map<std::string, int64_t> ids;
+  for (size_t i = 0; i < vocab.size(); ++i) ids[vocab[i]] = static_cast<int64_t>(i);
+  const int64_t n = static_cast<int64_t>(train_.size());
+  std::vector<int64_t> tokens(n * seq, 0), mask(n * seq, 0), labels(n);
+  for (int64_t i = 0; i < n; ++i) {
+    std::istringstream words(train_[i].text);
+    int64_t j = 0;
+    for (std::string w; words >> w && j < seq; ++j) {
+      tokens[i * seq + j] = ids.count(w) ? ids[w] : 1;
+      mask[i * seq + j] = 1;
+    }
+    labels[i] = train_[i].label;
+  }
+  const fs::path npy = dir_ / "npy";
+  fs::create_directories(npy);
+  ASSERT_TRUE(data::WriteNpy((npy / "tokens.npy").string(), ir::Tensor::FromVector<int64_t>({n, seq}, tokens)).ok());
+  ASSERT_TRUE(data::WriteNpy((npy / "attention_mask.npy").string(),
+                             ir::Tensor::FromVector<int64_t>({n, seq}, mask)).ok());
+  ASSERT_TRUE(data::WriteNpy((npy / "labels.npy").string(), ir::Tensor::FromVector<int64_t>({n}, labels)).ok());
+  r = Train("models/tiny_bert.onnx", npy.string(), "--metrics " + m_npy.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Losses(m_npy), Losses(m_text));
+  // The mask matters: all-ones masks train differently.
+  std::fill(mask.begin(), mask.end(), 1);
+  ASSERT_TRUE(data::WriteNpy((npy / "attention_mask.npy").string(),
+                             ir::Tensor::FromVector<int64_t>({n, seq}, mask)).ok());
+  r = Train("models/tiny_bert.onnx", npy.string(), "--metrics " + m_npy.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(Losses(m_npy)[0]["loss"], Losses(m_text)[0]["loss"]);
+}
+
+TEST_F(TextTrainCliTest, WhatTextCannotFeedIsAClearError) {
+  // A dynamic sequence dim needs --seq.
+  CommandResult r = Train("models/tiny_classifier.onnx", corpus_.string(), "");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("input 'tokens' dim 1 is 'S'): pass --seq S"));
+  r = Train("models/tiny_classifier.onnx", corpus_.string(), "--seq 8 --vocab-size 5000");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--vocab-size 5000 exceeds the rows of the model's embedding table 'emb.weight' (2000)"));
+  r = Train("models/tiny_classifier.onnx", (corpus_ / "train.tsv").string(), "--seq 8 --eval");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--eval needs a test split"));
+  fs::create_directories(dir_ / "empty");
+  r = Train("models/tiny_classifier.onnx", (dir_ / "empty").string(), "--seq 8");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--data-format npy|aclimdb|tsv"));
+  r = Train("models/tiny_classifier.onnx", corpus_.string(), "--seq 8 --data-format csv");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--data-format expects npy, aclimdb or tsv, got 'csv'"));
+}
+
+}  // namespace
+}  // namespace onnxpipe
