@@ -140,6 +140,35 @@ TEST_F(TextTrainCliTest, TextRowsEqualAHandEncodingWithTheMask) {
   EXPECT_NE(Losses(m_npy)[0]["loss"], Losses(m_text)[0]["loss"]);
 }
 
+// The vocabulary lives in the checkpoint folder; a resumed run reuses it (and refuses a changed one).
+TEST_F(TextTrainCliTest, ResumeReusesTheSavedVocabulary) {
+  const fs::path ck = dir_ / "ck", m_full = dir_ / "full.jsonl", m_half = dir_ / "half.jsonl";
+  const std::string common = "--seq 12 --shuffle --seed 2 --data-format tsv ";
+  CommandResult r = Train("models/tiny_classifier.onnx", corpus_.string(),
+                          common + "--metrics " + m_full.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " + corpus_.string() +
+                 " --batch 8 --steps 2 --optimizer adamw --lr 0.003 --no-dropout " + common + "--checkpoint-dir " +
+                 ck.string() + " --metrics " + m_half.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(ck / "vocab.txt"));
+  // --vocab-size would build another vocabulary; the resumed run takes the saved one.
+  r = Train("models/tiny_classifier.onnx", corpus_.string(),
+            common + "--vocab-size 6 --resume --checkpoint-dir " + ck.string() + " --metrics " + m_half.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Losses(m_half), Losses(m_full));
+
+  std::vector<std::string> vocab = Lines(ck / "vocab.txt");
+  std::swap(vocab[2], vocab[3]);
+  std::ofstream out(ck / "vocab.txt", std::ios::trunc);
+  for (const std::string& t : vocab) out << t << "\n";
+  out.close();
+  r = Train("models/tiny_classifier.onnx", corpus_.string(),
+            common + "--steps 6 --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("was written with vocab_crc32c"));
+}
+
 TEST_F(TextTrainCliTest, WhatTextCannotFeedIsAClearError) {
   // A dynamic sequence dim needs --seq.
   CommandResult r = Train("models/tiny_classifier.onnx", corpus_.string(), "");

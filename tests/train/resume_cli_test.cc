@@ -1,0 +1,231 @@
+// `onnxpipe train --checkpoint-dir/--resume` through the built binary: 10 steps equal 5 steps + resume to 10, bit
+// for bit (metrics and every saved tensor), for fp32/fp64 and SGD-momentum/AdamW with --shuffle and dropout on;
+// checkpoints of another model, optimizer or dtype and corrupt ones are refused naming the file; SIGINT saves and
+// exits 130; kill -9 at any moment leaves a loadable latest checkpoint the run resumes from.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "executor/io/checkpoint.h"
+#include "executor/io/checkpoint_manager.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/cli_util.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::Onnxpipe;
+using testing::RunCommand;
+using testing::SourcePath;
+
+std::vector<nlohmann::json> Losses(const fs::path& metrics) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    j.erase("samples_per_s");
+    out.push_back(j);
+  }
+  return out;
+}
+
+// A child running `command` (through exec, so the pid is onnxpipe's) with stdout/stderr in files.
+struct Child {
+  pid_t pid = -1;
+  fs::path out, err;
+};
+
+Child Spawn(const std::string& command, const fs::path& dir, const std::string& tag) {
+  Child c;
+  c.out = dir / (tag + ".out");
+  c.err = dir / (tag + ".err");
+  const std::string cmd = "exec " + command + " >" + c.out.string() + " 2>" + c.err.string();
+  c.pid = fork();
+  if (c.pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return c;
+}
+
+// Waits until the child's stdout holds `text` (or the child ended); false on timeout.
+bool WaitForOutput(const Child& c, const std::string& text, int timeout_s = 120) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (testing::ReadAll(c.out.string()).find(text) != std::string::npos) return true;
+    int status;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+class ResumeCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("resume_cli");
+    data_ = SourcePath("models/golden/tiny_classifier/data");  // 20 rows: 10 steps of 4 cross an epoch
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  std::string Command(const std::string& model, const std::string& extra) {
+    return Onnxpipe() + " train " + model + " --data " + data_ +
+           " --batch 4 --lr 0.01 --shuffle --seed 7 --freeze '^pos\\.table$' " + extra;
+  }
+  CommandResult Train(const std::string& extra) {
+    return RunCommand(Command(SourcePath("models/tiny_classifier.onnx"), extra));
+  }
+
+  fs::path dir_;
+  std::string data_;
+};
+
+struct ResumeCase {
+  std::string dtype, optimizer;
+};
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.dtype << " " << c.optimizer; }
+
+class ResumeBitwiseTest : public ResumeCliTest, public ::testing::WithParamInterface<ResumeCase> {};
+
+TEST_P(ResumeBitwiseTest, TenStepsEqualFivePlusResumedFive) {
+  const ResumeCase& p = GetParam();
+  const std::string opt = p.optimizer == "sgd" ? "--optimizer sgd --momentum 0.9 --weight-decay 0.01"
+                                               : "--optimizer adamw --weight-decay 0.01";
+  // --steps is the total step count; the learning rate (warm-up, then constant) depends on the step only.
+  const std::string common = "--dtype " + p.dtype + " " + opt + " --warmup-steps 2 ";
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  CommandResult r = Train(common + "--steps 10 --checkpoint-dir " + a.string() + " --metrics " +
+                          (dir_ / "a.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Train(common + "--steps 5 --checkpoint-dir " + b.string() + " --metrics " + (dir_ / "b.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Losses(dir_ / "b.jsonl").size(), 5u);
+  r = Train(common + "--steps 10 --resume --checkpoint-dir " + b.string() + " --metrics " +
+            (dir_ / "b.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("at step 5"));
+  EXPECT_EQ(Losses(dir_ / "b.jsonl"), Losses(dir_ / "a.jsonl"));
+  ASSERT_EQ(Losses(dir_ / "a.jsonl").size(), 10u);
+
+  absl::StatusOr<io::Checkpoint> ca = io::CheckpointManager(a.string(), 0).LoadLatest();
+  absl::StatusOr<io::Checkpoint> cb = io::CheckpointManager(b.string(), 0).LoadLatest();
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  ASSERT_TRUE(cb.ok()) << cb.status();
+  EXPECT_EQ(ca->metadata.step, 10);
+  EXPECT_EQ(cb->metadata.step, 10);
+  ASSERT_EQ(ca->tensors.size(), cb->tensors.size());
+  ASSERT_GT(ca->tensors.size(), 28u);  // parameters and their optimizer state
+  for (size_t i = 0; i < ca->tensors.size(); ++i) {
+    EXPECT_EQ(ca->tensors[i].name, cb->tensors[i].name);
+    EXPECT_TRUE(ca->tensors[i].tensor.BitwiseEquals(cb->tensors[i].tensor)) << ca->tensors[i].name;
+    EXPECT_EQ(ir::DTypeName(ca->tensors[i].tensor.dtype()), p.dtype == "fp64" ? "f64" : "f32");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndOptimizers, ResumeBitwiseTest,
+                         ::testing::Values(ResumeCase{"fp32", "sgd"}, ResumeCase{"fp32", "adamw"},
+                                           ResumeCase{"fp64", "sgd"}, ResumeCase{"fp64", "adamw"}),
+                         [](const auto& info) { return info.param.dtype + "_" + info.param.optimizer; });
+
+TEST_F(ResumeCliTest, MismatchedOrCorruptCheckpointsAreRefused) {
+  const fs::path ck = dir_ / "ck";
+  CommandResult r = Train("--optimizer sgd --momentum 0.9 --steps 2 --checkpoint-dir " + ck.string() +
+                          " --save " + (dir_ / "other.onnx").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string file = (ck / "step_2.ckpt").string();
+
+  r = Train("--optimizer adamw --steps 4 --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint '" + file + "' holds the state of optimizer 'sgd'"));
+  r = Train("--optimizer sgd --momentum 0.9 --dtype fp64 --steps 4 --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint '" + file + "' was written with dtype 'f32', but this run has 'f64'"));
+  r = RunCommand(Command((dir_ / "other.onnx").string(),
+                         "--optimizer sgd --momentum 0.9 --steps 4 --resume --checkpoint-dir " + ck.string()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint '" + file + "' was written for another model file"));
+  r = Train("--optimizer sgd --steps 4 --resume --checkpoint-dir " + ck.string());  // no momentum buffers
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(file));
+  r = Train("--optimizer sgd --momentum 0.9 --steps 4 --resume --checkpoint-dir " + (dir_ / "none").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("holds no checkpoint yet"));
+
+  // One flipped byte in the tensor data.
+  std::string bytes = testing::ReadAll(file);
+  bytes[bytes.size() - 100] ^= 0x01;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  r = Train("--optimizer sgd --momentum 0.9 --steps 4 --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(file));
+  EXPECT_THAT(r.err, HasSubstr("CRC"));
+}
+
+TEST_F(ResumeCliTest, SigintSavesACheckpointAndExitsCleanly) {
+  const fs::path ck = dir_ / "ck";
+  Child c = Spawn(Command(SourcePath("models/tiny_classifier.onnx"),
+                          "--optimizer adamw --steps 1000000 --checkpoint-dir " + ck.string()),
+                  dir_, "sigint");
+  ASSERT_TRUE(WaitForOutput(c, "step 3/")) << testing::ReadAll(c.err.string());
+  ASSERT_EQ(kill(c.pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(c.pid, &status, 0), c.pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 130) << testing::ReadAll(c.err.string());
+  const std::string out = testing::ReadAll(c.out.string());
+  EXPECT_THAT(out, HasSubstr("interrupted (SIGINT) after step "));
+  EXPECT_THAT(out, HasSubstr("continue with the same command and --resume"));
+  absl::StatusOr<io::Checkpoint> latest = io::CheckpointManager(ck.string(), 0).LoadLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_GE(latest->metadata.step, 3);
+  EXPECT_THAT(out, HasSubstr("after step " + std::to_string(latest->metadata.step) + "/1000000"));
+  // It resumes from there.
+  CommandResult r = Train("--optimizer adamw --steps " + std::to_string(latest->metadata.step + 2) +
+                          " --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("at step " + std::to_string(latest->metadata.step)));
+}
+
+// kill -9 at several moments of a run that checkpoints every step: the latest checkpoint always loads and the run
+// resumes from it (the checkpoint writes are atomic: temp file, fsync, rename).
+TEST_F(ResumeCliTest, KillDashNineLeavesALoadableLatestCheckpoint) {
+  const fs::path ck = dir_ / "ck";
+  int64_t previous = -1;
+  for (int round = 0; round < 6; ++round) {
+    const std::string resume = previous >= 0 ? " --resume" : "";
+    Child c = Spawn(Command(SourcePath("models/tiny_classifier.onnx"),
+                            "--optimizer adamw --steps 1000000 --checkpoint-every 1 --checkpoint-dir " +
+                                ck.string() + resume),
+                    dir_, "kill" + std::to_string(round));
+    ASSERT_TRUE(WaitForOutput(c, "checkpoint: ")) << testing::ReadAll(c.err.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(7 * round));
+    ASSERT_EQ(kill(c.pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(c.pid, &status, 0), c.pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    absl::StatusOr<io::Checkpoint> latest = io::CheckpointManager(ck.string(), 3).LoadLatest();
+    ASSERT_TRUE(latest.ok()) << "round " << round << ": " << latest.status();
+    EXPECT_GT(latest->metadata.step, previous);
+    previous = latest->metadata.step;
+  }
+  CommandResult r = Train("--optimizer adamw --steps " + std::to_string(previous + 1) +
+                          " --checkpoint-dir " + ck.string() + " --resume");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace onnxpipe
