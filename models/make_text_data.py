@@ -118,7 +118,7 @@ def main(argv=None):
     with open(os.path.join(out, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
         fh.write("\n")
-    print(json.dumps(dict(out=out, counts=counts)))
+    print(json.dumps(dict(out=a.out, counts=counts)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every package a fresh Debian 12 machine lacks (idempotent), then configures and builds
-# onnxpipe into .build/main.   Usage: scripts/setup.sh [--no-build]
+# Installs every package a fresh Debian 12 machine lacks (idempotent), creates .build/venv (Debian's python3 with
+# its torch/onnx/numpy plus onnxruntime from PyPI, for the tests that check saved models), then configures and
+# builds onnxpipe into .build/main.   Usage: scripts/setup.sh [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +9,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libonnx-dev libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
       nlohmann-json3-dev libopenblas-dev libarchive-dev zlib1g-dev
       clang libclang-rt-14-dev
-      python3 python3-numpy python3-torch python3-onnx libonnx-testdata fortunes fortunes-min)
+      python3 python3-venv python3-numpy python3-torch python3-onnx libonnx-testdata fortunes fortunes-min)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +21,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all Debian packages present"
+fi
+
+# onnxruntime is not in Debian 12: a venv that still sees Debian's packages (--system-site-packages).
+ort_version=1.32.0
+if ! .build/venv/bin/python3 -c "import onnxruntime, sys; sys.exit(onnxruntime.__version__ != '$ort_version')" \
+    2>/dev/null; then
+  echo "setup: installing onnxruntime $ort_version into .build/venv"
+  mkdir -p .build
+  /usr/bin/python3 -m venv --system-site-packages .build/venv
+  .build/venv/bin/pip install -q --disable-pip-version-check "onnxruntime==$ort_version"
 fi
 
 [[ ${1:-} == --no-build ]] && exit 0

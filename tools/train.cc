@@ -35,7 +35,7 @@ struct Flags {
   std::string backend = "cpu", dtype = "fp32", freeze, data_format = "auto", save, mask = "auto";
   std::string save_external = "auto", checkpoint_dir, tensorboard;
   int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, ignore_index = -100, seq = 0, vocab_size = 0;
-  int64_t checkpoint_every = 0, keep_checkpoints = 3;
+  int64_t checkpoint_every = 0, keep_checkpoints = 3, log_every = 1;
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
   bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
@@ -73,6 +73,8 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Double("label-smoothing", &f.label_smoothing, "cross-entropy label smoothing in [0, 1]");
   fs.Int("ignore-index", &f.ignore_index, "label value that contributes no loss");
   fs.String("metrics", &f.metrics, "write one JSON line per step here (and the --eval line)");
+  fs.Int("log-every", &f.log_every, "without a terminal, print a progress line every N steps (a terminal gets "
+         "one line rewritten every step)");
   fs.String("tensorboard", &f.tensorboard, "also write loss, lr, grad_norm, samples_per_s (and --eval) as "
             "TensorBoard scalars into this folder");
   fs.Bool("eval", &f.eval, "after training, evaluate the test split (dropout off) and report "
@@ -302,6 +304,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   loop.tensorboard = tensorboard.get();
   loop.checkpoints = checkpoints ? &*checkpoints : nullptr;
   loop.checkpoint_every = f.checkpoint_every;
+  loop.log_every = f.log_every;
   loop.run = &run;
   ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(trainer, loop));
   if (end == LoopEnd::kInterrupted) {
@@ -331,6 +334,7 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
     return "--save-external-data expects auto, always or never, got '" + f.save_external + "'";
   }
   if (f.checkpoint_every < 0) return "--checkpoint-every must be >= 0";
+  if (f.log_every < 1) return "--log-every must be >= 1";
   if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) return "--checkpoint-every needs --checkpoint-dir";
   if (f.resume && f.checkpoint_dir.empty()) return "--resume needs --checkpoint-dir DIR (it resumes from DIR/latest)";
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 
@@ -72,10 +73,12 @@ absl::StatusOr<LoopEnd> RunTrainLoop(train::Trainer& trainer, const TrainLoop& l
                     {"grad_norm", static_cast<float>(m->grad_norm)},
                     {"samples_per_s", static_cast<float>(m->samples_per_s)}}));
     }
-    std::printf(tty ? "\r%s\x1b[K" : "%s\n", ProgressLine(*m, loop.steps).c_str());
-    line_open = tty;
-    std::fflush(stdout);
     const bool last = trainer.step() == loop.steps;
+    if (tty || last || m->step == 0 || trainer.step() % std::max<int64_t>(loop.log_every, 1) == 0) {
+      std::printf(tty ? "\r%s\x1b[K" : "%s\n", ProgressLine(*m, loop.steps).c_str());
+      line_open = tty;
+      std::fflush(stdout);
+    }
     if (g_interrupted) {
       end_line();
       std::printf("interrupted (SIGINT) after step %lld/%lld\n", static_cast<long long>(trainer.step()),

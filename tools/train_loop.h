@@ -24,6 +24,7 @@ struct TrainLoop {
   io::TensorBoardWriter* tensorboard = nullptr;
   io::CheckpointManager* checkpoints = nullptr;
   int64_t checkpoint_every = 0;  // 0: only at the end (and on SIGINT)
+  int64_t log_every = 1;         // without a terminal: a progress line every N steps (and the first and last)
   const train::RunIdentity* run = nullptr;
 };
 

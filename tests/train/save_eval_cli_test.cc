@@ -1,0 +1,112 @@
+// `onnxpipe train --save/--eval/--tensorboard` through the built binary, checked by independent readers:
+// onnxruntime (tests/train/ort_check.py: the saved model runs there with outputs equal to `onnxpipe run`'s, and the
+// --eval accuracy and loss equal a hand computation over its logits) and the Python TensorBoard event reader
+// (tests/io/read_tfevents.py: the scalars equal the metrics file's values).
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/cli_util.h"
+#include "tests/train/text_corpus.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::Onnxpipe;
+using testing::RunCommand;
+using testing::SourcePath;
+
+class SaveEvalCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("save_eval_cli");
+    testing::WriteTextCorpus(dir_ / "corpus", testing::MakeTextSplit(40, 3), testing::MakeTextSplit(15, 4));
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Trains `model` on the corpus with --eval and --save, then runs the onnxruntime check.
+  void TrainAndCheck(const std::string& model, const std::string& extra, const std::string& check_flags) {
+    const fs::path saved = dir_ / "out" / "model.onnx", metrics = dir_ / "m.jsonl";
+    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath(model) + " --data " + (dir_ / "corpus").string() +
+                                 " --seq 12 --batch 8 --steps 25 --optimizer adamw --lr 0.003 --shuffle --seed 1" +
+                                 " --eval --save " + saved.string() + " --metrics " + metrics.string() + " " + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("eval: {\"split\":\"test\",\"accuracy\":"));
+    r = RunCommand(std::string(ONNXPIPE_ORT_PYTHON) + " " + SourcePath("tests/train/ort_check.py") + " --onnxpipe " +
+                   Onnxpipe() + " --model " + SourcePath(model) + " --saved " + saved.string() + " --vocab " +
+                   (dir_ / "out" / "model.vocab.txt").string() + " --tsv " + (dir_ / "corpus" / "test.tsv").string() +
+                   " --metrics " + metrics.string() + " --seq 12 " + check_flags);
+    // onnxruntime is installed by scripts/setup.sh: a missing one is a failure, not a skip.
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["rows"], 30);
+    EXPECT_GT(j["accuracy"].get<double>(), 0.8);  // the two classes' words differ: clearly learnt
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SaveEvalCliTest, ClassifierRunsInOnnxRuntimeAndEvalMatchesItsLogits) {
+  TrainAndCheck("models/tiny_classifier.onnx", "", "");
+}
+
+// fp64 training saved in the model's f32, a mask input, and external data.
+TEST_F(SaveEvalCliTest, Fp64BertWithMaskAndExternalData) {
+  TrainAndCheck("models/tiny_bert.onnx", "--dtype fp64 --save-external-data always",
+                "--mask-input attention_mask --expect-external");
+}
+
+TEST_F(SaveEvalCliTest, TensorBoardScalarsEqualTheMetrics) {
+  const fs::path tb = dir_ / "tb", metrics = dir_ / "m.jsonl";
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                               (dir_ / "corpus").string() + " --seq 12 --batch 8 --steps 3 --optimizer sgd --lr 0.05" +
+                               " --eval --tensorboard " + tb.string() + " --metrics " + metrics.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_THAT(files[0].filename().string(), HasSubstr("events.out.tfevents."));
+  r = RunCommand(std::string(ONNXPIPE_PYTHON) + " " + SourcePath("tests/io/read_tfevents.py") + " " +
+                 files[0].string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  // Expected: per step loss, lr, grad_norm, samples_per_s as float32; then test/accuracy, test/loss at step 3.
+  std::map<std::pair<int64_t, std::string>, float> want;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (m.contains("split")) {
+      want[{3, "test/accuracy"}] = m["accuracy"].get<double>();
+      want[{3, "test/loss"}] = m["loss"].get<double>();
+      continue;
+    }
+    for (const char* tag : {"loss", "lr", "grad_norm", "samples_per_s"}) {
+      want[{m["step"].get<int64_t>(), tag}] = m[tag].get<double>();
+    }
+  }
+  ASSERT_EQ(want.size(), 14u);
+  std::map<std::pair<int64_t, std::string>, float> got;
+  std::istringstream events(r.out);
+  for (std::string line; std::getline(events, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (!e.contains("values")) continue;
+    for (const nlohmann::json& v : e["values"]) {
+      got[{e["step"].get<int64_t>(), v["tag"].get<std::string>()}] =
+          std::bit_cast<float>(v["simple_value_bits"].get<uint32_t>());
+    }
+  }
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace onnxpipe
