@@ -27,6 +27,9 @@ using testing::SourcePath;
 class SaveEvalCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // onnxruntime is installed by scripts/setup.sh: a missing one is a failure, not a skip.
+    ASSERT_TRUE(fs::exists(ONNXPIPE_ORT_PYTHON))
+        << ONNXPIPE_ORT_PYTHON << " (Python with onnxruntime) is missing: run scripts/setup.sh --no-build";
     dir_ = testing::MakeTempDir("save_eval_cli");
     testing::WriteTextCorpus(dir_ / "corpus", testing::MakeTextSplit(40, 3), testing::MakeTextSplit(15, 4));
   }
@@ -46,7 +49,6 @@ class SaveEvalCliTest : public ::testing::Test {
                    Onnxpipe() + " --model " + SourcePath(model) + " --saved " + saved.string() + " --vocab " +
                    (dir_ / "out" / "model.vocab.txt").string() + " --tsv " + (dir_ / "corpus" / "test.tsv").string() +
                    " --metrics " + metrics.string() + " --seq 12 " + check_flags);
-    // onnxruntime is installed by scripts/setup.sh: a missing one is a failure, not a skip.
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["rows"], 30);
