@@ -6,6 +6,10 @@ the ONNX initializers loaded) on the same random token data: same batch, sequenc
 same number of threads (ONNXPIPE_NUM_THREADS / OPENBLAS_NUM_THREADS for onnxpipe, torch.set_num_threads for
 PyTorch). samples/s is the median over the steps after --warmup. Writes bench/results/train_cpu_<date>_<tag>.json.
 
+PyTorch runs with OMP_WAIT_POLICY=PASSIVE unless the environment sets it: Debian's torch uses libgomp, whose
+spinning idle threads lose their time slices on a loaded shared VM (measured here: 10 samples/s spinning vs 112
+passive for the same step), which would measure the machine's load rather than PyTorch.
+
   /usr/bin/python3 bench/train_cpu_bench.py --device "2-core CPU VM" --tag vm
 """
 import argparse
@@ -19,7 +23,9 @@ import tempfile
 import time
 
 import numpy as np
-import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP runtime (see above)
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "models"))
@@ -35,7 +41,8 @@ def onnxpipe_rate(a, model, data_dir, threads):
     env = dict(os.environ, ONNXPIPE_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     rows = [json.loads(l) for l in open(metrics)]
-    return statistics.median(r["samples_per_s"] for r in rows[a.warmup:]), " ".join(cmd)
+    shown = " ".join(cmd).replace(data_dir, "DATA")  # DATA: the temporary folder of random tokens
+    return statistics.median(r["samples_per_s"] for r in rows[a.warmup:]), shown
 
 
 def torch_rate(a, model_path, tokens, labels, threads):
@@ -96,8 +103,10 @@ def main():
         "torch_samples_per_s": round(theirs, 2),
         "ratio_onnxpipe_over_torch": round(ours / theirs, 3),
         "torch": torch.__version__,
+        "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
         "onnxpipe_command": cmd.replace(ROOT + "/", ""),
-        "command": "/usr/bin/python3 bench/train_cpu_bench.py " + " ".join(sys.argv[1:]),
+        "command": (f'/usr/bin/python3 bench/train_cpu_bench.py --device "{a.device}" --tag {a.tag} --threads {a.threads} '
+                    f"--batch {a.batch} --seq {a.seq} --steps {a.steps} --warmup {a.warmup}"),
         "notes": a.notes,
     }
     out = os.path.join(ROOT, "bench", "results", f"train_cpu_{now.strftime('%Y%m%d_%H%M%S')}_{a.tag}.json")
