@@ -1,6 +1,7 @@
 // onnxpipe train: trains a model from its ONNX file on the CPU backend (executor/train), or pipelined over stages
 // (executor/pipeline). This file owns the flags and the order of the run: data, trainer, resume, loop
 // (tools/train_loop.h), evaluation, --save.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -157,9 +158,6 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
     const ir::Value& orig = imported.value(imported.FindValue(name));
     params[name] = t.dtype() == orig.dtype ? t : t.CastTo(orig.dtype);
   }
-  std::error_code ec;
-  const fs::path parent = fs::path(f.save).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);
   RETURN_IF_ERROR(onnx_frontend::WriteOnnxWithInitializers(model_path, params, f.save,
                                                            ExternalThreshold(f.save_external, params, imported)));
   std::printf("saved: %s\n", f.save.c_str());
@@ -171,7 +169,7 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
   return absl::OkStatus();
 }
 
-absl::Status Evaluate(const Flags& f, const Model& model, const train::Trainer& trainer, const TrainData& data,
+absl::Status RunEvaluation(const Model& model, const train::Trainer& trainer, const TrainData& data,
                       const train::TrainOptions& options, train::MetricsWriter* metrics,
                       io::TensorBoardWriter* tensorboard) {
   train::EvalOptions eo;
@@ -196,6 +194,12 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
+  if (const fs::path parent = fs::path(f.save).parent_path(); !f.save.empty() && !parent.empty()) {
+    std::error_code ec;
+    if (!fs::create_directories(parent, ec) && ec) {
+      return INVALID_ARGUMENT() << "--save " << f.save << ": cannot create " << parent.string() << ": " << ec.message();
+    }
+  }
 
   std::optional<io::CheckpointManager> checkpoints;
   std::optional<io::Checkpoint> resume_from;
@@ -287,7 +291,8 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
 
   std::optional<train::MetricsWriter> metrics;
   if (!f.metrics.empty()) {
-    ASSIGN_OR_RETURN(train::MetricsWriter w, train::MetricsWriter::Open(f.metrics, /*append=*/f.resume));
+    ASSIGN_OR_RETURN(train::MetricsWriter w, resume_from ? train::MetricsWriter::OpenForResume(f.metrics, trainer.step())
+                                                         : train::MetricsWriter::Open(f.metrics));
     metrics.emplace(std::move(w));
   }
   std::unique_ptr<io::TensorBoardWriter> tensorboard;
@@ -312,7 +317,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
                             : "stopped; nothing saved (no --checkpoint-dir)\n");
     return 130;
   }
-  if (f.eval) RETURN_IF_ERROR(Evaluate(f, model, trainer, data, options, loop.metrics, tensorboard.get()));
+  if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, trainer, data, options, loop.metrics, tensorboard.get()));
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer.Parameters(), data.vocab));
   return 0;
 }

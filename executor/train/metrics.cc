@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "executor/io/atomic_file.h"
 #include "frontend/ir/status.h"
 #include "nlohmann/json.hpp"
 
@@ -27,10 +28,34 @@ std::string EvalJson(const std::string& split, double accuracy, double loss) {
   return j.dump();
 }
 
-absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path, bool append) {
+absl::StatusOr<MetricsWriter> MetricsWriter::OpenForResume(const std::string& path, int64_t step) {
+  absl::StatusOr<std::string> old = io::ReadFileToString(path);
+  if (old.ok()) {
+    std::string kept;
+    size_t pos = 0;
+    while (pos < old->size()) {
+      size_t end = old->find('\n', pos);
+      if (end == std::string::npos) end = old->size();
+      const std::string line = old->substr(pos, end - pos);
+      pos = end + 1;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() < step) {
+        kept += line + "\n";
+      }
+    }
+    RETURN_IF_ERROR(io::WriteFileAtomically(path, kept));
+  } else if (!absl::IsNotFound(old.status())) {
+    return old.status();
+  }
+  return Open(path, "a");
+}
+
+absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path) { return Open(path, "w"); }
+
+absl::StatusOr<MetricsWriter> MetricsWriter::Open(const std::string& path, const char* mode) {
   MetricsWriter w;
   w.path_ = path;
-  w.file_.reset(std::fopen(path.c_str(), append ? "a" : "w"));
+  w.file_.reset(std::fopen(path.c_str(), mode));
   if (!w.file_) {
     return INVALID_ARGUMENT() << "cannot create --metrics " << path << ": " << std::strerror(errno);
   }

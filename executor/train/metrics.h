@@ -30,8 +30,12 @@ std::string EvalJson(const std::string& split, double accuracy, double loss);
 
 class MetricsWriter {
  public:
-  // Creates (truncates) `path`, or appends to it (a resumed run); its folder must exist.
-  static absl::StatusOr<MetricsWriter> Open(const std::string& path, bool append = false);
+  // Creates (truncates) `path`; its folder must exist.
+  static absl::StatusOr<MetricsWriter> Open(const std::string& path);
+  // For a run resumed at `step`: keeps the lines of the steps before it (a run killed after its last
+  // checkpoint may have logged later steps, which the resumed run logs again; an earlier --eval line is
+  // dropped too), rewriting the file atomically, then appends. A missing file is created.
+  static absl::StatusOr<MetricsWriter> OpenForResume(const std::string& path, int64_t step);
   // Appends one line and flushes it, so a crashed or interrupted run keeps its completed steps.
   absl::Status Write(const StepMetrics& m);
   absl::Status WriteLine(const std::string& json);
@@ -42,6 +46,8 @@ class MetricsWriter {
       if (f) std::fclose(f);
     }
   };
+  static absl::StatusOr<MetricsWriter> Open(const std::string& path, const char* mode);
+
   std::string path_;
   std::unique_ptr<FILE, Closer> file_;
 };

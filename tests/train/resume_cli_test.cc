@@ -209,7 +209,7 @@ TEST_F(ResumeCliTest, KillDashNineLeavesALoadableLatestCheckpoint) {
     const std::string resume = previous >= 0 ? " --resume" : "";
     Child c = Spawn(Command(SourcePath("models/tiny_classifier.onnx"),
                             "--optimizer adamw --steps 1000000 --checkpoint-every 1 --checkpoint-dir " +
-                                ck.string() + resume),
+                                ck.string() + " --metrics " + (dir_ / "m.jsonl").string() + resume),
                     dir_, "kill" + std::to_string(round));
     ASSERT_TRUE(WaitForOutput(c, "checkpoint: ")) << testing::ReadAll(c.err.string());
     std::this_thread::sleep_for(std::chrono::milliseconds(7 * round));
@@ -222,9 +222,13 @@ TEST_F(ResumeCliTest, KillDashNineLeavesALoadableLatestCheckpoint) {
     EXPECT_GT(latest->metadata.step, previous);
     previous = latest->metadata.step;
   }
-  CommandResult r = Train("--optimizer adamw --steps " + std::to_string(previous + 1) +
-                          " --checkpoint-dir " + ck.string() + " --resume");
+  CommandResult r = Train("--optimizer adamw --steps " + std::to_string(previous + 1) + " --checkpoint-dir " +
+                          ck.string() + " --resume --metrics " + (dir_ / "m.jsonl").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The metrics hold every step once, in order: lines logged after a killed run's last checkpoint were dropped.
+  const std::vector<nlohmann::json> m = Losses(dir_ / "m.jsonl");
+  ASSERT_EQ(m.size(), static_cast<size_t>(previous + 1));
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["step"].get<int64_t>(), static_cast<int64_t>(i));
 }
 
 }  // namespace

@@ -37,14 +37,18 @@ class SaveEvalCliTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // Trains `model` on the corpus with --eval and --save, then runs the onnxruntime check.
-  void TrainAndCheck(const std::string& model, const std::string& extra, const std::string& check_flags) {
+  // Trains `model` on the corpus with --save (and `extra` flags), then runs the onnxruntime check.
+  void TrainAndCheck(const std::string& model, const std::string& extra, const std::string& check_flags,
+                     bool eval = true) {
     const fs::path saved = dir_ / "out" / "model.onnx", metrics = dir_ / "m.jsonl";
     CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath(model) + " --data " + (dir_ / "corpus").string() +
                                  " --seq 12 --batch 8 --steps 25 --optimizer adamw --lr 0.003 --shuffle --seed 1" +
-                                 " --eval --save " + saved.string() + " --metrics " + metrics.string() + " " + extra);
+                                 (eval ? " --eval" : "") + " --save " + saved.string() + " --metrics " +
+                                 metrics.string() + " " + extra);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_THAT(r.out, HasSubstr("eval: {\"split\":\"test\",\"accuracy\":"));
+    if (eval) {
+      EXPECT_THAT(r.out, HasSubstr("eval: {\"split\":\"test\",\"accuracy\":"));
+    }
     r = RunCommand(std::string(ONNXPIPE_ORT_PYTHON) + " " + SourcePath("tests/train/ort_check.py") + " --onnxpipe " +
                    Onnxpipe() + " --model " + SourcePath(model) + " --saved " + saved.string() + " --vocab " +
                    (dir_ / "out" / "model.vocab.txt").string() + " --tsv " + (dir_ / "corpus" / "test.tsv").string() +
@@ -66,6 +70,11 @@ TEST_F(SaveEvalCliTest, ClassifierRunsInOnnxRuntimeAndEvalMatchesItsLogits) {
 TEST_F(SaveEvalCliTest, Fp64BertWithMaskAndExternalData) {
   TrainAndCheck("models/tiny_bert.onnx", "--dtype fp64 --save-external-data always",
                 "--mask-input attention_mask --expect-external");
+}
+
+// --save through the pipelined trainer (2 stages): the same checks but the --eval one.
+TEST_F(SaveEvalCliTest, PipelinedSave) {
+  TrainAndCheck("models/tiny_classifier.onnx", "--stages 2 --microbatches 2", "--no-eval", /*eval=*/false);
 }
 
 TEST_F(SaveEvalCliTest, TensorBoardScalarsEqualTheMetrics) {
