@@ -220,5 +220,44 @@ TEST_F(TrainCliTest, AdamWWithScheduleClippingAndCheckpoint) {
   EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
 }
 
+// --eval on npy data reads DIR/test/; its accuracy and loss equal a hand computation over the logits that
+// `onnxpipe run` gives for the saved model on the same rows.
+TEST_F(TrainCliTest, NpyEvalMatchesAHandComputationOverTheLogits) {
+  fs::copy(data_, dir_ / "test");
+  fs::rename(dir_ / "test", data_ / "test");
+  const fs::path metrics = dir_ / "m.jsonl", saved = dir_ / "trained.onnx", out = dir_ / "out";
+  CommandResult r = Train("--steps 6 --eval --metrics " + metrics.string() + " --save " + saved.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCommand(Onnxpipe() + " run " + saved.string() + " --inputs " + (data_ / "test").string() + " --out " +
+                 out.string() + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  absl::StatusOr<ir::Tensor> logits = data::ReadNpy((out / "logits.npy").string());
+  absl::StatusOr<ir::Tensor> labels = data::ReadNpy((data_ / "test" / "labels.npy").string());
+  ASSERT_TRUE(logits.ok() && labels.ok());
+  const int64_t n = labels->num_elements(), c = logits->dims()[1];
+  int64_t correct = 0;
+  double loss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = logits->data<float>() + i * c;
+    const int64_t y = labels->data<int64_t>()[i];
+    int64_t arg = 0;
+    double sum = 0;
+    for (int64_t k = 0; k < c; ++k) {
+      if (z[k] > z[arg]) arg = k;
+      sum += std::exp(static_cast<double>(z[k]));
+    }
+    correct += arg == y;
+    loss += std::log(sum) - z[y];
+  }
+  std::ifstream in(metrics);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  const nlohmann::json ev = nlohmann::json::parse(last);
+  EXPECT_EQ(ev["split"], "test");
+  EXPECT_DOUBLE_EQ(ev["accuracy"].get<double>(), static_cast<double>(correct) / n);
+  EXPECT_NEAR(ev["loss"].get<double>(), loss / n, 1e-5);
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("error")));
+}
+
 }  // namespace
 }  // namespace onnxpipe
