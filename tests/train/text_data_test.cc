@@ -50,6 +50,23 @@ TEST(TextInputs, FoundThroughACastWithTheTableRowsAndTheSequenceSymbol) {
   EXPECT_TRUE(t->mask.empty());
 }
 
+TEST(TextInputs, AFixedSequenceLengthIsTheDefault) {
+  ir::Graph g;
+  const ir::Shape fixed = {ir::Dim::Symbol("B"), 16};
+  const ir::ValueId ids = g.AddValue("x", ir::DType::kI32, fixed);
+  g.inputs().push_back(ids);
+  const ir::ValueId table = g.AddConstant("t", ir::Tensor(ir::DType::kF32, {50, 8}), true);
+  const ir::ValueId out = g.AddValue("h", ir::DType::kF32, {fixed[0], 16, 8});
+  g.AddNode(ir::OpKind::kGather, "gather", {table, ids}, {out});
+  g.outputs().push_back(out);
+  absl::StatusOr<TextInputs> t = FindTextInputs(g, "labels");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->seq.has_value());
+  EXPECT_EQ(*t->seq, 16);
+  EXPECT_EQ(t->tokens_dtype, ir::DType::kI32);
+  EXPECT_EQ(t->embedding_rows, 50);
+}
+
 TEST(TextInputs, ASecondInputOfTheTokenShapeIsTheMask) {
   absl::StatusOr<TextInputs> t =
       FindTextInputs(EmbeddingGraph(10, false, {{"m", Input(ir::DType::kBool, kTokenShape)}}), "labels");
