@@ -47,6 +47,20 @@ bool GraphAnalysis::IsForward(ir::NodeId id) const {
   return graph->node(id).phase == ir::Phase::kForward;
 }
 
+bool GraphAnalysis::Holds(ir::ValueId param, int32_t p0, int32_t p1) const {
+  auto inside = [&](int32_t p) { return p >= p0 && p < p1; };
+  if (inside(param_owner[param])) return true;
+  const std::vector<int32_t>& ps = contribution_positions[param];
+  return std::any_of(ps.begin(), ps.end(), inside);
+}
+
+bool GraphAnalysis::IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) const {
+  auto outside = [&](int32_t p) { return p >= 0 && (p < p0 || p >= p1); };
+  if (outside(param_owner[param])) return true;
+  const std::vector<int32_t>& ps = contribution_positions[param];
+  return std::any_of(ps.begin(), ps.end(), outside);
+}
+
 bool GraphAnalysis::IsActivation(ir::ValueId v) const {
   const ir::Value& val = graph->value(v);
   if (val.constant) return false;
@@ -186,6 +200,29 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
     a.position[id] = p;
   }
 
+  // Gradient tails of the parameters and their contributions.
+  a.tail_param.assign(g.num_node_slots(), ir::kNoValue);
+  a.contribution_param.assign(nv, ir::kNoValue);
+  a.contribution_positions.assign(nv, {});
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    if (n.phase == ir::Phase::kForward || n.origin.empty()) continue;
+    if (auto it = param_by_name.find(n.origin); it != param_by_name.end()) a.tail_param[id] = it->second;
+  }
+  for (ir::NodeId id : a.order) {
+    const ir::ValueId param = a.tail_param[id];
+    if (param == ir::kNoValue) continue;
+    for (ir::ValueId v : g.node(id).inputs) {
+      if (v == ir::kNoValue || g.value(v).constant) continue;
+      const ir::NodeId m = g.value(v).producer;
+      if (m == ir::kNoNode || a.tail_param[m] != ir::kNoValue || a.position[m] < 0) continue;
+      a.contribution_param[v] = param;
+      std::vector<int32_t>& ps = a.contribution_positions[param];
+      if (std::find(ps.begin(), ps.end(), a.position[m]) == ps.end()) ps.push_back(a.position[m]);
+    }
+  }
+  for (std::vector<int32_t>& ps : a.contribution_positions) std::sort(ps.begin(), ps.end());
+
   // Buffer sharing of views (as the memory planner does it).
   a.alias_root.resize(nv);
   for (ir::ValueId v = 0; v < nv; ++v) a.alias_root[v] = v;
@@ -210,6 +247,7 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
       const int32_t q = a.position[u];
       if (q < 0) continue;
       const ir::Node& un = g.node(u);
+      if (a.tail_param[u] != ir::kNoValue) continue;  // a contribution: all-reduced once per step
       bool data_use = false;
       for (size_t i = 0; i < un.inputs.size(); ++i)
         if (un.inputs[i] == v && !IsShapeOnlyOperand(un, static_cast<int>(i))) data_use = true;

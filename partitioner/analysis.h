@@ -5,10 +5,16 @@
 // (Node::origin), every optimizer node the position of the parameter it updates, and a parameter
 // belongs to the position of its first forward consumer: so a forward op, its gradient ops and its
 // parameters' updates always land on one stage (the ORT rule; DESIGN.md). Gradient accumulation
-// Sums follow their origin too (the activation's producer, or the tied parameter's owner), as the
-// pipeline executor places them (executor/pipeline/program.h). Optimizer nodes without an origin
+// Sums follow their origin too (the activation's producer, or the parameter's owner). Optimizer nodes without an origin
 // (SumSquares, the norm's Sqrt, ClipScale: the global gradient norm) are "global": they run once
 // per step over every stage's gradients and belong to no stage.
+// Shared parameters (Megatron style): a parameter whose gradient contributions come from several
+// stages (a tied input embedding and output projection) is held — parameter, gradient, optimizer
+// state — on every stage that reads it. Each such stage sums its own contributions into its
+// gradient over the micro-batches, the holders all-reduce the gradients once per step, and each
+// applies the same update. The nodes after the contributions (the accumulation Sum, its copy, the
+// update: the parameter's "gradient tail", Node::origin = the parameter) therefore run on every
+// holder stage, and contributions never cross a cut per micro-batch.
 // A stage is a contiguous range of positions. A cut c (between positions c-1 and c) has the bytes
 // that cross it per micro-batch: activations forward, gradients backward (constants are replicated
 // and graph inputs are fed to each stage that reads them, so neither crosses). Cut candidates are
@@ -42,6 +48,12 @@ struct GraphAnalysis {
   std::vector<bool> is_param;             // per value: a trained parameter (state-updated initializer)
   std::vector<bool> is_param_grad;        // per value: the `grad` operand of an update op
   std::vector<int32_t> param_owner;       // per value: owner position of a parameter, else -1
+  // Per node: the parameter whose gradient tail it is (backward/optimizer node whose origin is the
+  // parameter), else kNoValue. Per value: the parameter it is a gradient contribution of (an input
+  // of a tail node made by a node outside the tail), else kNoValue.
+  std::vector<ir::ValueId> tail_param, contribution_param;
+  // Per parameter: the positions of its contributions' producers (ascending, distinct).
+  std::vector<std::vector<int32_t>> contribution_positions;
   std::vector<bool> is_input;             // per value: a graph input
   std::vector<ir::ValueId> alias_root;    // per value: the value whose buffer it shares
   std::vector<int64_t> value_bytes;       // per value, at the precision (bf16 activations: 2 bytes)
@@ -59,6 +71,11 @@ struct GraphAnalysis {
   int32_t num_units() const { return static_cast<int32_t>(unit_begin.size()) - 1; }
   int32_t unit_of_position(int32_t p) const;
   bool IsForward(ir::NodeId id) const;
+  // A parameter whose owner and contributions span more than the positions [p0, p1): the stages
+  // that hold a share of it (Holds) replicate it Megatron style.
+  bool IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) const;
+  // The positions [p0, p1) own the parameter or make one of its contributions.
+  bool Holds(ir::ValueId param, int32_t p0, int32_t p1) const;
   // A value that must be stored per micro-batch: computed by a node, or a non-constant graph input.
   bool IsActivation(ir::ValueId v) const;
 };

@@ -149,13 +149,15 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
       fwd += sec[id];
       s.forward_nodes.push_back(g.node(id).name);
     }
+    // Nodes outside the stage's positions are a shared parameter's gradient tail run here too.
+    auto own = [&](ir::NodeId id) { return a.position[id] >= s.position_begin && a.position[id] < s.position_end; };
     for (ir::NodeId id : sp.backward) {
       bwd += sec[id];
-      s.backward_nodes.push_back(g.node(id).name);
+      (own(id) ? s.backward_nodes : s.replicated_nodes).push_back(g.node(id).name);
     }
     for (ir::NodeId id : sp.optimizer) {
       opt += sec[id];
-      s.optimizer_nodes.push_back(g.node(id).name);
+      (own(id) ? s.optimizer_nodes : s.replicated_nodes).push_back(g.node(id).name);
     }
     for (const RecomputeRegion& r : sp.regions) {
       RegionPlan rp;
@@ -204,6 +206,22 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     for (ir::ValueId v : sp.outputs_forward) s.boundary_outputs.push_back(boundary(v, "activation", false));
     for (ir::ValueId v : sp.outputs_backward) s.boundary_outputs.push_back(boundary(v, "gradient", false));
     for (ir::ValueId v : sp.global_outputs) s.boundary_outputs.push_back(boundary(v, "global", false));
+    // Shared parameters: the gradient all-reduced with the other holders once per step.
+    double allreduce_s = 0;
+    for (size_t i = 0; i < sp.shared_gradients.size(); ++i) {
+      if (sp.shared_gradients[i] == ir::kNoValue) continue;
+      BoundaryTensor b = boundary(sp.shared_gradients[i], "shared_gradient", true);
+      const ir::ValueId param = sp.shared_parameters[i];
+      std::set<int32_t> holders{stage_of_position(a.param_owner[param])};
+      for (int32_t p : a.contribution_positions[param]) holders.insert(stage_of_position(p));
+      holders.erase(k);
+      b.peers.assign(holders.begin(), holders.end());
+      // A ring all-reduce over h holders moves 2 (h - 1) / h of the gradient through each link.
+      const double h = static_cast<double>(holders.size() + 1);
+      allreduce_s += plan.device.link_latency_s +
+                     2 * (h - 1) / h * static_cast<double>(b.bytes) / plan.device.link_bandwidth;
+      s.boundary_inputs.push_back(std::move(b));
+    }
     for (int32_t p = s.position_begin; p < s.position_end; ++p) {
       const std::string& layer = a.layer_of_position[p];
       if (s.layers.empty() || s.layers.back() != layer) {
@@ -213,12 +231,12 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     s.forward_ms = fwd * 1e3;
     s.backward_ms = bwd * 1e3;
     s.recompute_ms = rcp * 1e3;
-    s.optimizer_ms = opt * 1e3;
+    s.optimizer_ms = (opt + allreduce_s) * 1e3;
     const double send_f = k + 1 < K ? t.send_forward_s[ue] : 0.0;
     const double send_b = k > 0 ? t.send_backward_s[ub] : 0.0;
     s.send_forward_ms = send_f * 1e3;
     s.send_backward_ms = send_b * 1e3;
-    timing[k] = {fwd, bwd + rcp, opt, send_f, send_b};
+    timing[k] = {fwd, bwd + rcp, opt + allreduce_s, send_f, send_b};
     const double p = fwd + bwd + rcp;
     sum_p += p;
     max_p = std::max(max_p, p);

@@ -91,6 +91,8 @@ struct StagePlan {
   int32_t unit_begin = 0, unit_end = 0;          // units [begin, end)
   int32_t position_begin = 0, position_end = 0;  // forward positions [begin, end)
   std::vector<std::string> forward_nodes, backward_nodes, optimizer_nodes;  // schedule order
+  // Gradient tails of shared parameters owned by another stage, run here as well (analysis.h).
+  std::vector<std::string> replicated_nodes;
   std::vector<std::string> parameters;
   int64_t parameter_count = 0;
   std::vector<BoundaryTensor> boundary_inputs, boundary_outputs;

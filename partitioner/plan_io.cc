@@ -127,7 +127,8 @@ ordered_json PlanToJson(const PartitionPlan& p) {
     st["units"] = {s.unit_begin, s.unit_end};
     st["positions"] = {s.position_begin, s.position_end};
     st["layers"] = s.layers;
-    st["nodes"] = {{"forward", s.forward_nodes}, {"backward", s.backward_nodes}, {"optimizer", s.optimizer_nodes}};
+    st["nodes"] = {{"forward", s.forward_nodes}, {"backward", s.backward_nodes}, {"optimizer", s.optimizer_nodes},
+                   {"replicated", s.replicated_nodes}};
     st["parameters"] = s.parameters;
     st["parameter_count"] = s.parameter_count;
     st["boundary_inputs"] = Tensors(s.boundary_inputs, "from");
@@ -265,6 +266,9 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     ASSIGN_OR_RETURN(s.forward_nodes, r.Strings(*nodes, path + ".nodes", "forward"));
     ASSIGN_OR_RETURN(s.backward_nodes, r.Strings(*nodes, path + ".nodes", "backward"));
     ASSIGN_OR_RETURN(s.optimizer_nodes, r.Strings(*nodes, path + ".nodes", "optimizer"));
+    if (nodes->contains("replicated")) {
+      ASSIGN_OR_RETURN(s.replicated_nodes, r.Strings(*nodes, path + ".nodes", "replicated"));
+    }
     if (s.forward_nodes.empty()) return r.Error(path + ".nodes.forward", "is empty: every stage runs forward nodes");
     for (const auto* list : {&s.forward_nodes, &s.backward_nodes, &s.optimizer_nodes}) {
       for (const std::string& n : *list) {
@@ -283,7 +287,8 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
         BoundaryTensor b;
         ASSIGN_OR_RETURN(b.name, r.String(tj, tp, "name"));
         ASSIGN_OR_RETURN(b.kind, r.String(tj, tp, "kind"));
-        static const std::set<std::string> kinds = {"activation", "gradient", "data", "step", "global"};
+        static const std::set<std::string> kinds = {"activation", "gradient", "data", "step", "global",
+                                                   "shared_gradient"};
         if (!kinds.count(b.kind)) return r.Error(tp + ".kind", "unknown kind '" + b.kind + "'");
         ASSIGN_OR_RETURN(b.dtype, r.String(tj, tp, "dtype"));
         ASSIGN_OR_RETURN(b.dims, r.Ints(tj, tp, "shape"));

@@ -11,12 +11,16 @@
 //                   measured_nodes, roofline_nodes},
 //     "stages": [ {
 //        "index": k, "units": [begin, end), "positions": [begin, end), "layers": [...],
-//        "nodes": {"forward": [...], "backward": [...], "optimizer": [...]},  schedule order
-//        "parameters": [...], "parameter_count": n,
+//        "nodes": {"forward": [...], "backward": [...], "optimizer": [...],  schedule order
+//                  "replicated": [...]},  shared parameters' gradient tails owned by another
+//                                          stage and run here too (analysis.h)
+//        "parameters": [...], "parameter_count": n,   held here, shared ones included
 //        "boundary_inputs":  [{name, kind, dtype, shape, bytes, from: [stages]}],
 //        "boundary_outputs": [{name, kind, dtype, shape, bytes, to: [stages]}],
 //            kind: activation | gradient (between stages), data (graph inputs: tokens,
-//            labels), step (lr, step, clip scale), global (gradients the global norm reads)
+//            labels), step (lr, step, clip scale), global (gradients the global norm reads),
+//            shared_gradient (a shared parameter's gradient, all-reduced with the holders
+//            named in `from` once per step; one receive buffer)
 //        "recompute": "none|full|selective|auto", "unit_recompute": [per unit],
 //        "recompute_regions": [{nodes: [...], before: "<backward node>", ms}],
 //        "memory": {parameters, gradients, optimizer_state, activations, workspace, total,

@@ -14,6 +14,10 @@ namespace {
 
 int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+bool IsUpdateOp(ir::OpKind op) {
+  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
+}
+
 void PushUnique(std::vector<ir::ValueId>& list, std::set<ir::ValueId>& seen, ir::ValueId v) {
   if (seen.insert(v).second) list.push_back(v);
 }
@@ -30,8 +34,19 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t u
     return p >= p0 && p < p1;
   };
   StageProgram sp;
+  // Shared parameters this stage holds: their gradient tails run here too (analysis.h).
+  std::vector<bool> replicated(g.num_values(), false);
+  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+    if (a.is_param[v] && a.Holds(v, p0, p1) && a.IsSharedOutside(v, p0, p1)) {
+      replicated[v] = true;
+      sp.shared_parameters.push_back(v);
+    }
+  }
+  auto runs_here = [&](ir::NodeId id) {
+    return in_range(id) || (a.tail_param[id] != ir::kNoValue && replicated[a.tail_param[id]]);
+  };
   for (ir::NodeId id : a.order) {
-    if (!in_range(id)) continue;
+    if (!runs_here(id)) continue;
     switch (g.node(id).phase) {
       case ir::Phase::kForward: sp.forward.push_back(id); break;
       case ir::Phase::kBackward: sp.backward.push_back(id); break;
@@ -41,6 +56,29 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t u
   sp.regions = BuildRegions(a, recompute, sp.backward);
   sp.graph = g;
   ir::Graph& sg = sp.graph;
+
+  // A holder's tail sums only its own contributions; the others arrive summed by the all-reduce.
+  for (const std::vector<ir::NodeId>* list : {&sp.backward, &sp.optimizer}) {
+    for (ir::NodeId id : *list) {
+      if (a.tail_param[id] == ir::kNoValue || !replicated[a.tail_param[id]]) continue;
+      std::vector<ir::ValueId>& ins = sg.node(id).inputs;
+      std::vector<ir::ValueId> local;
+      for (ir::ValueId v : ins) {
+        const bool remote = v != ir::kNoValue && a.contribution_param[v] != ir::kNoValue &&
+                            !in_range(g.value(v).producer);
+        if (!remote) local.push_back(v);
+      }
+      if (!local.empty()) ins = std::move(local);
+    }
+  }
+  for (ir::ValueId param : sp.shared_parameters) {
+    ir::ValueId grad = g.FindValue("grad/" + g.value(param).name);  // a graph without updates
+    for (ir::NodeId id : sp.optimizer) {
+      const ir::Node& n = g.node(id);
+      if (a.tail_param[id] == param && IsUpdateOp(n.op) && n.inputs.size() > 1) grad = n.inputs[1];
+    }
+    sp.shared_gradients.push_back(grad);
+  }
 
   // Recompute clones, grouped by the backward node they precede.
   std::vector<ir::ValueId> clone_of(g.num_values(), ir::kNoValue);
@@ -145,6 +183,8 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t u
   }
   for (const std::vector<ir::NodeId>* list : {&sp.backward, &sp.optimizer}) {
     for (ir::NodeId id : *list) {
+      // A replicated tail's gradient reaches the global norm from its owner's stage only.
+      if (!in_range(id)) continue;
       for (ir::ValueId v : g.node(id).outputs) {
         if (v == ir::kNoValue) continue;
         for (ir::NodeId w : a.uses[v]) {
@@ -162,7 +202,9 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t u
     }
   }
   for (ir::ValueId v = 0; v < g.num_values(); ++v) {
-    if (a.is_param[v] && a.param_owner[v] >= p0 && a.param_owner[v] < p1) sp.parameters.push_back(v);
+    if (a.is_param[v] && ((a.param_owner[v] >= p0 && a.param_owner[v] < p1) || replicated[v])) {
+      sp.parameters.push_back(v);
+    }
   }
 
   // The stage's interface.
@@ -261,8 +303,10 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.arena = plan.arena_bytes;
   m.activations = m.saved * in_flight;
   m.workspace = plan.arena_bytes - m.saved;
-  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.outputs_forward, &sp.outputs_backward}) {
-    for (ir::ValueId v : *list) m.boundary += AlignUp(a.value_bytes[v], alignment);
+  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.outputs_forward, &sp.outputs_backward,
+                           &sp.shared_gradients}) {
+    for (ir::ValueId v : *list)
+      if (v != ir::kNoValue) m.boundary += AlignUp(a.value_bytes[v], alignment);
   }
   m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.workspace +
             m.boundary;

@@ -15,12 +15,13 @@
 //   parameters       the planner's parameter region (bf16: plus a bf16 working copy, +50%)
 //   gradients        the planner's gradient region (persistent, accumulated over micro-batches)
 //   optimizer_state  the planner's optimizer-state region
-//   constants        the planner's constant region (masks, frozen buffers, tied-weight replicas)
+//   constants        the planner's constant region (masks, frozen buffers)
 //   saved            arena buffers of one micro-batch live across the forward/backward boundary
 //                    (produced by forward nodes or fed forward) — what a micro-batch in flight keeps
 //   activations      saved x in_flight (GPipe M, 1F1B min(M, K - stage))
 //   workspace        arena - saved: the rest of one micro-batch's arena (transients, recompute)
-//   boundary         send/receive buffers: the stage's boundary inputs and outputs, one each
+//   boundary         send/receive buffers: the stage's boundary inputs and outputs, one each, and
+//                    one receive buffer per shared-parameter gradient (the all-reduce)
 //   total            the sum of the above except `saved`
 // The executor allocates the persistent regions once, `in_flight` slots of `saved` bytes and one
 // workspace arena, so predicted and measured memory agree.
@@ -47,13 +48,16 @@ struct StageProgram {
   std::vector<ir::NodeId> recompute_clones;  // ids in `graph` only, in order
   // Value ids (the same in both graphs).
   std::vector<ir::ValueId> inputs_forward;    // activations from earlier stages
-  std::vector<ir::ValueId> inputs_backward;   // gradients (and tied-weight contributions) from later stages
+  std::vector<ir::ValueId> inputs_backward;   // gradients from later stages
   std::vector<ir::ValueId> outputs_forward;   // activations for later stages
   std::vector<ir::ValueId> outputs_backward;  // gradients for earlier stages
   std::vector<ir::ValueId> data_inputs;       // graph inputs the stage's forward/backward read
   std::vector<ir::ValueId> step_inputs;       // lr, step, and the global clip scale
   std::vector<ir::ValueId> global_outputs;    // gradients the global norm reads
-  std::vector<ir::ValueId> parameters;        // owned parameters
+  std::vector<ir::ValueId> parameters;        // owned parameters and the shared ones held here
+  // Shared parameters held here (analysis.h) and their gradients, which the holders all-reduce
+  // once per step (one receive buffer each, counted as a boundary buffer).
+  std::vector<ir::ValueId> shared_parameters, shared_gradients;
 };
 
 // The program of units [unit_begin, unit_end) with `recompute` (per node id, from RecomputeSet).

@@ -140,7 +140,7 @@ UnitTable BuildUnitTable(const GraphAnalysis& a, const std::vector<double>& node
     const int64_t bytes = AlignUp(a.value_bytes[v], alignment);
     std::set<int32_t> reader_units;
     for (ir::NodeId w : a.uses[v]) {
-      if (a.position[w] < 0) continue;
+      if (a.position[w] < 0 || a.tail_param[w] != ir::kNoValue) continue;  // (contributions: all-reduced)
       const ir::Node& wn = g.node(w);
       bool data_use = false;
       for (size_t i = 0; i < wn.inputs.size(); ++i)

@@ -9,7 +9,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libonnx-dev libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
       nlohmann-json3-dev libopenblas-dev libarchive-dev zlib1g-dev
       clang libclang-rt-14-dev
-      python3 python3-venv python3-numpy python3-torch python3-onnx libonnx-testdata fortunes fortunes-min)
+      python3 python3-venv python3-numpy python3-torch python3-onnx libonnx-testdata fortunes fortunes-min
+      chromium graphviz python3-pil)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -268,6 +268,85 @@ TEST(Memory, EqualsThePlannerAndHandSizes) {
   EXPECT_EQ(all_params, want);
 }
 
+// A parameter read on several stages (a tied embedding and output projection) is held Megatron
+// style on each: parameter, gradient and optimizer state on every stage that reads it, its
+// contributions summed on their own stage and all-reduced once per step (one receive buffer), never
+// sent per micro-batch. Every 3-stage assignment of a chain whose head reuses layer 0's weight.
+TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
+  ChainSpec spec;
+  spec.batch = 4;
+  spec.widths = {16, 8, 8, 8, 16};
+  spec.classes = 8;
+  spec.tie_head = true;
+  spec.momentum = 0.9;
+  const ir::Graph g = BuildChain(spec);
+  auto ctx = Context(g, int64_t{1} << 40, nullptr, spec.batch);
+  const GraphAnalysis& a = ctx->analysis();
+  const ir::ValueId tied = g.FindValue("layers.0.weight");
+  ASSERT_NE(tied, ir::kNoValue);
+  const int64_t tied_bytes = 16 * 8 * 4;  // a multiple of 64: no alignment padding
+  PartitionOptions o;
+  o.num_stages = 3;
+  o.batch = 8;
+  o.microbatches = 2;
+  int checked = 0;
+  ForEachAssignment(a.num_units(), 3, [&](const StageAssignment& asg) {
+    bool fits = false;
+    absl::StatusOr<PartitionPlan> p = PlanAssignment(*ctx, o, asg, &fits);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::vector<int32_t> readers;  // stages whose forward reads the tied weight
+    for (const StagePlan& s : p->stages) {
+      for (const std::string& n : s.forward_nodes)
+        if (n == "/layers.0/Linear" || n == "/head/Linear") readers.push_back(s.index);
+    }
+    ASSERT_EQ(readers.size(), 2u);
+    for (const StagePlan& s : p->stages) {
+      const bool holds = std::count(readers.begin(), readers.end(), s.index) > 0;
+      const bool shared = readers.front() != readers.back();
+      EXPECT_EQ(std::count(s.parameters.begin(), s.parameters.end(), "layers.0.weight"), holds ? 1 : 0);
+      int64_t params = 0;
+      for (const std::string& name : s.parameters) {
+        params += (ir::NumElements(g.value(g.FindValue(name)).shape).value() * 4 + 63) / 64 * 64;
+      }
+      EXPECT_EQ(s.memory.parameters, params) << s.index;
+      EXPECT_EQ(s.memory.gradients, params) << s.index;
+      EXPECT_EQ(s.memory.optimizer_state, params) << s.index;  // one momentum buffer each
+      int shared_gradients = 0;
+      for (const BoundaryTensor& b : s.boundary_inputs) {
+        if (b.kind != "shared_gradient") continue;
+        ++shared_gradients;
+        EXPECT_EQ(b.name, "grad/layers.0.weight");
+        EXPECT_EQ(b.bytes, tied_bytes);
+        const int32_t peer = s.index == readers.front() ? readers.back() : readers.front();
+        EXPECT_EQ(b.peers, std::vector<int32_t>{peer});
+      }
+      EXPECT_EQ(shared_gradients, holds && shared ? 1 : 0) << s.index;
+      // Between stages only (B, w) activations and their gradients travel per micro-batch.
+      for (const auto* list : {&s.boundary_inputs, &s.boundary_outputs}) {
+        for (const BoundaryTensor& b : *list) {
+          if (b.kind == "activation" || b.kind == "gradient") EXPECT_EQ(b.dims.front(), spec.batch) << b.name;
+        }
+      }
+      // The stage's program: the planner agrees, and the accumulation Sum reads local values only.
+      const std::vector<bool> none(g.num_node_slots(), false);
+      absl::StatusOr<StageProgram> sp = BuildStageProgram(a, s.unit_begin, s.unit_end, none);
+      ASSERT_TRUE(sp.ok()) << sp.status();
+      absl::StatusOr<MemoryPlan> mp = PlanMemory(sp->graph, sp->order);
+      ASSERT_TRUE(mp.ok()) << mp.status();
+      EXPECT_EQ(s.memory.parameters, mp->parameter_bytes);
+      EXPECT_EQ(s.memory.gradients, mp->gradient_bytes);
+      EXPECT_EQ(s.memory.optimizer_state, mp->optimizer_state_bytes);
+      std::set<ir::NodeId> here(sp->order.begin(), sp->order.end());
+      for (ir::NodeId id : sp->order) {
+        if (sp->graph.node(id).op != ir::OpKind::kSum || a.tail_param[id] != tied) continue;
+        for (ir::ValueId v : sp->graph.node(id).inputs) EXPECT_TRUE(here.count(g.value(v).producer)) << s.index;
+      }
+    }
+    ++checked;
+  });
+  EXPECT_GT(checked, 10);
+}
+
 TEST(Recompute, PoliciesTradeMemoryForTime) {
   ChainSpec spec;
   spec.batch = 32;

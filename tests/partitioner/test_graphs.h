@@ -29,6 +29,9 @@ struct ChainSpec {
   ir::OpKind activation = ir::OpKind::kRelu;  // or kGelu (its gradient reads the input)
   autodiff::OptimizerKind optimizer = autodiff::OptimizerKind::kSGD;
   double momentum = 0;
+  // The head reads layer 0's weight (a tied parameter, as a GPT's embedding and output projection):
+  // needs widths.back() == widths[0] and classes == widths[1] (expand 0).
+  bool tie_head = false;
 };
 
 // Returns the training graph (forward + loss + backward + optimizer), or dies on a test bug.
@@ -39,7 +42,10 @@ inline ir::Graph BuildChain(const ChainSpec& spec) {
   ir::ValueId h = g.AddValue("x", ir::DType::kF32, ir::FromInts({B, spec.widths[0]}));
   g.inputs().push_back(h);
   auto linear = [&](const std::string& scope, ir::ValueId in, int64_t k, int64_t n) {
-    const ir::ValueId w = g.AddConstant(scope + ".weight", ir::Tensor(ir::DType::kF32, {k, n}), true);
+    ir::ValueId w = g.FindValue("layers.0.weight");
+    if (!spec.tie_head || scope != "head") {
+      w = g.AddConstant(scope + ".weight", ir::Tensor(ir::DType::kF32, {k, n}), true);
+    }
     const ir::ValueId b = g.AddConstant(scope + ".bias", ir::Tensor(ir::DType::kF32, {n}), true);
     const ir::ValueId out = g.AddValue(scope + "/linear_out", ir::DType::kF32, ir::FromInts({B, n}));
     const ir::NodeId id = g.AddNode(ir::OpKind::kLinear, "/" + scope + "/Linear", {in, w, b}, {out});
