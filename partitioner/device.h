@@ -1,7 +1,8 @@
 // Device profiles: what the partitioner knows about one pipeline stage's accelerator. Built-in
 // profiles for the GPUs HPC centres run (h200, h100-80gb, a100-80gb, a100-40gb, v100-32gb) and a
-// generic `cpu`; any other device comes from a JSON file (format below). Tests build profiles by
-// hand (fake devices) and hand them to Partition() directly.
+// `cpu` calibrated from measurements of the CPU backend (device.cc); any other device comes from a
+// JSON file (format below; `onnxpipe profile --device-out` writes one for the machine it runs on).
+// Tests build profiles by hand (fake devices) and hand them to Partition() directly.
 //
 // JSON device file (every key below; unknown keys are an error so that a typo is not ignored):
 //   {

@@ -1,5 +1,6 @@
 // onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
-// per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h).
+// per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
+// --device-out, a device profile calibrated from them (partitioner/calibrate.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,8 +9,11 @@
 #include <map>
 #include <random>
 
+#include <unistd.h>
+
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/ir/status.h"
+#include "partitioner/calibrate.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/reports.h"
 #include "tools/commands.h"
@@ -22,7 +26,7 @@ namespace {
 namespace part = onnxpipe::partitioner;
 
 struct Flags {
-  std::string optimizer = "sgd", out, logits, labels = "labels", freeze;
+  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, device_out;
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0;
   double momentum = 0;
 };
@@ -81,7 +85,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   cpu::CpuEvaluator evaluator(ctx);
   const std::vector<ir::Tensor> feeds = Feeds(g, static_cast<uint64_t>(f.seed));
   std::vector<std::vector<double>> samples(g.num_node_slots());
+  const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
+    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n", static_cast<long long>(rep + 1),
+                static_cast<long long>(f.warmup + f.repeats), rep < f.warmup ? " (warm-up)" : "");
+    std::fflush(stdout);
     std::vector<ir::Tensor> values(g.num_values());
     for (size_t i = 0; i < g.inputs().size(); ++i) values[g.inputs()[i]] = feeds[i];
     for (int32_t t = 0; t < static_cast<int32_t>(order.size()); ++t) {
@@ -121,12 +129,15 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   const std::time_t now = std::time(nullptr);
   std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   times.created = created;
+  if (tty) std::printf("\r\x1b[K");
   std::map<std::string, double> per_op;
   double phase_ms[3] = {0, 0, 0};
+  std::vector<double> median_s(g.num_node_slots(), 0.0);
   for (ir::NodeId id : order) {
     std::vector<double>& s = samples[id];
     std::sort(s.begin(), s.end());
     const double ms = s.empty() ? 0.0 : s[s.size() / 2] * 1e3;
+    median_s[id] = ms * 1e-3;
     const ir::Node& n = g.node(id);
     times.ops.push_back({n.name, std::string(ir::OpName(n.op)), PhaseName(n.phase), ms});
     per_op[std::string(ir::OpName(n.op))] += ms;
@@ -143,6 +154,27 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   for (size_t i = 0; i < top.size() && i < 8; ++i)
     std::printf("  %-28s %10s\n", top[i].second.c_str(), part::FormatMs(top[i].first).c_str());
   std::printf("wrote %s\n", f.out.c_str());
+
+  // The roofline that reproduces these times (partitioner/calibrate.h).
+  part::DeviceProfile base = *part::BuiltinDevice("cpu");
+  base.name = "cpu-calibrated";
+  base.source = "onnxpipe profile " + times.model + " --batch " + std::to_string(f.batch);
+  if (const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); pages > 0 && page > 0) {
+    base.memory_bytes = static_cast<int64_t>(pages) * page;
+  }
+  const part::Calibration c = part::CalibrateDevice(g, median_s, base);
+  std::printf("calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
+              "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
+              c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
+              c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes),
+              static_cast<long long>(c.memory_nodes), static_cast<long long>(c.vector_nodes),
+              part::FormatMs(c.predicted_s * 1e3).c_str(), part::FormatMs(c.measured_s * 1e3).c_str());
+  if (!f.device_out.empty()) {
+    nlohmann::ordered_json j = part::DeviceToJson(c.device);
+    j.erase("source");  // (not a key of the device file format)
+    RETURN_IF_ERROR(part::WriteFileAtomic(f.device_out, j.dump(1) + "\n"));
+    std::printf("wrote %s (use it as --device %s)\n", f.device_out.c_str(), f.device_out.c_str());
+  }
   return absl::OkStatus();
 }
 
@@ -154,7 +186,10 @@ int RunProfile(const Args& args) {
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
              "backend with random inputs and writes every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
-             "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.");
+             "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
+             "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
+             "memory bandwidth, per-op overhead); --device-out writes it as a device file\n"
+             "(partitioner/device.h) for `onnxpipe partition --device FILE.json`.");
   fs.Int("batch", &f.batch, "micro-batch size to measure (binds the batch dim)");
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
   fs.String("optimizer", &f.optimizer, "sgd | adamw");
@@ -166,6 +201,8 @@ int RunProfile(const Args& args) {
   fs.String("labels", &f.labels, "name of the labels input the loss adds");
   fs.String("freeze", &f.freeze, "regex of initializers not to train");
   fs.String("out", &f.out, "output JSON file");
+  fs.String("device-out", &f.device_out,
+            "also write a device profile (JSON) whose roofline reproduces the measured times");
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);
   if (fs.help_requested()) {
     std::printf("%s", fs.Usage().c_str());
