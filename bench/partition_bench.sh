@@ -3,27 +3,29 @@
 # d 1024, 16 heads, FFN 4096, seq 256, post-LN, GELU) at 24 and 96 layers, partitioned into 4 stages
 # for batch 256 in 8 micro-batches on H200s (bf16, SGD, 1F1B). Targets: 24 layers < 2 s, 96 < 10 s.
 #
-#   bench/partition_bench.sh [ONNXPIPE_BINARY] [LAYERS ...]      (default: .build/part/tools/onnxpipe, 24 96)
+#   DEVICE_LABEL="2-core CPU VM" bench/partition_bench.sh [ONNXPIPE_BINARY] [LAYERS ...]
+#                                              (default: .build/main/tools/onnxpipe, 24 96)
 #
 # The models are exported at bench time into $WORK (default /tmp/onnxpipe_partition_bench; kept
 # between runs, never committed); the 96-layer one (4.9 GB of weights) as external data. The export
 # needs about 7x the weights in RAM (8.6 GB peak for 24 layers), so the 96-layer model only exports
 # on a machine with ~40 GB free: results/partition_*_h200-machine.json was measured on the GPU
 # machine's CPU with ../shared/bench/torch_peer.py's export of the same model. Writes
-# bench/results/partition_<date>_<host>.json with the machine, the phases' times (the onnxpipe
+# bench/results/partition_<date>_<device label>.json with the machine, the phases' times (the onnxpipe
 # partition "time:" line: import = ONNX load + checker + shape inference, training graph = bind,
 # fold, fuse, loss, autodiff, optimizer; partition = phases 1-6; write = the report files) and the
 # plan's search statistics.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${1:-$ROOT/.build/part/tools/onnxpipe}
+BIN=${1:-$ROOT/.build/main/tools/onnxpipe}
+DEVICE_LABEL=${DEVICE_LABEL:-"$(nproc)-core CPU"}
 shift || true
 LAYERS=("$@")
 [ ${#LAYERS[@]} -eq 0 ] && LAYERS=(24 96)
 WORK=${WORK:-/tmp/onnxpipe_partition_bench}
 PY=/usr/bin/python3
 mkdir -p "$WORK" "$ROOT/bench/results"
-[ -x "$BIN" ] || { echo "no onnxpipe binary at $BIN (build it: cmake --build .build/part --target onnxpipe)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "no onnxpipe binary at $BIN (build it: cmake --build .build/main --target onnxpipe)" >&2; exit 1; }
 
 runs=()
 for L in "${LAYERS[@]}"; do
@@ -68,10 +70,10 @@ EOF
 )")
 done
 
-host=$(hostname -s)
+label=$(echo "$DEVICE_LABEL" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/^-//; s/-$//')
 stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-result="$ROOT/bench/results/partition_$(date -u +%Y%m%d)_${host}.json"
-$PY - "$result" "$stamp" "$(git -C "$ROOT" rev-parse --short HEAD)" "${runs[@]}" <<'EOF'
+result="$ROOT/bench/results/partition_$(date -u +%Y%m%d)_${label}.json"
+$PY - "$result" "$stamp" "$(git -C "$ROOT" rev-parse --short HEAD)" "$DEVICE_LABEL" "${runs[@]}" <<'EOF'
 import json, os, platform, sys
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 mem = next((int(l.split()[1]) // 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
@@ -81,9 +83,9 @@ doc = {
                "--optimizer sgd --schedule 1f1b --no-onnx",
     "targets": {"24": "partition < 2 s", "96": "partition < 10 s"},
     "date": sys.argv[2], "commit": sys.argv[3],
-    "machine": {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory_mb": mem,
+    "machine": {"device": sys.argv[4], "cpu": cpu, "cores": os.cpu_count(), "memory_mb": mem,
                 "load_average_1m": os.getloadavg()[0], "kernel": platform.release()},
-    "runs": [json.loads(r) for r in sys.argv[4:]],
+    "runs": [json.loads(r) for r in sys.argv[5:]],
 }
 json.dump(doc, open(sys.argv[1], "w"), indent=1)
 print("wrote", sys.argv[1])

@@ -155,6 +155,16 @@ std::string ReportText(const PartitionPlan& p) {
       os << ": " << b.name << " (" << dims << " " << b.dtype << ", " << FormatBytes(b.bytes) << ")\n";
     }
   }
+  // Shared parameters, once each (the lowest holder names the others).
+  for (const StagePlan& s : p.stages) {
+    for (const BoundaryTensor& b : s.boundary_inputs) {
+      if (b.kind != "shared_gradient" || (!b.peers.empty() && b.peers.front() < s.index)) continue;
+      os << "shared     " << (b.name.rfind("grad/", 0) == 0 ? b.name.substr(5) : b.name) << " on stages " << s.index;
+      for (int32_t k : b.peers) os << ", " << k;
+      os << ": parameter, gradient and optimizer state on each, gradient all-reduced once per step ("
+         << FormatBytes(b.bytes) << ")\n";
+    }
+  }
   std::snprintf(line, sizeof(line), "search     %d cut candidates, %d units, %lld DP runs, %d verify rounds, %.3f s\n",
                 p.search.cut_candidates, p.search.units, static_cast<long long>(p.search.dp_runs),
                 p.search.verify_rounds, p.search.seconds);

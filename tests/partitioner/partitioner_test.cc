@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "partitioner/calibrate.h"
 #include "partitioner/memory_planner.h"
 #include "partitioner/partitioner.h"
 #include "partitioner/plan_io.h"
@@ -324,7 +325,9 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
       // Between stages only (B, w) activations and their gradients travel per micro-batch.
       for (const auto* list : {&s.boundary_inputs, &s.boundary_outputs}) {
         for (const BoundaryTensor& b : *list) {
-          if (b.kind == "activation" || b.kind == "gradient") EXPECT_EQ(b.dims.front(), spec.batch) << b.name;
+          if (b.kind == "activation" || b.kind == "gradient") {
+            EXPECT_EQ(b.dims.front(), spec.batch) << b.name;
+          }
         }
       }
       // The stage's program: the planner agrees, and the accumulation Sum reads local values only.
@@ -345,6 +348,41 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
     ++checked;
   });
   EXPECT_GT(checked, 10);
+}
+
+// Calibration recovers a device from times it produced: every node timed by a known roofline
+// (GEMM 20 GFLOP/s, other ops 2 GFLOP/s, 3 GB/s, 5 us per kernel), the fitted profile predicts the
+// same total and close peaks; memory and links stay the base's.
+TEST(Calibrate, RecoversTheDeviceThatProducedTheTimes) {
+  ChainSpec spec;
+  spec.batch = 16;
+  spec.widths = {64, 64, 64, 64, 64};
+  spec.expand = 4;
+  spec.activation = ir::OpKind::kGelu;
+  const ir::Graph g = BuildChain(spec);
+  DeviceProfile truth = FakeDevice(1 << 30);
+  truth.gemm_flops_fp32 = truth.gemm_flops_bf16 = 20e9;
+  truth.vector_flops = 2e9;
+  truth.memory_bandwidth = 3e9;
+  truth.op_overhead_s = 5e-6;
+  std::vector<double> seconds(g.num_node_slots(), 0.0);
+  double total = 0;
+  for (ir::NodeId id : g.LiveNodes()) {
+    seconds[id] = RooflineSeconds(EstimateOpCost(g, g.node(id), Precision::kFP32), truth, Precision::kFP32);
+    total += seconds[id];
+  }
+  const DeviceProfile base = FakeDevice(int64_t{7} << 30);
+  const Calibration c = CalibrateDevice(g, seconds, base);
+  EXPECT_GT(c.gemm_nodes, 0);
+  EXPECT_GT(c.memory_nodes, 0);
+  EXPECT_DOUBLE_EQ(c.measured_s, total);
+  EXPECT_NEAR(c.predicted_s, total, 0.05 * total);
+  EXPECT_NEAR(c.device.gemm_flops_fp32, 20e9, 0.15 * 20e9);
+  EXPECT_NEAR(c.device.memory_bandwidth, 3e9, 0.25 * 3e9);
+  EXPECT_NEAR(c.device.op_overhead_s, 5e-6, 5e-6);
+  EXPECT_EQ(c.device.compute_efficiency, 1.0);
+  EXPECT_EQ(c.device.memory_bytes, base.memory_bytes);
+  EXPECT_EQ(c.device.link_bandwidth, base.link_bandwidth);
 }
 
 TEST(Recompute, PoliciesTradeMemoryForTime) {
