@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <map>
 
+#include <unistd.h>
+
 #include "frontend/ir/status.h"
 #include "frontend/onnx/stage_export.h"
 #include "partitioner/partitioner.h"
@@ -17,6 +19,18 @@
 
 namespace onnxpipe::tools {
 namespace {
+
+// What the command is doing: a line rewritten in place on a terminal, plain lines otherwise (an
+// empty `what` clears the terminal line).
+void ShowProgress(const std::string& what) {
+  static const bool tty = isatty(fileno(stdout));
+  if (tty) {
+    std::printf("\r%s\x1b[K", what.empty() ? "" : ("onnxpipe partition: " + what + " ...").c_str());
+  } else if (!what.empty()) {
+    std::printf("onnxpipe partition: %s ...\n", what.c_str());
+  }
+  std::fflush(stdout);
+}
 
 namespace part = onnxpipe::partitioner;
 
@@ -93,6 +107,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   to.logits = f.logits;
   to.labels = f.labels;
   to.freeze = f.freeze;
+  ShowProgress("importing " + model_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   const double load_s = Since(t0);
@@ -147,14 +162,17 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
 
   const int64_t mb = f.batch / f.microbatches;
   const auto t1 = std::chrono::steady_clock::now();
+  ShowProgress("building the training graph (micro-batch " + std::to_string(mb) + ")");
   ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
   const double graph_s = Since(t1);
   const auto t2 = std::chrono::steady_clock::now();
+  ShowProgress("partitioning");
   ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
                    part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
   ASSIGN_OR_RETURN(part::PartitionPlan plan, part::Partition(*ctx, o));
   const double partition_s = Since(t2);
   const auto t3 = std::chrono::steady_clock::now();
+  ShowProgress("writing " + f.out);
   RETURN_IF_ERROR(part::WritePlanFiles(plan, f.out));
   if (f.onnx) {
     for (const part::StagePlan& s : plan.stages) {
@@ -167,6 +185,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     }
   }
   const double write_s = Since(t3);
+  ShowProgress("");
   std::printf("%s\n", part::ReportText(plan).c_str());
   std::printf("wrote %s/{plan.json, report.txt, report.html, partition.dot, schedule.trace.json%s}\n", f.out.c_str(),
               f.onnx ? ", stage_<k>.onnx" : "");

@@ -126,7 +126,25 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
                         "stage_0.onnx", "stage_1.onnx"}) {
     EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
   }
-  // plan.json: the strict loader.
+  // plan.json: the fields issue 6 lists, by name, then the strict loader.
+  const json pj = Plan(out);
+  EXPECT_EQ(pj["schema_version"], 1);
+  for (const char* k : {"step_ms", "bubble_fraction", "samples_per_s"}) EXPECT_TRUE(pj["predicted"][k].is_number()) << k;
+  for (const json& st : pj["stages"]) {
+    for (const char* k : {"index", "nodes", "parameters", "boundary_inputs", "boundary_outputs", "recompute_regions"}) {
+      EXPECT_TRUE(st.contains(k)) << k;
+    }
+    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "workspace", "total"}) {
+      EXPECT_TRUE(st["memory"][k].is_number_integer()) << k;
+    }
+    for (const char* k : {"forward_ms", "backward_ms", "recompute_ms"}) EXPECT_TRUE(st["predicted"][k].is_number()) << k;
+    for (const char* side : {"boundary_inputs", "boundary_outputs"}) {
+      for (const json& b : st[side]) {
+        EXPECT_TRUE(b["shape"].is_array()) << side;
+        EXPECT_TRUE(b["bytes"].is_number_integer()) << side;
+      }
+    }
+  }
   absl::StatusOr<partitioner::PartitionPlan> plan = partitioner::LoadPlan(out);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->stages.size(), 2u);

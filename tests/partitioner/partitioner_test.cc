@@ -580,6 +580,24 @@ TEST(Errors, BadOptionsAndPlansThatCannotFit) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("does not fit"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("It would fit on devices with"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("--stages"));
+  // The numbers it names, against brute force over every assignment: the smallest peak memory of
+  // a 1-stage and of a 2-stage plan, and the fewest stages with an assignment that fits.
+  for (int64_t K : {1, 2}) {
+    o.num_stages = K;
+    const Brute brute = BruteForce(*tight, o);
+    if (brute.fits > 0) continue;
+    const std::string message(Partition(*tight, o).status().message());
+    EXPECT_THAT(message, HasSubstr("It would fit on devices with " + FormatBytes(brute.min_peak) + " ")) << message;
+  }
+  int fewest = 0;
+  for (int64_t K = 1; K <= 4 && fewest == 0; ++K) {
+    o.num_stages = K;
+    if (BruteForce(*tight, o).fits > 0) fewest = static_cast<int>(K);
+  }
+  ASSERT_GT(fewest, 1);
+  o.num_stages = 1;
+  EXPECT_THAT(std::string(Partition(*tight, o).status().message()),
+              HasSubstr("or with " + std::to_string(fewest) + " stages (--stages " + std::to_string(fewest) + ")"));
   // --stages auto finds the fewest that fit.
   o.num_stages = 0;
   absl::StatusOr<PartitionPlan> autok = Partition(*tight, o);
@@ -587,6 +605,27 @@ TEST(Errors, BadOptionsAndPlansThatCannotFit) {
   EXPECT_LE(autok->num_stages, 4);
   EXPECT_GT(autok->num_stages, 1);
   EXPECT_TRUE(autok->stages_auto);
+  EXPECT_EQ(autok->num_stages, fewest);
+  // --stages auto --objective throughput: the stage count whose plan has the shortest simulated step.
+  o.objective = Objective::kThroughput;
+  o.max_stages = 4;
+  absl::StatusOr<PartitionPlan> fastest = Partition(*loose, o);
+  ASSERT_TRUE(fastest.ok()) << fastest.status();
+  double best_ms = kInf;
+  int64_t best_k = 0;
+  for (int64_t K = 1; K <= 4; ++K) {
+    PartitionOptions fixed = o;
+    fixed.num_stages = K;
+    fixed.objective = Objective::kFewestStages;
+    absl::StatusOr<PartitionPlan> p = Partition(*loose, fixed);
+    ASSERT_TRUE(p.ok()) << p.status();
+    if (p->step_ms < best_ms) {
+      best_ms = p->step_ms;
+      best_k = K;
+    }
+  }
+  EXPECT_EQ(fastest->num_stages, best_k);
+  EXPECT_DOUBLE_EQ(fastest->step_ms, best_ms);
 }
 
 }  // namespace
