@@ -29,6 +29,13 @@ inline std::filesystem::path MakeTempDir(const std::string& tag) {
   return made ? std::filesystem::path(made) : std::filesystem::path();
 }
 
+// `s` as one single-quoted shell word.
+inline std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 // Runs `command` through the shell, capturing stdout and stderr separately.
 inline CommandResult RunCommand(const std::string& command) {
   static int counter = 0;

@@ -11,11 +11,15 @@
 #include "executor/io/crc32c.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/io/run_command.h"
+#include "tests/cli/cli_util.h"
 #include "tests/io/test_dir.h"
 
 namespace onnxpipe::io {
 namespace {
+
+using testing::CommandResult;
+using testing::RunCommand;
+using testing::ShellQuote;
 
 using Bytes = std::vector<uint8_t>;
 Bytes ToBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
@@ -135,8 +139,8 @@ TEST(TensorBoardWriterTest, FileReadBackByIndependentReader) {
   std::string script = std::string(ONNXPIPE_SOURCE_DIR) + "/tests/io/read_tfevents.py";
   CommandResult r =
       RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " + ShellQuote((*w)->path()) + " 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  ExpectEvents(ParseJsonLines(r.output), rows, "independent reader");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ExpectEvents(ParseJsonLines(r.out), rows, "independent reader");
 
   // A flipped byte must be caught by the reader's CRC check (so the check above is not vacuous).
   std::string bytes = *ReadFileToString((*w)->path());
@@ -145,7 +149,7 @@ TEST(TensorBoardWriterTest, FileReadBackByIndependentReader) {
   ASSERT_TRUE(WriteFileAtomically(corrupt_path, bytes).ok());
   CommandResult bad =
       RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(script) + " " + ShellQuote(corrupt_path) + " 2>&1");
-  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.exit_code, 0) << bad.out;
 
   // TensorBoard's own loader, from any Python on the machine that has it.
   std::string tb_python;
@@ -161,8 +165,8 @@ TEST(TensorBoardWriterTest, FileReadBackByIndependentReader) {
   }
   CommandResult tb = RunCommand(ShellQuote(tb_python) + " " + ShellQuote(script) + " --tensorboard " +
                                 ShellQuote((*w)->path()) + " 2>/dev/null");
-  ASSERT_EQ(tb.exit_code, 0) << tb.output;
-  ExpectEvents(ParseJsonLines(tb.output), rows, "TensorBoard EventFileLoader");
+  ASSERT_EQ(tb.exit_code, 0) << tb.out;
+  ExpectEvents(ParseJsonLines(tb.out), rows, "TensorBoard EventFileLoader");
 }
 
 TEST(TensorBoardWriterTest, TwoWritersGetTwoFiles) {

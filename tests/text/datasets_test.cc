@@ -8,11 +8,15 @@
 #include "executor/text/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/io/run_command.h"
+#include "tests/cli/cli_util.h"
 #include "tests/io/test_dir.h"
 
 namespace onnxpipe::text {
 namespace {
+
+using testing::CommandResult;
+using testing::RunCommand;
+using testing::ShellQuote;
 
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
@@ -59,7 +63,7 @@ std::string MakeArchive(const fs::path& parent, const std::string& out, const st
   EXPECT_TRUE(io::WriteFileAtomically(py, script).ok());
   CommandResult r = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " + ShellQuote(py) + " " + ShellQuote(parent.string()) +
                                " " + ShellQuote(out) + " " + mode + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
   return out;
 }
 
@@ -233,7 +237,7 @@ TEST(TextDataTest, ShippedGeneratorLayoutsAgree) {
   CommandResult gen = RunCommand(ShellQuote(ONNXPIPE_PYTHON) + " " +
                                  ShellQuote(std::string(ONNXPIPE_SOURCE_DIR) + "/models/make_text_data.py") +
                                  " --out " + ShellQuote(out) + " 2>&1");
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  ASSERT_EQ(gen.exit_code, 0) << gen.out;
   auto imdb = LoadAclImdb(out);
   auto tsv = LoadTsv(out);
   ASSERT_TRUE(imdb.ok()) << imdb.status();
