@@ -283,7 +283,13 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
     }
   }
 
-  // Phase 7: the persistent regions, in value-id order.
+  // Phase 7: the persistent regions, in value-id order; the workspace.
+  if (options.workspace_bytes) {
+    for (ir::NodeId id : order) {
+      plan.workspace_bytes =
+          std::max(plan.workspace_bytes, AlignUp(options.workspace_bytes(g, g.node(id)), align));
+    }
+  }
   for (ir::ValueId v = 0; v < nv; ++v) {
     if (!used[v] || plan.values[v].buffer != v) continue;
     int64_t* region_bytes = nullptr;

@@ -30,9 +30,14 @@
 // the buffers already placed whose live ranges intersect its own, or above them all. arena_bytes
 // is the end of the highest buffer; peak_bytes, the largest sum of live aligned buffer sizes at one
 // position, is a lower bound that a perfect packing would reach.
+//
+// Workspace: kernels' scratch (MemoryPlanOptions::workspace_bytes, e.g. cpu::CpuWorkspaceBytes)
+// is one buffer of the largest aligned need of any scheduled node, reused by every node (nodes run
+// one at a time): workspace_bytes. Without the option it is 0.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,15 +72,19 @@ struct MemoryPlan {
   int64_t gradient_bytes = 0;
   int64_t optimizer_state_bytes = 0;
   int64_t constant_bytes = 0;
+  int64_t workspace_bytes = 0;
   std::vector<ValueMemory> values;  // indexed by ValueId
 
   int64_t total_bytes() const {
-    return arena_bytes + parameter_bytes + gradient_bytes + optimizer_state_bytes + constant_bytes;
+    return arena_bytes + parameter_bytes + gradient_bytes + optimizer_state_bytes + constant_bytes +
+           workspace_bytes;
   }
 };
 
 struct MemoryPlanOptions {
   int64_t alignment = 64;
+  // Scratch bytes a node's kernel needs besides its outputs (a backend's function); null: none.
+  std::function<int64_t(const ir::Graph&, const ir::Node&)> workspace_bytes;
 };
 
 // `order` lists live nodes of `g`, each once, producers before consumers (the graph's LiveNodes()

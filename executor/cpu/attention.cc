@@ -14,6 +14,7 @@
 
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/kernel_util.h"
+#include "executor/cpu/workspace.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -86,6 +87,7 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   }
   const bool dropout = ctx.training && ratio > 0.0;
   const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
+  ASSIGN_OR_RETURN(const int64_t counter_base, RandomCounterBase(node, ctx, nbatch * sq * sk));
   RETURN_IF_ERROR(CheckGemmSize(node, sq, sk, dh));
   RETURN_IF_ERROR(CheckGemmSize(node, sq, dv, sk));
 
@@ -94,10 +96,15 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     std::vector<int64_t> out_dims = batch;
     out_dims.push_back(sq);
     out_dims.push_back(dv);
-    ir::Tensor out(q.dtype(), out_dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, q.dtype(), out_dims));
     if (out.num_elements() == 0) return std::vector<ir::Tensor>{out};
     const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
-    std::vector<T> probs(static_cast<size_t>(sq * sk));
+    // The layout asks for the keep mask whenever the node has dropout, training or not, so the
+    // workspace used is the planned one (workspace.h).
+    const AttentionWorkspace layout = AttentionWorkspace::Forward(sq, sk, sizeof(T), ratio > 0.0);
+    ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, layout.total));
+    T* probs = ws.at<T>(layout.probs);
+    uint8_t* keep_all = ws.at<uint8_t>(layout.keep);
     for (int64_t t = 0; t < nbatch; ++t) {
       int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
       for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
@@ -108,15 +115,14 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
         vi += idx * vs[d];
         if (has_mask) mi += idx * ms[d];
       }
-      T* s = probs.data();
+      T* s = probs;
       if (dh > 0) {
         Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), q.data<T>() + qi * sq * dh, dh,
                 k.data<T>() + ki * sk * dh, dh, T(0), s, sk);
       } else {
-        std::fill(probs.begin(), probs.end(), T(0));
+        std::fill(probs, probs + sq * sk, T(0));
       }
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
-        std::vector<uint8_t> keep(dropout ? sk : 0);
         for (int64_t i = b; i < e; ++i) {
           T* row = s + i * sk;
           const int64_t visible = causal ? std::min(i + 1, sk) : sk;
@@ -148,8 +154,9 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
           const double inv = 1.0 / sum;
           for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
           if (dropout) {
-            const int64_t base = (t * sq + i) * sk;
-            FillDropoutKeepMask(stream, base, base + sk, keep.data());
+            const int64_t base = counter_base + (t * sq + i) * sk;
+            uint8_t* keep = keep_all + i * sk;
+            FillDropoutKeepMask(stream, base, base + sk, keep);
             for (int64_t j = 0; j < sk; ++j) row[j] = keep[j] ? row[j] * drop_scale : T(0);
           }
         }

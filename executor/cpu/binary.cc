@@ -11,10 +11,10 @@ namespace {
 
 // out[i] = op(a[ia], b[ib]) over the broadcast shape of a and b.
 template <typename TA, typename TB, typename TOut, typename Op>
-absl::StatusOr<ir::Tensor> BinaryBroadcast(const ir::Node& node, const ir::Tensor& a,
-                                           const ir::Tensor& b, Op op) {
+absl::StatusOr<ir::Tensor> BinaryBroadcast(const ir::Node& node, const EvalContext& ctx,
+                                           const ir::Tensor& a, const ir::Tensor& b, Op op) {
   ASSIGN_OR_RETURN(std::vector<int64_t> dims, BroadcastDims(node, {a.dims(), b.dims()}));
-  ir::Tensor out(ir::DTypeOf<TOut>::value, dims);
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DTypeOf<TOut>::value, dims));
   const TA* pa = a.data<TA>();
   const TB* pb = b.data<TB>();
   TOut* po = out.mutable_data<TOut>();
@@ -100,13 +100,13 @@ enum class Arith { kAdd, kSub, kMul, kDiv };
 template <Arith kOp>
 absl::StatusOr<std::vector<ir::Tensor>> ArithKernel(const ir::Node& node,
                                                     const std::vector<ir::Tensor>& in,
-                                                    const EvalContext&) {
+                                                    const EvalContext& ctx) {
   RETURN_IF_ERROR(SameDType(node, in, 0, 1));
   return DispatchDType(ArithTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using T = typename decltype(tag)::type;
     auto run = [&](auto op) -> absl::StatusOr<std::vector<ir::Tensor>> {
-      ASSIGN_OR_RETURN(ir::Tensor out, (BinaryBroadcast<T, T, T>(node, in[0], in[1], op)));
+      ASSIGN_OR_RETURN(ir::Tensor out, (BinaryBroadcast<T, T, T>(node, ctx, in[0], in[1], op)));
       return std::vector<ir::Tensor>{out};
     };
     if constexpr (kOp == Arith::kAdd) {
@@ -154,7 +154,7 @@ TB PowValue(TB base, TE e) {
 
 absl::StatusOr<std::vector<ir::Tensor>> PowKernel(const ir::Node& node,
                                                   const std::vector<ir::Tensor>& in,
-                                                  const EvalContext&) {
+                                                  const EvalContext& ctx) {
   return DispatchDType(NumericTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto base_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using TB = typename decltype(base_tag)::type;
@@ -162,7 +162,7 @@ absl::StatusOr<std::vector<ir::Tensor>> PowKernel(const ir::Node& node,
                          [&](auto exp_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
       using TE = typename decltype(exp_tag)::type;
       ASSIGN_OR_RETURN(ir::Tensor out, (BinaryBroadcast<TB, TE, TB>(
-                                           node, in[0], in[1], [](TB a, TE b) { return PowValue(a, b); })));
+                                           node, ctx, in[0], in[1], [](TB a, TE b) { return PowValue(a, b); })));
       return std::vector<ir::Tensor>{out};
     });
   });
@@ -172,7 +172,7 @@ absl::StatusOr<std::vector<ir::Tensor>> PowKernel(const ir::Node& node,
 // spec; fmod = 1 is C's fmod / truncated remainder (result has the dividend's sign).
 absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
                                                   const std::vector<ir::Tensor>& in,
-                                                  const EvalContext&) {
+                                                  const EvalContext& ctx) {
   RETURN_IF_ERROR(SameDType(node, in, 0, 1));
   const int64_t fmod = node.attrs.Get<int64_t>("fmod", 0);
   if (fmod != 0 && fmod != 1) {
@@ -187,14 +187,14 @@ absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
         return INVALID_ARGUMENT() << Describe(node)
                                   << ": fmod = 0 on floating-point inputs; the ONNX spec requires fmod = 1";
       }
-      out = BinaryBroadcast<T, T, T>(node, in[0], in[1], [](T a, T b) { return std::fmod(a, b); });
+      out = BinaryBroadcast<T, T, T>(node, ctx, in[0], in[1], [](T a, T b) { return std::fmod(a, b); });
     } else {
       RETURN_IF_ERROR(CheckNoZeroDivisor<T>(node, in[1]));
       if (fmod == 1) {
-        out = BinaryBroadcast<T, T, T>(node, in[0], in[1],
+        out = BinaryBroadcast<T, T, T>(node, ctx, in[0], in[1],
                                        [](T a, T b) -> T { return IsMinusOne(b) ? T(0) : static_cast<T>(a % b); });
       } else {
-        out = BinaryBroadcast<T, T, T>(node, in[0], in[1], [](T a, T b) -> T {
+        out = BinaryBroadcast<T, T, T>(node, ctx, in[0], in[1], [](T a, T b) -> T {
           if (IsMinusOne(b)) return 0;
           T r = static_cast<T>(a % b);
           if constexpr (std::is_signed_v<T>) {
@@ -215,18 +215,18 @@ using EqualTypes = TypeList<float, double, int64_t, int32_t, int8_t, uint8_t, bo
 template <Cmp kOp, typename Types>
 absl::StatusOr<std::vector<ir::Tensor>> CompareKernel(const ir::Node& node,
                                                       const std::vector<ir::Tensor>& in,
-                                                      const EvalContext&) {
+                                                      const EvalContext& ctx) {
   RETURN_IF_ERROR(SameDType(node, in, 0, 1));
   return DispatchDType(Types{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using T = typename decltype(tag)::type;
     absl::StatusOr<ir::Tensor> out;
     if constexpr (kOp == Cmp::kEqual) {
-      out = BinaryBroadcast<T, T, bool>(node, in[0], in[1], [](T a, T b) { return a == b; });
+      out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a == b; });
     } else if constexpr (kOp == Cmp::kLess) {
-      out = BinaryBroadcast<T, T, bool>(node, in[0], in[1], [](T a, T b) { return a < b; });
+      out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a < b; });
     } else {
-      out = BinaryBroadcast<T, T, bool>(node, in[0], in[1], [](T a, T b) { return a > b; });
+      out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a > b; });
     }
     if (!out.ok()) return out.status();
     return std::vector<ir::Tensor>{*out};
@@ -235,27 +235,27 @@ absl::StatusOr<std::vector<ir::Tensor>> CompareKernel(const ir::Node& node,
 
 absl::StatusOr<std::vector<ir::Tensor>> AndKernel(const ir::Node& node,
                                                   const std::vector<ir::Tensor>& in,
-                                                  const EvalContext&) {
+                                                  const EvalContext& ctx) {
   for (int i = 0; i < 2; ++i) {
     if (in[i].dtype() != ir::DType::kBool) {
       return UnsupportedDType(node, i == 0 ? "input 0" : "input 1", in[i].dtype(), {ir::DType::kBool});
     }
   }
   ASSIGN_OR_RETURN(ir::Tensor out,
-                   (BinaryBroadcast<bool, bool, bool>(node, in[0], in[1], [](bool a, bool b) { return a && b; })));
+                   (BinaryBroadcast<bool, bool, bool>(node, ctx, in[0], in[1], [](bool a, bool b) { return a && b; })));
   return std::vector<ir::Tensor>{out};
 }
 
 // Where(cond, X, Y): any dtype for X and Y, moved as raw elements of their size.
 absl::StatusOr<std::vector<ir::Tensor>> WhereKernel(const ir::Node& node,
                                                     const std::vector<ir::Tensor>& in,
-                                                    const EvalContext&) {
+                                                    const EvalContext& ctx) {
   if (in[0].dtype() != ir::DType::kBool) {
     return UnsupportedDType(node, "input 0 (condition)", in[0].dtype(), {ir::DType::kBool});
   }
   RETURN_IF_ERROR(SameDType(node, in, 1, 2));
   ASSIGN_OR_RETURN(std::vector<int64_t> dims, BroadcastDims(node, {in[0].dims(), in[1].dims(), in[2].dims()}));
-  ir::Tensor out(in[1].dtype(), dims);
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[1].dtype(), dims));
   StridedLoop loop(dims, {BroadcastStrides(in[0].dims(), dims.size()), BroadcastStrides(in[1].dims(), dims.size()),
                           BroadcastStrides(in[2].dims(), dims.size())});
   DispatchBySize(in[1].dtype(), [&](auto tag) {

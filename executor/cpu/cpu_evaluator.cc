@@ -12,6 +12,13 @@ absl::StatusOr<std::vector<ir::Tensor>> CpuEvaluator::Evaluate(
   return Evaluate(node, inputs, ctx_);
 }
 
+absl::StatusOr<std::vector<ir::Tensor>> CpuEvaluator::EvaluateInto(
+    const ir::Node& node, const std::vector<ir::Tensor>& inputs, ir::OutputAllocator* outputs) const {
+  EvalContext ctx = ctx_;
+  ctx.outputs = outputs;
+  return Evaluate(node, inputs, ctx);
+}
+
 absl::StatusOr<std::vector<ir::Tensor>> CpuEvaluator::Evaluate(const ir::Node& node,
                                                                const std::vector<ir::Tensor>& inputs,
                                                                const EvalContext& ctx) const {

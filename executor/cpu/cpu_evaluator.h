@@ -31,6 +31,10 @@ class CpuEvaluator : public ir::OpEvaluator {
   absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Node& node,
                                                    const std::vector<ir::Tensor>& inputs,
                                                    const EvalContext& ctx) const;
+  // Evaluates with the evaluator's context, outputs in `outputs`' slots (kernel.h).
+  absl::StatusOr<std::vector<ir::Tensor>> EvaluateInto(const ir::Node& node,
+                                                       const std::vector<ir::Tensor>& inputs,
+                                                       ir::OutputAllocator* outputs) const override;
 
  private:
   EvalContext ctx_;

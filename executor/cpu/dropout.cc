@@ -2,6 +2,7 @@
 // keep mask from the node's Philox stream (dropout.h).
 #include "executor/cpu/dropout.h"
 
+#include <array>
 #include <cmath>
 
 #include "executor/cpu/kernel_util.h"
@@ -11,6 +12,16 @@ namespace onnxpipe::cpu {
 uint64_t NodeRngKey(const ir::Node& node) {
   const std::string key = node.attrs.Get<std::string>("rng_key", node.name);
   return Fnv1a64(key.data(), key.size());
+}
+
+absl::StatusOr<int64_t> RandomCounterBase(const ir::Node& node, const EvalContext& ctx, int64_t numel) {
+  if (ctx.rows <= 0 || ctx.row_offset == 0) return int64_t{0};
+  if (numel % ctx.rows != 0) {
+    return INVALID_ARGUMENT() << Describe(node) << ": its random stream is indexed by batch row, but "
+                              << numel << " elements do not split into the micro-batch's " << ctx.rows
+                              << " rows (the batch must be the outermost dim)";
+  }
+  return ctx.row_offset * (numel / ctx.rows);
 }
 
 void FillDropoutKeepMask(const DropoutStream& stream, int64_t begin, int64_t end, uint8_t* keep) {
@@ -39,19 +50,33 @@ Outputs DropoutKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const int64_t n = x.num_elements();
-    ir::Tensor mask(ir::DType::kBool, x.dims());
-    if (!ctx.training || ratio == 0.0) {
-      std::fill_n(mask.mutable_data<uint8_t>(), n, uint8_t{1});
-      return std::vector<ir::Tensor>{x, mask};
+    // The mask is an output only when the node has one; otherwise it lives on the stack, a
+    // block at a time, so that the kernel needs no workspace.
+    ir::Tensor mask;
+    if (WantsOutput(node, 1)) {
+      ASSIGN_OR_RETURN(mask, AllocOutput(node, ctx, 1, ir::DType::kBool, x.dims()));
     }
-    uint8_t* keep = mask.mutable_data<uint8_t>();
-    FillDropoutKeepMask(MakeDropoutStream(node, ctx, ratio), 0, n, keep);
+    if (!ctx.training || ratio == 0.0) {
+      if (mask.defined()) std::fill_n(mask.mutable_data<uint8_t>(), n, uint8_t{1});
+      ASSIGN_OR_RETURN(ir::Tensor y, ViewOutput(node, ctx, 0, x, x.dims()));
+      return std::vector<ir::Tensor>{y, mask};
+    }
+    const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
+    ASSIGN_OR_RETURN(const int64_t base, RandomCounterBase(node, ctx, n));
     const T scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
-    ir::Tensor y(x.dtype(), x.dims());
+    ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     const T* px = x.data<T>();
     T* py = y.mutable_data<T>();
-    ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) py[i] = keep[i] ? px[i] * scale : T(0);
+    uint8_t* mask_data = mask.defined() ? mask.mutable_data<uint8_t>() : nullptr;
+    constexpr int64_t kBlock = 1 << 14;
+    ParallelFor(n, kBlock, [&](int64_t b, int64_t e) {
+      std::array<uint8_t, kBlock> local;
+      for (int64_t lo = b; lo < e; lo += kBlock) {
+        const int64_t hi = std::min(e, lo + kBlock);
+        uint8_t* keep = mask_data ? mask_data + lo : local.data();
+        FillDropoutKeepMask(stream, base + lo, base + hi, keep);
+        for (int64_t i = lo; i < hi; ++i) py[i] = keep[i - lo] ? px[i] * scale : T(0);
+      }
     });
     return std::vector<ir::Tensor>{y, mask};
   });

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "executor/cpu/kernel.h"
+#include "absl/status/statusor.h"
 #include "executor/cpu/philox.h"
 
 namespace onnxpipe::cpu {
@@ -20,6 +21,10 @@ uint64_t NodeRngKey(const ir::Node& node);
 
 // Writes keep[i - begin] (1 = keep) for elements [begin, end) of `node`'s stream, in parallel.
 void FillDropoutKeepMask(const DropoutStream& stream, int64_t begin, int64_t end, uint8_t* keep);
+
+// The counter of element 0 of a random op's tensor of `numel` elements (see EvalContext): an error
+// naming the node when the tensor does not split into ctx.rows batch rows.
+absl::StatusOr<int64_t> RandomCounterBase(const ir::Node& node, const EvalContext& ctx, int64_t numel);
 
 inline DropoutStream MakeDropoutStream(const ir::Node& node, const EvalContext& ctx, double ratio) {
   return DropoutStream::Make(ctx.seed, NodeRngKey(node), ctx.offset, ratio);

@@ -11,27 +11,29 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;
 
+// The node's output: op applied to every element of x.
 template <typename T, typename Op>
-ir::Tensor MapUnary(const ir::Tensor& x, Op op) {
-  ir::Tensor out(x.dtype(), x.dims());
+absl::StatusOr<std::vector<ir::Tensor>> MapUnary(const ir::Node& node, const EvalContext& ctx,
+                                                 const ir::Tensor& x, Op op) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
   const T* in = x.data<T>();
   T* o = out.mutable_data<T>();
   ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) o[i] = op(in[i]);
   });
-  return out;
+  return std::vector<ir::Tensor>{out};
 }
 
 // Kernel for `Op::Apply<T>` over the dtypes of `Types`.
 template <typename Types, typename Op>
 absl::StatusOr<std::vector<ir::Tensor>> UnaryKernel(const ir::Node& node,
                                                     const std::vector<ir::Tensor>& in,
-                                                    const EvalContext&) {
+                                                    const EvalContext& ctx) {
   return DispatchDType(Types{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
                          using T = typename decltype(tag)::type;
-                         return std::vector<ir::Tensor>{
-                             MapUnary<T>(in[0], [](T v) { return Op::template Apply<T>(v); })};
+                         return MapUnary<T>(node, ctx, in[0],
+                                            [](T v) { return Op::template Apply<T>(v); });
                        });
 }
 
@@ -90,11 +92,11 @@ REGISTER_CPU_KERNEL(kSigmoid, (UnaryKernel<FloatTypes, SigmoidOp>));
 
 absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node,
                                                   const std::vector<ir::Tensor>& in,
-                                                  const EvalContext&) {
+                                                  const EvalContext& ctx) {
   if (in[0].dtype() != ir::DType::kBool) {
     return UnsupportedDType(node, "input 0", in[0].dtype(), {ir::DType::kBool});
   }
-  return std::vector<ir::Tensor>{MapUnary<bool>(in[0], [](bool v) { return !v; })};
+  return MapUnary<bool>(node, ctx, in[0], [](bool v) { return !v; });
 }
 REGISTER_CPU_KERNEL(kNot, NotKernel);
 
@@ -102,7 +104,7 @@ REGISTER_CPU_KERNEL(kNot, NotKernel);
 // torch.nn.functional.gelu.
 absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node,
                                                    const std::vector<ir::Tensor>& in,
-                                                   const EvalContext&) {
+                                                   const EvalContext& ctx) {
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
   if (approx != "none" && approx != "tanh") {
     return INVALID_ARGUMENT() << Describe(node) << ": attribute approximate is '" << approx
@@ -114,21 +116,23 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node,
                          using T = typename decltype(tag)::type;
                          if (tanh_form) {
                            const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-                           return std::vector<ir::Tensor>{MapUnary<T>(in[0], [c](T x) {
+                           return MapUnary<T>(node, ctx, in[0], [c](T x) {
                              return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
-                           })};
+                           });
                          }
                          const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
-                         return std::vector<ir::Tensor>{MapUnary<T>(
-                             in[0], [r](T x) { return T(0.5) * x * (T(1) + std::erf(x * r)); })};
+                         return MapUnary<T>(node, ctx, in[0], [r](T x) {
+                           return T(0.5) * x * (T(1) + std::erf(x * r));
+                         });
                        });
 }
 REGISTER_CPU_KERNEL(kGelu, GeluKernel);
 
-absl::StatusOr<std::vector<ir::Tensor>> IdentityKernel(const ir::Node&,
+absl::StatusOr<std::vector<ir::Tensor>> IdentityKernel(const ir::Node& node,
                                                        const std::vector<ir::Tensor>& in,
-                                                       const EvalContext&) {
-  return std::vector<ir::Tensor>{in[0]};
+                                                       const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, in[0], in[0].dims()));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kIdentity, IdentityKernel);
 
@@ -153,7 +157,7 @@ using CastTypes = TypeList<float, double, int64_t, int32_t, bool, uint8_t, int8_
 
 absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
                                                    const std::vector<ir::Tensor>& in,
-                                                   const EvalContext&) {
+                                                   const EvalContext& ctx) {
   const std::string to_name = node.attrs.Get<std::string>("to", "");
   std::optional<ir::DType> to = ir::ParseDType(to_name);
   if (!to) {
@@ -161,11 +165,13 @@ absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
                               << "', expected an IR dtype name (f32, f64, i64, ...)";
   }
   const ir::Tensor& x = in[0];
-  if (*to == x.dtype()) return std::vector<ir::Tensor>{x};
   auto half = [](ir::DType t) { return t == ir::DType::kBF16 || t == ir::DType::kF16; };
-  if (half(*to) || half(x.dtype())) {
-    // bf16/f16 only appear in small constant tensors on the CPU: the scalar converter suffices.
-    return std::vector<ir::Tensor>{x.CastTo(*to)};
+  if (*to == x.dtype() || half(*to) || half(x.dtype())) {
+    // A no-op cast is a copy (Cast is no view op for the planner); bf16/f16 only appear in small
+    // constant tensors on the CPU, where the scalar converter suffices.
+    ASSIGN_OR_RETURN(ir::Tensor out,
+                     ViewOutput(node, ctx, 0, *to == x.dtype() ? x : x.CastTo(*to), x.dims()));
+    return std::vector<ir::Tensor>{out};
   }
   return DispatchDType(CastTypes{}, node, "input 0", x.dtype(),
                        [&](auto from_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
@@ -173,7 +179,7 @@ absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
     return DispatchDType(CastTypes{}, node, "attribute 'to'", *to,
                          [&](auto to_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
       using To = typename decltype(to_tag)::type;
-      ir::Tensor out(*to, x.dims());
+      ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, *to, x.dims()));
       const From* s = x.data<From>();
       To* d = out.mutable_data<To>();
       ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {

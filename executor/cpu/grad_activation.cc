@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "executor/cpu/grad_util.h"
+#include "executor/cpu/workspace.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -20,29 +21,30 @@ absl::Status ExpectSame(const ir::Node& node, const ir::Tensor& a, const ir::Ten
   return absl::OkStatus();
 }
 
-// out[i] = f(dy[i], x[i]) over the thread pool.
+// The node's output: out[i] = f(dy[i], x[i]) over the thread pool.
 template <typename T, typename F>
-ir::Tensor Pointwise(const ir::Tensor& dy, const ir::Tensor& x, F f) {
-  ir::Tensor out(dy.dtype(), dy.dims());
+Outputs Pointwise(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& dy,
+                  const ir::Tensor& x, F f) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
   const T* pg = dy.data<T>();
   const T* px = x.data<T>();
   T* po = out.mutable_data<T>();
   ParallelFor(out.num_elements(), 1 << 14, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) po[i] = f(pg[i], px[i]);
   });
-  return out;
+  return std::vector<ir::Tensor>{out};
 }
 
-Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "Y"));
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [](T g, T y) { return y > T(0) ? g : T(0); })};
+    return Pointwise<T>(node, ctx, in[0], in[1], [](T g, T y) { return y > T(0) ? g : T(0); });
   });
 }
 REGISTER_CPU_KERNEL(kReluGrad, ReluGradKernel);
 
-Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "X"));
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
   if (approx != "none" && approx != "tanh") {
@@ -54,19 +56,19 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
     if (tanh_form) {
       // gelu = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3).
       const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
-      return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [c](T g, T x) {
+      return Pointwise<T>(node, ctx, in[0], in[1], [c](T g, T x) {
         const T t = std::tanh(c * (x + T(0.044715) * x * x * x));
         const T du = c * (T(1) + T(3) * T(0.044715) * x * x);
         return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
-      })};
+      });
     }
     // gelu = x Phi(x): derivative Phi(x) + x phi(x).
     const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
-    return std::vector<ir::Tensor>{Pointwise<T>(in[0], in[1], [=](T g, T x) {
+    return Pointwise<T>(node, ctx, in[0], in[1], [=](T g, T x) {
       const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
       const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
       return g * (cdf + x * pdf);
-    })};
+    });
   });
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
@@ -87,7 +89,7 @@ Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   }
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(dy.dtype(), dy.dims());
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
     const T scale = !ctx.training || ratio == 0.0 ? T(1) : ratio < 1.0 ? static_cast<T>(1.0 / (1.0 - ratio)) : T(0);
     const T* pg = dy.data<T>();
     const bool* pm = mask.data<bool>();
@@ -103,7 +105,7 @@ REGISTER_CPU_KERNEL(kDropoutGrad, DropoutGradKernel);
 // SoftmaxGrad: dx = y (dy - sum(dy y)); LogSoftmaxGrad: dx = dy - exp(y) sum(dy). Lines along
 // `axis` of the (outer, n, inner) view.
 template <bool kLog>
-Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& y = in[1];
   RETURN_IF_ERROR(ExpectSame(node, dy, y, "Y"));
@@ -115,7 +117,7 @@ Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   const int64_t n = dy.dims()[axis];
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(dy.dtype(), dy.dims());
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
     const T* pg = dy.data<T>();
     const T* py = y.data<T>();
     T* po = out.mutable_data<T>();
@@ -146,7 +148,7 @@ REGISTER_CPU_KERNEL(kLogSoftmaxGrad, SoftmaxGradKernel<true>);
 // LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) -> dX, dScale?, dBias?. With x^ = (x - mu) r
 // and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)); dScale = sum over
 // rows of dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
-Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
   const ir::Tensor& scale = in[2];
@@ -167,7 +169,9 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       return INVALID_ARGUMENT() << Describe(node) << ": scale " << DimsToString(scale.dims())
                                 << " does not broadcast to the normalised shape " << DimsToString(norm_dims);
     }
-    s = StridedCopy(scale, norm_dims, BroadcastStrides(scale.dims(), norm_dims.size()), 0);
+    // A temporary outside any memory plan; exports give scale the normalised shape.
+    s = ir::Tensor(scale.dtype(), norm_dims);
+    StridedCopyInto(scale, BroadcastStrides(scale.dims(), norm_dims.size()), 0, s);
   }
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows ||
@@ -175,14 +179,15 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     return INVALID_ARGUMENT() << Describe(node) << ": mean/inv_std_dev must hold " << rows << " "
                               << ir::DTypeName(x.dtype()) << " values";
   }
-  auto wants = [&](size_t k) { return k < node.outputs.size() && node.outputs[k] != ir::kNoValue; };
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const T* pg = dy.data<T>();
     const T* px = x.data<T>();
     const T* ps = s.data<T>();
-    std::vector<double> mu(rows), rstd(rows);
-    ir::Tensor dx(x.dtype(), x.dims());
+    ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, LayerNormGradWorkspace(rows)));
+    double* mu = ws.at<double>(0);
+    double* rstd = ws.at<double>(WorkspacePart(rows * 8));
+    ASSIGN_OR_RETURN(ir::Tensor dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     T* pdx = dx.mutable_data<T>();
     ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
@@ -212,11 +217,22 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         }
       }
     });
-    std::vector<ir::Tensor> outs = {dx};
-    if (wants(1) || wants(2)) {
-      ir::Tensor dscale(x.dtype(), norm_dims), dbias(x.dtype(), norm_dims);
-      T* pds = dscale.mutable_data<T>();
-      T* pdb = dbias.mutable_data<T>();
+    std::vector<ir::Tensor> outs = {dx, ir::Tensor(), ir::Tensor()};
+    // Parameter gradients of the forward's shape (bias: scale's shape when absent from the
+    // inputs). When scale was broadcast they are summed over norm_dims first, then reduced.
+    const bool direct = scale.dims() == norm_dims;
+    ir::Tensor sums[2];
+    for (int k = 1; k <= 2; ++k) {
+      if (!WantsOutput(node, k)) continue;
+      if (direct) {
+        ASSIGN_OR_RETURN(sums[k - 1], AllocOutput(node, ctx, k, x.dtype(), norm_dims));
+      } else {
+        sums[k - 1] = ir::Tensor(x.dtype(), norm_dims);
+      }
+    }
+    if (sums[0].defined() || sums[1].defined()) {
+      T* pds = sums[0].defined() ? sums[0].mutable_data<T>() : nullptr;
+      T* pdb = sums[1].defined() ? sums[1].mutable_data<T>() : nullptr;
       constexpr int64_t kBlock = 64;
       ParallelFor((n + kBlock - 1) / kBlock, 1, [&](int64_t b, int64_t e) {
         for (int64_t blk = b; blk < e; ++blk) {
@@ -230,19 +246,18 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
             }
           }
           for (int64_t c = c0; c < c1; ++c) {
-            pds[c] = static_cast<T>(as[c - c0]);
-            pdb[c] = static_cast<T>(ab[c - c0]);
+            if (pds) pds[c] = static_cast<T>(as[c - c0]);
+            if (pdb) pdb[c] = static_cast<T>(ab[c - c0]);
           }
         }
       });
       for (int k = 1; k <= 2; ++k) {
-        ir::Tensor t = k == 1 ? dscale : dbias;
-        // Parameters of the forward's shape (bias: scale's shape when absent from the inputs).
-        const std::vector<int64_t>& want = scale.dims();
-        if (t.dims() != want) {
-          ASSIGN_OR_RETURN(t, ReduceToDims(node, t, want));
+        if (!sums[k - 1].defined()) continue;
+        if (direct) {
+          outs[k] = sums[k - 1];
+        } else {
+          ASSIGN_OR_RETURN(outs[k], ReduceToDims(node, ctx, k, sums[k - 1], scale.dims()));
         }
-        outs.push_back(wants(k) ? t : ir::Tensor());
       }
     }
     return outs;

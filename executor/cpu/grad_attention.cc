@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "executor/cpu/dropout.h"
+#include "executor/cpu/workspace.h"
 #include "executor/cpu/grad_util.h"
 
 namespace onnxpipe::cpu {
@@ -79,9 +80,10 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   }
   const bool dropout = ctx.training && ratio > 0.0;
   const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
+  ASSIGN_OR_RETURN(const int64_t counter_base, RandomCounterBase(node, ctx, nbatch * sq * sk));
   RETURN_IF_ERROR(CheckGemmSize(node, sq, sk, std::max(dh, dv)));
   RETURN_IF_ERROR(CheckGemmSize(node, sk, std::max(dh, dv), sq));
-  auto wants = [&](size_t i) { return i < node.outputs.size() && node.outputs[i] != ir::kNoValue; };
+  auto wants = [&](size_t i) { return WantsOutput(node, i); };
 
   return DispatchDType(FloatTypes{}, node, "input 1", q.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
@@ -91,10 +93,28 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       d.push_back(b);
       return d;
     };
-    ir::Tensor dq(q.dtype(), with_batch(sq, dh)), dk(q.dtype(), with_batch(sk, dh)), dvt(q.dtype(), with_batch(sk, dv));
+    // dQ, dK, dV over the broadcast batch: the outputs themselves unless an input was broadcast
+    // (then a temporary, summed back into the output by ReduceToDims below).
+    const std::vector<int64_t> full_dims[3] = {with_batch(sq, dh), with_batch(sk, dh), with_batch(sk, dv)};
+    ir::Tensor fulls[3];
+    for (int i = 0; i < 3; ++i) {
+      if (!wants(i)) continue;
+      if (full_dims[i] == in[i + 1].dims()) {
+        ASSIGN_OR_RETURN(fulls[i], AllocOutput(node, ctx, i, q.dtype(), full_dims[i]));
+      } else {
+        fulls[i] = ir::Tensor(q.dtype(), full_dims[i]);
+      }
+    }
+    ir::Tensor& dq = fulls[0];
+    ir::Tensor& dk = fulls[1];
+    ir::Tensor& dvt = fulls[2];
     const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
-    std::vector<T> p(static_cast<size_t>(sq * sk)), dp(static_cast<size_t>(sq * sk));
-    std::vector<uint8_t> keep(dropout ? static_cast<size_t>(sq * sk) : 0);
+    // Planned scratch (workspace.h): asked with the node's dropout, training or not.
+    const AttentionWorkspace layout = AttentionWorkspace::Backward(sq, sk, sizeof(T), ratio > 0.0, wants(2));
+    ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, layout.total));
+    T* p = ws.at<T>(layout.probs);
+    T* dp = ws.at<T>(layout.grad);
+    uint8_t* keep = ws.at<uint8_t>(layout.keep);
     for (int64_t t = 0; t < nbatch; ++t) {
       int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
       for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
@@ -111,13 +131,13 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       const T* dot = dout.data<T>() + t * sq * dv;
       // P, recomputed exactly as the forward does.
       if (dh > 0) {
-        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), qt, dh, kt, dh, T(0), p.data(), sk);
+        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), qt, dh, kt, dh, T(0), p, sk);
       } else {
-        std::fill(p.begin(), p.end(), T(0));
+        std::fill(p, p + sq * sk, T(0));
       }
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          T* row = p.data() + i * sk;
+          T* row = p + i * sk;
           const int64_t visible = causal ? std::min(i + 1, sk) : sk;
           T mx = -std::numeric_limits<T>::infinity();
           for (int64_t j = 0; j < sk; ++j) {
@@ -147,31 +167,31 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
           const double inv = 1.0 / sum;
           for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
           if (dropout) {
-            const int64_t base = (t * sq + i) * sk;
-            FillDropoutKeepMask(stream, base, base + sk, keep.data() + i * sk);
+            const int64_t base = counter_base + (t * sq + i) * sk;
+            FillDropoutKeepMask(stream, base, base + sk, keep + i * sk);
           }
         }
       });
       // dD = dO V^T (into dp).
-      Gemm<T>(false, true, sq, sk, dv, T(1), dot, dv, vt, dv, T(0), dp.data(), sk);
+      Gemm<T>(false, true, sq, sk, dv, T(1), dot, dv, vt, dv, T(0), dp, sk);
       if (wants(2)) {
         // dV = D^T dO: form D in place of dp's partner buffer only when dropout changes P.
         if (dropout) {
-          std::vector<T> dmat(static_cast<size_t>(sq * sk));
+          T* dmat = ws.at<T>(layout.dropped);
           for (int64_t x = 0; x < sq * sk; ++x) dmat[x] = keep[x] ? p[x] * drop_scale : T(0);
-          Gemm<T>(true, false, sk, dv, sq, T(1), dmat.data(), sk, dot, dv, T(0),
+          Gemm<T>(true, false, sk, dv, sq, T(1), dmat, sk, dot, dv, T(0),
                   dvt.mutable_data<T>() + t * sk * dv, dv);
         } else {
-          Gemm<T>(true, false, sk, dv, sq, T(1), p.data(), sk, dot, dv, T(0), dvt.mutable_data<T>() + t * sk * dv, dv);
+          Gemm<T>(true, false, sk, dv, sq, T(1), p, sk, dot, dv, T(0), dvt.mutable_data<T>() + t * sk * dv, dv);
         }
       }
       // dS = P * (dP - rowsum(dP * P)), dP = dD * keep * drop_scale (in place in dp).
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          T* g = dp.data() + i * sk;
-          const T* pr = p.data() + i * sk;
+          T* g = dp + i * sk;
+          const T* pr = p + i * sk;
           if (dropout) {
-            const uint8_t* kr = keep.data() + i * sk;
+            const uint8_t* kr = keep + i * sk;
             for (int64_t j = 0; j < sk; ++j) g[j] = kr[j] ? g[j] * drop_scale : T(0);
           }
           double s = 0;
@@ -180,22 +200,21 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         }
       });
       if (wants(0) && dh > 0) {
-        Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp.data(), sk, kt, dh, T(0),
+        Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp, sk, kt, dh, T(0),
                 dq.mutable_data<T>() + t * sq * dh, dh);
       }
       if (wants(1) && dh > 0) {
-        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp.data(), sk, qt, dh, T(0),
+        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp, sk, qt, dh, T(0),
                 dk.mutable_data<T>() + t * sk * dh, dh);
       }
     }
     std::vector<ir::Tensor> outs(3);
-    const ir::Tensor* fulls[3] = {&dq, &dk, &dvt};
     for (int i = 0; i < 3; ++i) {
       if (!wants(i)) continue;
-      if (fulls[i]->dims() == in[i + 1].dims()) {
-        outs[i] = *fulls[i];
+      if (full_dims[i] == in[i + 1].dims()) {
+        outs[i] = fulls[i];
       } else {
-        ASSIGN_OR_RETURN(outs[i], ReduceToDims(node, *fulls[i], in[i + 1].dims()));
+        ASSIGN_OR_RETURN(outs[i], ReduceToDims(node, ctx, i, fulls[i], in[i + 1].dims()));
       }
     }
     return outs;

@@ -19,14 +19,15 @@ absl::Status CheckSameDType(const ir::Node& node, const std::vector<ir::Tensor>&
 }
 
 // Sum: broadcast inputs added left to right (a fixed order: results do not depend on threads).
-Outputs SumKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SumKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(CheckSameDType(node, in, in.size()));
   std::vector<std::vector<int64_t>> shapes;
   for (const ir::Tensor& t : in) shapes.push_back(t.dims());
   ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, BroadcastDims(node, shapes));
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out = StridedCopy(in[0], out_dims, BroadcastStrides(in[0].dims(), out_dims.size()), 0);
+    ASSIGN_OR_RETURN(ir::Tensor out, StridedCopyOutput(node, ctx, 0, in[0], out_dims,
+                                                       BroadcastStrides(in[0].dims(), out_dims.size()), 0));
     T* po = out.mutable_data<T>();
     for (size_t i = 1; i < in.size(); ++i) {
       const T* pi = in[i].data<T>();
@@ -40,16 +41,20 @@ Outputs SumKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
 }
 REGISTER_CPU_KERNEL(kSum, SumKernel);
 
-Outputs ReduceToShapeOfKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
-  if (in[0].dims() == in[1].dims()) return std::vector<ir::Tensor>{in[0]};
-  ASSIGN_OR_RETURN(ir::Tensor out, ReduceToDims(node, in[0], in[1].dims()));
+Outputs ReduceToShapeOfKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  // Nothing to reduce: a copy (ReduceToShapeOf is no view op for the planner).
+  if (in[0].dims() == in[1].dims()) {
+    ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, in[0], in[0].dims()));
+    return std::vector<ir::Tensor>{out};
+  }
+  ASSIGN_OR_RETURN(ir::Tensor out, ReduceToDims(node, ctx, 0, in[0], in[1].dims()));
   return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kReduceToShapeOf, ReduceToShapeOfKernel);
 
 // ExpandLike: x with size-1 dims inserted at `axes`, broadcast to like's dims, optionally divided
 // by the broadcast factor (ReduceMean's gradient).
-Outputs ExpandLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ExpandLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   const std::vector<int64_t>& target = in[1].dims();
   std::vector<int64_t> xd = x.dims();
@@ -71,7 +76,7 @@ Outputs ExpandLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
   const double scale = mean && nt > 0 ? static_cast<double>(x.num_elements()) / static_cast<double>(nt) : 1.0;
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(x.dtype(), target);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), target));
     if (out.num_elements() == 0) return std::vector<ir::Tensor>{out};
     const T* px = x.data<T>();
     T* po = out.mutable_data<T>();
@@ -85,19 +90,21 @@ Outputs ExpandLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
 }
 REGISTER_CPU_KERNEL(kExpandLike, ExpandLikeKernel);
 
-Outputs ReshapeLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ReshapeLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   int64_t n = 1;
   for (int64_t d : in[1].dims()) n *= d;
   if (n != in[0].num_elements()) {
     return INVALID_ARGUMENT() << Describe(node) << ": cannot reshape " << DimsToString(in[0].dims())
                               << " to " << DimsToString(in[1].dims());
   }
-  return std::vector<ir::Tensor>{in[0].Reshaped(in[1].dims())};
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, in[0], in[1].dims()));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kReshapeLike, ReshapeLikeKernel);
 
-Outputs ZerosLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
-  return std::vector<ir::Tensor>{ir::Tensor(in[0].dtype(), in[0].dims())};
+Outputs ZerosLikeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kZerosLike, ZerosLikeKernel);
 

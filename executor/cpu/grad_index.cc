@@ -11,7 +11,7 @@ namespace {
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
 // GatherGrad(dY, indices, like) axis: out (like) zeros; out[.., indices[j], ..] += dY[.., j, ..].
-Outputs GatherGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs GatherGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& idx = in[1];
   const std::vector<int64_t>& dd = in[2].dims();
@@ -34,19 +34,21 @@ Outputs GatherGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
   for (int64_t d = 0; d < axis; ++d) outer *= dd[d];
   for (int64_t d = axis + 1; d < rank; ++d) inner *= dd[d];
   const int64_t n_axis = dd[axis], n_idx = idx.num_elements();
-  std::vector<int64_t> rows(n_idx);
+  // Indices are checked up front and read again in the loop (no table of rows to allocate).
+  auto row_of = [&](int64_t j) {
+    const int64_t v = idx.GetAsInt(j);
+    return v < 0 ? v + n_axis : v;
+  };
   for (int64_t j = 0; j < n_idx; ++j) {
-    int64_t v = idx.GetAsInt(j);
-    if (v < 0) v += n_axis;
+    const int64_t v = row_of(j);
     if (v < 0 || v >= n_axis) {
       return INVALID_ARGUMENT() << Describe(node) << ": index " << idx.GetAsInt(j) << " at position " << j
                                 << " is out of range for axis " << axis << " of size " << n_axis;
     }
-    rows[j] = v;
   }
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(dy.dtype(), dd);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dd));
     if (out.num_elements() == 0 || n_idx == 0) return std::vector<ir::Tensor>{out};
     const T* pg = dy.data<T>();
     T* po = out.mutable_data<T>();
@@ -57,7 +59,7 @@ Outputs GatherGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
         const int64_t o = t / blocks, c0 = (t % blocks) * kBlock, c1 = std::min(inner, c0 + kBlock);
         for (int64_t j = 0; j < n_idx; ++j) {
           const T* src = pg + (o * n_idx + j) * inner;
-          T* dst = po + (o * n_axis + rows[j]) * inner;
+          T* dst = po + (o * n_axis + row_of(j)) * inner;
           for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
         }
       }
@@ -77,7 +79,7 @@ absl::StatusOr<std::vector<int64_t>> Ints(const ir::Node& node, const ir::Tensor
 
 // SliceGrad(dY, like, starts, ends, axes?, steps?): the region is computed exactly as Slice does
 // (ONNX clamping rules), then dY is written through the region's strides into zeros.
-Outputs SliceGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SliceGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const std::vector<int64_t>& xd = in[1].dims();
   const int64_t rank = static_cast<int64_t>(xd.size());
@@ -124,7 +126,7 @@ Outputs SliceGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     return INVALID_ARGUMENT() << Describe(node) << ": dY has shape " << DimsToString(dy.dims())
                               << ", expected the slice's " << DimsToString(dims);
   }
-  ir::Tensor out(dy.dtype(), xd);
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), xd));
   if (dy.num_elements() == 0) return std::vector<ir::Tensor>{out};
   DispatchBySize(dy.dtype(), [&](auto tag) {
     using U = typename decltype(tag)::type;
@@ -143,7 +145,7 @@ REGISTER_CPU_KERNEL(kSliceGrad, SliceGradKernel);
 
 // ConcatGrad(dY, like_0, ...) axis: piece i of dY along axis, extent like_i's; absent outputs are
 // skipped.
-Outputs ConcatGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ConcatGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", 0), dy.rank()));
   const std::vector<int64_t> strides = ContiguousStrides(dy.dims());
@@ -157,8 +159,9 @@ Outputs ConcatGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
       return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " " << DimsToString(ld)
                                 << " is not a piece of dY " << DimsToString(dy.dims()) << " along axis " << axis;
     }
-    if (i - 1 < node.outputs.size() && node.outputs[i - 1] != ir::kNoValue) {
-      outs[i - 1] = StridedCopy(dy, ld, strides, start * strides[axis]);
+    if (WantsOutput(node, i - 1)) {
+      ASSIGN_OR_RETURN(outs[i - 1], StridedCopyOutput(node, ctx, static_cast<int>(i - 1), dy, ld,
+                                                      strides, start * strides[axis]));
     }
     start += ld[axis];
   }

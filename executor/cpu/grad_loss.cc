@@ -16,7 +16,7 @@ namespace {
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
 Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
-                                          const EvalContext&) {
+                                          const EvalContext& ctx) {
   const ir::Tensor& dloss = in[0];
   const ir::Tensor& lp = in[1];
   const ir::Tensor& labels = in[2];
@@ -46,15 +46,15 @@ Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vecto
   const int64_t ignore = node.attrs.Get<int64_t>("ignore_index", 0);
   const double eps = node.attrs.Get<double>("label_smoothing", 0.0);
   const int64_t count = labels.num_elements();
-  std::vector<int64_t> lab(count);
+  // Label i, or -1 when ignored; checked up front, read again where used (no table allocated).
+  auto label = [&](int64_t i) -> int64_t {
+    const int64_t l = labels.GetAsInt(i);
+    return has_ignore && l == ignore ? -1 : l;
+  };
   for (int64_t i = 0; i < count; ++i) {
-    lab[i] = labels.GetAsInt(i);
-    if (has_ignore && lab[i] == ignore) {
-      lab[i] = -1;
-      continue;
-    }
-    if (lab[i] < 0 || lab[i] >= c) {
-      return INVALID_ARGUMENT() << Describe(node) << ": label " << lab[i] << " at position " << i
+    const int64_t l = label(i);
+    if (l != -1 && (l < 0 || l >= c)) {
+      return INVALID_ARGUMENT() << Describe(node) << ": label " << l << " at position " << i
                                 << " is outside [0, " << c << ")";
     }
   }
@@ -68,14 +68,14 @@ Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vecto
     for (int64_t k = 0; k < c; ++k) wsum += weight(k);
     double denom = 0;
     for (int64_t i = 0; i < count; ++i)
-      if (lab[i] >= 0) denom += weight(lab[i]);
-    ir::Tensor out(lp.dtype(), lp.dims());
+      if (label(i) >= 0) denom += weight(label(i));
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, lp.dtype(), lp.dims()));
     T* po = out.mutable_data<T>();
     ParallelFor(count, std::max<int64_t>(1, 4096 / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t ni = i / inner, si = i % inner;
         const int64_t base = ni * c * inner + si;
-        const int64_t l = lab[i];
+        const int64_t l = label(i);
         double coef = 0;
         if (l >= 0) {
           if (reduction == "none") coef = pd[i];

@@ -9,7 +9,7 @@ namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
-Outputs FusedMatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs FusedMatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& a = in[0];
   const ir::Tensor& b = in[1];
   if (a.dtype() != b.dtype()) {
@@ -48,7 +48,7 @@ Outputs FusedMatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   RETURN_IF_ERROR(CheckGemmSize(node, tall ? a_count * m : m, n, k));
   return DispatchDType(FloatTypes{}, node, "input 0", a.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(a.dtype(), out_dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, a.dtype(), out_dims));
     if (out.num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{out};
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();

@@ -6,8 +6,8 @@
 
 namespace onnxpipe::cpu {
 
-absl::StatusOr<ir::Tensor> ReduceToDims(const ir::Node& node, const ir::Tensor& x,
-                                        const std::vector<int64_t>& target) {
+absl::StatusOr<ir::Tensor> ReduceToDims(const ir::Node& node, const EvalContext& ctx, int index,
+                                        const ir::Tensor& x, const std::vector<int64_t>& target) {
   const std::vector<int64_t>& xd = x.dims();
   const size_t r = xd.size();
   if (target.size() > r) {
@@ -30,35 +30,52 @@ absl::StatusOr<ir::Tensor> ReduceToDims(const ir::Node& node, const ir::Tensor& 
                                 << " does not broadcast to " << DimsToString(xd);
     }
   }
-  // Offsets of every kept / reduced multi-index, in row-major order.
-  auto offsets = [](const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
-    std::vector<int64_t> out = {0};
-    for (size_t d = 0; d < dims.size(); ++d) {
-      std::vector<int64_t> next;
-      next.reserve(out.size() * dims[d]);
-      for (int64_t base : out)
-        for (int64_t i = 0; i < dims[d]; ++i) next.push_back(base + i * strides[d]);
-      out.swap(next);
+  // Offset in x of the i-th multi-index (row-major) over (dims, strides).
+  auto offset_of = [](int64_t i, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+    int64_t off = 0;
+    for (size_t d = dims.size(); d-- > 0;) {
+      off += (i % dims[d]) * strides[d];
+      i /= dims[d];
     }
-    return out;
+    return off;
   };
-  const std::vector<int64_t> koff = offsets(kept_dims, kept_strides);
-  const std::vector<int64_t> roff = offsets(red_dims, red_strides);
+  int64_t nk = 1, nr = 1;
+  for (int64_t d : kept_dims) nk *= d;
+  for (int64_t d : red_dims) nr *= d;
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(),
                        [&](auto tag) -> absl::StatusOr<ir::Tensor> {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(x.dtype(), target);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, index, x.dtype(), target));
     const T* px = x.data<T>();
     T* po = out.mutable_data<T>();
-    const int64_t nk = static_cast<int64_t>(koff.size()), nr = static_cast<int64_t>(roff.size());
     if (x.num_elements() == 0) return out;
-    ParallelFor(nk, std::max<int64_t>(64, (1 << 15) / std::max<int64_t>(nr, 1)), [&](int64_t b, int64_t e) {
-      std::vector<double> acc(e - b, 0.0);
-      for (int64_t j = 0; j < nr; ++j) {
-        const T* base = px + roff[j];
-        for (int64_t k = b; k < e; ++k) acc[k - b] += base[koff[k]];
+    // Blocks of kept outputs with their sums on the stack; the reduced index space is walked in
+    // row-major order by an odometer, so no offset table is materialised.
+    constexpr int64_t kBlock = 256;
+    ParallelFor(nk, std::max<int64_t>(kBlock, (1 << 15) / std::max<int64_t>(nr, 1)), [&](int64_t b, int64_t e) {
+      double acc[kBlock];
+      int64_t koff[kBlock];
+      std::vector<int64_t> idx(red_dims.size());
+      for (int64_t k0 = b; k0 < e; k0 += kBlock) {
+        const int64_t len = std::min(kBlock, e - k0);
+        for (int64_t k = 0; k < len; ++k) {
+          acc[k] = 0.0;
+          koff[k] = offset_of(k0 + k, kept_dims, kept_strides);
+        }
+        std::fill(idx.begin(), idx.end(), 0);
+        int64_t roff = 0;
+        for (int64_t j = 0; j < nr; ++j) {
+          const T* base = px + roff;
+          for (int64_t k = 0; k < len; ++k) acc[k] += base[koff[k]];
+          for (size_t d = red_dims.size(); d-- > 0;) {
+            roff += red_strides[d];
+            if (++idx[d] < red_dims[d]) break;
+            roff -= red_dims[d] * red_strides[d];
+            idx[d] = 0;
+          }
+        }
+        for (int64_t k = 0; k < len; ++k) po[k0 + k] = static_cast<T>(acc[k]);
       }
-      for (int64_t k = b; k < e; ++k) po[k] = static_cast<T>(acc[k - b]);
     });
     return out;
   });

@@ -11,8 +11,9 @@ namespace onnxpipe::cpu {
 // Sums float tensor x over the axes along which `target` (right-aligned, numpy rules) broadcasts
 // to x's dims; the result has `target` dims. Each output element is a sum in a fixed order,
 // accumulated in double, so the result does not depend on the thread count. InvalidArgument
-// naming the node when `target` does not broadcast to x.
-absl::StatusOr<ir::Tensor> ReduceToDims(const ir::Node& node, const ir::Tensor& x,
-                                        const std::vector<int64_t>& target);
+// naming the node when `target` does not broadcast to x. The result is output `index` of the node
+// (AllocOutput).
+absl::StatusOr<ir::Tensor> ReduceToDims(const ir::Node& node, const EvalContext& ctx, int index,
+                                        const ir::Tensor& x, const std::vector<int64_t>& target);
 
 }  // namespace onnxpipe::cpu

@@ -227,14 +227,38 @@ void StridedCopyTyped(const ir::Tensor& src, ir::Tensor& out, const std::vector<
 }
 }  // namespace
 
-ir::Tensor StridedCopy(const ir::Tensor& src, const std::vector<int64_t>& dims,
-                       const std::vector<int64_t>& strides, int64_t offset) {
-  ir::Tensor out(src.dtype(), dims);
-  if (out.num_elements() == 0) return out;
+void StridedCopyInto(const ir::Tensor& src, const std::vector<int64_t>& strides, int64_t offset,
+                     ir::Tensor& out) {
+  if (out.num_elements() == 0) return;
   DispatchBySize(src.dtype(), [&](auto tag) {
-    StridedCopyTyped<typename decltype(tag)::type>(src, out, dims, strides, offset);
+    StridedCopyTyped<typename decltype(tag)::type>(src, out, out.dims(), strides, offset);
     return 0;
   });
+}
+
+absl::StatusOr<ir::Tensor> StridedCopyOutput(const ir::Node& node, const EvalContext& ctx,
+                                             int index, const ir::Tensor& src,
+                                             const std::vector<int64_t>& dims,
+                                             const std::vector<int64_t>& strides, int64_t offset) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, index, src.dtype(), dims));
+  StridedCopyInto(src, strides, offset, out);
+  return out;
+}
+
+absl::StatusOr<ir::Tensor> AllocOutput(const ir::Node& node, const EvalContext& ctx, int index,
+                                       ir::DType dtype, std::vector<int64_t> dims) {
+  if (ctx.outputs == nullptr) return ir::Tensor(dtype, std::move(dims));
+  return ctx.outputs->Allocate(node, index, dtype, dims);
+}
+
+absl::StatusOr<ir::Tensor> ViewOutput(const ir::Node& node, const EvalContext& ctx, int index,
+                                      const ir::Tensor& input, std::vector<int64_t> dims) {
+  if (ctx.outputs == nullptr || ctx.outputs->SharesInputBuffer(node, index)) {
+    return input.Reshaped(std::move(dims));
+  }
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, index, input.dtype(), std::move(dims)));
+  RET_CHECK(out.num_bytes() == input.num_bytes()) << Describe(node) << ": a view changes the size";
+  if (out.num_bytes() > 0) std::memcpy(out.raw(), input.raw(), out.num_bytes());
   return out;
 }
 

@@ -26,6 +26,21 @@ namespace onnxpipe::cpu {
 std::string Describe(const ir::Node& node);
 std::string DimsToString(const std::vector<int64_t>& dims);
 
+// --- outputs ----------------------------------------------------------------------------------
+// Zero-filled storage for output `index` of `node`: the planned slot under a planned executor
+// (ctx.outputs), a fresh tensor otherwise. Every kernel output comes from here or ViewOutput.
+absl::StatusOr<ir::Tensor> AllocOutput(const ir::Node& node, const EvalContext& ctx, int index,
+                                       ir::DType dtype, std::vector<int64_t> dims);
+// Output `index` holding `input`'s bytes as `dims` (same element count): a view of `input` unless
+// the executor planned the output its own buffer (then a copy into that slot).
+absl::StatusOr<ir::Tensor> ViewOutput(const ir::Node& node, const EvalContext& ctx, int index,
+                                      const ir::Tensor& input, std::vector<int64_t> dims);
+
+// True when the node has output i (kernels skip optional outputs nobody asked for).
+inline bool WantsOutput(const ir::Node& node, size_t i) {
+  return i < node.outputs.size() && node.outputs[i] != ir::kNoValue;
+}
+
 // True when optional input i is present.
 inline bool HasInput(const std::vector<ir::Tensor>& inputs, size_t i) {
   return i < inputs.size() && inputs[i].defined();
@@ -148,10 +163,16 @@ class StridedLoop {
   int64_t num_elements_ = 0;
 };
 
-// Copies `src` read through (dims, strides, offset) into a new contiguous tensor of `dims`.
-// Transpose, Expand and Slice are this copy with different strides; works for every dtype.
-ir::Tensor StridedCopy(const ir::Tensor& src, const std::vector<int64_t>& dims,
-                       const std::vector<int64_t>& strides, int64_t offset);
+// Copies `src` read through (strides, offset) into the contiguous tensor `out` (its dims are the
+// iteration space). Transpose, Expand and Slice are this copy with different strides; works for
+// every dtype.
+void StridedCopyInto(const ir::Tensor& src, const std::vector<int64_t>& strides, int64_t offset,
+                     ir::Tensor& out);
+// StridedCopyInto a new output `index` of `node` of `dims` (AllocOutput).
+absl::StatusOr<ir::Tensor> StridedCopyOutput(const ir::Node& node, const EvalContext& ctx,
+                                             int index, const ir::Tensor& src,
+                                             const std::vector<int64_t>& dims,
+                                             const std::vector<int64_t>& strides, int64_t offset);
 
 // Row-major GEMM through CBLAS: C (M, N) = alpha * op(A) op(B) + beta * C.
 template <typename T>

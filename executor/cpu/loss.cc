@@ -16,7 +16,7 @@ namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
-Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& scores = in[0];
   const ir::Tensor& labels = in[1];
   const bool has_w = HasInput(in, 2);
@@ -52,18 +52,24 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
   if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
     return INVALID_ARGUMENT() << Describe(node) << ": label_smoothing is " << smoothing << ", expected [0, 1]";
   }
-  const std::vector<int64_t> lab = labels.ToInt64Vector();
-  for (size_t i = 0; i < lab.size(); ++i) {
-    if (has_ignore && lab[i] == ignore) continue;
-    if (lab[i] < 0 || lab[i] >= c) {
-      return INVALID_ARGUMENT() << Describe(node) << ": label " << lab[i] << " at position " << i
+  for (int64_t i = 0; i < labels.num_elements(); ++i) {
+    const int64_t l = labels.GetAsInt(i);
+    if (has_ignore && l == ignore) continue;
+    if (l < 0 || l >= c) {
+      return INVALID_ARGUMENT() << Describe(node) << ": label " << l << " at position " << i
                                 << " is out of range [0, " << c << ")"
                                 << (has_ignore ? " and is not ignore_index " + std::to_string(ignore) : "");
     }
   }
   return DispatchDType(FloatTypes{}, node, "input 0", scores.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor log_prob(scores.dtype(), scores.dims());
+    // log_prob is output 1; a temporary only when the node does not output it.
+    ir::Tensor log_prob;
+    if (WantsOutput(node, 1)) {
+      ASSIGN_OR_RETURN(log_prob, AllocOutput(node, ctx, 1, scores.dtype(), scores.dims()));
+    } else {
+      log_prob = ir::Tensor(scores.dtype(), scores.dims());
+    }
     const T* x = scores.data<T>();
     T* lp = log_prob.mutable_data<T>();
     // log_softmax over C for each (n, d) line (stride d).
@@ -78,33 +84,32 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
         for (int64_t j = 0; j < c; ++j) lp[base + j * d] = x[base + j * d] - mx - lse;
       }
     });
-    ir::Tensor loss(scores.dtype(), label_dims);
+    const bool per_line = reduction == "none";
+    ASSIGN_OR_RETURN(ir::Tensor loss, AllocOutput(node, ctx, 0, scores.dtype(),
+                                                  per_line ? label_dims : std::vector<int64_t>{}));
     T* l = loss.mutable_data<T>();
     const T* w = has_w ? in[2].data<T>() : nullptr;
     double total = 0, weight_sum = 0;
     for (int64_t line = 0; line < n * d; ++line) {
-      const int64_t label = lab[line];
+      const int64_t label = labels.GetAsInt(line);
       if (has_ignore && label == ignore) continue;
       const T wt = w ? w[label] : T(1);
-      l[line] = -wt * lp[(line / d) * c * d + label * d + line % d];
+      T li = -wt * lp[(line / d) * c * d + label * d + line % d];
       if (smoothing != 0.0) {
         double smooth = 0;
         for (int64_t j = 0; j < c; ++j) smooth -= (w ? w[j] : T(1)) * lp[(line / d) * c * d + j * d + line % d];
-        l[line] = static_cast<T>((1.0 - smoothing) * l[line] + smoothing / static_cast<double>(c) * smooth);
+        li = static_cast<T>((1.0 - smoothing) * li + smoothing / static_cast<double>(c) * smooth);
       }
-      total += l[line];
+      if (per_line) l[line] = li;
+      total += li;
       weight_sum += wt;
     }
-    std::vector<ir::Tensor> outs;
-    if (reduction == "none") {
-      outs.push_back(loss);
-    } else if (reduction == "sum") {
-      outs.push_back(ir::Tensor::Scalar<T>(static_cast<T>(total)));
-    } else {
-      outs.push_back(ir::Tensor::Scalar<T>(static_cast<T>(total / weight_sum)));
+    if (reduction == "sum") {
+      l[0] = static_cast<T>(total);
+    } else if (!per_line) {
+      l[0] = static_cast<T>(total / weight_sum);
     }
-    outs.push_back(log_prob);
-    return outs;
+    return std::vector<ir::Tensor>{loss, log_prob};
   });
 }
 REGISTER_CPU_KERNEL(kSoftmaxCrossEntropyLoss, SceKernel);

@@ -24,7 +24,7 @@ absl::Status SameFloatDType(const ir::Node& node, const std::vector<ir::Tensor>&
   return absl::OkStatus();
 }
 
-Outputs MatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs MatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(SameFloatDType(node, in));
   const ir::Tensor& a = in[0];
   const ir::Tensor& b = in[1];
@@ -53,7 +53,7 @@ Outputs MatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
   RETURN_IF_ERROR(CheckGemmSize(node, b_count == 1 ? a_count * m : m, n, k));
   return DispatchDType(FloatTypes{}, node, "input 0", a.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(a.dtype(), out_dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, a.dtype(), out_dims));
     if (out.num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{out};
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
@@ -80,7 +80,7 @@ Outputs MatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
 }
 REGISTER_CPU_KERNEL(kMatMul, MatMulKernel);
 
-Outputs GemmKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs GemmKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(SameFloatDType(node, in));
   const ir::Tensor& a = in[0];
   const ir::Tensor& b = in[1];
@@ -99,7 +99,6 @@ Outputs GemmKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, cons
                               << ", op(B) is " << kb << "x" << n;
   }
   RETURN_IF_ERROR(CheckGemmSize(node, m, n, k));
-  ir::Tensor out(a.dtype(), {m, n});
   const bool has_c = HasInput(in, 2) && beta != 0.0;
   if (has_c) {
     const ir::Tensor& c = in[2];
@@ -108,8 +107,9 @@ Outputs GemmKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, cons
       return INVALID_ARGUMENT() << Describe(node) << ": C of shape " << DimsToString(c.dims())
                                 << " does not broadcast to (" << m << ", " << n << ")";
     }
-    out = StridedCopy(c, {m, n}, BroadcastStrides(c.dims(), 2), 0);
   }
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, a.dtype(), {m, n}));
+  if (has_c) StridedCopyInto(in[2], BroadcastStrides(in[2].dims(), 2), 0, out);
   return DispatchDType(FloatTypes{}, node, "input 0", a.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     T* po = out.mutable_data<T>();
@@ -124,7 +124,7 @@ Outputs GemmKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, cons
 }
 REGISTER_CPU_KERNEL(kGemm, GemmKernel);
 
-Outputs LinearKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs LinearKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(SameFloatDType(node, in));
   const ir::Tensor& x = in[0];
   const ir::Tensor& w = in[1];
@@ -152,7 +152,7 @@ Outputs LinearKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
   RETURN_IF_ERROR(CheckGemmSize(node, m, n, k));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(x.dtype(), out_dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), out_dims));
     const int64_t rows = m;
     T* po = out.mutable_data<T>();
     if (has_bias) {

@@ -13,7 +13,8 @@ namespace {
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
 // Scale/bias as n contiguous values: exact-size operands are used as is, smaller ones that
-// broadcast to the normalised shape are expanded once.
+// broadcast to the normalised shape are expanded once (a temporary outside any memory plan: such
+// models are rare, exports give scale and bias the normalised shape).
 absl::StatusOr<ir::Tensor> AsNormalizedShape(const ir::Node& node, const ir::Tensor& t,
                                              const std::vector<int64_t>& norm_dims, int64_t n,
                                              std::string_view what) {
@@ -24,10 +25,12 @@ absl::StatusOr<ir::Tensor> AsNormalizedShape(const ir::Node& node, const ir::Ten
                               << ", expected the normalised shape " << DimsToString(norm_dims)
                               << " or one that broadcasts to it";
   }
-  return StridedCopy(t, norm_dims, BroadcastStrides(t.dims(), norm_dims.size()), 0);
+  ir::Tensor full(t.dtype(), norm_dims);
+  StridedCopyInto(t, BroadcastStrides(t.dims(), norm_dims.size()), 0, full);
+  return full;
 }
 
-Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
@@ -50,13 +53,20 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   }
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor y(x.dtype(), x.dims()), mean(x.dtype(), stat_dims), inv_std(x.dtype(), stat_dims);
+    ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
+    ir::Tensor mean, inv_std;  // optional outputs 1 and 2
+    if (WantsOutput(node, 1)) {
+      ASSIGN_OR_RETURN(mean, AllocOutput(node, ctx, 1, x.dtype(), stat_dims));
+    }
+    if (WantsOutput(node, 2)) {
+      ASSIGN_OR_RETURN(inv_std, AllocOutput(node, ctx, 2, x.dtype(), stat_dims));
+    }
     const T* px = x.data<T>();
     const T* ps = scale.data<T>();
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* py = y.mutable_data<T>();
-    T* pm = mean.mutable_data<T>();
-    T* pi = inv_std.mutable_data<T>();
+    T* pm = mean.defined() ? mean.mutable_data<T>() : nullptr;
+    T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
     ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
@@ -75,8 +85,8 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
           if (pb) v += pb[i];
           yr[i] = static_cast<T>(v);
         }
-        pm[r] = static_cast<T>(mu);
-        pi[r] = static_cast<T>(inv);
+        if (pm) pm[r] = static_cast<T>(mu);
+        if (pi) pi[r] = static_cast<T>(inv);
       }
     });
     return std::vector<ir::Tensor>{y, mean, inv_std};

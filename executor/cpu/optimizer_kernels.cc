@@ -62,22 +62,28 @@ double SumSquaresOf(const ir::Tensor& x) {
   const T* p = x.data<T>();
   const int64_t n = x.num_elements();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-  ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      double s = 0;
-      const int64_t end = std::min(n, (c + 1) * kChunk);
-      for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(p[i]) * p[i];
-      partial[c] = s;
-    }
-  });
+  // Chunk sums are added in chunk order whatever the thread count; they are computed a group at a
+  // time into a stack array, so nothing is allocated.
+  constexpr int64_t kGroup = 256;
+  double partial[kGroup];
   double total = 0;
-  for (double s : partial) total += s;
+  for (int64_t c0 = 0; c0 < chunks; c0 += kGroup) {
+    const int64_t group = std::min(kGroup, chunks - c0);
+    ParallelFor(group, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = c0 + b; c < c0 + e; ++c) {
+        double s = 0;
+        const int64_t end = std::min(n, (c + 1) * kChunk);
+        for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(p[i]) * p[i];
+        partial[c - c0] = s;
+      }
+    });
+    for (int64_t c = 0; c < group; ++c) total += partial[c];
+  }
   return total;
 }
 
 Result SumSquaresKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
-                        const EvalContext&) {
+                        const EvalContext& ctx) {
   if (in.empty() || !HasInput(in, 0)) {
     return INVALID_ARGUMENT() << Describe(node) << ": needs at least one input";
   }
@@ -94,14 +100,16 @@ Result SumSquaresKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       }
       total += SumSquaresOf<T>(in[i]);
     }
-    return std::vector<ir::Tensor>{ir::Tensor::Scalar<T>(static_cast<T>(total))};
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dt, {}));
+    out.mutable_data<T>()[0] = static_cast<T>(total);
+    return std::vector<ir::Tensor>{out};
   });
 }
 
 // --- ClipScale -------------------------------------------------------------------------------
 
 Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
-                       const EvalContext&) {
+                       const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectScalar(node, in, 0, "norm"));
   const double max_norm = node.attrs.Get<double>("max_norm", 0.0);
   const double eps = node.attrs.Get<double>("eps", 1e-6);
@@ -116,7 +124,9 @@ Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     const T norm = in[0].data<T>()[0];
     const T coef = static_cast<T>(max_norm) / (norm + static_cast<T>(eps));
     const T scale = coef < T(1) ? coef : (std::isnan(coef) ? coef : T(1));
-    return std::vector<ir::Tensor>{ir::Tensor::Scalar<T>(scale)};
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), {}));
+    out.mutable_data<T>()[0] = scale;
+    return std::vector<ir::Tensor>{out};
   });
 }
 
@@ -124,7 +134,7 @@ Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
 // Inputs: 0 param, 1 grad, 2 lr, 3 momentum_buf (absent when momentum == 0), 4 scale?.
 
 Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
-                       const EvalContext&) {
+                       const EvalContext& ctx) {
   const double momentum = node.attrs.Get<double>("momentum", 0.0);
   const bool nesterov = node.attrs.Get<int64_t>("nesterov", 0) != 0;
   const double weight_decay = node.attrs.Get<double>("weight_decay", 0.0);
@@ -147,14 +157,16 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     const T wd = static_cast<T>(weight_decay), mom = static_cast<T>(momentum);
     const T neg_lr = static_cast<T>(-lr);
     const int64_t n = in[0].num_elements();
-    ir::Tensor p_out(in[0].dtype(), in[0].dims());
-    ir::Tensor buf_out;
-    if (momentum != 0) buf_out = ir::Tensor(in[0].dtype(), in[0].dims());
+    ASSIGN_OR_RETURN(ir::Tensor p_out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+    ir::Tensor buf_out;  // the new momentum buffer, when the node outputs it
+    if (momentum != 0 && WantsOutput(node, 1)) {
+      ASSIGN_OR_RETURN(buf_out, AllocOutput(node, ctx, 1, in[0].dtype(), in[0].dims()));
+    }
     const T* p = in[0].data<T>();
     const T* g = in[1].data<T>();
     const T* buf = momentum != 0 ? in[3].data<T>() : nullptr;
     T* po = p_out.mutable_data<T>();
-    T* bo = momentum != 0 ? buf_out.mutable_data<T>() : nullptr;
+    T* bo = buf_out.defined() ? buf_out.mutable_data<T>() : nullptr;
     ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         T d = scaled ? g[i] * scale : g[i];
@@ -163,7 +175,7 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
           // buf.mul_(momentum).add_(d_p); PyTorch's first step clones d_p instead, which is the
           // same number when the buffer starts at zero.
           const T nb = buf[i] * mom + d;
-          bo[i] = nb;
+          if (bo) bo[i] = nb;
           d = nesterov ? d + mom * nb : nb;
         }
         po[i] = p[i] + neg_lr * d;  // param.add_(d_p, alpha=-lr)
@@ -179,7 +191,7 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
 // Inputs: 0 param, 1 grad, 2 m, 3 v, 4 lr, 5 step, 6 scale?.
 
 Result AdamWUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
-                         const EvalContext&) {
+                         const EvalContext& ctx) {
   const double beta1 = node.attrs.Get<double>("beta1", 0.9);
   const double beta2 = node.attrs.Get<double>("beta2", 0.999);
   const double eps = node.attrs.Get<double>("eps", 1e-8);
@@ -214,9 +226,9 @@ Result AdamWUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
     const T t_eps = static_cast<T>(eps);
     const T neg_step_size = static_cast<T>(-step_size);
     const int64_t n = in[0].num_elements();
-    ir::Tensor p_out(in[0].dtype(), in[0].dims());
-    ir::Tensor m_out(in[0].dtype(), in[0].dims());
-    ir::Tensor v_out(in[0].dtype(), in[0].dims());
+    ASSIGN_OR_RETURN(ir::Tensor p_out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+    ASSIGN_OR_RETURN(ir::Tensor m_out, AllocOutput(node, ctx, 1, in[0].dtype(), in[0].dims()));
+    ASSIGN_OR_RETURN(ir::Tensor v_out, AllocOutput(node, ctx, 2, in[0].dtype(), in[0].dims()));
     const T* p = in[0].data<T>();
     const T* g = in[1].data<T>();
     const T* m = in[2].data<T>();

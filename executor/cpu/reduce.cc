@@ -96,12 +96,12 @@ void ReduceImpl(const ir::Tensor& x, const std::vector<bool>& reduced, ir::Tenso
     constexpr int64_t kChunk = 512;
     const int64_t chunks_per_group = (inner + kChunk - 1) / kChunk;
     ParallelFor(groups * chunks_per_group, std::max<int64_t>(1, 16384 / (count * kChunk)), [&](int64_t b, int64_t e) {
-      std::vector<Acc> acc(kChunk);
+      Acc acc[kChunk];
       for (int64_t w = b; w < e; ++w) {
         const int64_t g = w / chunks_per_group, c0 = (w % chunks_per_group) * kChunk;
         const int64_t len = std::min(kChunk, inner - c0);
         const int64_t base = OffsetOf(g, kdims, kstrides) + c0;
-        std::fill(acc.begin(), acc.begin() + len, Op::Init());
+        std::fill(acc, acc + len, Op::Init());
         for (int64_t r = 0; r < count; ++r) {
           const T* p = in + base + OffsetOf(r, rdims, rstrides);
           for (int64_t i = 0; i < len; ++i) acc[i] = Op::Combine(acc[i], p[i]);
@@ -132,14 +132,17 @@ void ReduceImpl(const ir::Tensor& x, const std::vector<bool>& reduced, ir::Tenso
 }
 
 template <template <typename> class Op, typename Types>
-Outputs ReduceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ReduceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   const bool keepdims = node.attrs.Get<int64_t>("keepdims", 1) != 0;
   const bool noop_empty = node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0;
   std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
   return DispatchDType(Types{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    if (axes.empty() && noop_empty) return std::vector<ir::Tensor>{x};
+    if (axes.empty() && noop_empty) {  // a copy: Reduce* is no view op for the planner
+      ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, x.dims()));
+      return std::vector<ir::Tensor>{out};
+    }
     std::vector<bool> reduced(x.rank(), axes.empty());
     ASSIGN_OR_RETURN(std::vector<int64_t> norm, NormalizeAxes(node, axes, x.rank()));
     for (int64_t a : norm) reduced[a] = true;
@@ -151,7 +154,7 @@ Outputs ReduceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
         dims.push_back(1);
       }
     }
-    ir::Tensor out(x.dtype(), dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), dims));
     if (out.num_elements() > 0) ReduceImpl<T, Op<T>>(x, reduced, out);
     return std::vector<ir::Tensor>{out};
   });

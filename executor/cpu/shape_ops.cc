@@ -12,7 +12,7 @@ namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
-Outputs TransposeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs TransposeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   const int64_t rank = x.rank();
   std::vector<int64_t> perm = node.attrs.Get<std::vector<int64_t>>("perm", {});
@@ -38,7 +38,8 @@ Outputs TransposeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     dims[i] = x.dims()[perm[i]];
     strides[i] = in_strides[perm[i]];
   }
-  return std::vector<ir::Tensor>{StridedCopy(x, dims, strides, 0)};
+  ASSIGN_OR_RETURN(ir::Tensor out, StridedCopyOutput(node, ctx, 0, x, dims, strides, 0));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kTranspose, TransposeKernel);
 
@@ -54,7 +55,7 @@ absl::StatusOr<std::vector<int64_t>> IntVector(const ir::Node& node, const ir::T
   return t.ToInt64Vector();
 }
 
-Outputs ReshapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ReshapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntVector(node, in[1], "input 1 (shape)"));
   const bool allowzero = node.attrs.Get<int64_t>("allowzero", 0) != 0;
@@ -99,11 +100,12 @@ Outputs ReshapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
                               << DimsToString(x.dims()) << " (" << n << " elements) to "
                               << DimsToString(dims);
   }
-  return std::vector<ir::Tensor>{x.Reshaped(dims)};
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, dims));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kReshape, ReshapeKernel);
 
-Outputs FlattenKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs FlattenKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   int64_t axis = node.attrs.Get<int64_t>("axis", 1);
   if (axis < -x.rank() || axis > x.rank()) {
@@ -113,11 +115,12 @@ Outputs FlattenKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
   if (axis < 0) axis += x.rank();
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < x.rank(); ++i) (i < axis ? outer : inner) *= x.dims()[i];
-  return std::vector<ir::Tensor>{x.Reshaped({outer, inner})};
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, {outer, inner}));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kFlatten, FlattenKernel);
 
-Outputs SqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   std::vector<bool> drop(x.rank(), false);
   if (node.attrs.Has("axes")) {
@@ -137,11 +140,12 @@ Outputs SqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
   for (int64_t i = 0; i < x.rank(); ++i) {
     if (!drop[i]) dims.push_back(x.dims()[i]);
   }
-  return std::vector<ir::Tensor>{x.Reshaped(dims)};
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, dims));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kSqueeze, SqueezeKernel);
 
-Outputs UnsqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs UnsqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   if (!node.attrs.Has("axes")) {
     return INVALID_ARGUMENT() << Describe(node) << ": attribute axes is required";
@@ -154,11 +158,12 @@ Outputs UnsqueezeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   std::vector<int64_t> dims;
   size_t next = 0;
   for (int64_t i = 0; i < out_rank; ++i) dims.push_back(inserted[i] ? 1 : x.dims()[next++]);
-  return std::vector<ir::Tensor>{x.Reshaped(dims)};
+  ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, dims));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kUnsqueeze, UnsqueezeKernel);
 
-Outputs ConcatKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ConcatKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   for (size_t i = 0; i < in.size(); ++i) {
     if (!in[i].defined()) return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is missing";
     if (in[i].dtype() != in[0].dtype() || in[i].rank() != in[0].rank()) {
@@ -182,7 +187,7 @@ Outputs ConcatKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
     }
     dims[axis] += in[i].dims()[axis];
   }
-  ir::Tensor out(in[0].dtype(), dims);
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), dims));
   const int64_t esize = ir::DTypeSize(in[0].dtype());
   int64_t outer = 1, inner = esize;
   for (int64_t d = 0; d < axis; ++d) outer *= dims[d];
@@ -203,7 +208,7 @@ Outputs ConcatKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
 }
 REGISTER_CPU_KERNEL(kConcat, ConcatKernel);
 
-Outputs SplitKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SplitKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", 0), x.rank()));
   const int64_t n_out = static_cast<int64_t>(node.outputs.size());
@@ -232,17 +237,22 @@ Outputs SplitKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, con
   const std::vector<int64_t> strides = ContiguousStrides(x.dims());
   std::vector<ir::Tensor> outs;
   int64_t start = 0;
-  for (int64_t s : sizes) {
+  for (size_t i = 0; i < sizes.size(); ++i) {
     std::vector<int64_t> dims = x.dims();
-    dims[axis] = s;
-    outs.push_back(StridedCopy(x, dims, strides, start * strides[axis]));
-    start += s;
+    dims[axis] = sizes[i];
+    ir::Tensor piece;
+    if (WantsOutput(node, i)) {
+      ASSIGN_OR_RETURN(piece, StridedCopyOutput(node, ctx, static_cast<int>(i), x, dims, strides,
+                                                start * strides[axis]));
+    }
+    outs.push_back(std::move(piece));
+    start += sizes[i];
   }
   return outs;
 }
 REGISTER_CPU_KERNEL(kSplit, SplitKernel);
 
-Outputs SliceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SliceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   const int64_t rank = x.rank();
   ASSIGN_OR_RETURN(std::vector<int64_t> starts, IntVector(node, in[1], "input 1 (starts)"));
@@ -286,11 +296,12 @@ Outputs SliceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, con
     strides[a] = in_strides[a] * step;
     if (len > 0) offset += start * in_strides[a];
   }
-  return std::vector<ir::Tensor>{StridedCopy(x, dims, strides, offset)};
+  ASSIGN_OR_RETURN(ir::Tensor out, StridedCopyOutput(node, ctx, 0, x, dims, strides, offset));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kSlice, SliceKernel);
 
-Outputs ShapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ShapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const int64_t rank = in[0].rank();
   int64_t start = node.attrs.Get<int64_t>("start", 0);
   int64_t end = node.attrs.Get<int64_t>("end", rank);
@@ -298,13 +309,13 @@ Outputs ShapeKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, con
   if (end < 0) end += rank;
   start = std::clamp<int64_t>(start, 0, rank);
   end = std::clamp<int64_t>(end, 0, rank);
-  std::vector<int64_t> v;
-  for (int64_t i = start; i < end; ++i) v.push_back(in[0].dims()[i]);
-  return std::vector<ir::Tensor>{ir::Tensor::FromVector<int64_t>({static_cast<int64_t>(v.size())}, v)};
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DType::kI64, {end - start}));
+  for (int64_t i = start; i < end; ++i) out.mutable_data<int64_t>()[i - start] = in[0].dims()[i];
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kShape, ShapeKernel);
 
-Outputs ExpandKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs ExpandKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntVector(node, in[1], "input 1 (shape)"));
   for (int64_t d : shape) {
@@ -312,7 +323,9 @@ Outputs ExpandKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> dims, BroadcastDims(node, {x.dims(), shape}));
   RETURN_IF_ERROR(CheckedNumElements(node, dims, x.dtype()).status());
-  return std::vector<ir::Tensor>{StridedCopy(x, dims, BroadcastStrides(x.dims(), dims.size()), 0)};
+  ASSIGN_OR_RETURN(ir::Tensor out, StridedCopyOutput(node, ctx, 0, x, dims,
+                                                     BroadcastStrides(x.dims(), dims.size()), 0));
+  return std::vector<ir::Tensor>{out};
 }
 REGISTER_CPU_KERNEL(kExpand, ExpandKernel);
 

@@ -38,7 +38,7 @@ void SoftmaxLines(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
 }
 
 template <bool kLog>
-Outputs SoftmaxKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext&) {
+Outputs SoftmaxKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
@@ -48,7 +48,7 @@ Outputs SoftmaxKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
   const int64_t n = x.dims()[axis];
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(x.dtype(), x.dims());
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     if (n > 0) SoftmaxLines<T, kLog>(x.data<T>(), out.mutable_data<T>(), outer, n, inner);
     return std::vector<ir::Tensor>{out};
   });

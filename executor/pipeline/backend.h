@@ -16,11 +16,14 @@
 namespace onnxpipe::pipeline {
 
 // The random stream of one micro-batch (cpu::EvalContext's fields): a node evaluated twice with the
-// same context (recompute) draws the same dropout mask.
+// same context (recompute) draws the same dropout mask, and a micro-batch of rows
+// [row_offset, row_offset + rows) draws those rows of the full batch's masks.
 struct RandomContext {
   bool training = false;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
 };
 
 class StageBackend {

@@ -32,6 +32,8 @@ class CpuBackend : public StageBackend {
     c.training = ctx.training;
     c.seed = ctx.seed;
     c.offset = ctx.offset;
+    c.row_offset = ctx.row_offset;
+    c.rows = ctx.rows;
     return evaluator_.Evaluate(node, inputs, c);
   }
   absl::StatusOr<ir::Tensor> Accumulate(const ir::Tensor& acc, const ir::Tensor& x) const override {

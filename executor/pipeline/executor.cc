@@ -137,8 +137,10 @@ class PipelineExecutor::StageRun {
 
   double Now() const { return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count(); }
   RandomContext Context(int32_t m) const {
-    return RandomContext{ex_.options_.dropout, ex_.options_.seed,
-                         static_cast<uint64_t>(feeds_.step) * ex_.options_.microbatches + static_cast<uint64_t>(m)};
+    // The trainer's stream (offset = step) at the micro-batch's rows: masks are the full batch's.
+    const int64_t rows = ex_.microbatch_size_;
+    return RandomContext{ex_.options_.dropout, ex_.options_.seed, static_cast<uint64_t>(feeds_.step),
+                         m >= 0 ? m * rows : 0, rows};
   }
   std::string Where(int32_t m, StepPhase ph) const {
     std::string s = "stage " + std::to_string(sp_.stage);

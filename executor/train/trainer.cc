@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "executor/cpu/workspace.h"
+#include "executor/runtime/arena_executor.h"
 #include "executor/runtime/interpreter.h"
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/autodiff/loss.h"
@@ -228,7 +230,14 @@ absl::StatusOr<runtime::StepResult> Trainer::Run(const ir::Graph& g, double lr) 
   evaluator_.set_context(ctx);
   runtime::InterpreterOptions iopts;
   iopts.check_numerics = options_.check_numerics;
-  absl::StatusOr<runtime::StepResult> r = runtime::InterpretStep(g, evaluator_, Feeds(lr), iopts);
+  // Kernels run in place in the statically planned arena (zero-copy, exactly the planned bytes).
+  const std::vector<ir::NodeId> order = g.LiveNodes();
+  partitioner::MemoryPlanOptions popts;
+  popts.workspace_bytes = cpu::CpuWorkspaceBytes;
+  absl::StatusOr<partitioner::MemoryPlan> plan = partitioner::PlanMemory(g, order, popts);
+  if (!plan.ok()) return Annotate(plan.status(), "step " + std::to_string(step_));
+  absl::StatusOr<runtime::StepResult> r =
+      runtime::InterpretPlanned(g, order, *plan, evaluator_, Feeds(lr), iopts);
   if (!r.ok()) return Annotate(r.status(), "step " + std::to_string(step_));
   return r;
 }

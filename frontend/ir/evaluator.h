@@ -9,6 +9,23 @@
 
 namespace onnxpipe::ir {
 
+// An executor's storage for node outputs (runtime/arena_executor implements it over a memory
+// plan). Called by kernels on the evaluating thread only.
+class OutputAllocator {
+ public:
+  virtual ~OutputAllocator() = default;
+  // Zero-filled storage for output `index` of `node` with `dtype` and `dims`; an error naming the
+  // node and output when they disagree with the plan.
+  virtual absl::StatusOr<Tensor> Allocate(const Node& node, int index, DType dtype,
+                                          const std::vector<int64_t>& dims) = 0;
+  // True when output `index` of `node` is planned to share its input 0's bytes (a Reshape-like
+  // view), so the kernel returns a view instead of writing a copy.
+  virtual bool SharesInputBuffer(const Node& node, int index) const = 0;
+  // `bytes` of scratch for `node`, valid until the next call: the plan's workspace. An error when
+  // the plan reserved less.
+  virtual absl::StatusOr<void*> Workspace(const Node& node, int64_t bytes) = 0;
+};
+
 class OpEvaluator {
  public:
   virtual ~OpEvaluator() = default;
@@ -16,6 +33,14 @@ class OpEvaluator {
   // Returns one tensor per node output (undefined for outputs it does not compute).
   virtual absl::StatusOr<std::vector<Tensor>> Evaluate(const Node& node,
                                                        const std::vector<Tensor>& inputs) const = 0;
+  // Evaluate with every output taken from `outputs` (views of planned slots) instead of fresh
+  // tensors. The default ignores `outputs`; a planned executor then reports the outputs that are
+  // not in their slots.
+  virtual absl::StatusOr<std::vector<Tensor>> EvaluateInto(const Node& node,
+                                                           const std::vector<Tensor>& inputs,
+                                                           OutputAllocator* outputs) const {
+    return Evaluate(node, inputs);
+  }
 };
 
 }  // namespace onnxpipe::ir

@@ -1,18 +1,49 @@
 #include "frontend/ir/tensor.h"
 
+#include <algorithm>
+#include <atomic>
+#include <new>
 #include <sstream>
 
 namespace onnxpipe::ir {
+namespace {
+
+std::atomic<int64_t> g_allocations{0};
+
+constexpr std::align_val_t kBufferAlignment{64};
+
+}  // namespace
+
+std::shared_ptr<uint8_t> Tensor::AllocateBuffer(int64_t bytes) {
+  // At least one byte, so that an empty tensor still has a (non-null) data pointer.
+  const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  auto* p = static_cast<uint8_t*>(::operator new[](n, kBufferAlignment));
+  std::memset(p, 0, n);
+  return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { ::operator delete[](q, kBufferAlignment); });
+}
+
+int64_t Tensor::num_allocations() { return g_allocations.load(std::memory_order_relaxed); }
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
-  storage_ = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(num_bytes()), 0);
+  data_ = AllocateBuffer(num_bytes());
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
 Tensor Tensor::DimsOnly(DType dtype, std::vector<int64_t> dims) {
   Tensor t;
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
-  t.storage_ = std::make_shared<std::vector<uint8_t>>();
+  t.dims_only_ = true;
+  return t;
+}
+
+Tensor Tensor::View(DType dtype, std::vector<int64_t> dims, std::shared_ptr<uint8_t> buffer,
+                    int64_t offset) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  uint8_t* first = buffer.get() + offset;
+  t.data_ = std::shared_ptr<uint8_t>(std::move(buffer), first);
   return t;
 }
 
@@ -61,8 +92,9 @@ Tensor Tensor::Reshaped(std::vector<int64_t> dims) const {
 }
 
 Tensor Tensor::Clone() const {
-  Tensor t = *this;
-  if (storage_) t.storage_ = std::make_shared<std::vector<uint8_t>>(*storage_);
+  if (!has_data()) return *this;
+  Tensor t(dtype_, dims_);
+  if (num_bytes() > 0) std::memcpy(t.raw(), raw(), num_bytes());
   return t;
 }
 

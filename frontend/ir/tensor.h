@@ -1,5 +1,11 @@
 // A dense, row-major, host tensor with shared (copy-on-write by convention) storage. Used for
 // initializers, folded constants, attribute tensors and the CPU backend's values.
+//
+// Ownership: a tensor either owns its bytes (the constructors, Clone, CastTo: one allocation,
+// counted by num_allocations()) or is a view into a buffer that someone else allocated (View: an
+// executor's arena slot). Both hold a shared reference to the whole allocation, so a view keeps its
+// buffer alive and can never dangle; whoever allocated the buffer decides when it may be reused
+// (an executor reuses a buffer only while it holds the only reference, see runtime/arena_executor).
 #pragma once
 
 #include <cstdint>
@@ -40,17 +46,28 @@ class Tensor {
   // Reading its elements is a bug.
   static Tensor DimsOnly(DType dtype, std::vector<int64_t> dims);
 
+  // A view of `dims` elements of `dtype` starting `offset` bytes into `buffer` (not copied, not
+  // zeroed, not counted). The caller guarantees offset + num_bytes() fits in the buffer.
+  static Tensor View(DType dtype, std::vector<int64_t> dims, std::shared_ptr<uint8_t> buffer,
+                     int64_t offset);
+  // A zero-filled buffer of `bytes` bytes aligned to 64, for executors' arenas and state buffers
+  // (not counted by num_allocations()).
+  static std::shared_ptr<uint8_t> AllocateBuffer(int64_t bytes);
+  // Owning allocations made by the constructors, Clone and CastTo in this process so far: an
+  // executor that must not allocate (the arena executor) checks that it does not move.
+  static int64_t num_allocations();
+
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t rank() const { return static_cast<int64_t>(dims_.size()); }
   int64_t num_elements() const;
   int64_t num_bytes() const { return num_elements() * DTypeSize(dtype_); }
-  bool defined() const { return storage_ != nullptr; }
+  bool defined() const { return data_ != nullptr || dims_only_; }
   // False for DimsOnly tensors (and undefined ones).
-  bool has_data() const { return storage_ != nullptr && (!storage_->empty() || num_bytes() == 0); }
+  bool has_data() const { return data_ != nullptr; }
 
-  const void* raw() const { return storage_ ? storage_->data() : nullptr; }
-  void* raw() { return storage_ ? storage_->data() : nullptr; }
+  const void* raw() const { return data_.get(); }
+  void* raw() { return data_.get(); }
   template <typename T>
   const T* data() const {
     return static_cast<const T*>(raw());
@@ -65,7 +82,7 @@ class Tensor {
   int64_t GetAsInt(int64_t i) const;
   std::vector<int64_t> ToInt64Vector() const;
 
-  // Same storage, new dims (element count must match).
+  // Same storage (a view of it), new dims (element count must match).
   Tensor Reshaped(std::vector<int64_t> dims) const;
   // Deep copy.
   Tensor Clone() const;
@@ -79,7 +96,9 @@ class Tensor {
  private:
   DType dtype_ = DType::kF32;
   std::vector<int64_t> dims_;
-  std::shared_ptr<std::vector<uint8_t>> storage_;
+  // The first byte; shares ownership of the whole allocation (aliasing shared_ptr for views).
+  std::shared_ptr<uint8_t> data_;
+  bool dims_only_ = false;
 };
 
 // bf16/f16 conversions (round to nearest even).

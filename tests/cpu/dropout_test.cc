@@ -1,6 +1,7 @@
 // Dropout: Philox known-answer vectors, inference identity, reproducibility per context, mask
 // independence from the thread count, keep ratio within statistical bounds, scaling.
 #include <cmath>
+#include <cstring>
 
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/thread_pool.h"
@@ -109,6 +110,67 @@ TEST(Dropout, MaskDoesNotDependOnThreadCount) {
   ThreadPool::SetGlobalNumThreads(0);
   EXPECT_TRUE(masks[0].BitwiseEquals(masks[1]));
   EXPECT_TRUE(masks[0].BitwiseEquals(masks[2]));
+}
+
+// Rows [begin, end) of t along dim 0, copied.
+Tensor Rows(const Tensor& t, int64_t begin, int64_t end) {
+  std::vector<int64_t> dims = t.dims();
+  const int64_t row_bytes = t.num_bytes() / dims[0];
+  dims[0] = end - begin;
+  Tensor out(t.dtype(), dims);
+  std::memcpy(out.raw(), static_cast<const uint8_t*>(t.raw()) + begin * row_bytes, out.num_bytes());
+  return out;
+}
+
+// A micro-batch (EvalContext row_offset/rows) draws exactly its rows of the full batch's masks:
+// Dropout on (B, S, D), and Attention's dropout on (B, H, S, S) and on heads merged into the batch
+// dim (B*H, S, S); evaluated in halves and quarters, bitwise equal to the rows of the whole batch.
+TEST(Dropout, MicrobatchRowsDrawTheFullBatchMask) {
+  const EvalContext full{true, 11, 5};
+  const Tensor x = Rand(DType::kF64, {8, 3, 5}, 21, 0.5, 1.5);
+  const ir::Node drop = DropoutNode(0.4);
+  auto want = Eval(drop, {x}, full);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ir::Attrs aa;
+  aa.Set("dropout", 0.3);
+  const ir::Node attn = MakeNode(OpKind::kAttention, 3, 1, aa, "/attn");
+  const Tensor q = Rand(DType::kF64, {8, 2, 4, 6}, 22), k = Rand(DType::kF64, {8, 2, 5, 6}, 23),
+               v = Rand(DType::kF64, {8, 2, 5, 6}, 24);
+  const Tensor want_attn = Eval1(attn, {q, k, v}, full);
+  // The same with the heads merged: (B*H, S, Dh), batch-major.
+  const Tensor qm = q.Reshaped({16, 4, 6}), km = k.Reshaped({16, 5, 6}), vm = v.Reshaped({16, 5, 6});
+  const Tensor want_merged = Eval1(attn, {qm, km, vm}, full);
+  EXPECT_TRUE(want_merged.BitwiseEquals(want_attn.Reshaped({16, 4, 6})));
+  for (int64_t rows : {4, 2}) {
+    for (int64_t begin = 0; begin < 8; begin += rows) {
+      EvalContext ctx = full;
+      ctx.row_offset = begin;
+      ctx.rows = rows;
+      const std::string where = "rows " + std::to_string(begin) + "+" + std::to_string(rows);
+      auto got = Eval(drop, {Rows(x, begin, begin + rows)}, ctx);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE((*got)[0].BitwiseEquals(Rows((*want)[0], begin, begin + rows))) << where;
+      EXPECT_TRUE((*got)[1].BitwiseEquals(Rows((*want)[1], begin, begin + rows))) << where;
+      const Tensor a = Eval1(attn, {Rows(q, begin, begin + rows), Rows(k, begin, begin + rows),
+                                    Rows(v, begin, begin + rows)}, ctx);
+      EXPECT_TRUE(a.BitwiseEquals(Rows(want_attn, begin, begin + rows))) << where;
+      const Tensor am = Eval1(attn, {Rows(qm, 2 * begin, 2 * (begin + rows)), Rows(km, 2 * begin, 2 * (begin + rows)),
+                                     Rows(vm, 2 * begin, 2 * (begin + rows))}, ctx);
+      EXPECT_TRUE(am.BitwiseEquals(Rows(want_merged, 2 * begin, 2 * (begin + rows)))) << where;
+    }
+  }
+  // The masks really depend on the row: a micro-batch without its offset draws other masks.
+  EvalContext no_offset = full;
+  auto other = Eval(drop, {Rows(x, 4, 8)}, no_offset);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE((*other)[1].BitwiseEquals(Rows((*want)[1], 4, 8)));
+  // A tensor that does not split into the micro-batch's rows is an error naming the node.
+  EvalContext bad = full;
+  bad.row_offset = 3;
+  bad.rows = 3;
+  auto err = Eval(drop, {Rand(DType::kF64, {4, 5}, 25)}, bad);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("/layers.0/dropout/Dropout"), std::string::npos) << err.status();
 }
 
 }  // namespace
