@@ -8,9 +8,9 @@
 // last backward the post phase runs the global norm (coordinator), the optimizer updates (owners)
 // and refreshes parameter replicas. The step's loss is sum_m share_m * loss_m (microbatch.h).
 //
-// Random streams: micro-batch m of step k uses RandomContext{dropout, seed, offset = k*M + m} in
-// its forward, backward and recompute, so a recomputed Dropout replays its mask and M = 1 uses the
-// Trainer's offsets (offset = k).
+// Random streams: micro-batch m of step k uses RandomContext{dropout, seed, offset = k,
+// row_offset = m * rows, rows} in its forward, backward and recompute: a recomputed Dropout replays
+// its mask, and the micro-batches draw the rows of the Trainer's full-batch masks (offset = k).
 //
 // Failures: an error status, a thrown exception or (check_numerics) a NaN/Inf output in any stage
 // aborts the comm group, which wakes every stage blocked in a receive; Step joins all threads and

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "executor/cpu/workspace.h"
 #include "executor/runtime/arena_executor.h"
 #include "executor/train/trainer.h"
 #include "gtest/gtest.h"
@@ -35,7 +36,9 @@ TEST(TrainingPlan, TinyGptAdamW) {
   absl::StatusOr<train::Trainer> trainer = train::Trainer::Create(*model->graph, o);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const ir::Graph& g = trainer->graph();
-  absl::StatusOr<partitioner::MemoryPlan> plan = partitioner::PlanMemory(g, g.LiveNodes());
+  partitioner::MemoryPlanOptions popts;
+  popts.workspace_bytes = cpu::CpuWorkspaceBytes;  // kernel scratch is planned too
+  absl::StatusOr<partitioner::MemoryPlan> plan = partitioner::PlanMemory(g, g.LiveNodes(), popts);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
   int64_t param_bytes = 0;
@@ -87,6 +90,8 @@ TEST(TrainingPlan, TinyGptAdamW) {
   EXPECT_TRUE(std::isfinite(want->outputs[0].GetAsDouble(0)));
   EXPECT_EQ(stats.arena_bytes, plan->arena_bytes);
   EXPECT_EQ(stats.arena_high_water, plan->arena_bytes);
+  EXPECT_EQ(stats.workspace_high_water, plan->workspace_bytes);
+  EXPECT_EQ(stats.off_plan_allocations, 0);
   EXPECT_EQ(stats.gradient_bytes, plan->gradient_bytes);
 
   std::vector<ir::ValueId> arena;
