@@ -231,11 +231,20 @@ absl::StatusOr<runtime::StepResult> Trainer::Run(const ir::Graph& g, double lr) 
   runtime::InterpreterOptions iopts;
   iopts.check_numerics = options_.check_numerics;
   // Kernels run in place in the statically planned arena (zero-copy, exactly the planned bytes).
-  const std::vector<ir::NodeId> order = g.LiveNodes();
-  partitioner::MemoryPlanOptions popts;
-  popts.workspace_bytes = cpu::CpuWorkspaceBytes;
-  absl::StatusOr<partitioner::MemoryPlan> plan = partitioner::PlanMemory(g, order, popts);
-  if (!plan.ok()) return Annotate(plan.status(), "step " + std::to_string(step_));
+  // graph_'s plan is made on its first step and reused; other graphs (Gradients()) are planned per call.
+  std::vector<ir::NodeId> local_order;
+  std::optional<partitioner::MemoryPlan> local_plan;
+  const bool cached = &g == &graph_;
+  std::vector<ir::NodeId>& order = cached ? order_ : local_order;
+  std::optional<partitioner::MemoryPlan>& plan = cached ? plan_ : local_plan;
+  if (!plan) {
+    order = g.LiveNodes();
+    partitioner::MemoryPlanOptions popts;
+    popts.workspace_bytes = cpu::CpuWorkspaceBytes;
+    absl::StatusOr<partitioner::MemoryPlan> made = partitioner::PlanMemory(g, order, popts);
+    if (!made.ok()) return Annotate(made.status(), "step " + std::to_string(step_));
+    plan = std::move(*made);
+  }
   absl::StatusOr<runtime::StepResult> r =
       runtime::InterpretPlanned(g, order, *plan, evaluator_, Feeds(lr), iopts);
   if (!r.ok()) return Annotate(r.status(), "step " + std::to_string(step_));

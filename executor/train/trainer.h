@@ -28,6 +28,7 @@
 #include "frontend/autodiff/lr_schedule.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/graph.h"
+#include "partitioner/memory_planner.h"
 
 namespace onnxpipe::train {
 
@@ -107,6 +108,9 @@ class Trainer {
   std::vector<std::string> unreachable_, frozen_;
   int64_t num_classes_ = 0;
   std::optional<Dataset> data_;
+  // graph_'s node order and arena plan, made once: steps change the state's values, never the graph.
+  std::vector<ir::NodeId> order_;
+  std::optional<partitioner::MemoryPlan> plan_;
   cpu::CpuEvaluator evaluator_;
   int64_t step_ = 0;
 };
