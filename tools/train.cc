@@ -190,6 +190,19 @@ absl::Status RunEvaluation(const Model& model, const train::Trainer& trainer, co
 }
 
 // Returns the process exit code on success: 0, or 130 when SIGINT stopped the run.
+// The static plan against what the steps measured (the arena executor hands out planned slots only).
+void PrintMemory(const train::Trainer& trainer) {
+  if (!trainer.memory_plan()) return;
+  const partitioner::MemoryPlan& p = *trainer.memory_plan();
+  const runtime::ArenaStats& m = trainer.measured_memory();
+  std::printf("memory: arena %lld bytes planned, high-water %lld; workspace %lld planned, high-water %lld; "
+              "parameters %lld, gradients %lld, optimizer state %lld; off-plan allocations %lld\n",
+              static_cast<long long>(p.arena_bytes), static_cast<long long>(m.arena_high_water),
+              static_cast<long long>(p.workspace_bytes), static_cast<long long>(m.workspace_high_water),
+              static_cast<long long>(p.parameter_bytes), static_cast<long long>(p.gradient_bytes),
+              static_cast<long long>(p.optimizer_state_bytes), static_cast<long long>(m.off_plan_allocations));
+}
+
 absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -317,6 +330,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
                             : "stopped; nothing saved (no --checkpoint-dir)\n");
     return 130;
   }
+  PrintMemory(trainer);
   if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, trainer, data, options, loop.metrics, tensorboard.get()));
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer.Parameters(), data.vocab));
   return 0;

@@ -245,9 +245,19 @@ absl::StatusOr<runtime::StepResult> Trainer::Run(const ir::Graph& g, double lr) 
     if (!made.ok()) return Annotate(made.status(), "step " + std::to_string(step_));
     plan = std::move(*made);
   }
+  runtime::ArenaStats stats;
   absl::StatusOr<runtime::StepResult> r =
-      runtime::InterpretPlanned(g, order, *plan, evaluator_, Feeds(lr), iopts);
+      runtime::InterpretPlanned(g, order, *plan, evaluator_, Feeds(lr), iopts, &stats);
   if (!r.ok()) return Annotate(r.status(), "step " + std::to_string(step_));
+  if (cached) {
+    measured_.arena_bytes = stats.arena_bytes;
+    measured_.gradient_bytes = stats.gradient_bytes;
+    measured_.state_bytes = stats.state_bytes;
+    measured_.workspace_bytes = stats.workspace_bytes;
+    measured_.arena_high_water = std::max(measured_.arena_high_water, stats.arena_high_water);
+    measured_.workspace_high_water = std::max(measured_.workspace_high_water, stats.workspace_high_water);
+    measured_.off_plan_allocations += stats.off_plan_allocations;
+  }
   return r;
 }
 

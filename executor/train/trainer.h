@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/cpu/cpu_evaluator.h"
+#include "executor/runtime/arena_executor.h"
 #include "executor/runtime/interpreter.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
@@ -83,6 +84,10 @@ class Trainer {
   const std::vector<std::string>& frozen_parameters() const { return frozen_; }
   int64_t num_trainable_parameters() const;
   int64_t optimizer_state_bytes() const { return optimizer_info_.state_bytes; }
+  // The training graph's static memory plan (after the first step) and what the steps measured: the
+  // largest arena and workspace high-water marks and the off-plan allocations of any step.
+  const std::optional<partitioner::MemoryPlan>& memory_plan() const { return plan_; }
+  const runtime::ArenaStats& measured_memory() const { return measured_; }
 
   // Everything a step updates (trainable parameters and optimizer state) by constant name, current values: with
   // step() and the options, all a run needs to continue bit for bit (the data order and the dropout stream are
@@ -111,6 +116,7 @@ class Trainer {
   // graph_'s node order and arena plan, made once: steps change the state's values, never the graph.
   std::vector<ir::NodeId> order_;
   std::optional<partitioner::MemoryPlan> plan_;
+  runtime::ArenaStats measured_;
   cpu::CpuEvaluator evaluator_;
   int64_t step_ = 0;
 };

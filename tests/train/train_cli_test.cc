@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "executor/data/npy.h"
 #include "gmock/gmock.h"
@@ -74,6 +75,24 @@ TEST_F(TrainCliTest, MetricsMatchTheGoldenAndProgressIsPlainWithoutTty) {
 }
 
 // Dropout is on unless --no-dropout: it changes the losses, and --seed makes it reproducible.
+// The executor runs every kernel in its planned arena slot: the printed high-water marks equal the
+// plan and nothing is allocated outside it (dropout on, so its masks are planned too).
+TEST_F(TrainCliTest, MemoryHighWaterEqualsThePlan) {
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                               data_.string() + " --batch 4 --steps 2 --optimizer adamw --lr 0.001 --freeze " +
+                               kClassifierFreeze);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m,
+                                std::regex("memory: arena (\\d+) bytes planned, high-water (\\d+); workspace (\\d+) "
+                                           "planned, high-water (\\d+);.*off-plan allocations (\\d+)")))
+      << r.out;
+  EXPECT_GT(std::stoll(m[1]), 0);
+  EXPECT_EQ(m[1], m[2]);
+  EXPECT_EQ(m[3], m[4]);
+  EXPECT_EQ(m[5], "0");
+}
+
 TEST_F(TrainCliTest, DropoutFollowsTheSeed) {
   auto losses = [&](const std::string& seed) {
     const fs::path metrics = dir_ / ("m" + seed + ".jsonl");
