@@ -238,6 +238,7 @@ GradRegistry::GradRegistry() : rules_(static_cast<size_t>(ir::OpKind::kNumOps)) 
   RegisterNormActivationGradients(*this);
   RegisterAttentionGradients(*this);
   RegisterGatherDropoutLossGradients(*this);
+  RegisterMathGradients(*this);
 }
 
 const GradRegistry& GradRegistry::Get() {

@@ -144,5 +144,6 @@ void RegisterReduceGradients(GradRegistry& r);
 void RegisterNormActivationGradients(GradRegistry& r);
 void RegisterAttentionGradients(GradRegistry& r);
 void RegisterGatherDropoutLossGradients(GradRegistry& r);
+void RegisterMathGradients(GradRegistry& r);  // grad_math.cc: Sin, Cos, Abs, Min, Max
 
 }  // namespace onnxpipe::autodiff

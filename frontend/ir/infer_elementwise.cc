@@ -141,13 +141,15 @@ absl::StatusOr<Outputs> GeluRule(const InferContext& ctx) {
 
 void RegisterElementwiseRules(RuleTable& t) {
   for (OpKind op : {OpKind::kSqrt, OpKind::kReciprocal, OpKind::kExp, OpKind::kLog, OpKind::kErf,
-                    OpKind::kTanh, OpKind::kSigmoid})
+                    OpKind::kTanh, OpKind::kSigmoid, OpKind::kSin, OpKind::kCos})
     SetRule(t, op, FloatUnary);
   SetRule(t, OpKind::kNeg, NumericUnary);
+  SetRule(t, OpKind::kAbs, NumericUnary);
   SetRule(t, OpKind::kRelu, NumericUnary);
   SetRule(t, OpKind::kIdentity, IdentityRule);
   SetRule(t, OpKind::kNot, NotRule);
-  for (OpKind op : {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kMod})
+  for (OpKind op : {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kMod,
+                    OpKind::kMin, OpKind::kMax})
     SetRule(t, op, Arithmetic);
   SetRule(t, OpKind::kPow, PowRule);
   for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater}) SetRule(t, op, Comparison);

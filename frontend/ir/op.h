@@ -9,6 +9,8 @@
 //   starts/ends/axes/steps, Range, ConstantOfShape shape, Tile repeats) stay inputs, as in ONNX.
 // - Attribute names and defaults follow the ONNX spec of the op (`axis`, `keepdims`, `perm`, ...).
 //   Cast's `to` and ConstantOfShape's value are stored as an IR DType name / a Tensor attribute.
+// - Min/Max take exactly two operands (numpy broadcasting); importers chain ONNX's variadic form.
+// - Einsum is not an IR op: the importer lowers it to Transpose/Reshape/Mul/ReduceSum/MatMul.
 // - Dropout: inputs (data), attrs `ratio` (float, default 0.5), `seed` (int, optional); outputs
 //   (output, optional mask). It is active while training whatever ONNX's training_mode said, an
 //   identity in inference (`onnxpipe run`).
@@ -100,6 +102,11 @@ constexpr int kVariadic = 1 << 20;
   V(Tanh, "Tanh", 1, 1, 1, 1)                                \
   V(Relu, "Relu", 1, 1, 1, 1)                                \
   V(Sigmoid, "Sigmoid", 1, 1, 1, 1)                          \
+  V(Sin, "Sin", 1, 1, 1, 1)                                  \
+  V(Cos, "Cos", 1, 1, 1, 1)                                  \
+  V(Abs, "Abs", 1, 1, 1, 1)                                  \
+  V(Min, "Min", 2, 2, 1, 1)                                  \
+  V(Max, "Max", 2, 2, 1, 1)                                  \
   V(Softmax, "Softmax", 1, 1, 1, 1)                          \
   V(LogSoftmax, "LogSoftmax", 1, 1, 1, 1)                    \
   V(ReduceMean, "ReduceMean", 1, 1, 1, 1)                    \

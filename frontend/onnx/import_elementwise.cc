@@ -36,6 +36,24 @@ ONNX_IMPORTER(Erf) { return ImportPlain(ctx, OpKind::kErf, 1); }
 ONNX_IMPORTER(Tanh) { return ImportPlain(ctx, OpKind::kTanh, 1); }
 ONNX_IMPORTER(Relu) { return ImportPlain(ctx, OpKind::kRelu, 1); }
 ONNX_IMPORTER(Sigmoid) { return ImportPlain(ctx, OpKind::kSigmoid, 1); }
+ONNX_IMPORTER(Sin) { return ImportPlain(ctx, OpKind::kSin, 1); }
+ONNX_IMPORTER(Cos) { return ImportPlain(ctx, OpKind::kCos, 1); }
+ONNX_IMPORTER(Abs) { return ImportPlain(ctx, OpKind::kAbs, 1); }
+
+// ONNX Min/Max are variadic (1..N operands, numpy broadcasting): a left fold of binary IR ops, the
+// last one emitted under the node's own name and output.
+absl::Status ImportMinMax(ImportContext& ctx, OpKind op) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, ir::kVariadic));
+  const int n = ctx.num_inputs();
+  if (n == 1) return ctx.Emit(OpKind::kIdentity, {ctx.input(0)});
+  ir::ValueId acc = ctx.input(0);
+  for (int i = 1; i + 1 < n; ++i) {
+    acc = ctx.EmitHelper(op, {acc, ctx.input(i)});
+  }
+  return ctx.Emit(op, {acc, ctx.input(n - 1)});
+}
+ONNX_IMPORTER(Min) { return ImportMinMax(ctx, OpKind::kMin); }
+ONNX_IMPORTER(Max) { return ImportMinMax(ctx, OpKind::kMax); }
 ONNX_IMPORTER(Not) { return ImportPlain(ctx, OpKind::kNot, 1); }
 ONNX_IMPORTER(Identity) { return ImportPlain(ctx, OpKind::kIdentity, 1); }
 
@@ -78,6 +96,11 @@ void RegisterElementwiseImporters(ImporterRegistry& r) {
   REGISTER_ONNX_IMPORTER(r, Reciprocal);
   REGISTER_ONNX_IMPORTER(r, Neg);
   REGISTER_ONNX_IMPORTER(r, Exp);
+  REGISTER_ONNX_IMPORTER(r, Sin);
+  REGISTER_ONNX_IMPORTER(r, Cos);
+  REGISTER_ONNX_IMPORTER(r, Abs);
+  REGISTER_ONNX_IMPORTER(r, Min);
+  REGISTER_ONNX_IMPORTER(r, Max);
   REGISTER_ONNX_IMPORTER(r, Log);
   REGISTER_ONNX_IMPORTER(r, Erf);
   REGISTER_ONNX_IMPORTER(r, Tanh);

@@ -141,6 +141,21 @@ absl::Status ImportContext::Emit(ir::OpKind op, std::vector<ir::ValueId> inputs,
   return absl::OkStatus();
 }
 
+ir::ValueId ImportContext::EmitHelper(ir::OpKind op, std::vector<ir::ValueId> inputs,
+                                      ir::Attrs attrs) {
+  const std::string base = absl::StrCat(node_.name(), "/", std::string(ir::OpName(op)));
+  const ir::ValueId out = graph_.AddValue(graph_.UniqueName(base + "_output"), ir::DType::kF32,
+                                          {}, /*shape_known=*/false);
+  graph_.AddNode(op, absl::StrCat(base, "_", helpers_++), std::move(inputs), {out},
+                 std::move(attrs));
+  return out;
+}
+
+ir::ValueId ImportContext::HelperConstant(ir::Tensor t) {
+  return graph_.AddConstant(graph_.UniqueName(absl::StrCat(node_.name(), "/const")),
+                            std::move(t));
+}
+
 absl::Status ImportContext::DefineConstant(ir::Tensor t) {
   if (num_outputs() != 1 || outputs_[0] == ir::kNoValue) {
     return Error() << "must have exactly one output";
@@ -177,6 +192,7 @@ const ImporterRegistry& ImporterRegistry::Get() {
     RegisterShapeImporters(*r);
     RegisterReduceImporters(*r);
     RegisterMiscImporters(*r);
+    RegisterEinsumImporter(*r);
     return r;
   }();
   return *registry;

@@ -117,6 +117,11 @@ class ImportContext {
 
   // Adds the IR node carrying this node's name and all its outputs.
   absl::Status Emit(ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs = {});
+  // Adds a helper node of a lowering (Einsum, variadic Min/Max) with one fresh output of unknown
+  // type (shape inference fills it in), named after this node; returns that output.
+  ir::ValueId EmitHelper(ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs = {});
+  // A constant value named after this node.
+  ir::ValueId HelperConstant(ir::Tensor t);
   // Makes output 0 a constant holding `t` (Constant nodes become values, not nodes).
   absl::Status DefineConstant(ir::Tensor t);
 
@@ -132,6 +137,7 @@ class ImportContext {
   std::vector<ir::ValueId> inputs_, outputs_;
   AttrReader attrs_;
   std::vector<std::string>* warnings_;
+  int helpers_ = 0;
 };
 
 using ImporterFn = absl::Status (*)(ImportContext& ctx);
@@ -170,7 +176,8 @@ std::string_view CanonicalDomain(std::string_view domain);
 void RegisterElementwiseImporters(ImporterRegistry& r);  // import_elementwise.cc
 void RegisterShapeImporters(ImporterRegistry& r);        // import_shape.cc
 void RegisterReduceImporters(ImporterRegistry& r);       // import_reduce.cc: reductions, norms, softmax, loss
-void RegisterMiscImporters(ImporterRegistry& r);         // import_misc.cc: matmul, gather, constants, casts
+void RegisterMiscImporters(ImporterRegistry& r);
+void RegisterEinsumImporter(ImporterRegistry& r);       // import_einsum.cc: Einsum lowered to IR ops         // import_misc.cc: matmul, gather, constants, casts
 
 // Shared helpers for importers.
 // The int list operand that ONNX moved from attribute `name` to input `input_index` across

@@ -63,6 +63,11 @@ std::vector<GradCase> ElementwiseCases() {
       {"Tanh", unary(OpKind::kTanh, -2, 2, false)},
       {"Relu", unary(OpKind::kRelu, 0.1, 1, true)},
       {"Sigmoid", unary(OpKind::kSigmoid, -3, 3, false)},
+      {"Sin", unary(OpKind::kSin, -3, 3, false)},
+      {"Cos", unary(OpKind::kCos, -3, 3, false)},
+      {"Abs", unary(OpKind::kAbs, 0.1, 1, true)},
+      {"Min_bcast", [](TestGraph& t) { return V{t.Op1(OpKind::kMin, {t.Param("a", {3, 4}), t.Param("b", {4})})}; }},
+      {"Max_bcast", [](TestGraph& t) { return V{t.Op1(OpKind::kMax, {t.Param("a", {3, 1}), t.Param("b", {1, 4})})}; }},
       {"Sum_variadic_bcast", [](TestGraph& t) {
          return V{t.Op1(OpKind::kSum, {t.Param("a", {3, 4}), t.Param("b", {4}), t.Param("c", {3, 1})})}; }},
   };

@@ -25,7 +25,7 @@ SUPPORTED = {
     "ReduceMean", "ReduceSum", "ReduceMax", "Transpose", "Reshape", "Flatten", "Squeeze",
     "Unsqueeze", "Concat", "Split", "Slice", "Shape", "Constant", "ConstantOfShape", "Cast",
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
-    "Range", "Trilu", "SoftmaxCrossEntropyLoss",
+    "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",
 }
 
 

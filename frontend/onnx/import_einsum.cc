@@ -1,0 +1,147 @@
+// Einsum, lowered at import to IR ops that already have shape rules, kernels and gradients.
+//
+// PyTorch exports torch.outer, torch.einsum and some bilinear forms as Einsum. For one or two
+// operands with single-letter labels (explicit "->" output or the implicit form) the lowering is:
+// order every operand's axes as [output labels..., contracted labels...] (Transpose), insert the
+// labels it lacks as size-1 axes (Unsqueeze), multiply with numpy broadcasting (Mul) and sum the
+// contracted axes away (ReduceSum). That is exact for every such equation; it materialises the
+// broadcast product, so it suits the small einsums exporters produce (outer products, position
+// tables), not large contractions. Ellipsis, repeated labels within one operand (diagonals) and
+// more than two operands are refused with an error naming the equation.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "frontend/onnx/importer.h"
+
+namespace onnxpipe::onnx_frontend {
+namespace {
+
+using ir::OpKind;
+
+struct Equation {
+  std::vector<std::string> operands;  // labels per operand
+  std::string output;
+};
+
+absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& text, int n) {
+  std::string s;
+  for (char c : text) {
+    if (c != ' ') s += c;
+  }
+  if (s.find("...") != std::string::npos) {
+    return ctx.Error() << "equation '" << text << "': ellipsis ('...') is not supported";
+  }
+  Equation eq;
+  const size_t arrow = s.find("->");
+  const std::string lhs = s.substr(0, arrow);
+  size_t start = 0;
+  while (true) {
+    const size_t comma = lhs.find(',', start);
+    eq.operands.push_back(lhs.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<int>(eq.operands.size()) != n) {
+    return ctx.Error() << "equation '" << text << "' names " << eq.operands.size()
+                       << " operands; the node has " << n;
+  }
+  std::map<char, int> count;
+  for (const std::string& op : eq.operands) {
+    for (size_t i = 0; i < op.size(); ++i) {
+      const char c = op[i];
+      if (!std::isalpha(static_cast<unsigned char>(c))) {
+        return ctx.Error() << "equation '" << text << "': '" << c << "' is not a label letter";
+      }
+      if (op.find(c, i + 1) != std::string::npos) {
+        return ctx.Error() << "equation '" << text << "': label '" << c
+                           << "' repeats within one operand (a diagonal); not supported";
+      }
+      ++count[c];
+    }
+  }
+  if (arrow != std::string::npos) {
+    eq.output = s.substr(arrow + 2);
+    for (size_t i = 0; i < eq.output.size(); ++i) {
+      const char c = eq.output[i];
+      if (!count.count(c) || eq.output.find(c, i + 1) != std::string::npos) {
+        return ctx.Error() << "equation '" << text << "': output label '" << c
+                           << "' is not an input label or repeats";
+      }
+    }
+  } else {
+    // Implicit form: the labels that appear once, in alphabetical order.
+    for (const auto& [c, k] : count) {
+      if (k == 1) eq.output += c;
+    }
+  }
+  return eq;
+}
+
+ONNX_IMPORTER(Einsum) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
+  ASSIGN_OR_RETURN(std::string text, ctx.attrs().Required<std::string>("equation"));
+  const int n = ctx.num_inputs();
+  ASSIGN_OR_RETURN(Equation eq, ParseEquation(ctx, text, n));
+
+  // Global axis order: output labels, then contracted labels in order of appearance.
+  std::string order = eq.output;
+  for (const std::string& op : eq.operands) {
+    for (char c : op) {
+      if (order.find(c) == std::string::npos) order += c;
+    }
+  }
+  const int64_t num_out = static_cast<int64_t>(eq.output.size());
+
+  // Each operand aligned to the global order, as a chain of pending steps.
+  std::vector<ir::ValueId> aligned;
+  for (int i = 0; i < n; ++i) {
+    const std::string& labels = eq.operands[i];
+    std::string present;  // this operand's labels in global order
+    for (char c : order) {
+      if (labels.find(c) != std::string::npos) present += c;
+    }
+    ir::ValueId v = ctx.input(i);
+    std::vector<int64_t> perm;
+    for (char c : present) perm.push_back(static_cast<int64_t>(labels.find(c)));
+    bool identity = true;
+    for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
+    if (!identity) {
+      ir::Attrs a;
+      a.Set("perm", perm);
+      v = ctx.EmitHelper(OpKind::kTranspose, {v}, std::move(a));
+    }
+    std::vector<int64_t> missing;
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (labels.find(order[k]) == std::string::npos) missing.push_back(static_cast<int64_t>(k));
+    }
+    if (!missing.empty()) {
+      ir::Attrs a;
+      a.Set("axes", missing);
+      v = ctx.EmitHelper(OpKind::kUnsqueeze, {v}, std::move(a));
+    }
+    aligned.push_back(v);
+  }
+  std::vector<int64_t> contracted;
+  for (int64_t k = num_out; k < static_cast<int64_t>(order.size()); ++k) contracted.push_back(k);
+
+  ir::Attrs sum_attrs;
+  sum_attrs.Set("axes", contracted);
+  sum_attrs.Set("keepdims", int64_t{0});
+  sum_attrs.Set("noop_with_empty_axes", int64_t{0});
+  if (n == 1) {
+    if (!contracted.empty()) return ctx.Emit(OpKind::kReduceSum, {aligned[0]}, std::move(sum_attrs));
+    return ctx.Emit(OpKind::kIdentity, {aligned[0]});
+  }
+  if (contracted.empty()) return ctx.Emit(OpKind::kMul, {aligned[0], aligned[1]});
+  const ir::ValueId product = ctx.EmitHelper(OpKind::kMul, {aligned[0], aligned[1]});
+  return ctx.Emit(OpKind::kReduceSum, {product}, std::move(sum_attrs));
+}
+
+}  // namespace
+
+void RegisterEinsumImporter(ImporterRegistry& r) { REGISTER_ONNX_IMPORTER(r, Einsum); }
+
+}  // namespace onnxpipe::onnx_frontend
