@@ -248,6 +248,7 @@ class KnownDataBuilder {
       case OpKind::kSub:
       case OpKind::kMul:
       case OpKind::kDiv:
+      case OpKind::kMod:
       case OpKind::kEqual:
         return Binary(out, p, depth);
       case OpKind::kWhere: {
@@ -301,6 +302,17 @@ class KnownDataBuilder {
           } else {
             std::optional<Dim> q = x.is_unknown() ? std::nullopt : x.DivExact(y);
             elems.push_back(q ? *q : Dim::Unknown());
+          }
+          break;
+        case OpKind::kMod:
+          // Only concrete operands (PyTorch 2's unflatten computes a Slice end as (-1 + rank) % rank).
+          if (!concrete || y.value() == 0) {
+            elems.push_back(Dim::Unknown());
+          } else if (p.attrs.Get<int64_t>("fmod", 0) != 0) {
+            elems.push_back(Dim(x.value() % y.value()));
+          } else {
+            const int64_t r = x.value() % y.value();
+            elems.push_back(Dim(r != 0 && (r < 0) != (y.value() < 0) ? r + y.value() : r));
           }
           break;
         case OpKind::kEqual:

@@ -287,6 +287,32 @@ TEST(InferTest, SliceOnSymbolicDims) {
   EXPECT_EQ(b.Str(mask), "(1, 1, S, S)");
 }
 
+// PyTorch 2's TorchScript export of unflatten(-1, (3, E)) in nn.MultiheadAttention: the shape is
+// Concat(Slice(Shape(x), 0, (-1 + r) % r), [3, E], Slice(Shape(x), (-1 + r) % r + 1, max)), the
+// slice bounds computed with Add and Mod of constants.
+TEST(InferTest, UnflattenWithModComputedSliceBounds) {
+  Builder b;
+  ValueId x = b.Input("x", {S, B, 48});
+  ValueId shp = b.Op(OpKind::kShape, {x});
+  ValueId dim = b.Op(OpKind::kMod, {b.Op(OpKind::kAdd, {b.Ints({-1}), b.Ints({3})}), b.Ints({3})});
+  ValueId head = b.Op(OpKind::kSlice, {shp, b.Ints({0}), dim});
+  ValueId tail = b.Op(OpKind::kSlice, {shp, b.Op(OpKind::kAdd, {dim, b.Ints({1})}), b.Ints({kMax})});
+  ValueId target = b.Op(OpKind::kConcat, {head, b.Ints({3, 16}), tail}, A({{"axis", int64_t{0}}}));
+  ValueId y = b.Op(OpKind::kReshape, {x, target});
+  // Python's % (fmod = 0) takes the divisor's sign; C's (fmod = 1) the dividend's.
+  ValueId py = b.Op(OpKind::kMod, {b.Ints({-7, 7}), b.Ints({3, -3})});
+  ValueId c = b.Op(OpKind::kMod, {b.Ints({-7, 7}), b.Ints({3, -3})}, A({{"fmod", int64_t{1}}}));
+  ValueId sliced_py = b.Op(OpKind::kSlice, {b.Input("v", {10}), b.Op(OpKind::kGather, {py, b.Ints({0})}),
+                                            b.Ints({kMax})});
+  ValueId sliced_c = b.Op(OpKind::kSlice, {b.Input("w", {10}), b.Ints({0}),
+                                           b.Op(OpKind::kGather, {c, b.Ints({1})})});
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(target), "(4)");
+  EXPECT_EQ(b.Str(y), "(S, B, 3, 16)");
+  EXPECT_EQ(b.Str(sliced_py), "(8)");  // -7 % 3 = 2 -> [2:]
+  EXPECT_EQ(b.Str(sliced_c), "(1)");   // fmod(7, -3) = 1 -> [:1]
+}
+
 TEST(InferTest, SplitVariants) {
   Builder b;
   ValueId x = b.Input("x", {B, 12});
