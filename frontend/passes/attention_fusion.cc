@@ -296,6 +296,9 @@ class AttentionMatcher {
       if (a && IsCausal(*a, /*additive=*/true, dims)) {
         causal = true;
       } else {
+        // A learned bias (T5's relative positions): Attention has no gradient for its mask, so
+        // the primitive ops stay and train it.
+        if (DependsOnParameter(*g_, m.additive)) return false;
         mask = m.additive;
         mask_kind = "additive";
       }

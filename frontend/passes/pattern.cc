@@ -56,6 +56,23 @@ bool IsScalarNear(const ir::Graph& g, ir::ValueId v, double expected, double rel
 
 bool IsParameter(const ir::Value& v) { return v.is_initializer && ir::IsFloat(v.dtype); }
 
+bool DependsOnParameter(const ir::Graph& g, ir::ValueId v) {
+  std::vector<ir::ValueId> stack = {v};
+  std::vector<bool> seen(g.num_values(), false);
+  while (!stack.empty()) {
+    const ir::ValueId u = stack.back();
+    stack.pop_back();
+    if (u == ir::kNoValue || seen[u]) continue;
+    seen[u] = true;
+    const ir::Value& val = g.value(u);
+    if (!ir::IsFloat(val.dtype)) continue;
+    if (IsParameter(val)) return true;
+    if (val.producer == ir::kNoNode || g.node(val.producer).removed) continue;
+    for (ir::ValueId in : g.node(val.producer).inputs) stack.push_back(in);
+  }
+  return false;
+}
+
 bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v) {
   const ir::Value& val = g.value(v);
   return val.constant.has_value() && !IsParameter(val);

@@ -61,6 +61,9 @@ std::optional<std::pair<ir::ValueId, ir::ValueId>> SplitOperands(const ir::Node&
 // Float initializers are the model's trainable parameters (DESIGN.md). Everything else that holds
 // constant data (Constant nodes, integer initializers, folded values) is a compile-time constant.
 bool IsParameter(const ir::Value& v);
+// True when a gradient could flow from `v` to a parameter: v is one, or a float path of producers
+// leads from one to v (integer and bool values carry no gradient and end the walk).
+bool DependsOnParameter(const ir::Graph& g, ir::ValueId v);
 bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v);
 
 // Shape(x) (honouring the opset-15 start/end attrs) as an i64 tensor when x's dims are concrete.

@@ -8,6 +8,8 @@
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
 #include "frontend/passes/pass.h"
+#include "frontend/passes/tie_transposed_initializers.h"
+#include "frontend/passes/upcast_half_precision.h"
 
 namespace onnxpipe::passes {
 
@@ -16,6 +18,8 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
   if (options.verify) RETURN_IF_ERROR(Annotate(ir::Verify(*g), "graph invalid before the forward pipeline"));
   PassPipeline pipeline("forward");
   pipeline.set_verify(options.verify);
+  pipeline.AddPass<UpcastHalfPrecision>();
+  pipeline.AddPass<TieTransposedInitializers>();
   if (options.fold) {
     PassPipeline& simplify = pipeline.AddFixpoint("simplify");
     simplify.AddPass<ConstantFolding>(evaluator, options.folding);

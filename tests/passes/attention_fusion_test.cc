@@ -246,5 +246,30 @@ TEST(AttentionFusionTest, NonTriangularConstantMaskIsKept) {
   EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
 }
 
+// T5's relative position bias is a Gather of a learned table added to the scores: fusing it as an
+// Attention mask would drop its gradient, so the primitive ops stay. A bias computed from a
+// non-float path (positions, bucket ids) of the same shape still fuses.
+TEST(AttentionFusionTest, LearnedAdditiveBiasIsNotFused) {
+  for (bool learned : {true, false}) {
+    GraphBuilder b;
+    const Dim S = Dim(kS), Dh = Dim(4);
+    ValueId q = b.Input("q", {S, Dh});
+    ValueId k = b.Input("k", {S, Dh});
+    ValueId v = b.Input("v", {S, Dh});
+    ValueId buckets = b.Input("buckets", {S, S}, DType::kI64);
+    ValueId table = learned ? b.Param("relative_attention_bias.weight", {8})
+                            : b.Const("table", Tensor(DType::kF32, {8}));
+    ValueId bias = b.Op(OpKind::kGather, {table, buckets}, {S, S});
+    ValueId kt = b.Op(OpKind::kTranspose, {k}, {Dh, S}, Perm({1, 0}));
+    ValueId s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMatMul, {q, kt}, {S, S}), bias}, {S, S});
+    b.Output(b.Op(OpKind::kMatMul, {b.Op(OpKind::kSoftmax, {s}, {S, S}), v}, {S, Dh}));
+    ir::Graph& g = b.graph();
+    absl::StatusOr<bool> r = RunAttention(g);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, !learned);
+    EXPECT_EQ(testing::NodesOf(g, OpKind::kAttention).size(), learned ? 0u : 1u) << testing::HistogramString(g);
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::passes
