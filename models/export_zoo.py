@@ -4,7 +4,7 @@ each with the PyTorch references the C++ side is checked against (tests/conforma
 
   /usr/bin/python3 models/export_zoo.py                      # Debian's torch 1.13: TorchScript exporter, opsets 13-17
   VENV/bin/python models/export_zoo.py                       # a newer torch: TorchScript at 18-20 and dynamo=True
-  /usr/bin/python3 models/export_zoo.py --only llama_o17_dyn --out /tmp/zoo
+  /usr/bin/python3 models/export_zoo.py --only llama_o17_fixed --out /tmp/zoo
 
 A newer torch lives in a virtual environment outside the repository (CPU is enough; see models/README.md):
   python3 -m venv VENV && VENV/bin/pip install torch onnx onnxscript numpy
