@@ -46,13 +46,17 @@ ir::Attrs CastTo(ir::DType t) {
 
 absl::StatusOr<bool> UpcastHalfPrecision::Run(ir::Graph* g) {
   if (!UsesHalf(*g)) return false;
-  // The interface keeps its dtypes: callers feed and read half tensors.
+  // Half inputs stay half (callers feed them); an output stays half only where the graph casts
+  // it to half explicitly (a requested conversion). Outputs that are half because the model
+  // computes in half come out in float32, the precision onnxpipe computes in.
   std::map<ir::ValueId, ir::DType> inputs, outputs;
   for (ir::ValueId v : g->inputs()) {
     if (IsHalf(g->value(v).dtype)) inputs[v] = g->value(v).dtype;
   }
   for (ir::ValueId v : g->outputs()) {
-    if (IsHalf(g->value(v).dtype) && !inputs.count(v)) outputs[v] = g->value(v).dtype;
+    const ir::Value& val = g->value(v);
+    if (!IsHalf(val.dtype) || inputs.count(v) || val.producer == ir::kNoNode) continue;
+    if (IsCastTo(g->node(val.producer), val.dtype)) outputs[v] = val.dtype;
   }
   RETURN_IF_ERROR(ir::ConvertFloatPrecision(*g, ir::DType::kF16, ir::DType::kF32));
   RETURN_IF_ERROR(ir::ConvertFloatPrecision(*g, ir::DType::kBF16, ir::DType::kF32));

@@ -4,8 +4,9 @@
 // onnxpipe keeps float32 master weights and chooses the compute precision itself (CPU: fp32/fp64;
 // CUDA: bf16 compute with fp32 masters, DESIGN.md), so a half-precision export is imported as the
 // same model at float32: every f16/bf16 value and constant is widened exactly, Cast-to-half nodes
-// cast to f32 instead. The graph's interface keeps its dtypes: a half input is cast to f32 by a
-// new node right after it, a half output is cast back from the f32 value that computes it. The
+// cast to f32 instead. A half graph input stays half and is cast to f32 by a new node right after
+// it; a graph output stays half only when the graph produces it with an explicit Cast to half (it
+// is then cast from the f32 value that computes it); other half outputs become f32. The
 // roundings a half-precision run would apply between ops are not
 // reproduced; the result is the model's float32 (or, with --dtype fp64, float64) evaluation.
 #pragma once

@@ -16,8 +16,10 @@ using testing::GraphBuilder;
 using testing::Histogram;
 using testing::MakeAttrs;
 
-// y = Cast(x, half) * w, all in `half`: internal values and constants widen exactly, Cast-to-half
-// casts to f32, and the graph's half input and output keep their dtype behind new Casts.
+// y = Cast(x, half) * w, all in `half`, and z = Cast(y, half) a second output: internal values and
+// constants widen exactly, Cast-to-half casts to f32, the half input stays half behind a new
+// Cast, the explicitly cast output z stays half, and y (half only because the model computes in
+// half) comes out in f32.
 TEST(UpcastHalfPrecisionTest, WidensInsideAndKeepsTheInterface) {
   for (DType half : {DType::kF16, DType::kBF16}) {
     GraphBuilder b;
@@ -29,19 +31,24 @@ TEST(UpcastHalfPrecisionTest, WidensInsideAndKeepsTheInterface) {
     const std::string half_name(ir::DTypeName(half));
     ValueId xh = b.Op(OpKind::kCast, {x}, {Dim(3)}, MakeAttrs({{"to", half_name}}), half);
     ValueId y = b.Op(OpKind::kMul, {xh, w}, {Dim(3)}, {}, half);
+    ValueId z = b.Op(OpKind::kCast, {y}, {Dim(3)}, MakeAttrs({{"to", half_name}}), half);
     b.Output(y);
+    b.Output(z);
     UpcastHalfPrecision pass;
     absl::StatusOr<bool> changed = pass.Run(&g);
     ASSERT_TRUE(changed.ok()) << changed.status();
     EXPECT_TRUE(*changed);
     EXPECT_EQ(g.value(x).dtype, half);
-    EXPECT_EQ(g.value(y).dtype, half);
+    EXPECT_EQ(g.value(y).dtype, DType::kF32);
+    EXPECT_EQ(g.value(z).dtype, half);
     EXPECT_EQ(g.value(w).dtype, DType::kF32);
     EXPECT_EQ(g.value(xh).dtype, DType::kF32);
     EXPECT_EQ(g.node(g.value(xh).producer).attrs.Get<std::string>("to"), "f32");
-    EXPECT_EQ(g.node(g.value(y).producer).op, OpKind::kCast);
-    EXPECT_EQ(g.node(g.value(y).producer).attrs.Get<std::string>("to"), half_name);
-    EXPECT_EQ(Histogram(g), (std::map<std::string, int>{{"Cast", 3}, {"Mul", 1}}));
+    EXPECT_EQ(g.node(g.value(y).producer).op, OpKind::kMul);
+    EXPECT_EQ(g.node(g.value(z).producer).op, OpKind::kCast);
+    EXPECT_EQ(g.node(g.value(z).producer).attrs.Get<std::string>("to"), half_name);
+    // Cast(x) added, Cast(x, half) now to f32, Cast(y, half) to f32 feeding the new Cast to half.
+    EXPECT_EQ(Histogram(g), (std::map<std::string, int>{{"Cast", 4}, {"Mul", 1}}));
     for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(g.value(w).constant->GetAsDouble(i), w16.GetAsDouble(i));
     EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
     changed = pass.Run(&g);
