@@ -10,8 +10,9 @@ namespace onnxpipe::cpu {
 namespace {
 
 template <typename T, typename Op>
-ir::Tensor MapElements(const ir::Tensor& x, Op op) {
-  ir::Tensor out(x.dtype(), x.dims());
+absl::StatusOr<ir::Tensor> MapElements(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& x,
+                                       Op op) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
   const T* in = x.data<T>();
   T* o = out.mutable_data<T>();
   ParallelFor(x.num_elements(), 1 << 14, [&](int64_t b, int64_t e) {
@@ -23,11 +24,12 @@ ir::Tensor MapElements(const ir::Tensor& x, Op op) {
 template <typename Types, typename Op>
 absl::StatusOr<std::vector<ir::Tensor>> UnaryMath(const ir::Node& node,
                                                   const std::vector<ir::Tensor>& in,
-                                                  const EvalContext&) {
+                                                  const EvalContext& ctx) {
   return DispatchDType(Types{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
                          using T = typename decltype(tag)::type;
-                         return std::vector<ir::Tensor>{MapElements<T>(in[0], Op{})};
+                         ASSIGN_OR_RETURN(ir::Tensor out, MapElements<T>(node, ctx, in[0], Op{}));
+                         return std::vector<ir::Tensor>{std::move(out)};
                        });
 }
 
@@ -72,7 +74,7 @@ T Pick(T a, T b) {
 template <bool kMin>
 absl::StatusOr<std::vector<ir::Tensor>> MinMaxKernel(const ir::Node& node,
                                                      const std::vector<ir::Tensor>& in,
-                                                     const EvalContext&) {
+                                                     const EvalContext& ctx) {
   if (in[1].dtype() != in[0].dtype()) {
     return INVALID_ARGUMENT() << Describe(node) << ": input 1 has dtype "
                               << ir::DTypeName(in[1].dtype()) << ", expected "
@@ -82,7 +84,7 @@ absl::StatusOr<std::vector<ir::Tensor>> MinMaxKernel(const ir::Node& node,
   return DispatchDType(MinMaxTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using T = typename decltype(tag)::type;
-    ir::Tensor out(in[0].dtype(), dims);
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), dims));
     const T* pa = in[0].data<T>();
     const T* pb = in[1].data<T>();
     T* po = out.mutable_data<T>();
