@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/cli_util.h"
+#include "tests/train/metrics_lines.h"
 
 namespace onnxpipe {
 namespace {
@@ -24,21 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::CommandResult;
+using testing::MetricsWithoutTiming;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
-
-std::vector<nlohmann::json> Losses(const fs::path& metrics) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    j.erase("samples_per_s");
-    out.push_back(j);
-  }
-  return out;
-}
 
 // A child running `command` (through exec, so the pid is onnxpipe's) with stdout/stderr in files.
 struct Child {
@@ -113,13 +103,13 @@ TEST_P(ResumeBitwiseTest, TenStepsEqualFivePlusResumedFive) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = Train(common + "--steps 5 --checkpoint-dir " + b.string() + " --metrics " + (dir_ / "b.jsonl").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Losses(dir_ / "b.jsonl").size(), 5u);
+  EXPECT_EQ(MetricsWithoutTiming(dir_ / "b.jsonl").size(), 5u);
   r = Train(common + "--steps 10 --resume --checkpoint-dir " + b.string() + " --metrics " +
             (dir_ / "b.jsonl").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("at step 5"));
-  EXPECT_EQ(Losses(dir_ / "b.jsonl"), Losses(dir_ / "a.jsonl"));
-  ASSERT_EQ(Losses(dir_ / "a.jsonl").size(), 10u);
+  EXPECT_EQ(MetricsWithoutTiming(dir_ / "b.jsonl"), MetricsWithoutTiming(dir_ / "a.jsonl"));
+  ASSERT_EQ(MetricsWithoutTiming(dir_ / "a.jsonl").size(), 10u);
 
   absl::StatusOr<io::Checkpoint> ca = io::CheckpointManager(a.string(), 0).LoadLatest();
   absl::StatusOr<io::Checkpoint> cb = io::CheckpointManager(b.string(), 0).LoadLatest();
@@ -226,7 +216,7 @@ TEST_F(ResumeCliTest, KillDashNineLeavesALoadableLatestCheckpoint) {
                           ck.string() + " --resume --metrics " + (dir_ / "m.jsonl").string());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   // The metrics hold every step once, in order: lines logged after a killed run's last checkpoint were dropped.
-  const std::vector<nlohmann::json> m = Losses(dir_ / "m.jsonl");
+  const std::vector<nlohmann::json> m = MetricsWithoutTiming(dir_ / "m.jsonl");
   ASSERT_EQ(m.size(), static_cast<size_t>(previous + 1));
   for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["step"].get<int64_t>(), static_cast<int64_t>(i));
 }

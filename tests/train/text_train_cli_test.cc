@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/cli_util.h"
+#include "tests/train/metrics_lines.h"
 #include "tests/train/text_corpus.h"
 
 namespace onnxpipe {
@@ -19,22 +20,10 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::CommandResult;
+using testing::MetricsWithoutTiming;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
-
-// Every metrics line without the timing field.
-std::vector<nlohmann::json> Losses(const fs::path& metrics) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    j.erase("samples_per_s");
-    out.push_back(j);
-  }
-  return out;
-}
 
 std::vector<std::string> Lines(const fs::path& p) {
   std::vector<std::string> out;
@@ -78,7 +67,7 @@ TEST_F(TextTrainCliTest, AclImdbFolderArchiveAndTsvTrainTheSameRows) {
     CommandResult r = Train("models/tiny_classifier.onnx", data.string(), format + " " + common + m.string());
     ASSERT_EQ(r.exit_code, 0) << data << " " << format << "\n" << r.err;
     EXPECT_THAT(r.out, HasSubstr("48 training"));
-    runs.push_back(Losses(m));
+    runs.push_back(MetricsWithoutTiming(m));
   }
   ASSERT_EQ(runs[0].size(), 4u);
   for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
@@ -130,14 +119,14 @@ TEST_F(TextTrainCliTest, TextRowsEqualAHandEncodingWithTheMask) {
   ASSERT_TRUE(data::WriteNpy((npy / "labels.npy").string(), ir::Tensor::FromVector<int64_t>({n}, labels)).ok());
   r = Train("models/tiny_bert.onnx", npy.string(), "--metrics " + m_npy.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Losses(m_npy), Losses(m_text));
+  EXPECT_EQ(MetricsWithoutTiming(m_npy), MetricsWithoutTiming(m_text));
   // The mask matters: all-ones masks train differently.
   std::fill(mask.begin(), mask.end(), 1);
   ASSERT_TRUE(data::WriteNpy((npy / "attention_mask.npy").string(),
                              ir::Tensor::FromVector<int64_t>({n, seq}, mask)).ok());
   r = Train("models/tiny_bert.onnx", npy.string(), "--metrics " + m_npy.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(Losses(m_npy)[0]["loss"], Losses(m_text)[0]["loss"]);
+  EXPECT_NE(MetricsWithoutTiming(m_npy)[0]["loss"], MetricsWithoutTiming(m_text)[0]["loss"]);
 }
 
 // The vocabulary lives in the checkpoint folder; a resumed run reuses it (and refuses a changed one).
@@ -156,7 +145,7 @@ TEST_F(TextTrainCliTest, ResumeReusesTheSavedVocabulary) {
   r = Train("models/tiny_classifier.onnx", corpus_.string(),
             common + "--vocab-size 6 --resume --checkpoint-dir " + ck.string() + " --metrics " + m_half.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(Losses(m_half), Losses(m_full));
+  EXPECT_EQ(MetricsWithoutTiming(m_half), MetricsWithoutTiming(m_full));
 
   std::vector<std::string> vocab = Lines(ck / "vocab.txt");
   std::swap(vocab[2], vocab[3]);
