@@ -242,17 +242,23 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
     if (root_live[a].begin != root_live[b].begin) return root_live[a].begin < root_live[b].begin;
     return a < b;
   });
+  // With a split, the buffers live across it go first, packed from 0 (they are all live at the
+  // split, so they cannot share bytes), and every other buffer is placed above them.
+  const int32_t split = options.split_position;
+  auto crosses = [&](ir::ValueId r) { return split >= 0 && root_live[r].begin < split && root_live[r].end >= split; };
+  if (split >= 0) std::stable_partition(roots.begin(), roots.end(), crosses);
   std::vector<Placed> placed;
   std::vector<int64_t> root_offset(nv, -1);
   std::vector<const Placed*> overlapping;
   for (ir::ValueId r : roots) {
     const int64_t size = AlignUp(plan.values[r].bytes, align);
+    const bool saved = crosses(r);
     overlapping.clear();
     for (const Placed& p : placed)
-      if (p.live.Intersects(root_live[r])) overlapping.push_back(&p);
+      if (p.live.Intersects(root_live[r]) && (saved || p.offset >= plan.split_bytes)) overlapping.push_back(&p);
     std::sort(overlapping.begin(), overlapping.end(),
               [](const Placed* a, const Placed* b) { return a->offset < b->offset; });
-    int64_t best = -1, best_gap = std::numeric_limits<int64_t>::max(), prev_end = 0;
+    int64_t best = -1, best_gap = std::numeric_limits<int64_t>::max(), prev_end = saved ? 0 : plan.split_bytes;
     for (const Placed* p : overlapping) {
       const int64_t gap = p->offset - prev_end;
       if (gap >= size && gap < best_gap) {
@@ -265,6 +271,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
     placed.push_back({best, size, root_live[r]});
     root_offset[r] = best;
     plan.arena_bytes = std::max(plan.arena_bytes, best + size);
+    if (saved) plan.split_bytes = plan.arena_bytes;
   }
   // The liveness lower bound: the largest sum of live aligned buffers at one position.
   if (n > 0) {

@@ -31,6 +31,12 @@
 // is the end of the highest buffer; peak_bytes, the largest sum of live aligned buffer sizes at one
 // position, is a lower bound that a perfect packing would reach.
 //
+// Split (MemoryPlanOptions::split_position, e.g. the first backward position of one pipeline
+// micro-batch): the buffers live across the split (live_begin < split <= live_end: what a
+// micro-batch keeps from its forward to its backward) are packed into [0, split_bytes) and every
+// other buffer lies above split_bytes. An executor can then give each micro-batch in flight its
+// own copy of the low part while all of them share the high part.
+//
 // Workspace: kernels' scratch (MemoryPlanOptions::workspace_bytes, e.g. cpu::CpuWorkspaceBytes)
 // is one buffer of the largest aligned need of any scheduled node, reused by every node (nodes run
 // one at a time): workspace_bytes. Without the option it is 0.
@@ -68,6 +74,7 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;
   int64_t peak_bytes = 0;     // liveness lower bound of arena_bytes
   int32_t peak_position = -1; // a position where it is reached
+  int64_t split_bytes = 0;    // with a split: the arena buffers live across it, at [0, split_bytes)
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;
   int64_t optimizer_state_bytes = 0;
@@ -83,6 +90,7 @@ struct MemoryPlan {
 
 struct MemoryPlanOptions {
   int64_t alignment = 64;
+  int32_t split_position = -1;  // >= 0: see "Split" above
   // Scratch bytes a node's kernel needs besides its outputs (a backend's function); null: none.
   std::function<int64_t(const ir::Graph&, const ir::Node&)> workspace_bytes;
 };

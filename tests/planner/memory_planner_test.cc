@@ -153,9 +153,36 @@ TEST(MemoryPlanner, RejectsUnboundShapesAndBadOrders) {
   EXPECT_THAT(PlanMemory(g, {0, 0}).status().message(), HasSubstr("scheduled twice"));
 }
 
-// Random DAGs with random sizes, alias ops, multi-output nodes and outputs: every pair of arena
-// values in distinct buffers whose live ranges intersect occupies disjoint bytes, every value lies
-// inside the arena, the arena is at least the liveness peak, and members of one buffer coincide.
+// Every pair of arena values in distinct buffers whose live ranges intersect occupies disjoint
+// bytes, every value lies inside the arena, the arena is at least the liveness peak, and members
+// of one buffer coincide.
+void ExpectLiveValuesDisjoint(const ir::Graph& g, const MemoryPlan& plan, int trial) {
+  EXPECT_GE(plan.arena_bytes, plan.peak_bytes);
+  for (ir::ValueId u = 0; u < g.num_values(); ++u) {
+    const ValueMemory& mu = plan.values[u];
+    ASSERT_EQ(mu.region, MemoryRegion::kArena) << g.value(u).name;
+    EXPECT_EQ(mu.offset % 64, 0);
+    EXPECT_LE(mu.offset + mu.bytes, plan.arena_bytes);
+    if (mu.buffer != u) {
+      EXPECT_EQ(mu.offset, plan.values[mu.buffer].offset);
+      EXPECT_EQ(mu.live_begin, plan.values[mu.buffer].live_begin);
+    }
+    for (ir::ValueId v = u + 1; v < g.num_values(); ++v) {
+      const ValueMemory& mv = plan.values[v];
+      if (mu.buffer == mv.buffer) continue;
+      const bool live_together = mu.live_begin <= mv.live_end && mv.live_begin <= mu.live_end;
+      const bool bytes_overlap = mu.offset < mv.offset + mv.bytes && mv.offset < mu.offset + mu.bytes;
+      EXPECT_FALSE(live_together && bytes_overlap)
+          << "trial " << trial << ": '" << g.value(u).name << "' [" << mu.offset << ", +"
+          << mu.bytes << ") live [" << mu.live_begin << ", " << mu.live_end << "] overlaps '"
+          << g.value(v).name << "' [" << mv.offset << ", +" << mv.bytes << ") live ["
+          << mv.live_begin << ", " << mv.live_end << "]";
+    }
+  }
+}
+
+// Random DAGs with random sizes, alias ops, multi-output nodes and outputs, planned with and
+// without a split: ExpectLiveValuesDisjoint, and the split's layout.
 TEST(MemoryPlanner, RandomGraphsNeverOverlapLiveValues) {
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 200; ++trial) {
@@ -192,28 +219,30 @@ TEST(MemoryPlanner, RandomGraphsNeverOverlapLiveValues) {
     }
     absl::StatusOr<MemoryPlan> p = PlanMemory(g, g.LiveNodes());
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_GE(p->arena_bytes, p->peak_bytes);
-    for (ir::ValueId u = 0; u < g.num_values(); ++u) {
-      const ValueMemory& mu = p->values[u];
-      ASSERT_EQ(mu.region, MemoryRegion::kArena) << g.value(u).name;
-      EXPECT_EQ(mu.offset % 64, 0);
-      EXPECT_LE(mu.offset + mu.bytes, p->arena_bytes);
-      if (mu.buffer != u) {
-        EXPECT_EQ(mu.offset, p->values[mu.buffer].offset);
-        EXPECT_EQ(mu.live_begin, p->values[mu.buffer].live_begin);
-      }
-      for (ir::ValueId v = u + 1; v < g.num_values(); ++v) {
-        const ValueMemory& mv = p->values[v];
-        if (mu.buffer == mv.buffer) continue;
-        const bool live_together = mu.live_begin <= mv.live_end && mv.live_begin <= mu.live_end;
-        const bool bytes_overlap = mu.offset < mv.offset + mv.bytes && mv.offset < mu.offset + mu.bytes;
-        EXPECT_FALSE(live_together && bytes_overlap)
-            << "trial " << trial << ": '" << g.value(u).name << "' [" << mu.offset << ", +"
-            << mu.bytes << ") live [" << mu.live_begin << ", " << mu.live_end << "] overlaps '"
-            << g.value(v).name << "' [" << mv.offset << ", +" << mv.bytes << ") live ["
-            << mv.live_begin << ", " << mv.live_end << "]";
+    ExpectLiveValuesDisjoint(g, *p, trial);
+    // With a split: the buffers live across it packed below split_bytes (their aligned sizes sum to
+    // it exactly), every other buffer above it, and still no live overlap.
+    MemoryPlanOptions split;
+    split.split_position = static_cast<int32_t>(rng() % g.LiveNodes().size());
+    absl::StatusOr<MemoryPlan> ps = PlanMemory(g, g.LiveNodes(), split);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    ExpectLiveValuesDisjoint(g, *ps, trial);
+    int64_t crossing = 0;
+    for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+      const ValueMemory& m = ps->values[v];
+      if (m.buffer != v || m.bytes == 0) continue;
+      const bool crosses = m.live_begin < split.split_position && m.live_end >= split.split_position;
+      // Liveness does not depend on the split.
+      EXPECT_EQ(m.live_begin, p->values[v].live_begin);
+      EXPECT_EQ(m.live_end, p->values[v].live_end);
+      if (crosses) {
+        crossing += (m.bytes + 63) / 64 * 64;
+        EXPECT_LE(m.offset + m.bytes, ps->split_bytes) << "trial " << trial << " '" << g.value(v).name << "'";
+      } else {
+        EXPECT_GE(m.offset, ps->split_bytes) << "trial " << trial << " '" << g.value(v).name << "'";
       }
     }
+    EXPECT_EQ(ps->split_bytes, crossing) << "trial " << trial;
     // Liveness independently: a value is live from its producer to its last reader.
     const std::vector<ir::NodeId> order = g.LiveNodes();
     for (size_t t = 0; t < order.size(); ++t) {
