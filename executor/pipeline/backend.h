@@ -1,5 +1,6 @@
-// What the pipeline driver needs from a backend: run one node of a stage program, add a gradient
-// into an accumulator, and test a tensor for NaN/Inf. The CPU backend wraps cpu::CpuEvaluator; a
+// What the pipeline driver needs from a backend: run one node of a stage program into planned
+// slots, say how much kernel scratch a node needs, add a gradient into an accumulator, and test a
+// tensor for NaN/Inf. The CPU backend wraps cpu::CpuEvaluator; a
 // CUDA backend implements the same three calls on device tensors and streams, and the driver,
 // schedules, comm and stage programs stay as they are. Implementations are used by every stage
 // thread at once: their methods must be thread-safe.
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "frontend/ir/evaluator.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::pipeline {
@@ -31,13 +33,16 @@ class StageBackend {
   virtual ~StageBackend() = default;
   virtual std::string name() const = 0;
   // One tensor per node output (undefined for outputs not computed); inputs[i] undefined for an
-  // absent optional input.
+  // absent optional input. With `outputs` (the stage's planned slots, stage_arena.h) every output
+  // and the kernel's scratch come from it; without, from fresh allocations.
   virtual absl::StatusOr<std::vector<ir::Tensor>> Run(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
-                                                      const RandomContext& ctx) const = 0;
-  // acc + x (same dtype and dims), a new tensor: acc may be shared with other holders.
-  virtual absl::StatusOr<ir::Tensor> Accumulate(const ir::Tensor& acc, const ir::Tensor& x) const = 0;
-  // acc += x in place; the caller owns acc's storage exclusively. Element for element the same
-  // addition as Accumulate (acc[i] + x[i]), so results do not depend on which one ran.
+                                                      const RandomContext& ctx,
+                                                      ir::OutputAllocator* outputs = nullptr) const = 0;
+  // Scratch bytes the kernel of `node` takes from OutputAllocator::Workspace (the memory plan's
+  // workspace function).
+  virtual int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const = 0;
+  // acc += x in place (acc[i] + x[i], the addition of the graph's gradient Sums); the caller owns
+  // acc's storage exclusively.
   virtual absl::Status AccumulateInPlace(ir::Tensor& acc, const ir::Tensor& x) const = 0;
   virtual bool AllFinite(const ir::Tensor& t) const = 0;
 };

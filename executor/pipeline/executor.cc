@@ -1,14 +1,17 @@
-// The driver. Each stage thread owns its StageProgram (graph with its parameters), its micro-batch
-// tables and accumulators; threads share nothing but the read-only feeds and the comm group, so
-// the only synchronisation is Send/Recv. Why sends are eager (right after the producing node) and
-// the SEND actions are no-ops here: a value leaves the stage as soon as it exists, which is what
-// the memory planner assumes and what lets the receiver start early; with NCCL the SEND action is
-// where the stage would wait for its outstanding isends of the micro-batch.
+// The driver. Each stage thread owns its StageProgram (graph with its parameters), its StageArena
+// (every micro-batch value and accumulator in its planned slot) and its micro-batch tables; threads
+// share nothing but the read-only feeds and the comm group, so the only synchronisation is
+// Send/Recv. Why sends are eager (right after the producing node) and the SEND actions are no-ops
+// here: a value leaves the stage as soon as it exists, which is what the memory plan assumes (its
+// slot is reused right after) and what lets the receiver start early; the in-process transport
+// therefore carries a copy, and the receiver copies it into its own planned slot. With NCCL the
+// SEND action is where the stage would wait for its outstanding isends of the micro-batch.
 #include "executor/pipeline/executor.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <set>
 #include <thread>
@@ -31,43 +34,6 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
          static_cast<uint32_t>(v);
 }
 
-int64_t AlignedBytes(const ir::Tensor& t) { return (t.num_bytes() + 63) / 64 * 64; }
-
-// Bytes of distinct tensor storages currently held, with a high-water mark. Storages shared by
-// several holders (a Reshape's output and its input, a gradient in a table and an accumulator)
-// count once.
-class MemoryMeter {
- public:
-  void Add(const ir::Tensor& t) {
-    if (!t.defined() || t.raw() == nullptr) return;
-    Entry& e = live_[t.raw()];
-    if (e.refs++ == 0) {
-      e.bytes = AlignedBytes(t);
-      current_ += e.bytes;
-      peak_ = std::max(peak_, current_);
-    }
-  }
-  void Remove(const ir::Tensor& t) {
-    if (!t.defined() || t.raw() == nullptr) return;
-    auto it = live_.find(t.raw());
-    if (it == live_.end()) return;
-    if (--it->second.refs == 0) {
-      current_ -= it->second.bytes;
-      live_.erase(it);
-    }
-  }
-  int64_t current() const { return current_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  struct Entry {
-    int64_t bytes = 0;
-    int32_t refs = 0;
-  };
-  std::unordered_map<const void*, Entry> live_;
-  int64_t current_ = 0, peak_ = 0;
-};
-
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 }  // namespace
@@ -75,22 +41,20 @@ std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std
 // One stage's work for one step.
 class PipelineExecutor::StageRun {
  public:
-  StageRun(PipelineExecutor& ex, StageProgram& sp, comm::Comm& comm, const StepFeeds& feeds,
+  StageRun(PipelineExecutor& ex, StageProgram& sp, StageArena& arena, comm::Comm& comm, const StepFeeds& feeds,
            const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices, const std::vector<ir::Tensor>& scales,
            Clock::time_point t0)
-      : ex_(ex), sp_(sp), comm_(comm), feeds_(feeds), slices_(slices), scales_(scales), t0_(t0) {
+      : ex_(ex), sp_(sp), arena_(arena), comm_(comm), feeds_(feeds), slices_(slices), scales_(scales), t0_(t0) {
     const int32_t M = ex.options_.microbatches;
     tables_.resize(M);
     losses.assign(M, std::nan(""));
-    saved_.assign(M, -1);
+    arena_.ResetStats();
     send_f_.resize(sp.graph.num_values());
     send_b_.resize(sp.graph.num_values());
     for (const auto& [peer, vs] : sp.send_forward)
       for (ir::ValueId v : vs) send_f_[v].push_back(peer);
     for (const auto& [peer, vs] : sp.send_backward)
       for (ir::ValueId v : vs) send_b_[v].push_back(peer);
-    acc_.resize(sp.graph.num_values());
-    acc_owned_.assign(sp.graph.num_values(), false);
     accumulated_.assign(sp.graph.num_values(), false);
     accumulated_count_.assign(sp.graph.num_values(), 0);
     for (ir::ValueId v : sp.accumulate) accumulated_[v] = true;
@@ -115,7 +79,14 @@ class PipelineExecutor::StageRun {
         case ActionKind::kOptimizerStep: RETURN_IF_ERROR(Post()); break;
       }
     }
-    measure.peak_bytes = meter_.peak();
+    const StageArenaStats& st = arena_.stats();
+    measure.saved_bytes = st.saved_high_water;
+    measure.activations_peak = st.activations_high_water;
+    measure.transient_bytes = st.transient_high_water;
+    measure.arena_bytes = st.arena_high_water();
+    measure.max_in_flight = st.max_in_flight;
+    measure.accumulator_bytes = st.accumulator_high_water;
+    measure.workspace_bytes = st.workspace_high_water;
     measure.bytes_sent = comm_.bytes_sent();
     measure.bytes_received = comm_.bytes_received();
     return absl::OkStatus();
@@ -129,10 +100,8 @@ class PipelineExecutor::StageRun {
  private:
   struct Table {
     bool live = false;
-    bool forwarded = false;
     std::vector<ir::Tensor> values;
     std::vector<int32_t> remaining, data_remaining;
-    MemoryMeter meter;
   };
 
   double Now() const { return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count(); }
@@ -148,28 +117,36 @@ class PipelineExecutor::StageRun {
     return s + ", " + StepPhaseName(ph);
   }
 
-  Table& Get(int32_t m) {
+  // Micro-batch m's table; the first call takes its saved slot and copies its feeds in.
+  absl::StatusOr<Table*> Get(int32_t m) {
     Table& t = tables_[m];
-    if (t.live) return t;
+    if (t.live) return &t;
+    RETURN_IF_ERROR(arena_.Acquire(m));
     t.live = true;
     t.values.assign(sp_.graph.num_values(), ir::Tensor());
     t.remaining = sp_.uses;
     t.data_remaining = sp_.data_uses;
-    for (ir::ValueId v : sp_.data_inputs) Put(t, v, slices_[m].at(v));
+    for (ir::ValueId v : sp_.data_inputs) RETURN_IF_ERROR(Put(t, m, v, slices_[m].at(v)));
     for (ir::ValueId v : sp_.step_inputs)
-      if (sp_.uses[v] > 0) Put(t, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_);
-    if (sp_.loss_scale != ir::kNoValue) Put(t, sp_.loss_scale, scales_[m]);
-    return t;
+      if (sp_.uses[v] > 0) RETURN_IF_ERROR(Put(t, m, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_));
+    if (sp_.loss_scale != ir::kNoValue) RETURN_IF_ERROR(Put(t, m, sp_.loss_scale, scales_[m]));
+    return &t;
   }
-  void Put(Table& t, ir::ValueId v, const ir::Tensor& x) {
-    if (t.remaining[v] <= 0) return;  // nobody here reads it
-    if (t.data_remaining[v] <= 0) {   // only shape-only readers: keep the dims
+  // Holds x as micro-batch m's value v, copied into v's planned slot unless it is already there.
+  absl::Status Put(Table& t, int32_t m, ir::ValueId v, const ir::Tensor& x) {
+    if (t.remaining[v] <= 0) return absl::OkStatus();  // nobody here reads it
+    if (t.data_remaining[v] <= 0) {                    // only shape-only readers: keep the dims
       t.values[v] = ir::Tensor::DimsOnly(x.dtype(), x.dims());
-      return;
+      return absl::OkStatus();
     }
-    t.values[v] = x;
-    t.meter.Add(x);
-    meter_.Add(x);
+    if (x.raw() != nullptr && x.raw() == arena_.Address(v, m)) {
+      t.values[v] = x;
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(ir::Tensor slot, arena_.Slot(v, m, x.dtype(), x.dims(), "value", /*zero=*/false));
+    if (x.num_bytes() > 0) std::memcpy(slot.raw(), x.raw(), x.num_bytes());
+    t.values[v] = std::move(slot);
+    return absl::OkStatus();
   }
   // One use of v is done; `shape_only`: the use read only its dims.
   void Release(Table& t, ir::ValueId v, bool shape_only = false) {
@@ -177,27 +154,11 @@ class PipelineExecutor::StageRun {
     if (!shape_only) --t.data_remaining[v];
     const bool drop = --t.remaining[v] <= 0;
     if (!drop && !(had_data && t.data_remaining[v] <= 0)) return;
-    t.meter.Remove(t.values[v]);
-    meter_.Remove(t.values[v]);
     t.values[v] = drop ? ir::Tensor() : ir::Tensor::DimsOnly(t.values[v].dtype(), t.values[v].dims());
   }
-  // Bytes held by the micro-batches forwarded and not yet backwarded, sampled when a forward ends
-  // (before any of them has received its backward inputs): the stage's activation footprint.
-  void SampleInFlight() {
-    int64_t bytes = 0;
-    int32_t n = 0;
-    for (const Table& t : tables_) {
-      if (t.live && t.forwarded) {
-        bytes += t.meter.current();
-        ++n;
-      }
-    }
-    measure.activations_peak = std::max(measure.activations_peak, bytes);
-    measure.max_in_flight = std::max(measure.max_in_flight, n);
-  }
-
   absl::Status Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values, const char* phase) {
-    Table& t = Get(m);
+    ASSIGN_OR_RETURN(Table * tp, Get(m));
+    Table& t = *tp;
     const double start = Now();
     for (ir::ValueId v : values) {
       absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, v));
@@ -207,7 +168,7 @@ class PipelineExecutor::StageRun {
                                         ": receiving '" + sp_.graph.value(v).name + "' from stage " +
                                         std::to_string(peer));
       }
-      Put(t, v, *x);
+      RETURN_IF_ERROR(Put(t, m, v, *x));
     }
     const double end = Now();
     measure.recv_wait_s += (end - start) * 1e-6;
@@ -239,7 +200,8 @@ class PipelineExecutor::StageRun {
     }
     absl::StatusOr<std::vector<ir::Tensor>> out;
     try {
-      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m));
+      arena_.Select(m);
+      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m), m >= 0 ? &arena_ : nullptr);
       if (out.ok() && ex_.options_.node_hook) {
         absl::Status st = ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, &*out);
         if (!st.ok()) out = st;
@@ -271,10 +233,17 @@ class PipelineExecutor::StageRun {
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       const ir::ValueId v = n.outputs[k];
       if (v == ir::kNoValue) continue;
-      Put(t, v, out[k]);
+      // Where the plan puts v: its own slot, or its buffer owner's (a view).
+      const uint8_t* want = arena_.Address(v, m);
+      if (out[k].num_bytes() > 0 && (want == nullptr || out[k].raw() != want)) {
+        return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + " returned output '" + sp_.graph.value(v).name +
+                                   "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
+      }
+      RETURN_IF_ERROR(Put(t, m, v, out[k]));
+      if (v == sp_.loss) losses[m] = out[k].GetAsDouble(0);  // its slot is reused right after
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
-        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k]);
+        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k].Clone());
         if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
@@ -288,27 +257,15 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
-  // Adds micro-batch m's value of v into its accumulator as soon as it is made, so the gradient of
-  // one micro-batch is never held longer than its producer needs. Micro-batch 0's tensor becomes the
-  // accumulator (it may still be shared: a receiver holds what was sent, a Reshape its input), so
-  // micro-batch 1 adds out of place into a buffer the stage owns, and later ones add in place; the
-  // additions are the same (acc + g, micro-batch order) either way.
+  // Adds micro-batch m's value of v into its accumulator as soon as it is made, in micro-batch
+  // order: acc = ((g0 + g1) + g2) + ... . Micro-batch 0's kernel wrote g0 into the accumulator
+  // itself (the layout's plan `first`); later ones wrote into the transient region.
   absl::Status Accumulate(Table& t, ir::ValueId v, int32_t m) {
     const ir::Tensor& g = t.values[v];
     if (!g.has_data()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' is not held");
-    if (!acc_[v].defined()) {
-      acc_[v] = g;
-      acc_owned_[v] = false;
-      meter_.Add(g);
-    } else if (!acc_owned_[v]) {
-      absl::StatusOr<ir::Tensor> sum = ex_.backend_->Accumulate(acc_[v], g);
-      if (!sum.ok()) return Annotate(sum.status(), Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
-      meter_.Add(*sum);
-      meter_.Remove(acc_[v]);
-      acc_[v] = *sum;
-      acc_owned_[v] = true;
-    } else {
-      absl::Status st = ex_.backend_->AccumulateInPlace(acc_[v], g);
+    if (m > 0) {
+      ir::Tensor acc = arena_.Accumulator(v);
+      absl::Status st = ex_.backend_->AccumulateInPlace(acc, g);
       if (!st.ok()) return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
     }
     ++accumulated_count_[v];
@@ -317,18 +274,12 @@ class PipelineExecutor::StageRun {
   }
 
   absl::Status Forward(int32_t m) {
-    Table& t = Get(m);
+    ASSIGN_OR_RETURN(Table * tp, Get(m));
+    Table& t = *tp;
     const double start = Now();
     for (ir::NodeId id : sp_.forward) RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kForward, t));
-    if (sp_.loss != ir::kNoValue) {
-      losses[m] = t.values[sp_.loss].GetAsDouble(0);
-      Release(t, sp_.loss);
-    }
-    t.forwarded = true;
-    saved_[m] = t.meter.current();
-    measure.saved_bytes = std::max(measure.saved_bytes, saved_[m]);
+    if (sp_.loss != ir::kNoValue) Release(t, sp_.loss);
     ++measure.microbatches_forwarded;
-    SampleInFlight();
     const double end = Now();
     measure.forward_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 0, "F" + std::to_string(m), "forward", m, start, end - start});
@@ -336,7 +287,8 @@ class PipelineExecutor::StageRun {
   }
 
   absl::Status Backward(int32_t m) {
-    Table& t = Get(m);
+    ASSIGN_OR_RETURN(Table * tp, Get(m));
+    Table& t = *tp;
     const double start = Now();
     const std::set<ir::NodeId> clones(sp_.recompute_clones.begin(), sp_.recompute_clones.end());
     for (ir::NodeId id : sp_.backward) {
@@ -357,6 +309,7 @@ class PipelineExecutor::StageRun {
       }
     }
     t = Table();
+    arena_.Release(m);
     const double end = Now();
     measure.backward_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 0, "B" + std::to_string(m), "backward", m, start, end - start});
@@ -367,12 +320,7 @@ class PipelineExecutor::StageRun {
     const double start = Now();
     ir::Graph& sg = sp_.graph;
     std::vector<ir::Tensor> pv(sg.num_values());
-    int64_t acc_bytes = 0;
-    for (ir::ValueId v : sp_.accumulate) {
-      pv[v] = acc_[v];
-      acc_bytes += AlignedBytes(acc_[v]);
-    }
-    measure.accumulator_bytes = acc_bytes;
+    for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
     for (ir::ValueId v : sp_.step_inputs) pv[v] = sg.value(v).name == autodiff::kLrName ? lr_ : step_;
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
       absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x);
@@ -390,14 +338,13 @@ class PipelineExecutor::StageRun {
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
-        if (accumulated.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
+        if (accumulated.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v].Clone()));
     for (ir::NodeId id : sp_.post) {
       for (ir::ValueId v : sg.node(id).inputs) {
         if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
         for (const auto& [peer, vs] : sp_.recv_post) {
           if (std::binary_search(vs.begin(), vs.end(), v)) {
             ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
-            meter_.Add(pv[v]);
           }
         }
       }
@@ -433,8 +380,6 @@ class PipelineExecutor::StageRun {
         r.constant = x;
       }
     }
-    for (ir::ValueId v : sp_.accumulate) meter_.Remove(acc_[v]);
-    acc_.assign(acc_.size(), ir::Tensor());
     const double end = Now();
     measure.post_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 0, "O", "optimizer", -1, start, end - start});
@@ -443,18 +388,16 @@ class PipelineExecutor::StageRun {
 
   PipelineExecutor& ex_;
   StageProgram& sp_;
+  StageArena& arena_;
   comm::Comm& comm_;
   const StepFeeds& feeds_;
   const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices_;
   const std::vector<ir::Tensor>& scales_;
   Clock::time_point t0_;
   std::vector<Table> tables_;
-  std::vector<int64_t> saved_;
   std::vector<std::vector<int32_t>> send_f_, send_b_;
-  std::vector<ir::Tensor> acc_;
-  std::vector<bool> acc_owned_, accumulated_;
+  std::vector<bool> accumulated_;
   std::vector<int32_t> accumulated_count_;
-  MemoryMeter meter_;
   ir::Tensor lr_, step_;
 };
 
@@ -475,6 +418,14 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
   ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
   ASSIGN_OR_RETURN(ex->lists_, ConcreteActionLists(ex->program_, options.schedule, options.microbatches));
   RETURN_IF_ERROR(ProveDeadlockFree(ex->program_, ex->lists_));
+  const std::shared_ptr<const StageBackend> be = ex->backend_;
+  const WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) { return be->WorkspaceBytes(g, n); };
+  for (const StageProgram& sp : ex->program_.stages) {
+    ASSIGN_OR_RETURN(StageLayout layout, PlanStageLayout(sp, options.schedule, ex->program_.num_stages,
+                                                         options.microbatches, workspace));
+    ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
+    ex->arenas_.push_back(std::make_unique<StageArena>(*ex->layouts_.back(), sp.stage));
+  }
   std::set<ir::ValueId> data;
   for (const StageProgram& sp : ex->program_.stages) data.insert(sp.data_inputs.begin(), sp.data_inputs.end());
   for (ir::ValueId v : data) {
@@ -542,7 +493,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   const Clock::time_point t0 = Clock::now();
   for (int32_t s = 0; s < K; ++s) {
     comms.push_back(group->Endpoint(s));
-    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *comms[s], feeds, slices, scales, t0));
+    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], *comms[s], feeds, slices, scales, t0));
   }
   std::vector<absl::Status> status(K);
   std::vector<std::thread> threads;

@@ -17,10 +17,11 @@
 // returns ONE error naming the stage, micro-batch, phase and node that failed first. The executor
 // is unusable after a failed step (its parameters may be half-updated): Step then fails at once.
 //
-// Memory: each stage meters the tensors it holds for micro-batches, accumulators and the post
-// phase (distinct storages, each rounded up to 64 bytes, as the static planner sizes buffers):
-// StageMeasure reports the high-water, the bytes one micro-batch keeps from its forward to its
-// backward, and the high-water of those bytes over the micro-batches in flight.
+// Memory: Create plans every stage's layout once (memory.h) and allocates it (stage_arena.h); every
+// micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
+// StageMeasure reports the high-water of what the arena handed out in the step, which equals the
+// layout's prediction. The post phase (norm, optimizer, replicas) still computes into fresh
+// tensors, outside the plan.
 #pragma once
 
 #include <cstdint>
@@ -33,13 +34,16 @@
 
 #include "absl/status/statusor.h"
 #include "executor/pipeline/backend.h"
+#include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
 #include "executor/pipeline/program.h"
 #include "executor/pipeline/schedule.h"
+#include "executor/pipeline/stage_arena.h"
 
 namespace onnxpipe::pipeline {
 
-// After a node has run: where, and its outputs (a hook may change them, e.g. to inject a NaN).
+// After a node has run: where, and its outputs (a hook may write into them, e.g. to inject a NaN;
+// they must stay in their planned slots).
 struct NodeEvent {
   int32_t stage = 0;
   int32_t microbatch = -1;  // -1 in the post phase
@@ -79,11 +83,14 @@ struct TraceEvent {
 struct StageMeasure {
   double forward_s = 0, backward_s = 0, recompute_s = 0, post_s = 0, recv_wait_s = 0;
   int32_t microbatches_forwarded = 0;
-  int64_t peak_bytes = 0;        // high-water of everything the stage held (see header comment)
-  int64_t saved_bytes = 0;       // largest forward-to-backward footprint of one micro-batch
-  int64_t activations_peak = 0;  // high-water of the footprints of the micro-batches in flight
+  // High-water marks of what the stage arena handed out (StageArenaStats).
+  int64_t saved_bytes = 0;       // within one micro-batch's saved slot
+  int64_t activations_peak = 0;  // over the saved slots of the micro-batches in flight
+  int64_t transient_bytes = 0;
+  int64_t arena_bytes = 0;       // activations_peak + transient_bytes
   int32_t max_in_flight = 0;
   int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
+  int64_t workspace_bytes = 0;
   int64_t bytes_sent = 0, bytes_received = 0;
 };
 
@@ -116,6 +123,8 @@ class PipelineExecutor {
   const PipelineProgram& program() const { return program_; }
   const std::vector<ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
+  // The memory layout stage s runs in (what PredictStageMemory reports for it).
+  const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
   int64_t microbatch_size() const { return microbatch_size_; }
   // The names of the data inputs a step must feed.
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
@@ -128,6 +137,8 @@ class PipelineExecutor {
   std::shared_ptr<const StageBackend> backend_;
   PipelineProgram program_;
   std::vector<ActionList> lists_;
+  std::vector<std::unique_ptr<StageLayout>> layouts_;
+  std::vector<std::unique_ptr<StageArena>> arenas_;
   LossShareRule loss_rule_;
   ir::Tensor seed_like_;  // dtype and dims of the loss seed
   int64_t microbatch_size_ = 0;

@@ -31,11 +31,13 @@ std::vector<StageMeans> Means(const std::vector<PipelineStepResult>& steps, int3
     for (int32_t s = 0; s < K; ++s) {
       const StageMeasure& m = steps[k].stages[s];
       StageMeasure& w = out[s].worst;
-      w.peak_bytes = std::max(w.peak_bytes, m.peak_bytes);
       w.saved_bytes = std::max(w.saved_bytes, m.saved_bytes);
       w.activations_peak = std::max(w.activations_peak, m.activations_peak);
+      w.transient_bytes = std::max(w.transient_bytes, m.transient_bytes);
+      w.arena_bytes = std::max(w.arena_bytes, m.arena_bytes);
       w.max_in_flight = std::max(w.max_in_flight, m.max_in_flight);
       w.accumulator_bytes = std::max(w.accumulator_bytes, m.accumulator_bytes);
+      w.workspace_bytes = std::max(w.workspace_bytes, m.workspace_bytes);
       w.bytes_sent = m.bytes_sent;
       w.bytes_received = m.bytes_received;
       if (k < first) continue;
@@ -112,29 +114,29 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   std::ostringstream txt;
   txt << "pipelined run: " << ctx.model << ", " << K << " stages, " << M << " micro-batches of "
       << ex.microbatch_size() << ", " << ScheduleKindName(kind) << (ctx.plan ? ", plan " + ctx.plan_dir : "") << "\n";
-  txt << "memory: measured | predicted (static planner on the stage's program); times: mean per micro-batch\n";
+  txt << "memory: high-water measured | planned (the stage's static layout); times: mean per micro-batch\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "%-5s %-23s %-23s %-9s %-23s %-12s %9s %9s %9s %9s\n", "stage", "saved/micro-batch",
-                "activations", "in-flight", "peak | bound", "accumulators", "fwd ms", "bwd ms", "recomp ms", "opt ms");
+  std::snprintf(line, sizeof(line), "%-5s %-23s %-9s %-23s %-23s %-23s %9s %9s %9s %9s\n", "stage", "saved/micro-batch",
+                "in-flight", "arena", "accumulators", "workspace", "fwd ms", "bwd ms", "recomp ms", "opt ms");
   txt << line;
   ojson stages = ojson::array();
   for (int32_t s = 0; s < K; ++s) {
     const StageMeasure& m = means[s].worst;
-    ASSIGN_OR_RETURN(StageMemoryPrediction pr, PredictStageMemory(p.stages[s], kind, K, M));
+    const StageMemoryPrediction pr = PredictStageMemory(p.stages[s], ex.layout(s));
     ojson st = {
         {"index", s},
         {"measured",
-         {{"memory", {{"peak", m.peak_bytes}, {"saved_per_microbatch", m.saved_bytes},
-                      {"activations", m.activations_peak}, {"in_flight", m.max_in_flight},
-                      {"accumulators", m.accumulator_bytes}}},
+         {{"memory", {{"saved_per_microbatch", m.saved_bytes}, {"activations", m.activations_peak},
+                      {"in_flight", m.max_in_flight}, {"transient", m.transient_bytes}, {"arena", m.arena_bytes},
+                      {"accumulators", m.accumulator_bytes}, {"workspace", m.workspace_bytes}}},
           {"forward_ms", means[s].forward_ms}, {"backward_ms", means[s].backward_ms},
           {"recompute_ms", means[s].recompute_ms}, {"optimizer_ms", means[s].optimizer_ms},
           {"recv_wait_ms", means[s].recv_wait_ms}, {"bytes_sent", m.bytes_sent}, {"bytes_received", m.bytes_received}}},
         {"predicted",
          {{"memory", {{"saved_per_microbatch", pr.saved}, {"activations", pr.activations}, {"in_flight", pr.in_flight},
-                      {"arena_per_microbatch", pr.arena}, {"arena_lower_bound", pr.peak},
-                      {"accumulators", pr.accumulators}, {"bound", pr.total}, {"parameters", pr.parameters},
-                      {"optimizer_state", pr.optimizer_state}}}}},
+                      {"transient", pr.transient}, {"arena", pr.arena}, {"arena_lower_bound_per_microbatch", pr.peak},
+                      {"accumulators", pr.accumulators}, {"workspace", pr.workspace}, {"parameters", pr.parameters},
+                      {"optimizer_state", pr.optimizer_state}, {"total", pr.total}}}}},
     };
     if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
       const partitioner::StagePlan& ps = ctx.plan->stages[s];
@@ -145,11 +147,12 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                     {"optimizer_ms", ps.optimizer_ms}};
     }
     stages.push_back(std::move(st));
-    std::snprintf(line, sizeof(line), "%-5d %-23s %-23s %-9s %-23s %-12s %9.3f %9.3f %9.3f %9.3f\n", s,
+    std::snprintf(line, sizeof(line), "%-5d %-23s %-9s %-23s %-23s %-23s %9.3f %9.3f %9.3f %9.3f\n", s,
                   (Bytes(m.saved_bytes) + " | " + Bytes(pr.saved)).c_str(),
-                  (Bytes(m.activations_peak) + " | " + Bytes(pr.activations)).c_str(),
                   (std::to_string(m.max_in_flight) + " | " + std::to_string(pr.in_flight)).c_str(),
-                  (Bytes(m.peak_bytes) + " | " + Bytes(pr.total)).c_str(), Bytes(m.accumulator_bytes).c_str(),
+                  (Bytes(m.arena_bytes) + " | " + Bytes(pr.arena)).c_str(),
+                  (Bytes(m.accumulator_bytes) + " | " + Bytes(pr.accumulators)).c_str(),
+                  (Bytes(m.workspace_bytes) + " | " + Bytes(pr.workspace)).c_str(),
                   means[s].forward_ms, means[s].backward_ms, means[s].recompute_ms, means[s].optimizer_ms);
     txt << line;
   }

@@ -89,16 +89,18 @@ std::string RunReportHtml(const nlohmann::ordered_json& measured, const std::str
      << Escape(measured["config"]["schedule"].get<std::string>()) << "; measured step "
      << Num(measured["measured"]["step_ms"]) << " ms (" << Num(measured["measured"]["samples_per_s"])
      << " samples/s, mean over the steps after the first).</p>\n";
-  os << "<h3>Memory per stage (bytes): measured | predicted</h3>\n<table><tr><th>stage</th><th>saved / micro-batch</th>"
-     << "<th>in flight</th><th>activations</th><th>accumulators</th><th>peak | bound</th><th>fwd ms</th><th>bwd ms</th></tr>\n";
+  os << "<h3>Memory per stage (bytes): high-water measured | planned</h3>\n<table><tr><th>stage</th>"
+     << "<th>saved / micro-batch</th><th>in flight</th><th>activations</th><th>arena</th><th>accumulators</th>"
+     << "<th>workspace</th><th>fwd ms</th><th>bwd ms</th></tr>\n";
   for (const auto& s : measured["stages"]) {
     const auto& m = s["measured"]["memory"];
     const auto& p = s["predicted"]["memory"];
-    os << "<tr><td>" << s["index"] << "</td><td>" << m["saved_per_microbatch"] << " | " << p["saved_per_microbatch"]
-       << "</td><td>" << m["in_flight"] << " | " << p["in_flight"] << "</td><td>" << m["activations"] << " | "
-       << p["activations"] << "</td><td>" << m["accumulators"] << " | " << p["accumulators"] << "</td><td>" << m["peak"]
-       << " | " << p["bound"] << "</td><td>" << Num(s["measured"]["forward_ms"]) << "</td><td>"
-       << Num(s["measured"]["backward_ms"]) << "</td></tr>\n";
+    os << "<tr><td>" << s["index"] << "</td>";
+    for (const char* k : {"saved_per_microbatch", "in_flight", "activations", "arena", "accumulators", "workspace"}) {
+      os << "<td>" << m[k] << " | " << p[k] << "</td>";
+    }
+    os << "<td>" << Num(s["measured"]["forward_ms"]) << "</td><td>" << Num(s["measured"]["backward_ms"])
+       << "</td></tr>\n";
   }
   os << "</table>\n";
   const nlohmann::json pt = nlohmann::json::parse(predicted_trace, nullptr, /*allow_exceptions=*/false);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "executor/comm/comm.h"
+#include "executor/cpu/workspace.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/plan.h"
 #include "gmock/gmock.h"
@@ -95,10 +96,9 @@ TEST(PipelineFaults, CheckNumericsNamesTheNodeProducingANaN) {
   const std::string target = FirstForwardNodeOf(f, c, 1);
   c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>* out) -> absl::Status {
     if (e.stage == 1 && e.microbatch == 3 && e.node->name == target && e.phase == StepPhase::kForward) {
-      ir::Tensor t = (*out)[0].Clone();
+      ir::Tensor& t = (*out)[0];  // written in its planned slot, as a kernel would
       if (t.dtype() == ir::DType::kF64) t.mutable_data<double>()[0] = std::nan("");
       if (t.dtype() == ir::DType::kF32) t.mutable_data<float>()[0] = std::nanf("");
-      (*out)[0] = t;
     }
     return absl::OkStatus();
   };
@@ -117,9 +117,8 @@ TEST(PipelineFaults, WithoutCheckNumericsANaNLossFailsTheStepAndSaysHowToFindIt)
   const std::string target = FirstForwardNodeOf(f, c, 1);
   c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>* out) -> absl::Status {
     if (e.node->name == target && e.phase == StepPhase::kForward) {
-      ir::Tensor t = (*out)[0].Clone();
+      ir::Tensor& t = (*out)[0];  // written in its planned slot, as a kernel would
       for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<double>()[i] = INFINITY;
-      (*out)[0] = t;
     }
     return absl::OkStatus();
   };
@@ -234,12 +233,12 @@ TEST(PipelineDropout, RecomputeReplaysTheMasksBitForBit) {
   }
 }
 
-// The executor meters what it really holds (distinct storages, 64-byte aligned). What a micro-batch
-// keeps from its forward to its backward must be exactly the static planner's prediction for the
-// stage's program, the in-flight count exactly the schedule's bound, so the activation high-water
-// is saved x in-flight, exactly; the stage's overall high-water stays within the planner's bound.
-// Dropout is on, as in training (without it Dropout passes its input through and shares its buffer,
-// which the planner does not assume).
+// Every micro-batch value lives in the slot the stage's static layout gives it (the executor checks
+// each output's address), so the high-water of what each stage's arena handed out must be exactly
+// the layout's prediction: bytes saved per micro-batch, micro-batches in flight (the schedule's
+// bound), activations = saved x in-flight, the transient region, the whole arena, accumulators and
+// workspace. Dropout is on, as in training (without it Dropout passes its input through and
+// shares its buffer). M = 1 checks the layout without a later-micro-batch plan.
 TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
   for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
     const ModelFixture& f = Fixture(model);
@@ -247,28 +246,42 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
       for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
         std::map<ScheduleKind, std::vector<int64_t>> activations;
         for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
-          RunConfig c;
-          c.dropout = true;
-          c.stages = K;
-          c.microbatches = 4;
-          c.steps = 1;
-          c.schedule = kind;
-          c.recompute = rp;
-          absl::StatusOr<RunResult> r = f.Pipeline(c);
-          ASSERT_TRUE(r.ok()) << r.status();
-          for (int32_t s = 0; s < c.stages; ++s) {
-            const std::string where = std::string(model) + " " + Describe(c) + " stage " + std::to_string(s);
-            const StageMeasure& m = r->steps[0].stages[s];
-            absl::StatusOr<StageMemoryPrediction> p =
-                PredictStageMemory(r->executor->program().stages[s], kind, c.stages, c.microbatches);
-            ASSERT_TRUE(p.ok()) << p.status();
-            EXPECT_EQ(m.saved_bytes, p->saved) << where;
-            EXPECT_EQ(m.max_in_flight, p->in_flight) << where;
-            EXPECT_EQ(m.activations_peak, p->activations) << where;
-            EXPECT_EQ(m.accumulator_bytes, p->accumulators) << where;
-            EXPECT_LE(m.peak_bytes, p->total) << where;
-            EXPECT_GT(m.peak_bytes, p->activations) << where;
-            activations[kind].push_back(m.activations_peak);
+          for (int32_t M : {1, 4}) {
+            RunConfig c;
+            c.dropout = true;
+            c.stages = K;
+            c.microbatches = M;
+            c.steps = 2;
+            c.schedule = kind;
+            c.recompute = rp;
+            absl::StatusOr<RunResult> r = f.Pipeline(c);
+            ASSERT_TRUE(r.ok()) << r.status();
+            for (int32_t s = 0; s < c.stages; ++s) {
+              const PipelineExecutor& ex = *r->executor;
+              // The layout the executor allocated is the one PredictStageMemory makes from the program.
+              absl::StatusOr<StageMemoryPrediction> fresh = PredictStageMemory(
+                  ex.program().stages[s], kind, c.stages, c.microbatches, [](const ir::Graph& g, const ir::Node& n) {
+                    return cpu::CpuWorkspaceBytes(g, n);
+                  });
+              ASSERT_TRUE(fresh.ok()) << fresh.status();
+              const StageMemoryPrediction p = PredictStageMemory(ex.program().stages[s], ex.layout(s));
+              EXPECT_EQ(fresh->arena, p.arena);
+              EXPECT_EQ(fresh->workspace, p.workspace);
+              for (int32_t k = 0; k < c.steps; ++k) {
+                const std::string where =
+                    std::string(model) + " " + Describe(c) + " step " + std::to_string(k) + " stage " + std::to_string(s);
+                const StageMeasure& m = r->steps[k].stages[s];
+                EXPECT_EQ(m.saved_bytes, p.saved) << where;
+                EXPECT_EQ(m.max_in_flight, p.in_flight) << where;
+                EXPECT_EQ(m.activations_peak, p.activations) << where;
+                EXPECT_EQ(m.transient_bytes, p.transient) << where;
+                EXPECT_EQ(m.arena_bytes, p.arena) << where;
+                EXPECT_EQ(m.accumulator_bytes, p.accumulators) << where;
+                EXPECT_EQ(m.workspace_bytes, p.workspace) << where;
+                EXPECT_GT(p.saved, 0) << where;
+              }
+              if (M == 4) activations[kind].push_back(r->steps[0].stages[s].activations_peak);
+            }
           }
         }
         // 1F1B keeps min(M, K - s) micro-batches where GPipe keeps M: less on every stage here.
