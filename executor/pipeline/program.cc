@@ -149,6 +149,25 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
     }
   }
 
+  // 4b. Shared parameters, Megatron style: a parameter read on stages other than its owner (a tied
+  // embedding and output projection) is updated on every stage holding it. Its post-phase nodes
+  // (the Sum of its gradient contributions, its optimizer update) run on each of them, over the
+  // same operands in the same order, so the copies stay bitwise identical without a broadcast;
+  // each holder keeps its own optimizer state. `also[id]`: the other stages running post node id.
+  std::vector<std::set<int32_t>> also(nslots);
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    const ir::Value& pv = g.value(u.state);
+    if (!pv.is_initializer) continue;
+    const int32_t owner = param_stage.at(pv.name);
+    std::set<int32_t> holders;
+    for (ir::NodeId c : uses[u.state])
+      if (phase[c] != StepPhase::kPost && stage[c] != owner) holders.insert(stage[c]);
+    if (holders.empty()) continue;
+    for (ir::NodeId id : order)
+      if (phase[id] == StepPhase::kPost && g.node(id).origin == pv.name) also[id] = holders;
+  }
+  auto runs_on = [&](ir::NodeId id, int32_t s) { return stage[id] == s || also[id].count(s) > 0; };
+
   // 5. Recompute: the recomputed forward nodes a backward node of their stage needs.
   std::vector<bool> needed(nslots, false);
   {
@@ -271,9 +290,8 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
     }
     RET_CHECK(placed.size() == region_clones.size()) << "a recompute region of stage " << s << " has no reader";
     for (ir::NodeId id : order) {
-      if (stage[id] != s) continue;
-      if (phase[id] == StepPhase::kForward) sp.forward.push_back(id);
-      if (phase[id] == StepPhase::kPost) sp.post.push_back(id);
+      if (phase[id] == StepPhase::kForward && stage[id] == s) sp.forward.push_back(id);
+      if (phase[id] == StepPhase::kPost && runs_on(id, s)) sp.post.push_back(id);
     }
   }
 
@@ -339,7 +357,7 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
                                       << "'; only gradients can be accumulated over micro-batches";
           }
           if (pp == StepPhase::kBackward) accumulate[ps].insert(v);
-          if (ps != s) {
+          if (!runs_on(p, s)) {
             send_p[ps][s].insert(v);
             recv_p[s][ps].insert(v);
           }
@@ -362,8 +380,12 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
     RET_CHECK(p != ir::kNoNode && phase[p] == StepPhase::kPost)
         << "state '" << g.value(u.state).name << "' is not updated by an optimizer node";
     prog.stages[stage[p]].state_updates.push_back(u);
+    for (int32_t h : also[p]) prog.stages[h].state_updates.push_back(u);
     if (g.value(u.state).is_initializer) prog.parameter_owner[u.state] = stage[p];
   }
+  std::vector<std::set<ir::ValueId>> updates_here(K);
+  for (int32_t s = 0; s < K; ++s)
+    for (const ir::Graph::StateUpdate& u : prog.stages[s].state_updates) updates_here[s].insert(u.state);
   std::vector<PeerSets> send_r(K), recv_r(K);
   for (int32_t s = 0; s < K; ++s) {
     const StageProgram& sp = prog.stages[s];
@@ -371,7 +393,7 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
       for (ir::NodeId id : *list) {
         for (ir::ValueId v : sp.graph.node(id).inputs) {
           auto it = v == ir::kNoValue ? prog.parameter_owner.end() : prog.parameter_owner.find(v);
-          if (it == prog.parameter_owner.end() || it->second == s) continue;
+          if (it == prog.parameter_owner.end() || updates_here[s].count(v)) continue;
           send_r[it->second][s].insert(v);
           recv_r[s][it->second].insert(v);
         }

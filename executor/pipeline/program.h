@@ -9,8 +9,12 @@
 // - a backward node goes to the stage of its Node::origin (the forward node it differentiates, or
 //   the parameter whose gradient it accumulates); gradient Sums of an activation therefore run on
 //   the stage of the activation's producer, which is the last to run its backward;
-// - a parameter belongs to the stage of its first forward consumer, and so do its optimizer
-//   update and its optimizer state; other stages that read it hold a replica;
+// - a parameter belongs to the stage of its first forward consumer (its owner), and so do its
+//   optimizer update and its optimizer state;
+// - a parameter other stages read too (a GPT's tied input embedding and output projection) is held
+//   Megatron style: every holder runs the parameter's post nodes (the Sum of its gradient
+//   contributions, its update) with its own optimizer state, over the same operands in the same
+//   order, so the copies stay bitwise identical without a broadcast;
 // - optimizer nodes without an origin (the global gradient norm: SumSquares, Sqrt, ClipScale) run
 //   once, on the coordinator stage, over every gradient in the graph's order — so the norm is
 //   computed with exactly the unpartitioned summation order.
@@ -18,10 +22,9 @@
 // node in its backward (B), optimizer and global nodes once per step after the last backward (post).
 // A parameter-gradient Sum (a parameter read in several places, e.g. a tied embedding read on the
 // first and the last stage) moves to post: each stage accumulates its own contribution over the
-// micro-batches, sends the sum once, and the owner adds them (Megatron's tied-embedding all-reduce,
-// as one Sum node with the graph's operand order). It moves even when all contributions are on one
-// stage, so the summation order does not depend on the stage count.
-//
+// micro-batches, sends the sum once to every other holder, and each holder adds them (Megatron's
+// tied-embedding all-reduce, as one Sum node with the graph's operand order). It moves even when
+// all contributions are on one stage, so the summation order does not depend on the stage count.
 // Gradient accumulation: every per-micro-batch value a post node reads (the parameter gradients and
 // tied contributions) is summed over the micro-batches on the stage that computes it, in
 // micro-batch order, acc = ((g0 + g1) + g2) + ... . The loss seed dLoss (the constant autodiff
@@ -123,8 +126,9 @@ struct StageProgram {
   // keeps only the value's dims (ir::Tensor::DimsOnly), as the static memory planner assumes.
   std::vector<int32_t> uses, data_uses;
 
-  // State updates this stage applies after its post nodes (parameters it owns, their optimizer
-  // state), and parameter replicas: new values sent to / received from other stages after the step.
+  // State updates this stage applies after its post nodes (parameters it owns or holds as a shared
+  // parameter, their optimizer state), and parameter replicas (parameters another stage updates
+  // that this one reads): new values sent to / received from other stages after the step.
   std::vector<ir::Graph::StateUpdate> state_updates;
   std::map<int32_t, std::vector<ir::ValueId>> send_replica, recv_replica;
 

@@ -173,29 +173,54 @@ TEST(PipelineFaults, AReceiveTimeoutTurnsAHangIntoAnError) {
   EXPECT_THAT(r.status().message(), HasSubstr("stage 0, micro-batch 0: receiving"));
 }
 
-TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndReplicasStayIdentical) {
+// Megatron style: the lm head's stage holds the tied embedding itself, with its own optimizer state,
+// receives the other holder's gradient contribution, and applies the same update: after every
+// step both copies and both optimizer states are bitwise equal (and equal to the unpartitioned
+// run, checked by the equivalence tests), without any parameter broadcast.
+TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndCopiesStayIdentical) {
   const ModelFixture& f = Fixture("tiny_gpt");
-  for (int32_t K : {2, 3, 4}) {
-    RunConfig c;
-    c.stages = K;
-    c.microbatches = 2;
-    absl::StatusOr<RunResult> r = f.Pipeline(c);
-    ASSERT_TRUE(r.ok()) << r.status();
-    const PipelineProgram& p = r->executor->program();
-    const ir::ValueId tied = p.stages[0].graph.FindValue("tok_emb.weight");
-    ASSERT_NE(tied, ir::kNoValue);
-    EXPECT_EQ(p.parameter_owner.at(tied), 0);  // the embedding Gather's stage
-    EXPECT_THAT(p.post_sums, ::testing::Contains(HasSubstr("tok_emb.weight")));
-    // The lm head (last stage) holds a replica refreshed after every step.
-    ASSERT_TRUE(p.stages[K - 1].recv_replica.count(0)) << "K=" << K;
-    EXPECT_THAT(p.stages[K - 1].recv_replica.at(0), ::testing::Contains(tied));
-    std::optional<ir::Tensor> owner = r->executor->StageConstant(0, "tok_emb.weight");
-    std::optional<ir::Tensor> replica = r->executor->StageConstant(K - 1, "tok_emb.weight");
-    ASSERT_TRUE(owner && replica);
-    EXPECT_TRUE(owner->BitwiseEquals(*replica)) << "K=" << K;
-    EXPECT_EQ(owner->raw() == replica->raw(), true);  // in-process: the very same storage
-    // Stages in between hold no copy at all.
-    for (int32_t s = 1; s < K - 1; ++s) EXPECT_FALSE(r->executor->StageConstant(s, "tok_emb.weight")) << s;
+  for (autodiff::OptimizerKind optimizer : {autodiff::OptimizerKind::kSGD, autodiff::OptimizerKind::kAdamW}) {
+    for (int32_t K : {2, 3, 4}) {
+      RunConfig c;
+      c.stages = K;
+      c.microbatches = 2;
+      c.steps = 3;
+      c.optimizer = optimizer;
+      const std::string where =
+          std::string(optimizer == autodiff::OptimizerKind::kSGD ? "sgd" : "adamw") + " K=" + std::to_string(K);
+      absl::StatusOr<RunResult> r = f.Pipeline(c);
+      ASSERT_TRUE(r.ok()) << r.status();
+      const PipelineProgram& p = r->executor->program();
+      const ir::ValueId tied = p.stages[0].graph.FindValue("tok_emb.weight");
+      ASSERT_NE(tied, ir::kNoValue);
+      EXPECT_EQ(p.parameter_owner.at(tied), 0);  // the embedding Gather's stage
+      EXPECT_THAT(p.post_sums, ::testing::Contains(HasSubstr("tok_emb.weight")));
+      // No replica traffic: the last stage updates its own copy, with its own state.
+      for (int32_t s = 0; s < K; ++s) {
+        EXPECT_TRUE(p.stages[s].send_replica.empty()) << where << " stage " << s;
+        EXPECT_TRUE(p.stages[s].recv_replica.empty()) << where << " stage " << s;
+      }
+      auto tied_states = [&](int32_t s) {
+        std::vector<std::string> names;
+        for (const ir::Graph::StateUpdate& u : p.stages[s].state_updates) {
+          const std::string& name = p.stages[s].graph.value(u.state).name;
+          if (name.find("tok_emb.weight") != std::string::npos) names.push_back(name);
+        }
+        return names;
+      };
+      const std::vector<std::string> names = tied_states(K - 1);
+      EXPECT_EQ(names, tied_states(0)) << where;
+      EXPECT_GE(names.size(), optimizer == autodiff::OptimizerKind::kSGD ? 1u : 3u) << where;  // + moments
+      for (const std::string& name : names) {
+        std::optional<ir::Tensor> owner = r->executor->StageConstant(0, name);
+        std::optional<ir::Tensor> holder = r->executor->StageConstant(K - 1, name);
+        ASSERT_TRUE(owner && holder) << where << " " << name;
+        EXPECT_TRUE(owner->BitwiseEquals(*holder)) << where << " " << name;
+        EXPECT_NE(owner->raw(), holder->raw()) << where << " " << name;  // two copies
+      }
+      // Stages in between hold no copy at all.
+      for (int32_t s = 1; s < K - 1; ++s) EXPECT_FALSE(r->executor->StageConstant(s, "tok_emb.weight")) << s;
+    }
   }
 }
 
@@ -348,6 +373,13 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
                 EXPECT_EQ(m.saved_bytes, pm.saved) << where << " stage " << s;
                 EXPECT_EQ(m.max_in_flight, pm.in_flight) << where << " stage " << s;
                 EXPECT_EQ(m.activations_peak, pm.activations) << where << " stage " << s;
+                // The persistent regions too: parameters, gradients (the accumulators) and optimizer
+                // state, tied parameters included on every stage holding them.
+                const StageMemoryPrediction pr = PredictStageMemory((*ex)->program().stages[s], (*ex)->layout(s));
+                EXPECT_EQ(pr.parameters, pm.parameters) << where << " stage " << s;
+                EXPECT_EQ(pr.optimizer_state, pm.optimizer_state) << where << " stage " << s;
+                EXPECT_EQ(pr.accumulators, pm.gradients) << where << " stage " << s;
+                EXPECT_EQ(m.accumulator_bytes, pm.gradients) << where << " stage " << s;
               }
             }
             for (const auto& [name, t] : (*ex)->Parameters()) {
