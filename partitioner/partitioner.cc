@@ -141,7 +141,7 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     // Phase 5: the stage's program and its memory.
     ASSIGN_OR_RETURN(StageProgram sp, BuildStageProgram(a, ub, ue, rec));
     const int64_t in_flight = InFlightMicrobatches(o.schedule, K, k, o.microbatches);
-    ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, ctx.alignment()));
+    ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, o.microbatches, ctx.alignment()));
     if (s.memory.total > plan.capacity_bytes) all_fit = false;
 
     double fwd = 0, bwd = 0, rcp = 0, opt = 0;

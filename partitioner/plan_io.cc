@@ -151,7 +151,7 @@ ordered_json PlanToJson(const PartitionPlan& p) {
                     {"boundary", m.boundary},
                     {"saved_per_microbatch", m.saved},
                     {"in_flight", m.in_flight},
-                    {"arena_per_microbatch", m.arena},
+                    {"arena", m.arena},
                     {"capacity", p.capacity_bytes}};
     st["predicted"] = {{"forward_ms", s.forward_ms},
                        {"backward_ms", s.backward_ms},
@@ -332,7 +332,7 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     ASSIGN_OR_RETURN(m.boundary, r.Int(*mem, mp, "boundary"));
     ASSIGN_OR_RETURN(m.saved, r.Int(*mem, mp, "saved_per_microbatch"));
     ASSIGN_OR_RETURN(m.in_flight, r.Int(*mem, mp, "in_flight", 1));
-    ASSIGN_OR_RETURN(m.arena, r.Int(*mem, mp, "arena_per_microbatch"));
+    ASSIGN_OR_RETURN(m.arena, r.Int(*mem, mp, "arena"));
     if (m.activations != m.saved * m.in_flight) {
       return r.Error(mp + ".activations", "must equal saved_per_microbatch x in_flight");
     }

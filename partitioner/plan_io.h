@@ -25,7 +25,7 @@
 //        "recompute_regions": [{nodes: [...], before: "<backward node>", ms}],
 //        "memory": {parameters, gradients, optimizer_state, activations, workspace, total,
 //                   constants, boundary, saved_per_microbatch, in_flight,
-//                   arena_per_microbatch, capacity},
+//                   arena, capacity},
 //        "predicted": {forward_ms, backward_ms, recompute_ms, optimizer_ms, send_forward_ms,
 //                      send_backward_ms}   (per micro-batch; optimizer per step)
 //     } ],

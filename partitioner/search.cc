@@ -44,10 +44,12 @@ struct Move {
 // The planner's numbers for one stage range and recompute choice (independent of the stage's
 // index: only the in-flight count multiplies `saved`).
 struct ExactStage {
-  int64_t fixed = 0;  // total - activations
+  // total - activations with one micro-batch in flight, and with more (the layout then gives each
+  // in-flight micro-batch its own saved slot, which changes the transient part; microbatch_layout.h)
+  int64_t fixed = 0, fixed_split = 0;
   int64_t saved = 0;
   double forward_s = 0, backward_s = 0, recompute_s = 0, optimizer_s = 0;
-  int64_t Total(int64_t in_flight) const { return fixed + in_flight * saved; }
+  int64_t Total(int64_t in_flight) const { return (in_flight > 1 ? fixed_split : fixed) + in_flight * saved; }
 };
 
 struct DpResult {
@@ -333,11 +335,16 @@ absl::StatusOr<const ExactStage*> Searcher::Exact(int32_t i, int32_t j,
   const bool stage_full = !choice.empty() && choice[0] == UnitRecompute::kStage;
   const std::vector<bool> rec = RecomputeSet(a_, i, j, stage_full, choice);
   ASSIGN_OR_RETURN(StageProgram sp, BuildStageProgram(a_, i, j, rec));
-  ASSIGN_OR_RETURN(StageMemory m, PlanStageMemory(a_, sp, /*in_flight=*/1, ctx_.alignment()));
+  ASSIGN_OR_RETURN(StageMemory m, PlanStageMemory(a_, sp, /*in_flight=*/1, o_.microbatches, ctx_.alignment()));
   ++stats_->stages_planned;
   ExactStage e;
   e.saved = m.saved;
-  e.fixed = m.total - m.activations;
+  e.fixed = e.fixed_split = m.total - m.activations;
+  if (o_.microbatches > 1) {
+    ASSIGN_OR_RETURN(StageMemory m2, PlanStageMemory(a_, sp, /*in_flight=*/2, o_.microbatches, ctx_.alignment()));
+    RET_CHECK(m2.saved == m.saved) << "the saved bytes depend on the in-flight count";
+    e.fixed_split = m2.total - m2.activations;
+  }
   const std::vector<double>& sec = ctx_.node_seconds();
   for (ir::NodeId id : sp.forward) e.forward_s += sec[id];
   for (ir::NodeId id : sp.backward) e.backward_s += sec[id];

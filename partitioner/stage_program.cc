@@ -3,11 +3,14 @@
 // ids the analysis uses; the planner only allocates what the stage's order touches.
 #include "partitioner/stage_program.h"
 
+#include "partitioner/microbatch_layout.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "frontend/ir/status.h"
+#include "partitioner/microbatch_layout.h"
 
 namespace onnxpipe::partitioner {
 namespace {
@@ -274,35 +277,91 @@ absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t
   return sg;
 }
 
-absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp,
-                                            int64_t in_flight, int64_t alignment, MemoryPlan* plan_out) {
+absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp, int64_t in_flight,
+                                            int64_t microbatches, int64_t alignment, MemoryPlan* plan_out) {
+  // The persistent regions (parameters, optimizer state, constants) from the whole program; the
+  // micro-batch memory from the layout the pipeline executor allocates.
   MemoryPlanOptions options;
   options.alignment = alignment;
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(sp.graph, sp.order, options));
   const ir::Graph& sg = sp.graph;
-  std::vector<bool> fed_forward(sg.num_values(), false);
-  for (ir::ValueId v : sp.inputs_forward) fed_forward[v] = true;
-  for (ir::ValueId v : sp.data_inputs) fed_forward[v] = true;
-  std::vector<int32_t> at(sg.num_node_slots(), -1);
-  for (int32_t t = 0; t < static_cast<int32_t>(sp.order.size()); ++t) at[sp.order[t]] = t;
+  MicrobatchStage mb;
+  mb.graph = &sg;
+  mb.forward.assign(sp.order.begin(), sp.order.begin() + sp.num_forward);
+  const std::set<ir::NodeId> optimizer(sp.optimizer.begin(), sp.optimizer.end());
+  // A parameter-gradient Sum or Identity whose outputs only the optimizer reads (a parameter read
+  // in several places, a tied embedding) runs once per step after the last micro-batch in the
+  // executor (executor/pipeline/program.h): not part of a micro-batch, and its operands are what
+  // accumulates over the micro-batches.
+  const ir::Graph& tg = *a.graph;
+  std::set<ir::NodeId> after;  // post-step nodes of the training graph
+  for (ir::NodeId id : tg.LiveNodes())
+    if (tg.node(id).phase == ir::Phase::kOptimizer) after.insert(id);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t t = sp.num_forward; t < sp.order.size(); ++t) {
+      const ir::NodeId id = sp.order[t];
+      if (id >= tg.num_node_slots() || after.count(id)) continue;
+      const ir::Node& n = sg.node(id);
+      if (n.phase != ir::Phase::kBackward || (n.op != ir::OpKind::kSum && n.op != ir::OpKind::kIdentity)) continue;
+      bool any = false, only_after = true;
+      for (ir::ValueId o : n.outputs) {
+        if (o == ir::kNoValue) continue;
+        for (ir::NodeId c : a.uses[o]) {
+          any = true;
+          only_after = only_after && after.count(c);
+        }
+      }
+      if (any && only_after) changed = after.insert(id).second;
+    }
+  }
+  for (size_t t = sp.num_forward; t < sp.order.size(); ++t)
+    if (!optimizer.count(sp.order[t]) && !after.count(sp.order[t])) mb.backward.push_back(sp.order[t]);
+  // Inputs: what the forward and backward read of the data, the step feeds and earlier stages, and
+  // the loss seed (the executor feeds each micro-batch its share of the batch mean).
+  std::vector<bool> read(sg.num_values(), false);
+  for (const auto* list : {&mb.forward, &mb.backward})
+    for (ir::NodeId id : *list)
+      for (ir::ValueId v : sg.node(id).inputs)
+        if (v != ir::kNoValue) read[v] = true;
+  for (const auto* list : {&sp.data_inputs, &sp.step_inputs, &sp.inputs_forward})
+    for (ir::ValueId v : *list)
+      if (read[v]) mb.inputs.push_back(v);
+  for (ir::ValueId out : a.graph->outputs()) {
+    const ir::ValueId seed = sg.FindValue("grad/" + a.graph->value(out).name);
+    if (seed != ir::kNoValue && seed < static_cast<ir::ValueId>(read.size()) && read[seed] && sg.value(seed).constant) {
+      mb.inputs.push_back(seed);
+    }
+  }
+  for (ir::ValueId v : sp.inputs_backward)
+    if (read[v]) mb.recv_backward.push_back(v);
+  // What accumulates: the values of this micro-batch that post-step nodes read.
+  std::set<ir::NodeId> backward(mb.backward.begin(), mb.backward.end());
+  std::set<ir::ValueId> accumulate;
+  for (ir::NodeId id : after) {
+    if (id >= sg.num_node_slots()) continue;
+    for (ir::ValueId v : tg.node(id).inputs) {
+      const ir::NodeId p = v == ir::kNoValue ? ir::kNoNode : sg.value(v).producer;
+      if (p != ir::kNoNode && backward.count(p)) accumulate.insert(v);
+    }
+  }
+  mb.accumulate.assign(accumulate.begin(), accumulate.end());
+  mb.in_flight = static_cast<int32_t>(in_flight);
+  mb.microbatches = static_cast<int32_t>(microbatches);
+  mb.alignment = alignment;
+  ASSIGN_OR_RETURN(MicrobatchLayout layout, PlanMicrobatchLayout(mb));
 
   StageMemory m;
   m.in_flight = in_flight;
-  for (ir::ValueId v = 0; v < sg.num_values(); ++v) {
-    const ValueMemory& vm = plan.values[v];
-    if (vm.region != MemoryRegion::kArena || vm.buffer != v || vm.bytes == 0) continue;
-    const ir::NodeId p = sg.value(v).producer;
-    const bool forward_made = (p != ir::kNoNode && at[p] >= 0 && at[p] < sp.num_forward) || fed_forward[v];
-    if (forward_made && vm.live_end >= sp.num_forward) m.saved += AlignUp(vm.bytes, alignment);
-  }
+  m.saved = layout.saved;
   m.parameters = plan.parameter_bytes;
   if (a.precision == Precision::kBF16) m.parameters += plan.parameter_bytes / 2;
   m.gradients = plan.gradient_bytes;
   m.optimizer_state = plan.optimizer_state_bytes;
   m.constants = plan.constant_bytes;
-  m.arena = plan.arena_bytes;
-  m.activations = m.saved * in_flight;
-  m.workspace = plan.arena_bytes - m.saved;
+  m.arena = layout.arena();
+  m.activations = layout.activations();
+  m.workspace = m.arena - m.activations;
   for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.outputs_forward, &sp.outputs_backward,
                            &sp.shared_gradients}) {
     for (ir::ValueId v : *list)

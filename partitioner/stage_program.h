@@ -11,20 +11,21 @@
 // and `order` is: the stage's forward nodes, then its backward nodes with the clones inserted,
 // then its optimizer nodes — what the stage runs for one micro-batch (plus the step's update).
 //
-// Memory (StageMemory, bytes) from PlanMemory(program.graph, program.order):
+// Memory (StageMemory, bytes): the persistent regions from PlanMemory(program.graph,
+// program.order), the micro-batch memory from the layout the pipeline executor allocates
+// (microbatch_layout.h) for the stage's forward and backward:
 //   parameters       the planner's parameter region (bf16: plus a bf16 working copy, +50%)
 //   gradients        the planner's gradient region (persistent, accumulated over micro-batches)
 //   optimizer_state  the planner's optimizer-state region
 //   constants        the planner's constant region (masks, frozen buffers)
 //   saved            arena buffers of one micro-batch live across the forward/backward boundary
-//                    (produced by forward nodes or fed forward) — what a micro-batch in flight keeps
+//                    — what a micro-batch in flight keeps
 //   activations      saved x in_flight (GPipe M, 1F1B min(M, K - stage))
-//   workspace        arena - saved: the rest of one micro-batch's arena (transients, recompute)
+//   arena            the layout's arena: in_flight saved slots (when more than one) + transient
+//   workspace        arena - activations: the rest of the arena (transients, recompute)
 //   boundary         send/receive buffers: the stage's boundary inputs and outputs, one each, and
 //                    one receive buffer per shared-parameter gradient (the all-reduce)
-//   total            the sum of the above except `saved`
-// The executor allocates the persistent regions once, `in_flight` slots of `saved` bytes and one
-// workspace arena, so predicted and measured memory agree.
+//   total            the sum of the above except `saved` and `arena`
 #pragma once
 
 #include <cstdint>
@@ -78,7 +79,7 @@ struct StageMemory {
 };
 
 absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& program,
-                                            int64_t in_flight, int64_t alignment,
+                                            int64_t in_flight, int64_t microbatches, int64_t alignment,
                                             MemoryPlan* plan_out = nullptr);
 
 }  // namespace onnxpipe::partitioner

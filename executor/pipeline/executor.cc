@@ -80,11 +80,8 @@ class PipelineExecutor::StageRun {
       }
     }
     const StageArenaStats& st = arena_.stats();
-    measure.saved_bytes = st.saved_high_water;
-    measure.activations_peak = st.activations_high_water;
-    measure.transient_bytes = st.transient_high_water;
     measure.arena_bytes = st.arena_high_water();
-    measure.max_in_flight = st.max_in_flight;
+    measure.transient_bytes = measure.arena_bytes - measure.activations_peak;
     measure.accumulator_bytes = st.accumulator_high_water;
     measure.workspace_bytes = st.workspace_high_water;
     measure.bytes_sent = comm_.bytes_sent();
@@ -100,6 +97,8 @@ class PipelineExecutor::StageRun {
  private:
   struct Table {
     bool live = false;
+    bool forwarded = false;
+    int64_t footprint = 0;  // bytes held at the end of the forward
     std::vector<ir::Tensor> values;
     std::vector<int32_t> remaining, data_remaining;
   };
@@ -156,6 +155,33 @@ class PipelineExecutor::StageRun {
     if (!drop && !(had_data && t.data_remaining[v] <= 0)) return;
     t.values[v] = drop ? ir::Tensor() : ir::Tensor::DimsOnly(t.values[v].dtype(), t.values[v].dims());
   }
+  // The arena bytes micro-batch m holds (distinct buffers, aligned as planned).
+  int64_t Footprint(const Table& t, int32_t m) const {
+    const partitioner::MemoryPlan& plan = arena_.layout().plan(m);
+    std::set<ir::ValueId> buffers;
+    int64_t bytes = 0;
+    for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(t.values.size()); ++v) {
+      const partitioner::ValueMemory& vm = plan.values[v];
+      if (!t.values[v].has_data() || vm.region != partitioner::MemoryRegion::kArena) continue;
+      if (buffers.insert(vm.buffer).second) bytes += (plan.values[vm.buffer].bytes + 63) / 64 * 64;
+    }
+    return bytes;
+  }
+  // Bytes held by the micro-batches forwarded and not yet backwarded, sampled when a forward ends
+  // (before any of them has received its backward inputs): the stage's activations.
+  void SampleInFlight() {
+    int64_t bytes = 0;
+    int32_t n = 0;
+    for (const Table& t : tables_) {
+      if (t.live && t.forwarded) {
+        bytes += t.footprint;
+        ++n;
+      }
+    }
+    measure.activations_peak = std::max(measure.activations_peak, bytes);
+    measure.max_in_flight = std::max(measure.max_in_flight, n);
+  }
+
   absl::Status Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values, const char* phase) {
     ASSIGN_OR_RETURN(Table * tp, Get(m));
     Table& t = *tp;
@@ -279,7 +305,11 @@ class PipelineExecutor::StageRun {
     const double start = Now();
     for (ir::NodeId id : sp_.forward) RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kForward, t));
     if (sp_.loss != ir::kNoValue) Release(t, sp_.loss);
+    t.forwarded = true;
+    t.footprint = Footprint(t, m);
+    measure.saved_bytes = std::max(measure.saved_bytes, t.footprint);
     ++measure.microbatches_forwarded;
+    SampleInFlight();
     const double end = Now();
     measure.forward_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 0, "F" + std::to_string(m), "forward", m, start, end - start});

@@ -83,11 +83,14 @@ struct TraceEvent {
 struct StageMeasure {
   double forward_s = 0, backward_s = 0, recompute_s = 0, post_s = 0, recv_wait_s = 0;
   int32_t microbatches_forwarded = 0;
-  // High-water marks of what the stage arena handed out (StageArenaStats).
-  int64_t saved_bytes = 0;       // within one micro-batch's saved slot
-  int64_t activations_peak = 0;  // over the saved slots of the micro-batches in flight
+  // Memory high-water marks. saved_bytes: the arena bytes one micro-batch holds at the end of its
+  // forward; activations_peak: those of the micro-batches in flight together (max_in_flight of
+  // them); arena_bytes: what the stage arena handed out (StageArenaStats); transient_bytes: the
+  // rest of it.
+  int64_t saved_bytes = 0;
+  int64_t activations_peak = 0;
   int64_t transient_bytes = 0;
-  int64_t arena_bytes = 0;       // activations_peak + transient_bytes
+  int64_t arena_bytes = 0;
   int32_t max_in_flight = 0;
   int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
   int64_t workspace_bytes = 0;

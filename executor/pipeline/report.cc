@@ -117,9 +117,10 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   txt << "memory: high-water measured | planned (the stage's static layout); times: mean per micro-batch\n";
   char line[512];
   std::snprintf(line, sizeof(line), "%-5s %-23s %-9s %-23s %-23s %-23s %9s %9s %9s %9s\n", "stage", "saved/micro-batch",
-                "in-flight", "arena", "accumulators", "workspace", "fwd ms", "bwd ms", "recomp ms", "opt ms");
+                "in-flight", "arena", "accumulators", "kernel scratch", "fwd ms", "bwd ms", "recomp ms", "opt ms");
   txt << line;
   ojson stages = ojson::array();
+  std::ostringstream plan_lines;
   for (int32_t s = 0; s < K; ++s) {
     const StageMeasure& m = means[s].worst;
     const StageMemoryPrediction pr = PredictStageMemory(p.stages[s], ex.layout(s));
@@ -128,21 +129,22 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
         {"measured",
          {{"memory", {{"saved_per_microbatch", m.saved_bytes}, {"activations", m.activations_peak},
                       {"in_flight", m.max_in_flight}, {"transient", m.transient_bytes}, {"arena", m.arena_bytes},
-                      {"accumulators", m.accumulator_bytes}, {"workspace", m.workspace_bytes}}},
+                      {"accumulators", m.accumulator_bytes}, {"kernel_scratch", m.workspace_bytes}}},
           {"forward_ms", means[s].forward_ms}, {"backward_ms", means[s].backward_ms},
           {"recompute_ms", means[s].recompute_ms}, {"optimizer_ms", means[s].optimizer_ms},
           {"recv_wait_ms", means[s].recv_wait_ms}, {"bytes_sent", m.bytes_sent}, {"bytes_received", m.bytes_received}}},
         {"predicted",
          {{"memory", {{"saved_per_microbatch", pr.saved}, {"activations", pr.activations}, {"in_flight", pr.in_flight},
                       {"transient", pr.transient}, {"arena", pr.arena}, {"arena_lower_bound_per_microbatch", pr.peak},
-                      {"accumulators", pr.accumulators}, {"workspace", pr.workspace}, {"parameters", pr.parameters},
+                      {"accumulators", pr.accumulators}, {"kernel_scratch", pr.workspace}, {"parameters", pr.parameters},
                       {"optimizer_state", pr.optimizer_state}, {"total", pr.total}}}}},
     };
     if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
       const partitioner::StagePlan& ps = ctx.plan->stages[s];
       st["plan"] = {{"memory", {{"saved_per_microbatch", ps.memory.saved}, {"activations", ps.memory.activations},
-                                {"in_flight", ps.memory.in_flight}, {"workspace", ps.memory.workspace},
-                                {"gradients", ps.memory.gradients}, {"total", ps.memory.total}}},
+                                {"in_flight", ps.memory.in_flight}, {"arena", ps.memory.arena},
+                                {"workspace", ps.memory.workspace}, {"gradients", ps.memory.gradients},
+                                {"total", ps.memory.total}}},
                     {"forward_ms", ps.forward_ms}, {"backward_ms", ps.backward_ms}, {"recompute_ms", ps.recompute_ms},
                     {"optimizer_ms", ps.optimizer_ms}};
     }
@@ -155,7 +157,14 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                   (Bytes(m.workspace_bytes) + " | " + Bytes(pr.workspace)).c_str(),
                   means[s].forward_ms, means[s].backward_ms, means[s].recompute_ms, means[s].optimizer_ms);
     txt << line;
+    if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
+      const partitioner::StageMemory& pm = ctx.plan->stages[s].memory;
+      plan_lines << "  stage " << s << ": arena " << pm.arena << " bytes in plan.json, " << m.arena_bytes << " measured ("
+                 << (pm.arena == m.arena_bytes ? "equal" : "DIFFERENT") << "); gradients " << pm.gradients << " | "
+                 << m.accumulator_bytes << "\n";
+    }
   }
+  if (ctx.plan) txt << "the partition plan's prediction:\n" << plan_lines.str();
   j["stages"] = std::move(stages);
   double mean_step = 0;
   for (size_t k = steps.size() > 1 ? 1 : 0; k < steps.size(); ++k) mean_step += steps[k].seconds;

@@ -91,12 +91,12 @@ std::string RunReportHtml(const nlohmann::ordered_json& measured, const std::str
      << " samples/s, mean over the steps after the first).</p>\n";
   os << "<h3>Memory per stage (bytes): high-water measured | planned</h3>\n<table><tr><th>stage</th>"
      << "<th>saved / micro-batch</th><th>in flight</th><th>activations</th><th>arena</th><th>accumulators</th>"
-     << "<th>workspace</th><th>fwd ms</th><th>bwd ms</th></tr>\n";
+     << "<th>kernel scratch</th><th>fwd ms</th><th>bwd ms</th></tr>\n";
   for (const auto& s : measured["stages"]) {
     const auto& m = s["measured"]["memory"];
     const auto& p = s["predicted"]["memory"];
     os << "<tr><td>" << s["index"] << "</td>";
-    for (const char* k : {"saved_per_microbatch", "in_flight", "activations", "arena", "accumulators", "workspace"}) {
+    for (const char* k : {"saved_per_microbatch", "in_flight", "activations", "arena", "accumulators", "kernel_scratch"}) {
       os << "<td>" << m[k] << " | " << p[k] << "</td>";
     }
     os << "<td>" << Num(s["measured"]["forward_ms"]) << "</td><td>" << Num(s["measured"]["backward_ms"])

@@ -23,7 +23,7 @@ std::shared_ptr<uint8_t> Filled(int64_t bytes) {
 StageArena::StageArena(const StageLayout& layout, int32_t stage)
     : layout_(layout),
       stage_(stage),
-      saved_(Filled(layout.saved * layout.in_flight)),
+      saved_(Filled(layout.saved_region * layout.in_flight)),
       transient_(Filled(layout.transient)),
       accumulators_(Filled(layout.accumulators)),
       workspace_(Filled(layout.workspace)),
@@ -40,9 +40,6 @@ absl::Status StageArena::Acquire(int32_t m) {
   }
   *free = m;
   slot_of_[m] = static_cast<int32_t>(free - slot_owner_.begin());
-  stats_.max_in_flight = std::max<int32_t>(
-      stats_.max_in_flight, static_cast<int32_t>(std::count_if(slot_owner_.begin(), slot_owner_.end(),
-                                                               [](int32_t o) { return o >= 0; })));
   return absl::OkStatus();
 }
 
@@ -56,11 +53,11 @@ uint8_t* StageArena::Address(ir::ValueId v, int32_t m) const {
   const partitioner::ValueMemory& vm = layout_.plan(m).values[v];
   switch (vm.region) {
     case MemoryRegion::kArena:
-      if (vm.offset < layout_.saved) {
+      if (vm.offset < layout_.saved_region) {
         if (m < 0 || m >= static_cast<int32_t>(slot_of_.size()) || slot_of_[m] < 0) return nullptr;
-        return saved_.get() + slot_of_[m] * layout_.saved + vm.offset;
+        return saved_.get() + slot_of_[m] * layout_.saved_region + vm.offset;
       }
-      return transient_.get() + (vm.offset - layout_.saved);
+      return transient_.get() + (vm.offset - layout_.saved_region);
     case MemoryRegion::kGradients: return accumulators_.get() + vm.offset;
     default: return nullptr;
   }
@@ -86,15 +83,13 @@ absl::StatusOr<ir::Tensor> StageArena::Slot(ir::ValueId v, int32_t m, ir::DType 
   const int64_t top = vm.offset + AlignUp(vm.bytes);
   if (vm.region == MemoryRegion::kGradients) {
     stats_.accumulator_high_water = std::max(stats_.accumulator_high_water, top);
-  } else if (vm.offset < layout_.saved) {
-    stats_.saved_high_water = std::max(stats_.saved_high_water, top);
-    stats_.activations_high_water =
-        std::max(stats_.activations_high_water, slot_of_[m] * layout_.saved + top);
+  } else if (vm.offset < layout_.saved_region) {
+    stats_.slots_high_water = std::max(stats_.slots_high_water, slot_of_[m] * layout_.saved_region + top);
   } else {
-    stats_.transient_high_water = std::max(stats_.transient_high_water, top - layout_.saved);
+    stats_.transient_high_water = std::max(stats_.transient_high_water, top - layout_.saved_region);
   }
   const std::shared_ptr<uint8_t>& buffer =
-      vm.region == MemoryRegion::kGradients ? accumulators_ : vm.offset < layout_.saved ? saved_ : transient_;
+      vm.region == MemoryRegion::kGradients ? accumulators_ : vm.offset < layout_.saved_region ? saved_ : transient_;
   ir::Tensor t = ir::Tensor::View(dtype, dims, buffer, at - buffer.get());
   if (zero && vm.bytes > 0) std::memset(at, 0, vm.bytes);
   return t;

@@ -6,7 +6,8 @@
 //
 // A micro-batch takes the lowest free saved slot when its first value arrives (Acquire) and gives
 // it back after its backward (Release); taking more slots than the layout's in-flight bound is an
-// error (the schedule keeps more micro-batches in flight than the plan). Slots are zero-filled when
+// error (the schedule keeps more micro-batches in flight than the plan). A layout without a split
+// (one micro-batch in flight) has empty slots: every value is in the transient region. Slots are zero-filled when
 // handed out to a kernel (AllocOutput's contract); the buffers start as 0xFF bytes (NaN in every
 // float type), so a value read before it is written shows.
 #pragma once
@@ -23,13 +24,11 @@
 namespace onnxpipe::pipeline {
 
 struct StageArenaStats {
-  int64_t saved_high_water = 0;       // within one saved slot: the highest byte handed out
-  int64_t activations_high_water = 0; // over the slots: slot index x saved + the highest byte in it
+  int64_t slots_high_water = 0;  // over the saved slots: slot index x slot size + highest byte in it
   int64_t transient_high_water = 0;
   int64_t accumulator_high_water = 0;
   int64_t workspace_high_water = 0;
-  int32_t max_in_flight = 0;          // saved slots taken at once
-  int64_t arena_high_water() const { return activations_high_water + transient_high_water; }
+  int64_t arena_high_water() const { return slots_high_water + transient_high_water; }
 };
 
 class StageArena : public ir::OutputAllocator {

@@ -97,11 +97,13 @@ TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
   const json base = Plan(loose);
   int64_t largest = 0;
   for (const json& s : base["stages"]) largest = std::max(largest, s["memory"]["total"].get<int64_t>());
-  // Memory that fits the embedding plus a little: 5% over the embedding stage's persistent state.
+  // Memory that fits the embedding plus a little: a third over the embedding stage's persistent
+  // state (parameters, gradients, two moments: 4 embedding-sized buffers; with 4 micro-batches the
+  // later ones' embedding gradient needs one more before it is added into its accumulator).
   const json& s0 = base["stages"][0]["memory"];
   const int64_t persistent0 = s0["parameters"].get<int64_t>() + s0["gradients"].get<int64_t>() +
                               s0["optimizer_state"].get<int64_t>();
-  const int64_t device = persistent0 + persistent0 / 10 + (int64_t{1} << 30);  // + the 1 GiB reserve
+  const int64_t device = persistent0 + persistent0 / 3 + (int64_t{1} << 30);  // + the 1 GiB reserve
   const std::string tight = Path("embed_tight");
   r = Partition(Path("embed.onnx") + " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
                 "--device h100-80gb --device-memory " + std::to_string(device) + " --no-onnx --out " + tight);

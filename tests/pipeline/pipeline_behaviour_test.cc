@@ -332,7 +332,8 @@ TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
 
 // The partitioner's plan run as is: its cuts and its recompute regions (none, full, selective,
 // auto). Results are bitwise those of one stage at the same M, and each stage's measured memory is
-// the plan's own prediction: saved bytes per micro-batch, micro-batches in flight, activations.
+// the plan's own prediction, byte for byte: saved bytes per micro-batch, micro-batches in flight,
+// activations, the whole arena and its transient part, gradients, parameters, optimizer state.
 TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
   for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
     const ModelFixture& f = Fixture(model);
@@ -380,6 +381,9 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
                 EXPECT_EQ(pr.optimizer_state, pm.optimizer_state) << where << " stage " << s;
                 EXPECT_EQ(pr.accumulators, pm.gradients) << where << " stage " << s;
                 EXPECT_EQ(m.accumulator_bytes, pm.gradients) << where << " stage " << s;
+                // And the arena itself: the plan's per-stage prediction is the executor's layout.
+                EXPECT_EQ(m.arena_bytes, pm.arena) << where << " stage " << s;
+                EXPECT_EQ(m.transient_bytes, pm.workspace) << where << " stage " << s;
               }
             }
             for (const auto& [name, t] : (*ex)->Parameters()) {
