@@ -36,6 +36,16 @@ DimRoles ClassifySymbols(const ir::Graph& g) {
   return roles;
 }
 
+std::map<std::string, int64_t> NonBatchBindings(const ir::Graph& g,
+                                                const std::map<std::string, int64_t>& bindings) {
+  const std::vector<std::string> batch = ClassifySymbols(g).batch;
+  std::map<std::string, int64_t> out;
+  for (const auto& [sym, size] : bindings) {
+    if (std::find(batch.begin(), batch.end(), sym) == batch.end()) out[sym] = size;
+  }
+  return out;
+}
+
 std::map<std::string, int64_t> OpHistogram(const ir::Graph& g) {
   std::map<std::string, int64_t> h;
   for (ir::NodeId id : g.LiveNodes()) ++h[std::string(ir::OpName(g.node(id).op))];

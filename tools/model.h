@@ -37,6 +37,11 @@ struct DimRoles {
 };
 DimRoles ClassifySymbols(const ir::Graph& g);
 
+// The bindings a dataset decided for g's symbols (Dataset::Load's), less the batch symbols, which
+// --batch decides: what a training run binds as ModelOptions::extra_dims.
+std::map<std::string, int64_t> NonBatchBindings(const ir::Graph& g,
+                                                const std::map<std::string, int64_t>& bindings);
+
 // Imports the file and infers shapes (Model::imported); with unsupported ops and
 // allow_unsupported, only the summary is filled.
 absl::StatusOr<Model> ImportModel(const std::string& path, bool allow_unsupported,

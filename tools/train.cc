@@ -243,12 +243,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(TrainData data, LoadTrainData(*model.imported, request));
   std::printf("data: %s\n", data.summary.c_str());
 
-  const DimRoles roles = ClassifySymbols(*model.imported);
   ModelOptions mo;
   mo.batch = f.batch;
-  for (const auto& [sym, size] : data.bindings) {
-    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end()) mo.extra_dims[sym] = size;
-  }
+  mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
   if (pipelined) {
     pipeline::PipelineTrainOptions po;

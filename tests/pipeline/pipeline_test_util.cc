@@ -42,10 +42,7 @@ absl::StatusOr<std::unique_ptr<ModelFixture>> ModelFixture::FromFile(const std::
   std::map<std::string, int64_t> bindings;
   ASSIGN_OR_RETURN(train::Dataset data, train::Dataset::Load(data_dir, f->fields_, batch, &bindings));
   f->data_ = std::make_unique<train::Dataset>(std::move(data));
-  const tools::DimRoles roles = tools::ClassifySymbols(f->imported_);
-  for (const auto& [sym, size] : bindings) {
-    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end()) f->other_bindings_[sym] = size;
-  }
+  f->other_bindings_ = tools::NonBatchBindings(f->imported_, bindings);
   return f;
 }
 

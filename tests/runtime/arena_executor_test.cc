@@ -48,11 +48,7 @@ void MakeSetup(const Case& c, TrainingStep* s) {
   ASSERT_TRUE(data.ok()) << data.status();
   tools::ModelOptions mo;
   mo.batch = kBatch;
-  const tools::DimRoles roles = tools::ClassifySymbols(*model->imported);
-  for (const auto& [sym, size] : bindings) {
-    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end())
-      mo.extra_dims[sym] = size;
-  }
+  mo.extra_dims = tools::NonBatchBindings(*model->imported, bindings);
   ASSERT_TRUE(tools::PrepareModel(*model, mo).ok());
   train::TrainOptions o;
   o.batch = kBatch;

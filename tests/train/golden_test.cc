@@ -75,11 +75,7 @@ TEST_P(GoldenTest, MatchesPyTorch) {
   ASSERT_TRUE(data.ok()) << data.status();
   tools::ModelOptions mo;
   mo.batch = batch;
-  const tools::DimRoles roles = tools::ClassifySymbols(*model->imported);
-  for (const auto& [sym, size] : bindings) {
-    if (std::find(roles.batch.begin(), roles.batch.end(), sym) == roles.batch.end())
-      mo.extra_dims[sym] = size;
-  }
+  mo.extra_dims = tools::NonBatchBindings(*model->imported, bindings);
   ASSERT_TRUE(tools::PrepareModel(*model, mo).ok());
 
   train::TrainOptions o;
