@@ -1,8 +1,11 @@
-// The zero-copy planned executor. Slots is the OutputAllocator over the plan's regions; the run
-// loop feeds operands as views of their slots and checks that each output landed in its own.
+// The zero-copy planned executor. Slots is one run's OutputAllocator over the runner's buffers; the
+// run loop feeds operands as views of their slots and checks that each output landed in its own.
 #include "executor/runtime/arena_executor.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "frontend/ir/status.h"
 
@@ -19,27 +22,20 @@ std::string DimsString(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
-class Slots : public ir::OutputAllocator {
- public:
-  Slots(const ir::Graph& g, const partitioner::MemoryPlan& plan, int64_t alignment)
-      : g_(g), plan_(plan), alignment_(alignment) {
-    arena_ = ir::Tensor::AllocateBuffer(plan.arena_bytes);
-    // 0xFF bytes read as NaN in every float type: a value read before it is written shows.
-    std::memset(arena_.get(), 0xFF, plan.arena_bytes);
-    grads_ = ir::Tensor::AllocateBuffer(plan.gradient_bytes);
-    params_ = ir::Tensor::AllocateBuffer(plan.parameter_bytes);
-    opt_state_ = ir::Tensor::AllocateBuffer(plan.optimizer_state_bytes);
-    workspace_ = ir::Tensor::AllocateBuffer(plan.workspace_bytes);
-  }
+}  // namespace
 
-  // The buffer holding value v's region, or null when v is not stored in one of the buffers this
-  // executor owns (constants, absent values).
+class PlannedRunner::Slots : public ir::OutputAllocator {
+ public:
+  Slots(const ir::Graph& g, const PlannedRunner& r) : g_(g), r_(r), plan_(r.plan_) {}
+
+  // The buffer holding value v's region, or null when v is not stored in one of the runner's
+  // buffers (constants, absent values).
   const std::shared_ptr<uint8_t>* Buffer(ir::ValueId v) const {
     switch (plan_.values[v].region) {
-      case MemoryRegion::kArena: return &arena_;
-      case MemoryRegion::kGradients: return &grads_;
-      case MemoryRegion::kParameters: return &params_;
-      case MemoryRegion::kOptimizerState: return &opt_state_;
+      case MemoryRegion::kArena: return &r_.arena_.back();
+      case MemoryRegion::kGradients: return &r_.grads_.back();
+      case MemoryRegion::kParameters: return &r_.params_.back();
+      case MemoryRegion::kOptimizerState: return &r_.opt_state_.back();
       default: return nullptr;
     }
   }
@@ -48,29 +44,31 @@ class Slots : public ir::OutputAllocator {
     return b ? b->get() + plan_.values[v].offset : nullptr;
   }
 
-  // A zeroed view of v's slot with `dims` (checked against the plan).
+  // A view of v's slot with `dims` (checked against the plan), zero-filled when `zero`. `node`
+  // names the writer in errors (null: a graph input).
   absl::StatusOr<ir::Tensor> Slot(ir::ValueId v, ir::DType dtype, const std::vector<int64_t>& dims,
-                                  const std::string& who) {
+                                  const ir::Node* node, bool zero) {
     const ir::Value& val = g_.value(v);
     const partitioner::ValueMemory& m = plan_.values[v];
     const std::shared_ptr<uint8_t>* b = Buffer(v);
+    auto who = [&] { return node ? "node '" + node->name + "' output" : std::string("input"); };
     if (b == nullptr) {
-      return FAILED_PRECONDITION() << who << " '" << val.name << "' has no planned slot (region "
+      return FAILED_PRECONDITION() << who() << " '" << val.name << "' has no planned slot (region "
                                    << partitioner::MemoryRegionName(m.region) << ")";
     }
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
     if (dtype != val.dtype || n * ir::DTypeSize(dtype) != m.bytes) {
-      return FAILED_PRECONDITION() << who << " '" << val.name << "' is " << ir::DTypeName(dtype)
+      return FAILED_PRECONDITION() << who() << " '" << val.name << "' is " << ir::DTypeName(dtype)
                                    << DimsString(dims) << " but the memory plan has "
                                    << ir::DTypeName(val.dtype) << ir::ShapeToString(val.shape) << " ("
                                    << m.bytes << " bytes)";
     }
     if (m.region == MemoryRegion::kArena) {
-      arena_high_water_ = std::max(arena_high_water_, m.offset + AlignUp(m.bytes, alignment_));
+      arena_high_water_ = std::max(arena_high_water_, m.offset + AlignUp(m.bytes, r_.alignment_));
     }
     ir::Tensor t = ir::Tensor::View(dtype, dims, *b, m.offset);
-    if (m.bytes > 0) std::memset(t.raw(), 0, m.bytes);
+    if (zero && m.bytes > 0) std::memset(t.raw(), 0, m.bytes);
     return t;
   }
 
@@ -87,7 +85,7 @@ class Slots : public ir::OutputAllocator {
               m.region == MemoryRegion::kOptimizerState)
         << "node '" << node.name << "' writes output '" << g_.value(v).name
         << "', which the plan makes a view of '" << g_.value(m.buffer).name << "'";
-    return Slot(v, dtype, dims, "node '" + node.name + "' output");
+    return Slot(v, dtype, dims, &node, /*zero=*/true);
   }
 
   bool SharesInputBuffer(const ir::Node& node, int index) const override {
@@ -98,7 +96,7 @@ class Slots : public ir::OutputAllocator {
   }
 
   absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
-    const int64_t aligned = AlignUp(bytes, alignment_);
+    const int64_t aligned = AlignUp(bytes, r_.alignment_);
     if (aligned > plan_.workspace_bytes) {
       return FAILED_PRECONDITION() << "node '" << node.name << "' (" << ir::OpName(node.op) << ") needs "
                                    << bytes << " bytes of workspace but the memory plan reserved "
@@ -106,7 +104,7 @@ class Slots : public ir::OutputAllocator {
                                    << " (plan with the backend's workspace function)";
     }
     workspace_high_water_ = std::max(workspace_high_water_, aligned);
-    return static_cast<void*>(workspace_.get());
+    return static_cast<void*>(r_.workspace_.get());
   }
 
   int64_t arena_high_water() const { return arena_high_water_; }
@@ -114,35 +112,61 @@ class Slots : public ir::OutputAllocator {
 
  private:
   const ir::Graph& g_;
+  const PlannedRunner& r_;
   const partitioner::MemoryPlan& plan_;
-  const int64_t alignment_;
-  std::shared_ptr<uint8_t> arena_, grads_, params_, opt_state_, workspace_;
   int64_t arena_high_water_ = 0, workspace_high_water_ = 0;
 };
 
-}  // namespace
+PlannedRunner::PlannedRunner(std::vector<ir::NodeId> order, partitioner::MemoryPlan plan,
+                             int64_t alignment)
+    : order_(std::move(order)), plan_(std::move(plan)), alignment_(alignment) {
+  workspace_ = Allocate(plan_.workspace_bytes, /*nan_fill=*/false);
+}
 
-absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vector<ir::NodeId>& order,
-                                            const partitioner::MemoryPlan& plan,
-                                            const ir::OpEvaluator& ev,
-                                            const std::vector<ir::Tensor>& inputs,
-                                            const InterpreterOptions& options, ArenaStats* stats,
-                                            int64_t alignment) {
-  RET_CHECK(static_cast<int32_t>(plan.values.size()) == g.num_values())
+std::shared_ptr<uint8_t> PlannedRunner::Allocate(int64_t bytes, bool nan_fill) {
+  ++buffer_allocations_;
+  std::shared_ptr<uint8_t> b = ir::Tensor::AllocateBuffer(bytes);
+  // 0xFF bytes read as NaN in every float type: a value read before it is written shows.
+  if (nan_fill && bytes > 0) std::memset(b.get(), 0xFF, bytes);
+  return b;
+}
+
+void PlannedRunner::Claim(Pool& pool, int64_t bytes, bool nan_fill) {
+  // A use count of 1 is the pool's own reference: no view is left, and none can appear meanwhile.
+  auto free = std::find_if(pool.begin(), pool.end(),
+                           [](const std::shared_ptr<uint8_t>& b) { return b.use_count() == 1; });
+  if (free != pool.end()) {
+    std::rotate(free, free + 1, pool.end());
+    return;
+  }
+  constexpr size_t kPooled = 2;  // the state applied to the graph, and the next one
+  if (pool.size() == kPooled) pool.erase(pool.begin());
+  pool.push_back(Allocate(bytes, nan_fill));
+}
+
+absl::StatusOr<StepResult> PlannedRunner::Run(const ir::Graph& g, const ir::OpEvaluator& ev,
+                                              const std::vector<ir::Tensor>& inputs,
+                                              const InterpreterOptions& options, ArenaStats* stats) {
+  RET_CHECK(static_cast<int32_t>(plan_.values.size()) == g.num_values())
       << "the plan was made for another graph";
   if (inputs.size() != g.inputs().size()) {
     return INVALID_ARGUMENT() << "the model has " << g.inputs().size() << " inputs but "
                               << inputs.size() << " were given";
   }
   const int64_t allocations_before = ir::Tensor::num_allocations();
-  Slots slots(g, plan, alignment);
+  Claim(arena_, plan_.arena_bytes, /*nan_fill=*/true);
+  Claim(grads_, plan_.gradient_bytes, /*nan_fill=*/false);
+  Claim(params_, plan_.parameter_bytes, /*nan_fill=*/false);
+  Claim(opt_state_, plan_.optimizer_state_bytes, /*nan_fill=*/false);
+  Slots slots(g, *this);
   std::vector<ir::Tensor> values(g.num_values());
 
   std::map<std::string, int64_t> bindings;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ir::ValueId v = g.inputs()[i];
     RETURN_IF_ERROR(CheckInput(g, v, inputs[i], &bindings));
-    ASSIGN_OR_RETURN(values[v], slots.Slot(v, inputs[i].dtype(), inputs[i].dims(), "input"));
+    ASSIGN_OR_RETURN(values[v], slots.Slot(v, inputs[i].dtype(), inputs[i].dims(), /*node=*/nullptr,
+                                           /*zero=*/false));
     if (inputs[i].num_bytes() > 0) std::memcpy(values[v].raw(), inputs[i].raw(), inputs[i].num_bytes());
   }
   auto operand = [&](const ir::Node& n, size_t i) -> absl::StatusOr<ir::Tensor> {
@@ -160,7 +184,7 @@ absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vecto
     return t;
   };
   std::vector<ir::Tensor> operands;
-  for (ir::NodeId id : order) {
+  for (ir::NodeId id : order_) {
     const ir::Node& n = g.node(id);
     operands.clear();
     for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -177,7 +201,7 @@ absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vecto
       const ir::ValueId v = n.outputs[k];
       if (v == ir::kNoValue) continue;
       ir::Tensor& t = (*out)[k];
-      const ir::ValueId root = plan.values[v].buffer;
+      const ir::ValueId root = plan_.values[v].buffer;
       // Where the plan puts v: its own slot, or (a view) wherever its buffer's owner lives.
       const void* want = slots.SlotAddress(v);
       if (want == nullptr && root != v && g.value(root).constant) want = g.value(root).constant->raw();
@@ -185,7 +209,7 @@ absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vecto
         return FAILED_PRECONDITION() << "node '" << n.name << "' (" << ir::OpName(n.op)
                                      << ") returned output '" << g.value(v).name
                                      << "' outside its planned slot (region "
-                                     << partitioner::MemoryRegionName(plan.values[v].region)
+                                     << partitioner::MemoryRegionName(plan_.values[v].region)
                                      << "): its kernel must take outputs from AllocOutput/ViewOutput";
       }
       if (options.check_numerics && !AllFinite(t)) {
@@ -211,15 +235,25 @@ absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vecto
     r.state.push_back(std::move(t));
   }
   if (stats) {
-    stats->arena_bytes = plan.arena_bytes;
-    stats->gradient_bytes = plan.gradient_bytes;
-    stats->state_bytes = plan.parameter_bytes + plan.optimizer_state_bytes;
+    stats->arena_bytes = plan_.arena_bytes;
+    stats->gradient_bytes = plan_.gradient_bytes;
+    stats->state_bytes = plan_.parameter_bytes + plan_.optimizer_state_bytes;
     stats->arena_high_water = slots.arena_high_water();
-    stats->workspace_bytes = plan.workspace_bytes;
+    stats->workspace_bytes = plan_.workspace_bytes;
     stats->workspace_high_water = slots.workspace_high_water();
     stats->off_plan_allocations = ir::Tensor::num_allocations() - allocations_before;
   }
   return r;
+}
+
+absl::StatusOr<StepResult> InterpretPlanned(const ir::Graph& g, const std::vector<ir::NodeId>& order,
+                                            const partitioner::MemoryPlan& plan,
+                                            const ir::OpEvaluator& ev,
+                                            const std::vector<ir::Tensor>& inputs,
+                                            const InterpreterOptions& options, ArenaStats* stats,
+                                            int64_t alignment) {
+  PlannedRunner runner(order, plan, alignment);
+  return runner.Run(g, ev, inputs, options, stats);
 }
 
 }  // namespace onnxpipe::runtime

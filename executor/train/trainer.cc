@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "executor/cpu/workspace.h"
 #include "executor/runtime/arena_executor.h"
@@ -29,6 +30,15 @@ void DisableDropout(ir::Graph& g) {
     if (n.op == ir::OpKind::kDropout) n.attrs.Set("ratio", 0.0);
     if (n.op == ir::OpKind::kAttention && n.attrs.Has("dropout")) n.attrs.Set("dropout", 0.0);
   }
+}
+
+// g's node order, its memory plan with the CPU kernels' workspace, and the buffers to run it in.
+absl::StatusOr<runtime::PlannedRunner> PlannedCpuRunner(const ir::Graph& g) {
+  std::vector<ir::NodeId> order = g.LiveNodes();
+  partitioner::MemoryPlanOptions options;
+  options.workspace_bytes = cpu::CpuWorkspaceBytes;
+  ASSIGN_OR_RETURN(partitioner::MemoryPlan plan, partitioner::PlanMemory(g, order, options));
+  return runtime::PlannedRunner(std::move(order), std::move(plan));
 }
 
 }  // namespace
@@ -231,23 +241,17 @@ absl::StatusOr<runtime::StepResult> Trainer::Run(const ir::Graph& g, double lr) 
   runtime::InterpreterOptions iopts;
   iopts.check_numerics = options_.check_numerics;
   // Kernels run in place in the statically planned arena (zero-copy, exactly the planned bytes).
-  // graph_'s plan is made on its first step and reused; other graphs (Gradients()) are planned per call.
-  std::vector<ir::NodeId> local_order;
-  std::optional<partitioner::MemoryPlan> local_plan;
+  // graph_'s runner is made on its first step and kept; other graphs (Gradients()) get one per call.
   const bool cached = &g == &graph_;
-  std::vector<ir::NodeId>& order = cached ? order_ : local_order;
-  std::optional<partitioner::MemoryPlan>& plan = cached ? plan_ : local_plan;
-  if (!plan) {
-    order = g.LiveNodes();
-    partitioner::MemoryPlanOptions popts;
-    popts.workspace_bytes = cpu::CpuWorkspaceBytes;
-    absl::StatusOr<partitioner::MemoryPlan> made = partitioner::PlanMemory(g, order, popts);
+  std::optional<runtime::PlannedRunner> once;
+  if (!cached || !runner_) {
+    absl::StatusOr<runtime::PlannedRunner> made = PlannedCpuRunner(g);
     if (!made.ok()) return Annotate(made.status(), "step " + std::to_string(step_));
-    plan = std::move(*made);
+    (cached ? runner_ : once).emplace(*std::move(made));
   }
   runtime::ArenaStats stats;
   absl::StatusOr<runtime::StepResult> r =
-      runtime::InterpretPlanned(g, order, *plan, evaluator_, Feeds(lr), iopts, &stats);
+      (cached ? *runner_ : *once).Run(g, evaluator_, Feeds(lr), iopts, &stats);
   if (!r.ok()) return Annotate(r.status(), "step " + std::to_string(step_));
   if (cached) {
     measured_.arena_bytes = stats.arena_bytes;

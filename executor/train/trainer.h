@@ -6,9 +6,11 @@
 //   -> global gradient norm, optional clipping and the optimizer update (optimizer.h)
 // whose outputs are the loss and the gradient norm. Each Step() feeds the step's batch rows
 // (dataset.h), the learning rate of the host-side schedule (lr_schedule.h) and the 1-based step
-// count, interprets the graph once on the CPU backend (EvalContext training = dropout on,
-// seed, offset = step), then stores the new parameter and optimizer-state values into the graph's
-// constants (Graph::state_updates()).
+// count, runs the graph once on the CPU backend in its static memory plan (EvalContext training =
+// dropout on, seed, offset = step), then stores the new parameter and optimizer-state values into
+// the graph's constants (Graph::state_updates()). One runtime::PlannedRunner, made on the first
+// step, holds the buffers of every step: the state constants are views of its state buffers, and
+// from the second step on nothing is allocated (runtime/arena_executor.h, Ownership).
 //
 // fp64 (TrainOptions::dtype) converts the whole graph to double before the loss is added; float
 // data is converted on the fly. Nothing here reads files except through Dataset.
@@ -84,9 +86,9 @@ class Trainer {
   const std::vector<std::string>& frozen_parameters() const { return frozen_; }
   int64_t num_trainable_parameters() const;
   int64_t optimizer_state_bytes() const { return optimizer_info_.state_bytes; }
-  // The training graph's static memory plan (after the first step) and what the steps measured: the
-  // largest arena and workspace high-water marks and the off-plan allocations of any step.
-  const std::optional<partitioner::MemoryPlan>& memory_plan() const { return plan_; }
+  // The training graph's static memory plan (null before the first step) and what the steps
+  // measured: the largest arena and workspace high-water marks and the off-plan allocations of any step.
+  const partitioner::MemoryPlan* memory_plan() const { return runner_ ? &runner_->plan() : nullptr; }
   const runtime::ArenaStats& measured_memory() const { return measured_; }
 
   // Everything a step updates (trainable parameters and optimizer state) by constant name, current values: with
@@ -113,9 +115,9 @@ class Trainer {
   std::vector<std::string> unreachable_, frozen_;
   int64_t num_classes_ = 0;
   std::optional<Dataset> data_;
-  // graph_'s node order and arena plan, made once: steps change the state's values, never the graph.
-  std::vector<ir::NodeId> order_;
-  std::optional<partitioner::MemoryPlan> plan_;
+  // graph_'s node order, memory plan and buffers, made on the first step: steps change the state's
+  // values, never the graph.
+  std::optional<runtime::PlannedRunner> runner_;
   runtime::ArenaStats measured_;
   cpu::CpuEvaluator evaluator_;
   int64_t step_ = 0;

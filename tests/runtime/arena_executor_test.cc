@@ -4,7 +4,11 @@
 // plain interpreter bit for bit (outputs and every updated state), kernels wrote every output in
 // its planned slot (no ir::Tensor allocated during the run), kernel scratch came from the planned
 // workspace, and the arena's and the workspace's high-water marks are the planned sizes. An evaluator that ignores the slots is caught.
+// Steps through one PlannedRunner equal the interpreter's steps bit for bit while the runner
+// reuses its buffers, and results a caller holds are never overwritten.
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/cpu/workspace.h"
@@ -154,6 +158,105 @@ TEST_P(ArenaExecutorTest, ResultsAreViewsThatOutliveTheRun) {
   EXPECT_NE(first->outputs[0].raw(), second->outputs[0].raw());
   EXPECT_TRUE(first->outputs[0].BitwiseEquals(loss));
   EXPECT_TRUE(second->outputs[0].BitwiseEquals(loss));
+}
+
+// The feeds of 0-based step `step`: the step count input is step + 1.
+std::vector<ir::Tensor> FeedsOfStep(const ir::Graph& g, std::vector<ir::Tensor> feeds, int64_t step) {
+  for (size_t i = 0; i < feeds.size(); ++i) {
+    const ir::Value& v = g.value(g.inputs()[i]);
+    if (v.shape.empty() && !ir::IsFloat(v.dtype)) feeds[i] = ir::Tensor::Scalar<int64_t>(step + 1).CastTo(v.dtype);
+  }
+  return feeds;
+}
+
+// Three training steps, each applying its state to its graph, through the interpreter and through
+// one runner: equal bit for bit at every step. The runner allocates its workspace, arena, gradient,
+// parameter and optimizer-state buffers on the first step, a second parameter and optimizer-state
+// buffer on the second (the graph still holds the first step's state while the update writes the
+// next), and nothing after: the arena is the same buffer at every step, the state buffers alternate.
+TEST_P(ArenaExecutorTest, StepsThroughOneRunnerEqualTheInterpreterAndReuseItsBuffers) {
+  TrainingStep s;
+  ASSERT_NO_FATAL_FAILURE(MakeSetup(GetParam(), &s));
+  const ir::Graph& g = s.trainer->graph();
+  const std::vector<ir::NodeId> order = g.LiveNodes();
+  absl::StatusOr<partitioner::MemoryPlan> plan = PlanWithWorkspace(g, order);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->optimizer_state_bytes, 0);  // every case has momentum or Adam moments
+  ir::Graph interpreted = g, planned = g;
+  runtime::PlannedRunner runner(order, *plan);
+  EXPECT_EQ(runner.buffer_allocations(), 1);  // the workspace
+  std::vector<int64_t> allocations;
+  std::vector<const void*> loss_at, param_at;
+  for (int64_t step = 0; step < 3; ++step) {
+    cpu::EvalContext ctx;
+    ctx.training = true;
+    ctx.seed = 7;
+    ctx.offset = static_cast<uint64_t>(step);
+    cpu::CpuEvaluator ev(ctx);
+    const std::vector<ir::Tensor> feeds = FeedsOfStep(g, s.feeds, step);
+    absl::StatusOr<runtime::StepResult> want = runtime::InterpretStep(interpreted, ev, feeds);
+    ASSERT_TRUE(want.ok()) << want.status();
+    runtime::ArenaStats stats;
+    absl::StatusOr<runtime::StepResult> got = runner.Run(planned, ev, feeds, {}, &stats);
+    ASSERT_TRUE(got.ok()) << "step " << step << ": " << got.status();
+    ASSERT_EQ(got->outputs.size(), want->outputs.size());
+    for (size_t i = 0; i < got->outputs.size(); ++i)
+      EXPECT_TRUE(got->outputs[i].BitwiseEquals(want->outputs[i])) << "step " << step << ", output " << i;
+    ASSERT_EQ(got->state.size(), want->state.size());
+    for (size_t i = 0; i < got->state.size(); ++i)
+      EXPECT_TRUE(got->state[i].BitwiseEquals(want->state[i]))
+          << "step " << step << ", state " << g.value(g.state_updates()[i].state).name;
+    EXPECT_TRUE(std::isfinite(want->outputs[0].GetAsDouble(0)));
+    EXPECT_EQ(stats.off_plan_allocations, 0) << "step " << step;
+    EXPECT_EQ(stats.arena_high_water, plan->arena_bytes) << "step " << step;
+    EXPECT_EQ(stats.workspace_high_water, plan->workspace_bytes) << "step " << step;
+    allocations.push_back(runner.buffer_allocations());
+    loss_at.push_back(got->outputs[0].raw());
+    param_at.push_back(got->state[0].raw());
+    ASSERT_TRUE(runtime::ApplyStateUpdates(interpreted, std::move(want->state)).ok());
+    ASSERT_TRUE(runtime::ApplyStateUpdates(planned, std::move(got->state)).ok());
+  }
+  EXPECT_EQ(allocations, (std::vector<int64_t>{5, 7, 7}));
+  EXPECT_EQ(loss_at[1], loss_at[0]);
+  EXPECT_EQ(loss_at[2], loss_at[0]);
+  EXPECT_NE(param_at[1], param_at[0]);
+  EXPECT_EQ(param_at[2], param_at[0]);
+}
+
+// Results a caller still holds are never overwritten: a second run while the first run's results
+// are alive writes into other buffers, and both equal (same feeds, same state). Once every result
+// is gone, a run reuses the buffers it has.
+TEST_P(ArenaExecutorTest, ARunNeverOverwritesResultsACallerHolds) {
+  TrainingStep s;
+  ASSERT_NO_FATAL_FAILURE(MakeSetup(GetParam(), &s));
+  const ir::Graph& g = s.trainer->graph();
+  const std::vector<ir::NodeId> order = g.LiveNodes();
+  absl::StatusOr<partitioner::MemoryPlan> plan = PlanWithWorkspace(g, order);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  runtime::PlannedRunner runner(order, *plan);
+  cpu::CpuEvaluator ev;
+  absl::StatusOr<runtime::StepResult> first = runner.Run(g, ev, s.feeds);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const ir::Tensor loss = first->outputs[0].Clone();
+  const ir::Tensor param = first->state[0].Clone();
+  const int64_t allocated = runner.buffer_allocations();
+  {
+    absl::StatusOr<runtime::StepResult> second = runner.Run(g, ev, s.feeds);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_NE(second->outputs[0].raw(), first->outputs[0].raw());
+    EXPECT_NE(second->state[0].raw(), first->state[0].raw());
+    EXPECT_TRUE(second->outputs[0].BitwiseEquals(loss));
+    EXPECT_TRUE(second->state[0].BitwiseEquals(param));
+  }
+  EXPECT_TRUE(first->outputs[0].BitwiseEquals(loss));
+  EXPECT_TRUE(first->state[0].BitwiseEquals(param));
+  EXPECT_GT(runner.buffer_allocations(), allocated);
+  first = absl::UnknownError("dropped");
+  const int64_t pooled = runner.buffer_allocations();
+  absl::StatusOr<runtime::StepResult> third = runner.Run(g, ev, s.feeds);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(runner.buffer_allocations(), pooled);
+  EXPECT_TRUE(third->outputs[0].BitwiseEquals(loss));
 }
 
 INSTANTIATE_TEST_SUITE_P(
