@@ -34,6 +34,44 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
          static_cast<uint32_t>(v);
 }
 
+// The optimizer phase's outputs: a state update's new value (parameter, momentum, Adam moments) is
+// written over its state, whose storage the stage owns alone (Create makes it so); the update ops
+// are elementwise and read each element before writing it, so this needs no second copy and is
+// not zero-filled first. Everything else (the norm, the sum of a tied parameter's gradient
+// contributions) is a fresh tensor, counted as the phase's scratch.
+class PostSlots : public ir::OutputAllocator {
+ public:
+  PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates) : g_(g) {
+    for (const ir::Graph::StateUpdate& u : updates) state_of_[u.new_value] = u.state;
+  }
+  absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
+                                      const std::vector<int64_t>& dims) override {
+    const ir::ValueId v = node.outputs.at(index);
+    if (auto it = state_of_.find(v); it != state_of_.end()) {
+      const ir::Value& s = g_.value(it->second);
+      if (!s.constant || s.constant->dtype() != dtype || s.constant->dims() != dims) {
+        return absl::InternalError("node '" + node.name + "' updates '" + s.name + "' with another dtype or shape");
+      }
+      return *s.constant;
+    }
+    ir::Tensor t(dtype, dims);
+    scratch_bytes_ += (t.num_bytes() + 63) / 64 * 64;
+    return t;
+  }
+  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
+  absl::StatusOr<void*> Workspace(const ir::Node&, int64_t bytes) override {
+    if (bytes > static_cast<int64_t>(workspace_.size())) workspace_.resize(bytes);
+    return static_cast<void*>(workspace_.data());
+  }
+  int64_t scratch_bytes() const { return scratch_bytes_; }
+
+ private:
+  const ir::Graph& g_;
+  std::map<ir::ValueId, ir::ValueId> state_of_;
+  std::vector<uint8_t> workspace_;
+  int64_t scratch_bytes_ = 0;
+};
+
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 }  // namespace
@@ -44,7 +82,15 @@ class PipelineExecutor::StageRun {
   StageRun(PipelineExecutor& ex, StageProgram& sp, StageArena& arena, comm::Comm& comm, const StepFeeds& feeds,
            const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices, const std::vector<ir::Tensor>& scales,
            Clock::time_point t0)
-      : ex_(ex), sp_(sp), arena_(arena), comm_(comm), feeds_(feeds), slices_(slices), scales_(scales), t0_(t0) {
+      : ex_(ex),
+        sp_(sp),
+        arena_(arena),
+        post_slots_(sp.graph, sp.state_updates),
+        comm_(comm),
+        feeds_(feeds),
+        slices_(slices),
+        scales_(scales),
+        t0_(t0) {
     const int32_t M = ex.options_.microbatches;
     tables_.resize(M);
     losses.assign(M, std::nan(""));
@@ -227,7 +273,9 @@ class PipelineExecutor::StageRun {
     absl::StatusOr<std::vector<ir::Tensor>> out;
     try {
       arena_.Select(m);
-      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m), m >= 0 ? &arena_ : nullptr);
+      ir::OutputAllocator* slots = &arena_;
+      if (m < 0) slots = &post_slots_;
+      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m), slots);
       if (out.ok() && ex_.options_.node_hook) {
         absl::Status st = ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, &*out);
         if (!st.ok()) out = st;
@@ -390,16 +438,16 @@ class PipelineExecutor::StageRun {
     }
     if (sp_.grad_norm != ir::kNoValue) grad_norm = pv[sp_.grad_norm].GetAsDouble(0);
     for (const ir::Graph::StateUpdate& u : sp_.state_updates) {
-      ir::Value& s = sg.value(u.state);
+      const ir::Value& s = sg.value(u.state);
       const ir::Tensor& x = pv[u.new_value];
-      if (!x.defined() || !s.constant || x.dtype() != s.constant->dtype() || x.dims() != s.constant->dims()) {
+      if (!x.defined() || !s.constant || x.raw() != s.constant->raw()) {
         return absl::InternalError(Where(-1, StepPhase::kPost) + ": the new value of '" + s.name +
-                                   "' is missing or does not match the state");
+                                   "' was not written over the state");
       }
-      s.constant = x;
     }
+    measure.optimizer_scratch_bytes = post_slots_.scratch_bytes();
     for (const auto& [peer, vs] : sp_.send_replica)
-      for (ir::ValueId v : vs) RETURN_IF_ERROR(send(peer, kTagReplica, v, *sg.value(v).constant));
+      for (ir::ValueId v : vs) RETURN_IF_ERROR(send(peer, kTagReplica, v, sg.value(v).constant->Clone()));
     for (const auto& [peer, vs] : sp_.recv_replica) {
       for (ir::ValueId v : vs) {
         ASSIGN_OR_RETURN(ir::Tensor x, recv(peer, kTagReplica, v));
@@ -419,6 +467,7 @@ class PipelineExecutor::StageRun {
   PipelineExecutor& ex_;
   StageProgram& sp_;
   StageArena& arena_;
+  PostSlots post_slots_;
   comm::Comm& comm_;
   const StepFeeds& feeds_;
   const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices_;
@@ -517,6 +566,14 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   std::vector<ir::Tensor> scales;
   for (double s : shares) scales.push_back(ir::Tensor::Scalar<double>(s).CastTo(seed_like_.dtype()).Reshaped(seed_like_.dims()));
 
+  // The optimizer phase updates each stage's states in place: give every state storage of its own
+  // (the training graph's initializers, or tensors another holder or caller shares, are copied).
+  for (StageProgram& sp : program_.stages) {
+    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
+      std::optional<ir::Tensor>& c = sp.graph.value(u.state).constant;
+      if (c && !c->SoleOwner()) c = c->Clone();
+    }
+  }
   auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s);
   std::vector<std::unique_ptr<comm::Comm>> comms;
   std::vector<std::unique_ptr<StageRun>> runs;
@@ -569,7 +626,7 @@ std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
   std::map<std::string, ir::Tensor> out;
   for (const auto& [v, s] : program_.parameter_owner) {
     const ir::Value& val = program_.stages[s].graph.value(v);
-    if (val.constant) out[val.name] = *val.constant;
+    if (val.constant) out[val.name] = val.constant->Clone();
   }
   return out;
 }
@@ -579,7 +636,7 @@ std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const s
   const ir::Graph& g = program_.stages[stage].graph;
   const ir::ValueId v = g.FindValue(name);
   if (v == ir::kNoValue || !g.value(v).constant) return std::nullopt;
-  return *g.value(v).constant;
+  return g.value(v).constant->Clone();
 }
 
 }  // namespace onnxpipe::pipeline

@@ -20,8 +20,9 @@
 // Memory: Create plans every stage's layout once (memory.h) and allocates it (stage_arena.h); every
 // micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
 // StageMeasure reports the high-water of what the arena handed out in the step, which equals the
-// layout's prediction. The post phase (norm, optimizer, replicas) still computes into fresh
-// tensors, outside the plan.
+// layout's prediction. The optimizer phase updates every stage's parameters and optimizer state in
+// place (each stage owns its states' storage); its other outputs (the global norm, the sum of a
+// tied parameter's gradient contributions) are fresh tensors, measured as optimizer scratch.
 #pragma once
 
 #include <cstdint>
@@ -94,6 +95,7 @@ struct StageMeasure {
   int32_t max_in_flight = 0;
   int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
   int64_t workspace_bytes = 0;
+  int64_t optimizer_scratch_bytes = 0;  // the optimizer phase's fresh tensors (states update in place)
   int64_t bytes_sent = 0, bytes_received = 0;
 };
 
@@ -118,9 +120,10 @@ class PipelineExecutor {
 
   absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
 
-  // Trained parameters by name, from the stages that own them.
+  // Trained parameters by name, from the stages that own them (copies: the next step updates the
+  // stages' own in place).
   std::map<std::string, ir::Tensor> Parameters() const;
-  // The value stage `stage` holds for constant `name` (its own parameter or a replica), if any.
+  // A copy of the value stage `stage` holds for constant `name` (its own parameter or a replica).
   std::optional<ir::Tensor> StageConstant(int32_t stage, const std::string& name) const;
 
   const PipelineProgram& program() const { return program_; }

@@ -38,6 +38,7 @@ std::vector<StageMeans> Means(const std::vector<PipelineStepResult>& steps, int3
       w.max_in_flight = std::max(w.max_in_flight, m.max_in_flight);
       w.accumulator_bytes = std::max(w.accumulator_bytes, m.accumulator_bytes);
       w.workspace_bytes = std::max(w.workspace_bytes, m.workspace_bytes);
+      w.optimizer_scratch_bytes = std::max(w.optimizer_scratch_bytes, m.optimizer_scratch_bytes);
       w.bytes_sent = m.bytes_sent;
       w.bytes_received = m.bytes_received;
       if (k < first) continue;
@@ -129,7 +130,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
         {"measured",
          {{"memory", {{"saved_per_microbatch", m.saved_bytes}, {"activations", m.activations_peak},
                       {"in_flight", m.max_in_flight}, {"transient", m.transient_bytes}, {"arena", m.arena_bytes},
-                      {"accumulators", m.accumulator_bytes}, {"kernel_scratch", m.workspace_bytes}}},
+                      {"accumulators", m.accumulator_bytes}, {"kernel_scratch", m.workspace_bytes},
+                      {"optimizer_scratch", m.optimizer_scratch_bytes}}},
           {"forward_ms", means[s].forward_ms}, {"backward_ms", means[s].backward_ms},
           {"recompute_ms", means[s].recompute_ms}, {"optimizer_ms", means[s].optimizer_ms},
           {"recv_wait_ms", means[s].recv_wait_ms}, {"bytes_sent", m.bytes_sent}, {"bytes_received", m.bytes_received}}},

@@ -15,7 +15,9 @@ class OutputAllocator {
  public:
   virtual ~OutputAllocator() = default;
   // Zero-filled storage for output `index` of `node` with `dtype` and `dims`; an error naming the
-  // node and output when they disagree with the plan.
+  // node and output when they disagree with the plan. Exception: an optimizer update's new state
+  // may be handed the state's own storage (updated in place, so not zeroed); the update kernels
+  // are elementwise and read each element before writing it.
   virtual absl::StatusOr<Tensor> Allocate(const Node& node, int index, DType dtype,
                                           const std::vector<int64_t>& dims) = 0;
   // True when output `index` of `node` is planned to share its input 0's bytes (a Reshape-like

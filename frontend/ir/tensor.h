@@ -66,6 +66,10 @@ class Tensor {
   // False for DimsOnly tensors (and undefined ones).
   bool has_data() const { return data_ != nullptr; }
 
+  // True when no other tensor (no copy, view or reshape) shares this one's storage: writing it in
+  // place then changes this tensor only.
+  bool SoleOwner() const { return data_ != nullptr && data_.use_count() == 1; }
+
   const void* raw() const { return data_.get(); }
   void* raw() { return data_.get(); }
   template <typename T>
