@@ -639,4 +639,42 @@ std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const s
   return g.value(v).constant->Clone();
 }
 
+std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
+  std::map<std::string, ir::Tensor> out;
+  for (const StageProgram& sp : program_.stages) {
+    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
+      const ir::Value& v = sp.graph.value(u.state);
+      if (v.constant && !out.count(v.name)) out[v.name] = v.constant->Clone();
+    }
+  }
+  return out;
+}
+
+absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tensor& value) {
+  bool updated_somewhere = false;
+  for (const StageProgram& sp : program_.stages) {
+    for (const ir::Graph::StateUpdate& u : sp.state_updates) updated_somewhere |= sp.graph.value(u.state).name == name;
+  }
+  if (!updated_somewhere) return NOT_FOUND() << "no stage updates a state named '" << name << "'";
+  auto describe = [](const ir::Tensor& t) {
+    std::string out = std::string(ir::DTypeName(t.dtype())) + " (";
+    for (size_t i = 0; i < t.dims().size(); ++i) out += (i ? ", " : "") + std::to_string(t.dims()[i]);
+    return out + ")";
+  };
+  std::vector<ir::Value*> holders;
+  for (StageProgram& sp : program_.stages) {
+    const ir::ValueId v = sp.graph.FindValue(name);
+    if (v == ir::kNoValue || !sp.graph.value(v).constant) continue;
+    const ir::Tensor& held = *sp.graph.value(v).constant;
+    if (value.dtype() != held.dtype() || value.dims() != held.dims()) {
+      return INVALID_ARGUMENT() << "state '" << name << "' is " << describe(held) << " on stage " << sp.stage
+                                << ", not " << describe(value);
+    }
+    holders.push_back(&sp.graph.value(v));
+  }
+  // A copy per holder: the optimizer phase updates each stage's states in place.
+  for (ir::Value* h : holders) h->constant = value.Clone();
+  return absl::OkStatus();
+}
+
 }  // namespace onnxpipe::pipeline

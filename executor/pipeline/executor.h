@@ -126,6 +126,14 @@ class PipelineExecutor {
   // A copy of the value stage `stage` holds for constant `name` (its own parameter or a replica).
   std::optional<ir::Tensor> StageConstant(int32_t stage, const std::string& name) const;
 
+  // Every state tensor a step updates (parameters and optimizer state), by constant name, from the first stage
+  // holding it (a shared parameter's holders keep bitwise-equal copies), as copies.
+  std::map<std::string, ir::Tensor> State() const;
+  // Sets state `name` on every stage that holds it (each holder of a shared parameter, with its own optimizer
+  // state, and any replica), each stage getting its own copy. An error naming the state when no stage updates it
+  // or `value`'s dtype or dims differ; nothing is changed then.
+  absl::Status SetState(const std::string& name, const ir::Tensor& value);
+
   const PipelineProgram& program() const { return program_; }
   const std::vector<ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
