@@ -84,7 +84,8 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.String("save-external-data", &f.save_external,
             "auto (initializers >= 1 KiB in OUT.onnx.data when they total >= 1 GiB) | always | never");
   fs.String("checkpoint-dir", &f.checkpoint_dir,
-            "save training checkpoints (parameters, optimizer state, step, data position) and the vocabulary here");
+            "save training checkpoints (parameters, optimizer state, step, data position) and the vocabulary here; "
+            "an unpartitioned and a pipelined run of the same training graph resume each other's");
   fs.Int("checkpoint-every", &f.checkpoint_every, "checkpoint every N steps (and always at the end and on SIGINT)");
   fs.Int("keep-checkpoints", &f.keep_checkpoints, "keep the newest N checkpoints (0: all)");
   fs.Bool("resume", &f.resume, "continue from --checkpoint-dir's latest checkpoint");
@@ -95,7 +96,8 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch");
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
-  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined");
+  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined. Every "
+         "other flag (--eval, --tensorboard, --checkpoint-dir, --resume, ...) works pipelined too");
   fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
   fs.String("schedule", &f.schedule, "pipeline schedule: gpipe | 1f1b (with --stages/--plan)");
   fs.String("recompute", &f.recompute, "none | full | selective | auto (auto needs the partitioner)");
@@ -169,7 +171,7 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
   return absl::OkStatus();
 }
 
-absl::Status RunEvaluation(const Model& model, const train::Trainer& trainer, const TrainData& data,
+absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer, const TrainData& data,
                       const train::TrainOptions& options, train::MetricsWriter* metrics,
                       io::TensorBoardWriter* tensorboard) {
   train::EvalOptions eo;
@@ -247,6 +249,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   mo.batch = f.batch;
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
+  std::unique_ptr<train::StepTrainer> trainer;
+  pipeline::PipelineTrainer* piped = nullptr;  // pipelined: its description and --report
+  const train::Trainer* plain = nullptr;       // unpartitioned: its memory plan
   if (pipelined) {
     pipeline::PipelineTrainOptions po;
     po.schedule = f.schedule;
@@ -255,24 +260,26 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     po.recompute = f.recompute;
     po.plan_dir = f.plan;
     po.report_dir = f.report;
-    RETURN_IF_ERROR(pipeline::RunPipelinedTraining(model_path, *model.imported, mo.extra_dims, options,
-                                                   std::move(data.train), po, f.metrics, f.save));
-    if (!f.save.empty() && data.vocab) {
-      RETURN_IF_ERROR(data.vocab->Save(VocabPathBeside(f.save)));
-      std::printf("vocabulary: %s\n", VocabPathBeside(f.save).c_str());
-    }
-    return 0;
+    ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> p,
+                     pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
+    piped = p.get();
+    trainer = std::move(p);
   }
-  RETURN_IF_ERROR(PrepareModel(model, mo));
-
-  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(*model.graph, options));
-  if (!trainer.unreachable_parameters().empty()) {
+  // --eval runs the whole forward graph (batch B) with the trained parameters, whichever trainer made them.
+  if (!pipelined || f.eval) RETURN_IF_ERROR(PrepareModel(model, mo));
+  if (!pipelined) {
+    ASSIGN_OR_RETURN(train::Trainer t, train::Trainer::Create(*model.graph, options));
+    auto u = std::make_unique<train::Trainer>(std::move(t));
+    plain = u.get();
+    trainer = std::move(u);
+  }
+  if (!trainer->unreachable_parameters().empty()) {
     std::string names;
-    for (const std::string& n : trainer.unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : trainer->unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
     std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
   }
   const int64_t rows = data.train.rows();
-  RETURN_IF_ERROR(trainer.SetData(std::move(data.train)));
+  RETURN_IF_ERROR(trainer->SetData(std::move(data.train)));
 
   train::RunIdentity run;
   run.model_path = model_path;
@@ -293,25 +300,27 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     }
   }
   if (resume_from) {
-    ASSIGN_OR_RETURN(std::vector<std::string> warnings, train::RestoreCheckpoint(*resume_from, run, trainer));
+    ASSIGN_OR_RETURN(std::vector<std::string> warnings, train::RestoreCheckpoint(*resume_from, run, *trainer));
     for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     std::printf("resumed from %s at step %lld\n", resume_from->path.c_str(),
-                static_cast<long long>(trainer.step()));
+                static_cast<long long>(trainer->step()));
   }
 
   std::optional<train::MetricsWriter> metrics;
   if (!f.metrics.empty()) {
-    ASSIGN_OR_RETURN(train::MetricsWriter w, resume_from ? train::MetricsWriter::OpenForResume(f.metrics, trainer.step())
-                                                         : train::MetricsWriter::Open(f.metrics));
+    ASSIGN_OR_RETURN(train::MetricsWriter w, resume_from
+                                                 ? train::MetricsWriter::OpenForResume(f.metrics, trainer->step())
+                                                 : train::MetricsWriter::Open(f.metrics));
     metrics.emplace(std::move(w));
   }
   std::unique_ptr<io::TensorBoardWriter> tensorboard;
   if (!f.tensorboard.empty()) {
     ASSIGN_OR_RETURN(tensorboard, io::TensorBoardWriter::Create(f.tensorboard));
   }
-  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps\n", model_path.c_str(),
-              static_cast<long long>(trainer.num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
-              static_cast<long long>(f.batch), static_cast<long long>(f.steps));
+  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps%s\n", model_path.c_str(),
+              static_cast<long long>(trainer->num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
+              static_cast<long long>(f.batch), static_cast<long long>(f.steps),
+              piped ? (", pipelined: " + piped->Describe()).c_str() : "");
   std::fflush(stdout);
   TrainLoop loop;
   loop.steps = f.steps;
@@ -321,15 +330,20 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   loop.checkpoint_every = f.checkpoint_every;
   loop.log_every = f.log_every;
   loop.run = &run;
-  ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(trainer, loop));
+  ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(*trainer, loop));
   if (end == LoopEnd::kInterrupted) {
     std::printf(checkpoints ? "stopped; continue with the same command and --resume\n"
                             : "stopped; nothing saved (no --checkpoint-dir)\n");
     return 130;
   }
-  PrintMemory(trainer);
-  if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, trainer, data, options, loop.metrics, tensorboard.get()));
-  if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer.Parameters(), data.vocab));
+  if (plain) PrintMemory(*plain);
+  if (piped && !f.report.empty()) {
+    RETURN_IF_ERROR(piped->WriteReport());
+    std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
+                f.report.c_str());
+  }
+  if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, loop.metrics, tensorboard.get()));
+  if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer->Parameters(), data.vocab));
   return 0;
 }
 
@@ -361,14 +375,6 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (!f.schedule.empty() && f.schedule != "gpipe" && f.schedule != "1f1b") {
     return "--schedule expects gpipe or 1f1b, got '" + f.schedule + "' (the learning-rate schedule is --lr-schedule)";
   }
-  if (pipelined) {
-    for (const char* flag : {"checkpoint-dir", "resume", "eval", "tensorboard", "checkpoint-every"}) {
-      if (fs.WasSet(flag)) {
-        return std::string("--") + flag + " is not yet supported with pipelined training (--stages/--plan/"
-               "--microbatches); run without them, or use --save for the trained model";
-      }
-    }
-  }
   return std::nullopt;
 }
 
@@ -385,7 +391,8 @@ int RunTrain(const Args& args) {
              "--checkpoint-dir and beside --save, and fed to the model's token-id input (and padding mask).\n"
              "--metrics gets {step, loss, lr, grad_norm, samples_per_s} per step, loss being the batch loss\n"
              "before the step's update. SIGINT finishes the step, saves a checkpoint (with --checkpoint-dir)\n"
-             "and exits with code 130.");
+             "and exits with code 130. --stages K / --plan DIR trains the same graph pipelined, with the same\n"
+             "outputs, checkpoints and --resume.");
   Declare(fs, f);
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("train", std::string(st.message()), 2);
   if (fs.help_requested()) {

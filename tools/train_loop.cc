@@ -35,7 +35,7 @@ class SigintScope {
   struct sigaction previous_ = {};
 };
 
-absl::Status SaveCheckpoint(const train::Trainer& trainer, const TrainLoop& loop) {
+absl::Status SaveCheckpoint(const train::StepTrainer& trainer, const TrainLoop& loop) {
   ASSIGN_OR_RETURN(std::string path, loop.checkpoints->Save(train::MakeCheckpoint(trainer, *loop.run)));
   std::printf("checkpoint: %s (step %lld)\n", path.c_str(), static_cast<long long>(trainer.step()));
   return absl::OkStatus();
@@ -51,7 +51,7 @@ std::string ProgressLine(const train::StepMetrics& m, int64_t steps) {
   return buf;
 }
 
-absl::StatusOr<LoopEnd> RunTrainLoop(train::Trainer& trainer, const TrainLoop& loop) {
+absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoop& loop) {
   SigintScope sigint;
   const bool tty = isatty(fileno(stdout));
   bool line_open = false;  // a \r progress line waits for its newline

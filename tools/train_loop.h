@@ -1,7 +1,7 @@
-// The step loop of `onnxpipe train` on the unpartitioned CPU trainer: progress (a rewritten line on a terminal,
-// plain lines otherwise), --metrics JSON lines, --tensorboard scalars, rolling checkpoints every N steps and at the
-// end, and SIGINT: the step in flight finishes, a checkpoint is saved (with --checkpoint-dir) and the loop returns
-// kInterrupted. A second SIGINT kills the process at once.
+// The step loop of `onnxpipe train` for either trainer (train::StepTrainer: unpartitioned or pipelined): progress
+// (a rewritten line on a terminal, plain lines otherwise), --metrics JSON lines, --tensorboard scalars, rolling
+// checkpoints every N steps and at the end, and SIGINT: the step in flight finishes, a checkpoint is saved (with
+// --checkpoint-dir) and the loop returns kInterrupted. A second SIGINT kills the process at once.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "executor/io/tensorboard.h"
 #include "executor/train/metrics.h"
 #include "executor/train/train_checkpoint.h"
-#include "executor/train/trainer.h"
+#include "executor/train/step_trainer.h"
 
 namespace onnxpipe::tools {
 
@@ -30,7 +30,7 @@ struct TrainLoop {
 
 enum class LoopEnd { kCompleted, kInterrupted };
 
-absl::StatusOr<LoopEnd> RunTrainLoop(train::Trainer& trainer, const TrainLoop& loop);
+absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoop& loop);
 
 // "step k/N  loss ...  lr ...  grad_norm ...  X samples/s"
 std::string ProgressLine(const train::StepMetrics& m, int64_t steps);

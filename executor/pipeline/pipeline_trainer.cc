@@ -1,10 +1,8 @@
-// The training loop around PipelineExecutor. The training graph comes from train::Trainer so that a
-// pipelined run trains exactly the graph the unpartitioned one does (and the graph a partition plan
-// was made for); the trainer is dropped once its graph is copied, so the initial parameters are not
-// held twice.
+// The trainer around PipelineExecutor (tools/train_loop.h runs its steps). The training graph comes
+// from train::Trainer so that a pipelined run trains exactly the graph the unpartitioned one does (and
+// the graph a partition plan was made for); the trainer is dropped once its graph is copied, so the
+// initial parameters are not held twice.
 #include "executor/pipeline/pipeline_trainer.h"
-
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -13,7 +11,6 @@
 #include "executor/pipeline/plan.h"
 #include "executor/pipeline/report.h"
 #include "frontend/ir/status.h"
-#include "frontend/onnx/writer.h"
 #include "partitioner/plan_io.h"
 
 namespace onnxpipe::pipeline {
@@ -169,59 +166,18 @@ absl::Status PipelineTrainer::WriteReport() const {
   return WriteRunReport(pipeline_.report_dir, *executor_, results_, ctx);
 }
 
-absl::Status RunPipelinedTraining(const std::string& model_path, const ir::Graph& imported,
-                                  const std::map<std::string, int64_t>& other_bindings,
-                                  const train::TrainOptions& options, train::Dataset data,
-                                  const PipelineTrainOptions& pipeline, const std::string& metrics_path,
-                                  const std::string& checkpoint_path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<PipelineTrainer> trainer,
-                   PipelineTrainer::Create(imported, other_bindings, options, pipeline, model_path));
-  if (!trainer->unreachable_parameters().empty()) {
-    std::string names;
-    for (const std::string& n : trainer->unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
-    std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
+absl::Status PipelineTrainer::Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) {
+  if (step < 0) return INVALID_ARGUMENT() << "cannot continue at step " << step;
+  const std::map<std::string, ir::Tensor> current = executor_->State();
+  if (state.size() != current.size()) {
+    return INVALID_ARGUMENT() << "the state holds " << state.size() << " tensors; the pipeline's stages update "
+                              << current.size();
   }
-  RETURN_IF_ERROR(trainer->SetData(std::move(data)));
-  std::optional<train::MetricsWriter> metrics;
-  if (!metrics_path.empty()) {
-    ASSIGN_OR_RETURN(train::MetricsWriter w, train::MetricsWriter::Open(metrics_path));
-    metrics.emplace(std::move(w));
+  for (const auto& [name, t] : current) {
+    if (!state.count(name)) return NOT_FOUND() << "the state has no '" << name << "'";
   }
-  std::printf("training %s: %lld trainable parameters, batch %lld, %lld steps, pipelined: %s\n", model_path.c_str(),
-              static_cast<long long>(trainer->num_trainable_parameters()), static_cast<long long>(options.batch),
-              static_cast<long long>(options.steps), trainer->Describe().c_str());
-  std::fflush(stdout);
-  const bool tty = isatty(fileno(stdout));
-  for (int64_t k = 0; k < options.steps; ++k) {
-    absl::StatusOr<train::StepMetrics> m = trainer->Step();
-    if (!m.ok()) {
-      if (tty && k > 0) std::printf("\n");
-      return m.status();
-    }
-    if (metrics) RETURN_IF_ERROR(metrics->Write(*m));
-    char line[256];
-    std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6g  lr %.4g  grad_norm %.4g  %.1f samples/s",
-                  static_cast<long long>(m->step + 1), static_cast<long long>(options.steps), m->loss, m->lr,
-                  m->grad_norm, m->samples_per_s);
-    std::printf(tty ? "\r%s\x1b[K" : "%s\n", line);
-    std::fflush(stdout);
-  }
-  if (tty) std::printf("\n");
-  if (!pipeline.report_dir.empty()) {
-    RETURN_IF_ERROR(trainer->WriteReport());
-    std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
-                pipeline.report_dir.c_str());
-  }
-  if (!checkpoint_path.empty()) {
-    std::map<std::string, ir::Tensor> params;
-    for (auto& [name, t] : trainer->Parameters()) {
-      const ir::ValueId v = imported.FindValue(name);
-      params[name] = v != ir::kNoValue && t.dtype() != imported.value(v).dtype ? t.CastTo(imported.value(v).dtype) : t;
-    }
-    RETURN_IF_ERROR(onnx_frontend::WriteOnnxWithInitializers(model_path, params, checkpoint_path,
-                                                             /*external_threshold_bytes=*/-1));
-    std::printf("checkpoint: %s\n", checkpoint_path.c_str());
-  }
+  for (const auto& [name, t] : state) RETURN_IF_ERROR(executor_->SetState(name, t));
+  step_ = step;
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // Pipelined training from a model: what `onnxpipe train --stages K | --plan DIR` runs. It mirrors
-// train::Trainer (same training graph, data order, learning-rate schedule, metrics) with the step
-// run by PipelineExecutor over M micro-batches:
+// train::Trainer (same training graph, data order, learning-rate schedule, metrics, state names) with
+// the step run by PipelineExecutor over M micro-batches, behind the same train::StepTrainer interface
+// (so tools/train_loop.h drives it and its checkpoints are the unpartitioned trainer's):
 //   imported forward graph --PrepareMicrobatchForward(B / M)--> train::Trainer's training graph of
 //   one micro-batch --stage assignment (plan.json, the partitioner in-process for --recompute auto,
 //   or a balanced contiguous split)--> PipelineExecutor.
@@ -17,6 +18,7 @@
 #include "executor/pipeline/executor.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
+#include "executor/train/step_trainer.h"
 #include "executor/train/trainer.h"
 #include "frontend/autodiff/lr_schedule.h"
 #include "partitioner/partitioner.h"
@@ -34,7 +36,7 @@ struct PipelineTrainOptions {
   double recv_timeout_s = 0;
 };
 
-class PipelineTrainer {
+class PipelineTrainer : public train::StepTrainer {
  public:
   // `imported`: the model as imported and shape-inferred (tools/model.h's Model::imported), not yet
   // bound; `other_bindings`: sizes of its non-batch symbols (the sequence length from the data).
@@ -45,13 +47,16 @@ class PipelineTrainer {
                                                                  const PipelineTrainOptions& pipeline,
                                                                  const std::string& model_name);
   // Checks the labels against the classes (as Trainer::SetData) and keeps the data.
-  absl::Status SetData(train::Dataset data);
-  absl::StatusOr<train::StepMetrics> Step();
-  int64_t step() const { return step_; }
+  absl::Status SetData(train::Dataset data) override;
+  absl::StatusOr<train::StepMetrics> Step() override;
+  int64_t step() const override { return step_; }
 
-  std::map<std::string, ir::Tensor> Parameters() const { return executor_->Parameters(); }
-  int64_t num_trainable_parameters() const;
-  const std::vector<std::string>& unreachable_parameters() const { return unreachable_; }
+  std::map<std::string, ir::Tensor> Parameters() const override { return executor_->Parameters(); }
+  int64_t num_trainable_parameters() const override;
+  const std::vector<std::string>& unreachable_parameters() const override { return unreachable_; }
+  // The executor's states (every holder of a shared parameter is set on Restore).
+  std::map<std::string, ir::Tensor> State() const override { return executor_->State(); }
+  absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) override;
   const PipelineExecutor& executor() const { return *executor_; }
   const std::vector<PipelineStepResult>& results() const { return results_; }
   std::string Describe() const;  // "K stages, M micro-batches of b, 1f1b, recompute selective"
@@ -74,13 +79,5 @@ class PipelineTrainer {
   int64_t step_ = 0;
   std::vector<PipelineStepResult> results_;
 };
-
-// The whole `onnxpipe train` loop for a pipelined run: progress lines, --metrics JSONL, --report,
-// --checkpoint (the ONNX file with the trained initializers, in the model's dtypes).
-absl::Status RunPipelinedTraining(const std::string& model_path, const ir::Graph& imported,
-                                  const std::map<std::string, int64_t>& other_bindings,
-                                  const train::TrainOptions& options, train::Dataset data,
-                                  const PipelineTrainOptions& pipeline, const std::string& metrics_path,
-                                  const std::string& checkpoint_path);
 
 }  // namespace onnxpipe::pipeline

@@ -43,7 +43,7 @@ std::string Show(const nlohmann::json& j) { return j.is_string() ? "'" + j.get<s
 
 }  // namespace
 
-io::Checkpoint MakeCheckpoint(const Trainer& trainer, const RunIdentity& run) {
+io::Checkpoint MakeCheckpoint(const StepTrainer& trainer, const RunIdentity& run) {
   io::Checkpoint c;
   io::CheckpointMetadata& m = c.metadata;
   m.step = trainer.step();
@@ -61,7 +61,7 @@ io::Checkpoint MakeCheckpoint(const Trainer& trainer, const RunIdentity& run) {
 }
 
 absl::StatusOr<std::vector<std::string>> RestoreCheckpoint(const io::Checkpoint& checkpoint,
-                                                           const RunIdentity& run, Trainer& trainer) {
+                                                           const RunIdentity& run, StepTrainer& trainer) {
   const io::CheckpointMetadata& m = checkpoint.metadata;
   const std::string where = "checkpoint '" + checkpoint.path + "'";
   if (!(m.model == run.model)) {

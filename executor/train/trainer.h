@@ -28,6 +28,7 @@
 #include "executor/runtime/interpreter.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
+#include "executor/train/step_trainer.h"
 #include "frontend/autodiff/lr_schedule.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/graph.h"
@@ -61,17 +62,17 @@ absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
                                                   const std::string& logits,
                                                   const std::string& labels);
 
-class Trainer {
+class Trainer : public StepTrainer {
  public:
   static absl::StatusOr<Trainer> Create(const ir::Graph& forward, const TrainOptions& options);
 
   // Checks the data against the training graph (rows >= batch, labels in [0, classes) or the
   // ignore index) and keeps it.
-  absl::Status SetData(Dataset data);
+  absl::Status SetData(Dataset data) override;
 
   // Runs step step() and advances. The metrics' loss is the batch loss before the update.
-  absl::StatusOr<StepMetrics> Step();
-  int64_t step() const { return step_; }
+  absl::StatusOr<StepMetrics> Step() override;
+  int64_t step() const override { return step_; }
 
   // The gradient of every trainable parameter for step step()'s batch, without updating
   // anything (for checks against a reference; Step() computes them as part of the update).
@@ -79,12 +80,12 @@ class Trainer {
 
   const ir::Graph& graph() const { return graph_; }
   // The trainable parameters (current values, the training dtype), by initializer name.
-  std::map<std::string, ir::Tensor> Parameters() const;
+  std::map<std::string, ir::Tensor> Parameters() const override;
   // Float initializers the loss does not depend on (not trained; worth a warning) and those
   // frozen by the regex.
-  const std::vector<std::string>& unreachable_parameters() const { return unreachable_; }
+  const std::vector<std::string>& unreachable_parameters() const override { return unreachable_; }
   const std::vector<std::string>& frozen_parameters() const { return frozen_; }
-  int64_t num_trainable_parameters() const;
+  int64_t num_trainable_parameters() const override;
   int64_t optimizer_state_bytes() const { return optimizer_info_.state_bytes; }
   // The training graph's static memory plan (null before the first step) and what the steps
   // measured: the largest arena and workspace high-water marks and the off-plan allocations of any step.
@@ -94,10 +95,10 @@ class Trainer {
   // Everything a step updates (trainable parameters and optimizer state) by constant name, current values: with
   // step() and the options, all a run needs to continue bit for bit (the data order and the dropout stream are
   // functions of the step).
-  std::map<std::string, ir::Tensor> State() const;
+  std::map<std::string, ir::Tensor> State() const override;
   // Replaces the state (exactly State()'s names, dtypes and dims: an error naming the first difference otherwise)
   // and continues at `step`.
-  absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step);
+  absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) override;
 
  private:
   enum class Feed { kData, kLabels, kLr, kStep };

@@ -2,10 +2,6 @@
 // for bit (metrics and every saved tensor), for fp32/fp64 and SGD-momentum/AdamW with --shuffle and dropout on;
 // checkpoints of another model, optimizer or dtype and corrupt ones are refused naming the file; SIGINT saves and
 // exits 130; kill -9 at any moment leaves a loadable latest checkpoint the run resumes from.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/cli/child_process.h"
 #include "tests/cli/cli_util.h"
 #include "tests/train/metrics_lines.h"
 
@@ -24,43 +21,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testing::Child;
 using testing::CommandResult;
 using testing::MetricsWithoutTiming;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
-
-// A child running `command` (through exec, so the pid is onnxpipe's) with stdout/stderr in files.
-struct Child {
-  pid_t pid = -1;
-  fs::path out, err;
-};
-
-Child Spawn(const std::string& command, const fs::path& dir, const std::string& tag) {
-  Child c;
-  c.out = dir / (tag + ".out");
-  c.err = dir / (tag + ".err");
-  const std::string cmd = "exec " + command + " >" + c.out.string() + " 2>" + c.err.string();
-  c.pid = fork();
-  if (c.pid == 0) {
-    signal(SIGINT, SIG_DFL);
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return c;
-}
-
-// Waits until the child's stdout holds `text` (or the child ended); false on timeout.
-bool WaitForOutput(const Child& c, const std::string& text, int timeout_s = 120) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (testing::ReadAll(c.out.string()).find(text) != std::string::npos) return true;
-    int status;
-    if (waitpid(c.pid, &status, WNOHANG) == c.pid) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
+using testing::Spawn;
+using testing::WaitForOutput;
 
 class ResumeCliTest : public ::testing::Test {
  protected:

@@ -1,7 +1,8 @@
 // `onnxpipe train --save/--eval/--tensorboard` through the built binary, checked by independent readers:
 // onnxruntime (tests/train/ort_check.py: the saved model runs there with outputs equal to `onnxpipe run`'s, and the
 // --eval accuracy and loss equal a hand computation over its logits) and the Python TensorBoard event reader
-// (tests/io/read_tfevents.py: the scalars equal the metrics file's values).
+// (tests/io/read_tfevents.py: the scalars equal the metrics file's values, unpartitioned and pipelined); a
+// pipelined --eval equals the unpartitioned one after the same training.
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -77,11 +78,43 @@ TEST_F(SaveEvalCliTest, PipelinedSave) {
   TrainAndCheck("models/tiny_classifier.onnx", "--stages 2 --microbatches 2", "--no-eval", /*eval=*/false);
 }
 
-TEST_F(SaveEvalCliTest, TensorBoardScalarsEqualTheMetrics) {
+// The eval line of a pipelined run against the unpartitioned one after the same training.
+TEST_F(SaveEvalCliTest, PipelinedEvalEqualsUnpartitionedEval) {
+  auto eval_line = [&](const std::string& extra) {
+    const fs::path metrics = dir_ / "m.jsonl";
+    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                                 (dir_ / "corpus").string() + " --seq 12 --batch 8 --steps 6 --optimizer adamw " +
+                                 "--lr 0.003 --shuffle --seed 1 --eval --metrics " + metrics.string() + " " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<std::string> lines = [&] {
+      std::vector<std::string> out;
+      std::ifstream in(metrics);
+      for (std::string line; std::getline(in, line);) out.push_back(line);
+      return out;
+    }();
+    EXPECT_EQ(lines.size(), 7u);
+    return lines.empty() ? nlohmann::json() : nlohmann::json::parse(lines.back());
+  };
+  // One micro-batch: the very training and evaluation, bit for bit.
+  const nlohmann::json plain = eval_line("");
+  ASSERT_EQ(plain["split"], "test");
+  EXPECT_EQ(eval_line("--stages 2 --microbatches 1"), plain);
+  // Two micro-batches: the training to rounding (fp64).
+  const nlohmann::json plain64 = eval_line("--dtype fp64");
+  const nlohmann::json piped64 = eval_line("--dtype fp64 --stages 3 --microbatches 2");
+  EXPECT_EQ(piped64["accuracy"], plain64["accuracy"]);
+  EXPECT_NEAR(piped64["loss"].get<double>(), plain64["loss"].get<double>(), 1e-12);
+}
+
+// Unpartitioned and pipelined.
+class TensorBoardCliTest : public SaveEvalCliTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(TensorBoardCliTest, ScalarsEqualTheMetrics) {
   const fs::path tb = dir_ / "tb", metrics = dir_ / "m.jsonl";
   CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
                                (dir_ / "corpus").string() + " --seq 12 --batch 8 --steps 3 --optimizer sgd --lr 0.05" +
-                               " --eval --tensorboard " + tb.string() + " --metrics " + metrics.string());
+                               " --eval --tensorboard " + tb.string() + " --metrics " + metrics.string() + " " +
+                               GetParam());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path());
@@ -118,6 +151,9 @@ TEST_F(SaveEvalCliTest, TensorBoardScalarsEqualTheMetrics) {
   }
   EXPECT_EQ(got, want);
 }
+
+INSTANTIATE_TEST_SUITE_P(Trainers, TensorBoardCliTest, ::testing::Values("", "--stages 2 --microbatches 2"),
+                         [](const auto& info) { return info.param.empty() ? "Unpartitioned" : "Pipelined"; });
 
 }  // namespace
 }  // namespace onnxpipe
