@@ -199,9 +199,9 @@ TEST_F(TrainCliTest, UsageErrors) {
   r = Train("--steps 1 --resume");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--resume needs --checkpoint-dir"));
-  r = Train("--steps 1 --stages 2 --eval");
+  r = Train("--steps 1 --stages 2 --resume");  // the same checks pipelined
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--eval is not yet supported with pipelined training"));
+  EXPECT_THAT(r.err, HasSubstr("--resume needs --checkpoint-dir"));
   r = RunCommand(Onnxpipe() + " train --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--data", "--batch", "--steps", "--optimizer", "--lr", "--momentum",
