@@ -18,6 +18,7 @@
 #include "executor/train/trainer.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/writer.h"
+#include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/model.h"
@@ -41,6 +42,7 @@ struct Flags {
   double clip_norm = 0, label_smoothing = 0;
   bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
+  int64_t device = 0;
   std::string recompute, plan, report;
 };
 
@@ -89,7 +91,10 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Int("checkpoint-every", &f.checkpoint_every, "checkpoint every N steps (and always at the end and on SIGINT)");
   fs.Int("keep-checkpoints", &f.keep_checkpoints, "keep the newest N checkpoints (0: all)");
   fs.Bool("resume", &f.resume, "continue from --checkpoint-dir's latest checkpoint");
-  fs.String("backend", &f.backend, "cpu");
+  fs.String("backend", &f.backend, "cpu | cuda | checked. cuda: GPU --device through the stage executor (ops "
+            "without a CUDA kernel yet run on the host and are listed at the end); checked: the CPU kernels over "
+            "memory the host must not touch (tests)");
+  fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.String("dtype", &f.dtype, "fp32 | fp64");
   fs.String("freeze", &f.freeze, "regex of initializer names not to train (buffers)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
@@ -248,7 +253,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ModelOptions mo;
   mo.batch = f.batch;
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
-  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
+  // Another backend than the CPU reference runs through the stage executor (one stage unless asked).
+  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu";
+  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device));
   std::unique_ptr<train::StepTrainer> trainer;
   pipeline::PipelineTrainer* piped = nullptr;  // pipelined: its description and --report
   const train::Trainer* plain = nullptr;       // unpartitioned: its memory plan
@@ -260,6 +267,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     po.recompute = f.recompute;
     po.plan_dir = f.plan;
     po.report_dir = f.report;
+    po.backend = be;
     ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> p,
                      pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
     piped = p.get();
@@ -337,6 +345,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     return 130;
   }
   if (plain) PrintMemory(*plain);
+  if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
   if (piped && !f.report.empty()) {
     RETURN_IF_ERROR(piped->WriteReport());
     std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
@@ -353,7 +362,10 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (f.batch < 1) return "--batch must be >= 1";
   if (f.steps < 1) return "--steps must be >= 1";
   if (!fs.WasSet("lr")) return "--lr is required";
-  if (f.backend != "cpu") return "--backend '" + f.backend + "' is not available; expected cpu";
+  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "checked") {
+    return "--backend expects cpu, cuda or checked, got '" + f.backend + "'";
+  }
+  if (f.device < 0) return "--device must be >= 0, got " + std::to_string(f.device);
   if (f.dtype != "fp32" && f.dtype != "fp64") return "--dtype expects fp32 or fp64, got '" + f.dtype + "'";
   if (f.optimizer != "sgd" && f.optimizer != "adamw") {
     return "--optimizer expects sgd or adamw, got '" + f.optimizer + "'";
@@ -384,8 +396,8 @@ int RunTrain(const Args& args) {
   Flags f;
   FlagSet fs("train",
              "MODEL.onnx --data DIR --batch B --steps N --optimizer sgd|adamw --lr X [flags]",
-             "Trains the model on the CPU backend: forward, mean cross-entropy between --logits and the\n"
-             "labels, backward, optional global-norm clipping, then an SGD or AdamW update per step. Step k\n"
+             "Trains the model on the CPU backend (or --backend cuda): forward, mean cross-entropy between\n"
+             "--logits and the labels, backward, optional global-norm clipping, then an SGD or AdamW update per step. Step k\n"
              "uses data rows (k*B + j) mod N, j = 0..B-1 (a seeded permutation per epoch with --shuffle).\n"
              "Text data (aclimdb, tsv) is tokenized with a vocabulary built from the train split, saved in\n"
              "--checkpoint-dir and beside --save, and fed to the model's token-id input (and padding mask).\n"

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/cpu/kernel.h"
+#include "frontend/ir/align.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::cpu {
@@ -34,7 +35,7 @@ class Workspace {
 };
 
 // Layout of an op's workspace: part sizes rounded up to 64 bytes, back to back.
-inline int64_t WorkspacePart(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+inline int64_t WorkspacePart(int64_t bytes) { return ir::AlignUp(bytes); }
 
 // Attention forward: the (Sq, Sk) probabilities of one batch matrix, then (with dropout) its keep
 // mask. Backward: probabilities, their gradient, then (with dropout) the keep mask and, when dV is

@@ -11,7 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <set>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include "executor/comm/inprocess_comm.h"
 #include "frontend/autodiff/optimizer.h"
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 #include "partitioner/memory_planner.h"
 
@@ -41,7 +43,9 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
 // contributions) is a fresh tensor, counted as the phase's scratch.
 class PostSlots : public ir::OutputAllocator {
  public:
-  PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates) : g_(g) {
+  PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates, const backend::Backend& be,
+            backend::Stream* stream)
+      : g_(g), backend_(be), stream_(stream) {
     for (const ir::Graph::StateUpdate& u : updates) state_of_[u.new_value] = u.state;
   }
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
@@ -54,21 +58,27 @@ class PostSlots : public ir::OutputAllocator {
       }
       return *s.constant;
     }
-    ir::Tensor t(dtype, dims);
-    scratch_bytes_ += (t.num_bytes() + 63) / 64 * 64;
+    ASSIGN_OR_RETURN(ir::Tensor t, backend_.Zeros(dtype, dims, stream_));
+    scratch_bytes_ += ir::AlignUp(t.num_bytes());
     return t;
   }
   bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
   absl::StatusOr<void*> Workspace(const ir::Node&, int64_t bytes) override {
-    if (bytes > static_cast<int64_t>(workspace_.size())) workspace_.resize(bytes);
-    return static_cast<void*>(workspace_.data());
+    if (bytes > workspace_bytes_) {
+      ASSIGN_OR_RETURN(workspace_, backend_.Allocate(bytes));
+      workspace_bytes_ = bytes;
+    }
+    return static_cast<void*>(workspace_.get());
   }
   int64_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
   const ir::Graph& g_;
+  const backend::Backend& backend_;
+  backend::Stream* stream_;
   std::map<ir::ValueId, ir::ValueId> state_of_;
-  std::vector<uint8_t> workspace_;
+  std::shared_ptr<uint8_t> workspace_;
+  int64_t workspace_bytes_ = 0;
   int64_t scratch_bytes_ = 0;
 };
 
@@ -79,13 +89,15 @@ std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std
 // One stage's work for one step.
 class PipelineExecutor::StageRun {
  public:
-  StageRun(PipelineExecutor& ex, StageProgram& sp, StageArena& arena, comm::Comm& comm, const StepFeeds& feeds,
-           const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices, const std::vector<ir::Tensor>& scales,
-           Clock::time_point t0)
+  StageRun(PipelineExecutor& ex, StageProgram& sp, StageArena& arena, backend::Stream* stream, comm::Comm& comm,
+           const StepFeeds& feeds, const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices,
+           const std::vector<ir::Tensor>& scales, Clock::time_point t0)
       : ex_(ex),
+        be_(*ex.backend_),
+        stream_(stream),
         sp_(sp),
         arena_(arena),
-        post_slots_(sp.graph, sp.state_updates),
+        post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream),
         comm_(comm),
         feeds_(feeds),
         slices_(slices),
@@ -109,6 +121,9 @@ class PipelineExecutor::StageRun {
   }
 
   absl::Status Run(const ActionList& list) {
+    // The optimizer phase reads the step inputs where its kernels run.
+    ASSIGN_OR_RETURN(lr_device_, be_.Upload(lr_, stream_));
+    ASSIGN_OR_RETURN(step_device_, be_.Upload(step_, stream_));
     for (const Action& a : list) {
       switch (a.kind) {
         case ActionKind::kRecvActivation:
@@ -150,11 +165,11 @@ class PipelineExecutor::StageRun {
   };
 
   double Now() const { return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count(); }
-  RandomContext Context(int32_t m) const {
+  backend::ExecContext Context(int32_t m) const {
     // The trainer's stream (offset = step) at the micro-batch's rows: masks are the full batch's.
     const int64_t rows = ex_.microbatch_size_;
-    return RandomContext{ex_.options_.dropout, ex_.options_.seed, static_cast<uint64_t>(feeds_.step),
-                         m >= 0 ? m * rows : 0, rows};
+    return backend::ExecContext{ex_.options_.dropout, ex_.options_.seed, static_cast<uint64_t>(feeds_.step),
+                                m >= 0 ? m * rows : 0, rows, stream_};
   }
   std::string Where(int32_t m, StepPhase ph) const {
     std::string s = "stage " + std::to_string(sp_.stage);
@@ -184,12 +199,12 @@ class PipelineExecutor::StageRun {
       t.values[v] = ir::Tensor::DimsOnly(x.dtype(), x.dims());
       return absl::OkStatus();
     }
-    if (x.raw() != nullptr && x.raw() == arena_.Address(v, m)) {
+    if (x.address() != nullptr && x.address() == arena_.Address(v, m)) {
       t.values[v] = x;
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(ir::Tensor slot, arena_.Slot(v, m, x.dtype(), x.dims(), "value", /*zero=*/false));
-    if (x.num_bytes() > 0) std::memcpy(slot.raw(), x.raw(), x.num_bytes());
+    if (x.num_bytes() > 0) RETURN_IF_ERROR(x.on_host() ? be_.FromHost(x, slot, stream_) : be_.Copy(x, slot, stream_));
     t.values[v] = std::move(slot);
     return absl::OkStatus();
   }
@@ -209,7 +224,7 @@ class PipelineExecutor::StageRun {
     for (ir::ValueId v = 0; v < static_cast<ir::ValueId>(t.values.size()); ++v) {
       const partitioner::ValueMemory& vm = plan.values[v];
       if (!t.values[v].has_data() || vm.region != partitioner::MemoryRegion::kArena) continue;
-      if (buffers.insert(vm.buffer).second) bytes += (plan.values[vm.buffer].bytes + 63) / 64 * 64;
+      if (buffers.insert(vm.buffer).second) bytes += ir::AlignUp(plan.values[vm.buffer].bytes);
     }
     return bytes;
   }
@@ -259,7 +274,7 @@ class PipelineExecutor::StageRun {
       const ir::ValueId v = n.inputs[i];
       if (v == ir::kNoValue) {
         operands.emplace_back();
-      } else if (sp_.graph.value(v).constant) {
+      } else if (sp_.graph.value(v).constant) {  // on the backend since Create
         operands.push_back(*sp_.graph.value(v).constant);
       } else {
         if (!values[v].defined() ||
@@ -291,7 +306,9 @@ class PipelineExecutor::StageRun {
     }
     if (ex_.options_.check_numerics) {
       for (size_t k = 0; k < n.outputs.size(); ++k) {
-        if (n.outputs[k] != ir::kNoValue && (*out)[k].defined() && !ex_.backend_->AllFinite((*out)[k])) {
+        if (n.outputs[k] == ir::kNoValue || !(*out)[k].has_data()) continue;
+        ASSIGN_OR_RETURN(const bool finite, be_.AllFinite((*out)[k], stream_));
+        if (!finite) {
           return FAILED_PRECONDITION() << Where(m, ph) << " " << NodeDesc(n) << " produced a non-finite value in output '"
                                        << sp_.graph.value(n.outputs[k]).name << "'";
         }
@@ -309,15 +326,19 @@ class PipelineExecutor::StageRun {
       if (v == ir::kNoValue) continue;
       // Where the plan puts v: its own slot, or its buffer owner's (a view).
       const uint8_t* want = arena_.Address(v, m);
-      if (out[k].num_bytes() > 0 && (want == nullptr || out[k].raw() != want)) {
+      if (out[k].num_bytes() > 0 && (want == nullptr || out[k].address() != want)) {
         return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + " returned output '" + sp_.graph.value(v).name +
                                    "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
       }
       RETURN_IF_ERROR(Put(t, m, v, out[k]));
-      if (v == sp_.loss) losses[m] = out[k].GetAsDouble(0);  // its slot is reused right after
+      if (v == sp_.loss) {  // its slot is reused right after
+        ASSIGN_OR_RETURN(const ir::Tensor loss, be_.ToHost(out[k], stream_));
+        losses[m] = loss.GetAsDouble(0);
+      }
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
-        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k].Clone());
+        ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(out[k], stream_));
+        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), std::move(copy));
         if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
@@ -338,8 +359,7 @@ class PipelineExecutor::StageRun {
     const ir::Tensor& g = t.values[v];
     if (!g.has_data()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' is not held");
     if (m > 0) {
-      ir::Tensor acc = arena_.Accumulator(v);
-      absl::Status st = ex_.backend_->AccumulateInPlace(acc, g);
+      absl::Status st = be_.Accumulate(arena_.Accumulator(v), g, stream_);
       if (!st.ok()) return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
     }
     ++accumulated_count_[v];
@@ -399,7 +419,7 @@ class PipelineExecutor::StageRun {
     ir::Graph& sg = sp_.graph;
     std::vector<ir::Tensor> pv(sg.num_values());
     for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
-    for (ir::ValueId v : sp_.step_inputs) pv[v] = sg.value(v).name == autodiff::kLrName ? lr_ : step_;
+    for (ir::ValueId v : sp_.step_inputs) pv[v] = sg.value(v).name == autodiff::kLrName ? lr_device_ : step_device_;
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
       absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x);
       if (st.ok() || comm::IsAbortedByPeer(st)) return st;
@@ -416,7 +436,10 @@ class PipelineExecutor::StageRun {
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
-        if (accumulated.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v].Clone()));
+        if (accumulated.count(v)) {
+          ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(pv[v], stream_));
+          RETURN_IF_ERROR(send(peer, kTagPost, v, std::move(copy)));
+        }
     for (ir::NodeId id : sp_.post) {
       for (ir::ValueId v : sg.node(id).inputs) {
         if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
@@ -436,18 +459,24 @@ class PipelineExecutor::StageRun {
           if (std::binary_search(vs.begin(), vs.end(), o)) RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
       }
     }
-    if (sp_.grad_norm != ir::kNoValue) grad_norm = pv[sp_.grad_norm].GetAsDouble(0);
+    if (sp_.grad_norm != ir::kNoValue) {
+      ASSIGN_OR_RETURN(const ir::Tensor norm, be_.ToHost(pv[sp_.grad_norm], stream_));
+      grad_norm = norm.GetAsDouble(0);
+    }
     for (const ir::Graph::StateUpdate& u : sp_.state_updates) {
       const ir::Value& s = sg.value(u.state);
       const ir::Tensor& x = pv[u.new_value];
-      if (!x.defined() || !s.constant || x.raw() != s.constant->raw()) {
+      if (!x.defined() || !s.constant || x.address() != s.constant->address()) {
         return absl::InternalError(Where(-1, StepPhase::kPost) + ": the new value of '" + s.name +
                                    "' was not written over the state");
       }
     }
     measure.optimizer_scratch_bytes = post_slots_.scratch_bytes();
     for (const auto& [peer, vs] : sp_.send_replica)
-      for (ir::ValueId v : vs) RETURN_IF_ERROR(send(peer, kTagReplica, v, sg.value(v).constant->Clone()));
+      for (ir::ValueId v : vs) {
+        ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(*sg.value(v).constant, stream_));
+        RETURN_IF_ERROR(send(peer, kTagReplica, v, std::move(copy)));
+      }
     for (const auto& [peer, vs] : sp_.recv_replica) {
       for (ir::ValueId v : vs) {
         ASSIGN_OR_RETURN(ir::Tensor x, recv(peer, kTagReplica, v));
@@ -465,6 +494,8 @@ class PipelineExecutor::StageRun {
   }
 
   PipelineExecutor& ex_;
+  const backend::Backend& be_;
+  backend::Stream* stream_;
   StageProgram& sp_;
   StageArena& arena_;
   PostSlots post_slots_;
@@ -477,7 +508,8 @@ class PipelineExecutor::StageRun {
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<bool> accumulated_;
   std::vector<int32_t> accumulated_count_;
-  ir::Tensor lr_, step_;
+  ir::Tensor lr_, step_;                // host scalars
+  ir::Tensor lr_device_, step_device_;  // the same on the backend
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -485,11 +517,11 @@ PipelineExecutor::~PipelineExecutor() = default;
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const ir::Graph& training_graph,
                                                                            const StageAssignment& assignment,
                                                                            const ExecutorOptions& options,
-                                                                           std::shared_ptr<const StageBackend> backend) {
+                                                                           std::shared_ptr<const backend::Backend> backend) {
   if (options.microbatches < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << options.microbatches;
   std::unique_ptr<PipelineExecutor> ex(new PipelineExecutor());
   ex->options_ = options;
-  ex->backend_ = backend ? std::move(backend) : MakeCpuBackend();
+  ex->backend_ = backend ? std::move(backend) : backend::MakeCpuBackend();
   ProgramOptions po;
   po.coordinator = options.coordinator;
   ASSIGN_OR_RETURN(ex->program_, BuildPipelineProgram(training_graph, assignment, po));
@@ -497,13 +529,23 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
   ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
   ASSIGN_OR_RETURN(ex->lists_, ConcreteActionLists(ex->program_, options.schedule, options.microbatches));
   RETURN_IF_ERROR(ProveDeadlockFree(ex->program_, ex->lists_));
-  const std::shared_ptr<const StageBackend> be = ex->backend_;
+  const std::shared_ptr<const backend::Backend> be = ex->backend_;
   const WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) { return be->WorkspaceBytes(g, n); };
   for (const StageProgram& sp : ex->program_.stages) {
     ASSIGN_OR_RETURN(StageLayout layout, PlanStageLayout(sp, options.schedule, ex->program_.num_stages,
                                                          options.microbatches, workspace));
     ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
-    ex->arenas_.push_back(std::make_unique<StageArena>(*ex->layouts_.back(), sp.stage));
+    ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena, StageArena::Create(*ex->layouts_.back(), sp.stage, *be));
+    ex->arenas_.push_back(std::move(arena));
+    ex->streams_.push_back(be->CreateStream());
+  }
+  // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once.
+  for (StageProgram& sp : ex->program_.stages) {
+    for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
+      std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
+      if (!c) continue;
+      ASSIGN_OR_RETURN(*c, be->Upload(*c));
+    }
   }
   std::set<ir::ValueId> data;
   for (const StageProgram& sp : ex->program_.stages) data.insert(sp.data_inputs.begin(), sp.data_inputs.end());
@@ -571,7 +613,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   for (StageProgram& sp : program_.stages) {
     for (const ir::Graph::StateUpdate& u : sp.state_updates) {
       std::optional<ir::Tensor>& c = sp.graph.value(u.state).constant;
-      if (c && !c->SoleOwner()) c = c->Clone();
+      if (!c || c->SoleOwner()) continue;
+      ASSIGN_OR_RETURN(*c, backend_->Clone(*c));
     }
   }
   auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s);
@@ -580,7 +623,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   const Clock::time_point t0 = Clock::now();
   for (int32_t s = 0; s < K; ++s) {
     comms.push_back(group->Endpoint(s));
-    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], *comms[s], feeds, slices, scales, t0));
+    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], streams_[s].get(), *comms[s], feeds,
+                                              slices, scales, t0));
   }
   std::vector<absl::Status> status(K);
   std::vector<std::thread> threads;
@@ -622,11 +666,20 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   return r;
 }
 
+ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
+  absl::StatusOr<ir::Tensor> h = backend_->ToHost(t);
+  if (!h.ok()) {  // the device failed: no state can be trusted any more
+    std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n", std::string(h.status().message()).c_str());
+    std::abort();
+  }
+  return *std::move(h);
+}
+
 std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
   std::map<std::string, ir::Tensor> out;
   for (const auto& [v, s] : program_.parameter_owner) {
     const ir::Value& val = program_.stages[s].graph.value(v);
-    if (val.constant) out[val.name] = val.constant->Clone();
+    if (val.constant) out[val.name] = HostCopy(*val.constant);
   }
   return out;
 }
@@ -636,7 +689,7 @@ std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const s
   const ir::Graph& g = program_.stages[stage].graph;
   const ir::ValueId v = g.FindValue(name);
   if (v == ir::kNoValue || !g.value(v).constant) return std::nullopt;
-  return g.value(v).constant->Clone();
+  return HostCopy(*g.value(v).constant);
 }
 
 std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
@@ -644,7 +697,7 @@ std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
   for (const StageProgram& sp : program_.stages) {
     for (const ir::Graph::StateUpdate& u : sp.state_updates) {
       const ir::Value& v = sp.graph.value(u.state);
-      if (v.constant && !out.count(v.name)) out[v.name] = v.constant->Clone();
+      if (v.constant && !out.count(v.name)) out[v.name] = HostCopy(*v.constant);
     }
   }
   return out;
@@ -673,7 +726,12 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
     holders.push_back(&sp.graph.value(v));
   }
   // A copy per holder: the optimizer phase updates each stage's states in place.
-  for (ir::Value* h : holders) h->constant = value.Clone();
+  std::vector<ir::Tensor> copies;
+  for (size_t i = 0; i < holders.size(); ++i) {
+    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value));
+    copies.push_back(std::move(c));
+  }
+  for (size_t i = 0; i < holders.size(); ++i) holders[i]->constant = std::move(copies[i]);
   return absl::OkStatus();
 }
 

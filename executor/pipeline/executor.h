@@ -3,12 +3,18 @@
 //
 // Step(feeds): the batch (B = M x micro-batch rows of every data input, labels included) is cut
 // into M micro-batches; each stage thread runs its concrete action list (program.h), computing
-// with the StageBackend, sending every value another stage reads as soon as it is made and
+// with the backend (executor/backend), sending every value another stage reads as soon as it is made and
 // receiving before each compute action; gradients accumulate over the micro-batches; after the
 // last backward the post phase runs the global norm (coordinator), the optimizer updates (owners)
 // and refreshes parameter replicas. The step's loss is sum_m share_m * loss_m (microbatch.h).
 //
-// Random streams: micro-batch m of step k uses RandomContext{dropout, seed, offset = k,
+// Backend: every buffer (arenas, parameters, optimizer state, constants, the values in transit) is
+// the backend's memory, one stream per stage; the driver touches it only through the backend's
+// calls: feeds and step scalars go in by FromHost, the loss and the norm come out by ToHost, sends
+// carry backend copies. Parameters(), State() and StageConstant() return host copies (a failing
+// device copy aborts: the state could not be trusted).
+//
+// Random streams: micro-batch m of step k uses ExecContext{dropout, seed, offset = k,
 // row_offset = m * rows, rows} in its forward, backward and recompute: a recomputed Dropout replays
 // its mask, and the micro-batches draw the rows of the Trainer's full-batch masks (offset = k).
 //
@@ -34,7 +40,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "executor/pipeline/backend.h"
+#include "executor/backend/backend.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
 #include "executor/pipeline/program.h"
@@ -57,7 +63,7 @@ using NodeHook = std::function<absl::Status(const NodeEvent&, std::vector<ir::Te
 struct ExecutorOptions {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int32_t microbatches = 1;
-  bool dropout = true;  // RandomContext::training
+  bool dropout = true;  // ExecContext::training
   uint64_t seed = 0;
   bool check_numerics = false;
   double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
@@ -115,7 +121,7 @@ class PipelineExecutor {
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const ir::Graph& training_graph,
                                                                   const StageAssignment& assignment,
                                                                   const ExecutorOptions& options,
-                                                                  std::shared_ptr<const StageBackend> backend = nullptr);
+                                                                  std::shared_ptr<const backend::Backend> backend = nullptr);
   ~PipelineExecutor();
 
   absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
@@ -135,6 +141,7 @@ class PipelineExecutor {
   absl::Status SetState(const std::string& name, const ir::Tensor& value);
 
   const PipelineProgram& program() const { return program_; }
+  const backend::Backend& backend() const { return *backend_; }
   const std::vector<ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
   // The memory layout stage s runs in (what PredictStageMemory reports for it).
@@ -148,7 +155,10 @@ class PipelineExecutor {
   class StageRun;
 
   ExecutorOptions options_;
-  std::shared_ptr<const StageBackend> backend_;
+  ir::Tensor HostCopy(const ir::Tensor& t) const;
+
+  std::shared_ptr<const backend::Backend> backend_;
+  std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
   std::vector<ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;

@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <set>
 
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::pipeline {
 namespace {
 
-int64_t AlignUp(int64_t x) { return (x + 63) / 64 * 64; }
+using ir::AlignUp;
 
 }  // namespace
 

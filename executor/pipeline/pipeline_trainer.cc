@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.seed = options.seed;
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
-  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, a, eo));
+  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, a, eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_, autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps,
                                                           options.steps));
   return t;
@@ -127,7 +127,8 @@ std::string PipelineTrainer::Describe() const {
   const ExecutorOptions& o = executor_->options();
   return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(o.microbatches) +
          " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " + ScheduleKindName(o.schedule) +
-         ", recompute " + recompute_name_ + (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir);
+         ", recompute " + recompute_name_ + (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
+         (executor_->backend().name() == "cpu" ? "" : ", backend " + executor_->backend().name());
 }
 
 absl::StatusOr<train::StepMetrics> PipelineTrainer::Step() {

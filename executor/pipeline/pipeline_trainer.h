@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "executor/backend/backend.h"
 #include "executor/pipeline/executor.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
@@ -34,6 +35,7 @@ struct PipelineTrainOptions {
   std::string report_dir;    // --report DIR
   std::string device = "cpu";  // device profile for --recompute auto without a plan
   double recv_timeout_s = 0;
+  std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
 };
 
 class PipelineTrainer : public train::StepTrainer {

@@ -1,8 +1,8 @@
 #include "executor/pipeline/stage_arena.h"
 
 #include <algorithm>
-#include <cstring>
 
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::pipeline {
@@ -10,24 +10,29 @@ namespace {
 
 using partitioner::MemoryRegion;
 
-int64_t AlignUp(int64_t x) { return (x + 63) / 64 * 64; }
+using ir::AlignUp;
 
-std::shared_ptr<uint8_t> Filled(int64_t bytes) {
-  std::shared_ptr<uint8_t> b = ir::Tensor::AllocateBuffer(bytes);
-  if (bytes > 0) std::memset(b.get(), 0xFF, bytes);
+// `bytes` of the backend's memory, every byte 0xFF.
+absl::StatusOr<std::shared_ptr<uint8_t>> Filled(const backend::Backend& be, int64_t bytes) {
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> b, be.Allocate(bytes));
+  if (bytes > 0) RETURN_IF_ERROR(be.Fill(ir::Tensor::View(ir::DType::kU8, {bytes}, b, 0, be.placement()), 0xFF));
   return b;
 }
 
 }  // namespace
 
-StageArena::StageArena(const StageLayout& layout, int32_t stage)
-    : layout_(layout),
-      stage_(stage),
-      saved_(Filled(layout.saved_region * layout.in_flight)),
-      transient_(Filled(layout.transient)),
-      accumulators_(Filled(layout.accumulators)),
-      workspace_(Filled(layout.workspace)),
-      slot_owner_(layout.in_flight, -1) {}
+StageArena::StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be)
+    : layout_(layout), stage_(stage), backend_(be), slot_owner_(layout.in_flight, -1) {}
+
+absl::StatusOr<std::unique_ptr<StageArena>> StageArena::Create(const StageLayout& layout, int32_t stage,
+                                                               const backend::Backend& be) {
+  std::unique_ptr<StageArena> a(new StageArena(layout, stage, be));
+  ASSIGN_OR_RETURN(a->saved_, Filled(be, layout.saved_region * layout.in_flight));
+  ASSIGN_OR_RETURN(a->transient_, Filled(be, layout.transient));
+  ASSIGN_OR_RETURN(a->accumulators_, Filled(be, layout.accumulators));
+  ASSIGN_OR_RETURN(a->workspace_, Filled(be, layout.workspace));
+  return a;
+}
 
 absl::Status StageArena::Acquire(int32_t m) {
   if (m >= static_cast<int32_t>(slot_of_.size())) slot_of_.resize(m + 1, -1);
@@ -90,8 +95,8 @@ absl::StatusOr<ir::Tensor> StageArena::Slot(ir::ValueId v, int32_t m, ir::DType 
   }
   const std::shared_ptr<uint8_t>& buffer =
       vm.region == MemoryRegion::kGradients ? accumulators_ : vm.offset < layout_.saved_region ? saved_ : transient_;
-  ir::Tensor t = ir::Tensor::View(dtype, dims, buffer, at - buffer.get());
-  if (zero && vm.bytes > 0) std::memset(at, 0, vm.bytes);
+  ir::Tensor t = ir::Tensor::View(dtype, dims, buffer, at - buffer.get(), backend_.placement());
+  if (zero && vm.bytes > 0) RETURN_IF_ERROR(backend_.Fill(t, 0));
   return t;
 }
 
@@ -99,7 +104,7 @@ ir::Tensor StageArena::Accumulator(ir::ValueId v) const {
   const ir::Value& val = layout_.graph.value(v);
   std::vector<int64_t> dims;
   for (const ir::Dim& d : val.shape) dims.push_back(d.value());
-  return ir::Tensor::View(val.dtype, dims, accumulators_, layout_.accumulator_offset.at(v));
+  return ir::Tensor::View(val.dtype, dims, accumulators_, layout_.accumulator_offset.at(v), backend_.placement());
 }
 
 absl::StatusOr<ir::Tensor> StageArena::Allocate(const ir::Node& node, int index, ir::DType dtype,

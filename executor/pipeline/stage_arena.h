@@ -4,6 +4,9 @@
 // stage's kernels it hands out the planned slot of each output of the selected micro-batch, and it
 // measures what it hands out, so a run reports the high-water of exactly the planned bytes.
 //
+// The buffers come from the stage's backend (device memory on a device backend); the arena only
+// computes addresses in them and never touches their bytes itself (fills go through the backend).
+//
 // A micro-batch takes the lowest free saved slot when its first value arrives (Acquire) and gives
 // it back after its backward (Release); taking more slots than the layout's in-flight bound is an
 // error (the schedule keeps more micro-batches in flight than the plan). A layout without a split
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "executor/backend/backend.h"
 #include "executor/pipeline/memory.h"
 #include "frontend/ir/evaluator.h"
 
@@ -33,7 +37,8 @@ struct StageArenaStats {
 
 class StageArena : public ir::OutputAllocator {
  public:
-  StageArena(const StageLayout& layout, int32_t stage);
+  static absl::StatusOr<std::unique_ptr<StageArena>> Create(const StageLayout& layout, int32_t stage,
+                                                            const backend::Backend& be);
 
   absl::Status Acquire(int32_t microbatch);
   void Release(int32_t microbatch);
@@ -59,8 +64,11 @@ class StageArena : public ir::OutputAllocator {
   void ResetStats() { stats_ = StageArenaStats(); }
 
  private:
+  StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be);
+
   const StageLayout& layout_;
   const int32_t stage_;
+  const backend::Backend& backend_;
   std::shared_ptr<uint8_t> saved_, transient_, accumulators_, workspace_;
   std::vector<int32_t> slot_owner_;  // micro-batch holding each saved slot, -1 when free
   std::vector<int32_t> slot_of_;     // saved slot of each micro-batch, -1 when none

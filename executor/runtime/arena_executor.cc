@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::runtime {
@@ -14,7 +15,7 @@ namespace {
 
 using partitioner::MemoryRegion;
 
-int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+using ir::AlignUp;
 
 std::string DimsString(const std::vector<int64_t>& dims) {
   std::string s = "[";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <sstream>
 
@@ -37,9 +39,23 @@ Tensor Tensor::DimsOnly(DType dtype, std::vector<int64_t> dims) {
   return t;
 }
 
+std::string Placement::ToString() const {
+  return host() ? "host" : "device " + std::to_string(index);
+}
+
+void* Tensor::HostBytes() const {
+  if (!placement_.host()) [[unlikely]] {
+    std::fprintf(stderr, "onnxpipe: host access to a tensor on %s (%s): a driver bug; device values reach the "
+                 "host only through the backend's copies\n", placement_.ToString().c_str(), std::string(DTypeName(dtype_)).c_str());
+    std::abort();
+  }
+  return data_.get();
+}
+
 Tensor Tensor::View(DType dtype, std::vector<int64_t> dims, std::shared_ptr<uint8_t> buffer,
-                    int64_t offset) {
+                    int64_t offset, Placement placement) {
   Tensor t;
+  t.placement_ = placement;
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
   uint8_t* first = buffer.get() + offset;
@@ -137,7 +153,9 @@ std::string Tensor::DebugString(int64_t max_elements) const {
   std::ostringstream os;
   os << DTypeName(dtype_) << "[";
   for (size_t i = 0; i < dims_.size(); ++i) os << (i ? "," : "") << dims_[i];
-  os << "]{";
+  os << "]";
+  if (!placement_.host()) return os.str() + " on " + placement_.ToString();
+  os << "{";
   for (int64_t i = 0; i < std::min(num_elements(), max_elements); ++i) os << (i ? ", " : "") << GetAsDouble(i);
   if (num_elements() > max_elements) os << ", ...";
   return os.str() + "}";

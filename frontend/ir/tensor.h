@@ -1,5 +1,12 @@
-// A dense, row-major, host tensor with shared (copy-on-write by convention) storage. Used for
-// initializers, folded constants, attribute tensors and the CPU backend's values.
+// A dense, row-major tensor with shared (copy-on-write by convention) storage. Used for
+// initializers, folded constants, attribute tensors and every backend's values.
+//
+// Placement: a tensor knows where its bytes live (ggml-backend's "a tensor carries its buffer").
+// Host tensors are what the constructors make; a backend's buffers (executor/backend) are
+// device-placed views. The host accessors (raw, data, GetAsDouble, Clone, ...) abort with a message
+// on a device tensor: the driver moves device values to the host only through its backend's
+// explicit copies. address() names a tensor's first byte on any placement (identity checks) and
+// device_raw() hands it to the backend that owns it.
 //
 // Ownership: a tensor either owns its bytes (the constructors, Clone, CastTo: one allocation,
 // counted by num_allocations()) or is a view into a buffer that someone else allocated (View: an
@@ -17,6 +24,19 @@
 #include "frontend/ir/dtype.h"
 
 namespace onnxpipe::ir {
+
+// Where a tensor's bytes live: host memory, or device `index` of a backend (its memory must not be
+// read or written by host code).
+struct Placement {
+  enum class Kind : uint8_t { kHost, kDevice };
+  Kind kind = Kind::kHost;
+  int32_t index = 0;
+  static Placement Host() { return {}; }
+  static Placement Device(int32_t index) { return {Kind::kDevice, index}; }
+  bool host() const { return kind == Kind::kHost; }
+  bool operator==(const Placement& o) const { return kind == o.kind && index == o.index; }
+  std::string ToString() const;
+};
 
 class Tensor {
  public:
@@ -49,7 +69,7 @@ class Tensor {
   // A view of `dims` elements of `dtype` starting `offset` bytes into `buffer` (not copied, not
   // zeroed, not counted). The caller guarantees offset + num_bytes() fits in the buffer.
   static Tensor View(DType dtype, std::vector<int64_t> dims, std::shared_ptr<uint8_t> buffer,
-                     int64_t offset);
+                     int64_t offset, Placement placement = Placement::Host());
   // A zero-filled buffer of `bytes` bytes aligned to 64, for executors' arenas and state buffers
   // (not counted by num_allocations()).
   static std::shared_ptr<uint8_t> AllocateBuffer(int64_t bytes);
@@ -70,8 +90,23 @@ class Tensor {
   // place then changes this tensor only.
   bool SoleOwner() const { return data_ != nullptr && data_.use_count() == 1; }
 
-  const void* raw() const { return data_.get(); }
-  void* raw() { return data_.get(); }
+  Placement placement() const { return placement_; }
+  bool on_host() const { return placement_.host(); }
+  // The same storage and dims, placed as `p`: a backend presenting its own memory to host kernels
+  // (a CPU-memory "device") or naming host memory as its own.
+  Tensor WithPlacement(Placement p) const {
+    Tensor t = *this;
+    t.placement_ = p;
+    return t;
+  }
+
+  // The first byte on any placement, for identity checks only (never dereference it on the host).
+  const void* address() const { return data_.get(); }
+  // The first byte for the backend that owns the tensor's memory (device kernels, copies).
+  void* device_raw() const { return data_.get(); }
+  // Host bytes; aborts naming the placement when the tensor is not on the host.
+  const void* raw() const { return HostBytes(); }
+  void* raw() { return HostBytes(); }
   template <typename T>
   const T* data() const {
     return static_cast<const T*>(raw());
@@ -98,7 +133,10 @@ class Tensor {
   std::string DebugString(int64_t max_elements = 8) const;
 
  private:
+  void* HostBytes() const;
+
   DType dtype_ = DType::kF32;
+  Placement placement_;
   std::vector<int64_t> dims_;
   // The first byte; shares ownership of the whole allocation (aliasing shared_ptr for views).
   std::shared_ptr<uint8_t> data_;

@@ -132,7 +132,7 @@ absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::G
   eo.node_hook = c.hook;
   eo.recv_timeout_s = c.recv_timeout_s;
   RunResult r;
-  ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, a, eo));
+  ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, a, eo, c.backend));
   for (int32_t k = 0; k < c.steps; ++k) {
     ASSIGN_OR_RETURN(PipelineStepResult s, r.executor->Step(Feeds(k, c.lr, c.dtype)));
     r.losses.push_back(s.loss);

@@ -32,6 +32,7 @@ struct RunConfig {
   bool check_numerics = false;
   NodeHook hook;
   double recv_timeout_s = 0;
+  std::shared_ptr<const backend::Backend> backend;  // null: the CPU backend
 };
 
 struct RunResult {

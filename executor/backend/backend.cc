@@ -1,0 +1,30 @@
+#include "executor/backend/backend.h"
+
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::backend {
+
+absl::StatusOr<ir::Tensor> Backend::Zeros(ir::DType dtype, std::vector<int64_t> dims, Stream* stream) const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> buffer, Allocate(n * ir::DTypeSize(dtype)));
+  ir::Tensor t = ir::Tensor::View(dtype, std::move(dims), std::move(buffer), 0, placement());
+  RETURN_IF_ERROR(Fill(t, 0, stream));
+  return t;
+}
+
+absl::StatusOr<ir::Tensor> Backend::Clone(const ir::Tensor& t, Stream* stream) const {
+  if (!t.has_data()) return t;
+  if (t.on_host() && placement().host()) return t.Clone();
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> buffer, Allocate(t.num_bytes()));
+  ir::Tensor out = ir::Tensor::View(t.dtype(), t.dims(), std::move(buffer), 0, placement());
+  RETURN_IF_ERROR(t.on_host() ? FromHost(t, out, stream) : Copy(t, out, stream));
+  return out;
+}
+
+absl::StatusOr<ir::Tensor> Backend::Upload(const ir::Tensor& host, Stream* stream) const {
+  if (placement().host() || !host.has_data()) return host;
+  return Clone(host, stream);
+}
+
+}  // namespace onnxpipe::backend

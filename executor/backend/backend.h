@@ -1,0 +1,111 @@
+// The backend interface (ggml-backend is the model): everything a driver (the pipeline's stage
+// executor, training, evaluation) needs from the memory and compute of one device.
+//
+// - Memory: buffers come from Allocate and are placed on the backend's device (ir::Placement);
+//   tensors over them are views (ir::Tensor::View with that placement). The driver never reads or
+//   writes device memory itself: values reach the host by ToHost (an explicit copy, which waits
+//   for the stream), host data reaches the device by FromHost/Upload, and device values are copied
+//   or filled by Copy/Fill.
+// - Compute: Run evaluates one node with the backend's kernel table (keyed by op, one table per
+//   backend); WorkspaceBytes is the scratch the memory planner reserves for it; Accumulate and
+//   AllFinite are the gradient accumulation and the non-finite check of the driver.
+// - Order: work is issued on a Stream (a CUDA stream, a queue); an Event recorded on one stream
+//   can be waited for by another (a stage waiting for a received value). A null stream is the
+//   backend's default stream. The CPU backend is synchronous: its streams and events are no-ops.
+//
+// Implementations are shared by every stage thread: their methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "frontend/ir/evaluator.h"
+#include "frontend/ir/graph.h"
+
+namespace onnxpipe::backend {
+
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // The host waits until everything issued on the stream has finished.
+  virtual absl::Status Synchronize() = 0;
+  // Marks the work issued so far; another stream can Wait for it.
+  virtual absl::StatusOr<std::shared_ptr<Event>> Record() = 0;
+  // Work issued after this call starts after `event`'s work has finished.
+  virtual absl::Status Wait(const Event& event) = 0;
+};
+
+// One node evaluation's context: the random stream of a micro-batch (cpu::EvalContext's fields; a
+// node evaluated twice with the same context, i.e. recomputed, draws the same dropout mask, and a
+// micro-batch of rows [row_offset, row_offset + rows) draws those rows of the full batch's masks)
+// and the stream to issue on.
+struct ExecContext {
+  bool training = false;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
+  Stream* stream = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual ir::Placement placement() const = 0;
+
+  // --- Memory ---
+  // `bytes` of device memory (at least one byte, 64-byte aligned), contents undefined; freed when
+  // the last tensor over it goes.
+  virtual absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const = 0;
+  // Every byte of `dst` (a tensor on this backend) set to `byte`.
+  virtual absl::Status Fill(const ir::Tensor& dst, uint8_t byte, Stream* stream = nullptr) const = 0;
+  // dst = src, both on this backend, same dtype and dims.
+  virtual absl::Status Copy(const ir::Tensor& src, const ir::Tensor& dst, Stream* stream = nullptr) const = 0;
+  // dst (on this backend) = host (on the host), same dtype and dims.
+  virtual absl::Status FromHost(const ir::Tensor& host, const ir::Tensor& dst, Stream* stream = nullptr) const = 0;
+  // A host copy of `src` (on this backend), after the stream's earlier work.
+  virtual absl::StatusOr<ir::Tensor> ToHost(const ir::Tensor& src, Stream* stream = nullptr) const = 0;
+
+  // --- Compute ---
+  // One tensor per node output (undefined for outputs not computed); inputs[i] undefined for an
+  // absent optional input. Inputs are on this backend (or, for constants, on the host where the
+  // backend's kernels read them as attributes). With `outputs` (a planned executor's slots) every
+  // output and the kernel's scratch come from it; without, from fresh allocations.
+  virtual absl::StatusOr<std::vector<ir::Tensor>> Run(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
+                                                      const ExecContext& ctx,
+                                                      ir::OutputAllocator* outputs = nullptr) const = 0;
+  // Scratch bytes the kernel of `node` takes from OutputAllocator::Workspace (the memory plan's
+  // workspace function).
+  virtual int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const = 0;
+  // acc += x elementwise (the addition of the graph's gradient Sums); the caller owns acc's storage
+  // exclusively.
+  virtual absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, Stream* stream = nullptr) const = 0;
+  // False when a float tensor holds a NaN or an Inf (computed on the device; only the flag comes
+  // back).
+  virtual absl::StatusOr<bool> AllFinite(const ir::Tensor& t, Stream* stream = nullptr) const = 0;
+
+  // --- Order ---
+  virtual std::unique_ptr<Stream> CreateStream() const = 0;
+
+  // --- Helpers over the calls above ---
+  // A zero-filled tensor of its own on this backend.
+  absl::StatusOr<ir::Tensor> Zeros(ir::DType dtype, std::vector<int64_t> dims, Stream* stream = nullptr) const;
+  // A copy of `t` (on this backend, or on the host: then uploaded) in storage of its own.
+  absl::StatusOr<ir::Tensor> Clone(const ir::Tensor& t, Stream* stream = nullptr) const;
+  // `host` uploaded into storage of its own (a host tensor stays as it is on a host backend).
+  absl::StatusOr<ir::Tensor> Upload(const ir::Tensor& host, Stream* stream = nullptr) const;
+};
+
+// The CPU backend: host memory, kernels of executor/cpu (cpu::CpuEvaluator), synchronous.
+std::shared_ptr<const Backend> MakeCpuBackend();
+
+}  // namespace onnxpipe::backend

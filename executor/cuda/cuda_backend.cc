@@ -1,0 +1,257 @@
+// Why the host fallback copies through the backend's own calls: the driver and the CPU kernels then
+// see exactly the tensors they would on the CPU backend, so a model trains identically (bit for bit
+// where every op falls back) whichever ops have CUDA kernels yet.
+#include "executor/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "executor/backend/copy_checks.h"
+#include "executor/cuda/backend_kernels.h"
+#include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/cuda_status.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+class CudaEvent : public backend::Event {
+ public:
+  explicit CudaEvent(cudaEvent_t e) : event(e) {}
+  ~CudaEvent() override { cudaEventDestroy(event); }
+  cudaEvent_t event;
+};
+
+class CudaStream : public backend::Stream {
+ public:
+  CudaStream(int device, cudaStream_t s) : device_(device), stream_(s) {}
+  ~CudaStream() override { cudaStreamDestroy(stream_); }
+  cudaStream_t get() const { return stream_; }
+  absl::Status Synchronize() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<backend::Event>> Record() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaEvent_t e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    auto event = std::make_shared<CudaEvent>(e);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream_));
+    return event;
+  }
+  absl::Status Wait(const backend::Event& event) override {
+    const auto* e = dynamic_cast<const CudaEvent*>(&event);
+    if (e == nullptr) return INVALID_ARGUMENT() << "a CUDA stream can only wait for a CUDA event";
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, e->event, 0));
+    return absl::OkStatus();
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+};
+
+absl::StatusOr<std::unique_ptr<CudaStream>> NewStream(int device) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t s;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return std::make_unique<CudaStream>(device, s);
+}
+
+class CudaBackendImpl : public CudaBackend {
+ public:
+  CudaBackendImpl(int device, std::unique_ptr<CudaStream> default_stream)
+      : device_(device), default_stream_(std::move(default_stream)), table_(RegisterAllKernels()) {}
+
+  std::string name() const override { return "cuda"; }
+  ir::Placement placement() const override { return ir::Placement::Device(device_); }
+
+  absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const override {
+    if (bytes < 0) return INVALID_ARGUMENT() << "cannot allocate " << bytes << " bytes";
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return absl::ResourceExhaustedError("cuda: allocating " + std::to_string(bytes) + " bytes on GPU " +
+                                          std::to_string(device_) + " failed: " + cudaGetErrorString(err));
+    }
+    const int device = device_;
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [device](uint8_t* q) {
+      cudaSetDevice(device);
+      cudaFree(q);
+    });
+  }
+  absl::Status Fill(const ir::Tensor& dst, uint8_t byte, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckPlaced(dst, placement(), "fill"));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst.device_raw(), byte, dst.num_bytes(), Raw(s)));
+    return absl::OkStatus();
+  }
+  absl::Status Copy(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckCopy(src, placement(), dst, placement()));
+    if (src.num_bytes() == 0 || src.address() == dst.address()) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst.device_raw(), src.device_raw(), src.num_bytes(), cudaMemcpyDeviceToDevice, Raw(s)));
+    return absl::OkStatus();
+  }
+  absl::Status FromHost(const ir::Tensor& host, const ir::Tensor& dst, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckCopy(host, ir::Placement::Host(), dst, placement(), "copy from the host"));
+    if (host.num_bytes() == 0) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Pageable host memory: the call returns once the bytes are staged, so `host` may go at once.
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst.device_raw(), host.raw(), host.num_bytes(), cudaMemcpyHostToDevice, Raw(s)));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ir::Tensor> ToHost(const ir::Tensor& src, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckPlaced(src, placement(), "copy to the host"));
+    ir::Tensor out(src.dtype(), src.dims());
+    if (out.num_bytes() == 0) return out;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw(), src.device_raw(), out.num_bytes(), cudaMemcpyDeviceToHost, Raw(s)));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Raw(s)));
+    return out;
+  }
+
+  absl::StatusOr<std::vector<ir::Tensor>> Run(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
+                                              const backend::ExecContext& ctx,
+                                              ir::OutputAllocator* outputs) const override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (auto it = table_.find(node.op); it != table_.end() && AllOnDevice(inputs)) {
+      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs};
+      std::optional<absl::StatusOr<std::vector<ir::Tensor>>> r = it->second(kc, node, inputs);
+      if (r.has_value()) {
+        if (r->ok()) CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        return *std::move(r);
+      }
+    }
+    return HostFallback(node, inputs, ctx, outputs);
+  }
+  int64_t WorkspaceBytes(const ir::Graph&, const ir::Node&) const override {
+    return 0;  // the kernels registered so far need no scratch; host fallbacks use the host's
+  }
+  absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckCopy(x, placement(), acc, placement(), "accumulate"));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const int64_t n = acc.num_elements();
+    if (acc.dtype() == ir::DType::kF32) {
+      CUDA_RETURN_IF_ERROR(LaunchAccumulateF32(static_cast<float*>(acc.device_raw()),
+                                               static_cast<const float*>(x.device_raw()), n, Raw(s)));
+    } else if (acc.dtype() == ir::DType::kF64) {
+      CUDA_RETURN_IF_ERROR(LaunchAccumulateF64(static_cast<double*>(acc.device_raw()),
+                                               static_cast<const double*>(x.device_raw()), n, Raw(s)));
+    } else {
+      return UNIMPLEMENTED() << "gradient accumulation in " << ir::DTypeName(acc.dtype());
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> AllFinite(const ir::Tensor& t, backend::Stream* s) const override {
+    RETURN_IF_ERROR(backend::CheckPlaced(t, placement(), "check for non-finite values"));
+    if (t.dtype() != ir::DType::kF32 && t.dtype() != ir::DType::kF64 && t.dtype() != ir::DType::kBF16) return true;
+    ASSIGN_OR_RETURN(ir::Tensor flag, Zeros(ir::DType::kI32, {}, s));
+    int* f = static_cast<int*>(flag.device_raw());
+    const int64_t n = t.num_elements();
+    if (t.dtype() == ir::DType::kF32) {
+      CUDA_RETURN_IF_ERROR(LaunchFlagNonFiniteF32(static_cast<const float*>(t.device_raw()), n, f, Raw(s)));
+    } else if (t.dtype() == ir::DType::kF64) {
+      CUDA_RETURN_IF_ERROR(LaunchFlagNonFiniteF64(static_cast<const double*>(t.device_raw()), n, f, Raw(s)));
+    } else {
+      CUDA_RETURN_IF_ERROR(LaunchFlagNonFiniteBF16(static_cast<const uint16_t*>(t.device_raw()), n, f, Raw(s)));
+    }
+    ASSIGN_OR_RETURN(ir::Tensor host, ToHost(flag, s));
+    return host.data<int32_t>()[0] == 0;
+  }
+  std::unique_ptr<backend::Stream> CreateStream() const override {
+    absl::StatusOr<std::unique_ptr<CudaStream>> s = NewStream(device_);
+    if (!s.ok()) return nullptr;
+    return *std::move(s);
+  }
+
+  std::map<std::string, int64_t> HostFallbacks() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fallbacks_;
+  }
+
+ private:
+  cudaStream_t Raw(backend::Stream* s) const {
+    auto* cs = dynamic_cast<CudaStream*>(s);
+    return cs != nullptr ? cs->get() : default_stream_->get();
+  }
+  bool AllOnDevice(const std::vector<ir::Tensor>& inputs) const {
+    for (const ir::Tensor& t : inputs)
+      if (t.has_data() && !(t.placement() == placement())) return false;
+    return true;
+  }
+
+  absl::StatusOr<std::vector<ir::Tensor>> HostFallback(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
+                                                       const backend::ExecContext& ctx,
+                                                       ir::OutputAllocator* outputs) const {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++fallbacks_[std::string(ir::OpName(node.op))];
+    }
+    std::vector<ir::Tensor> host_in;
+    host_in.reserve(inputs.size());
+    for (const ir::Tensor& t : inputs) {
+      if (!t.has_data() || t.on_host()) {
+        host_in.push_back(t);
+      } else {
+        ASSIGN_OR_RETURN(ir::Tensor h, ToHost(t, ctx.stream));
+        host_in.push_back(std::move(h));
+      }
+    }
+    backend::ExecContext host_ctx = ctx;
+    host_ctx.stream = nullptr;
+    ASSIGN_OR_RETURN(std::vector<ir::Tensor> host_out, cpu_->Run(node, host_in, host_ctx, nullptr));
+    std::vector<ir::Tensor> out(host_out.size());
+    for (size_t k = 0; k < host_out.size() && k < node.outputs.size(); ++k) {
+      const ir::Tensor& h = host_out[k];
+      if (!h.has_data()) {
+        out[k] = h;
+        continue;
+      }
+      if (outputs != nullptr && outputs->SharesInputBuffer(node, static_cast<int>(k)) && inputs[0].has_data() &&
+          !inputs[0].on_host()) {
+        out[k] = inputs[0].Reshaped(h.dims());  // a view of the device input, as planned
+        continue;
+      }
+      ir::Tensor slot;
+      if (outputs != nullptr) {
+        ASSIGN_OR_RETURN(slot, outputs->Allocate(node, static_cast<int>(k), h.dtype(), h.dims()));
+      } else {
+        ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> b, Allocate(h.num_bytes()));
+        slot = ir::Tensor::View(h.dtype(), h.dims(), std::move(b), 0, placement());
+      }
+      RETURN_IF_ERROR(FromHost(h, slot, ctx.stream));
+      out[k] = std::move(slot);
+    }
+    // The host tensors go when this returns: the copies must have left them.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Raw(ctx.stream)));
+    return out;
+  }
+
+  const int device_;
+  std::unique_ptr<CudaStream> default_stream_;
+  const KernelTable table_;
+  std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();
+  mutable std::mutex mu_;
+  mutable std::map<std::string, int64_t> fallbacks_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  const int n = DeviceCount();
+  if (n == 0) return FAILED_PRECONDITION() << "--backend cuda: no usable CUDA GPU (no device or no driver)";
+  if (device < 0 || device >= n) {
+    return INVALID_ARGUMENT() << "--device " << device << ": this machine has " << n << " CUDA GPU(s), 0 to " << n - 1;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> s, NewStream(device));
+  return std::make_shared<CudaBackendImpl>(device, std::move(s));
+}
+
+}  // namespace onnxpipe::cuda

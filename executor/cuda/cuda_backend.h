@@ -1,0 +1,30 @@
+// The CUDA backend (backend::Backend on one GPU): device memory from cudaMalloc, copies and fills
+// on CUDA streams (one per pipeline stage), events between streams, and a kernel table keyed by op
+// (cuda_kernels.h) filled by the kernel families of this folder.
+//
+// Ops without a CUDA kernel for their dtypes run on the host: their inputs are copied to the host,
+// the CPU backend's kernel runs (with the same random stream, so a dropout mask is the CPU's), and
+// the outputs are copied into their planned device slots. That keeps every model trainable while
+// kernels land family by family; HostFallbacks() says which ops took that path, and the training
+// command prints it. It is slow by design and never silent.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "executor/backend/backend.h"
+
+namespace onnxpipe::cuda {
+
+class CudaBackend : public backend::Backend {
+ public:
+  // The backend of GPU `device`: an error naming the device when there is no usable GPU.
+  static absl::StatusOr<std::shared_ptr<CudaBackend>> Create(int device);
+  // Op name -> evaluations that ran on the host so far.
+  virtual std::map<std::string, int64_t> HostFallbacks() const = 0;
+};
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,116 @@
+// The CUDA backend against the backend contract and the CPU backend: memory calls round-trip
+// exactly, Gelu runs on the device within fp32 rounding of the CPU kernel, ops without a CUDA
+// kernel fall back to the host and are counted, and a pipeline over the GPU trains as over the CPU
+// (bit for bit in fp64, where every op runs the CPU's kernel; within 1e-5 in fp32).
+#include "executor/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <memory>
+
+#include "executor/cuda/cuda_status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/pipeline/pipeline_test_util.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    absl::StatusOr<std::shared_ptr<CudaBackend>> be = CudaBackend::Create(0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    be_ = *be;
+  }
+  std::shared_ptr<CudaBackend> be_;
+};
+
+TEST_F(CudaBackendTest, MemoryCallsRoundTripExactly) {
+  const ir::Tensor host = ir::Tensor::FromVector<double>({5}, {1, -2, 3.25, 1e300, -0.0});
+  absl::StatusOr<ir::Tensor> d = be_->Upload(host);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->on_host());
+  absl::StatusOr<ir::Tensor> z = be_->Zeros(ir::DType::kF64, {5});
+  ASSERT_TRUE(z.ok());
+  ASSERT_TRUE(be_->Copy(*d, *z).ok());
+  ASSERT_TRUE(be_->Accumulate(*z, *d).ok());
+  absl::StatusOr<ir::Tensor> back = be_->ToHost(*z);
+  ASSERT_TRUE(back.ok());
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(back->data<double>()[i], 2 * host.data<double>()[i]);
+  EXPECT_TRUE(*be_->AllFinite(*d));
+  absl::StatusOr<ir::Tensor> nan = be_->Upload(ir::Tensor::FromVector<float>({3}, {0, NAN, 1}));
+  EXPECT_FALSE(*be_->AllFinite(*nan));
+  ASSERT_TRUE(be_->Fill(*z, 0).ok());
+  EXPECT_TRUE(be_->ToHost(*z)->BitwiseEquals(ir::Tensor(ir::DType::kF64, {5})));
+  EXPECT_THAT(be_->Copy(host, *z).message(), HasSubstr("host"));
+}
+
+TEST_F(CudaBackendTest, GeluRunsOnTheDeviceAndOtherOpsFallBackToTheHost) {
+  ir::Graph g;
+  const ir::ValueId x = g.AddValue("x", ir::DType::kF32, {ir::Dim(1000)});
+  const ir::ValueId y = g.AddValue("y", ir::DType::kF32, {ir::Dim(1000)});
+  const ir::ValueId z = g.AddValue("z", ir::DType::kF32, {ir::Dim(1000)});
+  const ir::NodeId gelu = g.AddNode(ir::OpKind::kGelu, "gelu", {x}, {y});
+  const ir::NodeId exp = g.AddNode(ir::OpKind::kExp, "exp", {y}, {z});
+  std::vector<float> v(1000);
+  for (int i = 0; i < 1000; ++i) v[i] = -5 + 0.01f * i;
+  const ir::Tensor host = ir::Tensor::FromVector<float>({1000}, v);
+  std::shared_ptr<const backend::Backend> cpu = backend::MakeCpuBackend();
+  absl::StatusOr<std::vector<ir::Tensor>> want = cpu->Run(g.node(gelu), {host}, {});
+  ASSERT_TRUE(want.ok());
+  absl::StatusOr<ir::Tensor> d = be_->Upload(host);
+  absl::StatusOr<std::vector<ir::Tensor>> got = be_->Run(g.node(gelu), {*d}, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<std::vector<ir::Tensor>> got_exp = be_->Run(g.node(exp), {(*got)[0]}, {});
+  ASSERT_TRUE(got_exp.ok()) << got_exp.status();
+  EXPECT_FALSE((*got_exp)[0].on_host());
+  absl::StatusOr<ir::Tensor> gh = be_->ToHost((*got)[0]);
+  absl::StatusOr<ir::Tensor> eh = be_->ToHost((*got_exp)[0]);
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_NEAR(gh->data<float>()[i], (*want)[0].data<float>()[i], 2e-6) << i;
+    EXPECT_NEAR(eh->data<float>()[i], std::exp(gh->data<float>()[i]), 1e-5 * std::exp(gh->data<float>()[i])) << i;
+  }
+  EXPECT_EQ(be_->HostFallbacks().count("Gelu"), 0u);
+  EXPECT_EQ(be_->HostFallbacks().at("Exp"), 1);
+}
+
+TEST_F(CudaBackendTest, NamesTheDeviceItCannotOpen) {
+  absl::StatusOr<std::shared_ptr<CudaBackend>> bad = CudaBackend::Create(DeviceCount() + 3);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("--device"));
+}
+
+TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
+  absl::StatusOr<std::unique_ptr<pipeline::testing::ModelFixture>> f =
+      pipeline::testing::ModelFixture::Load("tiny_gpt");
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (ir::DType dtype : {ir::DType::kF64, ir::DType::kF32}) {
+    pipeline::testing::RunConfig c;
+    c.dtype = dtype;
+    c.stages = 2;
+    c.microbatches = 2;
+    c.recompute = pipeline::RecomputePolicy::kSelective;
+    c.optimizer = autodiff::OptimizerKind::kAdamW;
+    c.lr = 1e-3;
+    c.dropout = true;
+    c.steps = 3;
+    absl::StatusOr<pipeline::testing::RunResult> cpu = (*f)->Pipeline(c);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    c.backend = be_;
+    absl::StatusOr<pipeline::testing::RunResult> gpu = (*f)->Pipeline(c);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const double tol = dtype == ir::DType::kF64 ? 0 : 1e-5;
+    for (size_t i = 0; i < cpu->losses.size(); ++i) {
+      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], tol * std::abs(cpu->losses[i])) << ir::DTypeName(dtype) << " step " << i;
+    }
+    for (const auto& [name, t] : cpu->params) {
+      EXPECT_LE(pipeline::testing::MaxRelDiff(gpu->params.at(name), t), dtype == ir::DType::kF64 ? 0 : 1e-4) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,98 @@
+// `onnxpipe train --backend`: the checked backend (CPU kernels over memory the host must not touch)
+// trains exactly as the CPU backend, so the whole command path (data, steps, metrics, --eval,
+// --save) reaches device memory only through the backend; --backend cuda trains within fp32
+// rounding of the CPU where a GPU is, and fails clearly where none is.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/cli_util.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::Onnxpipe;
+using testing::RunCommand;
+using testing::SourcePath;
+
+class BackendCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("backend_cli"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // tiny_gpt (tied embedding), AdamW, dropout on, 3 steps; the metrics' losses and norms.
+  CommandResult Train(const std::string& extra, const std::string& tag, std::vector<double>* losses,
+                      std::vector<double>* norms) {
+    const fs::path metrics = dir_ / (tag + ".jsonl");
+    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_gpt.onnx") + " --data " +
+                                 SourcePath("models/golden/tiny_gpt/data") +
+                                 " --batch 4 --steps 3 --optimizer adamw --lr 0.001 --seed 3 --metrics " +
+                                 metrics.string() + " " + extra);
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json m = nlohmann::json::parse(line);
+      if (!m.contains("loss") || !m.contains("step")) continue;
+      losses->push_back(m["loss"].get<double>());
+      norms->push_back(m["grad_norm"].get<double>());
+    }
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BackendCliTest, CheckedBackendTrainsBitwiseAsTheCpu) {
+  for (const std::string& pipeline : {std::string(""), std::string("--stages 2 --microbatches 2")}) {
+    std::vector<double> cpu_loss, cpu_norm, checked_loss, checked_norm;
+    CommandResult cpu = Train(pipeline, "cpu", &cpu_loss, &cpu_norm);
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+    CommandResult checked = Train(pipeline + " --backend checked", "checked", &checked_loss, &checked_norm);
+    ASSERT_EQ(checked.exit_code, 0) << checked.err;
+    EXPECT_THAT(checked.out, HasSubstr("backend checked"));
+    ASSERT_EQ(cpu_loss.size(), 3u);
+    EXPECT_EQ(checked_loss, cpu_loss) << pipeline;
+    EXPECT_EQ(checked_norm, cpu_norm) << pipeline;
+    fs::remove(dir_ / "cpu.jsonl");
+    fs::remove(dir_ / "checked.jsonl");
+  }
+}
+
+TEST_F(BackendCliTest, CudaTrainsLikeTheCpuOrFailsClearlyWithoutAGpu) {
+  std::vector<double> cpu_loss, cpu_norm, gpu_loss, gpu_norm;
+  CommandResult cpu = Train("", "cpu", &cpu_loss, &cpu_norm);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  CommandResult gpu = Train("--backend cuda", "gpu", &gpu_loss, &gpu_norm);
+  if (gpu.exit_code != 0) {
+    EXPECT_THAT(gpu.err, HasSubstr("--backend cuda"));
+    EXPECT_TRUE(gpu.err.find("no usable CUDA GPU") != std::string::npos ||
+                gpu.err.find("built without the CUDA backend") != std::string::npos)
+        << gpu.err;
+    GTEST_SKIP() << "no GPU here: checked the error only";
+  }
+  ASSERT_EQ(gpu_loss.size(), cpu_loss.size());
+  for (size_t i = 0; i < cpu_loss.size(); ++i) {
+    EXPECT_NEAR(gpu_loss[i], cpu_loss[i], 1e-4 * std::abs(cpu_loss[i])) << "step " << i;
+    EXPECT_NEAR(gpu_norm[i], cpu_norm[i], 1e-4 * std::abs(cpu_norm[i])) << "step " << i;
+  }
+}
+
+TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
+  std::vector<double> l, n;
+  CommandResult r = Train("--backend tpu", "bad", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--backend expects cpu, cuda or checked, got 'tpu'"));
+  r = Train("--backend cuda --device -1", "bad2", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--device must be >= 0"));
+}
+
+}  // namespace
+}  // namespace onnxpipe
