@@ -8,12 +8,13 @@
 #include <limits>
 #include <set>
 
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::partitioner {
 namespace {
 
-int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+using ir::AlignUp;
 
 bool IsUpdateOp(ir::OpKind op) {
   return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;

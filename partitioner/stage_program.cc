@@ -3,19 +3,18 @@
 // ids the analysis uses; the planner only allocates what the stage's order touches.
 #include "partitioner/stage_program.h"
 
-#include "partitioner/microbatch_layout.h"
-
 #include <algorithm>
 #include <map>
 #include <set>
 
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 #include "partitioner/microbatch_layout.h"
 
 namespace onnxpipe::partitioner {
 namespace {
 
-int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+using ir::AlignUp;
 
 bool IsUpdateOp(ir::OpKind op) {
   return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
