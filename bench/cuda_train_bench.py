@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""GPU training throughput: `onnxpipe train --backend cuda` against the PyTorch peer on the same model, same GPU, one run.
+
+The peer (shared/bench/torch_peer.py, passed as --peer) builds the DESIGN.md benchmark classifier (TransformerEncoder,
+post-LN, GELU, dropout 0.1) and exports the very same seeded model to ONNX; this script then trains that export with
+onnxpipe on random tokens (the same vocabulary, sequence length, batch, SGD) and runs the peer's own step loop (eager,
+per-layer checkpointing, torch.compile, as asked) in the same command. samples/s: onnxpipe's median over the steps
+after --warmup (its metrics file); the peer's from its JSON lines. Writes bench/results/cuda_train_<date>_<tag>.json
+with every number, the ratios onnxpipe / peer and the host fallbacks onnxpipe printed (ops without a CUDA kernel yet).
+
+  python3 bench/cuda_train_bench.py --peer .dev/torch_peer.py --onnxpipe .build/main/tools/onnxpipe \
+      --layers 2 --batch 32 --dtype fp32 --tag h200
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def peer_lines(a, extra):
+    cmd = [sys.executable, a.peer, "--layers", str(a.layers), "--d", str(a.d), "--heads", str(a.heads), "--dhid",
+           str(a.dhid), "--seq", str(a.seq), "--vocab", str(a.vocab), "--batch", *map(str, a.batch), "--steps",
+           str(a.steps), "--warmup", str(a.warmup), "--optimizer", "sgd", "--lr", str(a.lr), *extra]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+
+def onnxpipe_run(a, model, batch, dtype, work):
+    data = os.path.join(work, f"data_b{batch}")
+    os.makedirs(data, exist_ok=True)
+    rows = batch * 2
+    rng = np.random.default_rng(0)
+    np.save(os.path.join(data, "tokens.npy"), rng.integers(0, a.vocab, (rows, a.seq), dtype=np.int64))
+    np.save(os.path.join(data, "labels.npy"), rng.integers(0, 2, (rows,), dtype=np.int64))
+    metrics = os.path.join(work, f"m_b{batch}.jsonl")
+    cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
+           "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
+           "--log-every", "1000000", "--dtype", dtype]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(cmd))
+    steps = [json.loads(l) for l in open(metrics)]
+    fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
+    return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
+                losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
+                command=" ".join(cmd).replace(work, "WORK"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peer", required=True, help="torch_peer.py")
+    p.add_argument("--onnxpipe", default=os.path.join(ROOT, ".build/main/tools/onnxpipe"))
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--d", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dhid", type=int, default=4096)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=20000)
+    p.add_argument("--batch", type=int, nargs="+", default=[32])
+    p.add_argument("--dtype", default="fp32", choices=["fp32"], help="onnxpipe's training dtype (bf16: not yet)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--peers", nargs="+", default=["eager", "compile"], choices=["eager", "ckpt", "compile"])
+    p.add_argument("--device-name", default="NVIDIA H200")
+    p.add_argument("--tag", default="h200")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cuda_train_bench_") as work:
+        model = os.path.join(work, "enc.onnx")
+        export = peer_lines(a, ["--export-onnx", model])
+        onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
+    peer_flags = {"eager": [], "ckpt": ["--ckpt", "on"], "compile": ["--compile"]}
+    peers = {}
+    for name in a.peers:
+        lines = peer_lines(a, ["--dtype", a.dtype, *peer_flags[name]])
+        peers[name] = {l["batch"]: l for l in lines if "batch" in l}
+    rows = []
+    for b in a.batch:
+        row = dict(batch=b, onnxpipe=onnxpipe[b])
+        for name, by_batch in peers.items():
+            pr = by_batch.get(b, {})
+            row[name] = pr
+            if "samples_s" in onnxpipe[b] and pr.get("samples_s"):
+                row[f"ratio_vs_{name}"] = round(onnxpipe[b]["samples_s"] / pr["samples_s"], 4)
+        rows.append(row)
+    result = dict(benchmark="cuda_train", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  device=a.device_name, dtype=a.dtype,
+                  model=dict(layers=a.layers, d=a.d, heads=a.heads, dhid=a.dhid, seq=a.seq, vocab=a.vocab),
+                  steps=a.steps, warmup=a.warmup, export=export, rows=rows)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"cuda_train_{datetime.date.today():%Y%m%d}_{a.tag}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(rows, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
