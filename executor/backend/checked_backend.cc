@@ -101,7 +101,8 @@ class CheckedBackend : public Backend {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t len = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
     void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return absl::ResourceExhaustedError("checked backend: mmap of " + std::to_string(len) + " bytes failed");
+    if (p == MAP_FAILED)
+      return absl::ResourceExhaustedError("checked backend: mmap of " + std::to_string(len) + " bytes failed");
     {
       Call call;
       Regions::Get().live[reinterpret_cast<uintptr_t>(p)] = len;

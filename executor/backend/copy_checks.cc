@@ -7,7 +7,8 @@
 namespace onnxpipe::backend {
 
 absl::Status CheckPlaced(const ir::Tensor& t, ir::Placement where, std::string_view what) {
-  if (!t.has_data()) return INVALID_ARGUMENT() << "cannot " << what << " a tensor without data (" << t.DebugString(0) << ")";
+  if (!t.has_data())
+    return INVALID_ARGUMENT() << "cannot " << what << " a tensor without data (" << t.DebugString(0) << ")";
   if (!(t.placement() == where)) {
     return INVALID_ARGUMENT() << "cannot " << what << " a tensor on " << t.placement().ToString() << " here: expected "
                               << where.ToString();

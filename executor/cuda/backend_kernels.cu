@@ -49,8 +49,12 @@ cudaError_t Flag(const T* x, int64_t n, int* flag, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t LaunchAccumulateF32(float* acc, const float* x, int64_t n, cudaStream_t s) { return Accumulate(acc, x, n, s); }
-cudaError_t LaunchAccumulateF64(double* acc, const double* x, int64_t n, cudaStream_t s) { return Accumulate(acc, x, n, s); }
+cudaError_t LaunchAccumulateF32(float* acc, const float* x, int64_t n, cudaStream_t s) {
+  return Accumulate(acc, x, n, s);
+}
+cudaError_t LaunchAccumulateF64(double* acc, const double* x, int64_t n, cudaStream_t s) {
+  return Accumulate(acc, x, n, s);
+}
 cudaError_t LaunchFlagNonFiniteF32(const float* x, int64_t n, int* f, cudaStream_t s) { return Flag(x, n, f, s); }
 cudaError_t LaunchFlagNonFiniteF64(const double* x, int64_t n, int* f, cudaStream_t s) { return Flag(x, n, f, s); }
 cudaError_t LaunchFlagNonFiniteBF16(const uint16_t* x, int64_t n, int* f, cudaStream_t s) { return Flag(x, n, f, s); }

@@ -104,7 +104,8 @@ TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     const double tol = dtype == ir::DType::kF64 ? 0 : 1e-5;
     for (size_t i = 0; i < cpu->losses.size(); ++i) {
-      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], tol * std::abs(cpu->losses[i])) << ir::DTypeName(dtype) << " step " << i;
+      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], tol * std::abs(cpu->losses[i]))
+          << ir::DTypeName(dtype) << " step " << i;
     }
     for (const auto& [name, t] : cpu->params) {
       EXPECT_LE(pipeline::testing::MaxRelDiff(gpu->params.at(name), t), dtype == ir::DType::kF64 ? 0 : 1e-4) << name;

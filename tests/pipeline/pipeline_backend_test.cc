@@ -62,10 +62,11 @@ TEST_P(PipelineBackend, CheckedDeviceMemoryTrainsBitwiseAsTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PipelineBackend,
-    ::testing::Values(Case{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW},
-                      Case{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD},
-                      Case{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW},
-                      Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}),
+    ::testing::Values(
+        Case{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW},
+        Case{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD},
+        Case{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW},
+        Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return i.param.model + "_K" + std::to_string(i.param.stages) + "_M" + std::to_string(i.param.microbatches) + "_" +
              ScheduleKindName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute);

@@ -16,8 +16,8 @@ namespace onnxpipe {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::CommandResult;
+using ::testing::HasSubstr;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
