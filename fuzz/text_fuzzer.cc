@@ -4,11 +4,13 @@
 //   - a vocabulary built from the input saves to bytes that Parse accepts and that give the same vocabulary;
 //   - Encode returns exactly seq_len ids, each in [0, size);
 //   - the parsers never crash: they return a vocabulary/split or an error naming the source.
+// Seeds: fuzz/corpus/text (CI replays them: tests/text/text_fuzz_replay_test.cc compiles this file in).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "executor/text/datasets.h"
 #include "executor/text/tokenizer.h"

@@ -41,6 +41,7 @@ struct Flags {
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
   bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
+  bool shuffle_given = false;  // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
   std::string recompute, plan, report;
@@ -98,7 +99,9 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.String("dtype", &f.dtype, "fp32 | fp64");
   fs.String("freeze", &f.freeze, "regex of initializer names not to train (buffers)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
-  fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch");
+  fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch (default: on for text data, "
+          "aclimdb and tsv, which are often grouped by class; off for npy, rows in file order); --no-shuffle: file "
+          "order");
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
   fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined. Every "
@@ -137,7 +140,6 @@ absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g
   o.freeze_regex = f.freeze;
   o.dtype = f.dtype == "fp64" ? ir::DType::kF64 : ir::DType::kF32;
   o.seed = static_cast<uint64_t>(f.seed);
-  o.shuffle = f.shuffle;
   o.dropout = f.dropout;
   o.check_numerics = f.check_numerics;
   o.label_smoothing = f.label_smoothing;
@@ -249,6 +251,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   request.labels = options.labels;
   ASSIGN_OR_RETURN(TrainData data, LoadTrainData(*model.imported, request));
   std::printf("data: %s\n", data.summary.c_str());
+  // Text sets are often grouped by class (aclImdb folders, most TSV files): trained in file order, a batch sees
+  // one class for half an epoch. npy rows keep file order (step k = rows [kB, (k+1)B)) unless asked.
+  options.shuffle = f.shuffle_given ? f.shuffle : data.format != "npy";
 
   ModelOptions mo;
   mo.batch = f.batch;
@@ -325,9 +330,11 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   if (!f.tensorboard.empty()) {
     ASSIGN_OR_RETURN(tensorboard, io::TensorBoardWriter::Create(f.tensorboard));
   }
-  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps%s\n", model_path.c_str(),
+  const std::string order =
+      options.shuffle ? "rows shuffled per epoch (seed " + std::to_string(f.seed) + ")" : "rows in file order";
+  std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps, %s%s\n", model_path.c_str(),
               static_cast<long long>(trainer->num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
-              static_cast<long long>(f.batch), static_cast<long long>(f.steps),
+              static_cast<long long>(f.batch), static_cast<long long>(f.steps), order.c_str(),
               piped ? (", pipelined: " + piped->Describe()).c_str() : "");
   std::fflush(stdout);
   TrainLoop loop;
@@ -397,8 +404,9 @@ int RunTrain(const Args& args) {
   FlagSet fs("train",
              "MODEL.onnx --data DIR --batch B --steps N --optimizer sgd|adamw --lr X [flags]",
              "Trains the model on the CPU backend (or --backend cuda): forward, mean cross-entropy between\n"
-             "--logits and the labels, backward, optional global-norm clipping, then an SGD or AdamW update per step. Step k\n"
-             "uses data rows (k*B + j) mod N, j = 0..B-1 (a seeded permutation per epoch with --shuffle).\n"
+             "--logits and the labels, backward, optional global-norm clipping, then an SGD or AdamW update per\n"
+             "step. Step k uses data rows (k*B + j) mod N, j = 0..B-1: in file order (npy data's default,\n"
+             "--no-shuffle) or through a seeded permutation per epoch (--shuffle, text data's default).\n"
              "Text data (aclimdb, tsv) is tokenized with a vocabulary built from the train split, saved in\n"
              "--checkpoint-dir and beside --save, and fed to the model's token-id input (and padding mask).\n"
              "--metrics gets {step, loss, lr, grad_norm, samples_per_s} per step, loss being the batch loss\n"
@@ -413,6 +421,7 @@ int RunTrain(const Args& args) {
   }
   if (fs.positional().size() != 1) return Fail("train", "expected exactly one MODEL.onnx (see --help)", 2);
   if (std::optional<std::string> e = UsageError(fs, f)) return Fail("train", *e, 2);
+  f.shuffle_given = fs.WasSet("shuffle");
   absl::StatusOr<int> code = Train(fs.positional()[0], f);
   if (!code.ok()) return Fail("train", std::string(code.status().message()));
   return *code;

@@ -123,6 +123,15 @@ absl::StatusOr<ir::Tensor> SliceRows(const ir::Tensor& t, int64_t begin, int64_t
   return out;
 }
 
+// True when every graph input's leading dim is the concrete `batch`.
+bool LeadingDimsAre(const ir::Graph& g, int64_t batch) {
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Value& val = g.value(v);
+    if (!val.shape_known || val.shape.empty() || val.shape[0] != ir::Dim(batch)) return false;
+  }
+  return true;
+}
+
 bool HasFixedBatch(const ir::Graph& g) {
   for (ir::ValueId v : g.inputs()) {
     const ir::Value& val = g.value(v);
@@ -277,7 +286,10 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
   const std::string& path = g.source_path;
   std::string symbol = batch_symbol;
   cpu::CpuEvaluator evaluator;
-  if (HasFixedBatch(g)) {
+  // A micro-batch of the export's own batch (one micro-batch of the exported size) runs the graph as exported:
+  // nothing to re-derive, and no batch symbol to bind.
+  const bool as_exported = HasFixedBatch(g) && LeadingDimsAre(g, microbatch_size);
+  if (HasFixedBatch(g) && !as_exported) {
     // Fold first: the exporter spells a baked shape as Constant -> Unsqueeze -> Concat chains, which
     // become one shape constant that MakeBatchSymbolic can inspect and patch.
     passes::PipelineOptions fold;
@@ -285,7 +297,7 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
     RETURN_IF_ERROR(Annotate(passes::RunForwardPipeline(&g, evaluator, fold), path));
     int64_t b0 = 0;
     RETURN_IF_ERROR(Annotate(MakeBatchSymbolic(&g, symbol, &b0), path));
-  } else {
+  } else if (!as_exported) {
     for (ir::ValueId v : g.inputs()) {
       const ir::Value& val = g.value(v);
       if (val.shape_known && !val.shape.empty() && val.shape[0].symbols().size() == 1 &&
@@ -296,7 +308,7 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
     }
   }
   std::map<std::string, int64_t> bindings = other_bindings;
-  bindings[symbol] = microbatch_size;
+  if (!as_exported) bindings[symbol] = microbatch_size;
   RETURN_IF_ERROR(Annotate(ir::BindSymbols(g, bindings), path));
   RETURN_IF_ERROR(Annotate(ir::InferShapes(g), path));
   RETURN_IF_ERROR(Annotate(passes::RunForwardPipeline(&g, evaluator, passes::PipelineOptions{}), path));

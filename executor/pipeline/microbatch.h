@@ -61,8 +61,9 @@ bool HasFixedBatch(const ir::Graph& g);
 
 // Binds `bindings` (the batch symbol to the micro-batch size, the sequence, ...), re-infers shapes
 // and runs the forward pipeline (folding and fusion), as tools/model.h's PrepareModel does: the
-// forward graph a micro-batch's training graph is built from. A fixed-batch graph is made symbolic
-// first (MakeBatchSymbolic) when `batch_symbol` is not bound by its inputs.
+// forward graph a micro-batch's training graph is built from. A fixed-batch graph whose inputs' leading
+// dim is `microbatch_size` (one micro-batch of the export's batch) is used as exported; any other
+// fixed-batch graph is made symbolic first (MakeBatchSymbolic), which may refuse it as ambiguous.
 absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, const std::string& batch_symbol,
                                                    int64_t microbatch_size,
                                                    const std::map<std::string, int64_t>& other_bindings);

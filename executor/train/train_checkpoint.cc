@@ -78,7 +78,11 @@ absl::StatusOr<std::vector<std::string>> RestoreCheckpoint(const io::Checkpoint&
     if (m.extra[key] != value) {
       return FAILED_PRECONDITION() << where << " was written with " << key << " " << Show(m.extra[key])
                                    << ", but this run has " << Show(value)
-                                   << " (a resumed run must use the same setting)";
+                                   << " (a resumed run must use the same setting"
+                                   << (key == "shuffle" ? ": --shuffle or --no-shuffle; text data is shuffled by "
+                                                          "default, npy data is not"
+                                                        : "")
+                                   << ")";
     }
   }
   std::vector<io::TensorSpec> specs;

@@ -69,13 +69,16 @@ ONNX_IMPORTER(Mod) {
 // ai.onnx Gelu (opset 20) and com.microsoft Gelu import straight to the fused IR op.
 ONNX_IMPORTER(Gelu) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
-  ASSIGN_OR_RETURN(std::string approximate, ctx.attrs().Get<std::string>("approximate", "none"));
-  if (approximate != "none" && approximate != "tanh") {
-    return ctx.Error() << "attribute approximate must be 'none' or 'tanh'; got '" << approximate
+  // The StatusOr is kept, not moved into a local string: GCC 12 warns (-Wmaybe-uninitialized, a false
+  // positive) about the moved-to string's inline buffer.
+  const absl::StatusOr<std::string> approximate = ctx.attrs().Get<std::string>("approximate", "none");
+  RETURN_IF_ERROR(approximate.status());
+  if (*approximate != "none" && *approximate != "tanh") {
+    return ctx.Error() << "attribute approximate must be 'none' or 'tanh'; got '" << *approximate
                        << "'";
   }
   ir::Attrs attrs;
-  attrs.Set("approximate", approximate);
+  attrs.Set("approximate", *approximate);
   return ctx.Emit(OpKind::kGelu, {ctx.input(0)}, std::move(attrs));
 }
 

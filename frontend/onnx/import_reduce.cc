@@ -12,12 +12,14 @@ using ir::OpKind;
 
 absl::Status ImportReduce(ImportContext& ctx, OpKind op) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
-  ASSIGN_OR_RETURN(std::optional<std::vector<int64_t>> axes,
-                   AttrOrConstantInputInts(ctx, "axes", 1));
+  // The StatusOr is kept, not moved into a local optional: GCC 12 warns (-Wmaybe-uninitialized, a false
+  // positive) about the moved-to optional's vector.
+  const absl::StatusOr<std::optional<std::vector<int64_t>>> axes = AttrOrConstantInputInts(ctx, "axes", 1);
+  RETURN_IF_ERROR(axes.status());
   ASSIGN_OR_RETURN(int64_t keepdims, ctx.attrs().Get<int64_t>("keepdims", 1));
   ASSIGN_OR_RETURN(int64_t noop, ctx.attrs().Get<int64_t>("noop_with_empty_axes", 0));
   ir::Attrs attrs;
-  if (axes && !axes->empty()) attrs.Set("axes", *axes);
+  if (*axes && !(*axes)->empty()) attrs.Set("axes", **axes);
   attrs.Set("keepdims", keepdims);
   attrs.Set("noop_with_empty_axes", noop);
   return ctx.Emit(op, {ctx.input(0)}, std::move(attrs));

@@ -68,6 +68,7 @@ std::vector<BadCase> BadCases() {
                                     "not supported"}},
       {"dropout_dynamic_ratio", kInvalid, {"'dyn_drop' (Dropout)", "input 1 ('r', ratio)",
                                            "must be a constant"}},
+      {"gelu_bad_approximate", kInvalid, {"'gelu_erf'", "approximate must be 'none' or 'tanh'", "got 'erf'"}},
   };
 }
 

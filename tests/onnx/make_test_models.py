@@ -408,6 +408,9 @@ def bad_models():
     ms["checker_rejects"] = model(
         [helper.make_node("Softmax", ["x"], ["y"], name="bad_axis17", axis=1.5)], x,
         [vi("y", F, None)])
+    ms["gelu_bad_approximate"] = model(
+        [helper.make_node("Gelu", ["x"], ["y"], name="gelu_erf", domain="com.microsoft", approximate="erf")],
+        x, [vi("y", F, [3])], extra_opsets=[("com.microsoft", 1)])
     return ms
 
 

@@ -25,7 +25,9 @@ using Hist = std::map<std::string, int>;
 absl::StatusOr<bool> RunAttention(ir::Graph& g) {
   AttentionFusion pass;
   absl::StatusOr<bool> r = pass.Run(&g);
-  if (r.ok()) EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+  if (r.ok()) {
+    EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+  }
   return r;
 }
 

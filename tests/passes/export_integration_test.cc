@@ -31,7 +31,7 @@ constexpr int64_t kBatch = 2, kSeq = 12, kMaxSeq = 16;
 struct ExportCase {
   std::string name;
   std::string family;  // classifier | gpt | bert
-  std::vector<std::string> flags;
+  std::vector<std::string> flags = {};
   bool norm_first = false;  // bert: adds a final LayerNorm
   bool causal = false;      // gpt
   bool dynamic = true;

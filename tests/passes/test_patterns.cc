@@ -45,7 +45,7 @@ std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o) {
   ValueId x = o.x_from_add ? b.Op(OpKind::kAdd, {b.Param("bias", {8}), in}, kGeluShape) : in;
   auto mul = [&](ValueId a, ValueId c) { return b.Op(OpKind::kMul, {a, c}, kGeluShape); };
   auto add = [&](ValueId a, ValueId c) { return b.Op(OpKind::kAdd, {a, c}, kGeluShape); };
-  ValueId f, y;
+  ValueId f = ir::kNoValue, y = ir::kNoValue;  // every GeluForm sets both
   switch (o.form) {
     case GeluForm::kErfExporter:
     case GeluForm::kErfHalfFirst:

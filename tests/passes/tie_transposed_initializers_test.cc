@@ -42,8 +42,12 @@ TEST(TieTransposedInitializersTest, TiesAnExactTransposeAndKeepsOneParameter) {
   EXPECT_TRUE(g.value(emb).is_initializer);
   EXPECT_EQ(Histogram(g), (std::map<std::string, int>{{"Gather", 1}, {"Transpose", 1}, {"MatMul", 1}}));
   for (ir::NodeId n : g.LiveNodes()) {
-    if (g.node(n).op == OpKind::kTranspose) EXPECT_EQ(g.node(n).inputs[0], emb);
-    if (g.node(n).op == OpKind::kMatMul) EXPECT_NE(g.node(n).inputs[1], head);
+    if (g.node(n).op == OpKind::kTranspose) {
+      EXPECT_EQ(g.node(n).inputs[0], emb);
+    }
+    if (g.node(n).op == OpKind::kMatMul) {
+      EXPECT_NE(g.node(n).inputs[1], head);
+    }
   }
   EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
   changed = pass.Run(&g);

@@ -11,6 +11,7 @@
 
 #include "executor/comm/comm.h"
 #include "executor/cpu/workspace.h"
+#include "executor/data/npy.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/plan.h"
 #include "gmock/gmock.h"
@@ -305,7 +306,9 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
                 EXPECT_GT(p.saved, 0) << where;
                 // Parameters and optimizer state are updated in place: the optimizer phase's fresh
                 // tensors are scalars (norm partials), except a tied parameter's gradient sum.
-                if (std::string(model) != "tiny_gpt") EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
+                if (std::string(model) != "tiny_gpt") {
+                  EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
+                }
               }
               if (M == 4) activations[kind].push_back(r->steps[0].stages[s].activations_peak);
             }
@@ -474,6 +477,49 @@ TEST(PipelineFixedBatch, ReDerivedBatchTrainsLikeTheDynamicExport) {
   absl::StatusOr<RunResult> refused = (*ambiguous)->Pipeline(c);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("ambiguous"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("re-export the model with dynamic axes"));
+}
+
+// A seq-first post-LN encoder exported at fixed batch 6 (opset 14, no dynamic axes) whose batch cannot be
+// re-derived: with one micro-batch of 6 the micro-batch is the export's batch, so it trains pipelined as
+// exported, bitwise like the unpartitioned run; two micro-batches of 3 are still refused, saying why.
+TEST(PipelineFixedBatch, OneMicrobatchOfTheExportBatchTrainsAsExported) {
+  const std::string dir = ::testing::TempDir() + "/pipeline_fixed_batch_m1";
+  std::filesystem::create_directories(dir + "/data");
+  const std::string src = ONNXPIPE_SOURCE_DIR;
+  const std::string onnx = dir + "/encoder_b6.onnx";
+  const std::string cmd = std::string(ONNXPIPE_PYTHON) + " " + src +
+                          "/models/export.py --family classifier --vocab 100 --d-model 32 --heads 4 --ffn 64 "
+                          "--layers 2 --seq 24 --classes 5 --dropout 0.1 --opset 14 --no-batch-first "
+                          "--no-norm-first --no-dynamic-axes --export-batch 6 --seed 0 --out " + onnx + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  // 12 rows: two steps of batch 6.
+  std::vector<int64_t> tokens(12 * 24), labels(12);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 37 + i / 24) % 100);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>((i * 3) % 5);
+  ASSERT_TRUE(data::WriteNpy(dir + "/data/tokens.npy", ir::Tensor::FromVector<int64_t>({12, 24}, tokens)).ok());
+  ASSERT_TRUE(data::WriteNpy(dir + "/data/labels.npy", ir::Tensor::FromVector<int64_t>({12}, labels)).ok());
+  absl::StatusOr<std::unique_ptr<ModelFixture>> fixed =
+      ModelFixture::FromFile(onnx, dir + "/encoder_b6.json", dir + "/data", /*batch=*/6);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  ASSERT_TRUE(HasFixedBatch((*fixed)->imported()));
+
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 1;
+  c.dropout = true;
+  absl::StatusOr<RunResult> reference = (*fixed)->Reference(c);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<RunResult> piped = (*fixed)->Pipeline(c);
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  EXPECT_EQ(piped->losses, reference->losses);
+  ASSERT_EQ(piped->params.size(), reference->params.size());
+  for (const auto& [name, t] : reference->params) EXPECT_TRUE(piped->params.at(name).BitwiseEquals(t)) << name;
+
+  c.microbatches = 2;
+  absl::StatusOr<RunResult> refused = (*fixed)->Pipeline(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("export batch 6"));
   EXPECT_THAT(refused.status().message(), HasSubstr("re-export the model with dynamic axes"));
 }
 

@@ -134,8 +134,11 @@ TEST_P(PipelineMatrix, EveryConfigurationMatchesTheUnpartitionedRun) {
           ASSERT_EQ(p.num_stages, K);
           int32_t clones = 0;
           for (const StageProgram& sp : p.stages) clones += static_cast<int32_t>(sp.recompute_clones.size());
-          if (rp == RecomputePolicy::kNone) EXPECT_EQ(clones, 0) << Describe(c);
-          if (rp != RecomputePolicy::kNone) EXPECT_GT(clones, 0) << Describe(c);
+          if (rp == RecomputePolicy::kNone) {
+            EXPECT_EQ(clones, 0) << Describe(c);
+          } else {
+            EXPECT_GT(clones, 0) << Describe(c);
+          }
           if (!base) {
             base = std::move(*r);
             if (M == 1) {

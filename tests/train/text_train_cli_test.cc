@@ -78,8 +78,10 @@ TEST_F(TextTrainCliTest, AclImdbFolderArchiveAndTsvTrainTheSameRows) {
 TEST_F(TextTrainCliTest, TextRowsEqualAHandEncodingWithTheMask) {
   const fs::path saved = dir_ / "out" / "bert.onnx", m_text = dir_ / "text.jsonl", m_npy = dir_ / "npy.jsonl";
   const int64_t seq = 10, vocab_size = 12;
+  // --no-shuffle: the text rows in file order, as the npy rows below are by default.
   CommandResult r = Train("models/tiny_bert.onnx", (corpus_ / "train.tsv").string(),
-                          "--seq 10 --vocab-size 12 --metrics " + m_text.string() + " --save " + saved.string());
+                          "--seq 10 --vocab-size 12 --no-shuffle --metrics " + m_text.string() + " --save " +
+                              saved.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("mask -> 'attention_mask'"));
   const std::vector<std::string> vocab = Lines(dir_ / "out" / "bert.vocab.txt");
@@ -156,6 +158,56 @@ TEST_F(TextTrainCliTest, ResumeReusesTheSavedVocabulary) {
             common + "--steps 6 --resume --checkpoint-dir " + ck.string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("was written with vocab_crc32c"));
+}
+
+// The corpus is grouped by class (all neg, then all pos), as aclImdb folders and many TSV files are: text data is
+// shuffled by default (the same rows as --shuffle, not file order), npy data keeps file order (the same rows as
+// --no-shuffle), and the run header says which. A checkpoint of a default text run resumes bit for bit; resuming it
+// in file order is refused naming the flag.
+TEST_F(TextTrainCliTest, TextIsShuffledByDefaultAndNpyKeepsFileOrder) {
+  std::map<std::string, std::vector<nlohmann::json>> text;
+  for (const std::string order : {"", "--shuffle", "--no-shuffle"}) {
+    const fs::path m = dir_ / ("text" + std::to_string(text.size()) + ".jsonl");
+    CommandResult r = Train("models/tiny_classifier.onnx", corpus_.string(),
+                            "--seq 12 --seed 5 " + order + " --metrics " + m.string());
+    ASSERT_EQ(r.exit_code, 0) << order << "\n" << r.err;
+    EXPECT_THAT(r.out, HasSubstr(order == "--no-shuffle" ? "4 steps, rows in file order\n"
+                                                         : "4 steps, rows shuffled per epoch (seed 5)\n"))
+        << order;
+    text[order] = MetricsWithoutTiming(m);
+  }
+  ASSERT_EQ(text[""].size(), 4u);
+  EXPECT_EQ(text[""], text["--shuffle"]);
+  EXPECT_NE(text[""][0]["loss"], text["--no-shuffle"][0]["loss"]);
+
+  std::map<std::string, std::vector<nlohmann::json>> npy;
+  const std::string golden = SourcePath("models/golden/tiny_classifier/data");
+  for (const std::string order : {"", "--shuffle", "--no-shuffle"}) {
+    const fs::path m = dir_ / ("npy" + std::to_string(npy.size()) + ".jsonl");
+    CommandResult r = Train("models/tiny_classifier.onnx", golden, "--seed 5 " + order + " --metrics " + m.string());
+    ASSERT_EQ(r.exit_code, 0) << order << "\n" << r.err;
+    EXPECT_THAT(r.out, HasSubstr(order == "--shuffle" ? "4 steps, rows shuffled per epoch (seed 5)\n"
+                                                      : "4 steps, rows in file order\n"))
+        << order;
+    npy[order] = MetricsWithoutTiming(m);
+  }
+  ASSERT_EQ(npy[""].size(), 4u);
+  EXPECT_EQ(npy[""], npy["--no-shuffle"]);
+  EXPECT_NE(npy[""][0]["loss"], npy["--shuffle"][0]["loss"]);
+
+  // 2 steps with a checkpoint, then --resume to 4 (batch 8 of 48 rows: the resumed steps continue the permutation).
+  const fs::path ck = dir_ / "ck", m_resumed = dir_ / "resumed.jsonl";
+  const std::string text_flags = "--seq 12 --seed 5 --checkpoint-dir " + ck.string() + " --metrics " +
+                                 m_resumed.string();
+  CommandResult r = Train("models/tiny_classifier.onnx", corpus_.string(), text_flags + " --steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Train("models/tiny_classifier.onnx", corpus_.string(), text_flags + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(MetricsWithoutTiming(m_resumed), text[""]);
+  r = Train("models/tiny_classifier.onnx", corpus_.string(), text_flags + " --steps 6 --resume --no-shuffle");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("was written with shuffle true, but this run has false"));
+  EXPECT_THAT(r.err, HasSubstr("--shuffle or --no-shuffle; text data is shuffled by default"));
 }
 
 TEST_F(TextTrainCliTest, WhatTextCannotFeedIsAClearError) {

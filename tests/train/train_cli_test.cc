@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/cli_util.h"
+#include "tests/train/metrics_lines.h"
 
 namespace onnxpipe {
 namespace {
@@ -115,6 +116,33 @@ TEST_F(TrainCliTest, DropoutFollowsTheSeed) {
   std::ifstream golden_file(SourcePath("models/golden/tiny_classifier.json"));
   const nlohmann::json golden = nlohmann::json::parse(golden_file);
   EXPECT_GT(std::abs(a[0] - golden["runs"][1]["losses"][0].get<double>()), 1e-4);  // not dropout-free
+}
+
+// What README.md's "Reproducibility" promises: on one machine a run repeats bit for bit, and onnxpipe's own kernels
+// give the same bits for any ONNXPIPE_NUM_THREADS; another OpenBLAS kernel (another processor type, forced here with
+// OPENBLAS_CORETYPE=Prescott, the baseline x86-64 kernel) agrees to rounding only.
+TEST_F(TrainCliTest, RunsRepeatBitwiseOnOneMachineAndAgreeToRoundingAcrossBlasKernels) {
+  auto metrics = [&](const std::string& env) {
+    const fs::path m = dir_ / "m.jsonl";
+    CommandResult r = RunCommand(env + " " + Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
+                                 " --data " + data_.string() + " --batch 4 --steps 8 --optimizer adamw --lr 0.003 " +
+                                 "--shuffle --seed 3 --freeze " + kClassifierFreeze + " --metrics " + m.string());
+    EXPECT_EQ(r.exit_code, 0) << env << "\n" << r.err;
+    return testing::MetricsWithoutTiming(m);
+  };
+  const std::vector<nlohmann::json> a = metrics("");
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(metrics(""), a);
+  EXPECT_EQ(metrics("ONNXPIPE_NUM_THREADS=1"), a);
+  EXPECT_EQ(metrics("ONNXPIPE_NUM_THREADS=3"), a);
+  const std::vector<nlohmann::json> other_kernel = metrics("OPENBLAS_CORETYPE=Prescott");
+  ASSERT_EQ(other_kernel.size(), a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    for (const char* key : {"loss", "grad_norm"}) {
+      const double x = other_kernel[k][key].get<double>(), ref = a[k][key].get<double>();
+      EXPECT_NEAR(x, ref, 1e-5 * std::abs(ref)) << key << " at step " << k + 1;
+    }
+  }
 }
 
 // On a terminal the progress line is rewritten in place with \r (util-linux `script` gives the
