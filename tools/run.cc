@@ -3,11 +3,13 @@
 #include <filesystem>
 #include <map>
 
+#include "executor/backend/backend_evaluator.h"
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/data/npy.h"
 #include "executor/runtime/interpreter.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
+#include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/model.h"
@@ -69,13 +71,16 @@ std::string FileNameFor(const std::string& value_name) {
 int RunRun(const Args& args) {
   std::string inputs_dir, out_dir, backend = "cpu", dtype = "fp32";
   bool check_numerics = false;
-  FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu] [--dtype fp32|fp64]",
+  int64_t device = 0;
+  FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu|cuda|checked] [--dtype fp32|fp64]",
                 "Evaluates the forward pass (inference: Dropout is identity). DIR holds input_<i>.pb\n"
                 "TensorProto files in graph-input order (the ONNX backend-test layout) or one\n"
                 "<input name>.npy per graph input; writes <output name>.npy into --out.");
   flags.String("inputs", &inputs_dir, "folder with the input tensors");
   flags.String("out", &out_dir, "folder for the outputs (created)");
-  flags.String("backend", &backend, "cpu");
+  flags.String("backend", &backend, "cpu | cuda | checked: where the nodes run (cuda and checked: node by node "
+               "through the backend, every value copied in and out; a conformance path, not a fast one)");
+  flags.Int("device", &device, "the GPU --backend cuda runs on");
   flags.String("dtype", &dtype, "fp32 | fp64: float precision to compute in");
   flags.Bool("check-numerics", &check_numerics, "stop at the first node producing NaN/Inf");
   if (absl::Status st = flags.Parse(args); !st.ok()) return Fail("run", std::string(st.message()), 2);
@@ -85,7 +90,11 @@ int RunRun(const Args& args) {
   }
   if (flags.positional().size() != 1) return Fail("run", "expected exactly one MODEL.onnx (see --help)", 2);
   if (inputs_dir.empty() || out_dir.empty()) return Fail("run", "--inputs and --out are required", 2);
-  if (backend != "cpu") return Fail("run", "--backend '" + backend + "' is not available; expected cpu", 2);
+  if (backend != "cpu" && backend != "cuda" && backend != "checked") {
+    return Fail("run", "--backend expects cpu, cuda or checked, got '" + backend + "'", 2);
+  }
+  absl::StatusOr<std::shared_ptr<const backend::Backend>> be = BackendFromFlags(backend, device);
+  if (!be.ok()) return Fail("run", std::string(be.status().message()));
   if (dtype != "fp32" && dtype != "fp64") return Fail("run", "--dtype expects fp32 or fp64, got '" + dtype + "'", 2);
 
   const std::string path = flags.positional()[0];
@@ -118,7 +127,10 @@ int RunRun(const Args& args) {
     for (ir::Tensor& t : *feeds)
       if (t.dtype() == ir::DType::kF32) t = t.CastTo(ir::DType::kF64);
   }
-  cpu::CpuEvaluator evaluator;
+  cpu::CpuEvaluator cpu_evaluator;
+  backend::BackendEvaluator backend_evaluator(*be);
+  const ir::OpEvaluator& evaluator =
+      backend == "cpu" ? static_cast<const ir::OpEvaluator&>(cpu_evaluator) : backend_evaluator;
   runtime::InterpreterOptions iopts;
   iopts.check_numerics = check_numerics;
   absl::StatusOr<std::vector<ir::Tensor>> outputs = runtime::Interpret(g, evaluator, *feeds, iopts);

@@ -84,6 +84,19 @@ TEST_F(BackendCliTest, CudaTrainsLikeTheCpuOrFailsClearlyWithoutAGpu) {
   }
 }
 
+// `onnxpipe run` node by node through the checked backend writes the CPU's outputs byte for byte.
+TEST_F(BackendCliTest, RunThroughTheCheckedBackendEqualsTheCpu) {
+  for (const std::string backend : {"cpu", "checked"}) {
+    CommandResult r = RunCommand(Onnxpipe() + " run " + SourcePath("models/tiny_classifier.onnx") + " --inputs " +
+                                 SourcePath("models/golden/tiny_classifier/data") + " --out " +
+                                 (dir_ / backend).string() + " --backend " + backend);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const std::string cpu = testing::ReadAll((dir_ / "cpu" / "logits.npy").string());
+  ASSERT_GT(cpu.size(), 128u);
+  EXPECT_EQ(testing::ReadAll((dir_ / "checked" / "logits.npy").string()), cpu);
+}
+
 TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
   std::vector<double> l, n;
   CommandResult r = Train("--backend tpu", "bad", &l, &n);
