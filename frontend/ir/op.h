@@ -14,6 +14,10 @@
 // - Dropout: inputs (data), attrs `ratio` (float, default 0.5), `seed` (int, optional); outputs
 //   (output, optional mask). It is active while training whatever ONNX's training_mode said, an
 //   identity in inference (`onnxpipe run`).
+// - CumSum: ONNX's axis input is the attribute `axis` here (the importer requires a constant);
+//   attrs exclusive, reverse (0/1) as in ONNX.
+// - GatherElements(data, indices) attr axis; GatherND(data, indices) attr batch_dims: as ONNX,
+//   negative indices count from the end, an index out of range is an error.
 // Fused ops (frontend/passes/fusion):
 // - Linear(X (..., K), W, bias?) attrs trans_b (0: W is (K, N); 1: W is (N, K)) -> Y (..., N).
 // - LayerNorm(X, scale, bias?) attrs axis (default -1), epsilon -> Y, and optionally Mean,
@@ -136,6 +140,12 @@ constexpr int kVariadic = 1 << 20;
   V(Dropout, "Dropout", 1, 1, 1, 2)                          \
   V(Range, "Range", 3, 3, 1, 1)                              \
   V(Trilu, "Trilu", 1, 2, 1, 1)                              \
+  V(GreaterOrEqual, "GreaterOrEqual", 2, 2, 1, 1)            \
+  V(LessOrEqual, "LessOrEqual", 2, 2, 1, 1)                  \
+  V(IsNaN, "IsNaN", 1, 1, 1, 1)                              \
+  V(CumSum, "CumSum", 1, 1, 1, 1)                            \
+  V(GatherElements, "GatherElements", 2, 2, 1, 1)            \
+  V(GatherND, "GatherND", 2, 2, 1, 1)                        \
   V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2) \
   /* Fused ops */                                            \
   V(Linear, "Linear", 2, 3, 1, 1)                            \
