@@ -162,6 +162,14 @@ std::vector<GradCase> ShapeCases() {
          return V{t.Op1(OpKind::kTrilu, {t.Param("x", {4, 5}), t.g().AddConstant("k", ir::Tensor::Scalar<int64_t>(1))},
                         MakeAttrs({{"upper", int64_t{0}}}))}; }},
       {"Trilu_upper", [](TestGraph& t) { return V{t.Op1(OpKind::kTrilu, {t.Param("x", {2, 4, 4})})}; }},
+      {"CumSum_axis1", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {3, 5, 2})}, MakeAttrs({{"axis", int64_t{1}}}))}; }},
+      {"CumSum_exclusive_reverse", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {4, 3})},
+                        MakeAttrs({{"axis", int64_t{-2}}, {"exclusive", int64_t{1}}, {"reverse", int64_t{1}}}))}; }},
+      {"CumSum_exclusive", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {2, 6})},
+                        MakeAttrs({{"axis", int64_t{1}}, {"exclusive", int64_t{1}}}))}; }},
   };
 }
 
