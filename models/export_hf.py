@@ -78,6 +78,18 @@ def family_model(family, attn):
                          num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, tie_word_embeddings=False,
                          bos_token_id=0, eos_token_id=0, **common)
         return model_cls(cfg), ["input_ids", "attention_mask"], True
+    if family == "bart":
+        cfg = tr.BartConfig(d_model=D, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
+                            decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
+                            max_position_embeddings=MAX_POS, dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                            forced_eos_token_id=None, **common)
+        return tr.BartForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
+    if family == "t5":
+        cfg = tr.T5Config(d_model=D, d_kv=D // HEADS, d_ff=FFN, num_layers=1, num_decoder_layers=1, num_heads=HEADS,
+                          relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                          feed_forward_proj="relu", eos_token_id=2, decoder_start_token_id=0, **common)
+        return tr.T5ForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
     raise ValueError(f"unknown family {family!r}")
 
 
@@ -96,7 +108,7 @@ class LogitsOnly(torch.nn.Module):
 
 
 # transformers computes some parts of a model in float32 whatever the model's dtype: the rotary cos/sin caches,
-# RMSNorm's normalisation and eager attention's softmax. That leaves ~1e-7 relative errors in a float64 reference,
+# RMSNorm's normalisation (T5's too) and eager attention's softmax. That leaves ~1e-7 relative errors in a float64 reference,
 # while a float64 trainer computes everything in float64; so the float64 references do too (below). float32 runs
 # are unchanged: the same arithmetic.
 def rotary_in_working_precision(self, x, position_ids):
@@ -131,7 +143,7 @@ def at_dtype(base, dtype):
             name = type(mod).__name__
             if name.endswith("RotaryEmbedding"):
                 mod.forward = types.MethodType(rotary_in_working_precision, mod)
-            elif name.endswith("RMSNorm"):
+            elif hasattr(mod, "variance_epsilon"):  # RMSNorm: LlamaRMSNorm, T5LayerNorm, ...
                 mod.forward = types.MethodType(rms_norm_in_working_precision, mod)
     return model
 
@@ -155,6 +167,8 @@ def make_inputs(names, batch, seq, rng):
     ids = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
     ids[mask == 0] = PAD
     out = {"input_ids": ids, "attention_mask": mask}
+    if "decoder_input_ids" in names:  # teacher forcing: the decoder reads other tokens of the same length
+        out["decoder_input_ids"] = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
     if "token_type_ids" in names:
         out["token_type_ids"] = (np.arange(seq)[None, :] >= (lengths[:, None] // 2)).astype(np.int64) * mask
     return {n: out[n] for n in names}
@@ -186,7 +200,9 @@ VARIANTS = [variant(f, "torchscript", 17, "eager") for f in ("bert", "roberta", 
                                                               "qwen2")]
 VARIANTS += [variant(f, "dynamo", 18, "sdpa") for f in ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2")]
 VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscript", 17, "sdpa"),
-             variant("gpt2", "dynamo", 18, "eager", dynamic=False)]
+             variant("gpt2", "dynamo", 18, "eager", dynamic=False), variant("mistral", "torchscript", 17, "eager"),
+             variant("mistral", "dynamo", 18, "sdpa")]
+VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
 
 
 def export(model, v, args, path):
