@@ -44,6 +44,9 @@
 // - ZerosLike(like) -> zeros of like's dtype and shape.
 // - GatherGrad(dY, indices, like) attr axis -> zeros shaped like `like` with dY's slices
 //   scatter-added at `indices` along axis (negative indices wrap as in Gather); deterministic.
+// - GatherElementsGrad(dY, indices, like) attr axis, GatherNDGrad(dY, indices, like) attr
+//   batch_dims -> zeros shaped like `like` (the forward's data) with dY scatter-added where the
+//   forward read; deterministic.
 // - SliceGrad(dY, like, starts, ends, axes?, steps?) -> zeros shaped like `like`, dY written into
 //   the region Slice(like, starts, ends, axes, steps) selects.
 // - ConcatGrad(dY, like_0, ..., like_{n-1}) attr axis -> n outputs, dY split along axis into
@@ -160,6 +163,8 @@ constexpr int kVariadic = 1 << 20;
   V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1)                  \
   V(ZerosLike, "ZerosLike", 1, 1, 1, 1)                      \
   V(GatherGrad, "GatherGrad", 3, 3, 1, 1)                    \
+  V(GatherElementsGrad, "GatherElementsGrad", 3, 3, 1, 1)    \
+  V(GatherNDGrad, "GatherNDGrad", 3, 3, 1, 1)                \
   V(SliceGrad, "SliceGrad", 4, 6, 1, 1)                      \
   V(ConcatGrad, "ConcatGrad", 2, kVariadic, 1, kVariadic)    \
   V(ReluGrad, "ReluGrad", 2, 2, 1, 1)                        \
