@@ -209,7 +209,7 @@ absl::StatusOr<std::vector<ir::Tensor>> ModKernel(const ir::Node& node,
   });
 }
 
-enum class Cmp { kEqual, kLess, kGreater };
+enum class Cmp { kEqual, kLess, kGreater, kLessOrEqual, kGreaterOrEqual };
 using EqualTypes = TypeList<float, double, int64_t, int32_t, int8_t, uint8_t, bool>;
 
 template <Cmp kOp, typename Types>
@@ -225,8 +225,12 @@ absl::StatusOr<std::vector<ir::Tensor>> CompareKernel(const ir::Node& node,
       out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a == b; });
     } else if constexpr (kOp == Cmp::kLess) {
       out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a < b; });
-    } else {
+    } else if constexpr (kOp == Cmp::kGreater) {
       out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a > b; });
+    } else if constexpr (kOp == Cmp::kLessOrEqual) {
+      out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a <= b; });
+    } else {
+      out = BinaryBroadcast<T, T, bool>(node, ctx, in[0], in[1], [](T a, T b) { return a >= b; });
     }
     if (!out.ok()) return out.status();
     return std::vector<ir::Tensor>{*out};
@@ -283,6 +287,8 @@ REGISTER_CPU_KERNEL(kMod, ModKernel);
 REGISTER_CPU_KERNEL(kEqual, (CompareKernel<Cmp::kEqual, EqualTypes>));
 REGISTER_CPU_KERNEL(kLess, (CompareKernel<Cmp::kLess, ArithTypes>));
 REGISTER_CPU_KERNEL(kGreater, (CompareKernel<Cmp::kGreater, ArithTypes>));
+REGISTER_CPU_KERNEL(kLessOrEqual, (CompareKernel<Cmp::kLessOrEqual, ArithTypes>));
+REGISTER_CPU_KERNEL(kGreaterOrEqual, (CompareKernel<Cmp::kGreaterOrEqual, ArithTypes>));
 REGISTER_CPU_KERNEL(kAnd, AndKernel);
 REGISTER_CPU_KERNEL(kWhere, WhereKernel);
 

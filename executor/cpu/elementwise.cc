@@ -1,6 +1,6 @@
 // Unary elementwise kernels: math functions (float only), Neg/Relu (float and signed integers),
-// Not (bool), Gelu (erf and tanh forms), Identity and Cast. Each op is a tiny functor applied by
-// one parallel map, instantiated per dtype from a single template.
+// Not (bool), IsNaN (float -> bool), Gelu (erf and tanh forms), Identity and Cast. Each op is a
+// tiny functor applied by one parallel map, instantiated per dtype from a single template.
 #include <cmath>
 #include <limits>
 
@@ -99,6 +99,24 @@ absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node,
   return MapUnary<bool>(node, ctx, in[0], [](bool v) { return !v; });
 }
 REGISTER_CPU_KERNEL(kNot, NotKernel);
+
+// IsNaN: float in, bool out (SDPA exports guard fully masked rows with Where(IsNaN(p), 0, p)).
+absl::StatusOr<std::vector<ir::Tensor>> IsNaNKernel(const ir::Node& node,
+                                                    const std::vector<ir::Tensor>& in,
+                                                    const EvalContext& ctx) {
+  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(),
+                       [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DType::kBool, in[0].dims()));
+    const T* x = in[0].data<T>();
+    bool* o = out.mutable_data<bool>();
+    ParallelFor(in[0].num_elements(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = std::isnan(x[i]);
+    });
+    return std::vector<ir::Tensor>{out};
+  });
+}
+REGISTER_CPU_KERNEL(kIsNaN, IsNaNKernel);
 
 // Gelu: x * Phi(x) exactly (approximate = "none") or with the tanh approximation, as
 // torch.nn.functional.gelu.

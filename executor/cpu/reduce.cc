@@ -1,5 +1,5 @@
 // ReduceSum / ReduceMean / ReduceMax over `axes` (attribute), with keepdims and
-// noop_with_empty_axes as in ONNX opset 18. Deterministic: every output element is accumulated
+// noop_with_empty_axes as in ONNX opset 18, and CumSum (the running sum along one axis). Deterministic: every output element is accumulated
 // by one thread, over the reduced elements in row-major order, whatever the pool size.
 // Float sums accumulate in double.
 #include <cmath>
@@ -160,6 +160,45 @@ Outputs ReduceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
   });
 }
 
+// CumSum along `axis`: out[.., j, ..] = sum of x over i <= j (exclusive: i < j; reverse: i >= j,
+// exclusive reverse: i > j), accumulated in SumOp's type (double for floats).
+Outputs CumSumKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& x = in[0];
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", 0), x.rank()));
+  const bool exclusive = node.attrs.Get<int64_t>("exclusive", 0) != 0;
+  const bool reverse = node.attrs.Get<int64_t>("reverse", 0) != 0;
+  const int64_t n = x.dims()[axis];
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.dims()[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.dims()[d];
+  return DispatchDType(NumericTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    using Acc = typename SumOp<T>::Acc;
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
+    const T* p = x.data<T>();
+    T* o = out.mutable_data<T>();
+    ParallelFor(outer * inner, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t line = b; line < e; ++line) {
+        const int64_t base = (line / inner) * n * inner + line % inner;
+        Acc acc = 0;
+        for (int64_t s = 0; s < n; ++s) {
+          const int64_t off = base + (reverse ? n - 1 - s : s) * inner;
+          if (exclusive) {
+            o[off] = static_cast<T>(acc);
+            acc = SumOp<T>::Combine(acc, p[off]);
+          } else {
+            acc = SumOp<T>::Combine(acc, p[off]);
+            o[off] = static_cast<T>(acc);
+          }
+        }
+      }
+    });
+    return std::vector<ir::Tensor>{out};
+  });
+}
+
+REGISTER_CPU_KERNEL(kCumSum, CumSumKernel);
 REGISTER_CPU_KERNEL(kReduceSum, (ReduceKernel<SumOp, NumericTypes>));
 REGISTER_CPU_KERNEL(kReduceMean, (ReduceKernel<MeanOp, NumericTypes>));
 REGISTER_CPU_KERNEL(kReduceMax, (ReduceKernel<MaxOp, NumericTypes>));

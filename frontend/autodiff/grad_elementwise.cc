@@ -172,7 +172,8 @@ void RegisterElementwiseGradients(GradRegistry& r) {
   r.Register(OpKind::kRelu, ReluGrad);
   r.Register(OpKind::kSigmoid, SigmoidGrad);
   r.Register(OpKind::kSum, SumGrad);
-  for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater, OpKind::kNot, OpKind::kAnd})
+  for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater, OpKind::kGreaterOrEqual,
+                    OpKind::kLessOrEqual, OpKind::kIsNaN, OpKind::kNot, OpKind::kAnd})
     r.RegisterNoGradient(op);
 }
 

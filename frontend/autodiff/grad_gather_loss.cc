@@ -1,5 +1,5 @@
-// Gradient rules of Gather (GatherGrad: a deterministic scatter-add into zeros shaped like the
-// table), Dropout (DropoutGrad with the forward's bool mask, which the forward node is asked to
+// Gradient rules of Gather, GatherElements and GatherND (GatherGrad, GatherElementsGrad,
+// GatherNDGrad: deterministic scatter-adds into zeros shaped like the data), Dropout (DropoutGrad with the forward's bool mask, which the forward node is asked to
 // output) and SoftmaxCrossEntropyLoss (SoftmaxCrossEntropyLossGrad from the forward's saved
 // log-probabilities). Indices, labels and class weights are stop-gradient edges.
 #include "frontend/autodiff/grad_builder.h"
@@ -15,6 +15,13 @@ absl::Status GatherGrad(GradBuilder& b) {
   ir::Attrs a;
   a.Set("axis", b.node().attrs.Get<int64_t>("axis", 0));
   b.SetGI(0, b.Emit(OpKind::kGatherGrad, {b.GO(0), b.I(1), b.I(0)}, b.TypeOf(b.I(0)), std::move(a)));
+  return absl::OkStatus();
+}
+
+// GatherElements / GatherND: the backward op takes the forward's attributes (axis / batch_dims).
+template <OpKind kGradOp>
+absl::Status ScatterBackGrad(GradBuilder& b) {
+  b.SetGI(0, b.Emit(kGradOp, {b.GO(0), b.I(1), b.I(0)}, b.TypeOf(b.I(0)), b.node().attrs));
   return absl::OkStatus();
 }
 
@@ -54,6 +61,8 @@ absl::Status SoftmaxCrossEntropyLossGrad(GradBuilder& b) {
 
 void RegisterGatherDropoutLossGradients(GradRegistry& r) {
   r.Register(OpKind::kGather, GatherGrad, {1});
+  r.Register(OpKind::kGatherElements, ScatterBackGrad<OpKind::kGatherElementsGrad>, {1});
+  r.Register(OpKind::kGatherND, ScatterBackGrad<OpKind::kGatherNDGrad>, {1});
   r.Register(OpKind::kDropout, DropoutGrad, {1, 2});
   r.Register(OpKind::kSoftmaxCrossEntropyLoss, SoftmaxCrossEntropyLossGrad, {1, 2});
 }

@@ -1,6 +1,7 @@
 // Gradient rules of reductions: ReduceSum, ReduceMean (dY broadcast back, divided by the reduced
 // element count for the mean: one ExpandLike, which works with symbolic dims) and ReduceMax
-// (the gradient goes to the maxima; ties share it equally, as torch.amax does).
+// (the gradient goes to the maxima; ties share it equally, as torch.amax does), and CumSum (the
+// running sum of dY in the other direction, with the same exclusivity).
 #include <algorithm>
 
 #include "frontend/autodiff/grad_builder.h"
@@ -78,9 +79,17 @@ absl::Status ReduceMaxGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+absl::Status CumSumGrad(GradBuilder& b) {
+  ir::Attrs a = b.node().attrs;
+  a.Set("reverse", int64_t{a.Get<int64_t>("reverse", 0) == 0 ? 1 : 0});
+  b.SetGI(0, b.Emit(OpKind::kCumSum, {b.GO(0)}, b.TypeOf(b.I(0)), std::move(a)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterReduceGradients(GradRegistry& r) {
+  r.Register(OpKind::kCumSum, CumSumGrad);
   r.Register(OpKind::kReduceSum, ReduceSumMeanGrad, {1});
   r.Register(OpKind::kReduceMean, ReduceSumMeanGrad, {1});
   r.Register(OpKind::kReduceMax, ReduceMaxGrad, {1});

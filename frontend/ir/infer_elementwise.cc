@@ -1,5 +1,5 @@
 // Shape rules for element-wise ops: unary math, numpy-broadcasting binary arithmetic, comparisons
-// and logic, Where, Cast, Dropout, Trilu and the fused Gelu.
+// and logic, IsNaN, Where, Cast, Dropout, Trilu and the fused Gelu.
 #include "frontend/ir/infer_rules.h"
 
 namespace onnxpipe::ir::infer_internal {
@@ -19,6 +19,11 @@ absl::StatusOr<Outputs> NumericUnary(const InferContext& ctx) {
 
 absl::StatusOr<Outputs> IdentityRule(const InferContext& ctx) {
   return One(ctx.dtype(0), ctx.shape(0));
+}
+
+absl::StatusOr<Outputs> IsNaNRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  return One(DType::kBool, ctx.shape(0));
 }
 
 absl::StatusOr<Outputs> NotRule(const InferContext& ctx) {
@@ -44,7 +49,7 @@ absl::StatusOr<Outputs> PowRule(const InferContext& ctx) {
   return One(ctx.dtype(0), std::move(s));
 }
 
-// Equal, Less, Greater: same-typed operands, bool result.
+// Equal, Less, Greater, GreaterOrEqual, LessOrEqual: same-typed operands, bool result.
 absl::StatusOr<Outputs> Comparison(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
   ASSIGN_OR_RETURN(Shape s, BroadcastShapes(ctx, {ctx.shape(0), ctx.shape(1)}));
@@ -152,7 +157,10 @@ void RegisterElementwiseRules(RuleTable& t) {
                     OpKind::kMin, OpKind::kMax})
     SetRule(t, op, Arithmetic);
   SetRule(t, OpKind::kPow, PowRule);
-  for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater}) SetRule(t, op, Comparison);
+  for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater, OpKind::kGreaterOrEqual,
+                    OpKind::kLessOrEqual})
+    SetRule(t, op, Comparison);
+  SetRule(t, OpKind::kIsNaN, IsNaNRule);
   SetRule(t, OpKind::kAnd, AndRule);
   SetRule(t, OpKind::kWhere, WhereRule);
   SetRule(t, OpKind::kCast, CastRule);

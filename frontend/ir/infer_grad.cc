@@ -111,6 +111,14 @@ absl::StatusOr<Outputs> ZerosLikeRule(const InferContext& ctx) {
   return One(ctx.dtype(0), ctx.shape(0));
 }
 
+// GatherElementsGrad / GatherNDGrad (dY, indices, like): like's shape, dY's dtype.
+absl::StatusOr<Outputs> ScatterBackRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ctx.ExpectInteger(1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(2, 1));
+  return One(ctx.dtype(0), ctx.shape(2));
+}
+
 absl::StatusOr<Outputs> GatherGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   RETURN_IF_ERROR(ctx.ExpectRankAtLeast(2, 1));
@@ -208,6 +216,8 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kReshapeLike, ReshapeLikeRule);
   SetRule(t, OpKind::kZerosLike, ZerosLikeRule);
   SetRule(t, OpKind::kGatherGrad, GatherGradRule);
+  SetRule(t, OpKind::kGatherElementsGrad, ScatterBackRule);
+  SetRule(t, OpKind::kGatherNDGrad, ScatterBackRule);
   SetRule(t, OpKind::kSliceGrad, SliceGradRule);
   SetRule(t, OpKind::kConcatGrad, ConcatGradRule);
   for (OpKind op : {OpKind::kReluGrad, OpKind::kGeluGrad, OpKind::kDropoutGrad})

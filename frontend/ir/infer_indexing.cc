@@ -1,5 +1,6 @@
 // Shape rules for indexing ops: Slice (ONNX clamping rules, on symbolic dims where the slice
-// length is expressible) and Gather (the indices' shape replaces the gathered axis).
+// length is expressible), Gather (the indices' shape replaces the gathered axis), GatherElements
+// (the indices' shape), GatherND (the index tuples' shape and the rest of data) and CumSum.
 #include <algorithm>
 
 #include "frontend/ir/infer_rules.h"
@@ -148,9 +149,61 @@ absl::StatusOr<Outputs> GatherRule(const InferContext& ctx) {
   return One(ctx.dtype(0), std::move(out));
 }
 
+absl::StatusOr<Outputs> GatherElementsRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectInteger(1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  if (ctx.rank(1) != ctx.rank(0)) {
+    return ctx.Error() << "indices " << ctx.Describe(1) << " must have the rank of data "
+                       << ctx.Describe(0);
+  }
+  RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis").status());
+  return One(ctx.dtype(0), ctx.shape(1));
+}
+
+// GatherND: indices (..., k) picks k leading coordinates (after batch_dims) of data; the output is
+// indices' dims without the last, then data's dims after batch_dims + k.
+absl::StatusOr<Outputs> GatherNDRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectInteger(1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(1, 1));
+  const int64_t r = ctx.rank(0), q = ctx.rank(1);
+  const int64_t b = ctx.attrs().Get<int64_t>("batch_dims", 0);
+  if (b < 0 || b >= std::min(r, q)) {
+    return ctx.Error() << "batch_dims " << b << " must be in [0, min(rank(data), rank(indices)))";
+  }
+  const Dim& last = ctx.shape(1)[q - 1];
+  if (!last.is_concrete()) {
+    return ctx.Error() << "the last dim of indices " << ctx.Describe(1) << " must be known";
+  }
+  const int64_t k = last.value();
+  if (k < 1 || k > r - b) {
+    return ctx.Error() << "index tuples of length " << k << " do not fit data " << ctx.Describe(0)
+                       << " with batch_dims " << b;
+  }
+  for (int64_t d = 0; d < b; ++d) {
+    if (!UnifyDims(ctx.shape(0)[d], ctx.shape(1)[d])) {
+      return ctx.Error() << "batch dim " << d << " differs between " << ctx.Describe(0) << " and "
+                         << ctx.Describe(1);
+    }
+  }
+  Shape out(ctx.shape(1).begin(), ctx.shape(1).end() - 1);
+  out.insert(out.end(), ctx.shape(0).begin() + b + k, ctx.shape(0).end());
+  return One(ctx.dtype(0), std::move(out));
+}
+
+absl::StatusOr<Outputs> CumSumRule(const InferContext& ctx) {
+  if (ctx.dtype(0) == DType::kBool) return ctx.Error() << ctx.Describe(0) << " must be numeric";
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis").status());
+  return One(ctx.dtype(0), ctx.shape(0));
+}
+
 }  // namespace
 
 void RegisterIndexingRules(RuleTable& t) {
+  SetRule(t, OpKind::kGatherElements, GatherElementsRule);
+  SetRule(t, OpKind::kGatherND, GatherNDRule);
+  SetRule(t, OpKind::kCumSum, CumSumRule);
   SetRule(t, OpKind::kSlice, SliceRule);
   SetRule(t, OpKind::kGather, GatherRule);
 }

@@ -14,6 +14,10 @@
 // - Dropout: inputs (data), attrs `ratio` (float, default 0.5), `seed` (int, optional); outputs
 //   (output, optional mask). It is active while training whatever ONNX's training_mode said, an
 //   identity in inference (`onnxpipe run`).
+// - CumSum: ONNX's axis input is the attribute `axis` here (the importer requires a constant);
+//   attrs exclusive, reverse (0/1) as in ONNX.
+// - GatherElements(data, indices) attr axis; GatherND(data, indices) attr batch_dims: as ONNX,
+//   negative indices count from the end, an index out of range is an error.
 // Fused ops (frontend/passes/fusion):
 // - Linear(X (..., K), W, bias?) attrs trans_b (0: W is (K, N); 1: W is (N, K)) -> Y (..., N).
 // - LayerNorm(X, scale, bias?) attrs axis (default -1), epsilon -> Y, and optionally Mean,
@@ -40,6 +44,9 @@
 // - ZerosLike(like) -> zeros of like's dtype and shape.
 // - GatherGrad(dY, indices, like) attr axis -> zeros shaped like `like` with dY's slices
 //   scatter-added at `indices` along axis (negative indices wrap as in Gather); deterministic.
+// - GatherElementsGrad(dY, indices, like) attr axis, GatherNDGrad(dY, indices, like) attr
+//   batch_dims -> zeros shaped like `like` (the forward's data) with dY scatter-added where the
+//   forward read; deterministic.
 // - SliceGrad(dY, like, starts, ends, axes?, steps?) -> zeros shaped like `like`, dY written into
 //   the region Slice(like, starts, ends, axes, steps) selects.
 // - ConcatGrad(dY, like_0, ..., like_{n-1}) attr axis -> n outputs, dY split along axis into
@@ -136,6 +143,12 @@ constexpr int kVariadic = 1 << 20;
   V(Dropout, "Dropout", 1, 1, 1, 2)                          \
   V(Range, "Range", 3, 3, 1, 1)                              \
   V(Trilu, "Trilu", 1, 2, 1, 1)                              \
+  V(GreaterOrEqual, "GreaterOrEqual", 2, 2, 1, 1)            \
+  V(LessOrEqual, "LessOrEqual", 2, 2, 1, 1)                  \
+  V(IsNaN, "IsNaN", 1, 1, 1, 1)                              \
+  V(CumSum, "CumSum", 1, 1, 1, 1)                            \
+  V(GatherElements, "GatherElements", 2, 2, 1, 1)            \
+  V(GatherND, "GatherND", 2, 2, 1, 1)                        \
   V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2) \
   /* Fused ops */                                            \
   V(Linear, "Linear", 2, 3, 1, 1)                            \
@@ -150,6 +163,8 @@ constexpr int kVariadic = 1 << 20;
   V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1)                  \
   V(ZerosLike, "ZerosLike", 1, 1, 1, 1)                      \
   V(GatherGrad, "GatherGrad", 3, 3, 1, 1)                    \
+  V(GatherElementsGrad, "GatherElementsGrad", 3, 3, 1, 1)    \
+  V(GatherNDGrad, "GatherNDGrad", 3, 3, 1, 1)                \
   V(SliceGrad, "SliceGrad", 4, 6, 1, 1)                      \
   V(ConcatGrad, "ConcatGrad", 2, kVariadic, 1, kVariadic)    \
   V(ReluGrad, "ReluGrad", 2, 2, 1, 1)                        \

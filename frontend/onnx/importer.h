@@ -176,8 +176,9 @@ std::string_view CanonicalDomain(std::string_view domain);
 void RegisterElementwiseImporters(ImporterRegistry& r);  // import_elementwise.cc
 void RegisterShapeImporters(ImporterRegistry& r);        // import_shape.cc
 void RegisterReduceImporters(ImporterRegistry& r);       // import_reduce.cc: reductions, norms, softmax, loss
-void RegisterMiscImporters(ImporterRegistry& r);
-void RegisterEinsumImporter(ImporterRegistry& r);       // import_einsum.cc: Einsum lowered to IR ops         // import_misc.cc: matmul, gather, constants, casts
+void RegisterMiscImporters(ImporterRegistry& r);    // import_misc.cc: matmul, gather, constants, casts
+void RegisterEinsumImporter(ImporterRegistry& r);   // import_einsum.cc: Einsum lowered to IR ops
+void RegisterIndexImporters(ImporterRegistry& r);   // import_index.cc: GatherElements/ND, CumSum, mask predicates
 
 // Shared helpers for importers.
 // The int list operand that ONNX moved from attribute `name` to input `input_index` across

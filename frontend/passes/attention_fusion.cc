@@ -1,5 +1,6 @@
-// The matcher anchors on the final MatMul(P, V) and walks backwards: dropout, softmax, the chain
-// of scalings and masks on the scores, the Q K^T MatMul, and the pre-scalings and transposes of
+// The matcher anchors on the final MatMul(P, V) and walks backwards: dropout, the guard of SDPA
+// decompositions against fully masked rows (Where(IsNaN(P), 0, P): the fused op already yields
+// zeros for such rows), softmax, the chain of scalings and masks on the scores, the Q K^T MatMul, and the pre-scalings and transposes of
 // Q and K. All checks happen before the graph is touched; the rewrite (new Transpose/Not nodes,
 // the fused node) only runs on a complete match.
 
@@ -122,6 +123,21 @@ class AttentionMatcher {
     return static_cast<int64_t>(val.shape.size());
   }
 
+  // If `p` is Where(IsNaN(x), 0, x) with x used only there, takes both nodes and returns x.
+  std::optional<ValueId> StripNanGuard(ValueId p, AttentionMatch* m) {
+    const Node* where = ProducerOf(*g_, p, OpKind::kWhere);
+    if (where == nullptr || !uses_.HasSingleUse(p)) return std::nullopt;
+    const ValueId x = where->inputs[2];
+    const Node* isnan = ProducerOf(*g_, where->inputs[0], OpKind::kIsNaN);
+    if (isnan == nullptr || isnan->inputs[0] != x || !uses_.HasSingleUse(where->inputs[0])) return std::nullopt;
+    if (uses_.NumUses(x) != 2 || g_->IsGraphOutput(x)) return std::nullopt;
+    std::optional<double> zero = FrozenScalar(where->inputs[1]);
+    if (!zero || *zero != 0.0) return std::nullopt;
+    m->dead.push_back(ProducerId(*g_, p));
+    m->dead.push_back(ProducerId(*g_, where->inputs[0]));
+    return x;
+  }
+
   bool Match(NodeId root, AttentionMatch* m) {
     const Node& pv = g_->node(root);
     ValueId p = pv.inputs[0];
@@ -134,8 +150,15 @@ class AttentionMatcher {
       if (!Take(p, m)) return false;
       p = drop->inputs[0];
     }
+    std::optional<ValueId> unguarded = StripNanGuard(p, m);
+    if (unguarded) p = *unguarded;
     const Node* softmax = ProducerOf(*g_, p, OpKind::kSoftmax);
-    if (softmax == nullptr || !Take(p, m)) return false;
+    if (softmax == nullptr) return false;
+    if (unguarded) {
+      m->dead.push_back(ProducerId(*g_, p));  // its two uses are the guard's, taken above
+    } else if (!Take(p, m)) {
+      return false;
+    }
     ValueId s = softmax->inputs[0];
     const int64_t axis = softmax->attrs.Get<int64_t>("axis", -1);
     if (axis != -1) {

@@ -162,6 +162,23 @@ std::vector<GradCase> ShapeCases() {
          return V{t.Op1(OpKind::kTrilu, {t.Param("x", {4, 5}), t.g().AddConstant("k", ir::Tensor::Scalar<int64_t>(1))},
                         MakeAttrs({{"upper", int64_t{0}}}))}; }},
       {"Trilu_upper", [](TestGraph& t) { return V{t.Op1(OpKind::kTrilu, {t.Param("x", {2, 4, 4})})}; }},
+      {"GatherElements_repeated_negative", [](TestGraph& t) {
+         ValueId idx = t.g().AddConstant("i", ir::Tensor::FromVector<int64_t>({2, 4}, {0, -1, 2, 0, 1, 1, -3, 2}));
+         return V{t.Op1(OpKind::kGatherElements, {t.Param("x", {3, 4}), idx}, MakeAttrs({{"axis", int64_t{0}}}))}; }},
+      {"GatherND_pairs_repeated", [](TestGraph& t) {
+         ValueId idx = t.g().AddConstant("i", ir::Tensor::FromVector<int64_t>({3, 2}, {0, 1, 2, -1, 0, 1}));
+         return V{t.Op1(OpKind::kGatherND, {t.Param("x", {3, 4, 2}), idx})}; }},
+      {"GatherND_batch_dims1", [](TestGraph& t) {
+         ValueId idx = t.g().AddConstant("i", ir::Tensor::FromVector<int64_t>({2, 3, 1}, {3, 0, 3, 1, 2, -4}));
+         return V{t.Op1(OpKind::kGatherND, {t.Param("x", {2, 4, 3}), idx}, MakeAttrs({{"batch_dims", int64_t{1}}}))}; }},
+      {"CumSum_axis1", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {3, 5, 2})}, MakeAttrs({{"axis", int64_t{1}}}))}; }},
+      {"CumSum_exclusive_reverse", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {4, 3})},
+                        MakeAttrs({{"axis", int64_t{-2}}, {"exclusive", int64_t{1}}, {"reverse", int64_t{1}}}))}; }},
+      {"CumSum_exclusive", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kCumSum, {t.Param("x", {2, 6})},
+                        MakeAttrs({{"axis", int64_t{1}}, {"exclusive", int64_t{1}}}))}; }},
   };
 }
 

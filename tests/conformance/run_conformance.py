@@ -26,6 +26,7 @@ SUPPORTED = {
     "Unsqueeze", "Concat", "Split", "Slice", "Shape", "Constant", "ConstantOfShape", "Cast",
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
     "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",
+    "GreaterOrEqual", "LessOrEqual", "IsNaN", "CumSum", "GatherElements", "GatherND",
 }
 
 

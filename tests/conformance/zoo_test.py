@@ -8,7 +8,9 @@ against the PyTorch references stored beside it:
      e.g. RMSNorm's eps and attention scales, which move float64 logits by up to ~1e-8; a half-precision export
      holds its constants (GELU's, eps) in half precision, so its fp64 tolerance is fp32's);
   3. `onnxpipe train` (dropout off, the sidecar's frozen initializers) gives PyTorch's per-step losses for SGD with
-     momentum and AdamW, 1e-7 relative in fp64 and 1e-4 in fp32.
+     momentum and AdamW, 1e-7 relative in fp64 (--fp64-loss-tol) and 1e-4 in fp32;
+  4. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
+     fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums).
 
   /usr/bin/python3 tests/conformance/zoo_test.py --onnxpipe BUILD/tools/onnxpipe tests/data/zoo/llama_o17_fixed
 Prints one line per check and `N passed, N failed`; exit 1 on any failure. Known failures are listed with their
@@ -107,28 +109,66 @@ def check_forward(c, exe, model, side, folder, tmp):
             c.check(f"{name} equals PyTorch ({dtype}, tol {tol:g})", err_rel <= tol, f"max error {err_rel:.3g}")
 
 
-def check_training(c, exe, model, side, folder, tmp):
+PIPELINE_TOL = 1e-12
+
+
+def train_command(exe, model, side, folder, r, metrics):
     tr, loss = side["train"], side["loss"]
+    dtype = "fp64" if r["dtype"] == "float64" else "fp32"
+    h = r["hyperparams"]
+    cmd = [exe, "train", model, "--data", os.path.join(folder, tr["dir"]), "--batch", str(tr["batch"]),
+           "--steps", str(tr["steps"]), "--optimizer", r["optimizer"], "--lr", repr(h["lr"]),
+           "--weight-decay", repr(h["weight_decay"]), "--logits", loss["logits"], "--labels", loss["labels"],
+           "--ignore-index", str(loss["ignore_index"]), "--dtype", dtype, "--no-dropout", "--metrics", metrics]
+    if r["optimizer"] == "sgd":
+        cmd += ["--momentum", repr(h["momentum"])]
+    else:
+        cmd += ["--beta1", repr(h["betas"][0]), "--beta2", repr(h["betas"][1]), "--eps", repr(h["eps"])]
+    if side["freeze"]:
+        cmd += ["--freeze", regex_of_names(side["freeze"])]
+    return cmd
+
+
+def read_losses(metrics):
+    with open(metrics) as fh:
+        return [json.loads(line)["loss"] for line in fh if line.strip()]
+
+
+def check_pipelined(c, exe, model, side, folder, tmp, stage_counts):
+    """The fp64 AdamW run over each of `stage_counts` stages equals the unpartitioned run."""
+    runs = [r for r in side["train"]["runs"] if r["dtype"] == "float64" and r["optimizer"] == "adamw"]
+    if not runs:
+        return
+    got = {}
+    for k in [0] + stage_counts:
+        metrics = os.path.join(tmp, f"metrics_pipe{k}.jsonl")
+        cmd = train_command(exe, model, side, folder, runs[0], metrics)
+        if k:
+            cmd += ["--stages", str(k), "--microbatches", "2" if side.get("dynamic", True) else "1"]
+        what = f"train adamw fp64 --stages {k}" if k else "train adamw fp64 (pipeline reference)"
+        rc, _, err = run(cmd)
+        if not c.check(what, rc == 0, err.strip()[-2000:]):
+            if k == 0:
+                return
+            continue
+        got[k] = read_losses(metrics)
+        if k:
+            ok = len(got[0]) == len(got[k]) and all(abs(a - b) <= PIPELINE_TOL * abs(a) for a, b in zip(got[0], got[k]))
+            c.check(f"--stages {k} losses equal the unpartitioned run (rel {PIPELINE_TOL:g})", ok,
+                    f"pipelined {got[k]} unpartitioned {got[0]}")
+
+
+def check_training(c, exe, model, side, folder, tmp):
+    tr = side["train"]
     for i, r in enumerate(tr["runs"]):
         dtype = "fp64" if r["dtype"] == "float64" else "fp32"
-        h = r["hyperparams"]
         metrics = os.path.join(tmp, f"metrics_{i}.jsonl")
-        cmd = [exe, "train", model, "--data", os.path.join(folder, tr["dir"]), "--batch", str(tr["batch"]),
-               "--steps", str(tr["steps"]), "--optimizer", r["optimizer"], "--lr", repr(h["lr"]),
-               "--weight-decay", repr(h["weight_decay"]), "--logits", loss["logits"], "--labels", loss["labels"],
-               "--ignore-index", str(loss["ignore_index"]), "--dtype", dtype, "--no-dropout", "--metrics", metrics]
-        if r["optimizer"] == "sgd":
-            cmd += ["--momentum", repr(h["momentum"])]
-        else:
-            cmd += ["--beta1", repr(h["betas"][0]), "--beta2", repr(h["betas"][1]), "--eps", repr(h["eps"])]
-        if side["freeze"]:
-            cmd += ["--freeze", regex_of_names(side["freeze"])]
+        cmd = train_command(exe, model, side, folder, r, metrics)
         what = f"train {r['optimizer']} {dtype}"
         rc, _, err = run(cmd)
         if not c.check(what, rc == 0, err.strip()[-2000:]):
             continue
-        with open(metrics) as fh:
-            got = [json.loads(line)["loss"] for line in fh if line.strip()]
+        got = read_losses(metrics)
         want = r["losses"]
         tol = LOSS_TOL[r["dtype"]]
         ok = len(got) == len(want) and all(abs(g - w) <= tol * abs(w) for g, w in zip(got, want))
@@ -138,11 +178,17 @@ def check_training(c, exe, model, side, folder, tmp):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--onnxpipe", required=True, help="the onnxpipe executable")
+    p.add_argument("--fp64-loss-tol", type=float, default=LOSS_TOL["float64"],
+                   help=f"relative tolerance of the fp64 losses (default {LOSS_TOL['float64']:g})")
+    p.add_argument("--pipeline-stages", type=int, action="append", default=[],
+                   help="also check that the fp64 AdamW run over this many stages equals the unpartitioned run "
+                        "(repeatable)")
     p.add_argument("models", nargs="+", help="zoo folders (each with zoo.json and model.onnx)")
     p.add_argument("--expected", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "zoo",
                                                       "expected_failures.txt"),
                    help="expected failures (default tests/data/zoo/expected_failures.txt)")
     a = p.parse_args(argv)
+    LOSS_TOL["float64"] = a.fp64_loss_tol
     expected = load_expected(a.expected)
     passed = failed = 0
     for folder in a.models:
@@ -156,6 +202,8 @@ def main(argv=None):
             if c.failed == 0:
                 check_forward(c, a.onnxpipe, model, side, folder, tmp)
                 check_training(c, a.onnxpipe, model, side, folder, tmp)
+                if a.pipeline_stages:
+                    check_pipelined(c, a.onnxpipe, model, side, folder, tmp, a.pipeline_stages)
         passed, failed = passed + c.passed, failed + c.failed
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -117,10 +117,13 @@ TEST(Binary, ComparisonsAndLogic) {
     Tensor x = RandInt(DType::kI64, {3, 4}, 8, -3, 3).CastTo(dt);
     Tensor y = RandInt(DType::kI64, {4}, 9, -3, 3).CastTo(dt);
     auto ref = Numpy({{"x", x}, {"y", y}},
-                     "x, y = a['x'], a['y']\nout['eq'] = x == y\nout['lt'] = x < y\nout['gt'] = x > y\n");
+                     "x, y = a['x'], a['y']\nout['eq'] = x == y\nout['lt'] = x < y\nout['gt'] = x > y\n"
+                     "out['le'] = x <= y\nout['ge'] = x >= y\n");
     EXPECT_TRUE(Eval1(MakeNode(OpKind::kEqual, 2), {x, y}).BitwiseEquals(ref["eq"])) << ir::DTypeName(dt);
     EXPECT_TRUE(Eval1(MakeNode(OpKind::kLess, 2), {x, y}).BitwiseEquals(ref["lt"])) << ir::DTypeName(dt);
     EXPECT_TRUE(Eval1(MakeNode(OpKind::kGreater, 2), {x, y}).BitwiseEquals(ref["gt"])) << ir::DTypeName(dt);
+    EXPECT_TRUE(Eval1(MakeNode(OpKind::kLessOrEqual, 2), {x, y}).BitwiseEquals(ref["le"])) << ir::DTypeName(dt);
+    EXPECT_TRUE(Eval1(MakeNode(OpKind::kGreaterOrEqual, 2), {x, y}).BitwiseEquals(ref["ge"])) << ir::DTypeName(dt);
   }
   Tensor p = Tensor::FromVector<bool>({2, 2}, {true, true, false, false});
   Tensor q = Tensor::FromVector<bool>({2}, {true, false});

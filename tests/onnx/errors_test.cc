@@ -69,6 +69,10 @@ std::vector<BadCase> BadCases() {
       {"dropout_dynamic_ratio", kInvalid, {"'dyn_drop' (Dropout)", "input 1 ('r', ratio)",
                                            "must be a constant"}},
       {"gelu_bad_approximate", kInvalid, {"'gelu_erf'", "approximate must be 'none' or 'tanh'", "got 'erf'"}},
+      {"cumsum_dynamic_axis", kInvalid, {"'dyn_cumsum' (CumSum)", "input 1 ('ax', axis)",
+                                         "must be a constant"}},
+      {"gathernd_negative_batch_dims", kInvalid, {"'neg_batch' (GatherND)", "batch_dims must be >= 0",
+                                                  "got -1"}},
   };
 }
 

@@ -392,6 +392,12 @@ def bad_models():
     ms["dropout_dynamic_ratio"] = model(
         [helper.make_node("Dropout", ["x", "r"], ["y"], name="dyn_drop")],
         [vi("x", F, [3]), vi("r", F, [])], [vi("y", F, [3])])
+    ms["cumsum_dynamic_axis"] = model(
+        [helper.make_node("CumSum", ["x", "ax"], ["y"], name="dyn_cumsum")],
+        [vi("x", F, [2, 3]), vi("ax", TensorProto.INT64, [])], [vi("y", F, [2, 3])])
+    ms["gathernd_negative_batch_dims"] = model(
+        [helper.make_node("GatherND", ["x", "i"], ["y"], name="neg_batch", batch_dims=-1)],
+        [vi("x", F, [2, 3]), vi("i", TensorProto.INT64, [2, 1])], [vi("y", F, [2, 3])], opset=18)
     # libonnx 1.12's LayerNormalization inference writes out of bounds for these (found by
     # fuzzing; python's onnx.shape_inference crashes on them too); onnxpipe's guard makes it an
     # error.

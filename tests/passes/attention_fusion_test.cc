@@ -111,6 +111,23 @@ TEST(AttentionFusionTest, ScalingAfterTheMaskIsNotFused) {
 }
 TEST(AttentionFusionTest, UsedDropoutMaskIsNotFused) { ExpectMhaNotFused({.dropout_mask_used = true}); }
 
+TEST(AttentionFusionTest, NanGuardOfSdpaDecompositionsIsAbsorbed) {
+  GraphBuilder b;
+  MhaGraph m = BuildMha(b, {.mask = MhaOptions::kInputMask, .nan_guard = MhaOptions::kZeroGuard});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  // The fused op yields zeros for a fully masked row, which is what the guard makes of its NaNs.
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Transpose", 4}}));
+  EXPECT_EQ(OnlyAttention(g).inputs[3], m.mask);
+}
+TEST(AttentionFusionTest, NanGuardWithAnotherFillIsNotFused) {
+  ExpectMhaNotFused({.nan_guard = MhaOptions::kOneGuard});
+}
+TEST(AttentionFusionTest, NanGuardWithAnotherSoftmaxUseIsNotFused) {
+  ExpectMhaNotFused({.extra_softmax_use = true, .nan_guard = MhaOptions::kZeroGuard});
+}
+
 TEST(AttentionFusionTest, GptMaskedFillWithConstantTriangleIsCausal) {
   GraphBuilder b;
   GptGraph m = BuildGpt(b, {});

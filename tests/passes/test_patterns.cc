@@ -122,6 +122,10 @@ MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o) {
   if (o.scale_after_mask) s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {BH, S, S});
   ValueId p = b.Op(OpKind::kSoftmax, {s}, {BH, S, S}, MakeAttrs({{"axis", int64_t{-1}}}));
   if (o.extra_softmax_use) b.Output(p);
+  if (o.nan_guard != MhaOptions::kNoGuard) {  // SDPA decompositions: Where(IsNaN(P), 0, P)
+    ValueId isnan = b.Op(OpKind::kIsNaN, {p}, {BH, S, S}, {}, DType::kBool);
+    p = b.Op(OpKind::kWhere, {isnan, b.Scalar(o.nan_guard == MhaOptions::kZeroGuard ? 0.0f : 1.0f), p}, {BH, S, S});
+  }
   ir::Graph& g = b.graph();
   ValueId dropped = g.AddValue("drop_out", DType::kF32, {BH, S, S});
   ValueId drop_mask = g.AddValue("drop_mask", DType::kBool, {BH, S, S});

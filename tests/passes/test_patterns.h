@@ -74,6 +74,8 @@ struct MhaOptions {
   bool extra_softmax_use = false;
   bool scale_after_mask = false;
   bool dropout_mask_used = false;
+  // Where(IsNaN(P), fill, P) after the softmax, fill 0 (as SDPA decompositions) or 1.
+  enum NanGuard { kNoGuard, kZeroGuard, kOneGuard } nan_guard = kNoGuard;
 };
 
 struct MhaGraph {

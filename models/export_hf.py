@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Exports the Hugging Face corpus: tiny random-weight models of `transformers` families (BERT, RoBERTa, DistilBERT,
+GPT-2, Llama, Qwen2, ...) with torch's TorchScript exporter (opset 17) and its dynamo exporter (opset 18), each with
+the PyTorch references the C++ side is checked against (tests/conformance/zoo_test.py, same layout as
+models/export_zoo.py's corpus, so CI runs without torch).
+
+Needs a newer torch and transformers than Debian's, in a virtual environment outside the repository (CPU is enough):
+  python3 -m venv VENV && VENV/bin/pip install torch transformers onnx onnxscript onnxruntime
+  VENV/bin/python models/export_hf.py                        # every variant into models/hf/
+  VENV/bin/python models/export_hf.py --only llama_dynamo18_dyn --out /tmp/hf
+
+Each variant goes to OUT/<name>/ (default OUT: models/hf), as export_zoo.py writes its corpus:
+  model.onnx   the export (tiny configs: a few hundred KiB at most)
+  zoo.json     family, exporter, opset, attention implementation, inputs, the loss, the initializers to freeze
+               (buffers and exporter constants), the forward and training references
+  forward/     inputs/<name>.npy and logits.npy: float64 PyTorch logits at another batch/sequence than the traced one
+               when the axes are dynamic
+  train/       <input>.npy per graph input + labels.npy; zoo.json holds the per-step losses of SGD (momentum) and
+               AdamW in float64 and float32 (dropout is 0 in every config), step k on rows [k*B, (k+1)*B)
+Inputs are right-padded: attention_mask is 1 then 0 per row, the padded positions hold the pad token, and language
+models' labels ignore them. A variant that a torch/transformers cannot export is reported and skipped; --strict makes
+that an error.
+"""
+import argparse
+import contextlib
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_zoo import (IGNORE_INDEX, OPTIMIZERS, freeze_list, runs_in_onnxruntime,  # noqa: E402
+                        save_npys, strip_machine_paths)
+
+FORMAT = "onnxpipe-zoo/1"
+VOCAB, D, HEADS, KV_HEADS, FFN, LAYERS, SEQ, CLASSES, MAX_POS = 40, 16, 4, 2, 32, 2, 12, 3, 32
+PAD = 1  # the pad token of every family (RoBERTa's position ids count from it)
+TRAIN_BATCH = 4
+
+
+def family_model(family, attn):
+    """(module, input names, is_lm) of a tiny random `transformers` model of `family`."""
+    import transformers as tr
+
+    common = dict(vocab_size=VOCAB, pad_token_id=PAD, attn_implementation=attn)
+    if family == "bert":
+        cfg = tr.BertConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                            intermediate_size=FFN, max_position_embeddings=MAX_POS, num_labels=CLASSES,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+        return tr.BertForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"], False
+    if family == "roberta":
+        cfg = tr.RobertaConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                               intermediate_size=FFN, max_position_embeddings=MAX_POS, num_labels=CLASSES,
+                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+        return tr.RobertaForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "distilbert":
+        cfg = tr.DistilBertConfig(dim=D, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN,
+                                  max_position_embeddings=MAX_POS, num_labels=CLASSES, dropout=0.0,
+                                  attention_dropout=0.0, seq_classif_dropout=0.0, **common)
+        return tr.DistilBertForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "gpt2":
+        cfg = tr.GPT2Config(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, n_positions=MAX_POS,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                            **common)
+        return tr.GPT2LMHeadModel(cfg), ["input_ids", "attention_mask"], True
+    if family in ("llama", "qwen2", "mistral"):
+        config_cls, model_cls = {"llama": (tr.LlamaConfig, tr.LlamaForCausalLM),
+                                 "qwen2": (tr.Qwen2Config, tr.Qwen2ForCausalLM),
+                                 "mistral": (tr.MistralConfig, tr.MistralForCausalLM)}[family]
+        cfg = config_cls(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, tie_word_embeddings=False,
+                         bos_token_id=0, eos_token_id=0, **common)
+        return model_cls(cfg), ["input_ids", "attention_mask"], True
+    if family == "bart":
+        cfg = tr.BartConfig(d_model=D, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
+                            decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
+                            max_position_embeddings=MAX_POS, dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                            forced_eos_token_id=None, **common)
+        return tr.BartForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
+    if family == "t5":
+        cfg = tr.T5Config(d_model=D, d_kv=D // HEADS, d_ff=FFN, num_layers=1, num_decoder_layers=1, num_heads=HEADS,
+                          relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                          feed_forward_proj="relu", eos_token_id=2, decoder_start_token_id=0, **common)
+        return tr.T5ForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
+    raise ValueError(f"unknown family {family!r}")
+
+
+class LogitsOnly(torch.nn.Module):
+    """The model with positional inputs and the logits as its only output (what an exporter and a trainer see)."""
+
+    def __init__(self, model, names, is_lm):
+        super().__init__()
+        self.m, self.names, self.is_lm = model, names, is_lm
+
+    def forward(self, *inputs):
+        kw = dict(zip(self.names, inputs))
+        if self.is_lm:
+            kw["use_cache"] = False
+        return self.m(**kw).logits
+
+
+# transformers computes some parts of a model in float32 whatever the model's dtype: the rotary cos/sin caches,
+# RMSNorm's normalisation (T5's too) and eager attention's softmax. That leaves ~1e-7 relative errors in a float64 reference,
+# while a float64 trainer computes everything in float64; so the float64 references do too (below). float32 runs
+# are unchanged: the same arithmetic.
+def rotary_in_working_precision(self, x, position_ids):
+    freqs = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.dtype)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+def rms_norm_in_working_precision(self, h):
+    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+@contextlib.contextmanager
+def softmax_in_working_precision():
+    softmax = F.softmax
+
+    def patched(x, *args, dtype=None, **kw):
+        return softmax(x, *args, dtype=None if dtype == torch.float32 and x.dtype == torch.float64 else dtype, **kw)
+
+    F.softmax = patched
+    try:
+        yield
+    finally:
+        F.softmax = softmax
+
+
+def at_dtype(base, dtype):
+    """A copy of the model in `dtype`, computing in float64 throughout when dtype is float64 (see above)."""
+    model = copy.deepcopy(base).to(dtype)
+    if dtype == torch.float64:
+        for mod in model.modules():
+            name = type(mod).__name__
+            if name.endswith("RotaryEmbedding"):
+                mod.forward = types.MethodType(rotary_in_working_precision, mod)
+            elif hasattr(mod, "variance_epsilon"):  # RMSNorm: LlamaRMSNorm, T5LayerNorm, ...
+                mod.forward = types.MethodType(rms_norm_in_working_precision, mod)
+    return model
+
+
+def build_model(family, attn, seed=0):
+    torch.manual_seed(seed)
+    model, names, is_lm = family_model(family, attn)
+    # Non-trivial values everywhere (LayerNorm/RMSNorm scales 1 + noise, biases non-zero) so that the references
+    # exercise every gradient; tied weights stay tied (named_parameters lists them once).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return LogitsOnly(model.eval(), names, is_lm)
+
+
+def make_inputs(names, batch, seq, rng):
+    """Right-padded rows: lengths in [seq/2, seq], the padded tail holds PAD and mask 0; token types 0 then 1."""
+    lengths = rng.integers(max(2, seq // 2), seq + 1, size=batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
+    ids[mask == 0] = PAD
+    out = {"input_ids": ids, "attention_mask": mask}
+    if "decoder_input_ids" in names:  # teacher forcing: the decoder reads other tokens of the same length
+        out["decoder_input_ids"] = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
+    if "token_type_ids" in names:
+        out["token_type_ids"] = (np.arange(seq)[None, :] >= (lengths[:, None] // 2)).astype(np.int64) * mask
+    return {n: out[n] for n in names}
+
+
+def make_labels(is_lm, inputs, rng):
+    ids = inputs["input_ids"]
+    if not is_lm:
+        return rng.integers(0, CLASSES, size=(ids.shape[0],), dtype=np.int64)
+    labels = rng.integers(0, VOCAB, size=ids.shape, dtype=np.int64)
+    labels[inputs["attention_mask"] == 0] = IGNORE_INDEX
+    labels[rng.random(labels.shape) < 0.2] = IGNORE_INDEX
+    return labels
+
+
+def loss_of(is_lm, logits, labels):
+    if is_lm:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits, labels)
+
+
+def variant(family, exporter, opset, attn, dynamic=True):
+    kind = "ts" if exporter == "torchscript" else "dynamo"
+    name = f"{family}_{kind}{opset}_{attn}_{'dyn' if dynamic else 'fixed'}"
+    return dict(name=name, family=family, exporter=exporter, opset=opset, attn=attn, dynamic=dynamic)
+
+
+VARIANTS = [variant(f, "torchscript", 17, "eager") for f in ("bert", "roberta", "distilbert", "gpt2", "llama",
+                                                              "qwen2")]
+VARIANTS += [variant(f, "dynamo", 18, "sdpa") for f in ("bert", "roberta", "distilbert", "gpt2", "llama", "qwen2")]
+VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscript", 17, "sdpa"),
+             variant("gpt2", "dynamo", 18, "eager", dynamic=False), variant("mistral", "torchscript", 17, "eager"),
+             variant("mistral", "dynamo", 18, "sdpa")]
+VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
+
+
+def export(model, v, args, path):
+    names = model.names
+    kw = dict(input_names=names, output_names=["logits"], opset_version=v["opset"])
+    if v["exporter"] == "torchscript":
+        axes = None
+        if v["dynamic"]:
+            axes = {n: {0: "batch", 1: "seq"} for n in names}
+            axes["logits"] = {0: "batch", 1: "seq"} if model.is_lm else {0: "batch"}
+        torch.onnx.export(model, args, path, dynamo=False, dynamic_axes=axes, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING, **kw)
+    else:
+        shapes = None
+        if v["dynamic"]:
+            b, s = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=MAX_POS - 4)
+            shapes = (tuple({0: b, 1: s} for _ in names),)  # forward(*inputs): one varargs tuple
+        prog = torch.onnx.export(model, args, None, dynamo=True, dynamic_shapes=shapes, **kw)
+        prog.save(path, external_data=False)
+    import onnx
+
+    proto = onnx.load(path)
+    # The dynamo exporter's per-node metadata (stack traces naming the exporting machine's paths, module
+    # hierarchies, fx node text) is three quarters of these files and no input to a trainer: dropped.
+    if strip_machine_paths(proto) or any(len(n.metadata_props) for n in proto.graph.node):
+        for n in proto.graph.node:
+            del n.metadata_props[:]
+        onnx.save_model(proto, path)
+    return proto
+
+
+def train_losses(base, inputs, labels, steps, opt_name, dtype, lost):
+    model = at_dtype(base, dtype).train()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name not in lost)
+    params = [p for p in model.parameters() if p.requires_grad]
+    h = OPTIMIZERS[opt_name]
+    if opt_name == "sgd":
+        opt = torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"], weight_decay=h["weight_decay"])
+    else:
+        opt = torch.optim.AdamW(params, lr=h["lr"], betas=tuple(h["betas"]), eps=h["eps"],
+                                weight_decay=h["weight_decay"])
+    losses = []
+    for k in range(steps):
+        rows = slice(k * TRAIN_BATCH, (k + 1) * TRAIN_BATCH)
+        logits = model(*[torch.from_numpy(inputs[n][rows]) for n in model.names])
+        loss = loss_of(model.is_lm, logits, torch.from_numpy(labels[rows]))
+        opt.zero_grad()
+        loss.backward()
+        losses.append(float(loss))
+        opt.step()
+    return dict(optimizer=opt_name, hyperparams=h, dtype=str(dtype).replace("torch.", ""), losses=losses)
+
+
+def build_variant(v, out_dir, steps):
+    import onnx
+    import transformers
+
+    base = build_model(v["family"], v["attn"])
+    names = base.names
+    rng = np.random.default_rng(1)
+    batch = 2 if v["dynamic"] else TRAIN_BATCH
+    trace = make_inputs(names, batch, SEQ, rng)
+    tmp = tempfile.mkdtemp(prefix=v["name"] + ".", dir=os.path.dirname(os.path.abspath(out_dir)))
+    try:
+        path = os.path.join(tmp, "model.onnx")
+        proto = export(copy.deepcopy(base), v, tuple(torch.from_numpy(trace[n]) for n in names), path)
+        fb, fs = (3, SEQ - 3) if v["dynamic"] else (batch, SEQ)
+        fwd_in = make_inputs(names, fb, fs, rng)
+        note = None
+        if v["dynamic"] and not runs_in_onnxruntime(path, fwd_in):
+            fb, fs = 3, SEQ
+            fwd_in = make_inputs(names, fb, fs, rng)
+            note = "onnxruntime cannot run this export at a sequence length other than the traced one"
+        with torch.no_grad(), softmax_in_working_precision():
+            ref = at_dtype(base, torch.float64)(*[torch.from_numpy(fwd_in[n]) for n in names]).numpy()
+        save_npys(os.path.join(tmp, "forward", "inputs"), fwd_in)
+        save_npys(os.path.join(tmp, "forward"), {"logits": ref})
+        data = make_inputs(names, TRAIN_BATCH * steps, SEQ, rng)
+        labels = make_labels(base.is_lm, data, rng)
+        save_npys(os.path.join(tmp, "train"), dict(data, labels=labels))
+        frozen, lost = freeze_list(proto, base)
+        with softmax_in_working_precision():
+            runs = [train_losses(base, data, labels, steps, o, d, lost)
+                    for o in ("sgd", "adamw") for d in (torch.float64, torch.float32)]
+        graph_inputs = [i for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+        sidecar = dict(
+            format=FORMAT, name=v["name"], arch=v["family"], family=v["family"], attn_implementation=v["attn"],
+            config=dict(vocab=VOCAB, d=D, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN, layers=LAYERS, seq=SEQ,
+                        classes=CLASSES, pad=PAD),
+            exporter=v["exporter"], opset=v["opset"], torch=torch.__version__, transformers=transformers.__version__,
+            onnx=onnx.__version__, dynamic=v["dynamic"], external_data=False, weights="float32",
+            ir_version=proto.ir_version, nodes=len(proto.graph.node),
+            inputs=[dict(name=i.name, elem_type=i.type.tensor_type.elem_type,
+                         dims=[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+                    for i in graph_inputs],
+            outputs=[o.name for o in proto.graph.output],
+            parameters=sum(p.numel() for p in base.parameters()),
+            freeze=frozen, lost_parameters=lost, forward_note=note,
+            loss=dict(logits="logits", labels="labels", per="token" if base.is_lm else "sample",
+                      ignore_index=IGNORE_INDEX),
+            forward=dict(batch=fb, seq=fs, inputs="forward/inputs", outputs={"logits": "forward/logits.npy"},
+                         dtype="float64"),
+            train=dict(dir="train", batch=TRAIN_BATCH, steps=steps, runs=runs))
+        with open(os.path.join(tmp, "zoo.json"), "w") as fh:
+            json.dump(sidecar, fh, indent=1)
+            fh.write("\n")
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs_ in os.walk(out_dir) for f in fs_)
+
+
+def main(argv=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(here, "hf"), help="corpus folder (default models/hf)")
+    p.add_argument("--only", action="append", help="variant name (repeatable); default: every variant")
+    p.add_argument("--steps", type=int, default=5, help="training steps per reference run (default 5)")
+    p.add_argument("--strict", action="store_true", help="fail when a variant cannot be exported")
+    p.add_argument("--list", action="store_true", help="print the variants and exit")
+    a = p.parse_args(argv)
+    if a.list:
+        for v in VARIANTS:
+            print(f"{v['name']:32} {v['family']:10} {v['exporter']:11} opset {v['opset']} {v['attn']:5} "
+                  f"{'dynamic' if v['dynamic'] else 'fixed'}")
+        return
+    known = {v["name"] for v in VARIANTS}
+    for n in a.only or []:
+        if n not in known:
+            raise SystemExit(f"export_hf.py: unknown variant {n!r} (--list shows them)")
+    chosen = [v for v in VARIANTS if not a.only or v["name"] in a.only]
+    torch.set_num_threads(1)
+    os.makedirs(a.out, exist_ok=True)
+    failed = 0
+    for i, v in enumerate(chosen):
+        try:
+            size = build_variant(v, os.path.join(a.out, v["name"]), a.steps)
+            print(f"[{i + 1}/{len(chosen)}] {v['name']}: {size / 1024:.0f} KiB", flush=True)
+        except Exception as e:  # noqa: BLE001 - an exporter failure is reported, not fatal unless --strict
+            failed += 1
+            print(f"[{i + 1}/{len(chosen)}] {v['name']}: not exported with torch {torch.__version__}: "
+                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            if a.strict:
+                raise
+    print(f"{len(chosen) - failed} exported, {failed} failed")
+
+
+if __name__ == "__main__":
+    main()
