@@ -268,6 +268,7 @@ struct Case {
   std::string name;
   GemmDesc desc;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> Cases() {
   const DType bf16 = DType::kBF16, f32 = DType::kF32;
