@@ -176,20 +176,6 @@ __global__ void __launch_bounds__(kMaxThreads) NormBackwardKernel(NormBackwardAr
   }
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t row_end = row_begin + rows_per_block < a.rows ? row_begin + rows_per_block : a.rows;
-  // x and dy of the next row are loaded while the current one is reduced (software pipelining:
-  // a block's rows are sequential, so this doubles the bytes each thread has in flight).
-  rows::Pack<T, VEC> next_x[NV], next_dy[NV];
-  auto prefetch = [&](int64_t row) {
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int c = threadIdx.x + k * blockDim.x;
-      if (c < chunks) {
-        next_x[k] = rows::LoadPack<T, VEC>(a.x + row * a.d + int64_t{c} * VEC);
-        next_dy[k] = rows::LoadPack<T, VEC>(a.dy + row * a.d + int64_t{c} * VEC);
-      }
-    }
-  };
-  if (row_begin < row_end) prefetch(row_begin);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t base = row * a.d;
     float xh[NV][VEC], dy[NV][VEC];
@@ -197,14 +183,13 @@ __global__ void __launch_bounds__(kMaxThreads) NormBackwardKernel(NormBackwardAr
     for (int k = 0; k < NV; ++k) {
       const int c = threadIdx.x + k * blockDim.x;
       if (c < chunks) {
-        rows::Unpack<T, VEC>(next_x[k], xh[k]);
-        rows::Unpack<T, VEC>(next_dy[k], dy[k]);
+        LoadFloats<T, VEC>(a.x + base + int64_t{c} * VEC, xh[k]);
+        LoadFloats<T, VEC>(a.dy + base + int64_t{c} * VEC, dy[k]);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) xh[k][j] = dy[k][j] = 0.f;
       }
     }
-    if (row + 1 < row_end) prefetch(row + 1);
     float mean = 0.f, rstd;
     if (a.rstd != nullptr) {
       rstd = a.rstd[row];

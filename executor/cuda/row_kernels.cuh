@@ -30,19 +30,10 @@ struct alignas(sizeof(T) * VEC) Pack {
 };
 
 template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> LoadPack(const T* p) {
-  return *reinterpret_cast<const Pack<T, VEC>*>(p);
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void Unpack(const Pack<T, VEC>& pk, float (&out)[VEC]) {
+__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) out[j] = ToFloat(pk.v[j]);
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[VEC]) {
-  Unpack<T, VEC>(LoadPack<T, VEC>(p), out);
 }
 
 template <typename T, int VEC>
