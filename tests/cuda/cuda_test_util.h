@@ -47,7 +47,9 @@ template <typename T>
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(int64_t n) : n_(n) {
-    if (n > 0) EXPECT_EQ(cudaMalloc(&ptr_, n * sizeof(T)), cudaSuccess);
+    if (n > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr_, n * sizeof(T)), cudaSuccess);
+    }
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

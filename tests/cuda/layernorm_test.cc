@@ -121,7 +121,9 @@ Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float
   Upload(p.gamma, gamma);
   if (dresidual) Upload(*dresidual, dres);
   if (saved) {
-    if (layer) EXPECT_EQ(cudaMemcpy(mean.get(), saved->mean.data(), p.shape.rows * 4, cudaMemcpyHostToDevice), 0);
+    if (layer) {
+      EXPECT_EQ(cudaMemcpy(mean.get(), saved->mean.data(), p.shape.rows * 4, cudaMemcpyHostToDevice), 0);
+    }
     EXPECT_EQ(cudaMemcpy(rstd.get(), saved->rstd.data(), p.shape.rows * 4, cudaMemcpyHostToDevice), 0);
   }
   NormBackwardArgs<T> a;

@@ -91,6 +91,50 @@ TYPED_TEST(SoftmaxCudaTest, ForwardInPlace) {
   ExpectMatch<T>(Download(xd), Floats(want[0]), "in place");
 }
 
+// Rows with -inf entries (masks), some whole 16-byte packs of them at the start of a thread's share.
+TYPED_TEST(SoftmaxCudaTest, NegativeInfinityGetsZeroProbability) {
+  using T = TypeParam;
+  const Shape s{8, 1000};
+  std::vector<float> x = Representable<T>(Uniform(s.rows * s.n, 6, -8.f, 8.f));
+  for (int64_t r = 0; r < s.rows; ++r) {
+    for (int64_t i = 0; i < s.n; ++i) {
+      if (i < 24 || i >= s.n - 5 || i % 7 == 3) x[r * s.n + i] = -INFINITY;
+    }
+  }
+  DeviceBuffer<T> xd(x.size()), yd(x.size());
+  Upload(x, xd);
+  ASSERT_TRUE(SoftmaxForward(xd.get(), yd.get(), s.rows, s.n, /*log=*/false, nullptr).ok());
+  const auto want = CpuEval(ir::OpKind::kSoftmax, {F32({s.rows, s.n}, x)}, 1, LastAxis());
+  const std::vector<float> got = Download(yd);
+  ExpectMatch<T>(got, Floats(want[0]), "masked softmax");
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == -INFINITY) {
+      ASSERT_EQ(got[i], 0.f) << i;
+    }
+  }
+}
+
+// Output buffers misaligned against the input (offset by one element): element-wise access.
+TYPED_TEST(SoftmaxCudaTest, MismatchedAlignmentFallsBackToElementwise) {
+  using T = TypeParam;
+  const Shape s{12, 1024};
+  const int64_t n = s.rows * s.n;
+  const std::vector<float> x = Representable<T>(Uniform(n, 7, -8.f, 8.f));
+  const std::vector<float> dy = Representable<T>(Uniform(n, 8, -1.f, 1.f));
+  DeviceBuffer<T> xd(n), yd(n + 1), dyd(n), dxd(n + 1);
+  Upload(x, xd);
+  Upload(dy, dyd);
+  ASSERT_TRUE(SoftmaxForward(xd.get(), yd.get() + 1, s.rows, s.n, /*log=*/false, nullptr).ok());
+  ASSERT_TRUE(SoftmaxBackward(dyd.get(), xd.get(), dxd.get() + 1, s.rows, s.n, /*log=*/false, nullptr).ok());
+  const auto y_want = CpuEval(ir::OpKind::kSoftmax, {F32({s.rows, s.n}, x)}, 1, LastAxis());
+  // The backward read x as its "y" input.
+  const auto dx_want = CpuEval(ir::OpKind::kSoftmaxGrad, {F32({s.rows, s.n}, dy), F32({s.rows, s.n}, x)}, 1,
+                               LastAxis());
+  std::vector<float> y = Download(yd), dx = Download(dxd);
+  ExpectMatch<T>(std::vector<float>(y.begin() + 1, y.end()), Floats(y_want[0]), "softmax, y misaligned");
+  ExpectMatch<T>(std::vector<float>(dx.begin() + 1, dx.end()), Floats(dx_want[0]), "gradient, dx misaligned");
+}
+
 TYPED_TEST(SoftmaxCudaTest, BackwardMatchesCpu) {
   using T = TypeParam;
   uint32_t seed = 50;
@@ -261,8 +305,12 @@ TYPED_TEST(SoftmaxCudaTest, CrossEntropyWithoutGradientAndOutOfRangeLabels) {
   for (int64_t r = 0; r < c.rows; ++r) {
     const bool bad = r == 3 || r == 5;
     const bool ignored = labels[r] == -100;
-    if (bad) EXPECT_TRUE(std::isnan(loss[r])) << "row " << r;
-    if (ignored) EXPECT_EQ(loss[r], 0.f) << "row " << r;
+    if (bad) {
+      EXPECT_TRUE(std::isnan(loss[r])) << "row " << r;
+    }
+    if (ignored) {
+      EXPECT_EQ(loss[r], 0.f) << "row " << r;
+    }
     if (!bad && !ignored) {
       // -log softmax at the label, in double.
       double mx = -INFINITY, sum = 0;
