@@ -33,10 +33,21 @@ __device__ __forceinline__ void ForBlockElements(const cpu::DropoutStream& s, ui
   }
 }
 
+// The stream with its offset taken from device memory when one is given.
+__device__ __forceinline__ cpu::DropoutStream WithOffset(cpu::DropoutStream s, const uint64_t* device_offset) {
+  if (device_offset != nullptr) {
+    const uint64_t offset = *device_offset;
+    s.off_lo = static_cast<uint32_t>(offset);
+    s.off_hi = static_cast<uint32_t>(offset >> 32);
+  }
+  return s;
+}
+
 template <typename T>
-__global__ void DropoutForwardKernel(cpu::DropoutStream s, uint64_t base, BlockRange range, float scale,
-                                     const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
-                                     int64_t n) {
+__global__ void DropoutForwardKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
+                                     BlockRange range, float scale, const T* __restrict__ x, T* __restrict__ y,
+                                     uint8_t* __restrict__ mask, int64_t n) {
+  s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
     ForBlockElements(s, base, n, range.first_block + t, [&](int64_t i, bool keep) {
@@ -47,8 +58,10 @@ __global__ void DropoutForwardKernel(cpu::DropoutStream s, uint64_t base, BlockR
 }
 
 template <typename T>
-__global__ void DropoutBackwardStreamKernel(cpu::DropoutStream s, uint64_t base, BlockRange range, float scale,
-                                            const T* __restrict__ dy, T* __restrict__ dx, int64_t n) {
+__global__ void DropoutBackwardStreamKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
+                                            BlockRange range, float scale, const T* __restrict__ dy,
+                                            T* __restrict__ dx, int64_t n) {
+  s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
     ForBlockElements(s, base, n, range.first_block + t, [&](int64_t i, bool keep) {
@@ -86,8 +99,8 @@ cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const 
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.f, py, mask, n);
     } else {
       const BlockRange range = BlocksFor(p.counter_base, n);
-      DropoutForwardKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(StreamOf(p), p.counter_base, range,
-                                                                             KeepScale(p), px, py, mask, n);
+      DropoutForwardKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(
+          StreamOf(p), p.device_offset, p.counter_base, range, KeepScale(p), px, py, mask, n);
     }
     return cudaGetLastError();
   });
@@ -105,8 +118,8 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, mask, scale, pdx, nullptr, n);
     } else {
       const BlockRange range = BlocksFor(p.counter_base, n);
-      DropoutBackwardStreamKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(StreamOf(p), p.counter_base,
-                                                                                    range, scale, pdy, pdx, n);
+      DropoutBackwardStreamKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(
+          StreamOf(p), p.device_offset, p.counter_base, range, scale, pdy, pdx, n);
     }
     return cudaGetLastError();
   });

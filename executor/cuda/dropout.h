@@ -30,6 +30,9 @@ struct DropoutParams {
   uint64_t node_key = 0;      // cpu::NodeRngKey(node): FNV-1a of attr rng_key, else the node's name
   uint64_t offset = 0;        // EvalContext::offset (the step)
   uint64_t counter_base = 0;  // counter of element 0: row_offset * (numel / rows) for a micro-batch
+  // CUDA graphs: when set, the offset is read from this device value when the kernel runs (update it
+  // before each replay) and `offset` is ignored.
+  const uint64_t* device_offset = nullptr;
 };
 
 cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const void* x, void* y, uint8_t* mask,

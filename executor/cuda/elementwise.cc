@@ -35,15 +35,19 @@ const char* BinaryName(BinaryOp op) {
     case BinaryOp::kMul: return "Mul";
     case BinaryOp::kDiv: return "Div";
     case BinaryOp::kPow: return "Pow";
+    case BinaryOp::kMin: return "Min";
+    case BinaryOp::kMax: return "Max";
     case BinaryOp::kEqual: return "Equal";
     case BinaryOp::kLess: return "Less";
     case BinaryOp::kGreater: return "Greater";
+    case BinaryOp::kAnd: return "And";
   }
   return "?";
 }
 
 const char* UnaryName(UnaryOp op) {
-  static constexpr const char* kNames[] = {"Neg", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sigmoid", "Relu", "Reciprocal"};
+  static constexpr const char* kNames[] = {"Neg",  "Exp",        "Log", "Sqrt", "Tanh", "Erf", "Sigmoid",
+                                           "Relu", "Reciprocal", "Abs", "Sin",  "Cos",  "Not"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -132,9 +136,14 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
 absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims,
                     const void* b, const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream) {
   const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow;
-  if (!(float_only ? IsFloat16Or32(dtype) : IsArith(dtype))) {
+  const bool supported = op == BinaryOp::kAnd ? dtype == ir::DType::kBool
+                         : float_only         ? IsFloat16Or32(dtype)
+                                              : IsArith(dtype);
+  if (!supported) {
     return INVALID_ARGUMENT() << BinaryName(op) << ": dtype " << ir::DTypeName(dtype) << " is not supported, expected "
-                              << (float_only ? "f32, bf16 or f16" : "f32, bf16, f16, i64 or i32");
+                              << (op == BinaryOp::kAnd ? "bool"
+                                  : float_only         ? "f32, bf16 or f16"
+                                                       : "f32, bf16, f16, i64 or i32");
   }
   ASSIGN_OR_RETURN(const std::vector<int64_t> out_dims, BroadcastShape({a_dims, b_dims}));
   const int64_t n = NumElements(out_dims);
@@ -160,11 +169,15 @@ absl::Status Where(ir::DType dtype, const uint8_t* cond, const std::vector<int64
 }
 
 absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {
-  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu;
-  if (!(integer_ok ? IsArith(dtype) : IsFloat16Or32(dtype))) {
-    return INVALID_ARGUMENT() << UnaryName(op) << ": dtype " << ir::DTypeName(dtype)
-                              << " is not supported, expected " << (integer_ok ? "f32, bf16, f16, i64 or i32"
-                                                                               : "f32, bf16 or f16");
+  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
+  const bool supported = op == UnaryOp::kNot ? dtype == ir::DType::kBool
+                         : integer_ok        ? IsArith(dtype)
+                                             : IsFloat16Or32(dtype);
+  if (!supported) {
+    return INVALID_ARGUMENT() << UnaryName(op) << ": dtype " << ir::DTypeName(dtype) << " is not supported, expected "
+                              << (op == UnaryOp::kNot ? "bool"
+                                  : integer_ok        ? "f32, bf16, f16, i64 or i32"
+                                                      : "f32, bf16 or f16");
   }
   RETURN_IF_ERROR(CheckPointers(UnaryName(op), n, {x, y}));
   CUDA_RETURN_IF_ERROR(LaunchUnary(op, dtype, x, y, n, stream));

@@ -34,6 +34,13 @@ __device__ __forceinline__ C Wrap(C a, C b, BinaryOp op) {
 
 template <typename C>
 __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
+  if (op == BinaryOp::kMin || op == BinaryOp::kMax) {
+    if constexpr (!std::is_integral_v<C>) {
+      if (a != a) return a;  // NaN propagates
+      if (b != b) return b;
+    }
+    return op == BinaryOp::kMin ? (b < a ? b : a) : (a < b ? b : a);
+  }
   if constexpr (std::is_integral_v<C>) {
     return Wrap(a, b, op);
   } else {
@@ -50,13 +57,17 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
 template <typename T, BinaryOp kOp>
 __global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
                              BroadcastIndex idx) {
-  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater;
+  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
+                            kOp == BinaryOp::kAnd;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[2];
     Offsets<2>(idx, i, off);
     const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
     if constexpr (kCompare) {
-      const bool r = kOp == BinaryOp::kEqual ? x == y : kOp == BinaryOp::kLess ? x < y : x > y;
+      const bool r = kOp == BinaryOp::kEqual ? x == y
+                     : kOp == BinaryOp::kLess ? x < y
+                     : kOp == BinaryOp::kGreater ? x > y
+                                                 : (x && y);
       static_cast<uint8_t*>(out)[i] = r;
     } else {
       Store(static_cast<T*>(out), i, Arith(kOp, x, y));
@@ -76,9 +87,12 @@ __global__ void WhereKernel(const uint8_t* __restrict__ cond, const T* __restric
 
 template <typename C>
 __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
-  if constexpr (std::is_integral_v<C>) {
+  if constexpr (std::is_same_v<C, bool>) {
+    return !x;  // Not
+  } else if constexpr (std::is_integral_v<C>) {
     using U = std::make_unsigned_t<C>;
-    return op == UnaryOp::kNeg ? static_cast<C>(U{0} - static_cast<U>(x)) : (x < 0 ? C(0) : x);
+    const C neg = static_cast<C>(U{0} - static_cast<U>(x));  // wraps for the most negative value
+    return op == UnaryOp::kNeg ? neg : op == UnaryOp::kAbs ? (x < 0 ? neg : x) : (x < 0 ? C(0) : x);
   } else {
     switch (op) {
       case UnaryOp::kNeg: return -x;
@@ -94,6 +108,9 @@ __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
         return e / (1.f + e);
       }
       case UnaryOp::kRelu: return x < 0.f ? 0.f : x;  // keeps NaN
+      case UnaryOp::kAbs: return fabsf(x);
+      case UnaryOp::kSin: return sinf(x);
+      case UnaryOp::kCos: return cosf(x);
       default: return 1.f / x;
     }
   }
@@ -176,7 +193,9 @@ cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* 
     return cudaGetLastError();
   };
   constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow;
-  if constexpr (kFloatOnly) {
+  if constexpr (kOp == BinaryOp::kAnd) {
+    return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
+  } else if constexpr (kFloatOnly) {
     return DispatchFloat(dtype, launch);
   } else {
     return DispatchArith(dtype, launch);
@@ -194,9 +213,12 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
     case BinaryOp::kMul: return LaunchBinaryOp<BinaryOp::kMul>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kDiv: return LaunchBinaryOp<BinaryOp::kDiv>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kPow: return LaunchBinaryOp<BinaryOp::kPow>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMin: return LaunchBinaryOp<BinaryOp::kMin>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMax: return LaunchBinaryOp<BinaryOp::kMax>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kEqual: return LaunchBinaryOp<BinaryOp::kEqual>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kLess: return LaunchBinaryOp<BinaryOp::kLess>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kGreater: return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kAnd: return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -219,7 +241,8 @@ cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int
     UnaryKernel<T><<<GridFor(n), kThreads, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), n);
     return cudaGetLastError();
   };
-  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu;
+  if (op == UnaryOp::kNot) return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
+  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
   return integer_ok ? DispatchArith(dtype, launch) : DispatchFloat(dtype, launch);
 }
 

@@ -3,10 +3,11 @@
 //
 // Tensors are dense row-major device buffers described by a dtype and dims. Arithmetic on the
 // 16-bit floats (bf16, f16) computes in fp32 and rounds the result to nearest even.
-//   Binary:  f32 bf16 f16 for every op; i64 i32 also for Add Sub Mul (wrapping) and comparisons.
-//            Comparisons write bool (one byte, 0/1).
+//   Binary:  f32 bf16 f16 for the arithmetic ops and comparisons; i64 i32 also for Add Sub Mul
+//            (wrapping), Min Max and comparisons. Comparisons write bool (one byte, 0/1). Min/Max
+//            propagate NaN (numpy.minimum). And: bool only.
 //   Where:   cond bool; x, y and out of one dtype among f32 bf16 f16 i64 i32.
-//   Unary:   f32 bf16 f16; Neg and Relu also i64 i32.
+//   Unary:   f32 bf16 f16; Neg Relu Abs also i64 i32 (wrapping); Not: bool only.
 //   Cast:    between any two of f32 bf16 f16 i64 i32 bool, with the CPU backend's conversions
 //            (through double; float -> integer truncates, saturates, NaN -> 0).
 // The Status wrappers check dtypes, dims and pointers; the Launch* functions (callable from .cu
@@ -27,8 +28,8 @@
 
 namespace onnxpipe::cuda {
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kEqual, kLess, kGreater };
-enum class UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kErf, kSigmoid, kRelu, kReciprocal };
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMin, kMax, kEqual, kLess, kGreater, kAnd };
+enum class UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kErf, kSigmoid, kRelu, kReciprocal, kAbs, kSin, kCos, kNot };
 
 // Up to three operands indexed over one output shape: element o of the output reads operand k at
 // sum_d index_d(o) * strides[k][d] (stride 0 along a broadcast dim). rank 0 with contiguous = true

@@ -61,7 +61,7 @@ absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, dou
   if (nesterov && momentum == 0) return INVALID_ARGUMENT() << "SgdStep: nesterov needs a non-zero momentum";
   RETURN_IF_ERROR(CheckTensors("SgdStep", tensors, /*needs_state0=*/momentum != 0, /*needs_state1=*/false));
   CUDA_RETURN_IF_ERROR(LaunchSgdStep(tensors.data(), static_cast<int>(tensors.size()),
-                                     MakeSgdScalars(lr, momentum, weight_decay, nesterov), scale, stream));
+                                     MakeSgdScalars(lr, momentum, weight_decay, nesterov), nullptr, scale, stream));
   return absl::OkStatus();
 }
 
@@ -70,7 +70,29 @@ absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, i
   if (step < 1) return INVALID_ARGUMENT() << "AdamWStep: step must be >= 1 (1-based update count), got " << step;
   RETURN_IF_ERROR(CheckTensors("AdamWStep", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
   CUDA_RETURN_IF_ERROR(LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()),
-                                       MakeAdamWScalars(lr, step, beta1, beta2, eps, weight_decay), scale, stream));
+                                       MakeAdamWScalars(lr, step, beta1, beta2, eps, weight_decay), nullptr, scale,
+                                       stream));
+  return absl::OkStatus();
+}
+
+absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const SgdScalars& flags,
+                                      const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
+  if (device_scalars == nullptr) return INVALID_ARGUMENT() << "SgdStepWithDeviceScalars: null device scalars";
+  if (flags.nesterov && !flags.use_momentum) {
+    return INVALID_ARGUMENT() << "SgdStepWithDeviceScalars: nesterov needs a non-zero momentum";
+  }
+  RETURN_IF_ERROR(CheckTensors("SgdStepWithDeviceScalars", tensors, flags.use_momentum, /*needs_state1=*/false));
+  CUDA_RETURN_IF_ERROR(
+      LaunchSgdStep(tensors.data(), static_cast<int>(tensors.size()), flags, device_scalars, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors,
+                                        const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
+  if (device_scalars == nullptr) return INVALID_ARGUMENT() << "AdamWStepWithDeviceScalars: null device scalars";
+  RETURN_IF_ERROR(CheckTensors("AdamWStepWithDeviceScalars", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
+  CUDA_RETURN_IF_ERROR(LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()), AdamWScalars{},
+                                       device_scalars, scale, stream));
   return absl::OkStatus();
 }
 

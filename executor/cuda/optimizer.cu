@@ -52,7 +52,13 @@ __device__ __forceinline__ float ScaledGrad(const float* g, int64_t i, const flo
   return scale != nullptr ? __fmul_rn(g[i], *scale) : g[i];
 }
 
-__global__ void SgdKernel(Batch b, SgdScalars s, const float* scale) {
+// Flags from `s`; values from `dev` when set (read at run time: CUDA graph replays).
+__global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const float* scale) {
+  if (dev != nullptr) {
+    s.neg_lr = dev->neg_lr;
+    s.weight_decay = dev->weight_decay;
+    s.momentum = dev->momentum;
+  }
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
@@ -71,7 +77,8 @@ __global__ void SgdKernel(Batch b, SgdScalars s, const float* scale) {
   }
 }
 
-__global__ void AdamWKernel(Batch b, AdamWScalars s, const float* scale) {
+__global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, const float* scale) {
+  if (dev != nullptr) s = *dev;
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
@@ -137,18 +144,18 @@ int64_t NumChunks(const int64_t* sizes, int num_tensors) {
 
 }  // namespace
 
-cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s, const float* scale,
-                          cudaStream_t stream) {
+cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
+                          const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
   return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
-    SgdKernel<<<blocks, kThreads, 0, stream>>>(b, s, scale);
+    SgdKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
 }
 
 cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
-                            const float* scale, cudaStream_t stream) {
+                            const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
   return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
-    AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, scale);
+    AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
 }

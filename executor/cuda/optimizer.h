@@ -12,6 +12,9 @@
 //          p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps).
 // `scale` is an optional device fp32 scalar multiplied into every gradient (the clipping factor);
 // `param_bf16`, when set, receives the updated parameter rounded to bf16 (the compute copy).
+// CUDA graphs: a captured step bakes its arguments in, so the per-step scalars (lr, step) can
+// instead live in device memory (`device_scalars`, a Make*Scalars result copied there before each
+// replay); SGD still takes its flags (momentum/weight decay on, nesterov) from the host struct.
 #pragma once
 
 #include <cstddef>
@@ -46,10 +49,11 @@ struct AdamWScalars {
 SgdScalars MakeSgdScalars(double lr, double momentum, double weight_decay, bool nesterov);
 AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps, double weight_decay);
 
-cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s, const float* scale,
-                          cudaStream_t stream);
+// device_scalars may be null (use s).
+cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
+                          const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
 cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
-                            const float* scale, cudaStream_t stream);
+                            const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream);
 
 // Global gradient norm: *sum_squares = sum of g^2 over every element of every tensor (accumulated
 // in double in a fixed order, rounded to fp32: SumSquares); when clip_scale is set,
@@ -65,6 +69,12 @@ absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, dou
                      bool nesterov, const float* scale, cudaStream_t stream);
 absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1,
                        double beta2, double eps, double weight_decay, const float* scale, cudaStream_t stream);
+// The CUDA-graph forms: the values are read from device_scalars when the kernels run; SGD's
+// flags (and so which state each tensor needs) come from `flags`.
+absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const SgdScalars& flags,
+                                      const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors,
+                                        const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream);
 // max_norm > 0 is required when clip_scale is set (eps as ClipScale's, default 1e-6).
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
                       float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,

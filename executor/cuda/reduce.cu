@@ -1,7 +1,8 @@
 // Reduction kernels, both deterministic (fixed per-thread order, fixed shared-memory tree):
 //  - rows: the innermost dim is reduced, so one block per output walks contiguous memory;
-//  - columns: the innermost dim is kept, so a warp's lanes take 32 neighbouring outputs (coalesced)
-//    and the block's 8 warps split the reduced elements.
+//  - columns: the innermost dim is kept, so a block takes the neighbouring outputs of one 32-byte
+//    sector (8 fp32 or 16 16-bit values: every byte read is used) and its 512 threads split the
+//    reduced elements, so that a bias gradient of width D runs D / 8 blocks.
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/reduce.h"
 
@@ -58,28 +59,32 @@ __global__ void ReduceRowsKernel(ReduceKind kind, ReducePlan p, const X* __restr
   }
 }
 
-constexpr int kColWarps = 8;
+constexpr int kColThreads = 512;
+// Outputs per column block: one 32-byte sector of x per row.
+template <typename X>
+constexpr int kColWidth = static_cast<int>(32 / sizeof(X));
 
 template <typename X, typename Y>
 __global__ void ReduceColumnsKernel(ReduceKind kind, ReducePlan p, const X* __restrict__ x, Y* __restrict__ y) {
-  __shared__ double partial[kColWarps][33];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t o0 = blockIdx.x * int64_t{32}; o0 < p.num_out; o0 += int64_t{gridDim.x} * 32) {
-    const int64_t o = o0 + lane;
+  constexpr int kWidth = kColWidth<X>, kLanes = kColThreads / kWidth;
+  __shared__ double partial[kLanes][kWidth + 1];
+  const int col = threadIdx.x % kWidth, lane = threadIdx.x / kWidth;
+  for (int64_t o0 = blockIdx.x * int64_t{kWidth}; o0 < p.num_out; o0 += int64_t{gridDim.x} * kWidth) {
+    const int64_t o = o0 + col;
     double sum = 0;
     if (o < p.num_out) {
       const int64_t base = KeptOffset(p, o);
-      for (int64_t r = warp; r < p.num_reduced; r += kColWarps) {
+      for (int64_t r = lane; r < p.num_reduced; r += kLanes) {
         sum += static_cast<double>(Load(x, base + ReducedOffset(p, r)));
       }
     }
-    partial[warp][lane] = sum;
+    partial[lane][col] = sum;
     __syncthreads();
-    if (warp == 0 && o < p.num_out) {
-      double total = 0;
-      for (int w = 0; w < kColWarps; ++w) total += partial[w][lane];
-      Finish(kind, p, total, y, o);
+    for (int w = kLanes / 2; w > 0; w /= 2) {
+      if (lane < w) partial[lane][col] += partial[lane + w][col];
+      __syncthreads();
     }
+    if (lane == 0 && o < p.num_out) Finish(kind, p, partial[0][col], y, o);
     __syncthreads();
   }
 }
@@ -99,7 +104,8 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
         const int blocks = static_cast<int>(plan.num_out < 65535 * 8 ? plan.num_out : 65535 * 8);
         ReduceRowsKernel<X, Y><<<blocks, kThreads, 0, stream>>>(kind, plan, px, py);
       } else {
-        ReduceColumnsKernel<X, Y><<<GridFor(plan.num_out, 32), 32 * kColWarps, 0, stream>>>(kind, plan, px, py);
+        const int blocks = GridFor(plan.num_out, kColWidth<X>);
+        ReduceColumnsKernel<X, Y><<<blocks, kColThreads, 0, stream>>>(kind, plan, px, py);
       }
       return cudaGetLastError();
     });

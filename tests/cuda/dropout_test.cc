@@ -12,6 +12,7 @@ namespace {
 
 using cpu::EvalContext;
 using cpu::testing::Eval;
+using cpu::testing::Eval1;
 using cpu::testing::MakeNode;
 using cpu::testing::Rand;
 using ir::DType;
@@ -139,6 +140,46 @@ TEST_F(DropoutTest, InferenceRatioZeroAndRatioOne) {
   const GpuDropout all = RunForward(DropoutNode(1.0), EvalContext{true, 1, 1}, x);
   EXPECT_TRUE(all.y.BitwiseEquals((*want)[0]));
   EXPECT_EQ(all.mask.ToInt64Vector(), std::vector<int64_t>(257, 0));
+}
+
+// Captured once in a CUDA graph with the step offset in device memory, replays draw each step's
+// CPU mask (forward and the regenerated backward).
+TEST_F(DropoutTest, CapturedGraphReadsTheOffsetFromDeviceMemory) {
+  const Tensor x = Rand(DType::kF32, {5, 123}, 9), dy = Rand(DType::kF32, {5, 123}, 10);
+  const ir::Node node = DropoutNode(0.35);
+  DeviceTensor dx(x), ddy(dy), y(DType::kF32, x.dims()), mask(DType::kBool, x.dims()), dgrad(DType::kF32, x.dims());
+  DeviceTensor offset(DType::kI64, {1});
+  auto p = DropoutParamsFor(node, true, 77, 0, 2, 5, x.num_elements());
+  ASSERT_TRUE(p.ok());
+  p->device_offset = offset.as<uint64_t>();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status f = DropoutForward(*p, DType::kF32, dx.get(), y.get(), mask.as<uint8_t>(), x.num_elements(), stream);
+  const absl::Status b = DropoutBackward(*p, DType::kF32, ddy.get(), nullptr, dgrad.get(), x.num_elements(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(f.ok() && b.ok()) << f << b;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (uint64_t step : {uint64_t{1}, uint64_t{2}, (uint64_t{1} << 35) + 3}) {
+    ASSERT_EQ(cudaMemcpy(offset.get(), &step, 8, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const EvalContext ctx{true, 77, step, 2, 5};
+    auto want = Eval(node, {x}, ctx);
+    ASSERT_TRUE(want.ok());
+    EXPECT_TRUE(mask.ToHost().BitwiseEquals((*want)[1])) << step;
+    EXPECT_TRUE(y.ToHost().BitwiseEquals((*want)[0])) << step;
+    ir::Attrs a;
+    a.Set("ratio", 0.35);
+    EXPECT_TRUE(dgrad.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kDropoutGrad, 2, 1, a), {dy, (*want)[1]}, ctx)))
+        << step;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(DropoutTest, BadArgumentsAreErrors) {

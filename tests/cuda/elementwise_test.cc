@@ -29,9 +29,12 @@ OpKind KindOf(BinaryOp op) {
     case BinaryOp::kMul: return OpKind::kMul;
     case BinaryOp::kDiv: return OpKind::kDiv;
     case BinaryOp::kPow: return OpKind::kPow;
+    case BinaryOp::kMin: return OpKind::kMin;
+    case BinaryOp::kMax: return OpKind::kMax;
     case BinaryOp::kEqual: return OpKind::kEqual;
     case BinaryOp::kLess: return OpKind::kLess;
     case BinaryOp::kGreater: return OpKind::kGreater;
+    case BinaryOp::kAnd: return OpKind::kAnd;
   }
   return OpKind::kAdd;
 }
@@ -40,7 +43,8 @@ OpKind KindOf(BinaryOp op) {
 Tensor RunBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
   auto dims = BroadcastShape({a.dims(), b.dims()});
   EXPECT_TRUE(dims.ok()) << dims.status();
-  const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater;
+  const bool compare =
+      op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
   DeviceTensor da(a), db(b), out(compare ? DType::kBool : a.dtype(), *dims);
   const absl::Status st = Binary(op, a.dtype(), da.get(), a.dims(), db.get(), b.dims(), out.get(), nullptr);
   EXPECT_TRUE(st.ok()) << st;
@@ -102,8 +106,8 @@ TEST_F(ElementwiseTest, BinaryF32MatchesCpuOverBroadcastShapes) {
     const Tensor b = RandInt(DType::kI64, sb, 2, -3, 3).CastTo(DType::kF32);
     const Tensor a_real = Rand(DType::kF32, sa, 3, -2, 2), b_real = Rand(DType::kF32, sb, 4, 0.5, 2);
     const Tensor base = Rand(DType::kF32, sa, 5, 0.1, 3);
-    for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow,
-                        BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater}) {
+    for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow, BinaryOp::kMin,
+                        BinaryOp::kMax, BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater}) {
       const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater;
       const Tensor& x = op == BinaryOp::kPow ? base : compare ? a : a_real;
       const Tensor& y = compare ? b : b_real;
@@ -124,12 +128,34 @@ TEST_F(ElementwiseTest, BinaryF32MatchesCpuOverBroadcastShapes) {
 TEST_F(ElementwiseTest, BinaryIntegersMatchCpu) {
   for (DType dt : {DType::kI64, DType::kI32}) {
     const Tensor a = RandInt(dt, {5, 6}, 7, -1000, 1000), b = RandInt(dt, {6}, 8, -1000, 1000);
-    for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kLess, BinaryOp::kGreater}) {
+    for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kMin, BinaryOp::kMax, BinaryOp::kLess,
+                        BinaryOp::kGreater}) {
       EXPECT_TRUE(RunBinary(op, a, b).BitwiseEquals(Eval1(MakeNode(KindOf(op), 2), {a, b}))) << ir::DTypeName(dt);
     }
     const Tensor small = RandInt(dt, {5, 6}, 9, 0, 2), col = RandInt(dt, {5, 1}, 10, 0, 2);
     EXPECT_TRUE(RunBinary(BinaryOp::kEqual, small, col)
                     .BitwiseEquals(Eval1(MakeNode(OpKind::kEqual, 2), {small, col})));
+  }
+}
+
+TEST_F(ElementwiseTest, MinMaxPropagateNanAndBoolOpsMatchCpu) {
+  const Tensor a = Tensor::FromVector<float>({4}, {1.f, NAN, 3.f, -0.f});
+  const Tensor b = Tensor::FromVector<float>({4}, {NAN, 2.f, 1.f, 0.f});
+  for (BinaryOp op : {BinaryOp::kMin, BinaryOp::kMax}) {
+    EXPECT_TRUE(RunBinary(op, a, b).BitwiseEquals(Eval1(MakeNode(KindOf(op), 2), {a, b})));
+  }
+  const Tensor p = RandInt(DType::kI64, {3, 8}, 21, 0, 1).CastTo(DType::kBool);
+  const Tensor q = RandInt(DType::kI64, {8}, 22, 0, 1).CastTo(DType::kBool);
+  EXPECT_TRUE(RunBinary(BinaryOp::kAnd, p, q).BitwiseEquals(Eval1(MakeNode(OpKind::kAnd, 2), {p, q})));
+  DeviceTensor dp(p), dn(DType::kBool, p.dims());
+  ASSERT_TRUE(Unary(UnaryOp::kNot, DType::kBool, dp.get(), dn.get(), p.num_elements(), nullptr).ok());
+  EXPECT_TRUE(dn.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kNot, 1), {p})));
+  // Integer Neg/Abs wrap at the most negative value, as on the CPU.
+  const Tensor ints = Tensor::FromVector<int32_t>({4}, {-5, 7, std::numeric_limits<int32_t>::min(), 0});
+  for (auto [op, kind] : {std::pair{UnaryOp::kAbs, OpKind::kAbs}, std::pair{UnaryOp::kNeg, OpKind::kNeg}}) {
+    DeviceTensor di(ints), dout(DType::kI32, {4});
+    ASSERT_TRUE(Unary(op, DType::kI32, di.get(), dout.get(), 4, nullptr).ok());
+    EXPECT_TRUE(dout.ToHost().BitwiseEquals(Eval1(MakeNode(kind, 1), {ints}))) << ir::OpName(kind);
   }
 }
 
@@ -172,7 +198,8 @@ TEST_F(ElementwiseTest, UnaryMatchesCpu) {
       {UnaryOp::kLog, OpKind::kLog, 1e-3, 50},     {UnaryOp::kSqrt, OpKind::kSqrt, 0, 50},
       {UnaryOp::kTanh, OpKind::kTanh, -6, 6},      {UnaryOp::kErf, OpKind::kErf, -4, 4},
       {UnaryOp::kSigmoid, OpKind::kSigmoid, -30, 30}, {UnaryOp::kRelu, OpKind::kRelu, -3, 3},
-      {UnaryOp::kReciprocal, OpKind::kReciprocal, 0.1, 9},
+      {UnaryOp::kReciprocal, OpKind::kReciprocal, 0.1, 9}, {UnaryOp::kAbs, OpKind::kAbs, -3, 3},
+      {UnaryOp::kSin, OpKind::kSin, -6, 6},          {UnaryOp::kCos, OpKind::kCos, -6, 6},
   };
   for (const UnaryCase& c : cases) {
     const Tensor x = Rand(DType::kF32, {3, 1000}, 16, c.lo, c.hi);
@@ -264,6 +291,8 @@ TEST_F(ElementwiseTest, BadArgumentsAreErrors) {
   EXPECT_FALSE(Binary(BinaryOp::kAdd, DType::kF64, a.get(), {3}, b.get(), {3}, a.get(), nullptr).ok());
   EXPECT_FALSE(Binary(BinaryOp::kAdd, DType::kF32, nullptr, {3}, b.get(), {3}, a.get(), nullptr).ok());
   EXPECT_FALSE(Unary(UnaryOp::kExp, DType::kI64, a.get(), b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Unary(UnaryOp::kNot, DType::kF32, a.get(), b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Binary(BinaryOp::kAnd, DType::kF32, a.get(), {3}, b.get(), {3}, a.get(), nullptr).ok());
   EXPECT_FALSE(Unary(UnaryOp::kExp, DType::kF32, a.get(), b.get(), -1, nullptr).ok());
   EXPECT_FALSE(Cast(DType::kF32, a.get(), DType::kF64, b.get(), 3, nullptr).ok());
   EXPECT_FALSE(FlagNonFinite(DType::kF32, a.get(), 3, nullptr, nullptr).ok());

@@ -145,6 +145,69 @@ TEST_F(OptimizerTest, SgdStepsEqualCpu) {
   }
 }
 
+// A step captured once in a CUDA graph and replayed with per-step scalars in device memory equals
+// the CPU's steps (AdamW, and SGD with nesterov momentum).
+TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (bool adamw : {true, false}) {
+    auto ps = MakeParams({1000, 70001});
+    std::vector<OptimizerTensor> views;
+    for (const auto& p : ps) views.push_back(p->View());
+    DeviceTensor dscalars(DType::kU8, {64});
+    const SgdScalars flags = MakeSgdScalars(0.1, 0.9, 0.01, /*nesterov=*/true);
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status st =
+        adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
+              : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(st.ok()) << st;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int step = 1; step <= 3; ++step) {
+      const double lr = 0.01 * step;
+      if (adamw) {
+        const AdamWScalars s = MakeAdamWScalars(lr, step, 0.9, 0.999, 1e-8, 0.01);
+        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+      } else {
+        const SgdScalars s = MakeSgdScalars(lr, 0.9, 0.01, true);
+        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      const std::vector<Tensor> gs = NewGrads(ps, step);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Param& p = *ps[i];
+        ir::Attrs a;
+        absl::StatusOr<std::vector<Tensor>> out;
+        if (adamw) {
+          a.Set("beta1", 0.9);
+          a.Set("beta2", 0.999);
+          a.Set("eps", 1e-8);
+          a.Set("weight_decay", 0.01);
+          out = Eval(MakeNode(OpKind::kAdamWUpdate, 6, 3, a),
+                     {p.p, gs[i], p.s0, p.s1, Tensor::Scalar<double>(lr), Tensor::Scalar<int64_t>(step)});
+        } else {
+          a.Set("momentum", 0.9);
+          a.Set("weight_decay", 0.01);
+          a.Set("nesterov", int64_t{1});
+          out = Eval(MakeNode(OpKind::kSGDUpdate, 4, 2, a), {p.p, gs[i], Tensor::Scalar<double>(lr), p.s0});
+        }
+        ASSERT_TRUE(out.ok()) << out.status();
+        p.p = (*out)[0];
+        p.s0 = (*out)[1];
+        if (adamw) p.s1 = (*out)[2];
+        EXPECT_EQ(ExpectStateMatches(p, true, adamw, "graph step " + std::to_string(step)), 0) << adamw;
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(OptimizerTest, ManyTensorsAndChunksSpanSeveralLaunches) {
   // 150 tensors (> 64 per launch) and one of 600 chunks (> 512 blocks per launch).
   std::vector<int64_t> sizes;
@@ -212,6 +275,10 @@ TEST_F(OptimizerTest, BadArgumentsAreErrors) {
                    .ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10, 5}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 4, nullptr).ok());
+  EXPECT_FALSE(AdamWStepWithDeviceScalars({t}, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(SgdStepWithDeviceScalars({no_state}, MakeSgdScalars(0.1, 0.9, 0, false), ws.as<SgdScalars>(), nullptr,
+                                        nullptr)
+                   .ok());
 }
 
 }  // namespace
