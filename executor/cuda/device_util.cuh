@@ -2,12 +2,12 @@
 // load/store with fp32 compute for the 16-bit float types, and host-side dtype dispatch.
 #pragma once
 
-#include <cstdint>
-#include <type_traits>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
 
 #include "frontend/ir/dtype.h"
 
@@ -70,10 +70,14 @@ struct TypeTag {
 template <typename F>
 cudaError_t DispatchFloat(ir::DType dt, F&& f) {
   switch (dt) {
-    case ir::DType::kF32: return f(TypeTag<float>{});
-    case ir::DType::kBF16: return f(TypeTag<__nv_bfloat16>{});
-    case ir::DType::kF16: return f(TypeTag<__half>{});
-    default: return cudaErrorInvalidValue;
+    case ir::DType::kF32:
+      return f(TypeTag<float>{});
+    case ir::DType::kBF16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case ir::DType::kF16:
+      return f(TypeTag<__half>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -81,9 +85,12 @@ cudaError_t DispatchFloat(ir::DType dt, F&& f) {
 template <typename F>
 cudaError_t DispatchArith(ir::DType dt, F&& f) {
   switch (dt) {
-    case ir::DType::kI64: return f(TypeTag<int64_t>{});
-    case ir::DType::kI32: return f(TypeTag<int32_t>{});
-    default: return DispatchFloat(dt, static_cast<F&&>(f));
+    case ir::DType::kI64:
+      return f(TypeTag<int64_t>{});
+    case ir::DType::kI32:
+      return f(TypeTag<int32_t>{});
+    default:
+      return DispatchFloat(dt, static_cast<F&&>(f));
   }
 }
 

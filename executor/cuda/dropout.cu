@@ -23,8 +23,8 @@ BlockRange BlocksFor(uint64_t base, int64_t n) {
 
 // Calls f(i, keep) for every element i in [0, n) whose counter lies in Philox block t of the range.
 template <typename F>
-__device__ __forceinline__ void ForBlockElements(const cpu::DropoutStream& s, uint64_t base, int64_t n,
-                                                 uint64_t block, F&& f) {
+__device__ __forceinline__ void ForBlockElements(const cpu::DropoutStream& s, uint64_t base, int64_t n, uint64_t block,
+                                                 F&& f) {
   const cpu::Philox4x32 r = s.Block(block);
   for (int lane = 0; lane < 4; ++lane) {
     const uint64_t c = block * 4 + lane;
@@ -59,14 +59,13 @@ __global__ void DropoutForwardKernel(cpu::DropoutStream s, const uint64_t* devic
 
 template <typename T>
 __global__ void DropoutBackwardStreamKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
-                                            BlockRange range, float scale, const T* __restrict__ dy,
-                                            T* __restrict__ dx, int64_t n) {
+                                            BlockRange range, float scale, const T* __restrict__ dy, T* __restrict__ dx,
+                                            int64_t n) {
   s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
-    ForBlockElements(s, base, n, range.first_block + t, [&](int64_t i, bool keep) {
-      Store(dx, i, keep ? static_cast<float>(Load(dy, i)) * scale : 0.f);
-    });
+    ForBlockElements(s, base, n, range.first_block + t,
+                     [&](int64_t i, bool keep) { Store(dx, i, keep ? static_cast<float>(Load(dy, i)) * scale : 0.f); });
   }
 }
 

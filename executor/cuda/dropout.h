@@ -9,9 +9,9 @@
 // Inference (training = false) or ratio 0: y = x, mask all 1, dx = dy.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "frontend/ir/dtype.h"
 

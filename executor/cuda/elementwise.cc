@@ -30,17 +30,28 @@ bool IsArith(ir::DType t) { return IsFloat16Or32(t) || t == ir::DType::kI64 || t
 
 const char* BinaryName(BinaryOp op) {
   switch (op) {
-    case BinaryOp::kAdd: return "Add";
-    case BinaryOp::kSub: return "Sub";
-    case BinaryOp::kMul: return "Mul";
-    case BinaryOp::kDiv: return "Div";
-    case BinaryOp::kPow: return "Pow";
-    case BinaryOp::kMin: return "Min";
-    case BinaryOp::kMax: return "Max";
-    case BinaryOp::kEqual: return "Equal";
-    case BinaryOp::kLess: return "Less";
-    case BinaryOp::kGreater: return "Greater";
-    case BinaryOp::kAnd: return "And";
+    case BinaryOp::kAdd:
+      return "Add";
+    case BinaryOp::kSub:
+      return "Sub";
+    case BinaryOp::kMul:
+      return "Mul";
+    case BinaryOp::kDiv:
+      return "Div";
+    case BinaryOp::kPow:
+      return "Pow";
+    case BinaryOp::kMin:
+      return "Min";
+    case BinaryOp::kMax:
+      return "Max";
+    case BinaryOp::kEqual:
+      return "Equal";
+    case BinaryOp::kLess:
+      return "Less";
+    case BinaryOp::kGreater:
+      return "Greater";
+    case BinaryOp::kAnd:
+      return "And";
   }
   return "?";
 }
@@ -72,8 +83,8 @@ absl::StatusOr<std::vector<int64_t>> BroadcastShape(const std::vector<std::vecto
       if (s[i] < 0) return INVALID_ARGUMENT() << "broadcast: negative dim in " << DimsString(s);
       if (s[i] == o || s[i] == 1) continue;
       if (o != 1) {
-        return INVALID_ARGUMENT() << "broadcast: dims " << DimsString(s) << " do not broadcast with "
-                                  << DimsString(out) << " (numpy rules: equal or 1, right-aligned)";
+        return INVALID_ARGUMENT() << "broadcast: dims " << DimsString(s) << " do not broadcast with " << DimsString(out)
+                                  << " (numpy rules: equal or 1, right-aligned)";
       }
       o = s[i];
     }
@@ -87,9 +98,8 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
   }
   ASSIGN_OR_RETURN(const std::vector<int64_t> out, BroadcastShape(shapes));
   BroadcastIndex idx;
-  idx.contiguous = std::all_of(shapes.begin(), shapes.end(), [&](const auto& s) {
-    return NumElements(s) == NumElements(out);
-  });
+  idx.contiguous =
+      std::all_of(shapes.begin(), shapes.end(), [&](const auto& s) { return NumElements(s) == NumElements(out); });
   if (idx.contiguous) return idx;
   // Per output dim (size-1 dims dropped): its extent and each operand's element stride.
   const size_t rank = out.size();
@@ -133,8 +143,8 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
   return idx;
 }
 
-absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims,
-                    const void* b, const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream) {
+absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims, const void* b,
+                    const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream) {
   const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow;
   const bool supported = op == BinaryOp::kAnd ? dtype == ir::DType::kBool
                          : float_only         ? IsFloat16Or32(dtype)
@@ -154,8 +164,8 @@ absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vect
 }
 
 absl::Status Where(ir::DType dtype, const uint8_t* cond, const std::vector<int64_t>& cond_dims, const void* x,
-                   const std::vector<int64_t>& x_dims, const void* y, const std::vector<int64_t>& y_dims,
-                   void* out, cudaStream_t stream) {
+                   const std::vector<int64_t>& x_dims, const void* y, const std::vector<int64_t>& y_dims, void* out,
+                   cudaStream_t stream) {
   if (!IsArith(dtype)) {
     return INVALID_ARGUMENT() << "Where: dtype " << ir::DTypeName(dtype)
                               << " is not supported, expected f32, bf16, f16, i64 or i32";
@@ -209,8 +219,8 @@ absl::Status FlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* 
 absl::Status Accumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
                         cudaStream_t stream) {
   if (!IsFloat16Or32(acc_dtype) || !IsFloat16Or32(x_dtype)) {
-    return INVALID_ARGUMENT() << "Accumulate: dtypes " << ir::DTypeName(acc_dtype) << " += "
-                              << ir::DTypeName(x_dtype) << " not supported, expected f32, bf16 or f16 for both";
+    return INVALID_ARGUMENT() << "Accumulate: dtypes " << ir::DTypeName(acc_dtype) << " += " << ir::DTypeName(x_dtype)
+                              << " not supported, expected f32, bf16 or f16 for both";
   }
   RETURN_IF_ERROR(CheckPointers("Accumulate", n, {acc, x}));
   CUDA_RETURN_IF_ERROR(LaunchAccumulate(acc_dtype, acc, x_dtype, x, n, stream));

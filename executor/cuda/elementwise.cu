@@ -45,11 +45,16 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
     return Wrap(a, b, op);
   } else {
     switch (op) {
-      case BinaryOp::kAdd: return a + b;
-      case BinaryOp::kSub: return a - b;
-      case BinaryOp::kMul: return a * b;
-      case BinaryOp::kDiv: return a / b;
-      default: return powf(a, b);
+      case BinaryOp::kAdd:
+        return a + b;
+      case BinaryOp::kSub:
+        return a - b;
+      case BinaryOp::kMul:
+        return a * b;
+      case BinaryOp::kDiv:
+        return a / b;
+      default:
+        return powf(a, b);
     }
   }
 }
@@ -57,15 +62,15 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
 template <typename T, BinaryOp kOp>
 __global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
                              BroadcastIndex idx) {
-  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
-                            kOp == BinaryOp::kAnd;
+  constexpr bool kCompare =
+      kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater || kOp == BinaryOp::kAnd;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[2];
     Offsets<2>(idx, i, off);
     const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
     if constexpr (kCompare) {
-      const bool r = kOp == BinaryOp::kEqual ? x == y
-                     : kOp == BinaryOp::kLess ? x < y
+      const bool r = kOp == BinaryOp::kEqual     ? x == y
+                     : kOp == BinaryOp::kLess    ? x < y
                      : kOp == BinaryOp::kGreater ? x > y
                                                  : (x && y);
       static_cast<uint8_t*>(out)[i] = r;
@@ -95,23 +100,34 @@ __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
     return op == UnaryOp::kNeg ? neg : op == UnaryOp::kAbs ? (x < 0 ? neg : x) : (x < 0 ? C(0) : x);
   } else {
     switch (op) {
-      case UnaryOp::kNeg: return -x;
-      case UnaryOp::kExp: return expf(x);
-      case UnaryOp::kLog: return logf(x);
-      case UnaryOp::kSqrt: return sqrtf(x);
-      case UnaryOp::kTanh: return tanhf(x);
-      case UnaryOp::kErf: return erff(x);
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kExp:
+        return expf(x);
+      case UnaryOp::kLog:
+        return logf(x);
+      case UnaryOp::kSqrt:
+        return sqrtf(x);
+      case UnaryOp::kTanh:
+        return tanhf(x);
+      case UnaryOp::kErf:
+        return erff(x);
       case UnaryOp::kSigmoid: {
         // Split on the sign so that expf never overflows.
         if (x >= 0.f) return 1.f / (1.f + expf(-x));
         const float e = expf(x);
         return e / (1.f + e);
       }
-      case UnaryOp::kRelu: return x < 0.f ? 0.f : x;  // keeps NaN
-      case UnaryOp::kAbs: return fabsf(x);
-      case UnaryOp::kSin: return sinf(x);
-      case UnaryOp::kCos: return cosf(x);
-      default: return 1.f / x;
+      case UnaryOp::kRelu:
+        return x < 0.f ? 0.f : x;  // keeps NaN
+      case UnaryOp::kAbs:
+        return fabsf(x);
+      case UnaryOp::kSin:
+        return sinf(x);
+      case UnaryOp::kCos:
+        return cosf(x);
+      default:
+        return 1.f / x;
     }
   }
 }
@@ -138,9 +154,10 @@ __device__ __forceinline__ void StoreFromDouble(To* p, int64_t i, double v) {
     // C truncation; NaN -> 0; out-of-range saturates.
     constexpr double kLo = static_cast<double>(::cuda::std::numeric_limits<To>::min());
     constexpr double kHi = static_cast<double>(::cuda::std::numeric_limits<To>::max());
-    p[i] = v != v ? To(0) : v <= kLo ? ::cuda::std::numeric_limits<To>::min()
-                          : v >= kHi ? ::cuda::std::numeric_limits<To>::max()
-                                     : static_cast<To>(v);
+    p[i] = v != v     ? To(0)
+           : v <= kLo ? ::cuda::std::numeric_limits<To>::min()
+           : v >= kHi ? ::cuda::std::numeric_limits<To>::max()
+                      : static_cast<To>(v);
   } else {
     Store(p, i, static_cast<float>(v));  // double -> float -> 16-bit, as FloatToBF16(float(v))
   }
@@ -178,8 +195,10 @@ __global__ void AccumulateKernel(A* acc, const X* x, int64_t n) {
 template <typename F>
 cudaError_t DispatchCast(ir::DType dt, F&& f) {
   switch (dt) {
-    case ir::DType::kBool: return f(TypeTag<bool>{});
-    default: return DispatchArith(dt, static_cast<F&&>(f));
+    case ir::DType::kBool:
+      return f(TypeTag<bool>{});
+    default:
+      return DispatchArith(dt, static_cast<F&&>(f));
   }
 }
 
@@ -188,8 +207,8 @@ cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* 
                            const BroadcastIndex& idx, cudaStream_t stream) {
   auto launch = [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    BinaryKernel<T, kOp><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                              out, n, idx);
+    BinaryKernel<T, kOp>
+        <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, n, idx);
     return cudaGetLastError();
   };
   constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow;
@@ -208,17 +227,28 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
                          const BroadcastIndex& index, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   switch (op) {
-    case BinaryOp::kAdd: return LaunchBinaryOp<BinaryOp::kAdd>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kSub: return LaunchBinaryOp<BinaryOp::kSub>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kMul: return LaunchBinaryOp<BinaryOp::kMul>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kDiv: return LaunchBinaryOp<BinaryOp::kDiv>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kPow: return LaunchBinaryOp<BinaryOp::kPow>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kMin: return LaunchBinaryOp<BinaryOp::kMin>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kMax: return LaunchBinaryOp<BinaryOp::kMax>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kEqual: return LaunchBinaryOp<BinaryOp::kEqual>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kLess: return LaunchBinaryOp<BinaryOp::kLess>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kGreater: return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
-    case BinaryOp::kAnd: return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kAdd:
+      return LaunchBinaryOp<BinaryOp::kAdd>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kSub:
+      return LaunchBinaryOp<BinaryOp::kSub>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMul:
+      return LaunchBinaryOp<BinaryOp::kMul>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kDiv:
+      return LaunchBinaryOp<BinaryOp::kDiv>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kPow:
+      return LaunchBinaryOp<BinaryOp::kPow>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMin:
+      return LaunchBinaryOp<BinaryOp::kMin>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMax:
+      return LaunchBinaryOp<BinaryOp::kMax>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kEqual:
+      return LaunchBinaryOp<BinaryOp::kEqual>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kLess:
+      return LaunchBinaryOp<BinaryOp::kLess>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kGreater:
+      return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kAnd:
+      return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
   }
   return cudaErrorInvalidValue;
 }

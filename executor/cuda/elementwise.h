@@ -14,10 +14,10 @@
 // code) only launch and return cudaErrorInvalidValue for a dtype they do not instantiate.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "frontend/ir/dtype.h"
 
@@ -63,12 +63,12 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
 
 // out = op(a, b) over BroadcastShape({a_dims, b_dims}); out is dtype's buffer (bool for
 // comparisons) of that shape's element count.
-absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims,
-                    const void* b, const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream);
+absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims, const void* b,
+                    const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream);
 // out = cond ? x : y over the broadcast of the three shapes.
 absl::Status Where(ir::DType dtype, const uint8_t* cond, const std::vector<int64_t>& cond_dims, const void* x,
-                   const std::vector<int64_t>& x_dims, const void* y, const std::vector<int64_t>& y_dims,
-                   void* out, cudaStream_t stream);
+                   const std::vector<int64_t>& x_dims, const void* y, const std::vector<int64_t>& y_dims, void* out,
+                   cudaStream_t stream);
 // y = op(x), n elements (y may alias x).
 absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
 // y = x converted from `from` to `to`, n elements.

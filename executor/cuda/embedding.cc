@@ -40,8 +40,8 @@ absl::StatusOr<GatherShape> MakeGatherShape(const std::vector<int64_t>& data_dim
   return s;
 }
 
-absl::Status Gather(const GatherShape& s, ir::DType dtype, const void* data, ir::DType index_dtype,
-                    const void* indices, void* out, uint32_t* bad_index, cudaStream_t stream) {
+absl::Status Gather(const GatherShape& s, ir::DType dtype, const void* data, ir::DType index_dtype, const void* indices,
+                    void* out, uint32_t* bad_index, cudaStream_t stream) {
   RETURN_IF_ERROR(CheckShapeAndIndices("Gather", s, index_dtype));
   if (s.outer * s.num_idx * s.inner > 0 && (data == nullptr || indices == nullptr || out == nullptr)) {
     return INVALID_ARGUMENT() << "Gather: null device pointer";
@@ -58,13 +58,13 @@ absl::Status GatherGrad(const GatherShape& s, ir::DType dy_dtype, const void* dy
                         size_t workspace_bytes, uint32_t* bad_index, cudaStream_t stream) {
   RETURN_IF_ERROR(CheckShapeAndIndices("GatherGrad", s, index_dtype));
   if (!IsFloat16Or32(dy_dtype) || !IsFloat16Or32(out_dtype)) {
-    return INVALID_ARGUMENT() << "GatherGrad: dY " << ir::DTypeName(dy_dtype) << " into "
-                              << ir::DTypeName(out_dtype) << " is not supported, expected f32, bf16 or f16 for both";
+    return INVALID_ARGUMENT() << "GatherGrad: dY " << ir::DTypeName(dy_dtype) << " into " << ir::DTypeName(out_dtype)
+                              << " is not supported, expected f32, bf16 or f16 for both";
   }
   if (s.num_idx >= std::numeric_limits<int32_t>::max() || s.n_axis >= std::numeric_limits<uint32_t>::max() ||
       (s.inner + 255) / 256 > 65535) {
-    return INVALID_ARGUMENT() << "GatherGrad: " << s.num_idx << " indices, axis " << s.n_axis << ", inner "
-                              << s.inner << " exceed the kernel's limits (2^31 indices, 2^32 rows, 2^24 columns)";
+    return INVALID_ARGUMENT() << "GatherGrad: " << s.num_idx << " indices, axis " << s.n_axis << ", inner " << s.inner
+                              << " exceed the kernel's limits (2^31 indices, 2^32 rows, 2^24 columns)";
   }
   if (s.outer * s.n_axis * s.inner > 0 && dtable == nullptr) return INVALID_ARGUMENT() << "GatherGrad: null dtable";
   if (s.outer * s.num_idx * s.inner > 0 && (dy == nullptr || indices == nullptr || workspace == nullptr)) {
@@ -75,8 +75,8 @@ absl::Status GatherGrad(const GatherShape& s, ir::DType dy_dtype, const void* dy
     return INVALID_ARGUMENT() << "GatherGrad: workspace of " << workspace_bytes << " bytes, needs " << need
                               << " (GatherGradWorkspaceBytes)";
   }
-  CUDA_RETURN_IF_ERROR(LaunchGatherGrad(s, dy_dtype, dy, index_dtype, indices, out_dtype, dtable, accumulate,
-                                        workspace, workspace_bytes, bad_index, stream));
+  CUDA_RETURN_IF_ERROR(LaunchGatherGrad(s, dy_dtype, dy, index_dtype, indices, out_dtype, dtable, accumulate, workspace,
+                                        workspace_bytes, bad_index, stream));
   return absl::OkStatus();
 }
 

@@ -22,8 +22,8 @@ __device__ __forceinline__ int64_t RowOf(const I* idx, int64_t j, int64_t n_axis
 
 // One element of `E` (a type of the element's size) per thread iteration over out.
 template <typename E, typename I>
-__global__ void GatherKernel(GatherShape s, const E* __restrict__ data, const I* __restrict__ idx,
-                             E* __restrict__ out, uint32_t* bad_index) {
+__global__ void GatherKernel(GatherShape s, const E* __restrict__ data, const I* __restrict__ idx, E* __restrict__ out,
+                             uint32_t* bad_index) {
   const int64_t total = s.outer * s.num_idx * s.inner;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i % s.inner, r = i / s.inner;
@@ -73,9 +73,12 @@ __global__ void ScatterRunsKernel(GatherShape s, const uint32_t* __restrict__ ke
 template <typename F>
 cudaError_t DispatchIndex(ir::DType dt, F&& f) {
   switch (dt) {
-    case ir::DType::kI64: return f(TypeTag<int64_t>{});
-    case ir::DType::kI32: return f(TypeTag<int32_t>{});
-    default: return cudaErrorInvalidValue;
+    case ir::DType::kI64:
+      return f(TypeTag<int64_t>{});
+    case ir::DType::kI32:
+      return f(TypeTag<int32_t>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -95,9 +98,9 @@ int KeyBits(int64_t n_axis) {
 
 size_t CubTempBytes(const GatherShape& s) {
   size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-                                  static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-                                  static_cast<int>(s.num_idx), 0, KeyBits(s.n_axis));
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
+                                  static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), static_cast<int>(s.num_idx), 0, KeyBits(s.n_axis));
   return bytes;
 }
 
@@ -124,17 +127,21 @@ cudaError_t LaunchGather(const GatherShape& s, ir::DType dtype, const void* data
     using I = typename decltype(itag)::type;
     auto launch = [&](auto etag) -> cudaError_t {
       using E = typename decltype(etag)::type;
-      GatherKernel<E, I><<<GridFor(total), kThreads, 0, stream>>>(s, static_cast<const E*>(data),
-                                                                  static_cast<const I*>(indices),
-                                                                  static_cast<E*>(out), bad_index);
+      GatherKernel<E, I><<<GridFor(total), kThreads, 0, stream>>>(
+          s, static_cast<const E*>(data), static_cast<const I*>(indices), static_cast<E*>(out), bad_index);
       return cudaGetLastError();
     };
     switch (ir::DTypeSize(dtype)) {
-      case 1: return launch(TypeTag<uint8_t>{});
-      case 2: return launch(TypeTag<uint16_t>{});
-      case 4: return launch(TypeTag<uint32_t>{});
-      case 8: return launch(TypeTag<uint64_t>{});
-      default: return cudaErrorInvalidValue;
+      case 1:
+        return launch(TypeTag<uint8_t>{});
+      case 2:
+        return launch(TypeTag<uint16_t>{});
+      case 4:
+        return launch(TypeTag<uint32_t>{});
+      case 8:
+        return launch(TypeTag<uint64_t>{});
+      default:
+        return cudaErrorInvalidValue;
     }
   });
 }
@@ -157,8 +164,8 @@ cudaError_t LaunchGatherGrad(const GatherShape& s, ir::DType dy_dtype, const voi
   SortScratch sc = CarveScratch(s, workspace);
   cudaError_t err = DispatchIndex(index_dtype, [&](auto itag) -> cudaError_t {
     using I = typename decltype(itag)::type;
-    RowKeysKernel<I><<<GridFor(s.num_idx), kThreads, 0, stream>>>(static_cast<const I*>(indices), s.num_idx,
-                                                                   s.n_axis, sc.keys_in, sc.pos_in, bad_index);
+    RowKeysKernel<I><<<GridFor(s.num_idx), kThreads, 0, stream>>>(static_cast<const I*>(indices), s.num_idx, s.n_axis,
+                                                                  sc.keys_in, sc.pos_in, bad_index);
     return cudaGetLastError();
   });
   if (err != cudaSuccess) return err;
@@ -171,7 +178,7 @@ cudaError_t LaunchGatherGrad(const GatherShape& s, ir::DType dy_dtype, const voi
       using T = typename decltype(ttag)::type;
       const dim3 grid(static_cast<unsigned>(s.num_idx), static_cast<unsigned>((s.inner + kThreads - 1) / kThreads));
       ScatterRunsKernel<G, T><<<grid, kThreads, 0, stream>>>(s, sc.keys_out, sc.pos_out, static_cast<const G*>(dy),
-                                                            static_cast<T*>(dtable), accumulate);
+                                                             static_cast<T*>(dtable), accumulate);
       return cudaGetLastError();
     });
   });

@@ -13,11 +13,11 @@
 // *bad_index (a device uint32, may be null) to 1; the host cannot see indices without a sync.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "frontend/ir/dtype.h"
 
@@ -46,8 +46,8 @@ cudaError_t LaunchGatherGrad(const GatherShape& s, ir::DType dy_dtype, const voi
 // for a bad axis or rank-0 data.
 absl::StatusOr<GatherShape> MakeGatherShape(const std::vector<int64_t>& data_dims, int64_t axis, int64_t num_idx);
 
-absl::Status Gather(const GatherShape& s, ir::DType dtype, const void* data, ir::DType index_dtype,
-                    const void* indices, void* out, uint32_t* bad_index, cudaStream_t stream);
+absl::Status Gather(const GatherShape& s, ir::DType dtype, const void* data, ir::DType index_dtype, const void* indices,
+                    void* out, uint32_t* bad_index, cudaStream_t stream);
 absl::Status GatherGrad(const GatherShape& s, ir::DType dy_dtype, const void* dy, ir::DType index_dtype,
                         const void* indices, ir::DType out_dtype, void* dtable, bool accumulate, void* workspace,
                         size_t workspace_bytes, uint32_t* bad_index, cudaStream_t stream);

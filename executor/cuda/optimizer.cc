@@ -65,8 +65,8 @@ absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, dou
   return absl::OkStatus();
 }
 
-absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1,
-                       double beta2, double eps, double weight_decay, const float* scale, cudaStream_t stream) {
+absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1, double beta2,
+                       double eps, double weight_decay, const float* scale, cudaStream_t stream) {
   if (step < 1) return INVALID_ARGUMENT() << "AdamWStep: step must be >= 1 (1-based update count), got " << step;
   RETURN_IF_ERROR(CheckTensors("AdamWStep", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
   CUDA_RETURN_IF_ERROR(LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()),
@@ -87,12 +87,12 @@ absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensor
   return absl::OkStatus();
 }
 
-absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors,
-                                        const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const AdamWScalars* device_scalars,
+                                        const float* scale, cudaStream_t stream) {
   if (device_scalars == nullptr) return INVALID_ARGUMENT() << "AdamWStepWithDeviceScalars: null device scalars";
   RETURN_IF_ERROR(CheckTensors("AdamWStepWithDeviceScalars", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
-  CUDA_RETURN_IF_ERROR(LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()), AdamWScalars{},
-                                       device_scalars, scale, stream));
+  CUDA_RETURN_IF_ERROR(
+      LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()), AdamWScalars{}, device_scalars, scale, stream));
   return absl::OkStatus();
 }
 

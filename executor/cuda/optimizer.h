@@ -17,11 +17,11 @@
 // replay); SGD still takes its flags (momentum/weight decay on, nesterov) from the host struct.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #ifndef __CUDACC__
 #include "absl/status/status.h"
@@ -67,14 +67,14 @@ cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int 
 // lr: the step's learning rate; step: the 1-based update count including this one.
 absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, double momentum, double weight_decay,
                      bool nesterov, const float* scale, cudaStream_t stream);
-absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1,
-                       double beta2, double eps, double weight_decay, const float* scale, cudaStream_t stream);
+absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1, double beta2,
+                       double eps, double weight_decay, const float* scale, cudaStream_t stream);
 // The CUDA-graph forms: the values are read from device_scalars when the kernels run; SGD's
 // flags (and so which state each tensor needs) come from `flags`.
 absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const SgdScalars& flags,
                                       const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
-absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors,
-                                        const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream);
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const AdamWScalars* device_scalars,
+                                        const float* scale, cudaStream_t stream);
 // max_norm > 0 is required when clip_scale is set (eps as ClipScale's, default 1e-6).
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
                       float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,

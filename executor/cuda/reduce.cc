@@ -50,7 +50,8 @@ absl::StatusOr<ReducePlan> MakeReducePlan(const std::vector<int64_t>& in_dims, c
   const int64_t rank = static_cast<int64_t>(in_dims.size());
   std::vector<bool> reduced(rank, axes.empty());
   for (int64_t a : axes) {
-    if (a < -rank || a >= rank) return INVALID_ARGUMENT() << "Reduce: axis " << a << " is out of range for rank " << rank;
+    if (a < -rank || a >= rank)
+      return INVALID_ARGUMENT() << "Reduce: axis " << a << " is out of range for rank " << rank;
     const int64_t d = a < 0 ? a + rank : a;
     if (reduced[d]) return INVALID_ARGUMENT() << "Reduce: axis " << a << " is repeated";
     reduced[d] = true;

@@ -8,10 +8,10 @@
 // bf16 gradient reduced into an fp32 bias gradient).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "frontend/ir/dtype.h"
 

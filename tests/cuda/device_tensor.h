@@ -2,11 +2,11 @@
 // ir::Tensors, and the normalised error used for 16-bit results.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/tensor.h"

@@ -35,7 +35,8 @@ GpuDropout RunForward(const ir::Node& node, const EvalContext& ctx, const Tensor
   auto p = DropoutParamsFor(node, ctx.training, ctx.seed, ctx.offset, ctx.row_offset, ctx.rows, x.num_elements());
   EXPECT_TRUE(p.ok()) << p.status();
   DeviceTensor dx(x), dy(x.dtype(), x.dims()), dm(DType::kBool, x.dims());
-  const absl::Status st = DropoutForward(*p, x.dtype(), dx.get(), dy.get(), dm.as<uint8_t>(), x.num_elements(), nullptr);
+  const absl::Status st =
+      DropoutForward(*p, x.dtype(), dx.get(), dy.get(), dm.as<uint8_t>(), x.num_elements(), nullptr);
   EXPECT_TRUE(st.ok()) << st;
   return {dy.ToHost(), dm.ToHost()};
 }
@@ -101,8 +102,8 @@ TEST_F(DropoutTest, BackwardEqualsCpuFromMaskAndRegenerated) {
     auto p = DropoutParamsFor(node, ctx.training, ctx.seed, ctx.offset, ctx.row_offset, ctx.rows, x.num_elements());
     ASSERT_TRUE(p.ok());
     DeviceTensor ddy(dy), dmask(fwd.mask), dx1(DType::kF32, dy.dims()), dx2(DType::kF32, dy.dims());
-    ASSERT_TRUE(DropoutBackward(*p, DType::kF32, ddy.get(), dmask.as<uint8_t>(), dx1.get(), dy.num_elements(), nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        DropoutBackward(*p, DType::kF32, ddy.get(), dmask.as<uint8_t>(), dx1.get(), dy.num_elements(), nullptr).ok());
     ASSERT_TRUE(DropoutBackward(*p, DType::kF32, ddy.get(), nullptr, dx2.get(), dy.num_elements(), nullptr).ok());
     EXPECT_TRUE(dx1.ToHost().BitwiseEquals((*want)[0])) << "training " << ctx.training;
     EXPECT_TRUE(dx2.ToHost().BitwiseEquals((*want)[0])) << "training " << ctx.training;
@@ -156,7 +157,8 @@ TEST_F(DropoutTest, CapturedGraphReadsTheOffsetFromDeviceMemory) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status f = DropoutForward(*p, DType::kF32, dx.get(), y.get(), mask.as<uint8_t>(), x.num_elements(), stream);
+  const absl::Status f =
+      DropoutForward(*p, DType::kF32, dx.get(), y.get(), mask.as<uint8_t>(), x.num_elements(), stream);
   const absl::Status b = DropoutBackward(*p, DType::kF32, ddy.get(), nullptr, dgrad.get(), x.num_elements(), stream);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_TRUE(f.ok() && b.ok()) << f << b;

@@ -24,17 +24,28 @@ class ElementwiseTest : public CudaTest {};
 
 OpKind KindOf(BinaryOp op) {
   switch (op) {
-    case BinaryOp::kAdd: return OpKind::kAdd;
-    case BinaryOp::kSub: return OpKind::kSub;
-    case BinaryOp::kMul: return OpKind::kMul;
-    case BinaryOp::kDiv: return OpKind::kDiv;
-    case BinaryOp::kPow: return OpKind::kPow;
-    case BinaryOp::kMin: return OpKind::kMin;
-    case BinaryOp::kMax: return OpKind::kMax;
-    case BinaryOp::kEqual: return OpKind::kEqual;
-    case BinaryOp::kLess: return OpKind::kLess;
-    case BinaryOp::kGreater: return OpKind::kGreater;
-    case BinaryOp::kAnd: return OpKind::kAnd;
+    case BinaryOp::kAdd:
+      return OpKind::kAdd;
+    case BinaryOp::kSub:
+      return OpKind::kSub;
+    case BinaryOp::kMul:
+      return OpKind::kMul;
+    case BinaryOp::kDiv:
+      return OpKind::kDiv;
+    case BinaryOp::kPow:
+      return OpKind::kPow;
+    case BinaryOp::kMin:
+      return OpKind::kMin;
+    case BinaryOp::kMax:
+      return OpKind::kMax;
+    case BinaryOp::kEqual:
+      return OpKind::kEqual;
+    case BinaryOp::kLess:
+      return OpKind::kLess;
+    case BinaryOp::kGreater:
+      return OpKind::kGreater;
+    case BinaryOp::kAnd:
+      return OpKind::kAnd;
   }
   return OpKind::kAdd;
 }
@@ -55,8 +66,8 @@ Tensor RunBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
 // middle axis, both sides broadcast, and a leading-rank difference.
 const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& Shapes() {
   static const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> kShapes = {
-      {{4, 7, 33}, {4, 7, 33}}, {{4, 7, 33}, {}},        {{4, 7, 33}, {33}},      {{4, 7, 33}, {4, 7, 1}},
-      {{4, 7, 33}, {4, 1, 33}}, {{7, 1}, {1, 33}},       {{1}, {4, 7, 33}},       {{2, 3, 1, 5, 1, 4}, {3, 5, 1, 1}},
+      {{4, 7, 33}, {4, 7, 33}}, {{4, 7, 33}, {}},  {{4, 7, 33}, {33}}, {{4, 7, 33}, {4, 7, 1}},
+      {{4, 7, 33}, {4, 1, 33}}, {{7, 1}, {1, 33}}, {{1}, {4, 7, 33}},  {{2, 3, 1, 5, 1, 4}, {3, 5, 1, 1}},
   };
   return kShapes;
 }
@@ -117,9 +128,9 @@ TEST_F(ElementwiseTest, BinaryF32MatchesCpuOverBroadcastShapes) {
       if (op == BinaryOp::kPow) {
         EXPECT_LT(MaxRelError(got, want), 2e-6) << "Pow " << want.DebugString();
       } else {
-        EXPECT_TRUE(got.BitwiseEquals(want)) << static_cast<int>(op) << " on " << a.DebugString() << " vs "
-                                             << b.DebugString() << ": got " << got.DebugString() << " want "
-                                             << want.DebugString();
+        EXPECT_TRUE(got.BitwiseEquals(want))
+            << static_cast<int>(op) << " on " << a.DebugString() << " vs " << b.DebugString() << ": got "
+            << got.DebugString() << " want " << want.DebugString();
       }
     }
   }
@@ -133,8 +144,8 @@ TEST_F(ElementwiseTest, BinaryIntegersMatchCpu) {
       EXPECT_TRUE(RunBinary(op, a, b).BitwiseEquals(Eval1(MakeNode(KindOf(op), 2), {a, b}))) << ir::DTypeName(dt);
     }
     const Tensor small = RandInt(dt, {5, 6}, 9, 0, 2), col = RandInt(dt, {5, 1}, 10, 0, 2);
-    EXPECT_TRUE(RunBinary(BinaryOp::kEqual, small, col)
-                    .BitwiseEquals(Eval1(MakeNode(OpKind::kEqual, 2), {small, col})));
+    EXPECT_TRUE(
+        RunBinary(BinaryOp::kEqual, small, col).BitwiseEquals(Eval1(MakeNode(OpKind::kEqual, 2), {small, col})));
   }
 }
 
@@ -180,8 +191,8 @@ TEST_F(ElementwiseTest, WhereMatchesCpuWithBroadcasting) {
     const Tensor x = Rand(dt, {4, 7, 33}, 14, -5, 5), y = Rand(dt, {7, 1}, 15, -5, 5);
     const Tensor want = Eval1(MakeNode(OpKind::kWhere, 3), {cond, x, y});
     DeviceTensor dc(cond), dx(x), dy(y), out(dt, want.dims());
-    ASSERT_TRUE(Where(dt, dc.as<uint8_t>(), cond.dims(), dx.get(), x.dims(), dy.get(), y.dims(), out.get(), nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        Where(dt, dc.as<uint8_t>(), cond.dims(), dx.get(), x.dims(), dy.get(), y.dims(), out.get(), nullptr).ok());
     EXPECT_TRUE(out.ToHost().BitwiseEquals(want)) << ir::DTypeName(dt);
   }
 }
@@ -194,12 +205,18 @@ struct UnaryCase {
 
 TEST_F(ElementwiseTest, UnaryMatchesCpu) {
   const UnaryCase cases[] = {
-      {UnaryOp::kNeg, OpKind::kNeg, -3, 3},        {UnaryOp::kExp, OpKind::kExp, -10, 10},
-      {UnaryOp::kLog, OpKind::kLog, 1e-3, 50},     {UnaryOp::kSqrt, OpKind::kSqrt, 0, 50},
-      {UnaryOp::kTanh, OpKind::kTanh, -6, 6},      {UnaryOp::kErf, OpKind::kErf, -4, 4},
-      {UnaryOp::kSigmoid, OpKind::kSigmoid, -30, 30}, {UnaryOp::kRelu, OpKind::kRelu, -3, 3},
-      {UnaryOp::kReciprocal, OpKind::kReciprocal, 0.1, 9}, {UnaryOp::kAbs, OpKind::kAbs, -3, 3},
-      {UnaryOp::kSin, OpKind::kSin, -6, 6},          {UnaryOp::kCos, OpKind::kCos, -6, 6},
+      {UnaryOp::kNeg, OpKind::kNeg, -3, 3},
+      {UnaryOp::kExp, OpKind::kExp, -10, 10},
+      {UnaryOp::kLog, OpKind::kLog, 1e-3, 50},
+      {UnaryOp::kSqrt, OpKind::kSqrt, 0, 50},
+      {UnaryOp::kTanh, OpKind::kTanh, -6, 6},
+      {UnaryOp::kErf, OpKind::kErf, -4, 4},
+      {UnaryOp::kSigmoid, OpKind::kSigmoid, -30, 30},
+      {UnaryOp::kRelu, OpKind::kRelu, -3, 3},
+      {UnaryOp::kReciprocal, OpKind::kReciprocal, 0.1, 9},
+      {UnaryOp::kAbs, OpKind::kAbs, -3, 3},
+      {UnaryOp::kSin, OpKind::kSin, -6, 6},
+      {UnaryOp::kCos, OpKind::kCos, -6, 6},
   };
   for (const UnaryCase& c : cases) {
     const Tensor x = Rand(DType::kF32, {3, 1000}, 16, c.lo, c.hi);
@@ -225,12 +242,14 @@ TEST_F(ElementwiseTest, UnaryMatchesCpu) {
 TEST_F(ElementwiseTest, CastMatchesCpuBitwise) {
   Tensor x = Rand(DType::kF32, {2000}, 17, -70000, 70000);
   // Values around the 16-bit types' rounding boundaries and limits.
-  const float specials[] = {0.f, -0.f, 1.f + 1.f / 256, 1.f + 3.f / 512, 65504.f, 65520.f, 1e-8f, 6e-5f, -3.5f, -65519.f};
+  const float specials[] = {0.f,     -0.f,  1.f + 1.f / 256, 1.f + 3.f / 512, 65504.f,
+                            65520.f, 1e-8f, 6e-5f,           -3.5f,           -65519.f};
   for (size_t i = 0; i < std::size(specials); ++i) x.mutable_data<float>()[i] = specials[i];
   const std::pair<DType, DType> pairs[] = {
-      {DType::kF32, DType::kBF16}, {DType::kF32, DType::kF16},  {DType::kBF16, DType::kF32}, {DType::kF16, DType::kF32},
-      {DType::kBF16, DType::kF16}, {DType::kF16, DType::kBF16}, {DType::kF32, DType::kI64},  {DType::kI64, DType::kF32},
-      {DType::kF32, DType::kBool}, {DType::kBool, DType::kF32}, {DType::kI64, DType::kI32},  {DType::kBF16, DType::kI32},
+      {DType::kF32, DType::kBF16}, {DType::kF32, DType::kF16},  {DType::kBF16, DType::kF32},
+      {DType::kF16, DType::kF32},  {DType::kBF16, DType::kF16}, {DType::kF16, DType::kBF16},
+      {DType::kF32, DType::kI64},  {DType::kI64, DType::kF32},  {DType::kF32, DType::kBool},
+      {DType::kBool, DType::kF32}, {DType::kI64, DType::kI32},  {DType::kBF16, DType::kI32},
   };
   for (const auto& [from, to] : pairs) {
     const Tensor src = x.CastTo(from);

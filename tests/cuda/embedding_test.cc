@@ -41,7 +41,9 @@ Tensor GpuGatherGrad(const Tensor& dy, const Tensor& idx, const std::vector<int6
   auto s = MakeGatherShape(table_dims, axis, idx.num_elements());
   EXPECT_TRUE(s.ok()) << s.status();
   DeviceTensor ddy(dy), di(idx), table(out_dtype, table_dims), flag(DType::kI32, {1});
-  if (init != nullptr) EXPECT_EQ(cudaMemcpy(table.get(), init->raw(), init->num_bytes(), cudaMemcpyHostToDevice), 0);
+  if (init != nullptr) {
+    EXPECT_EQ(cudaMemcpy(table.get(), init->raw(), init->num_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   const size_t ws_bytes = GatherGradWorkspaceBytes(*s);
   DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)});
   const absl::Status st = GatherGrad(*s, dy.dtype(), ddy.get(), idx.dtype(), di.get(), out_dtype, table.get(),
@@ -127,7 +129,9 @@ TEST_F(EmbeddingTest, OutOfRangeIndicesAreFlaggedAndSkipped) {
   EXPECT_EQ(bad, 1u);
   for (int64_t i = 0; i < grad.num_elements(); ++i) {
     const int64_t row = i / 3;
-    if (row != 1 && row != 2) EXPECT_EQ(grad.data<float>()[i], 0.f) << i;
+    if (row != 1 && row != 2) {
+      EXPECT_EQ(grad.data<float>()[i], 0.f) << i;
+    }
   }
 }
 

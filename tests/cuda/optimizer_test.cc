@@ -125,8 +125,8 @@ TEST_F(OptimizerTest, SgdStepsEqualCpu) {
       const bool scaled = step == 2;
       std::vector<OptimizerTensor> views;
       for (const auto& p : ps) views.push_back(p->View());
-      ASSERT_TRUE(SgdStep(views, lr, c.momentum, c.wd, c.nesterov, scaled ? dscale.as<float>() : nullptr, nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          SgdStep(views, lr, c.momentum, c.wd, c.nesterov, scaled ? dscale.as<float>() : nullptr, nullptr).ok());
       for (size_t i = 0; i < ps.size(); ++i) {
         Param& p = *ps[i];
         std::vector<Tensor> in = {p.p, gs[i], Tensor::Scalar<double>(lr)};
@@ -158,9 +158,8 @@ TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
     const SgdScalars flags = MakeSgdScalars(0.1, 0.9, 0.01, /*nesterov=*/true);
     cudaGraph_t graph;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st =
-        adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
-              : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
+    const absl::Status st = adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
+                                  : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
     ASSERT_TRUE(st.ok()) << st;
     cudaGraphExec_t exec;
@@ -176,7 +175,7 @@ TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
       }
       const std::vector<Tensor> gs = NewGrads(ps, step);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
       for (size_t i = 0; i < ps.size(); ++i) {
         Param& p = *ps[i];
@@ -237,8 +236,8 @@ TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
     }
     const size_t ws_bytes = GradNormWorkspaceBytes(sizes);
     DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)}), sum(DType::kF32, {}), scale(DType::kF32, {});
-    ASSERT_TRUE(GradNorm(ptrs, sizes, sum.as<float>(), scale.as<float>(), max_norm, 1e-6, ws.get(), ws_bytes, nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        GradNorm(ptrs, sizes, sum.as<float>(), scale.as<float>(), max_norm, 1e-6, ws.get(), ws_bytes, nullptr).ok());
     const Tensor want_sum = Eval1(MakeNode(OpKind::kSumSquares, static_cast<int>(gs.size())), gs);
     const Tensor norm = Eval1(MakeNode(OpKind::kSqrt, 1), {want_sum});
     ir::Attrs a;
@@ -253,8 +252,8 @@ TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
   Tensor g = Rand(DType::kF32, {100}, 60);
   g.mutable_data<float>()[37] = NAN;
   DeviceTensor dg(g), ws(DType::kU8, {64}), sum(DType::kF32, {}), scale(DType::kF32, {});
-  ASSERT_TRUE(GradNorm({dg.as<float>()}, {100}, sum.as<float>(), scale.as<float>(), 1.0, 1e-6, ws.get(), 64, nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      GradNorm({dg.as<float>()}, {100}, sum.as<float>(), scale.as<float>(), 1.0, 1e-6, ws.get(), 64, nullptr).ok());
   EXPECT_TRUE(std::isnan(sum.ToHost().GetAsDouble(0)));
   EXPECT_TRUE(std::isnan(scale.ToHost().GetAsDouble(0)));
 }
@@ -271,14 +270,14 @@ TEST_F(OptimizerTest, BadArgumentsAreErrors) {
   EXPECT_FALSE(SgdStep({no_state}, 0.1, 0.9, 0.0, false, nullptr, nullptr).ok());
   EXPECT_TRUE(SgdStep({no_state}, 0.1, 0.0, 0.0, false, nullptr, nullptr).ok());  // no momentum, no buffer
   DeviceTensor ws(DType::kU8, {8}), out(DType::kF32, {});
-  EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), out.as<float>(), 0.0, 1e-6, ws.get(), 8, nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), out.as<float>(), 0.0, 1e-6, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10, 5}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 4, nullptr).ok());
   EXPECT_FALSE(AdamWStepWithDeviceScalars({t}, nullptr, nullptr, nullptr).ok());
-  EXPECT_FALSE(SgdStepWithDeviceScalars({no_state}, MakeSgdScalars(0.1, 0.9, 0, false), ws.as<SgdScalars>(), nullptr,
-                                        nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      SgdStepWithDeviceScalars({no_state}, MakeSgdScalars(0.1, 0.9, 0, false), ws.as<SgdScalars>(), nullptr, nullptr)
+          .ok());
 }
 
 }  // namespace

@@ -68,8 +68,8 @@ TEST(ReducePlanTest, BadAxesAndShapesAreErrors) {
   EXPECT_FALSE(MakeReducePlan({4, 5}, {1, -1}).ok());
   EXPECT_FALSE(MakeReduceToShapePlan({4, 5}, {3}).ok());
   EXPECT_FALSE(MakeReduceToShapePlan({5}, {4, 5}).ok());
-  EXPECT_FALSE(MakeReducePlan({2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, {0, 2, 4, 6, 8, 10, 12, 14, 16})
-                   .ok());
+  EXPECT_FALSE(
+      MakeReducePlan({2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, {0, 2, 4, 6, 8, 10, 12, 14, 16}).ok());
 }
 
 TEST_F(ReduceTest, SumAndMeanMatchCpuOverAxes) {
