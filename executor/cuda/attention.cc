@@ -1,9 +1,11 @@
 // AttentionGraphs: cuDNN SDPA forward/backward graphs built with the cuDNN frontend, cached per
 // config. Only this file sees cuDNN and its frontend.
 //
-// Workspace layout (one caller buffer): [cuDNN's workspace | seq_len_q (B) int32 | seq_len_kv (B)
-// int32], each part 256-byte aligned. cuDNN's padding mode wants query lengths too; they are all Sq
-// (every query row is real), written by a small kernel each call so the call is graph-capturable.
+// Workspace layout (one caller buffer), each part 256-byte aligned: [cuDNN's workspace | with key
+// padding: seq_len_q (B) int32, seq_len_kv (B) int32 | with a bias whose Sk is not a multiple of 8:
+// the bias copied with rows padded to 8 elements, the 16-byte row alignment cuDNN's kernels load
+// with]. cuDNN's padding mode wants query lengths too; they are all Sq (every query row is real).
+// Everything is written on the stream each call, so a call is graph-capturable.
 #include "executor/cuda/attention.h"
 
 #include <cmath>
@@ -14,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "executor/cuda/cuda_status.h"
+#include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
 
@@ -66,7 +69,7 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
   for (auto [name, v] : {std::pair<const char*, int64_t>{"batch", c.batch}, {"heads", c.heads},
                          {"kv_heads", c.kv_heads}, {"seq_q", c.seq_q}, {"seq_kv", c.seq_kv},
                          {"head_dim", c.head_dim}, {"value_dim", c.value_dim}}) {
-    if (absl::Status s = positive(name, v); !s.ok()) return s;
+    RETURN_IF_ERROR(positive(name, v));
   }
   if (c.heads % c.kv_heads != 0) {
     return absl::InvalidArgumentError(
@@ -111,12 +114,38 @@ std::string AttentionConfig::ToString() const {
   return s;
 }
 
+namespace {
+
+// Byte offsets into the workspace; -1 = absent.
+struct WorkspaceLayout {
+  int64_t cudnn_bytes = 0;
+  int64_t seq_q = -1, seq_kv = -1;
+  int64_t bias = -1;
+  int64_t bias_row = 0;  // elements between bias rows (Sk, or Sk rounded up to 8)
+  int64_t total = 0;
+
+  WorkspaceLayout(const AttentionConfig& c, int64_t cudnn) : cudnn_bytes(cudnn), total(AlignUp(cudnn)) {
+    if (UsesLengths(c.mask)) {
+      seq_q = total;
+      seq_kv = seq_q + AlignUp(4 * c.batch);
+      total = seq_kv + AlignUp(4 * c.batch);
+    }
+    bias_row = (c.seq_kv + 7) / 8 * 8;
+    if (c.mask == AttentionMask::kBias && bias_row != c.seq_kv) {
+      bias = total;
+      total += AlignUp(c.bias_batch * c.bias_heads * c.seq_q * bias_row * 2);
+    } else {
+      bias_row = c.seq_kv;
+    }
+  }
+};
+
+}  // namespace
+
 struct AttentionGraphs::Built {
   AttentionConfig config;
   std::shared_ptr<fe::graph::Graph> graph;
-  int64_t cudnn_bytes = 0;     // cuDNN's part of the workspace
-  int64_t lengths_offset = 0;  // seq_len_q at this offset, seq_len_kv one aligned block further
-  int64_t total_bytes = 0;
+  WorkspaceLayout layout;
 };
 
 namespace {
@@ -126,15 +155,19 @@ struct CommonTensors {
   std::shared_ptr<fe::graph::Tensor_attributes> q, k, v, bias, seq_q, seq_kv, seed, offset;
 };
 
+// A tensor of `dims`, contiguous but for the last dim's rows, `row` elements apart (0 = dense).
 std::shared_ptr<fe::graph::Tensor_attributes> MakeTensor(fe::graph::Graph& g, const char* name, int64_t uid,
                                                          std::vector<int64_t> dims,
-                                                         fe::DataType_t type = fe::DataType_t::NOT_SET) {
-  auto attrs = fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(Contiguous(dims));
+                                                         fe::DataType_t type = fe::DataType_t::NOT_SET,
+                                                         int64_t row = 0) {
+  std::vector<int64_t> padded = dims;
+  if (row != 0) padded.back() = row;
+  auto attrs = fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(Contiguous(padded));
   if (type != fe::DataType_t::NOT_SET) attrs.set_data_type(type);
   return g.tensor(attrs);
 }
 
-CommonTensors AddInputs(fe::graph::Graph& g, const AttentionConfig& c) {
+CommonTensors AddInputs(fe::graph::Graph& g, const AttentionConfig& c, const WorkspaceLayout& layout) {
   const fe::DataType_t io = c.dtype == ir::DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
   g.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
   CommonTensors t;
@@ -142,9 +175,9 @@ CommonTensors AddInputs(fe::graph::Graph& g, const AttentionConfig& c) {
   t.k = MakeTensor(g, "K", kK, {c.batch, c.kv_heads, c.seq_kv, c.head_dim});
   t.v = MakeTensor(g, "V", kV, {c.batch, c.kv_heads, c.seq_kv, c.value_dim});
   if (c.mask == AttentionMask::kBias) {
-    t.bias = MakeTensor(g, "bias", kBias, {c.bias_batch, c.bias_heads, c.seq_q, c.seq_kv}, io);
+    t.bias = MakeTensor(g, "bias", kBias, {c.bias_batch, c.bias_heads, c.seq_q, c.seq_kv}, io, layout.bias_row);
   }
-  if (UsesLengths(c.mask)) {
+  if (layout.seq_q >= 0) {
     t.seq_q = MakeTensor(g, "seq_len_q", kSeqQ, {c.batch, 1, 1, 1}, fe::DataType_t::INT32);
     t.seq_kv = MakeTensor(g, "seq_len_kv", kSeqKV, {c.batch, 1, 1, 1}, fe::DataType_t::INT32);
   }
@@ -165,9 +198,9 @@ void SetOptions(Options& o, const AttentionConfig& c, const CommonTensors& t) {
   if (t.seed) o.set_dropout(static_cast<float>(c.dropout), t.seed, t.offset);
 }
 
-std::shared_ptr<fe::graph::Graph> ForwardGraph(const AttentionConfig& c) {
+std::shared_ptr<fe::graph::Graph> ForwardGraph(const AttentionConfig& c, const WorkspaceLayout& layout) {
   auto g = std::make_shared<fe::graph::Graph>();
-  const CommonTensors t = AddInputs(*g, c);
+  const CommonTensors t = AddInputs(*g, c, layout);
   auto options = fe::graph::SDPA_attributes().set_name("attention_forward").set_generate_stats(true);
   SetOptions(options, c, t);
   auto [o, stats] = g->sdpa(t.q, t.k, t.v, options);
@@ -177,9 +210,9 @@ std::shared_ptr<fe::graph::Graph> ForwardGraph(const AttentionConfig& c) {
   return g;
 }
 
-std::shared_ptr<fe::graph::Graph> BackwardGraph(const AttentionConfig& c) {
+std::shared_ptr<fe::graph::Graph> BackwardGraph(const AttentionConfig& c, const WorkspaceLayout& layout) {
   auto g = std::make_shared<fe::graph::Graph>();
-  const CommonTensors t = AddInputs(*g, c);
+  const CommonTensors t = AddInputs(*g, c, layout);
   auto o = MakeTensor(*g, "O", kO, {c.batch, c.heads, c.seq_q, c.value_dim});
   auto d_o = MakeTensor(*g, "dO", kDO, {c.batch, c.heads, c.seq_q, c.value_dim});
   auto stats = MakeTensor(*g, "stats", kStats, {c.batch, c.heads, c.seq_q, 1}, fe::DataType_t::FLOAT);
@@ -200,7 +233,7 @@ std::shared_ptr<fe::graph::Graph> BackwardGraph(const AttentionConfig& c) {
 absl::StatusOr<std::unique_ptr<AttentionGraphs>> AttentionGraphs::Create() {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("Attention: no CUDA device for cuDNN");
   cudnnHandle_t handle = nullptr;
-  if (absl::Status s = CudnnStatus(cudnnCreate(&handle), "cudnnCreate"); !s.ok()) return s;
+  RETURN_IF_ERROR(CudnnStatus(cudnnCreate(&handle), "cudnnCreate"));
   std::unique_ptr<AttentionGraphs> graphs(new AttentionGraphs());
   graphs->handle_ = handle;
   return graphs;
@@ -211,50 +244,45 @@ AttentionGraphs::~AttentionGraphs() {
 }
 
 absl::StatusOr<AttentionGraphs::Built*> AttentionGraphs::Get(bool backward, const AttentionConfig& config) {
-  absl::StatusOr<AttentionConfig> resolved = config.Resolved();
-  if (!resolved.ok()) return resolved.status();
-  const AttentionConfig& c = *resolved;
+  ASSIGN_OR_RETURN(const AttentionConfig c, config.Resolved());
   const std::string key = absl::StrCat(backward ? "bwd " : "fwd ", c.ToString());
   if (auto it = graphs_.find(key); it != graphs_.end()) return it->second.get();
 
-  auto built = std::make_unique<Built>();
-  built->config = c;
-  built->graph = backward ? BackwardGraph(c) : ForwardGraph(c);
+  // The layout's cuDNN part is only known once built; the rest does not depend on it.
+  const WorkspaceLayout shape_only(c, /*cudnn=*/0);
+  std::shared_ptr<fe::graph::Graph> graph = backward ? BackwardGraph(c, shape_only) : ForwardGraph(c, shape_only);
   const char* what = backward ? "backward" : "forward";
   auto handle = static_cast<cudnnHandle_t>(handle_);
-  if (absl::Status s = FrontendStatus(built->graph->build(handle, {fe::HeurMode_t::A}), what, c); !s.ok()) return s;
-  if (absl::Status s = FrontendStatus(built->graph->get_workspace_size(built->cudnn_bytes), what, c); !s.ok()) {
-    return s;
-  }
-  built->lengths_offset = AlignUp(built->cudnn_bytes);
-  built->total_bytes = built->lengths_offset + (UsesLengths(c.mask) ? 2 * AlignUp(4 * c.batch) : 0);
+  RETURN_IF_ERROR(FrontendStatus(graph->build(handle, {fe::HeurMode_t::A}), what, c));
+  int64_t cudnn_bytes = 0;
+  RETURN_IF_ERROR(FrontendStatus(graph->get_workspace_size(cudnn_bytes), what, c));
+  auto built = std::make_unique<Built>(Built{c, std::move(graph), WorkspaceLayout(c, cudnn_bytes)});
   return (graphs_[key] = std::move(built)).get();
 }
 
 absl::StatusOr<int64_t> AttentionGraphs::ForwardWorkspaceBytes(const AttentionConfig& config) {
-  absl::StatusOr<Built*> b = Get(/*backward=*/false, config);
-  if (!b.ok()) return b.status();
-  return (*b)->total_bytes;
+  ASSIGN_OR_RETURN(const Built* b, Get(/*backward=*/false, config));
+  return b->layout.total;
 }
 
 absl::StatusOr<int64_t> AttentionGraphs::BackwardWorkspaceBytes(const AttentionConfig& config) {
-  absl::StatusOr<Built*> b = Get(/*backward=*/true, config);
-  if (!b.ok()) return b.status();
-  return (*b)->total_bytes;
+  ASSIGN_OR_RETURN(const Built* b, Get(/*backward=*/true, config));
+  return b->layout.total;
 }
 
 namespace {
 
-// Checks the pointers and workspace, writes the lengths and adds the mask/dropout tensors to `pack`.
-// Returns the seq_len_kv pointer (null without key padding).
-absl::StatusOr<const int32_t*> PrepareCommon(const AttentionConfig& c, const void* mask, const int64_t* seed,
-                                             const int64_t* offset, char* workspace, int64_t workspace_bytes,
-                                             int64_t need_bytes, int64_t lengths_offset, cudaStream_t stream,
+// Checks the mask, dropout and workspace arguments, writes the workspace's lengths and padded bias,
+// and adds the mask/dropout tensors to `pack`. Returns the seq_len_kv pointer (null without key
+// padding).
+absl::StatusOr<const int32_t*> PrepareCommon(const AttentionConfig& c, const WorkspaceLayout& layout, const void* mask,
+                                             const int64_t* seed, const int64_t* offset, char* workspace,
+                                             int64_t workspace_bytes, cudaStream_t stream,
                                              std::unordered_map<int64_t, void*>& pack) {
-  if (workspace_bytes < need_bytes || (need_bytes > 0 && workspace == nullptr)) {
+  if (workspace_bytes < layout.total || (layout.total > 0 && workspace == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("Attention: workspace of ", workspace_bytes, " bytes",
-                                                   workspace == nullptr ? " (null)" : "", ", expected ", need_bytes,
-                                                   " bytes for ", c.ToString()));
+                                                   workspace == nullptr ? " (null)" : "", ", expected ",
+                                                   layout.total, " bytes for ", c.ToString()));
   }
   if (c.mask != AttentionMask::kNone && mask == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("Attention: no mask pointer for ", c.ToString()));
@@ -263,17 +291,27 @@ absl::StatusOr<const int32_t*> PrepareCommon(const AttentionConfig& c, const voi
     return absl::InvalidArgumentError(
         absl::StrCat("Attention: dropout ", c.dropout, " needs device seed and offset pointers"));
   }
-  if (c.mask == AttentionMask::kBias) pack[kBias] = const_cast<void*>(mask);
   if (c.dropout > 0) {
     pack[kSeed] = const_cast<int64_t*>(seed);
     pack[kOffset] = const_cast<int64_t*>(offset);
   }
-  if (!UsesLengths(c.mask)) return nullptr;
-  auto* seq_q = reinterpret_cast<int32_t*>(workspace + lengths_offset);
-  auto* seq_kv = reinterpret_cast<int32_t*>(workspace + lengths_offset + AlignUp(4 * c.batch));
+  if (c.mask == AttentionMask::kBias) {
+    void* bias = const_cast<void*>(mask);
+    if (layout.bias >= 0) {
+      bias = workspace + layout.bias;
+      const int64_t rows = c.bias_batch * c.bias_heads * c.seq_q;
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bias, 0, rows * layout.bias_row * 2, stream));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(bias, layout.bias_row * 2, mask, c.seq_kv * 2, c.seq_kv * 2, rows,
+                                             cudaMemcpyDeviceToDevice, stream));
+    }
+    pack[kBias] = bias;
+  }
+  if (layout.seq_q < 0) return nullptr;
+  auto* seq_q = reinterpret_cast<int32_t*>(workspace + layout.seq_q);
   CUDA_RETURN_IF_ERROR(LaunchFillLengths(seq_q, c.batch, static_cast<int32_t>(c.seq_q), stream));
   const int32_t* kv_lengths = static_cast<const int32_t*>(mask);
   if (c.mask == AttentionMask::kKeyMask) {
+    auto* seq_kv = reinterpret_cast<int32_t*>(workspace + layout.seq_kv);
     CUDA_RETURN_IF_ERROR(LaunchKeyMaskToLengths(static_cast<const bool*>(mask), seq_kv, c.batch, c.seq_kv, stream));
     kv_lengths = seq_kv;
   }
@@ -293,51 +331,41 @@ absl::Status CheckPointers(std::initializer_list<std::pair<const char*, const vo
 
 absl::Status AttentionGraphs::Forward(const AttentionConfig& config, const AttentionForwardArgs& a, void* workspace,
                                       int64_t workspace_bytes, cudaStream_t stream) {
-  absl::StatusOr<Built*> built = Get(/*backward=*/false, config);
-  if (!built.ok()) return built.status();
-  const Built& b = **built;
-  if (absl::Status s = CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats}}); !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(const Built* built, Get(/*backward=*/false, config));
+  const Built& b = *built;
+  RETURN_IF_ERROR(CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats}}));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(a.q)}, {kK, const_cast<void*>(a.k)},
                                              {kV, const_cast<void*>(a.v)}, {kO, a.o}, {kStats, a.stats}};
   auto* ws = static_cast<char*>(workspace);
-  absl::StatusOr<const int32_t*> lengths = PrepareCommon(b.config, a.mask, a.dropout_seed, a.dropout_offset, ws,
-                                                         workspace_bytes, b.total_bytes, b.lengths_offset, stream, pack);
-  if (!lengths.ok()) return lengths.status();
+  RETURN_IF_ERROR(
+      PrepareCommon(b.config, b.layout, a.mask, a.dropout_seed, a.dropout_offset, ws, workspace_bytes, stream, pack)
+          .status());
   auto handle = static_cast<cudnnHandle_t>(handle_);
-  if (absl::Status s = CudnnStatus(cudnnSetStream(handle, stream), "cudnnSetStream"); !s.ok()) return s;
+  RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(handle, stream), "cudnnSetStream"));
   return FrontendStatus(b.graph->execute(handle, pack, ws), "forward execution", b.config);
 }
 
 absl::Status AttentionGraphs::Backward(const AttentionConfig& config, const AttentionBackwardArgs& a, void* workspace,
                                        int64_t workspace_bytes, cudaStream_t stream) {
-  absl::StatusOr<Built*> built = Get(/*backward=*/true, config);
-  if (!built.ok()) return built.status();
-  const Built& b = **built;
-  if (absl::Status s = CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats},
-                                      {"d_o", a.d_o}, {"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}});
-      !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(const Built* built, Get(/*backward=*/true, config));
+  const Built& b = *built;
+  RETURN_IF_ERROR(CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats},
+                                 {"d_o", a.d_o}, {"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}}));
   std::unordered_map<int64_t, void*> pack = {
       {kQ, const_cast<void*>(a.q)},          {kK, const_cast<void*>(a.k)},    {kV, const_cast<void*>(a.v)},
       {kO, const_cast<void*>(a.o)},          {kDO, const_cast<void*>(a.d_o)}, {kStats, const_cast<float*>(a.stats)},
       {kDQ, a.dq}, {kDK, a.dk}, {kDV, a.dv}};
   auto* ws = static_cast<char*>(workspace);
-  absl::StatusOr<const int32_t*> lengths = PrepareCommon(b.config, a.mask, a.dropout_seed, a.dropout_offset, ws,
-                                                         workspace_bytes, b.total_bytes, b.lengths_offset, stream, pack);
-  if (!lengths.ok()) return lengths.status();
+  ASSIGN_OR_RETURN(const int32_t* kv_lengths, PrepareCommon(b.config, b.layout, a.mask, a.dropout_seed,
+                                                             a.dropout_offset, ws, workspace_bytes, stream, pack));
   auto handle = static_cast<cudnnHandle_t>(handle_);
-  if (absl::Status s = CudnnStatus(cudnnSetStream(handle, stream), "cudnnSetStream"); !s.ok()) return s;
-  if (absl::Status s = FrontendStatus(b.graph->execute(handle, pack, ws), "backward execution", b.config); !s.ok()) {
-    return s;
-  }
-  if (*lengths == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(handle, stream), "cudnnSetStream"));
+  RETURN_IF_ERROR(FrontendStatus(b.graph->execute(handle, pack, ws), "backward execution", b.config));
+  if (kv_lengths == nullptr) return absl::OkStatus();
   // Padded keys get no gradient, as on the CPU; cuDNN need not write those rows.
   const AttentionConfig& c = b.config;
-  CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(a.dk, *lengths, c.batch, c.kv_heads, c.seq_kv, c.head_dim, 2, stream));
-  CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(a.dv, *lengths, c.batch, c.kv_heads, c.seq_kv, c.value_dim, 2, stream));
+  CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(a.dk, kv_lengths, c.batch, c.kv_heads, c.seq_kv, c.head_dim, 2, stream));
+  CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(a.dv, kv_lengths, c.batch, c.kv_heads, c.seq_kv, c.value_dim, 2, stream));
   return absl::OkStatus();
 }
 

@@ -18,7 +18,8 @@
 //   that must be a prefix per batch (true for j < len, false after; right padding, as tokenizers
 //   pad for training); it is turned into lengths on the stream. A mask with a true after a false is
 //   read as its leading run of trues, which differs from the CPU op.
-// - kBias: additive, of the input dtype, dims (1|B, 1|H, Sq, Sk) contiguous.
+// - kBias: additive, of the input dtype, dims (1|B, 1|H, Sq, Sk) contiguous. When Sk is not a
+//   multiple of 8 it is copied into the workspace with 16-byte aligned rows (cuDNN loads rows so).
 // Rows whose every key is masked: the CPU op writes zeros; here they cannot come from causal or
 // lengths >= 1, but a bias of -inf over a whole row gives NaN. Key-padding backward writes zeros into
 // the dK/dV rows of the padded keys, as the CPU op does.
