@@ -2,11 +2,11 @@
 // shape of DESIGN.md: batch 256, 16 heads, seq 256, head dim 64, bf16, no mask and causal, next to
 // the reference PyTorch measured for cuDNN's SDPA on the same GPU (1.34 ms, causal 1.28 ms).
 // Usage: attention_bench [iterations]
+#include <cuda_runtime.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "executor/cuda/attention.h"
 #include "executor/cuda/cuda_status.h"
@@ -63,11 +63,12 @@ absl::Status Run(int iterations) {
     total_ms /= iterations;
     // 4 B H S^2 D forward, 2.5 times that backward; causal does about half.
     const double flops = 14.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
-    std::printf("attention b%lld h%lld s%lld d%lld bf16%s: forward %.3f ms, forward+backward %.3f ms "
-                "(%.0f TFLOP/s), workspace fwd %lld bwd %lld bytes; PyTorch cuDNN SDPA reference %.2f ms\n",
-                static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S),
-                static_cast<long long>(D), causal ? " causal" : "", fwd_ms, total_ms, flops / (total_ms * 1e9),
-                static_cast<long long>(fwd_ws), static_cast<long long>(bwd_ws), causal ? 1.28 : 1.34);
+    std::printf(
+        "attention b%lld h%lld s%lld d%lld bf16%s: forward %.3f ms, forward+backward %.3f ms "
+        "(%.0f TFLOP/s), workspace fwd %lld bwd %lld bytes; PyTorch cuDNN SDPA reference %.2f ms\n",
+        static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S), static_cast<long long>(D),
+        causal ? " causal" : "", fwd_ms, total_ms, flops / (total_ms * 1e9), static_cast<long long>(fwd_ws),
+        static_cast<long long>(bwd_ws), causal ? 1.28 : 1.34);
     CUDA_RETURN_IF_ERROR(cudaFree(ws));
   }
   return absl::OkStatus();

@@ -8,11 +8,11 @@
 // Everything is written on the stream each call, so a call is graph-capturable.
 #include "executor/cuda/attention.h"
 
-#include <cmath>
-#include <utility>
-
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "executor/cuda/cuda_status.h"
@@ -66,9 +66,13 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("Attention: ", name, " is ", v, ", expected > 0"));
   };
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"batch", c.batch}, {"heads", c.heads},
-                         {"kv_heads", c.kv_heads}, {"seq_q", c.seq_q}, {"seq_kv", c.seq_kv},
-                         {"head_dim", c.head_dim}, {"value_dim", c.value_dim}}) {
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"batch", c.batch},
+                         {"heads", c.heads},
+                         {"kv_heads", c.kv_heads},
+                         {"seq_q", c.seq_q},
+                         {"seq_kv", c.seq_kv},
+                         {"head_dim", c.head_dim},
+                         {"value_dim", c.value_dim}}) {
     RETURN_IF_ERROR(positive(name, v));
   }
   if (c.heads % c.kv_heads != 0) {
@@ -106,9 +110,10 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
 
 std::string AttentionConfig::ToString() const {
   static constexpr const char* kMaskNames[] = {"none", "key_lengths", "key_mask", "bias"};
-  std::string s = absl::StrCat("B", batch, " H", heads, "/", kv_heads, " Sq", seq_q, " Sk", seq_kv, " Dh", head_dim,
-                               " Dv", value_dim, " ", std::string(ir::DTypeName(dtype)), " scale ", scale ? *scale : 0.0,
-                               causal ? " causal" : "", " mask ", kMaskNames[static_cast<int>(mask)]);
+  std::string s =
+      absl::StrCat("B", batch, " H", heads, "/", kv_heads, " Sq", seq_q, " Sk", seq_kv, " Dh", head_dim, " Dv",
+                   value_dim, " ", std::string(ir::DTypeName(dtype)), " scale ", scale ? *scale : 0.0,
+                   causal ? " causal" : "", " mask ", kMaskNames[static_cast<int>(mask)]);
   if (mask == AttentionMask::kBias) absl::StrAppend(&s, " (", bias_batch, ",", bias_heads, ",Sq,Sk)");
   if (dropout > 0) absl::StrAppend(&s, " dropout ", dropout);
   return s;
@@ -281,8 +286,8 @@ absl::StatusOr<const int32_t*> PrepareCommon(const AttentionConfig& c, const Wor
                                              std::unordered_map<int64_t, void*>& pack) {
   if (workspace_bytes < layout.total || (layout.total > 0 && workspace == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("Attention: workspace of ", workspace_bytes, " bytes",
-                                                   workspace == nullptr ? " (null)" : "", ", expected ",
-                                                   layout.total, " bytes for ", c.ToString()));
+                                                   workspace == nullptr ? " (null)" : "", ", expected ", layout.total,
+                                                   " bytes for ", c.ToString()));
   }
   if (c.mask != AttentionMask::kNone && mask == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("Attention: no mask pointer for ", c.ToString()));
@@ -334,8 +339,11 @@ absl::Status AttentionGraphs::Forward(const AttentionConfig& config, const Atten
   ASSIGN_OR_RETURN(const Built* built, Get(/*backward=*/false, config));
   const Built& b = *built;
   RETURN_IF_ERROR(CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats}}));
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(a.q)}, {kK, const_cast<void*>(a.k)},
-                                             {kV, const_cast<void*>(a.v)}, {kO, a.o}, {kStats, a.stats}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(a.q)},
+                                             {kK, const_cast<void*>(a.k)},
+                                             {kV, const_cast<void*>(a.v)},
+                                             {kO, a.o},
+                                             {kStats, a.stats}};
   auto* ws = static_cast<char*>(workspace);
   RETURN_IF_ERROR(
       PrepareCommon(b.config, b.layout, a.mask, a.dropout_seed, a.dropout_offset, ws, workspace_bytes, stream, pack)
@@ -349,15 +357,27 @@ absl::Status AttentionGraphs::Backward(const AttentionConfig& config, const Atte
                                        int64_t workspace_bytes, cudaStream_t stream) {
   ASSIGN_OR_RETURN(const Built* built, Get(/*backward=*/true, config));
   const Built& b = *built;
-  RETURN_IF_ERROR(CheckPointers({{"q", a.q}, {"k", a.k}, {"v", a.v}, {"o", a.o}, {"stats", a.stats},
-                                 {"d_o", a.d_o}, {"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}}));
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, const_cast<void*>(a.q)},          {kK, const_cast<void*>(a.k)},    {kV, const_cast<void*>(a.v)},
-      {kO, const_cast<void*>(a.o)},          {kDO, const_cast<void*>(a.d_o)}, {kStats, const_cast<float*>(a.stats)},
-      {kDQ, a.dq}, {kDK, a.dk}, {kDV, a.dv}};
+  RETURN_IF_ERROR(CheckPointers({{"q", a.q},
+                                 {"k", a.k},
+                                 {"v", a.v},
+                                 {"o", a.o},
+                                 {"stats", a.stats},
+                                 {"d_o", a.d_o},
+                                 {"dq", a.dq},
+                                 {"dk", a.dk},
+                                 {"dv", a.dv}}));
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(a.q)},
+                                             {kK, const_cast<void*>(a.k)},
+                                             {kV, const_cast<void*>(a.v)},
+                                             {kO, const_cast<void*>(a.o)},
+                                             {kDO, const_cast<void*>(a.d_o)},
+                                             {kStats, const_cast<float*>(a.stats)},
+                                             {kDQ, a.dq},
+                                             {kDK, a.dk},
+                                             {kDV, a.dv}};
   auto* ws = static_cast<char*>(workspace);
   ASSIGN_OR_RETURN(const int32_t* kv_lengths, PrepareCommon(b.config, b.layout, a.mask, a.dropout_seed,
-                                                             a.dropout_offset, ws, workspace_bytes, stream, pack));
+                                                            a.dropout_offset, ws, workspace_bytes, stream, pack));
   auto handle = static_cast<cudnnHandle_t>(handle_);
   RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(handle, stream), "cudnnSetStream"));
   RETURN_IF_ERROR(FrontendStatus(b.graph->execute(handle, pack, ws), "backward execution", b.config));

@@ -36,8 +36,9 @@
 // Not thread-safe: one AttentionGraphs per stream (or a lock around it).
 #pragma once
 
-#include <cstdint>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #ifndef __CUDACC__
 #include <map>
@@ -68,14 +69,14 @@ cudaError_t LaunchZeroPaddedRows(void* x, const int32_t* lengths, int64_t batch,
 enum class AttentionMask { kNone, kKeyLengths, kKeyMask, kBias };
 
 struct AttentionConfig {
-  int64_t batch = 0, heads = 0, kv_heads = 0;  // kv_heads 0 = heads
+  int64_t batch = 0, heads = 0, kv_heads = 0;                  // kv_heads 0 = heads
   int64_t seq_q = 0, seq_kv = 0, head_dim = 0, value_dim = 0;  // value_dim 0 = head_dim
   ir::DType dtype = ir::DType::kBF16;
   std::optional<double> scale;  // default 1/sqrt(head_dim), as the CPU op
   bool causal = false;
   AttentionMask mask = AttentionMask::kNone;
   int64_t bias_batch = 1, bias_heads = 1;  // kBias: dims (bias_batch, bias_heads, Sq, Sk)
-  double dropout = 0.0;  // ratio; the caller passes 0 outside training
+  double dropout = 0.0;                    // ratio; the caller passes 0 outside training
 
   // Checks the config and fills the defaults; errors name the field and what was expected.
   absl::StatusOr<AttentionConfig> Resolved() const;
@@ -91,17 +92,17 @@ struct AttentionForwardArgs {
   const void* mask = nullptr;
   const int64_t* dropout_seed = nullptr;
   const int64_t* dropout_offset = nullptr;
-  void* o = nullptr;         // (B, H, Sq, Dv)
-  float* stats = nullptr;    // (B, H, Sq): log-sum-exp of each row's scores
+  void* o = nullptr;       // (B, H, Sq, Dv)
+  float* stats = nullptr;  // (B, H, Sq): log-sum-exp of each row's scores
 };
 
 struct AttentionBackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const void* o = nullptr;         // the forward's output
-  const float* stats = nullptr;    // the forward's stats
-  const void* d_o = nullptr;       // (B, H, Sq, Dv)
+  const void* o = nullptr;       // the forward's output
+  const float* stats = nullptr;  // the forward's stats
+  const void* d_o = nullptr;     // (B, H, Sq, Dv)
   const void* mask = nullptr;
   const int64_t* dropout_seed = nullptr;  // the forward's
   const int64_t* dropout_offset = nullptr;

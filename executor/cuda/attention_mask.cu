@@ -6,8 +6,7 @@ namespace onnxpipe::cuda {
 namespace {
 
 // One block per batch row: the first false's index (Sk when none) via a block-wide min.
-__global__ void KeyMaskToLengthsKernel(const bool* __restrict__ mask, int32_t* __restrict__ lengths,
-                                       int64_t seq_kv) {
+__global__ void KeyMaskToLengthsKernel(const bool* __restrict__ mask, int32_t* __restrict__ lengths, int64_t seq_kv) {
   const bool* row = mask + blockIdx.x * seq_kv;
   int64_t first_false = seq_kv;
   for (int64_t j = threadIdx.x; j < seq_kv; j += blockDim.x) {
@@ -36,8 +35,8 @@ __global__ void FillLengthsKernel(int32_t* lengths, int64_t batch, int32_t value
 }
 
 // Grid-stride over (B, H, S) rows; rows at or past their batch's length are zeroed, 4-byte words.
-__global__ void ZeroPaddedRowsKernel(uint32_t* x, const int32_t* __restrict__ lengths, int64_t heads,
-                                     int64_t seq, int64_t row_words, int64_t rows) {
+__global__ void ZeroPaddedRowsKernel(uint32_t* x, const int32_t* __restrict__ lengths, int64_t heads, int64_t seq,
+                                     int64_t row_words, int64_t rows) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t j = r % seq;
     const int64_t b = r / (seq * heads);

@@ -157,9 +157,7 @@ Inputs MakeInputs(const Case& tc) {
   return in;
 }
 
-bool KeyPadding(const Case& tc) {
-  return tc.mask == AttentionMask::kKeyLengths || tc.mask == AttentionMask::kKeyMask;
-}
+bool KeyPadding(const Case& tc) { return tc.mask == AttentionMask::kKeyLengths || tc.mask == AttentionMask::kKeyMask; }
 
 struct Reference {
   std::vector<double> o, stats, dq, dk, dv;
@@ -176,7 +174,8 @@ absl::StatusOr<Reference> CpuReference(const Case& tc, const Inputs& in) {
   std::vector<Tensor> inputs = {F64({B, H, Sq, D}, in.q), F64({B, Hkv, Sk, D}, in.k), F64({B, Hkv, Sk, D}, in.v)};
   if (KeyPadding(tc)) {
     attrs.Set("mask_kind", std::string("bool"));
-    inputs.push_back(Tensor::FromVector<bool>({B, 1, 1, Sk}, std::vector<bool>(in.key_mask.begin(), in.key_mask.end())));
+    inputs.push_back(
+        Tensor::FromVector<bool>({B, 1, 1, Sk}, std::vector<bool>(in.key_mask.begin(), in.key_mask.end())));
   } else if (tc.mask == AttentionMask::kBias) {
     attrs.Set("mask_kind", std::string("additive"));
     inputs.push_back(F64({tc.bias_batch, tc.bias_heads, Sq, Sk}, in.bias));
@@ -188,8 +187,7 @@ absl::StatusOr<Reference> CpuReference(const Case& tc, const Inputs& in) {
   grad_inputs.insert(grad_inputs.end(), inputs.begin(), inputs.end());
   ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                    cpu.Evaluate(MakeNode(ir::OpKind::kAttentionGrad, n_in + 1, 3, attrs), grad_inputs));
-  Reference ref{Values(fwd[0]), std::vector<double>(B * H * Sq), Values(grads[0]), Values(grads[1]),
-                Values(grads[2])};
+  Reference ref{Values(fwd[0]), std::vector<double>(B * H * Sq), Values(grads[0]), Values(grads[1]), Values(grads[2])};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Sq; ++i) {
@@ -313,8 +311,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bias_b1_causal_d128", 2, 2, 2, 100, 120, 128, true, AttentionMask::kBias, 2, 1},
                       Case{"bias_bh_d64", 2, 2, 2, 65, 65, 64, false, AttentionMask::kBias, 2, 2},
                       Case{"mqa_kv1_d64", 2, 4, 1, 100, 100, 64},
-                      Case{"fp16_causal_d64", 2, 2, 2, 100, 100, 64, true, AttentionMask::kNone, 1, 1,
-                           DType::kF16}),
+                      Case{"fp16_causal_d64", 2, 2, 2, 100, 100, 64, true, AttentionMask::kNone, 1, 1, DType::kF16}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // The dropout test's backward reference. With Q = 0 (P = 1/S) and V = identity (S = Dv), the
@@ -361,9 +358,9 @@ TEST(AttentionCudaDropout, ReferenceFormulaMatchesCpuGradientWithoutDropout) {
   const std::vector<double> d_o = Random(DType::kBF16, BH * S * S, 10, -1, 1);
   ir::Attrs attrs;
   attrs.Set("scale", scale);
-  auto grads = cpu::CpuEvaluator().Evaluate(
-      MakeNode(ir::OpKind::kAttentionGrad, 4, 3, attrs),
-      {F64({BH, S, S}, d_o), F64({BH, S, S}, q), F64({BH, S, S}, k), F64({BH, S, S}, v)});
+  auto grads =
+      cpu::CpuEvaluator().Evaluate(MakeNode(ir::OpKind::kAttentionGrad, 4, 3, attrs),
+                                   {F64({BH, S, S}, d_o), F64({BH, S, S}, q), F64({BH, S, S}, k), F64({BH, S, S}, v)});
   ASSERT_TRUE(grads.ok()) << grads.status();
   const DroppedGrads ref = DroppedGradients(o, d_o, k, BH, S, /*p=*/0.0, scale);
   EXPECT_LT(NormalisedError(ref.dq, Values((*grads)[0])), 1e-12);
@@ -452,9 +449,10 @@ TEST(AttentionCudaDropout, KeepFractionScaleAndBackwardUseTheForwardMask) {
   row_sum_mean /= B * H * S;
   const double keep_fraction = static_cast<double>(kept) / n;
   const double sigma = std::sqrt(p * (1 - p) / n);
-  std::printf("dropout %.2f: keep fraction %.4f (expected %.4f +- %.4f), mean row sum %.4f, other offset differs at "
-              "%.3f of positions\n",
-              p, keep_fraction, 1 - p, 5 * sigma, row_sum_mean, static_cast<double>(differ) / n);
+  std::printf(
+      "dropout %.2f: keep fraction %.4f (expected %.4f +- %.4f), mean row sum %.4f, other offset differs at "
+      "%.3f of positions\n",
+      p, keep_fraction, 1 - p, 5 * sigma, row_sum_mean, static_cast<double>(differ) / n);
   EXPECT_EQ(bad, 0);
   EXPECT_NEAR(keep_fraction, 1 - p, 5 * sigma);
   EXPECT_NEAR(row_sum_mean, 1.0, 0.02);  // dropout keeps the expected value
