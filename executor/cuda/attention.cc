@@ -96,13 +96,15 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
   if (!c.scale) c.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   if (!std::isfinite(*c.scale)) return absl::InvalidArgumentError("Attention: scale is not finite");
   if (c.mask == AttentionMask::kBias) {
-    if ((c.bias_batch != 1 && c.bias_batch != c.batch) || (c.bias_heads != 1 && c.bias_heads != c.heads)) {
-      return absl::InvalidArgumentError(absl::StrCat("Attention: bias dims (", c.bias_batch, ", ", c.bias_heads,
-                                                     ", Sq, Sk) expected (1 or ", c.batch, ", 1 or ", c.heads,
-                                                     ", Sq, Sk)"));
+    if (c.bias_rows == 0) c.bias_rows = c.seq_q;
+    if ((c.bias_batch != 1 && c.bias_batch != c.batch) || (c.bias_heads != 1 && c.bias_heads != c.heads) ||
+        (c.bias_rows != 1 && c.bias_rows != c.seq_q)) {
+      return absl::InvalidArgumentError(absl::StrCat("Attention: bias dims (", c.bias_batch, ", ", c.bias_heads, ", ",
+                                                     c.bias_rows, ", Sk), expected (1 or ", c.batch, ", 1 or ", c.heads,
+                                                     ", 1 or ", c.seq_q, ", Sk)"));
     }
   } else {
-    c.bias_batch = c.bias_heads = 1;
+    c.bias_batch = c.bias_heads = c.bias_rows = 1;
   }
   if (c.seq_kv > INT32_MAX) return absl::InvalidArgumentError("Attention: seq_kv exceeds int32");
   return c;
@@ -114,7 +116,7 @@ std::string AttentionConfig::ToString() const {
       absl::StrCat("B", batch, " H", heads, "/", kv_heads, " Sq", seq_q, " Sk", seq_kv, " Dh", head_dim, " Dv",
                    value_dim, " ", std::string(ir::DTypeName(dtype)), " scale ", scale ? *scale : 0.0,
                    causal ? " causal" : "", " mask ", kMaskNames[static_cast<int>(mask)]);
-  if (mask == AttentionMask::kBias) absl::StrAppend(&s, " (", bias_batch, ",", bias_heads, ",Sq,Sk)");
+  if (mask == AttentionMask::kBias) absl::StrAppend(&s, " (", bias_batch, ",", bias_heads, ",", bias_rows, ",Sk)");
   if (dropout > 0) absl::StrAppend(&s, " dropout ", dropout);
   return s;
 }
@@ -138,7 +140,7 @@ struct WorkspaceLayout {
     bias_row = (c.seq_kv + 7) / 8 * 8;
     if (c.mask == AttentionMask::kBias && bias_row != c.seq_kv) {
       bias = total;
-      total += AlignUp(c.bias_batch * c.bias_heads * c.seq_q * bias_row * 2);
+      total += AlignUp(c.bias_batch * c.bias_heads * c.bias_rows * bias_row * 2);
     } else {
       bias_row = c.seq_kv;
     }
@@ -180,7 +182,7 @@ CommonTensors AddInputs(fe::graph::Graph& g, const AttentionConfig& c, const Wor
   t.k = MakeTensor(g, "K", kK, {c.batch, c.kv_heads, c.seq_kv, c.head_dim});
   t.v = MakeTensor(g, "V", kV, {c.batch, c.kv_heads, c.seq_kv, c.value_dim});
   if (c.mask == AttentionMask::kBias) {
-    t.bias = MakeTensor(g, "bias", kBias, {c.bias_batch, c.bias_heads, c.seq_q, c.seq_kv}, io, layout.bias_row);
+    t.bias = MakeTensor(g, "bias", kBias, {c.bias_batch, c.bias_heads, c.bias_rows, c.seq_kv}, io, layout.bias_row);
   }
   if (layout.seq_q >= 0) {
     t.seq_q = MakeTensor(g, "seq_len_q", kSeqQ, {c.batch, 1, 1, 1}, fe::DataType_t::INT32);
@@ -304,7 +306,7 @@ absl::StatusOr<const int32_t*> PrepareCommon(const AttentionConfig& c, const Wor
     void* bias = const_cast<void*>(mask);
     if (layout.bias >= 0) {
       bias = workspace + layout.bias;
-      const int64_t rows = c.bias_batch * c.bias_heads * c.seq_q;
+      const int64_t rows = c.bias_batch * c.bias_heads * c.bias_rows;
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bias, 0, rows * layout.bias_row * 2, stream));
       CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(bias, layout.bias_row * 2, mask, c.seq_kv * 2, c.seq_kv * 2, rows,
                                              cudaMemcpyDeviceToDevice, stream));

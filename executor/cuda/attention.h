@@ -18,7 +18,8 @@
 //   that must be a prefix per batch (true for j < len, false after; right padding, as tokenizers
 //   pad for training); it is turned into lengths on the stream. A mask with a true after a false is
 //   read as its leading run of trues, which differs from the CPU op.
-// - kBias: additive, of the input dtype, dims (1|B, 1|H, Sq, Sk) contiguous. When Sk is not a
+// - kBias: additive, of the input dtype, dims (1|B, 1|H, 1|Sq, Sk) contiguous (size-1 dims broadcast,
+//   so BERT's (B, 1, 1, Sk) additive padding mask needs no copy). When Sk is not a
 //   multiple of 8 it is copied into the workspace with 16-byte aligned rows (cuDNN loads rows so).
 // Rows whose every key is masked: the CPU op writes zeros; here they cannot come from causal or
 // lengths >= 1, but a bias of -inf over a whole row gives NaN. Key-padding backward writes zeros into
@@ -75,15 +76,16 @@ struct AttentionConfig {
   std::optional<double> scale;  // default 1/sqrt(head_dim), as the CPU op
   bool causal = false;
   AttentionMask mask = AttentionMask::kNone;
-  int64_t bias_batch = 1, bias_heads = 1;  // kBias: dims (bias_batch, bias_heads, Sq, Sk)
-  double dropout = 0.0;                    // ratio; the caller passes 0 outside training
+  // kBias: dims (bias_batch, bias_heads, bias_rows, Sk); bias_rows 1 (a key-padding bias) or Sq (0 = Sq).
+  int64_t bias_batch = 1, bias_heads = 1, bias_rows = 0;
+  double dropout = 0.0;  // ratio; the caller passes 0 outside training
 
   // Checks the config and fills the defaults; errors name the field and what was expected.
   absl::StatusOr<AttentionConfig> Resolved() const;
   std::string ToString() const;
 };
 
-// Device pointers. `mask`: int32 (B) | bool (B, Sk) | bias (bias_batch, bias_heads, Sq, Sk), per
+// Device pointers. `mask`: int32 (B) | bool (B, Sk) | bias (bias_batch, bias_heads, bias_rows, Sk), per
 // config.mask. `dropout_seed`/`dropout_offset`: one int64 each, required when dropout > 0.
 struct AttentionForwardArgs {
   const void* q = nullptr;  // (B, H, Sq, Dh)
