@@ -44,6 +44,9 @@ KernelTable RegisterAllKernels() {
   RegisterSoftmaxKernels(table);
   RegisterElementwiseKernels(table);
   RegisterShapeKernels(table);
+  RegisterEmbeddingKernels(table);
+  RegisterDropoutKernels(table);
+  RegisterOptimizerKernels(table);
   return table;
 }
 

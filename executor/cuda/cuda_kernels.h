@@ -75,6 +75,9 @@ void RegisterNormKernels(KernelTable& table);
 void RegisterSoftmaxKernels(KernelTable& table);
 void RegisterElementwiseKernels(KernelTable& table);
 void RegisterShapeKernels(KernelTable& table);
+void RegisterEmbeddingKernels(KernelTable& table);
+void RegisterDropoutKernels(KernelTable& table);
+void RegisterOptimizerKernels(KernelTable& table);
 KernelTable RegisterAllKernels();
 
 }  // namespace onnxpipe::cuda

@@ -1,6 +1,6 @@
 // Reshape, Flatten, Squeeze, Unsqueeze and ReshapeLike (any dtype) in the CUDA backend's kernel
 // table. The output dims (and every error) are the CPU kernel's own: it runs on a shape-only
-// stand-in of the data (ir::Tensor::DimsOnly) with the host constants (Reshape's shape). The
+// stand-in of the data (ir::Tensor::DimsOnly) with Reshape's shape values on the host. The
 // result is a view of the device input when the plan says the output shares its buffer (or
 // without a plan, as the CPU's ViewOutput does), else a device copy into the planned slot.
 #include "executor/cuda/cuda_kernels.h"
@@ -14,8 +14,16 @@ void RegisterShapeKernels(KernelTable& table) {
     if (!in[0].has_data()) return std::nullopt;
     std::vector<ir::Tensor> stand_in = in;
     stand_in[0] = ir::Tensor::DimsOnly(in[0].dtype(), in[0].dims());
-    for (size_t i = 1; i < in.size(); ++i)
-      if (in[i].has_data() && !in[i].on_host()) stand_in[i] = ir::Tensor::DimsOnly(in[i].dtype(), in[i].dims());
+    for (size_t i = 1; i < in.size(); ++i) {
+      if (!in[i].has_data() || in[i].on_host()) continue;
+      if (node.op == ir::OpKind::kReshape) {  // the shape operand's values: a small synchronising copy
+        absl::StatusOr<ir::Tensor> h = ctx.backend->ToHost(in[i], ctx.exec.stream);
+        if (!h.ok()) return h.status();
+        stand_in[i] = *std::move(h);
+      } else {  // `like` operands are read for their dims only
+        stand_in[i] = ir::Tensor::DimsOnly(in[i].dtype(), in[i].dims());
+      }
+    }
     backend::ExecContext host = ctx.exec;
     host.stream = nullptr;
     absl::StatusOr<std::vector<ir::Tensor>> shaped = cpu->Run(node, stand_in, host, nullptr);
