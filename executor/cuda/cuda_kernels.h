@@ -44,8 +44,9 @@ struct KernelContext {
 using KernelResult = std::optional<absl::StatusOr<std::vector<ir::Tensor>>>;
 using CudaKernelFn =
     std::function<KernelResult(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& inputs)>;
-// Scratch bytes the kernel takes from KernelContext::Workspace for `node` in `g` (0 when the
-// shapes are not known: the kernel then falls back rather than exceed the plan).
+// Scratch bytes the kernel takes from KernelContext::Workspace for `node` in `g`, from the
+// graph's (bound, concrete) shapes; under a plan that reserved less, Workspace is an error naming
+// the node, never an overrun.
 using CudaWorkspaceFn = std::function<int64_t(const ir::Graph& g, const ir::Node& node)>;
 
 struct KernelEntry {

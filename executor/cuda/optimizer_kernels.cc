@@ -48,12 +48,12 @@ KernelResult SgdUpdate(const KernelContext& ctx, const ir::Node& node, const std
   const float* scale = nullptr;
   if (in[0].dtype() != ir::DType::kF32 || !SameAs(in[0], in[1]) || in[2].num_elements() != 1 ||
       (momentum != 0) != HasInput(in, 3) || (HasInput(in, 3) && !SameAs(in[0], in[3])) ||
-      (nesterov && momentum == 0) || !ScalePointer(in, 4, &scale)) {
-    return std::nullopt;  // the CPU kernel reports what is wrong
+      (nesterov && momentum == 0) || !ScalePointer(in, 4, &scale) || (momentum != 0 && !WantsOutput(node, 1))) {
+    return std::nullopt;  // the CPU kernel reports what is wrong (or keeps no new buffer)
   }
   absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[2]);
   if (!lr.ok()) return lr.status();
-  std::vector<ir::Tensor> out(2);
+  std::vector<ir::Tensor> out(node.outputs.size() > 1 ? 2 : 1);
   absl::StatusOr<ir::Tensor> p = CopiedOutput(ctx, node, 0, in[0]);
   if (!p.ok()) return p.status();
   out[0] = *p;
@@ -76,7 +76,7 @@ KernelResult AdamWUpdate(const KernelContext& ctx, const ir::Node& node, const s
   const float* scale = nullptr;
   if (in[0].dtype() != ir::DType::kF32 || !SameAs(in[0], in[1]) || !SameAs(in[0], in[2]) || !SameAs(in[0], in[3]) ||
       !HasInput(in, 4) || !HasInput(in, 5) || in[4].num_elements() != 1 || in[5].num_elements() != 1 ||
-      !ScalePointer(in, 6, &scale)) {
+      !ScalePointer(in, 6, &scale) || !WantsOutput(node, 1) || !WantsOutput(node, 2)) {
     return std::nullopt;
   }
   absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[4]);
