@@ -47,6 +47,7 @@ KernelTable RegisterAllKernels() {
   RegisterEmbeddingKernels(table);
   RegisterDropoutKernels(table);
   RegisterOptimizerKernels(table);
+  RegisterLayoutKernels(table);
   return table;
 }
 

@@ -79,6 +79,7 @@ void RegisterShapeKernels(KernelTable& table);
 void RegisterEmbeddingKernels(KernelTable& table);
 void RegisterDropoutKernels(KernelTable& table);
 void RegisterOptimizerKernels(KernelTable& table);
+void RegisterLayoutKernels(KernelTable& table);
 KernelTable RegisterAllKernels();
 
 }  // namespace onnxpipe::cuda

@@ -396,6 +396,25 @@ TEST_F(CudaOpsTest, ABadReshapeIsTheCpuError) {
   EXPECT_NE(r.status().message().find("cannot reshape"), std::string::npos) << r.status();
 }
 
+TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
+  const Tensor x = Rand({2, 3, 4, 5}, 1);
+  Check({ir::OpKind::kTranspose, {x}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
+  Check({ir::OpKind::kTranspose, {x}, {}, 1, {}, 0});  // reversed dims
+  Check({ir::OpKind::kTranspose, {Ints({2, 3}, {1, 2, 3, 4, 5, 6})}, Attrs({{"perm", std::vector<int64_t>{1, 0}}}),
+         1, {}, 0});
+  // starts, ends, axes, steps: clamped ends, a negative step, a negative axis.
+  const Tensor starts = Ints({3}, {1, -1, 0}), ends = Ints({3}, {100, 0, 3}), axes = Ints({3}, {1, -1, 0});
+  const Tensor steps = Ints({3}, {2, -2, 1});
+  Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0, {}, /*host_inputs=*/0b11110u});
+  Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0});  // operands on the device
+  Check({ir::OpKind::kSlice, {x, Ints({2}, {0, 1}), Ints({2}, {1, 3}), Tensor(), Tensor()}, {}, 1, {}, 0, {},
+         /*host_inputs=*/0b11110u});
+  // The gradient of the first slice: dY has the slice's shape (2, 1, 4, 2).
+  Check({ir::OpKind::kSliceGrad,
+         {Rand({2, 1, 4, 2}, 2), Tensor::DimsOnly(DType::kF32, {2, 3, 4, 5}), starts, ends, axes, steps},
+         {}, 1, {}, 0, {}, /*host_inputs=*/0b111100u});
+}
+
 // --- Embedding and dropout -----------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, GatherAndItsGradient) {
