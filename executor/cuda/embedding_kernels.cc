@@ -1,5 +1,5 @@
 // Gather (any dtype; the embedding lookup) and GatherGrad (f32) in the CUDA backend's kernel table
-// (embedding.h). An index out of range is only seen on the device: the kernel raises a flag, the
+// (embedding.h); indices on the device, or constants on the host (copied into the workspace). An index out of range is only seen on the device: the kernel raises a flag, the
 // flag is read back (one small synchronising copy) and the op then runs on the host, where the
 // CPU kernel reports the index exactly as it does on the CPU.
 #include "executor/cuda/cuda_kernels.h"
@@ -9,9 +9,33 @@
 namespace onnxpipe::cuda {
 namespace {
 
-constexpr int64_t kFlagBytes = 256;  // the flag's slot at the front of the workspace
+// Workspace: the flag's slot, then (for constant indices held on the host) the indices, then
+// GatherGrad's sort scratch; each part 256-byte aligned.
+constexpr int64_t kFlagBytes = 256;
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 bool IsIndex(ir::DType t) { return t == ir::DType::kI64 || t == ir::DType::kI32; }
+
+// Bytes the indices take in the workspace: none when they are on the device.
+int64_t HostIndexBytes(const ir::Tensor& idx) { return idx.on_host() ? Aligned(idx.num_bytes()) : 0; }
+
+// The indices on the device: their own buffer, or a copy into `slot` of the workspace.
+absl::StatusOr<const void*> DeviceIndices(const KernelContext& ctx, const ir::Tensor& idx, void* slot) {
+  if (!idx.on_host()) return idx.device_raw();
+  // Pageable source: the call returns once the bytes are staged.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, idx.raw(), idx.num_bytes(), cudaMemcpyHostToDevice, ctx.stream));
+  return static_cast<const void*>(slot);
+}
+
+// Workspace for `node`'s indices (input 1) should they be held on the host: reserved whatever
+// their placement, since only the run tells (they are small).
+int64_t IndexBytes(const ir::Graph& g, const ir::Node& node) {
+  const auto d = InputDims(g, node, 1);
+  if (!d) return 0;
+  int64_t n = 1;
+  for (int64_t x : *d) n *= x;
+  return Aligned(n * ir::DTypeSize(g.value(node.inputs[1]).dtype));
+}
 
 // True when the kernels flagged an index out of range.
 absl::StatusOr<bool> FlagRaised(const KernelContext& ctx, const uint32_t* flag) {
@@ -35,12 +59,14 @@ KernelResult GatherKernel(const KernelContext& ctx, const ir::Node& node, const 
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, data.dtype(), dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
-  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes);
+  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + HostIndexBytes(idx));
   if (!ws.ok()) return ws.status();
   auto* flag = static_cast<uint32_t*>(*ws);
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
-  if (absl::Status st = cuda::Gather(*s, data.dtype(), data.device_raw(), idx.dtype(), idx.device_raw(),
-                                     out->device_raw(), flag, ctx.stream);
+  absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
+  if (!indices.ok()) return indices.status();
+  if (absl::Status st = cuda::Gather(*s, data.dtype(), data.device_raw(), idx.dtype(), *indices, out->device_raw(),
+                                     flag, ctx.stream);
       !st.ok()) {
     return st;
   }
@@ -68,13 +94,17 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0 || idx.num_elements() == 0) return std::vector<ir::Tensor>{*out};
   const int64_t sort_bytes = static_cast<int64_t>(GatherGradWorkspaceBytes(*s));
-  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + sort_bytes);
+  const int64_t index_bytes = HostIndexBytes(idx);
+  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + index_bytes + sort_bytes);
   if (!ws.ok()) return ws.status();
   auto* flag = static_cast<uint32_t*>(*ws);
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
-  if (absl::Status st = cuda::GatherGrad(*s, dy.dtype(), dy.device_raw(), idx.dtype(), idx.device_raw(),
-                                         ir::DType::kF32, out->device_raw(), /*accumulate=*/false,
-                                         static_cast<uint8_t*>(*ws) + kFlagBytes, sort_bytes, flag, ctx.stream);
+  absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
+  if (!indices.ok()) return indices.status();
+  if (absl::Status st = cuda::GatherGrad(*s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, ir::DType::kF32,
+                                         out->device_raw(), /*accumulate=*/false,
+                                         static_cast<uint8_t*>(*ws) + kFlagBytes + index_bytes, sort_bytes, flag,
+                                         ctx.stream);
       !st.ok()) {
     return st;
   }
@@ -90,14 +120,16 @@ int64_t GatherGradWorkspace(const ir::Graph& g, const ir::Node& node) {
   int64_t n = 1;
   for (int64_t d : *idx) n *= d;
   absl::StatusOr<GatherShape> s = MakeGatherShape(*like, node.attrs.Get<int64_t>("axis", 0), n);
-  return kFlagBytes + (s.ok() ? static_cast<int64_t>(GatherGradWorkspaceBytes(*s)) : 0);
+  return kFlagBytes + IndexBytes(g, node) + (s.ok() ? static_cast<int64_t>(GatherGradWorkspaceBytes(*s)) : 0);
 }
 
 }  // namespace
 
 void RegisterEmbeddingKernels(KernelTable& table) {
-  table[ir::OpKind::kGather] = {GatherKernel, [](const ir::Graph&, const ir::Node&) { return kFlagBytes; }};
-  table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace};
+  table[ir::OpKind::kGather] = {
+      GatherKernel, [](const ir::Graph& g, const ir::Node& node) { return kFlagBytes + IndexBytes(g, node); },
+      /*host_inputs=*/1u << 1};
+  table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace, /*host_inputs=*/1u << 1};
 }
 
 }  // namespace onnxpipe::cuda

@@ -98,13 +98,20 @@ absl::Status CheckLabels(const KernelContext& ctx, const ir::Node& node, const i
   return absl::OkStatus();
 }
 
-// Scores (N, C) (trailing extents 1 allowed) with labels (N) of i64/i32 and fp32 weights (C)?.
+// The labels' dims for scores (N, C, d...): (N, d...).
+std::vector<int64_t> LabelDims(const ir::Tensor& scores) {
+  std::vector<int64_t> d = scores.dims();
+  d.erase(d.begin() + 1);
+  return d;
+}
+
+// Scores (N, C) (trailing extents 1 allowed) with labels (N, 1...) of i64/i32 and fp32 weights (C)?.
 bool LossShapesCovered(const ir::Tensor& scores, const ir::Tensor& labels, const ir::Tensor* weights) {
   if (scores.dtype() != ir::DType::kF32 || scores.rank() < 2) return false;
   if (labels.dtype() != ir::DType::kI64 && labels.dtype() != ir::DType::kI32) return false;
   for (int64_t i = 2; i < scores.rank(); ++i)
     if (scores.dims()[i] != 1) return false;
-  if (labels.num_elements() != scores.dims()[0]) return false;
+  if (labels.dims() != LabelDims(scores)) return false;
   if (weights != nullptr && (weights->dtype() != ir::DType::kF32 || weights->num_elements() != scores.dims()[1]))
     return false;
   return true;
@@ -143,8 +150,10 @@ int64_t LossGradWorkspace(int64_t rows) { return Aligned(CrossEntropyWorkspaceBy
 // Loss, log_prob? = SoftmaxCrossEntropyLoss(scores, labels, weights?).
 KernelResult Sce(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<LossAttrs> a = ReadLossAttrs(node);
-  if (!a || !LossShapesCovered(in[0], in[1], HasInput(in, 2) ? &in[2] : nullptr) || in[0].num_elements() == 0)
+  if (!a || !LossShapesCovered(in[0], in[1], HasInput(in, 2) ? &in[2] : nullptr) || in[0].num_elements() == 0 ||
+      (HasInput(in, 2) && in[2].rank() != 1)) {
     return std::nullopt;
+  }
   const int64_t rows = in[0].dims()[0], classes = in[0].dims()[1];
   if (const absl::Status st = CheckLabels(ctx, node, in[1], classes, *a); !st.ok()) return st;
   const bool keep_lp = WantsOutput(node, 1);
@@ -180,7 +189,9 @@ KernelResult SceGrad(const KernelContext& ctx, const ir::Node& node, const std::
     return std::nullopt;
   }
   const int64_t rows = in[1].dims()[0], classes = in[1].dims()[1];
-  if (in[0].num_elements() != (a->reduction == LossReduction::kNone ? rows : 1)) return std::nullopt;
+  if (a->reduction == LossReduction::kNone ? in[0].dims() != LabelDims(in[1]) : in[0].num_elements() != 1) {
+    return std::nullopt;
+  }
   if (const absl::Status st = CheckLabels(ctx, node, in[2], classes, *a); !st.ok()) return st;
   absl::StatusOr<void*> ws = ctx.Workspace(node, LossGradWorkspace(rows));
   if (!ws.ok()) return ws.status();
