@@ -4,8 +4,8 @@
 //
 // Outputs come from KernelContext::Output (the planned slot under a planned executor, else a
 // fresh device buffer), never from cudaMalloc; scratch comes from KernelContext::Workspace, whose
-// size under a plan is what the entry's workspace function reported to the memory planner. Kernels are registered per family by one function
-// each (RegisterGeluKernels, ...), which RegisterAllKernels calls: explicit, so no registration
+// size under a plan is what the entry's workspace function reported to the memory planner. Kernels are registered per
+// family by one function each (RegisterGeluKernels, ...), which RegisterAllKernels calls: explicit, so no registration
 // can be dropped by the linker.
 #pragma once
 

@@ -34,9 +34,9 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
-  return Single(Binary(op, t, in[0].device_raw(), in[0].dims(), in[1].device_raw(), in[1].dims(), out->device_raw(),
-                       ctx.stream),
-                *out);
+  return Single(
+      Binary(op, t, in[0].device_raw(), in[0].dims(), in[1].device_raw(), in[1].dims(), out->device_raw(), ctx.stream),
+      *out);
 }
 
 // Sum(X0, X1, ...): out = 0 + X0, then out += Xi in input order (the CPU's order).
@@ -52,8 +52,8 @@ KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   for (const ir::Tensor& x : in) {
-    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), *dims, x.device_raw(),
-                                   x.dims(), out->device_raw(), ctx.stream);
+    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), *dims, x.device_raw(), x.dims(),
+                                   out->device_raw(), ctx.stream);
     if (!st.ok()) return st;
   }
   return std::vector<ir::Tensor>{*out};
@@ -115,8 +115,10 @@ KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::N
   for (int64_t a : axes) reduced[a < 0 ? a + x.rank() : a] = true;
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.rank(); ++d) {
-    if (!reduced[d]) dims.push_back(x.dims()[d]);
-    else if (keepdims) dims.push_back(1);
+    if (!reduced[d])
+      dims.push_back(x.dims()[d]);
+    else if (keepdims)
+      dims.push_back(1);
   }
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), dims);
   if (!out.ok()) return out.status();
@@ -168,8 +170,7 @@ KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, co
   // Pageable source: the call returns once `s` is staged.
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ws, &s, sizeof(float), cudaMemcpyHostToDevice, ctx.stream));
   return Single(
-      Binary(BinaryOp::kMul, ir::DType::kF32, out->device_raw(), target, *ws, {}, out->device_raw(), ctx.stream),
-      *out);
+      Binary(BinaryOp::kMul, ir::DType::kF32, out->device_raw(), target, *ws, {}, out->device_raw(), ctx.stream), *out);
 }
 
 int64_t ExpandLikeWorkspace(const ir::Graph&, const ir::Node& node) {

@@ -1,7 +1,7 @@
 // Gather (any dtype; the embedding lookup) and GatherGrad (f32) in the CUDA backend's kernel table
-// (embedding.h); indices on the device, or constants on the host (copied into the workspace). An index out of range is only seen on the device: the kernel raises a flag, the
-// flag is read back (one small synchronising copy) and the op then runs on the host, where the
-// CPU kernel reports the index exactly as it does on the CPU.
+// (embedding.h); indices on the device, or constants on the host (copied into the workspace). An index out of range is
+// only seen on the device: the kernel raises a flag, the flag is read back (one small synchronising copy) and the op
+// then runs on the host, where the CPU kernel reports the index exactly as it does on the CPU.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/embedding.h"
@@ -65,8 +65,8 @@ KernelResult GatherKernel(const KernelContext& ctx, const ir::Node& node, const 
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
   absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
   if (!indices.ok()) return indices.status();
-  if (absl::Status st = cuda::Gather(*s, data.dtype(), data.device_raw(), idx.dtype(), *indices, out->device_raw(),
-                                     flag, ctx.stream);
+  if (absl::Status st =
+          cuda::Gather(*s, data.dtype(), data.device_raw(), idx.dtype(), *indices, out->device_raw(), flag, ctx.stream);
       !st.ok()) {
     return st;
   }
@@ -101,10 +101,9 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
   absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
   if (!indices.ok()) return indices.status();
-  if (absl::Status st = cuda::GatherGrad(*s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, ir::DType::kF32,
-                                         out->device_raw(), /*accumulate=*/false,
-                                         static_cast<uint8_t*>(*ws) + kFlagBytes + index_bytes, sort_bytes, flag,
-                                         ctx.stream);
+  if (absl::Status st = cuda::GatherGrad(
+          *s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, ir::DType::kF32, out->device_raw(),
+          /*accumulate=*/false, static_cast<uint8_t*>(*ws) + kFlagBytes + index_bytes, sort_bytes, flag, ctx.stream);
       !st.ok()) {
     return st;
   }

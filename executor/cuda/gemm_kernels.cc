@@ -74,8 +74,8 @@ int64_t Product(const std::vector<int64_t>& d, size_t begin, size_t end) {
 // after MatMul's 1-D promotion), batch dims broadcast. nullopt when the batch dims clash (the CPU
 // kernel reports that).
 KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node, const ir::Tensor& a,
-                           const ir::Tensor& b, const std::vector<int64_t>& ad, const std::vector<int64_t>& bd,
-                           bool ta, bool tb, float alpha, bool promoted_a, bool promoted_b) {
+                           const ir::Tensor& b, const std::vector<int64_t>& ad, const std::vector<int64_t>& bd, bool ta,
+                           bool tb, float alpha, bool promoted_a, bool promoted_b) {
   const size_t ar = ad.size(), br = bd.size();
   const int64_t a_rows = ad[ar - 2], a_cols = ad[ar - 1], b_rows = bd[br - 2], b_cols = bd[br - 1];
   const int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols;
@@ -170,8 +170,8 @@ KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (k == 0) {  // Y = bias broadcast over the rows
     if (!has_bias) return std::vector<ir::Tensor>{*out};
-    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(),
-                                   {n}, out->device_raw(), ctx.stream);
+    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(), {n},
+                                   out->device_raw(), ctx.stream);
     if (!st.ok()) return st;
     return std::vector<ir::Tensor>{*out};
   }

@@ -18,8 +18,8 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
 }
 
 KernelResult Copied(const KernelContext& ctx, const StridedCopy& c, const ir::Tensor& src, const ir::Tensor& dst) {
-  CUDA_RETURN_IF_ERROR(
-      LaunchStridedCopy(c, static_cast<int>(ir::DTypeSize(src.dtype())), src.device_raw(), dst.device_raw(), ctx.stream));
+  CUDA_RETURN_IF_ERROR(LaunchStridedCopy(c, static_cast<int>(ir::DTypeSize(src.dtype())), src.device_raw(),
+                                         dst.device_raw(), ctx.stream));
   return std::vector<ir::Tensor>{dst};
 }
 
@@ -61,7 +61,7 @@ struct Region {
 
 // Slice operands `first`.. as host integer vectors; nullopt when one is not an integer vector.
 std::optional<std::vector<std::vector<int64_t>>> SliceOperands(const KernelContext& ctx,
-                                                                const std::vector<ir::Tensor>& in, size_t first) {
+                                                               const std::vector<ir::Tensor>& in, size_t first) {
   std::vector<std::vector<int64_t>> v;
   for (size_t i = first; i < first + 4; ++i) {
     if (!HasInput(in, i)) {
@@ -87,7 +87,8 @@ std::optional<Region> SliceRegion(const std::vector<int64_t>& xd, const std::vec
     std::iota(axes.begin(), axes.end(), 0);
   }
   if (!has_steps) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) return std::nullopt;
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    return std::nullopt;
   const std::vector<int64_t> xs = ContiguousStrides(xd);
   Region r{xd, xs, 0};
   std::vector<bool> seen(rank, false);

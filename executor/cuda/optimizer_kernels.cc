@@ -47,8 +47,8 @@ KernelResult SgdUpdate(const KernelContext& ctx, const ir::Node& node, const std
   const double wd = node.attrs.Get<double>("weight_decay", 0.0);
   const float* scale = nullptr;
   if (in[0].dtype() != ir::DType::kF32 || !SameAs(in[0], in[1]) || in[2].num_elements() != 1 ||
-      (momentum != 0) != HasInput(in, 3) || (HasInput(in, 3) && !SameAs(in[0], in[3])) ||
-      (nesterov && momentum == 0) || !ScalePointer(in, 4, &scale) || (momentum != 0 && !WantsOutput(node, 1))) {
+      (momentum != 0) != HasInput(in, 3) || (HasInput(in, 3) && !SameAs(in[0], in[3])) || (nesterov && momentum == 0) ||
+      !ScalePointer(in, 4, &scale) || (momentum != 0 && !WantsOutput(node, 1))) {
     return std::nullopt;  // the CPU kernel reports what is wrong (or keeps no new buffer)
   }
   absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[2]);
@@ -148,8 +148,7 @@ KernelResult ClipScale(const KernelContext& ctx, const ir::Node& node, const std
   if (in[0].dtype() != ir::DType::kF32 || in[0].num_elements() != 1 || !(max_norm > 0)) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, {});
   if (!out.ok()) return out.status();
-  const float consts[3] = {static_cast<float>(node.attrs.Get<double>("eps", 1e-6)), static_cast<float>(max_norm),
-                           1.f};
+  const float consts[3] = {static_cast<float>(node.attrs.Get<double>("eps", 1e-6)), static_cast<float>(max_norm), 1.f};
   absl::StatusOr<void*> ws = ctx.Workspace(node, sizeof(consts));
   if (!ws.ok()) return ws.status();
   float* c = static_cast<float*>(*ws);
@@ -158,8 +157,8 @@ KernelResult ClipScale(const KernelContext& ctx, const ir::Node& node, const std
   const ir::DType f = ir::DType::kF32;
   float* y = MF(*out);
   absl::Status st = Binary(BinaryOp::kAdd, f, in[0].device_raw(), {}, c, {}, y, ctx.stream);  // norm + eps
-  if (st.ok()) st = Binary(BinaryOp::kDiv, f, c + 1, {}, y, {}, y, ctx.stream);             // max_norm / that
-  if (st.ok()) st = Binary(BinaryOp::kMin, f, y, {}, c + 2, {}, y, ctx.stream);             // min(that, 1)
+  if (st.ok()) st = Binary(BinaryOp::kDiv, f, c + 1, {}, y, {}, y, ctx.stream);               // max_norm / that
+  if (st.ok()) st = Binary(BinaryOp::kMin, f, y, {}, c + 2, {}, y, ctx.stream);               // min(that, 1)
   if (!st.ok()) return st;
   return std::vector<ir::Tensor>{*out};
 }

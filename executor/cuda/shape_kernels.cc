@@ -1,4 +1,4 @@
-// Reshape, Flatten, Squeeze, Unsqueeze and ReshapeLike (any dtype) in the CUDA backend's kernel
+// Reshape, Flatten, Squeeze, Unsqueeze, ReshapeLike and Identity (any dtype) in the CUDA backend's kernel
 // table. The output dims (and every error) are the CPU kernel's own: it runs on a shape-only
 // stand-in of the data (ir::Tensor::DimsOnly) with Reshape's shape values on the host. The
 // result is a view of the device input when the plan says the output shares its buffer (or
@@ -38,7 +38,8 @@ void RegisterShapeKernels(KernelTable& table) {
     return std::vector<ir::Tensor>{*out};
   };
   table[ir::OpKind::kReshape] = {view, nullptr, /*host_inputs=*/1u << 1};
-  for (ir::OpKind op : {ir::OpKind::kFlatten, ir::OpKind::kSqueeze, ir::OpKind::kUnsqueeze, ir::OpKind::kReshapeLike})
+  for (ir::OpKind op : {ir::OpKind::kFlatten, ir::OpKind::kSqueeze, ir::OpKind::kUnsqueeze, ir::OpKind::kReshapeLike,
+                        ir::OpKind::kIdentity})
     table[op].run = view;
 }
 

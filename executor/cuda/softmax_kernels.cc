@@ -71,10 +71,14 @@ struct LossAttrs {
 std::optional<LossAttrs> ReadLossAttrs(const ir::Node& node) {
   const std::string r = node.attrs.Get<std::string>("reduction", "mean");
   LossAttrs a;
-  if (r == "mean") a.reduction = LossReduction::kMean;
-  else if (r == "sum") a.reduction = LossReduction::kSum;
-  else if (r == "none") a.reduction = LossReduction::kNone;
-  else return std::nullopt;
+  if (r == "mean")
+    a.reduction = LossReduction::kMean;
+  else if (r == "sum")
+    a.reduction = LossReduction::kSum;
+  else if (r == "none")
+    a.reduction = LossReduction::kNone;
+  else
+    return std::nullopt;
   a.has_ignore = node.attrs.Has("ignore_index");
   a.ignore = node.attrs.Get<int64_t>("ignore_index", 0);
   const double e = node.attrs.Get<double>("label_smoothing", 0.0);
@@ -91,8 +95,8 @@ absl::Status CheckLabels(const KernelContext& ctx, const ir::Node& node, const i
     const int64_t l = host.GetAsInt(i);
     if (a.has_ignore && l == a.ignore) continue;
     if (l < 0 || l >= classes) {
-      return INVALID_ARGUMENT() << ir::OpName(node.op) << " '" << node.name << "': label " << l << " at position "
-                                << i << " is out of range [0, " << classes << ")";
+      return INVALID_ARGUMENT() << ir::OpName(node.op) << " '" << node.name << "': label " << l << " at position " << i
+                                << " is out of range [0, " << classes << ")";
     }
   }
   return absl::OkStatus();

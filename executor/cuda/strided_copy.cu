@@ -36,11 +36,16 @@ cudaError_t LaunchStridedCopy(const StridedCopy& c, int elem_bytes, const void* 
   for (int k = 0; k < c.rank; ++k) n *= c.dims[k];
   if (n == 0) return cudaSuccess;
   switch (elem_bytes) {
-    case 1: return Launch<uint8_t>(c, n, src, dst, stream);
-    case 2: return Launch<uint16_t>(c, n, src, dst, stream);
-    case 4: return Launch<uint32_t>(c, n, src, dst, stream);
-    case 8: return Launch<uint64_t>(c, n, src, dst, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return Launch<uint8_t>(c, n, src, dst, stream);
+    case 2:
+      return Launch<uint16_t>(c, n, src, dst, stream);
+    case 4:
+      return Launch<uint32_t>(c, n, src, dst, stream);
+    case 8:
+      return Launch<uint64_t>(c, n, src, dst, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

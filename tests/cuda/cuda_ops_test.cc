@@ -187,13 +187,13 @@ class CudaOpsTest : public ::testing::Test {
 
 TEST_F(CudaOpsTest, MatMulBroadcastsBatchesLikeTheCpu) {
   const std::pair<std::vector<int64_t>, std::vector<int64_t>> shapes[] = {
-      {{2, 3, 5, 8}, {8, 6}},           // tall: B without batch
-      {{2, 3, 5, 8}, {2, 3, 8, 6}},     // equal batches
-      {{5, 8}, {3, 8, 6}},              // A shared across B's batch
-      {{3, 1, 5, 8}, {1, 4, 8, 6}},     // both broadcast: one GEMM per output matrix
-      {{8}, {2, 8, 6}},                 // 1-D A
-      {{2, 5, 8}, {8}},                 // 1-D B
-      {{4, 0}, {0, 3}},                 // K = 0: zeros
+      {{2, 3, 5, 8}, {8, 6}},        // tall: B without batch
+      {{2, 3, 5, 8}, {2, 3, 8, 6}},  // equal batches
+      {{5, 8}, {3, 8, 6}},           // A shared across B's batch
+      {{3, 1, 5, 8}, {1, 4, 8, 6}},  // both broadcast: one GEMM per output matrix
+      {{8}, {2, 8, 6}},              // 1-D A
+      {{2, 5, 8}, {8}},              // 1-D B
+      {{4, 0}, {0, 3}},              // K = 0: zeros
   };
   uint32_t seed = 1;
   for (const auto& [a, b] : shapes) Check({ir::OpKind::kMatMul, {Rand(a, seed++), Rand(b, seed++)}});
@@ -212,7 +212,8 @@ TEST_F(CudaOpsTest, FusedMatMulTransposesAndScales) {
 
 TEST_F(CudaOpsTest, LinearWithAndWithoutBias) {
   Check({ir::OpKind::kLinear, {Rand({2, 7, 16}, 1), Rand({16, 12}, 2), Rand({12}, 3)}});
-  Check({ir::OpKind::kLinear, {Rand({2, 7, 16}, 4), Rand({12, 16}, 5), Rand({12}, 6)}, Attrs({{"trans_b", int64_t{1}}})});
+  Check(
+      {ir::OpKind::kLinear, {Rand({2, 7, 16}, 4), Rand({12, 16}, 5), Rand({12}, 6)}, Attrs({{"trans_b", int64_t{1}}})});
   Check({ir::OpKind::kLinear, {Rand({5, 16}, 7), Rand({16, 24}, 8), Tensor()}});
 }
 
@@ -229,8 +230,12 @@ TEST_F(CudaOpsTest, GemmBroadcastsC) {
 
 TEST_F(CudaOpsTest, LayerNormAndItsStatistics) {
   Check({ir::OpKind::kLayerNorm, {Rand({4, 7, 96}, 1, -3, 3), Rand({96}, 2), Rand({96}, 3)}, {}, 3});
-  Check({ir::OpKind::kLayerNorm, {Rand({4, 7, 32}, 4), Rand({32}, 5), Tensor()}, Attrs({{"epsilon", 1e-3}}), 3, {1, 2}});
-  Check({ir::OpKind::kLayerNorm, {Rand({3, 5, 24}, 6), Rand({5, 24}, 7), Rand({5, 24}, 8)}, Attrs({{"axis", int64_t{1}}}), 3});
+  Check(
+      {ir::OpKind::kLayerNorm, {Rand({4, 7, 32}, 4), Rand({32}, 5), Tensor()}, Attrs({{"epsilon", 1e-3}}), 3, {1, 2}});
+  Check({ir::OpKind::kLayerNorm,
+         {Rand({3, 5, 24}, 6), Rand({5, 24}, 7), Rand({5, 24}, 8)},
+         Attrs({{"axis", int64_t{1}}}),
+         3});
 }
 
 TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
@@ -343,10 +348,12 @@ TEST_F(CudaOpsTest, ReductionsMatchTheCpu) {
 }
 
 TEST_F(CudaOpsTest, ExpandLikeBroadcastsAndScales) {
-  Check({ir::OpKind::kExpandLike, {Rand({4, 6}, 1), Tensor::DimsOnly(DType::kF32, {4, 5, 6})},
+  Check({ir::OpKind::kExpandLike,
+         {Rand({4, 6}, 1), Tensor::DimsOnly(DType::kF32, {4, 5, 6})},
          Attrs({{"axes", std::vector<int64_t>{1}}})});
   Check({ir::OpKind::kExpandLike, {Rand({}, 2), Tensor::DimsOnly(DType::kF32, {3, 7})}, Attrs({{"mean", int64_t{1}}})});
-  Check({ir::OpKind::kExpandLike, {Rand({4}, 3), Tensor::DimsOnly(DType::kF32, {4, 9})},
+  Check({ir::OpKind::kExpandLike,
+         {Rand({4}, 3), Tensor::DimsOnly(DType::kF32, {4, 9})},
          Attrs({{"axes", std::vector<int64_t>{-1}}, {"mean", int64_t{1}}})});
 }
 
@@ -368,11 +375,12 @@ TEST_F(CudaOpsTest, ShapeOpsAreViewsOrCopies) {
   const Tensor x = Rand({2, 3, 1, 4}, 1);
   const Tensor shape = Ints({3}, {0, -1, 2});
   Check({ir::OpKind::kReshape, {x, shape}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});  // constant on the host
-  Check({ir::OpKind::kReshape, {x, shape}, {}, 1, {}, 0});                              // shape on the device
+  Check({ir::OpKind::kReshape, {x, shape}, {}, 1, {}, 0});                               // shape on the device
   Check({ir::OpKind::kFlatten, {x}, Attrs({{"axis", int64_t{2}}}), 1, {}, 0});
   Check({ir::OpKind::kSqueeze, {x}, Attrs({{"axes", std::vector<int64_t>{2}}}), 1, {}, 0});
   Check({ir::OpKind::kUnsqueeze, {x}, Attrs({{"axes", std::vector<int64_t>{0, -1}}}), 1, {}, 0});
   Check({ir::OpKind::kReshapeLike, {x, Tensor::DimsOnly(DType::kF32, {6, 4})}, {}, 1, {}, 0});
+  Check({ir::OpKind::kIdentity, {Ints({3}, {4, 5, 6})}, {}, 1, {}, 0});
 
   // Planned as a view: the output is the input's device buffer.
   ir::Graph g;
@@ -400,19 +408,34 @@ TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
   const Tensor x = Rand({2, 3, 4, 5}, 1);
   Check({ir::OpKind::kTranspose, {x}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
   Check({ir::OpKind::kTranspose, {x}, {}, 1, {}, 0});  // reversed dims
-  Check({ir::OpKind::kTranspose, {Ints({2, 3}, {1, 2, 3, 4, 5, 6})}, Attrs({{"perm", std::vector<int64_t>{1, 0}}}),
-         1, {}, 0});
+  Check({ir::OpKind::kTranspose,
+         {Ints({2, 3}, {1, 2, 3, 4, 5, 6})},
+         Attrs({{"perm", std::vector<int64_t>{1, 0}}}),
+         1,
+         {},
+         0});
   // starts, ends, axes, steps: clamped ends, a negative step, a negative axis.
   const Tensor starts = Ints({3}, {1, -1, 0}), ends = Ints({3}, {100, 0, 3}), axes = Ints({3}, {1, -1, 0});
   const Tensor steps = Ints({3}, {2, -2, 1});
   Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0, {}, /*host_inputs=*/0b11110u});
   Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0});  // operands on the device
-  Check({ir::OpKind::kSlice, {x, Ints({2}, {0, 1}), Ints({2}, {1, 3}), Tensor(), Tensor()}, {}, 1, {}, 0, {},
+  Check({ir::OpKind::kSlice,
+         {x, Ints({2}, {0, 1}), Ints({2}, {1, 3}), Tensor(), Tensor()},
+         {},
+         1,
+         {},
+         0,
+         {},
          /*host_inputs=*/0b11110u});
   // The gradient of the first slice: dY has the slice's shape (2, 1, 4, 2).
   Check({ir::OpKind::kSliceGrad,
          {Rand({2, 1, 4, 2}, 2), Tensor::DimsOnly(DType::kF32, {2, 3, 4, 5}), starts, ends, axes, steps},
-         {}, 1, {}, 0, {}, /*host_inputs=*/0b111100u});
+         {},
+         1,
+         {},
+         0,
+         {},
+         /*host_inputs=*/0b111100u});
 }
 
 // --- Embedding and dropout -----------------------------------------------------------------------------
@@ -455,7 +478,12 @@ TEST_F(CudaOpsTest, DropoutMasksAreTheCpusBitForBit) {
   Check(c);
   backend::ExecContext eval;
   Check({ir::OpKind::kDropout, {Rand({4, 6}, 2)}, Attrs({{"ratio", 0.3}}), 2, {}, 0, eval});
-  Check({ir::OpKind::kDropoutGrad, {Rand({4, 6, 40}, 3), Bools({4, 6, 40}, 4)}, Attrs({{"ratio", 0.1}}), 1, {}, 0,
+  Check({ir::OpKind::kDropoutGrad,
+         {Rand({4, 6, 40}, 3), Bools({4, 6, 40}, 4)},
+         Attrs({{"ratio", 0.1}}),
+         1,
+         {},
+         0,
          train});
 }
 
@@ -470,12 +498,24 @@ TEST_F(CudaOpsTest, SgdAndAdamWUpdates) {
          {p, g, lr, buf, scale},
          Attrs({{"momentum", 0.9}, {"nesterov", int64_t{1}}, {"weight_decay", 1e-2}}),
          2});
-  Check({ir::OpKind::kSGDUpdate, {p, g, lr, buf, Tensor()}, Attrs({{"momentum", 0.9}}), 2, {}, 1e-5, {},
+  Check({ir::OpKind::kSGDUpdate,
+         {p, g, lr, buf, Tensor()},
+         Attrs({{"momentum", 0.9}}),
+         2,
+         {},
+         1e-5,
+         {},
          /*host_inputs=*/1u << 2});
   const Tensor m = Rand({33, 17}, 4), v = Rand({33, 17}, 5, 0, 0.1f);
   const Tensor step = Tensor::FromVector<int64_t>({}, {3});
   Check({ir::OpKind::kAdamWUpdate, {p, g, m, v, lr, step, scale}, Attrs({{"weight_decay", 0.1}}), 3});
-  Check({ir::OpKind::kAdamWUpdate, {p, g, m, v, lr, step, Tensor()}, {}, 3, {}, 1e-5, {},
+  Check({ir::OpKind::kAdamWUpdate,
+         {p, g, m, v, lr, step, Tensor()},
+         {},
+         3,
+         {},
+         1e-5,
+         {},
          /*host_inputs=*/(1u << 4) | (1u << 5)});
 }
 
