@@ -33,18 +33,18 @@ KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::
   return out;
 }
 
-// dX = DropoutGrad(dY, mask): dY * mask * scale. Outside training the CPU kernel uses scale 1 with
-// the mask applied, which dropout.h's inference path (dX = dY) does not: that case runs on the host.
+// dX = DropoutGrad(dY, mask): dY * mask * scale, scale 1 outside training or with ratio 0 (as
+// the CPU kernel).
 KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& mask = in[1];
   const double ratio = node.attrs.Get<double>("ratio", 0.5);
   if (dy.dtype() != ir::DType::kF32 || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
-      !ctx.exec.training || !(ratio > 0.0 && ratio <= 1.0)) {
+      !(ratio >= 0.0 && ratio <= 1.0)) {
     return std::nullopt;
   }
   DropoutParams p;
-  p.training = true;
+  p.training = ctx.exec.training;
   p.ratio = ratio;
   absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, dy.dtype(), dy.dims());
   if (!dx.ok()) return dx.status();

@@ -478,13 +478,16 @@ TEST_F(CudaOpsTest, DropoutMasksAreTheCpusBitForBit) {
   Check(c);
   backend::ExecContext eval;
   Check({ir::OpKind::kDropout, {Rand({4, 6}, 2)}, Attrs({{"ratio", 0.3}}), 2, {}, 0, eval});
-  Check({ir::OpKind::kDropoutGrad,
-         {Rand({4, 6, 40}, 3), Bools({4, 6, 40}, 4)},
-         Attrs({{"ratio", 0.1}}),
-         1,
-         {},
-         0,
-         train});
+  // The gradient scales by 1 / (1 - ratio) while training, by 1 outside it; the mask applies either way.
+  for (const backend::ExecContext& ctx : {train, eval}) {
+    Check({ir::OpKind::kDropoutGrad,
+           {Rand({4, 6, 40}, 3), Bools({4, 6, 40}, 4)},
+           Attrs({{"ratio", 0.1}}),
+           1,
+           {},
+           0,
+           ctx});
+  }
 }
 
 // --- Optimizer -----------------------------------------------------------------------------------------
