@@ -304,7 +304,12 @@ bool GemmContext::Impl::UseFileTactic(Plan& plan, int64_t workspace_bytes) {
 absl::Status GemmContext::Impl::Choose(Plan& plan, const GemmDesc& d, const GemmBuffers& b, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-  const bool timing = !options.tactic_cache_path.empty() && capture == cudaStreamCaptureStatusNone;
+  if (capture != cudaStreamCaptureStatusNone) {
+    // Choosing calls the heuristic (which may fail under capture) and may synchronise the stream.
+    return FAILED_PRECONDITION() << "GEMM first seen while its stream is capturing a CUDA graph: Prepare or Run "
+                                    "it once before capture";
+  }
+  const bool timing = !options.tactic_cache_path.empty();
 
   cublasLtMatmulPreference_t pref;
   LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));

@@ -26,9 +26,8 @@
 // Tactics: each problem (shape, types, transposes, epilogue, pointer alignment, workspace, device, cuBLASLt
 // version) gets an algorithm once. Without a tactic cache file: the heuristic's first algorithm. With one: the
 // heuristic's top candidates are timed on the caller's stream once, the fastest kept in memory and written to the
-// file (atomically) for later runs. Choosing synchronises the stream, so Prepare every problem during warm-up,
-// before CUDA graph capture; a problem first seen while its stream is capturing takes the heuristic's first
-// algorithm, untimed and not saved.
+// file (atomically) for later runs. Choosing may synchronise the stream, so Prepare (or Run) every problem during
+// warm-up, before CUDA graph capture: a problem first seen while its stream is capturing is FailedPrecondition.
 //
 // Workspace: the caller (the memory planner) owns it and passes pointer + size on every call; GemmWorkspaceBytes
 // says how much to plan. Algorithms needing more than the given size are not used.

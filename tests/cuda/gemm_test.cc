@@ -388,6 +388,41 @@ TEST(GemmBuffersTest, NullPointersAreNamed) {
   EXPECT_NE(s.message().find("workspace"), std::string_view::npos) << s;
 }
 
+// Prepared GEMMs are captured into a CUDA graph and replay correctly; an unprepared one is refused under capture.
+TEST(GemmCaptureTest, PreparedGemmReplaysInAGraphAndUnpreparedIsRefused) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device";
+  auto ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const GemmDesc d{.m = 64, .n = 96, .k = 80, .trans_b = true, .epilogue = GemmEpilogue::kBias};
+  const Operands o = MakeOperands(d);
+  DeviceArray a(d.input_type, o.a), b(d.input_type, o.b), c(d.output_type, d.m * d.n), bias(d.output_type, o.bias);
+  DeviceBytes ws(kWorkspaceBytes);
+  const GemmBuffers buf{.a = a.get(), .b = b.get(), .c = c.get(), .bias = bias.get(), .workspace = ws.get(),
+                        .workspace_bytes = kWorkspaceBytes};
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_TRUE((*ctx)->Prepare(d, buf, stream).ok());
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = (*ctx)->Run(d, buf, stream);
+  GemmDesc unprepared = d;
+  unprepared.m = 32;
+  const absl::Status refused = (*ctx)->Run(unprepared, buf, stream);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_TRUE(captured.ok()) << captured;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const double err = NormError(c.Read(), Reference(d, o).d);
+  std::printf("[gemm] %-28s D %.2e\n", "graph_replay_bf16_bias", err);
+  EXPECT_LT(err, 1e-2);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // ---- tactics -------------------------------------------------------------------------------------------------
 
 std::string TempPath(const std::string& name) {
