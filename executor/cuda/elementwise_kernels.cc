@@ -17,6 +17,14 @@ bool IsOneOf(ir::DType t, std::initializer_list<ir::DType> set) {
   return false;
 }
 
+// The broadcast shape of `shapes` when the kernels can index it (at most kMaxBroadcastRank dims
+// once merged); nullopt otherwise (the CPU kernel then runs, or names the clash).
+std::optional<std::vector<int64_t>> Broadcast(const std::vector<std::vector<int64_t>>& shapes) {
+  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
+  if (!dims.ok() || !MakeBroadcastIndex(shapes).ok()) return std::nullopt;
+  return *dims;
+}
+
 KernelResult Single(const absl::Status& st, const ir::Tensor& out) {
   if (!st.ok()) return st;
   return std::vector<ir::Tensor>{out};
@@ -29,8 +37,8 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
   if (in[1].dtype() != t) return std::nullopt;
   if (op == BinaryOp::kDiv ? t != ir::DType::kF32 : !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
     return std::nullopt;
-  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape({in[0].dims(), in[1].dims()});
-  if (!dims.ok()) return std::nullopt;  // the CPU kernel names the clash
+  const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
+  if (!dims) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
@@ -48,6 +56,8 @@ KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std
   }
   absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
   if (!dims.ok()) return std::nullopt;
+  for (const std::vector<int64_t>& s : shapes)  // each addition indexes (out, Xi)
+    if (!Broadcast({*dims, s})) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
@@ -64,8 +74,8 @@ KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const s
   if (in[0].dtype() != ir::DType::kBool || in[2].dtype() != t ||
       !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
     return std::nullopt;
-  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape({in[0].dims(), in[1].dims(), in[2].dims()});
-  if (!dims.ok()) return std::nullopt;
+  const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims(), in[2].dims()});
+  if (!dims) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
@@ -156,8 +166,8 @@ KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, co
   std::sort(axes.begin(), axes.end());
   if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) return std::nullopt;
   for (int64_t a : axes) xd.insert(xd.begin() + a, 1);
-  absl::StatusOr<std::vector<int64_t>> bd = BroadcastShape({xd, target});
-  if (!bd.ok() || *bd != target) return std::nullopt;
+  const std::optional<std::vector<int64_t>> bd = Broadcast({xd, target});
+  if (!bd || *bd != target) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), target);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
