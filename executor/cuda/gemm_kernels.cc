@@ -9,6 +9,7 @@
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/elementwise.h"
 #include "executor/cuda/gemm.h"
+#include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -47,14 +48,20 @@ struct Gemms {
   std::shared_ptr<GemmContexts> contexts = std::make_shared<GemmContexts>();
   int64_t workspace_bytes = WorkspaceForThisDevice();
 
-  // Runs `desc` (fp32) over `buffers` with the plan's or a temporary workspace.
-  absl::Status Run(const KernelContext& ctx, const ir::Node& node, GemmDesc desc, GemmBuffers buffers) const {
-    desc.input_type = desc.output_type = ir::DType::kF32;
-    desc.allow_tf32 = false;
+  // The node's workspace (the plan's, or a temporary one), to share among its GEMMs.
+  absl::Status TakeWorkspace(const KernelContext& ctx, const ir::Node& node, GemmBuffers& buffers) const {
     absl::StatusOr<void*> ws = ctx.Workspace(node, workspace_bytes);
     if (!ws.ok()) return ws.status();
     buffers.workspace = *ws;
     buffers.workspace_bytes = workspace_bytes;
+    return absl::OkStatus();
+  }
+
+  // Runs `desc` (fp32) over `buffers`, taking the node's workspace unless `buffers` holds it.
+  absl::Status Run(const KernelContext& ctx, const ir::Node& node, GemmDesc desc, GemmBuffers buffers) const {
+    desc.input_type = desc.output_type = ir::DType::kF32;
+    desc.allow_tf32 = false;
+    if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
     absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
     if (!gc.ok()) return gc.status();
     return (*gc)->Run(desc, buffers, ctx.stream);
@@ -108,7 +115,8 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
     d.stride_c = m * n;
     st = gemms.Run(ctx, node, d, buf);
   } else {
-    // General broadcast ((2, 1) with (1, 3), ...): one GEMM per output matrix.
+    // General broadcast ((2, 1) with (1, 3), ...): one GEMM per output matrix, one workspace.
+    st = gemms.TakeWorkspace(ctx, node, buf);
     const size_t rank = batch->size();
     std::vector<int64_t> as(rank, 0), bs(rank, 0);
     for (int64_t s = 1, i = static_cast<int64_t>(a_batch.size()) - 1; i >= 0; s *= a_batch[i--])
