@@ -34,6 +34,23 @@ if ! .build/venv/bin/python3 -c "import onnxruntime, sys; sys.exit(onnxruntime._
   .build/venv/bin/pip install -q --disable-pip-version-check "onnxruntime==$ort_version"
 fi
 
+# cuDNN frontend (header-only C++ over cuDNN's graph API; the CUDA backend's attention uses it): the pinned
+# PyPI wheel's include/ is unpacked into .build/cudnn-frontend/ once, so builds need no network.
+cudnn_fe_version=1.18.0
+cudnn_fe_dir=.build/cudnn-frontend
+if [[ $(cat "$cudnn_fe_dir/VERSION" 2>/dev/null) != "$cudnn_fe_version" ]]; then
+  echo "setup: fetching cudnn-frontend $cudnn_fe_version headers into $cudnn_fe_dir"
+  fe_tmp=$(mktemp -d)
+  .build/venv/bin/pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --platform manylinux_2_28_x86_64 -d "$fe_tmp" "nvidia-cudnn-frontend==$cudnn_fe_version"
+  .build/venv/bin/python3 -m zipfile -e "$fe_tmp"/nvidia_cudnn_frontend-*.whl "$fe_tmp/wheel"
+  rm -rf "$cudnn_fe_dir"
+  mkdir -p "$cudnn_fe_dir"
+  mv "$fe_tmp/wheel/include" "$cudnn_fe_dir/include"
+  echo "$cudnn_fe_version" >"$cudnn_fe_dir/VERSION"
+  rm -rf "$fe_tmp"
+fi
+
 [[ ${1:-} == --no-build ]] && exit 0
 cmake -S . -B .build/main -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build .build/main -j "$(nproc)"

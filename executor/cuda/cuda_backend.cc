@@ -121,9 +121,12 @@ class CudaBackendImpl : public CudaBackend {
                                               const backend::ExecContext& ctx,
                                               ir::OutputAllocator* outputs) const override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    if (auto it = table_.find(node.op); it != table_.end() && AllOnDevice(inputs)) {
-      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs};
-      std::optional<absl::StatusOr<std::vector<ir::Tensor>>> r = it->second(kc, node, inputs);
+    if (auto it = table_.find(node.op); it != table_.end() && Placed(inputs, it->second.host_inputs)) {
+      std::vector<void*> temporaries;
+      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs, &temporaries};
+      std::optional<absl::StatusOr<std::vector<ir::Tensor>>> r = it->second.run(kc, node, inputs);
+      // Stream-ordered frees: the memory returns to the pool once the kernel's work has finished.
+      for (void* p : temporaries) CUDA_RETURN_IF_ERROR(cudaFreeAsync(p, kc.stream));
       if (r.has_value()) {
         if (r->ok()) CUDA_RETURN_IF_ERROR(cudaGetLastError());
         return *std::move(r);
@@ -131,8 +134,10 @@ class CudaBackendImpl : public CudaBackend {
     }
     return HostFallback(node, inputs, ctx, outputs);
   }
-  int64_t WorkspaceBytes(const ir::Graph&, const ir::Node&) const override {
-    return 0;  // the kernels registered so far need no scratch; host fallbacks use the host's
+  int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const override {
+    // Host fallbacks use the host's scratch, not the plan's.
+    auto it = table_.find(node.op);
+    return it != table_.end() && it->second.workspace ? it->second.workspace(g, node) : 0;
   }
   absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, backend::Stream* s) const override {
     RETURN_IF_ERROR(backend::CheckCopy(x, placement(), acc, placement(), "accumulate"));
@@ -181,9 +186,14 @@ class CudaBackendImpl : public CudaBackend {
     auto* cs = dynamic_cast<CudaStream*>(s);
     return cs != nullptr ? cs->get() : default_stream_->get();
   }
-  bool AllOnDevice(const std::vector<ir::Tensor>& inputs) const {
-    for (const ir::Tensor& t : inputs)
-      if (t.has_data() && !(t.placement() == placement())) return false;
+  // Every input with data is on this device, except those `host_inputs` allows on the host.
+  bool Placed(const std::vector<ir::Tensor>& inputs, uint32_t host_inputs) const {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const ir::Tensor& t = inputs[i];
+      if (!t.has_data() || t.placement() == placement()) continue;
+      if (i < 32 && (host_inputs >> i & 1u) != 0 && t.on_host()) continue;
+      return false;
+    }
     return true;
   }
 

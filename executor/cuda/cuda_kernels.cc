@@ -1,5 +1,7 @@
 #include "executor/cuda/cuda_kernels.h"
 
+#include "executor/cuda/cuda_status.h"
+#include "frontend/ir/shape.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
@@ -10,9 +12,42 @@ absl::StatusOr<ir::Tensor> KernelContext::Output(const ir::Node& node, int index
   return backend->Zeros(dtype, dims, exec.stream);
 }
 
+absl::StatusOr<void*> KernelContext::Workspace(const ir::Node& node, int64_t bytes) const {
+  if (bytes <= 0) return nullptr;
+  if (outputs != nullptr) return outputs->Workspace(node, bytes);
+  if (temporaries == nullptr) return FAILED_PRECONDITION() << "no workspace for " << ir::OpName(node.op);
+  void* p = nullptr;
+  // Stream-ordered: the backend frees it on the same stream after the kernel's work.
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, static_cast<size_t>(bytes), stream));
+  temporaries->push_back(p);
+  return p;
+}
+
+bool AllOfDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices, ir::DType dtype) {
+  for (size_t i : indices)
+    if (HasInput(in, i) && in[i].dtype() != dtype) return false;
+  return true;
+}
+
+std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node& node, size_t i) {
+  if (i >= node.inputs.size() || node.inputs[i] == ir::kNoValue) return std::nullopt;
+  const ir::Value& v = g.value(node.inputs[i]);
+  if (!v.shape_known || !ir::IsConcrete(v.shape)) return std::nullopt;
+  return ir::ToInts(v.shape);
+}
+
 KernelTable RegisterAllKernels() {
   KernelTable table;
   RegisterGeluKernels(table);
+  RegisterGemmKernels(table);
+  RegisterNormKernels(table);
+  RegisterSoftmaxKernels(table);
+  RegisterElementwiseKernels(table);
+  RegisterShapeKernels(table);
+  RegisterEmbeddingKernels(table);
+  RegisterDropoutKernels(table);
+  RegisterOptimizerKernels(table);
+  RegisterLayoutKernels(table);
   return table;
 }
 

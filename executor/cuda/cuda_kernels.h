@@ -3,14 +3,16 @@
 // inputs' dtypes, so the backend runs the op on the host instead.
 //
 // Outputs come from KernelContext::Output (the planned slot under a planned executor, else a
-// fresh device buffer), never from cudaMalloc. Kernels are registered per family by one function
-// each (RegisterGeluKernels, ...), which RegisterAllKernels calls: explicit, so no registration
+// fresh device buffer), never from cudaMalloc; scratch comes from KernelContext::Workspace, whose
+// size under a plan is what the entry's workspace function reported to the memory planner. Kernels are registered per
+// family by one function each (RegisterGeluKernels, ...), which RegisterAllKernels calls: explicit, so no registration
 // can be dropped by the linker.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <vector>
@@ -26,16 +28,58 @@ struct KernelContext {
   cudaStream_t stream = nullptr;
   backend::ExecContext exec;
   ir::OutputAllocator* outputs = nullptr;  // null: fresh buffers
+  // Unplanned scratch, released (stream-ordered, after the kernel) by the backend once the kernel
+  // function returns.
+  std::vector<void*>* temporaries = nullptr;
   // Output `index` of `node` on the device: the planned slot, or a fresh zero-filled buffer.
   absl::StatusOr<ir::Tensor> Output(const ir::Node& node, int index, ir::DType dtype,
                                     const std::vector<int64_t>& dims) const;
+  // `bytes` of device scratch for `node`, valid for the work issued on `stream` by this kernel:
+  // the plan's workspace (OutputAllocator::Workspace) when planned, else a temporary buffer from
+  // the stream-ordered allocator. Null for 0 bytes.
+  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) const;
 };
 
-using CudaKernelFn = std::function<std::optional<absl::StatusOr<std::vector<ir::Tensor>>>(
-    const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& inputs)>;
-using KernelTable = std::map<ir::OpKind, CudaKernelFn>;
+// nullopt: no kernel for these inputs (the backend runs the CPU kernel on the host).
+using KernelResult = std::optional<absl::StatusOr<std::vector<ir::Tensor>>>;
+using CudaKernelFn =
+    std::function<KernelResult(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& inputs)>;
+// Scratch bytes the kernel takes from KernelContext::Workspace for `node` in `g`, from the
+// graph's (bound, concrete) shapes; under a plan that reserved less, Workspace is an error naming
+// the node, never an overrun.
+using CudaWorkspaceFn = std::function<int64_t(const ir::Graph& g, const ir::Node& node)>;
+
+struct KernelEntry {
+  CudaKernelFn run;
+  CudaWorkspaceFn workspace;  // null: no scratch
+  // Bit i set: input i may be a host tensor (a constant read as an attribute, e.g. Reshape's
+  // shape); other inputs must be on the device or the op runs on the host.
+  uint32_t host_inputs = 0;
+};
+using KernelTable = std::map<ir::OpKind, KernelEntry>;
+
+// Optional input i is present (a `like` input counts, data or not).
+inline bool HasInput(const std::vector<ir::Tensor>& in, size_t i) { return i < in.size() && in[i].defined(); }
+// The node has output i (optional outputs nobody asked for are skipped).
+inline bool WantsOutput(const ir::Node& node, size_t i) {
+  return i < node.outputs.size() && node.outputs[i] != ir::kNoValue;
+}
+// Every present input among `indices` has dtype `dtype`.
+bool AllOfDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices, ir::DType dtype);
+
+// The concrete dims of `node`'s input `i` in `g`; nullopt when absent or not concrete.
+std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node& node, size_t i);
 
 void RegisterGeluKernels(KernelTable& table);
+void RegisterGemmKernels(KernelTable& table);
+void RegisterNormKernels(KernelTable& table);
+void RegisterSoftmaxKernels(KernelTable& table);
+void RegisterElementwiseKernels(KernelTable& table);
+void RegisterShapeKernels(KernelTable& table);
+void RegisterEmbeddingKernels(KernelTable& table);
+void RegisterDropoutKernels(KernelTable& table);
+void RegisterOptimizerKernels(KernelTable& table);
+void RegisterLayoutKernels(KernelTable& table);
 KernelTable RegisterAllKernels();
 
 }  // namespace onnxpipe::cuda

@@ -17,7 +17,7 @@ std::optional<bool> TanhForm(const ir::Node& node) {
 }  // namespace
 
 void RegisterGeluKernels(KernelTable& table) {
-  table[ir::OpKind::kGelu] = [](const KernelContext& ctx, const ir::Node& node,
+  table[ir::OpKind::kGelu].run = [](const KernelContext& ctx, const ir::Node& node,
                                 const std::vector<ir::Tensor>& in) -> std::optional<absl::StatusOr<std::vector<ir::Tensor>>> {
     const std::optional<bool> tanh_form = TanhForm(node);
     if (!tanh_form || in[0].dtype() != ir::DType::kF32) return std::nullopt;
@@ -28,7 +28,7 @@ void RegisterGeluKernels(KernelTable& table) {
     if (!st.ok()) return st;
     return std::vector<ir::Tensor>{*y};
   };
-  table[ir::OpKind::kGeluGrad] = [](const KernelContext& ctx, const ir::Node& node,
+  table[ir::OpKind::kGeluGrad].run = [](const KernelContext& ctx, const ir::Node& node,
                                     const std::vector<ir::Tensor>& in) -> std::optional<absl::StatusOr<std::vector<ir::Tensor>>> {
     const std::optional<bool> tanh_form = TanhForm(node);
     if (!tanh_form || in[0].dtype() != ir::DType::kF32 || in[1].dtype() != ir::DType::kF32 ||

@@ -1,0 +1,67 @@
+// Dropout and DropoutGrad (f32) in the CUDA backend's kernel table (dropout.h): the keep mask is
+// the CPU backend's, bit for bit (same Philox stream, node key, step offset and micro-batch row
+// offset), so a GPU run drops the elements a CPU run drops.
+#include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/dropout.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+// Y, mask? = Dropout(X); in inference (or ratio 0) Y = X and the mask is all ones.
+KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  const int64_t n = x.num_elements();
+  absl::StatusOr<DropoutParams> p =
+      DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset, ctx.exec.row_offset, ctx.exec.rows, n);
+  if (!p.ok()) return std::nullopt;  // the CPU kernel reports it
+  std::vector<ir::Tensor> out(2);
+  absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, x.dtype(), x.dims());
+  if (!y.ok()) return y.status();
+  out[0] = *y;
+  if (WantsOutput(node, 1)) {
+    absl::StatusOr<ir::Tensor> m = ctx.Output(node, 1, ir::DType::kBool, x.dims());
+    if (!m.ok()) return m.status();
+    out[1] = *m;
+  }
+  if (n == 0) return out;
+  uint8_t* mask = out[1].defined() ? static_cast<uint8_t*>(out[1].device_raw()) : nullptr;
+  if (absl::Status st = DropoutForward(*p, x.dtype(), x.device_raw(), out[0].device_raw(), mask, n, ctx.stream);
+      !st.ok()) {
+    return st;
+  }
+  return out;
+}
+
+// dX = DropoutGrad(dY, mask): dY * mask * scale, scale 1 outside training or with ratio 0 (as
+// the CPU kernel).
+KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& mask = in[1];
+  const double ratio = node.attrs.Get<double>("ratio", 0.5);
+  if (dy.dtype() != ir::DType::kF32 || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
+      !(ratio >= 0.0 && ratio <= 1.0)) {
+    return std::nullopt;
+  }
+  DropoutParams p;
+  p.training = ctx.exec.training;
+  p.ratio = ratio;
+  absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, dy.dtype(), dy.dims());
+  if (!dx.ok()) return dx.status();
+  if (dy.num_elements() == 0) return std::vector<ir::Tensor>{*dx};
+  if (absl::Status st = DropoutBackward(p, dy.dtype(), dy.device_raw(), static_cast<const uint8_t*>(mask.device_raw()),
+                                        dx->device_raw(), dy.num_elements(), ctx.stream);
+      !st.ok()) {
+    return st;
+  }
+  return std::vector<ir::Tensor>{*dx};
+}
+
+}  // namespace
+
+void RegisterDropoutKernels(KernelTable& table) {
+  table[ir::OpKind::kDropout].run = Dropout;
+  table[ir::OpKind::kDropoutGrad].run = DropoutGrad;
+}
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,313 @@
+// Elementwise kernels: grid-stride loops; a broadcast operand's offset comes from the output index
+// decomposed over the (merged) output dims, skipped entirely when every operand is dense.
+#include <cuda/std/limits>
+
+#include "executor/cuda/device_util.cuh"
+#include "executor/cuda/elementwise.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+// Offsets of operands 0..K-1 for output element o.
+template <int K>
+__device__ __forceinline__ void Offsets(const BroadcastIndex& idx, int64_t o, int64_t (&off)[K]) {
+  for (int k = 0; k < K; ++k) off[k] = 0;
+  if (idx.contiguous) {
+    for (int k = 0; k < K; ++k) off[k] = o;
+    return;
+  }
+  for (int d = idx.rank - 1; d >= 0; --d) {
+    const int64_t q = o / idx.dims[d];
+    const int64_t r = o - q * idx.dims[d];
+    for (int k = 0; k < K; ++k) off[k] += r * idx.strides[k][d];
+    o = q;
+  }
+}
+
+// Integer add/sub/mul wrap through the unsigned type, as the CPU backend's do.
+template <typename C>
+__device__ __forceinline__ C Wrap(C a, C b, BinaryOp op) {
+  using U = std::make_unsigned_t<C>;
+  const U x = static_cast<U>(a), y = static_cast<U>(b);
+  return static_cast<C>(op == BinaryOp::kAdd ? x + y : op == BinaryOp::kSub ? x - y : x * y);
+}
+
+template <typename C>
+__device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
+  if (op == BinaryOp::kMin || op == BinaryOp::kMax) {
+    if constexpr (!std::is_integral_v<C>) {
+      if (a != a) return a;  // NaN propagates
+      if (b != b) return b;
+    }
+    return op == BinaryOp::kMin ? (b < a ? b : a) : (a < b ? b : a);
+  }
+  if constexpr (std::is_integral_v<C>) {
+    return Wrap(a, b, op);
+  } else {
+    switch (op) {
+      case BinaryOp::kAdd:
+        return a + b;
+      case BinaryOp::kSub:
+        return a - b;
+      case BinaryOp::kMul:
+        return a * b;
+      case BinaryOp::kDiv:
+        return a / b;
+      default:
+        return powf(a, b);
+    }
+  }
+}
+
+template <typename T, BinaryOp kOp>
+__global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
+                             BroadcastIndex idx) {
+  constexpr bool kCompare =
+      kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater || kOp == BinaryOp::kAnd;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[2];
+    Offsets<2>(idx, i, off);
+    const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
+    if constexpr (kCompare) {
+      const bool r = kOp == BinaryOp::kEqual     ? x == y
+                     : kOp == BinaryOp::kLess    ? x < y
+                     : kOp == BinaryOp::kGreater ? x > y
+                                                 : (x && y);
+      static_cast<uint8_t*>(out)[i] = r;
+    } else {
+      Store(static_cast<T*>(out), i, Arith(kOp, x, y));
+    }
+  }
+}
+
+template <typename T>
+__global__ void WhereKernel(const uint8_t* __restrict__ cond, const T* __restrict__ x, const T* __restrict__ y,
+                            T* __restrict__ out, int64_t n, BroadcastIndex idx) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    Offsets<3>(idx, i, off);
+    out[i] = cond[off[0]] ? x[off[1]] : y[off[2]];
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
+  if constexpr (std::is_same_v<C, bool>) {
+    return !x;  // Not
+  } else if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    const C neg = static_cast<C>(U{0} - static_cast<U>(x));  // wraps for the most negative value
+    return op == UnaryOp::kNeg ? neg : op == UnaryOp::kAbs ? (x < 0 ? neg : x) : (x < 0 ? C(0) : x);
+  } else {
+    switch (op) {
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kExp:
+        return expf(x);
+      case UnaryOp::kLog:
+        return logf(x);
+      case UnaryOp::kSqrt:
+        return sqrtf(x);
+      case UnaryOp::kTanh:
+        return tanhf(x);
+      case UnaryOp::kErf:
+        return erff(x);
+      case UnaryOp::kSigmoid: {
+        // Split on the sign so that expf never overflows.
+        if (x >= 0.f) return 1.f / (1.f + expf(-x));
+        const float e = expf(x);
+        return e / (1.f + e);
+      }
+      case UnaryOp::kRelu:
+        return x < 0.f ? 0.f : x;  // keeps NaN
+      case UnaryOp::kAbs:
+        return fabsf(x);
+      case UnaryOp::kSin:
+        return sinf(x);
+      case UnaryOp::kCos:
+        return cosf(x);
+      default:
+        return 1.f / x;
+    }
+  }
+}
+
+template <typename T>
+__global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(y, i, ApplyUnary(op, Load(x, i)));
+  }
+}
+
+// Cast through double, as the CPU backend's Tensor::CastTo: exact for every source but 64-bit
+// integers beyond 2^53, which round the same way on both backends.
+template <typename From>
+__device__ __forceinline__ double LoadAsDouble(const From* p, int64_t i) {
+  return static_cast<double>(Load(p, i));
+}
+
+template <typename To>
+__device__ __forceinline__ void StoreFromDouble(To* p, int64_t i, double v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    p[i] = v != 0.0;
+  } else if constexpr (std::is_integral_v<To>) {
+    // C truncation; NaN -> 0; out-of-range saturates.
+    constexpr double kLo = static_cast<double>(::cuda::std::numeric_limits<To>::min());
+    constexpr double kHi = static_cast<double>(::cuda::std::numeric_limits<To>::max());
+    p[i] = v != v     ? To(0)
+           : v <= kLo ? ::cuda::std::numeric_limits<To>::min()
+           : v >= kHi ? ::cuda::std::numeric_limits<To>::max()
+                      : static_cast<To>(v);
+  } else {
+    Store(p, i, static_cast<float>(v));  // double -> float -> 16-bit, as FloatToBF16(float(v))
+  }
+}
+
+template <typename From, typename To>
+__global__ void CastKernel(const From* x, To* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if constexpr (std::is_integral_v<From> && std::is_integral_v<To> && !std::is_same_v<To, bool>) {
+      y[i] = static_cast<To>(x[i]);  // integer -> integer: wraps, no double round trip
+    } else {
+      StoreFromDouble(y, i, LoadAsDouble(x, i));
+    }
+  }
+}
+
+template <typename T>
+__global__ void FlagNonFiniteKernel(const T* x, int64_t n, uint32_t* flag) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    bad |= !isfinite(Load(x, i));
+  }
+  // One write per warp at most; the flag only ever goes from 0 to 1, so races are benign.
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = 1;
+}
+
+template <typename A, typename X>
+__global__ void AccumulateKernel(A* acc, const X* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(acc, i, static_cast<float>(Load(acc, i)) + static_cast<float>(Load(x, i)));
+  }
+}
+
+// Calls f(TypeTag<T>{}) for every dtype Cast handles.
+template <typename F>
+cudaError_t DispatchCast(ir::DType dt, F&& f) {
+  switch (dt) {
+    case ir::DType::kBool:
+      return f(TypeTag<bool>{});
+    default:
+      return DispatchArith(dt, static_cast<F&&>(f));
+  }
+}
+
+template <BinaryOp kOp>
+cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* out, int64_t n,
+                           const BroadcastIndex& idx, cudaStream_t stream) {
+  auto launch = [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    BinaryKernel<T, kOp>
+        <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, n, idx);
+    return cudaGetLastError();
+  };
+  constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow;
+  if constexpr (kOp == BinaryOp::kAnd) {
+    return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
+  } else if constexpr (kFloatOnly) {
+    return DispatchFloat(dtype, launch);
+  } else {
+    return DispatchArith(dtype, launch);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void* b, void* out, int64_t n,
+                         const BroadcastIndex& index, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (op) {
+    case BinaryOp::kAdd:
+      return LaunchBinaryOp<BinaryOp::kAdd>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kSub:
+      return LaunchBinaryOp<BinaryOp::kSub>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMul:
+      return LaunchBinaryOp<BinaryOp::kMul>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kDiv:
+      return LaunchBinaryOp<BinaryOp::kDiv>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kPow:
+      return LaunchBinaryOp<BinaryOp::kPow>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMin:
+      return LaunchBinaryOp<BinaryOp::kMin>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kMax:
+      return LaunchBinaryOp<BinaryOp::kMax>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kEqual:
+      return LaunchBinaryOp<BinaryOp::kEqual>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kLess:
+      return LaunchBinaryOp<BinaryOp::kLess>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kGreater:
+      return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kAnd:
+      return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchWhere(ir::DType dtype, const uint8_t* cond, const void* x, const void* y, void* out, int64_t n,
+                        const BroadcastIndex& index, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchArith(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    WhereKernel<T><<<GridFor(n), kThreads, 0, stream>>>(cond, static_cast<const T*>(x), static_cast<const T*>(y),
+                                                        static_cast<T*>(out), n, index);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  auto launch = [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    UnaryKernel<T><<<GridFor(n), kThreads, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), n);
+    return cudaGetLastError();
+  };
+  if (op == UnaryOp::kNot) return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
+  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
+  return integer_ok ? DispatchArith(dtype, launch) : DispatchFloat(dtype, launch);
+}
+
+cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchCast(from, [&](auto from_tag) -> cudaError_t {
+    using From = typename decltype(from_tag)::type;
+    return DispatchCast(to, [&](auto to_tag) -> cudaError_t {
+      using To = typename decltype(to_tag)::type;
+      CastKernel<From, To><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const From*>(x), static_cast<To*>(y), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t LaunchFlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* flag, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    FlagNonFiniteKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), n, flag);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchAccumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(acc_dtype, [&](auto acc_tag) -> cudaError_t {
+    using A = typename decltype(acc_tag)::type;
+    return DispatchFloat(x_dtype, [&](auto x_tag) -> cudaError_t {
+      using X = typename decltype(x_tag)::type;
+      AccumulateKernel<A, X><<<GridFor(n), kThreads, 0, stream>>>(static_cast<A*>(acc), static_cast<const X*>(x), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace onnxpipe::cuda

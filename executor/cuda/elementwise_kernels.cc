@@ -1,0 +1,226 @@
+// Elementwise ops, broadcasts and reductions in the CUDA backend's kernel table (elementwise.h,
+// reduce.h): Add Sub Mul (f32 i64 i32) and Div (f32) with numpy broadcasting, Sum (f32, any
+// number of broadcast operands), Where (f32 i64 i32), Cast (between f32 i64 i32 bool), unary math
+// (f32), ReduceSum/ReduceMean (f32, double accumulation like the CPU), ReduceToShapeOf and
+// ExpandLike (f32). Other dtypes (f64, the one-byte integers) run on the host.
+#include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/cuda_status.h"
+#include "executor/cuda/elementwise.h"
+#include "executor/cuda/reduce.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+bool IsOneOf(ir::DType t, std::initializer_list<ir::DType> set) {
+  for (ir::DType s : set)
+    if (t == s) return true;
+  return false;
+}
+
+// The broadcast shape of `shapes` when the kernels can index it (at most kMaxBroadcastRank dims
+// once merged); nullopt otherwise (the CPU kernel then runs, or names the clash).
+std::optional<std::vector<int64_t>> Broadcast(const std::vector<std::vector<int64_t>>& shapes) {
+  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
+  if (!dims.ok() || !MakeBroadcastIndex(shapes).ok()) return std::nullopt;
+  return *dims;
+}
+
+KernelResult Single(const absl::Status& st, const ir::Tensor& out) {
+  if (!st.ok()) return st;
+  return std::vector<ir::Tensor>{out};
+}
+
+// out = a op b; Div only in f32 (the CPU's integer division checks divisors on the host).
+KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node& node,
+                          const std::vector<ir::Tensor>& in) {
+  const ir::DType t = in[0].dtype();
+  if (in[1].dtype() != t) return std::nullopt;
+  if (op == BinaryOp::kDiv ? t != ir::DType::kF32 : !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
+    return std::nullopt;
+  const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
+  if (!dims) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  return Single(
+      Binary(op, t, in[0].device_raw(), in[0].dims(), in[1].device_raw(), in[1].dims(), out->device_raw(), ctx.stream),
+      *out);
+}
+
+// Sum(X0, X1, ...): out = 0 + X0, then out += Xi in input order (the CPU's order).
+KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const ir::Tensor& x : in) {
+    if (!x.has_data() || x.dtype() != ir::DType::kF32) return std::nullopt;
+    shapes.push_back(x.dims());
+  }
+  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
+  if (!dims.ok()) return std::nullopt;
+  for (const std::vector<int64_t>& s : shapes)  // each addition indexes (out, Xi)
+    if (!Broadcast({*dims, s})) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, *dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  for (const ir::Tensor& x : in) {
+    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), *dims, x.device_raw(), x.dims(),
+                                   out->device_raw(), ctx.stream);
+    if (!st.ok()) return st;
+  }
+  return std::vector<ir::Tensor>{*out};
+}
+
+KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::DType t = in[1].dtype();
+  if (in[0].dtype() != ir::DType::kBool || in[2].dtype() != t ||
+      !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
+    return std::nullopt;
+  const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims(), in[2].dims()});
+  if (!dims) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  return Single(Where(t, static_cast<const uint8_t*>(in[0].device_raw()), in[0].dims(), in[1].device_raw(),
+                      in[1].dims(), in[2].device_raw(), in[2].dims(), out->device_raw(), ctx.stream),
+                *out);
+}
+
+KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const std::optional<ir::DType> to = ir::ParseDType(node.attrs.Get<std::string>("to", ""));
+  const std::initializer_list<ir::DType> covered = {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32,
+                                                    ir::DType::kBool};
+  if (!to || !IsOneOf(*to, covered) || !IsOneOf(in[0].dtype(), covered)) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, *to, in[0].dims());
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  if (*to == in[0].dtype()) return Single(ctx.backend->Copy(in[0], *out, ctx.exec.stream), *out);
+  return Single(Cast(in[0].dtype(), in[0].device_raw(), *to, out->device_raw(), in[0].num_elements(), ctx.stream),
+                *out);
+}
+
+KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& node,
+                         const std::vector<ir::Tensor>& in) {
+  if (in[0].dtype() != ir::DType::kF32) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  return Single(Unary(op, ir::DType::kF32, in[0].device_raw(), out->device_raw(), in[0].num_elements(), ctx.stream),
+                *out);
+}
+
+// ReduceSum / ReduceMean with attrs axes, keepdims, noop_with_empty_axes (the CPU's reduce.cc).
+KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::Node& node,
+                          const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  const std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
+  const bool keepdims = node.attrs.Get<int64_t>("keepdims", 1) != 0;
+  if (axes.empty() && node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0) {
+    absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), x.dims());
+    if (!out.ok()) return out.status();
+    return Single(ctx.backend->Copy(x, *out, ctx.exec.stream), *out);
+  }
+  absl::StatusOr<ReducePlan> plan = MakeReducePlan(x.dims(), axes);
+  if (!plan.ok()) return std::nullopt;  // the CPU kernel names the bad axis
+  std::vector<bool> reduced(x.rank(), axes.empty());
+  for (int64_t a : axes) reduced[a < 0 ? a + x.rank() : a] = true;
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (!reduced[d])
+      dims.push_back(x.dims()[d]);
+    else if (keepdims)
+      dims.push_back(1);
+  }
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  return Single(Reduce(kind, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream), *out);
+}
+
+// ReduceToShapeOf(X, like): X summed to like's shape; a copy when the shapes agree.
+KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  absl::StatusOr<ReducePlan> plan = MakeReduceToShapePlan(x.dims(), in[1].dims());
+  if (!plan.ok()) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), in[1].dims());
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  if (x.dims() == in[1].dims()) return Single(ctx.backend->Copy(x, *out, ctx.exec.stream), *out);
+  return Single(Reduce(ReduceKind::kSum, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream),
+                *out);
+}
+
+// ExpandLike(X, like) attrs axes, mean: out = (0 + X broadcast) * s with s = numel(X) / numel(like)
+// rounded to fp32 when mean (the CPU's px * s), s staged in the workspace.
+KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  const std::vector<int64_t>& target = in[1].dims();
+  std::vector<int64_t> xd = x.dims();
+  std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
+  const int64_t out_rank = x.rank() + static_cast<int64_t>(axes.size());
+  for (int64_t& a : axes) {
+    if (a < 0) a += out_rank;
+    if (a < 0 || a >= out_rank) return std::nullopt;
+  }
+  std::sort(axes.begin(), axes.end());
+  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) return std::nullopt;
+  for (int64_t a : axes) xd.insert(xd.begin() + a, 1);
+  const std::optional<std::vector<int64_t>> bd = Broadcast({xd, target});
+  if (!bd || *bd != target) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), target);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), target, x.device_raw(), xd,
+                           out->device_raw(), ctx.stream);
+  if (!st.ok() || node.attrs.Get<int64_t>("mean", 0) == 0) return Single(st, *out);
+  const float s = static_cast<float>(static_cast<double>(x.num_elements()) / static_cast<double>(out->num_elements()));
+  absl::StatusOr<void*> ws = ctx.Workspace(node, sizeof(float));
+  if (!ws.ok()) return ws.status();
+  // Pageable source: the call returns once `s` is staged.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ws, &s, sizeof(float), cudaMemcpyHostToDevice, ctx.stream));
+  return Single(
+      Binary(BinaryOp::kMul, ir::DType::kF32, out->device_raw(), target, *ws, {}, out->device_raw(), ctx.stream), *out);
+}
+
+int64_t ExpandLikeWorkspace(const ir::Graph&, const ir::Node& node) {
+  return node.attrs.Get<int64_t>("mean", 0) != 0 ? sizeof(float) : 0;
+}
+
+}  // namespace
+
+void RegisterElementwiseKernels(KernelTable& table) {
+  const std::pair<ir::OpKind, BinaryOp> binary[] = {{ir::OpKind::kAdd, BinaryOp::kAdd},
+                                                    {ir::OpKind::kSub, BinaryOp::kSub},
+                                                    {ir::OpKind::kMul, BinaryOp::kMul},
+                                                    {ir::OpKind::kDiv, BinaryOp::kDiv}};
+  for (const auto& [kind, op] : binary) {
+    table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+      return BinaryKernel(op, ctx, node, in);
+    };
+  }
+  const std::pair<ir::OpKind, UnaryOp> unary[] = {
+      {ir::OpKind::kSqrt, UnaryOp::kSqrt},       {ir::OpKind::kExp, UnaryOp::kExp},
+      {ir::OpKind::kLog, UnaryOp::kLog},         {ir::OpKind::kTanh, UnaryOp::kTanh},
+      {ir::OpKind::kSigmoid, UnaryOp::kSigmoid}, {ir::OpKind::kReciprocal, UnaryOp::kReciprocal},
+      {ir::OpKind::kNeg, UnaryOp::kNeg},         {ir::OpKind::kRelu, UnaryOp::kRelu}};
+  for (const auto& [kind, op] : unary) {
+    table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+      return UnaryKernel(op, ctx, node, in);
+    };
+  }
+  const std::pair<ir::OpKind, ReduceKind> reduce[] = {{ir::OpKind::kReduceSum, ReduceKind::kSum},
+                                                      {ir::OpKind::kReduceMean, ReduceKind::kMean}};
+  for (const auto& [kind, op] : reduce) {
+    table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+      return ReduceKernel(op, ctx, node, in);
+    };
+  }
+  table[ir::OpKind::kSum].run = SumKernel;
+  table[ir::OpKind::kWhere].run = WhereKernel;
+  table[ir::OpKind::kCast].run = CastKernel;
+  table[ir::OpKind::kReduceToShapeOf].run = ReduceToShapeOfKernel;
+  table[ir::OpKind::kExpandLike] = {ExpandLikeKernel, ExpandLikeWorkspace};
+}
+
+}  // namespace onnxpipe::cuda

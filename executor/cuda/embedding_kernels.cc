@@ -1,0 +1,134 @@
+// Gather (any dtype; the embedding lookup) and GatherGrad (f32) in the CUDA backend's kernel table
+// (embedding.h); indices on the device, or constants on the host (copied into the workspace). An index out of range is
+// only seen on the device: the kernel raises a flag, the flag is read back (one small synchronising copy) and the op
+// then runs on the host, where the CPU kernel reports the index exactly as it does on the CPU.
+#include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/cuda_status.h"
+#include "executor/cuda/embedding.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+// Workspace: the flag's slot, then (for constant indices held on the host) the indices, then
+// GatherGrad's sort scratch; each part 256-byte aligned.
+constexpr int64_t kFlagBytes = 256;
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+bool IsIndex(ir::DType t) { return t == ir::DType::kI64 || t == ir::DType::kI32; }
+
+// Bytes the indices take in the workspace: none when they are on the device.
+int64_t HostIndexBytes(const ir::Tensor& idx) { return idx.on_host() ? Aligned(idx.num_bytes()) : 0; }
+
+// The indices on the device: their own buffer, or a copy into `slot` of the workspace.
+absl::StatusOr<const void*> DeviceIndices(const KernelContext& ctx, const ir::Tensor& idx, void* slot) {
+  if (!idx.on_host()) return idx.device_raw();
+  // Pageable source: the call returns once the bytes are staged.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, idx.raw(), idx.num_bytes(), cudaMemcpyHostToDevice, ctx.stream));
+  return static_cast<const void*>(slot);
+}
+
+// Workspace for `node`'s indices (input 1) should they be held on the host: reserved whatever
+// their placement, since only the run tells (they are small).
+int64_t IndexBytes(const ir::Graph& g, const ir::Node& node) {
+  const auto d = InputDims(g, node, 1);
+  if (!d) return 0;
+  int64_t n = 1;
+  for (int64_t x : *d) n *= x;
+  return Aligned(n * ir::DTypeSize(g.value(node.inputs[1]).dtype));
+}
+
+// True when the kernels flagged an index out of range.
+absl::StatusOr<bool> FlagRaised(const KernelContext& ctx, const uint32_t* flag) {
+  uint32_t host = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, flag, sizeof(host), cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  return host != 0;
+}
+
+KernelResult GatherKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& data = in[0];
+  const ir::Tensor& idx = in[1];
+  if (!IsIndex(idx.dtype()) || data.rank() == 0) return std::nullopt;
+  absl::StatusOr<GatherShape> s = MakeGatherShape(data.dims(), node.attrs.Get<int64_t>("axis", 0), idx.num_elements());
+  if (!s.ok()) return std::nullopt;
+  int64_t axis = node.attrs.Get<int64_t>("axis", 0);
+  if (axis < 0) axis += data.rank();
+  std::vector<int64_t> dims(data.dims().begin(), data.dims().begin() + axis);
+  dims.insert(dims.end(), idx.dims().begin(), idx.dims().end());
+  dims.insert(dims.end(), data.dims().begin() + axis + 1, data.dims().end());
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, data.dtype(), dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + HostIndexBytes(idx));
+  if (!ws.ok()) return ws.status();
+  auto* flag = static_cast<uint32_t*>(*ws);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
+  absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
+  if (!indices.ok()) return indices.status();
+  if (absl::Status st =
+          cuda::Gather(*s, data.dtype(), data.device_raw(), idx.dtype(), *indices, out->device_raw(), flag, ctx.stream);
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<bool> bad = FlagRaised(ctx, flag);
+  if (!bad.ok()) return bad.status();
+  if (*bad) return std::nullopt;
+  return std::vector<ir::Tensor>{*out};
+}
+
+// GatherGrad(dY, indices, like) attr axis: zeros like `like` with dY's rows added at indices.
+KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& idx = in[1];
+  const std::vector<int64_t>& dd = in[2].dims();
+  if (dy.dtype() != ir::DType::kF32 || !IsIndex(idx.dtype()) || dd.empty()) return std::nullopt;
+  absl::StatusOr<GatherShape> s = MakeGatherShape(dd, node.attrs.Get<int64_t>("axis", 0), idx.num_elements());
+  if (!s.ok()) return std::nullopt;
+  int64_t axis = node.attrs.Get<int64_t>("axis", 0);
+  if (axis < 0) axis += static_cast<int64_t>(dd.size());
+  std::vector<int64_t> expect(dd.begin(), dd.begin() + axis);
+  expect.insert(expect.end(), idx.dims().begin(), idx.dims().end());
+  expect.insert(expect.end(), dd.begin() + axis + 1, dd.end());
+  if (dy.dims() != expect) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, dd);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0 || idx.num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  const int64_t sort_bytes = static_cast<int64_t>(GatherGradWorkspaceBytes(*s));
+  const int64_t index_bytes = HostIndexBytes(idx);
+  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + index_bytes + sort_bytes);
+  if (!ws.ok()) return ws.status();
+  auto* flag = static_cast<uint32_t*>(*ws);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
+  absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
+  if (!indices.ok()) return indices.status();
+  if (absl::Status st = cuda::GatherGrad(
+          *s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, ir::DType::kF32, out->device_raw(),
+          /*accumulate=*/false, static_cast<uint8_t*>(*ws) + kFlagBytes + index_bytes, sort_bytes, flag, ctx.stream);
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<bool> bad = FlagRaised(ctx, flag);
+  if (!bad.ok()) return bad.status();
+  if (*bad) return std::nullopt;
+  return std::vector<ir::Tensor>{*out};
+}
+
+int64_t GatherGradWorkspace(const ir::Graph& g, const ir::Node& node) {
+  const auto idx = InputDims(g, node, 1), like = InputDims(g, node, 2);
+  if (!idx || !like || like->empty()) return kFlagBytes;
+  int64_t n = 1;
+  for (int64_t d : *idx) n *= d;
+  absl::StatusOr<GatherShape> s = MakeGatherShape(*like, node.attrs.Get<int64_t>("axis", 0), n);
+  return kFlagBytes + IndexBytes(g, node) + (s.ok() ? static_cast<int64_t>(GatherGradWorkspaceBytes(*s)) : 0);
+}
+
+}  // namespace
+
+void RegisterEmbeddingKernels(KernelTable& table) {
+  table[ir::OpKind::kGather] = {
+      GatherKernel, [](const ir::Graph& g, const ir::Node& node) { return kFlagBytes + IndexBytes(g, node); },
+      /*host_inputs=*/1u << 1};
+  table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace, /*host_inputs=*/1u << 1};
+}
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,252 @@
+// MatMul, FusedMatMul, Linear and Gemm (fp32, exact fp32: no TF32) in the CUDA backend's kernel
+// table, through cuBLASLt (gemm.h). Batch dims broadcast as in the CPU kernels (matmul.cc): a
+// batch-free B under an untransposed A is one tall GEMM, equal or single-sided batches one strided
+// batched GEMM, anything else one GEMM per output matrix.
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/elementwise.h"
+#include "executor/cuda/gemm.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+// One GemmContext per host thread (a context serves one thread at a time; stage threads each
+// get theirs). Owned by the kernel table, so it goes with the backend.
+class GemmContexts {
+ public:
+  absl::StatusOr<GemmContext*> ForThisThread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<GemmContext>& c = contexts_[std::this_thread::get_id()];
+    if (c == nullptr) {
+      absl::StatusOr<std::unique_ptr<GemmContext>> made = GemmContext::Create();
+      if (!made.ok()) return made.status();
+      c = *std::move(made);
+    }
+    return c.get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::thread::id, std::unique_ptr<GemmContext>> contexts_;
+};
+
+int64_t WorkspaceForThisDevice() {
+  int device = 0, major = 9;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    major = 9;  // the larger workspace
+  }
+  return GemmWorkspaceBytes(major);
+}
+
+struct Gemms {
+  std::shared_ptr<GemmContexts> contexts = std::make_shared<GemmContexts>();
+  int64_t workspace_bytes = WorkspaceForThisDevice();
+
+  // The node's workspace (the plan's, or a temporary one), to share among its GEMMs.
+  absl::Status TakeWorkspace(const KernelContext& ctx, const ir::Node& node, GemmBuffers& buffers) const {
+    absl::StatusOr<void*> ws = ctx.Workspace(node, workspace_bytes);
+    if (!ws.ok()) return ws.status();
+    buffers.workspace = *ws;
+    buffers.workspace_bytes = workspace_bytes;
+    return absl::OkStatus();
+  }
+
+  // Runs `desc` (fp32) over `buffers`, taking the node's workspace unless `buffers` holds it.
+  absl::Status Run(const KernelContext& ctx, const ir::Node& node, GemmDesc desc, GemmBuffers buffers) const {
+    desc.input_type = desc.output_type = ir::DType::kF32;
+    desc.allow_tf32 = false;
+    if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
+    absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
+    if (!gc.ok()) return gc.status();
+    return (*gc)->Run(desc, buffers, ctx.stream);
+  }
+};
+
+const float* F(const ir::Tensor& t) { return static_cast<const float*>(t.device_raw()); }
+float* MF(const ir::Tensor& t) { return static_cast<float*>(t.device_raw()); }
+
+int64_t Product(const std::vector<int64_t>& d, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= d[i];
+  return p;
+}
+
+// out (batch..., m, n) = alpha op(A) op(B) with A (a_batch..., rows, cols) etc. (ranks >= 2
+// after MatMul's 1-D promotion), batch dims broadcast. nullopt when the batch dims clash (the CPU
+// kernel reports that).
+KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node, const ir::Tensor& a,
+                           const ir::Tensor& b, const std::vector<int64_t>& ad, const std::vector<int64_t>& bd, bool ta,
+                           bool tb, float alpha, bool promoted_a, bool promoted_b) {
+  const size_t ar = ad.size(), br = bd.size();
+  const int64_t a_rows = ad[ar - 2], a_cols = ad[ar - 1], b_rows = bd[br - 2], b_cols = bd[br - 1];
+  const int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols;
+  const int64_t kb = tb ? b_cols : b_rows, n = tb ? b_rows : b_cols;
+  if (k != kb) return std::nullopt;
+  const std::vector<int64_t> a_batch(ad.begin(), ad.end() - 2), b_batch(bd.begin(), bd.end() - 2);
+  absl::StatusOr<std::vector<int64_t>> batch = BroadcastShape({a_batch, b_batch});
+  if (!batch.ok()) return std::nullopt;
+  std::vector<int64_t> out_dims = *batch;
+  if (!promoted_a) out_dims.push_back(m);
+  if (!promoted_b) out_dims.push_back(n);
+  const int64_t nbatch = Product(*batch, 0, batch->size());
+  const int64_t a_count = Product(a_batch, 0, a_batch.size()), b_count = Product(b_batch, 0, b_batch.size());
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, out_dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{*out};  // zero-filled
+  GemmDesc d;
+  d.m = m, d.n = n, d.k = k, d.trans_a = ta, d.trans_b = tb, d.alpha = alpha;
+  GemmBuffers buf;
+  buf.a = a.device_raw(), buf.b = b.device_raw(), buf.c = out->device_raw();
+  const bool tall = b_count == 1 && a_count == nbatch && !ta;
+  absl::Status st;
+  if (tall) {
+    d.m = a_count * m;
+    st = gemms.Run(ctx, node, d, buf);
+  } else if ((a_count == nbatch || a_count == 1) && (b_count == nbatch || b_count == 1)) {
+    d.batch = nbatch;
+    d.stride_a = a_count == 1 ? 0 : m * k;
+    d.stride_b = b_count == 1 ? 0 : k * n;
+    d.stride_c = m * n;
+    st = gemms.Run(ctx, node, d, buf);
+  } else {
+    // General broadcast ((2, 1) with (1, 3), ...): one GEMM per output matrix, one workspace.
+    st = gemms.TakeWorkspace(ctx, node, buf);
+    const size_t rank = batch->size();
+    std::vector<int64_t> as(rank, 0), bs(rank, 0);
+    for (int64_t s = 1, i = static_cast<int64_t>(a_batch.size()) - 1; i >= 0; s *= a_batch[i--])
+      if (a_batch[i] != 1) as[rank - a_batch.size() + i] = s;
+    for (int64_t s = 1, i = static_cast<int64_t>(b_batch.size()) - 1; i >= 0; s *= b_batch[i--])
+      if (b_batch[i] != 1) bs[rank - b_batch.size() + i] = s;
+    for (int64_t t = 0; t < nbatch && st.ok(); ++t) {
+      int64_t rem = t, ai = 0, bi = 0;
+      for (int64_t dd = static_cast<int64_t>(rank) - 1; dd >= 0; --dd) {
+        const int64_t idx = rem % (*batch)[dd];
+        rem /= (*batch)[dd];
+        ai += idx * as[dd];
+        bi += idx * bs[dd];
+      }
+      GemmBuffers one = buf;
+      one.a = F(a) + ai * m * k;
+      one.b = F(b) + bi * k * n;
+      one.c = MF(*out) + t * m * n;
+      st = gemms.Run(ctx, node, d, one);
+    }
+  }
+  if (!st.ok()) return st;
+  return std::vector<ir::Tensor>{*out};
+}
+
+KernelResult MatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
+                    const std::vector<ir::Tensor>& in) {
+  if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].rank() == 0 || in[1].rank() == 0) return std::nullopt;
+  std::vector<int64_t> ad = in[0].dims(), bd = in[1].dims();
+  const bool a_vec = ad.size() == 1, b_vec = bd.size() == 1;
+  if (a_vec) ad.insert(ad.begin(), 1);
+  if (b_vec) bd.push_back(1);
+  return BatchedMatMul(gemms, ctx, node, in[0], in[1], ad, bd, false, false, 1.f, a_vec, b_vec);
+}
+
+KernelResult FusedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
+                         const std::vector<ir::Tensor>& in) {
+  if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].rank() < 2 || in[1].rank() < 2) return std::nullopt;
+  return BatchedMatMul(gemms, ctx, node, in[0], in[1], in[0].dims(), in[1].dims(),
+                       node.attrs.Get<int64_t>("trans_a", 0) != 0, node.attrs.Get<int64_t>("trans_b", 0) != 0,
+                       static_cast<float>(node.attrs.Get<double>("alpha", 1.0)), false, false);
+}
+
+// Linear: Y (..., N) = X (..., K) W (+ bias), one tall GEMM with the bias epilogue.
+KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
+                    const std::vector<ir::Tensor>& in) {
+  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32) || in[0].rank() < 1 || in[1].rank() != 2) return std::nullopt;
+  const bool tb = node.attrs.Get<int64_t>("trans_b", 0) != 0;
+  const std::vector<int64_t>& xd = in[0].dims();
+  const std::vector<int64_t>& wd = in[1].dims();
+  const int64_t k = xd.back(), n = tb ? wd[0] : wd[1];
+  const bool has_bias = HasInput(in, 2);
+  if ((tb ? wd[1] : wd[0]) != k || (has_bias && in[2].num_elements() != n)) return std::nullopt;
+  std::vector<int64_t> out_dims(xd.begin(), xd.end() - 1);
+  const int64_t m = Product(out_dims, 0, out_dims.size());
+  out_dims.push_back(n);
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, out_dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  if (k == 0) {  // Y = bias broadcast over the rows
+    if (!has_bias) return std::vector<ir::Tensor>{*out};
+    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(), {n},
+                                   out->device_raw(), ctx.stream);
+    if (!st.ok()) return st;
+    return std::vector<ir::Tensor>{*out};
+  }
+  GemmDesc d;
+  d.m = m, d.n = n, d.k = k, d.trans_b = tb;
+  d.epilogue = has_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  GemmBuffers buf;
+  buf.a = in[0].device_raw(), buf.b = in[1].device_raw(), buf.c = out->device_raw();
+  if (has_bias) buf.bias = in[2].device_raw();
+  const absl::Status st = gemms.Run(ctx, node, d, buf);
+  if (!st.ok()) return st;
+  return std::vector<ir::Tensor>{*out};
+}
+
+// Gemm: Y (M, N) = alpha op(A) op(B) + beta C, C broadcast into Y first.
+KernelResult Gemm(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
+                  const std::vector<ir::Tensor>& in) {
+  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32) || in[0].rank() != 2 || in[1].rank() != 2) return std::nullopt;
+  const bool ta = node.attrs.Get<int64_t>("transA", 0) != 0, tb = node.attrs.Get<int64_t>("transB", 0) != 0;
+  const float alpha = static_cast<float>(node.attrs.Get<double>("alpha", 1.0));
+  const float beta = static_cast<float>(node.attrs.Get<double>("beta", 1.0));
+  const std::vector<int64_t>& ad = in[0].dims();
+  const std::vector<int64_t>& bd = in[1].dims();
+  const int64_t m = ta ? ad[1] : ad[0], k = ta ? ad[0] : ad[1], n = tb ? bd[0] : bd[1];
+  if ((tb ? bd[1] : bd[0]) != k) return std::nullopt;
+  const bool has_c = HasInput(in, 2) && beta != 0.f;
+  if (has_c) {
+    absl::StatusOr<std::vector<int64_t>> cb = BroadcastShape({in[2].dims(), {m, n}});
+    if (!cb.ok() || *cb != std::vector<int64_t>{m, n}) return std::nullopt;
+  }
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, {m, n});
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  if (has_c) {  // Y = 0 + C: the broadcast copy of C
+    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(),
+                                   in[2].dims(), out->device_raw(), ctx.stream);
+    if (!st.ok()) return st;
+  }
+  if (k == 0) {  // op(A) op(B) = 0: Y = beta C
+    if (!has_c || beta == 1.f) return std::vector<ir::Tensor>{*out};
+    return std::nullopt;  // scaling C alone: the host kernel does it (rare)
+  }
+  GemmDesc d;
+  d.m = m, d.n = n, d.k = k, d.trans_a = ta, d.trans_b = tb, d.alpha = alpha, d.beta = has_c ? beta : 0.f;
+  GemmBuffers buf;
+  buf.a = in[0].device_raw(), buf.b = in[1].device_raw(), buf.c = out->device_raw();
+  const absl::Status st = gemms.Run(ctx, node, d, buf);
+  if (!st.ok()) return st;
+  return std::vector<ir::Tensor>{*out};
+}
+
+}  // namespace
+
+void RegisterGemmKernels(KernelTable& table) {
+  const auto gemms = std::make_shared<const Gemms>();
+  const CudaWorkspaceFn workspace = [gemms](const ir::Graph&, const ir::Node&) { return gemms->workspace_bytes; };
+  using Fn = KernelResult (*)(const Gemms&, const KernelContext&, const ir::Node&, const std::vector<ir::Tensor>&);
+  const std::pair<ir::OpKind, Fn> ops[] = {{ir::OpKind::kMatMul, MatMul},
+                                           {ir::OpKind::kFusedMatMul, FusedMatMul},
+                                           {ir::OpKind::kLinear, Linear},
+                                           {ir::OpKind::kGemm, Gemm}};
+  for (const auto& [op, fn] : ops) {
+    table[op].run = [gemms, fn](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+      return fn(*gemms, ctx, node, in);
+    };
+    table[op].workspace = workspace;
+  }
+}
+
+}  // namespace onnxpipe::cuda

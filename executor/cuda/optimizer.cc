@@ -1,0 +1,123 @@
+// Host side of the optimizer family: the fp32 step scalars (rounded from double as the CPU
+// kernels round them) and the checked Status wrappers.
+#include "executor/cuda/optimizer.h"
+
+#include <cmath>
+
+#include "executor/cuda/cuda_status.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+absl::Status CheckTensors(const char* what, const std::vector<OptimizerTensor>& tensors, bool needs_state0,
+                          bool needs_state1) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const OptimizerTensor& t = tensors[i];
+    if (t.n < 0) return INVALID_ARGUMENT() << what << ": tensor " << i << " has negative element count " << t.n;
+    if (t.n == 0) continue;
+    if (t.param == nullptr || t.grad == nullptr) {
+      return INVALID_ARGUMENT() << what << ": tensor " << i << " lacks its param or grad pointer";
+    }
+    if ((needs_state0 && t.state0 == nullptr) || (needs_state1 && t.state1 == nullptr)) {
+      return INVALID_ARGUMENT() << what << ": tensor " << i << " lacks its optimizer state ("
+                                << (needs_state1 ? "m and v" : "momentum buffer") << ")";
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SgdScalars MakeSgdScalars(double lr, double momentum, double weight_decay, bool nesterov) {
+  SgdScalars s;
+  s.neg_lr = static_cast<float>(-lr);
+  s.weight_decay = static_cast<float>(weight_decay);
+  s.momentum = static_cast<float>(momentum);
+  s.use_weight_decay = weight_decay != 0;
+  s.use_momentum = momentum != 0;
+  s.nesterov = nesterov;
+  return s;
+}
+
+AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps, double weight_decay) {
+  // torch.optim.AdamW's Python-side scalars, in double, then rounded once.
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  AdamWScalars s;
+  s.decay = static_cast<float>(1 - lr * weight_decay);
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - beta2);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(eps);
+  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  return s;
+}
+
+absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, double momentum, double weight_decay,
+                     bool nesterov, const float* scale, cudaStream_t stream) {
+  if (nesterov && momentum == 0) return INVALID_ARGUMENT() << "SgdStep: nesterov needs a non-zero momentum";
+  RETURN_IF_ERROR(CheckTensors("SgdStep", tensors, /*needs_state0=*/momentum != 0, /*needs_state1=*/false));
+  CUDA_RETURN_IF_ERROR(LaunchSgdStep(tensors.data(), static_cast<int>(tensors.size()),
+                                     MakeSgdScalars(lr, momentum, weight_decay, nesterov), nullptr, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1, double beta2,
+                       double eps, double weight_decay, const float* scale, cudaStream_t stream) {
+  if (step < 1) return INVALID_ARGUMENT() << "AdamWStep: step must be >= 1 (1-based update count), got " << step;
+  RETURN_IF_ERROR(CheckTensors("AdamWStep", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
+  CUDA_RETURN_IF_ERROR(LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()),
+                                       MakeAdamWScalars(lr, step, beta1, beta2, eps, weight_decay), nullptr, scale,
+                                       stream));
+  return absl::OkStatus();
+}
+
+absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const SgdScalars& flags,
+                                      const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
+  if (device_scalars == nullptr) return INVALID_ARGUMENT() << "SgdStepWithDeviceScalars: null device scalars";
+  if (flags.nesterov && !flags.use_momentum) {
+    return INVALID_ARGUMENT() << "SgdStepWithDeviceScalars: nesterov needs a non-zero momentum";
+  }
+  RETURN_IF_ERROR(CheckTensors("SgdStepWithDeviceScalars", tensors, flags.use_momentum, /*needs_state1=*/false));
+  CUDA_RETURN_IF_ERROR(
+      LaunchSgdStep(tensors.data(), static_cast<int>(tensors.size()), flags, device_scalars, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const AdamWScalars* device_scalars,
+                                        const float* scale, cudaStream_t stream) {
+  if (device_scalars == nullptr) return INVALID_ARGUMENT() << "AdamWStepWithDeviceScalars: null device scalars";
+  RETURN_IF_ERROR(CheckTensors("AdamWStepWithDeviceScalars", tensors, /*needs_state0=*/true, /*needs_state1=*/true));
+  CUDA_RETURN_IF_ERROR(
+      LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()), AdamWScalars{}, device_scalars, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
+                      float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  if (grads.size() != sizes.size()) {
+    return INVALID_ARGUMENT() << "GradNorm: " << grads.size() << " gradients but " << sizes.size() << " sizes";
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (sizes[i] < 0) return INVALID_ARGUMENT() << "GradNorm: gradient " << i << " has negative size " << sizes[i];
+    if (sizes[i] > 0 && grads[i] == nullptr) return INVALID_ARGUMENT() << "GradNorm: gradient " << i << " is null";
+  }
+  if (sum_squares == nullptr) return INVALID_ARGUMENT() << "GradNorm: null sum_squares output";
+  if (clip_scale != nullptr && !(max_norm > 0)) {
+    return INVALID_ARGUMENT() << "GradNorm: max_norm must be positive, got " << max_norm;
+  }
+  const size_t need = GradNormWorkspaceBytes(sizes);
+  if (workspace == nullptr || workspace_bytes < need) {
+    return INVALID_ARGUMENT() << "GradNorm: workspace of " << workspace_bytes << " bytes, needs " << need;
+  }
+  CUDA_RETURN_IF_ERROR(LaunchGradNorm(grads.data(), sizes.data(), static_cast<int>(grads.size()), sum_squares,
+                                      clip_scale, static_cast<float>(max_norm), static_cast<float>(eps), workspace,
+                                      stream));
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::cuda

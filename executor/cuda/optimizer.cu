@@ -1,0 +1,187 @@
+// Multi-tensor optimizer kernels. A launch takes a batch of tensors and a table mapping each block
+// to (tensor, chunk), passed by value as a kernel parameter, so one launch updates many small
+// tensors. Arithmetic uses the _rn intrinsics so that nvcc cannot contract a*b + c into an FMA:
+// each operation rounds exactly as the CPU kernel's.
+#include <algorithm>
+
+#include "executor/cuda/device_util.cuh"
+#include "executor/cuda/optimizer.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+constexpr int64_t kChunk = 1 << 16;  // elements per block
+constexpr int kMaxTensors = 64;
+constexpr int kMaxBlocks = 512;
+
+struct Batch {
+  OptimizerTensor t[kMaxTensors];
+  int16_t block_tensor[kMaxBlocks];
+  int32_t block_chunk[kMaxBlocks];
+};
+
+// Fills batches covering every chunk of every tensor and calls launch(batch, num_blocks) for each.
+template <typename L>
+cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, L&& launch) {
+  Batch b;
+  int nt = 0, nb = 0;
+  auto flush = [&]() {
+    const cudaError_t e = launch(b, nb);
+    nt = nb = 0;
+    return e;
+  };
+  for (int i = 0; i < num_tensors; ++i) {
+    if (tensors[i].n == 0) continue;
+    if (nt == kMaxTensors) {
+      if (cudaError_t e = flush(); e != cudaSuccess) return e;
+    }
+    b.t[nt++] = tensors[i];
+    const int64_t chunks = (tensors[i].n + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      b.block_tensor[nb] = static_cast<int16_t>(nt - 1);
+      b.block_chunk[nb] = static_cast<int32_t>(c);
+      if (++nb < kMaxBlocks) continue;
+      if (cudaError_t e = flush(); e != cudaSuccess) return e;
+      if (c + 1 < chunks) b.t[nt++] = tensors[i];  // the rest of this tensor starts the next batch
+    }
+  }
+  return nb > 0 ? flush() : cudaSuccess;
+}
+
+__device__ __forceinline__ float ScaledGrad(const float* g, int64_t i, const float* scale) {
+  return scale != nullptr ? __fmul_rn(g[i], *scale) : g[i];
+}
+
+// Flags from `s`; values from `dev` when set (read at run time: CUDA graph replays).
+__global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const float* scale) {
+  if (dev != nullptr) {
+    s.neg_lr = dev->neg_lr;
+    s.weight_decay = dev->weight_decay;
+    s.momentum = dev->momentum;
+  }
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float p = t.param[i];
+    float d = ScaledGrad(t.grad, i, scale);
+    if (s.use_weight_decay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p));
+    if (s.use_momentum) {
+      const float nb = __fadd_rn(__fmul_rn(t.state0[i], s.momentum), d);
+      t.state0[i] = nb;
+      d = s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, nb)) : nb;
+    }
+    const float np = __fadd_rn(p, __fmul_rn(s.neg_lr, d));
+    t.param[i] = np;
+    if (t.param_bf16 != nullptr) static_cast<__nv_bfloat16*>(t.param_bf16)[i] = __float2bfloat16_rn(np);
+  }
+}
+
+__global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, const float* scale) {
+  if (dev != nullptr) s = *dev;
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = ScaledGrad(t.grad, i, scale);
+    const float pd = __fmul_rn(t.param[i], s.decay);
+    const float m = __fadd_rn(__fmul_rn(t.state0[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
+    const float v = __fadd_rn(__fmul_rn(t.state1[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+    const float np = __fadd_rn(pd, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
+    t.state0[i] = m;
+    t.state1[i] = v;
+    t.param[i] = np;
+    if (t.param_bf16 != nullptr) static_cast<__nv_bfloat16*>(t.param_bf16)[i] = __float2bfloat16_rn(np);
+  }
+}
+
+// Block sum of squares of one chunk into partials[first_partial + blockIdx.x].
+__global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_partial) {
+  __shared__ double red[kThreads];
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  double sum = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double g = t.grad[i];
+    sum += g * g;
+  }
+  red[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[first_partial + blockIdx.x] = red[0];
+}
+
+__global__ void FinishNormKernel(const double* partials, int64_t num_partials, float* sum_squares, float* clip_scale,
+                                 float max_norm, float eps) {
+  __shared__ double red[kThreads];
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partials[i];
+  red[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const float total = static_cast<float>(red[0]);
+  *sum_squares = total;
+  if (clip_scale != nullptr) {
+    const float coef = __fdiv_rn(max_norm, __fadd_rn(__fsqrt_rn(total), eps));
+    *clip_scale = coef < 1.f ? coef : (isnan(coef) ? coef : 1.f);
+  }
+}
+
+int64_t NumChunks(const int64_t* sizes, int num_tensors) {
+  int64_t chunks = 0;
+  for (int i = 0; i < num_tensors; ++i) chunks += (sizes[i] + kChunk - 1) / kChunk;
+  return chunks;
+}
+
+}  // namespace
+
+cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
+                          const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
+  return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
+    SgdKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
+                            const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
+  return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
+    AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
+    return cudaGetLastError();
+  });
+}
+
+size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes) {
+  return static_cast<size_t>(std::max<int64_t>(1, NumChunks(sizes.data(), static_cast<int>(sizes.size())))) *
+         sizeof(double);
+}
+
+cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int num_tensors, float* sum_squares,
+                           float* clip_scale, float max_norm, float eps, void* workspace, cudaStream_t stream) {
+  std::vector<OptimizerTensor> tensors(num_tensors);
+  for (int i = 0; i < num_tensors; ++i) {
+    tensors[i].grad = grads[i];
+    tensors[i].n = sizes[i];
+  }
+  auto* partials = static_cast<double*>(workspace);
+  int64_t done = 0;
+  const cudaError_t err = ForEachBatch(tensors.data(), num_tensors, [&](const Batch& b, int blocks) {
+    SumSquaresChunksKernel<<<blocks, kThreads, 0, stream>>>(b, partials, done);
+    done += blocks;
+    return cudaGetLastError();
+  });
+  if (err != cudaSuccess) return err;
+  FinishNormKernel<<<1, kThreads, 0, stream>>>(partials, done, sum_squares, clip_scale, max_norm, eps);
+  return cudaGetLastError();
+}
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,84 @@
+// Fused multi-tensor optimizer steps over fp32 master weights on the GPU, with the semantics of
+// the CPU backend's optimizer ops (frontend/ir/op.h: SGDUpdate, AdamWUpdate, SumSquares,
+// ClipScale; executor/cpu/optimizer_kernels.cc): the host combines the scalar hyper-parameters in
+// double and rounds them to fp32, and every tensor op of the update is one fp32 rounding in the
+// CPU kernel's order (no fused multiply-add), so a step equals the CPU's bit for bit up to libm.
+//
+// Unlike the CPU ops (which return new tensors), the steps update param and state in place. Each
+// launch covers many tensors; a tensor may have any element count.
+//   SGD:   d = g*scale + wd*p; buf = momentum*buf + d; d = nesterov ? d + momentum*buf : buf;
+//          p = p - lr*d   (buf only when momentum != 0).
+//   AdamW: p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+//          p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps).
+// `scale` is an optional device fp32 scalar multiplied into every gradient (the clipping factor);
+// `param_bf16`, when set, receives the updated parameter rounded to bf16 (the compute copy).
+// CUDA graphs: a captured step bakes its arguments in, so the per-step scalars (lr, step) can
+// instead live in device memory (`device_scalars`, a Make*Scalars result copied there before each
+// replay); SGD still takes its flags (momentum/weight decay on, nesterov) from the host struct.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#ifndef __CUDACC__
+#include "absl/status/status.h"
+#endif
+
+namespace onnxpipe::cuda {
+
+struct OptimizerTensor {
+  float* param = nullptr;       // (n) fp32 master weights, updated in place
+  const float* grad = nullptr;  // (n) fp32 gradient
+  float* state0 = nullptr;      // (n) SGD momentum buffer (momentum != 0) | AdamW m
+  float* state1 = nullptr;      // (n) AdamW v; unused by SGD
+  void* param_bf16 = nullptr;   // (n) bf16 copy of the updated param, optional
+  int64_t n = 0;
+};
+
+// fp32 scalars of a step, rounded from double exactly as the CPU kernels round them.
+struct SgdScalars {
+  float neg_lr, weight_decay, momentum;
+  bool use_weight_decay, use_momentum, nesterov;
+};
+struct AdamWScalars {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
+};
+SgdScalars MakeSgdScalars(double lr, double momentum, double weight_decay, bool nesterov);
+AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps, double weight_decay);
+
+// device_scalars may be null (use s).
+cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
+                          const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
+cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
+                            const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream);
+
+// Global gradient norm: *sum_squares = sum of g^2 over every element of every tensor (accumulated
+// in double in a fixed order, rounded to fp32: SumSquares); when clip_scale is set,
+// *clip_scale = min(1, max_norm / (sqrtf(*sum_squares) + eps)) in fp32 (Sqrt then ClipScale; NaN
+// passes through). Both are device fp32 scalars; the workspace holds one double per chunk.
+size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes);
+cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int num_tensors, float* sum_squares,
+                           float* clip_scale, float max_norm, float eps, void* workspace, cudaStream_t stream);
+
+#ifndef __CUDACC__
+// lr: the step's learning rate; step: the 1-based update count including this one.
+absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, double momentum, double weight_decay,
+                     bool nesterov, const float* scale, cudaStream_t stream);
+absl::Status AdamWStep(const std::vector<OptimizerTensor>& tensors, double lr, int64_t step, double beta1, double beta2,
+                       double eps, double weight_decay, const float* scale, cudaStream_t stream);
+// The CUDA-graph forms: the values are read from device_scalars when the kernels run; SGD's
+// flags (and so which state each tensor needs) come from `flags`.
+absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const SgdScalars& flags,
+                                      const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
+absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const AdamWScalars* device_scalars,
+                                        const float* scale, cudaStream_t stream);
+// max_norm > 0 is required when clip_scale is set (eps as ClipScale's, default 1e-6).
+absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
+                      float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
+#endif
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,96 @@
+// Host side of the reduction family: plans (which dims are kept or reduced, merged where
+// contiguous) and the checked Status wrapper.
+#include "executor/cuda/reduce.h"
+
+#include "executor/cuda/cuda_status.h"
+#include "frontend/ir/status.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+// The plan for `in_dims` given which of its dims are reduced.
+absl::StatusOr<ReducePlan> PlanFromFlags(const std::vector<int64_t>& in_dims, const std::vector<bool>& reduced) {
+  const int rank = static_cast<int>(in_dims.size());
+  std::vector<int64_t> strides(rank, 1);
+  for (int d = rank - 2; d >= 0; --d) strides[d] = strides[d + 1] * in_dims[d + 1];
+  ReducePlan p;
+  int last_class = -1;  // class of the previous non-1 dim: 0 kept, 1 reduced
+  for (int d = 0; d < rank; ++d) {
+    if (in_dims[d] < 0) return INVALID_ARGUMENT() << "Reduce: negative dim " << in_dims[d] << " at axis " << d;
+    if (reduced[d]) {
+      p.num_reduced *= in_dims[d];
+    } else {
+      p.num_out *= in_dims[d];
+    }
+    if (in_dims[d] == 1) continue;
+    const int cls = reduced[d] ? 1 : 0;
+    int& n = cls ? p.reduced_rank : p.kept_rank;
+    int64_t* dims = cls ? p.reduced_dims : p.kept_dims;
+    int64_t* st = cls ? p.reduced_strides : p.kept_strides;
+    if (cls == last_class) {  // contiguous with the previous dim of its class: merge
+      dims[n - 1] *= in_dims[d];
+      st[n - 1] = strides[d];
+    } else {
+      if (n == kMaxReduceRank) {
+        return INVALID_ARGUMENT() << "Reduce: more than " << kMaxReduceRank << " alternating kept/reduced dim groups";
+      }
+      dims[n] = in_dims[d];
+      st[n] = strides[d];
+      ++n;
+    }
+    last_class = cls;
+  }
+  p.innermost_reduced = last_class == 1;
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<ReducePlan> MakeReducePlan(const std::vector<int64_t>& in_dims, const std::vector<int64_t>& axes) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  std::vector<bool> reduced(rank, axes.empty());
+  for (int64_t a : axes) {
+    if (a < -rank || a >= rank)
+      return INVALID_ARGUMENT() << "Reduce: axis " << a << " is out of range for rank " << rank;
+    const int64_t d = a < 0 ? a + rank : a;
+    if (reduced[d]) return INVALID_ARGUMENT() << "Reduce: axis " << a << " is repeated";
+    reduced[d] = true;
+  }
+  return PlanFromFlags(in_dims, reduced);
+}
+
+absl::StatusOr<ReducePlan> MakeReduceToShapePlan(const std::vector<int64_t>& in_dims,
+                                                 const std::vector<int64_t>& like_dims) {
+  const size_t rank = in_dims.size();
+  if (like_dims.size() > rank) {
+    return INVALID_ARGUMENT() << "ReduceToShape: target rank " << like_dims.size() << " exceeds the input's " << rank;
+  }
+  std::vector<bool> reduced(rank, false);
+  for (size_t d = 0; d < rank; ++d) {
+    const size_t lead = rank - like_dims.size();
+    const int64_t like = d < lead ? 1 : like_dims[d - lead];
+    if (like == in_dims[d]) continue;
+    if (like != 1) {
+      return INVALID_ARGUMENT() << "ReduceToShape: target dim " << like << " at axis " << d
+                                << " neither equals the input's " << in_dims[d] << " nor is 1";
+    }
+    reduced[d] = true;
+  }
+  return PlanFromFlags(in_dims, reduced);
+}
+
+absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
+                    void* y, cudaStream_t stream) {
+  for (ir::DType t : {x_dtype, y_dtype}) {
+    if (t != ir::DType::kF32 && t != ir::DType::kBF16 && t != ir::DType::kF16) {
+      return INVALID_ARGUMENT() << "Reduce: dtype " << ir::DTypeName(t) << " is not f32, bf16 or f16";
+    }
+  }
+  if (plan.num_out > 0 && (y == nullptr || (plan.num_reduced > 0 && x == nullptr))) {
+    return INVALID_ARGUMENT() << "Reduce: null device pointer";
+  }
+  CUDA_RETURN_IF_ERROR(LaunchReduce(kind, plan, x_dtype, x, y_dtype, y, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,544 @@
+// Every op the CUDA backend registers, run through CudaBackend::Run and through the CPU backend on
+// the same inputs: the results agree (fp32 within a normalised error of 1e-5 -- max |gpu - cpu|
+// over max |cpu| -- or bit for bit where the kernels round exactly as the CPU does: copies, views,
+// gathers, dropout masks, casts), and the op did not fall back to the host. Each case runs twice:
+// unplanned (fresh outputs, temporary scratch) and planned (an allocator whose workspace is exactly
+// what CudaBackend::WorkspaceBytes reported for the node, so an under-reported workspace fails).
+// Skips without a GPU.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/cuda_status.h"
+#include "frontend/ir/status.h"
+#include "gtest/gtest.h"
+
+namespace onnxpipe::cuda {
+namespace {
+
+using ir::DType;
+using ir::Tensor;
+
+ir::Attrs Attrs(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
+  ir::Attrs a;
+  for (const auto& [k, v] : kv) a.Set(k, v);
+  return a;
+}
+
+Tensor Rand(std::vector<int64_t> dims, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(gen);
+  return Tensor::FromVector<float>(std::move(dims), v);
+}
+
+Tensor Ints(std::vector<int64_t> dims, std::vector<int64_t> v, DType dtype = DType::kI64) {
+  const Tensor t = Tensor::FromVector<int64_t>(std::move(dims), v);
+  return dtype == DType::kI64 ? t : t.CastTo(dtype);
+}
+
+Tensor Bools(std::vector<int64_t> dims, uint32_t seed) {
+  Tensor t(DType::kBool, std::move(dims));
+  std::mt19937 gen(seed);
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = gen() % 3 != 0;
+  return t;
+}
+
+// A planned executor's allocator: outputs from the backend, a workspace of exactly `reserved`
+// bytes (asking for more is the error a real plan gives), views when `share` is set.
+class PlannedOutputs : public ir::OutputAllocator {
+ public:
+  PlannedOutputs(const backend::Backend& be, int64_t reserved, bool share)
+      : be_(be), reserved_(reserved), share_(share) {}
+  absl::StatusOr<Tensor> Allocate(const ir::Node&, int, DType dtype, const std::vector<int64_t>& dims) override {
+    return be_.Zeros(dtype, dims);
+  }
+  bool SharesInputBuffer(const ir::Node&, int) const override { return share_; }
+  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
+    if (bytes > reserved_) {
+      return FAILED_PRECONDITION() << ir::OpName(node.op) << " asked for " << bytes << " bytes of workspace, "
+                                   << reserved_ << " reserved";
+    }
+    if (buffer_ == nullptr) {
+      ASSIGN_OR_RETURN(buffer_, be_.Allocate(reserved_));
+    }
+    return buffer_.get();
+  }
+
+ private:
+  const backend::Backend& be_;
+  const int64_t reserved_;
+  const bool share_;
+  std::shared_ptr<uint8_t> buffer_;
+};
+
+struct Case {
+  ir::OpKind op = ir::OpKind::kIdentity;
+  std::vector<Tensor> inputs = {};  // host tensors; undefined = absent, DimsOnly = a `like` input
+  ir::Attrs attrs = {};
+  int outputs = 1;
+  std::vector<int> absent_outputs = {};  // optional outputs the node does not have
+  double tol = 1e-5;                     // normalised max error; 0: bit for bit
+  backend::ExecContext ctx = {};
+  uint32_t host_inputs = 0;  // inputs left on the host (constants)
+};
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    absl::StatusOr<std::shared_ptr<CudaBackend>> be = CudaBackend::Create(0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    be_ = *be;
+  }
+
+  // The CPU backend's outputs of `c`, and the CUDA backend's unplanned and planned ones, compared.
+  void Check(const Case& c, bool expect_device = true) {
+    ir::Graph g;
+    std::vector<ir::ValueId> in_ids, out_ids;
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      const Tensor& t = c.inputs[i];
+      if (!t.defined()) {
+        in_ids.push_back(ir::kNoValue);
+        continue;
+      }
+      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
+    }
+    for (int k = 0; k < c.outputs; ++k) {
+      const bool absent = std::find(c.absent_outputs.begin(), c.absent_outputs.end(), k) != c.absent_outputs.end();
+      out_ids.push_back(absent ? ir::kNoValue
+                               : g.AddValue("out" + std::to_string(k), DType::kF32, {}, /*shape_known=*/false));
+    }
+    const ir::NodeId id = g.AddNode(c.op, "node", in_ids, out_ids, c.attrs);
+    const ir::Node& node = g.node(id);
+    const std::string name(ir::OpName(c.op));
+
+    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, c.inputs, c.ctx);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<Tensor> dev_in;
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      const Tensor& t = c.inputs[i];
+      if (!t.has_data() || (c.host_inputs >> i & 1u) != 0) {
+        dev_in.push_back(t);
+        continue;
+      }
+      absl::StatusOr<Tensor> d = be_->Upload(t);
+      ASSERT_TRUE(d.ok()) << d.status();
+      dev_in.push_back(*d);
+    }
+    for (bool planned : {false, true}) {
+      SCOPED_TRACE(name + (planned ? " planned" : " unplanned"));
+      PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node), /*share=*/false);
+      const int64_t fallbacks_before = Fallbacks(name);
+      absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, c.ctx, planned ? &plan : nullptr);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(Fallbacks(name) - fallbacks_before, expect_device ? 0 : 1) << name << " ran on the host";
+      ASSERT_EQ(got->size(), want->size());
+      for (size_t k = 0; k < want->size(); ++k) {
+        SCOPED_TRACE("output " + std::to_string(k));
+        const Tensor& w = (*want)[k];
+        ASSERT_EQ((*got)[k].defined(), w.defined());
+        if (!w.defined()) continue;
+        ASSERT_FALSE((*got)[k].on_host());
+        absl::StatusOr<Tensor> h = be_->ToHost((*got)[k]);
+        ASSERT_TRUE(h.ok()) << h.status();
+        ExpectClose(*h, w, c.tol);
+      }
+    }
+  }
+
+  int64_t Fallbacks(const std::string& op) const {
+    const std::map<std::string, int64_t> f = be_->HostFallbacks();
+    auto it = f.find(op);
+    return it == f.end() ? 0 : it->second;
+  }
+
+  static void ExpectClose(const Tensor& got, const Tensor& want, double tol) {
+    ASSERT_EQ(got.dtype(), want.dtype());
+    ASSERT_EQ(got.dims(), want.dims());
+    if (tol == 0 || want.dtype() != DType::kF32) {
+      EXPECT_TRUE(got.BitwiseEquals(want)) << "not bit for bit equal";
+      return;
+    }
+    double max_err = 0, max_ref = 0;
+    for (int64_t i = 0; i < want.num_elements(); ++i) {
+      const double g = got.data<float>()[i], w = want.data<float>()[i];
+      if (std::isnan(w)) {
+        EXPECT_TRUE(std::isnan(g)) << "element " << i;
+        continue;
+      }
+      max_err = std::max(max_err, std::abs(g - w));
+      max_ref = std::max(max_ref, std::abs(w));
+    }
+    EXPECT_LE(max_err, tol * std::max(max_ref, 1e-30)) << "max |gpu - cpu| " << max_err << ", max |cpu| " << max_ref;
+  }
+
+  std::shared_ptr<CudaBackend> be_;
+};
+
+// --- GEMM -------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, MatMulBroadcastsBatchesLikeTheCpu) {
+  const std::pair<std::vector<int64_t>, std::vector<int64_t>> shapes[] = {
+      {{2, 3, 5, 8}, {8, 6}},        // tall: B without batch
+      {{2, 3, 5, 8}, {2, 3, 8, 6}},  // equal batches
+      {{5, 8}, {3, 8, 6}},           // A shared across B's batch
+      {{3, 1, 5, 8}, {1, 4, 8, 6}},  // both broadcast: one GEMM per output matrix
+      {{8}, {2, 8, 6}},              // 1-D A
+      {{2, 5, 8}, {8}},              // 1-D B
+      {{4, 0}, {0, 3}},              // K = 0: zeros
+  };
+  uint32_t seed = 1;
+  for (const auto& [a, b] : shapes) Check({ir::OpKind::kMatMul, {Rand(a, seed++), Rand(b, seed++)}});
+}
+
+TEST_F(CudaOpsTest, FusedMatMulTransposesAndScales) {
+  Check({ir::OpKind::kFusedMatMul,
+         {Rand({2, 4, 16, 8}, 1), Rand({2, 4, 16, 8}, 2)},
+         Attrs({{"trans_b", int64_t{1}}, {"alpha", 0.125}})});  // Q K^T
+  Check({ir::OpKind::kFusedMatMul, {Rand({3, 6, 8}, 3), Rand({3, 6, 10}, 4)}, Attrs({{"trans_a", int64_t{1}}})});
+  Check({ir::OpKind::kFusedMatMul,
+         {Rand({7, 12}, 5), Rand({9, 7}, 6)},
+         Attrs({{"trans_a", int64_t{1}}, {"trans_b", int64_t{1}}, {"alpha", -2.0}})});
+  Check({ir::OpKind::kFusedMatMul, {Rand({2, 1, 5, 8}, 7), Rand({3, 6, 8}, 8)}, Attrs({{"trans_b", int64_t{1}}})});
+}
+
+TEST_F(CudaOpsTest, LinearWithAndWithoutBias) {
+  Check({ir::OpKind::kLinear, {Rand({2, 7, 16}, 1), Rand({16, 12}, 2), Rand({12}, 3)}});
+  Check(
+      {ir::OpKind::kLinear, {Rand({2, 7, 16}, 4), Rand({12, 16}, 5), Rand({12}, 6)}, Attrs({{"trans_b", int64_t{1}}})});
+  Check({ir::OpKind::kLinear, {Rand({5, 16}, 7), Rand({16, 24}, 8), Tensor()}});
+}
+
+TEST_F(CudaOpsTest, GemmBroadcastsC) {
+  Check({ir::OpKind::kGemm, {Rand({6, 9}, 1), Rand({9, 5}, 2), Rand({5}, 3)}});
+  Check({ir::OpKind::kGemm,
+         {Rand({9, 6}, 4), Rand({5, 9}, 5), Rand({6, 1}, 6)},
+         Attrs({{"transA", int64_t{1}}, {"transB", int64_t{1}}, {"alpha", 0.5}, {"beta", -1.5}})});
+  Check({ir::OpKind::kGemm, {Rand({6, 9}, 7), Rand({9, 5}, 8), Rand({6, 5}, 9)}, Attrs({{"beta", 2.0}})});
+  Check({ir::OpKind::kGemm, {Rand({6, 9}, 10), Rand({9, 5}, 11)}});
+}
+
+// --- Normalisation and softmax -----------------------------------------------------------------
+
+TEST_F(CudaOpsTest, LayerNormAndItsStatistics) {
+  Check({ir::OpKind::kLayerNorm, {Rand({4, 7, 96}, 1, -3, 3), Rand({96}, 2), Rand({96}, 3)}, {}, 3});
+  Check(
+      {ir::OpKind::kLayerNorm, {Rand({4, 7, 32}, 4), Rand({32}, 5), Tensor()}, Attrs({{"epsilon", 1e-3}}), 3, {1, 2}});
+  Check({ir::OpKind::kLayerNorm,
+         {Rand({3, 5, 24}, 6), Rand({5, 24}, 7), Rand({5, 24}, 8)},
+         Attrs({{"axis", int64_t{1}}}),
+         3});
+}
+
+TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
+  const Tensor x = Rand({4, 7, 96}, 1, -2, 2), scale = Rand({96}, 2), dy = Rand({4, 7, 96}, 3);
+  ir::Graph g;
+  const ir::ValueId vx = g.AddValue("x", DType::kF32, {4, 7, 96}), vs = g.AddValue("s", DType::kF32, {96});
+  const ir::ValueId y = g.AddValue("y", DType::kF32, {4, 7, 96}), m = g.AddValue("m", DType::kF32, {4, 7, 1}),
+                    r = g.AddValue("r", DType::kF32, {4, 7, 1});
+  const ir::NodeId ln = g.AddNode(ir::OpKind::kLayerNorm, "ln", {vx, vs}, {y, m, r});
+  absl::StatusOr<std::vector<Tensor>> fwd = backend::MakeCpuBackend()->Run(g.node(ln), {x, scale}, {});
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2]}, {}, 3});
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3});
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}});  // no dBias
+}
+
+TEST_F(CudaOpsTest, SoftmaxForwardAndBackward) {
+  for (ir::OpKind op : {ir::OpKind::kSoftmax, ir::OpKind::kLogSoftmax}) {
+    Check({op, {Rand({4, 5, 33}, 1, -4, 4)}});
+    Check({op, {Rand({6, 1000, 1}, 2, -4, 4)}, Attrs({{"axis", int64_t{1}}})});
+  }
+  const Tensor y = Rand({4, 5, 33}, 3, 0, 0.1f), dy = Rand({4, 5, 33}, 4);
+  Check({ir::OpKind::kSoftmaxGrad, {dy, y}});
+  Check({ir::OpKind::kLogSoftmaxGrad, {dy, Rand({4, 5, 33}, 5, -5, -1)}});
+}
+
+TEST_F(CudaOpsTest, SoftmaxCrossEntropyLossAndItsGradient) {
+  const Tensor scores = Rand({12, 10}, 1, -3, 3);
+  std::vector<int64_t> labels(12);
+  for (int i = 0; i < 12; ++i) labels[i] = (i * 7) % 10;
+  labels[4] = -100;
+  labels[9] = -100;
+  const Tensor weights = Rand({10}, 2, 0.5, 2);
+  const ir::Attrs configs[] = {
+      Attrs({{"ignore_index", int64_t{-100}}}),
+      Attrs({{"reduction", std::string("sum")}, {"ignore_index", int64_t{-100}}, {"label_smoothing", 0.1}}),
+      Attrs({{"reduction", std::string("none")}, {"ignore_index", int64_t{-100}}}),
+  };
+  for (const ir::Attrs& attrs : configs) {
+    for (DType label_type : {DType::kI64, DType::kI32}) {
+      for (bool weighted : {false, true}) {
+        const Tensor l = Ints({12}, labels, label_type);
+        const Tensor w = weighted ? weights : Tensor();
+        Check({ir::OpKind::kSoftmaxCrossEntropyLoss, {scores, l, w}, attrs, 2});
+        Check({ir::OpKind::kSoftmaxCrossEntropyLoss, {scores, l, w}, attrs, 2, {1}});
+        // The gradient from the CPU forward's log_prob.
+        ir::Graph g;
+        const ir::ValueId s = g.AddValue("s", DType::kF32, {12, 10}), lv = g.AddValue("l", label_type, {12});
+        const ir::ValueId wv = weighted ? g.AddValue("w", DType::kF32, {10}) : ir::kNoValue;
+        const ir::ValueId loss = g.AddValue("loss", DType::kF32, {}), lp = g.AddValue("lp", DType::kF32, {12, 10});
+        const ir::NodeId n = g.AddNode(ir::OpKind::kSoftmaxCrossEntropyLoss, "sce", {s, lv, wv}, {loss, lp}, attrs);
+        absl::StatusOr<std::vector<Tensor>> fwd = backend::MakeCpuBackend()->Run(g.node(n), {scores, l, w}, {});
+        ASSERT_TRUE(fwd.ok()) << fwd.status();
+        const bool none = attrs.Get<std::string>("reduction", "mean") == "none";
+        const Tensor dloss = none ? Rand({12}, 3) : Tensor::FromVector<float>({}, {0.75f});
+        Check({ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss, (*fwd)[1], l, w}, attrs});
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, AnOutOfRangeLabelIsTheCpuError) {
+  ir::Graph g;
+  const ir::ValueId s = g.AddValue("s", DType::kF32, {3, 4}), l = g.AddValue("l", DType::kI64, {3});
+  const ir::ValueId loss = g.AddValue("loss", DType::kF32, {});
+  const ir::NodeId n = g.AddNode(ir::OpKind::kSoftmaxCrossEntropyLoss, "sce", {s, l}, {loss});
+  const Tensor scores = *be_->Upload(Rand({3, 4}, 1)), labels = *be_->Upload(Ints({3}, {0, 4, 1}));
+  absl::StatusOr<std::vector<Tensor>> r = be_->Run(g.node(n), {scores, labels}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("label 4"), std::string::npos) << r.status();
+}
+
+// --- Elementwise, reductions, broadcasts ---------------------------------------------------------
+
+TEST_F(CudaOpsTest, ArithmeticBroadcasts) {
+  for (ir::OpKind op : {ir::OpKind::kAdd, ir::OpKind::kSub, ir::OpKind::kMul, ir::OpKind::kDiv}) {
+    Check({op, {Rand({4, 1, 6}, 1), Rand({3, 1}, 2, 0.5, 2)}});
+    Check({op, {Rand({2, 3, 64}, 3), Rand({64}, 4, 0.5, 2)}});
+    Check({op, {Rand({}, 5, 0.5, 2), Rand({2, 7}, 6, 0.5, 2)}});
+  }
+  for (ir::OpKind op : {ir::OpKind::kAdd, ir::OpKind::kSub, ir::OpKind::kMul}) {
+    Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {7, 8, -9})}, {}, 1, {}, 0});
+    Check({op, {Ints({2, 1}, {3, -4}, DType::kI32), Ints({1, 3}, {5, 6, 7}, DType::kI32)}, {}, 1, {}, 0});
+  }
+}
+
+TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
+  Check({ir::OpKind::kSum, {Rand({4, 6}, 1), Rand({4, 6}, 2)}});
+  Check({ir::OpKind::kSum, {Rand({6}, 3), Rand({4, 6}, 4), Rand({4, 1}, 5), Rand({}, 6)}});
+}
+
+TEST_F(CudaOpsTest, UnaryMath) {
+  for (ir::OpKind op : {ir::OpKind::kSqrt, ir::OpKind::kLog, ir::OpKind::kReciprocal})
+    Check({op, {Rand({3, 50}, 1, 0.1f, 4)}});
+  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu})
+    Check({op, {Rand({3, 50}, 2, -4, 4)}});
+}
+
+TEST_F(CudaOpsTest, ReductionsMatchTheCpu) {
+  const Tensor x = Rand({4, 5, 6}, 1);
+  for (ir::OpKind op : {ir::OpKind::kReduceSum, ir::OpKind::kReduceMean}) {
+    Check({op, {x}, Attrs({{"axes", std::vector<int64_t>{1}}})});
+    Check({op, {x}, Attrs({{"axes", std::vector<int64_t>{0, -1}}, {"keepdims", int64_t{0}}})});
+    Check({op, {x}});  // every axis
+    Check({op, {x}, Attrs({{"noop_with_empty_axes", int64_t{1}}})});
+  }
+  Check({ir::OpKind::kReduceToShapeOf, {x, Tensor::DimsOnly(DType::kF32, {6})}});
+  Check({ir::OpKind::kReduceToShapeOf, {x, Tensor::DimsOnly(DType::kF32, {5, 1})}});
+  Check({ir::OpKind::kReduceToShapeOf, {x, Tensor::DimsOnly(DType::kF32, {4, 5, 6})}});
+}
+
+TEST_F(CudaOpsTest, ExpandLikeBroadcastsAndScales) {
+  Check({ir::OpKind::kExpandLike,
+         {Rand({4, 6}, 1), Tensor::DimsOnly(DType::kF32, {4, 5, 6})},
+         Attrs({{"axes", std::vector<int64_t>{1}}})});
+  Check({ir::OpKind::kExpandLike, {Rand({}, 2), Tensor::DimsOnly(DType::kF32, {3, 7})}, Attrs({{"mean", int64_t{1}}})});
+  Check({ir::OpKind::kExpandLike,
+         {Rand({4}, 3), Tensor::DimsOnly(DType::kF32, {4, 9})},
+         Attrs({{"axes", std::vector<int64_t>{-1}}, {"mean", int64_t{1}}})});
+}
+
+TEST_F(CudaOpsTest, WhereAndCast) {
+  Check({ir::OpKind::kWhere, {Bools({4, 1, 6}, 1), Rand({5, 6}, 2), Rand({4, 5, 1}, 3)}});
+  Check({ir::OpKind::kWhere, {Bools({3}, 4), Ints({3}, {1, 2, 3}), Ints({2, 3}, {4, 5, 6, 7, 8, 9})}, {}, 1, {}, 0});
+  std::vector<float> special = {0.f, -0.f, 1.5f, -1.5f, 2.99f, -7.9f, 1e20f, -1e20f, NAN, 3e9f};
+  const Tensor f = Tensor::FromVector<float>({10}, special);
+  for (const char* to : {"i64", "i32", "bool", "f32"}) {
+    Check({ir::OpKind::kCast, {f}, Attrs({{"to", std::string(to)}})});
+  }
+  Check({ir::OpKind::kCast, {Ints({4}, {-3, 0, 7, int64_t{1} << 40})}, Attrs({{"to", std::string("f32")}})});
+  Check({ir::OpKind::kCast, {Ints({4}, {-3, 0, 7, 1}, DType::kI32)}, Attrs({{"to", std::string("i64")}})});
+}
+
+// --- Shape views -----------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, ShapeOpsAreViewsOrCopies) {
+  const Tensor x = Rand({2, 3, 1, 4}, 1);
+  const Tensor shape = Ints({3}, {0, -1, 2});
+  Check({ir::OpKind::kReshape, {x, shape}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});  // constant on the host
+  Check({ir::OpKind::kReshape, {x, shape}, {}, 1, {}, 0});                               // shape on the device
+  Check({ir::OpKind::kFlatten, {x}, Attrs({{"axis", int64_t{2}}}), 1, {}, 0});
+  Check({ir::OpKind::kSqueeze, {x}, Attrs({{"axes", std::vector<int64_t>{2}}}), 1, {}, 0});
+  Check({ir::OpKind::kUnsqueeze, {x}, Attrs({{"axes", std::vector<int64_t>{0, -1}}}), 1, {}, 0});
+  Check({ir::OpKind::kReshapeLike, {x, Tensor::DimsOnly(DType::kF32, {6, 4})}, {}, 1, {}, 0});
+  Check({ir::OpKind::kIdentity, {Ints({3}, {4, 5, 6})}, {}, 1, {}, 0});
+
+  // Planned as a view: the output is the input's device buffer.
+  ir::Graph g;
+  const ir::ValueId in = g.AddValue("x", DType::kF32, {2, 3, 1, 4}), out = g.AddValue("y", DType::kF32, {24});
+  const ir::NodeId n = g.AddNode(ir::OpKind::kFlatten, "f", {in}, {out}, Attrs({{"axis", int64_t{0}}}));
+  const Tensor d = *be_->Upload(x);
+  PlannedOutputs shared(*be_, 0, /*share=*/true);
+  absl::StatusOr<std::vector<Tensor>> r = be_->Run(g.node(n), {d}, {}, &shared);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].address(), d.address());
+  EXPECT_EQ((*r)[0].dims(), (std::vector<int64_t>{1, 24}));
+}
+
+TEST_F(CudaOpsTest, ABadReshapeIsTheCpuError) {
+  ir::Graph g;
+  const ir::ValueId in = g.AddValue("x", DType::kF32, {2, 3}), s = g.AddValue("s", DType::kI64, {1});
+  const ir::ValueId out = g.AddValue("y", DType::kF32, {5});
+  const ir::NodeId n = g.AddNode(ir::OpKind::kReshape, "r", {in, s}, {out});
+  absl::StatusOr<std::vector<Tensor>> r = be_->Run(g.node(n), {*be_->Upload(Rand({2, 3}, 1)), Ints({1}, {5})}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot reshape"), std::string::npos) << r.status();
+}
+
+TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
+  const Tensor x = Rand({2, 3, 4, 5}, 1);
+  Check({ir::OpKind::kTranspose, {x}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
+  Check({ir::OpKind::kTranspose, {x}, {}, 1, {}, 0});  // reversed dims
+  Check({ir::OpKind::kTranspose,
+         {Ints({2, 3}, {1, 2, 3, 4, 5, 6})},
+         Attrs({{"perm", std::vector<int64_t>{1, 0}}}),
+         1,
+         {},
+         0});
+  // starts, ends, axes, steps: clamped ends, a negative step, a negative axis.
+  const Tensor starts = Ints({3}, {1, -1, 0}), ends = Ints({3}, {100, 0, 3}), axes = Ints({3}, {1, -1, 0});
+  const Tensor steps = Ints({3}, {2, -2, 1});
+  Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0, {}, /*host_inputs=*/0b11110u});
+  Check({ir::OpKind::kSlice, {x, starts, ends, axes, steps}, {}, 1, {}, 0});  // operands on the device
+  Check({ir::OpKind::kSlice,
+         {x, Ints({2}, {0, 1}), Ints({2}, {1, 3}), Tensor(), Tensor()},
+         {},
+         1,
+         {},
+         0,
+         {},
+         /*host_inputs=*/0b11110u});
+  // The gradient of the first slice: dY has the slice's shape (2, 1, 4, 2).
+  Check({ir::OpKind::kSliceGrad,
+         {Rand({2, 1, 4, 2}, 2), Tensor::DimsOnly(DType::kF32, {2, 3, 4, 5}), starts, ends, axes, steps},
+         {},
+         1,
+         {},
+         0,
+         {},
+         /*host_inputs=*/0b111100u});
+}
+
+// --- Embedding and dropout -----------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, GatherAndItsGradient) {
+  const Tensor table = Rand({10, 16}, 1);
+  const Tensor idx = Ints({3, 4}, {0, 9, -1, 3, 3, 5, 0, 2, 7, 3, -10, 1});
+  Check({ir::OpKind::kGather, {table, idx}, {}, 1, {}, 0});
+  Check({ir::OpKind::kGather, {table, idx.CastTo(DType::kI32)}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0});
+  Check({ir::OpKind::kGather, {Ints({5}, {1, 2, 3, 4, 5}), Ints({2}, {4, 0})}, {}, 1, {}, 0});
+  Check({ir::OpKind::kGatherGrad, {Rand({3, 4, 16}, 2), idx, Tensor::DimsOnly(DType::kF32, {10, 16})}});
+  Check({ir::OpKind::kGatherGrad,
+         {Rand({10, 3, 4}, 3), idx, Tensor::DimsOnly(DType::kF32, {10, 16})},
+         Attrs({{"axis", int64_t{1}}})});
+}
+
+TEST_F(CudaOpsTest, AnOutOfRangeIndexIsTheCpuError) {
+  ir::Graph g;
+  const ir::ValueId t = g.AddValue("t", DType::kF32, {4, 2}), i = g.AddValue("i", DType::kI64, {2});
+  const ir::ValueId out = g.AddValue("y", DType::kF32, {2, 2});
+  const ir::NodeId n = g.AddNode(ir::OpKind::kGather, "g", {t, i}, {out});
+  absl::StatusOr<std::vector<Tensor>> r =
+      be_->Run(g.node(n), {*be_->Upload(Rand({4, 2}, 1)), *be_->Upload(Ints({2}, {1, 4}))}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("index 4"), std::string::npos) << r.status();
+}
+
+TEST_F(CudaOpsTest, DropoutMasksAreTheCpusBitForBit) {
+  backend::ExecContext train;
+  train.training = true;
+  train.seed = 11;
+  train.offset = 3;
+  Case c{ir::OpKind::kDropout, {Rand({4, 6, 40}, 1)}, Attrs({{"ratio", 0.1}}), 2, {}, 0, train};
+  Check(c);
+  c.ctx.row_offset = 4;  // micro-batch rows [4, 8) of an 8-row batch
+  c.ctx.rows = 4;
+  c.attrs = Attrs({{"ratio", 0.5}, {"rng_key", std::string("attn_dropout")}});
+  Check(c);
+  c.absent_outputs = {1};
+  Check(c);
+  backend::ExecContext eval;
+  Check({ir::OpKind::kDropout, {Rand({4, 6}, 2)}, Attrs({{"ratio", 0.3}}), 2, {}, 0, eval});
+  // The gradient scales by 1 / (1 - ratio) while training, by 1 outside it; the mask applies either way.
+  for (const backend::ExecContext& ctx : {train, eval}) {
+    Check({ir::OpKind::kDropoutGrad,
+           {Rand({4, 6, 40}, 3), Bools({4, 6, 40}, 4)},
+           Attrs({{"ratio", 0.1}}),
+           1,
+           {},
+           0,
+           ctx});
+  }
+}
+
+// --- Optimizer -----------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, SgdAndAdamWUpdates) {
+  const Tensor p = Rand({33, 17}, 1), g = Rand({33, 17}, 2), buf = Rand({33, 17}, 3);
+  const Tensor lr = Tensor::FromVector<double>({}, {0.05});
+  const Tensor scale = Tensor::FromVector<float>({}, {0.8f});
+  Check({ir::OpKind::kSGDUpdate, {p, g, lr, Tensor(), Tensor()}, {}, 2, {1}});
+  Check({ir::OpKind::kSGDUpdate,
+         {p, g, lr, buf, scale},
+         Attrs({{"momentum", 0.9}, {"nesterov", int64_t{1}}, {"weight_decay", 1e-2}}),
+         2});
+  Check({ir::OpKind::kSGDUpdate,
+         {p, g, lr, buf, Tensor()},
+         Attrs({{"momentum", 0.9}}),
+         2,
+         {},
+         1e-5,
+         {},
+         /*host_inputs=*/1u << 2});
+  const Tensor m = Rand({33, 17}, 4), v = Rand({33, 17}, 5, 0, 0.1f);
+  const Tensor step = Tensor::FromVector<int64_t>({}, {3});
+  Check({ir::OpKind::kAdamWUpdate, {p, g, m, v, lr, step, scale}, Attrs({{"weight_decay", 0.1}}), 3});
+  Check({ir::OpKind::kAdamWUpdate,
+         {p, g, m, v, lr, step, Tensor()},
+         {},
+         3,
+         {},
+         1e-5,
+         {},
+         /*host_inputs=*/(1u << 4) | (1u << 5)});
+}
+
+TEST_F(CudaOpsTest, GradientNormAndClipScale) {
+  Check({ir::OpKind::kSumSquares, {Rand({100, 37}, 1), Rand({5}, 2), Rand({70000}, 3)}});
+  for (float norm : {0.5f, 3.f, NAN}) {
+    Check({ir::OpKind::kClipScale, {Tensor::FromVector<float>({}, {norm})}, Attrs({{"max_norm", 1.0}})});
+  }
+}
+
+// --- What stays on the host ----------------------------------------------------------------------------
+
+// fp64 graphs, and layouts a kernel does not cover (a softmax over a non-trailing axis), run the
+// CPU kernel on the host: counted, and bit for bit the CPU's result.
+TEST_F(CudaOpsTest, UncoveredCasesFallBackToTheHost) {
+  Case c{ir::OpKind::kMatMul, {Rand({3, 4}, 1).CastTo(DType::kF64), Rand({4, 2}, 2).CastTo(DType::kF64)}};
+  c.tol = 0;
+  Check(c, /*expect_device=*/false);
+  Check({ir::OpKind::kSoftmax, {Rand({2, 5, 3}, 3)}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0}, /*expect_device=*/false);
+}
+
+}  // namespace
+}  // namespace onnxpipe::cuda

@@ -1,0 +1,157 @@
+// Gather and GatherGrad on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
+// also sums each row's contributions in index order), repeated and negative indices, a non-zero
+// axis, i32 indices, bf16, accumulation, determinism, out-of-range indices and argument errors.
+#include "executor/cuda/embedding.h"
+
+#include "tests/cpu/test_util.h"
+#include "tests/cuda/device_tensor.h"
+
+namespace onnxpipe::cuda::testing {
+namespace {
+
+using cpu::testing::Eval1;
+using cpu::testing::MakeNode;
+using cpu::testing::Rand;
+using cpu::testing::RandInt;
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+
+class EmbeddingTest : public CudaTest {};
+
+std::vector<int64_t> GatherDims(const std::vector<int64_t>& data, int64_t axis, const std::vector<int64_t>& idx) {
+  std::vector<int64_t> dims(data.begin(), data.begin() + axis);
+  dims.insert(dims.end(), idx.begin(), idx.end());
+  dims.insert(dims.end(), data.begin() + axis + 1, data.end());
+  return dims;
+}
+
+Tensor GpuGather(const Tensor& data, const Tensor& idx, int64_t axis) {
+  auto s = MakeGatherShape(data.dims(), axis, idx.num_elements());
+  EXPECT_TRUE(s.ok()) << s.status();
+  DeviceTensor dd(data), di(idx), out(data.dtype(), GatherDims(data.dims(), axis, idx.dims()));
+  const absl::Status st = Gather(*s, data.dtype(), dd.get(), idx.dtype(), di.get(), out.get(), nullptr, nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  return out.ToHost();
+}
+
+// GatherGrad into a table of `table_dims` and `out_dtype`, starting from `init` when given.
+Tensor GpuGatherGrad(const Tensor& dy, const Tensor& idx, const std::vector<int64_t>& table_dims, int64_t axis,
+                     DType out_dtype, const Tensor* init = nullptr, uint32_t* bad = nullptr) {
+  auto s = MakeGatherShape(table_dims, axis, idx.num_elements());
+  EXPECT_TRUE(s.ok()) << s.status();
+  DeviceTensor ddy(dy), di(idx), table(out_dtype, table_dims), flag(DType::kI32, {1});
+  if (init != nullptr) {
+    EXPECT_EQ(cudaMemcpy(table.get(), init->raw(), init->num_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  const size_t ws_bytes = GatherGradWorkspaceBytes(*s);
+  DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)});
+  const absl::Status st = GatherGrad(*s, dy.dtype(), ddy.get(), idx.dtype(), di.get(), out_dtype, table.get(),
+                                     init != nullptr, ws.get(), ws_bytes, flag.as<uint32_t>(), nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  if (bad != nullptr) *bad = static_cast<uint32_t>(flag.ToHost().GetAsInt(0));
+  return table.ToHost();
+}
+
+Tensor CpuGatherGrad(const Tensor& dy, const Tensor& idx, const std::vector<int64_t>& table_dims, int64_t axis) {
+  ir::Attrs a;
+  a.Set("axis", axis);
+  return Eval1(MakeNode(OpKind::kGatherGrad, 3, 1, a), {dy, idx, Tensor(dy.dtype(), table_dims)});
+}
+
+TEST_F(EmbeddingTest, GatherMatchesCpu) {
+  const Tensor table = Rand(DType::kF32, {50, 37}, 1);
+  Tensor idx = RandInt(DType::kI64, {3, 11}, 2, -50, 49);  // negative indices wrap
+  ir::Attrs a0;
+  a0.Set("axis", int64_t{0});
+  EXPECT_TRUE(GpuGather(table, idx, 0).BitwiseEquals(Eval1(MakeNode(OpKind::kGather, 2, 1, a0), {table, idx})));
+  // Axis 1 of a rank-3 tensor, i32 indices, and 16-bit data (copied bit for bit).
+  const Tensor data = Rand(DType::kF32, {4, 9, 5}, 3);
+  const Tensor idx32 = RandInt(DType::kI32, {6}, 4, -9, 8);
+  ir::Attrs a1;
+  a1.Set("axis", int64_t{1});
+  const Tensor want = Eval1(MakeNode(OpKind::kGather, 2, 1, a1), {data, idx32});
+  EXPECT_TRUE(GpuGather(data, idx32, 1).BitwiseEquals(want));
+  EXPECT_TRUE(GpuGather(data.CastTo(DType::kBF16), idx32, 1).BitwiseEquals(want.CastTo(DType::kBF16)));
+}
+
+TEST_F(EmbeddingTest, GatherGradWithRepeatedIndicesEqualsCpuBitwise) {
+  // Few distinct rows (many repeats, many untouched rows), negative indices.
+  const Tensor idx = RandInt(DType::kI64, {4, 64}, 5, -6, 5);
+  const Tensor dy = Rand(DType::kF32, {4, 64, 48}, 6);
+  const Tensor want = CpuGatherGrad(dy, idx, {50, 48}, 0);
+  const Tensor got = GpuGatherGrad(dy, idx, {50, 48}, 0, DType::kF32);
+  EXPECT_TRUE(got.BitwiseEquals(want)) << "max rel " << MaxRelError(got, want);
+  // Deterministic: the same bits again.
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {50, 48}, 0, DType::kF32).BitwiseEquals(got));
+  // A vocabulary-sized table with a batch of tokens (i32 indices), more columns than one block.
+  const Tensor big_idx = RandInt(DType::kI32, {20000}, 7, 0, 999);
+  const Tensor big_dy = Rand(DType::kF32, {20000, 300}, 8);
+  EXPECT_TRUE(GpuGatherGrad(big_dy, big_idx, {1000, 300}, 0, DType::kF32)
+                  .BitwiseEquals(CpuGatherGrad(big_dy, big_idx, {1000, 300}, 0)));
+}
+
+TEST_F(EmbeddingTest, GatherGradAlongAMiddleAxisEqualsCpu) {
+  const Tensor idx = RandInt(DType::kI64, {2, 5}, 9, -7, 6);
+  const Tensor dy = Rand(DType::kF32, {3, 2, 5, 4}, 10);
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {3, 7, 4}, 1, DType::kF32).BitwiseEquals(CpuGatherGrad(dy, idx, {3, 7, 4}, 1)));
+}
+
+TEST_F(EmbeddingTest, Bf16GradientIntoFp32TableAndAccumulate) {
+  const Tensor idx = RandInt(DType::kI64, {300}, 11, 0, 20);
+  const Tensor dy = Rand(DType::kF32, {300, 40}, 12).CastTo(DType::kBF16);
+  const Tensor want = CpuGatherGrad(dy.CastTo(DType::kF32), idx, {21, 40}, 0);
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {21, 40}, 0, DType::kF32).BitwiseEquals(want));
+  // bf16 table gradient: the fp32 sums rounded once.
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {21, 40}, 0, DType::kBF16).BitwiseEquals(want.CastTo(DType::kBF16)));
+  // accumulate: the existing gradient plus the scatter-add, as Sum(old, GatherGrad) on the CPU.
+  const Tensor old = Rand(DType::kF32, {21, 40}, 13);
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {21, 40}, 0, DType::kF32, &old)
+                  .BitwiseEquals(Eval1(MakeNode(OpKind::kAdd, 2), {old, want})));
+}
+
+TEST_F(EmbeddingTest, OutOfRangeIndicesAreFlaggedAndSkipped) {
+  const Tensor table = Rand(DType::kF32, {10, 3}, 14);
+  const Tensor idx = cpu::testing::I64Vec({1, 10, -11, 2});
+  auto s = MakeGatherShape(table.dims(), 0, 4);
+  ASSERT_TRUE(s.ok());
+  DeviceTensor dt(table), di(idx), out(DType::kF32, {4, 3}), flag(DType::kI32, {1});
+  ASSERT_TRUE(Gather(*s, DType::kF32, dt.get(), DType::kI64, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+  EXPECT_EQ(flag.ToHost().GetAsInt(0), 1);
+  const Tensor got = out.ToHost();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(got.data<float>()[c], table.data<float>()[3 + c]);
+    EXPECT_EQ(got.data<float>()[3 + c], 0.f);
+    EXPECT_EQ(got.data<float>()[6 + c], 0.f);
+  }
+  uint32_t bad = 0;
+  const Tensor grad = GpuGatherGrad(Rand(DType::kF32, {4, 3}, 15), idx, {10, 3}, 0, DType::kF32, nullptr, &bad);
+  EXPECT_EQ(bad, 1u);
+  for (int64_t i = 0; i < grad.num_elements(); ++i) {
+    const int64_t row = i / 3;
+    if (row != 1 && row != 2) {
+      EXPECT_EQ(grad.data<float>()[i], 0.f) << i;
+    }
+  }
+}
+
+TEST_F(EmbeddingTest, BadArgumentsAreErrors) {
+  EXPECT_FALSE(MakeGatherShape({}, 0, 3).ok());
+  EXPECT_FALSE(MakeGatherShape({4, 5}, 2, 3).ok());
+  auto s = MakeGatherShape({10, 4}, 0, 6);
+  ASSERT_TRUE(s.ok());
+  DeviceTensor a(DType::kF32, {10, 4}), i(DType::kI64, {6}), o(DType::kF32, {6, 4});
+  EXPECT_FALSE(Gather(*s, DType::kF32, a.get(), DType::kF32, i.get(), o.get(), nullptr, nullptr).ok());
+  EXPECT_FALSE(Gather(*s, DType::kF32, nullptr, DType::kI64, i.get(), o.get(), nullptr, nullptr).ok());
+  const size_t need = GatherGradWorkspaceBytes(*s);
+  DeviceTensor ws(DType::kU8, {static_cast<int64_t>(need)});
+  EXPECT_FALSE(GatherGrad(*s, DType::kF32, o.get(), DType::kI64, i.get(), DType::kF32, a.get(), false, ws.get(),
+                          need - 1, nullptr, nullptr)
+                   .ok());
+  EXPECT_FALSE(GatherGrad(*s, DType::kI64, o.get(), DType::kI64, i.get(), DType::kF32, a.get(), false, ws.get(), need,
+                          nullptr, nullptr)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace onnxpipe::cuda::testing

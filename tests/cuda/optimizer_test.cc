@@ -1,0 +1,284 @@
+// Multi-tensor SGD / AdamW steps and the global gradient norm on the GPU against the CPU backend's
+// SGDUpdate / AdamWUpdate / SumSquares -> Sqrt -> ClipScale over several steps (fp32 within 1e-6
+// relative; the kernels round like the CPU's, so the steps are expected bitwise), with clipping
+// scale, bf16 compute copies, batches of many tensors and chunks, and argument errors.
+#include "executor/cuda/optimizer.h"
+
+#include <cmath>
+
+#include "tests/cpu/test_util.h"
+#include "tests/cuda/device_tensor.h"
+
+namespace onnxpipe::cuda::testing {
+namespace {
+
+using cpu::testing::Eval;
+using cpu::testing::Eval1;
+using cpu::testing::MakeNode;
+using cpu::testing::Rand;
+using ir::DType;
+using ir::OpKind;
+using ir::Tensor;
+
+class OptimizerTest : public CudaTest {};
+
+// One parameter's device state and the CPU's copy of it.
+struct Param {
+  Tensor p, s0, s1;  // CPU: param, momentum/m, v
+  std::unique_ptr<DeviceTensor> dp, dg, ds0, ds1, dbf16;
+  Param(int64_t n, uint32_t seed) : p(Rand(DType::kF32, {n}, seed)), s0(DType::kF32, {n}), s1(DType::kF32, {n}) {
+    std::fill_n(s0.mutable_data<float>(), n, 0.f);
+    std::fill_n(s1.mutable_data<float>(), n, 0.f);
+    dp = std::make_unique<DeviceTensor>(p);
+    dg = std::make_unique<DeviceTensor>(DType::kF32, std::vector<int64_t>{n});
+    ds0 = std::make_unique<DeviceTensor>(s0);
+    ds1 = std::make_unique<DeviceTensor>(s1);
+    dbf16 = std::make_unique<DeviceTensor>(DType::kBF16, std::vector<int64_t>{n});
+  }
+  OptimizerTensor View() const {
+    return {dp->as<float>(), dg->as<float>(), ds0->as<float>(), ds1->as<float>(), dbf16->get(), p.num_elements()};
+  }
+};
+
+std::vector<std::unique_ptr<Param>> MakeParams(const std::vector<int64_t>& sizes) {
+  std::vector<std::unique_ptr<Param>> ps;
+  for (size_t i = 0; i < sizes.size(); ++i) ps.push_back(std::make_unique<Param>(sizes[i], 100 + i));
+  return ps;
+}
+
+// Uploads a fresh gradient per parameter for `step` and returns the CPU copies.
+std::vector<Tensor> NewGrads(const std::vector<std::unique_ptr<Param>>& ps, int step) {
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    gs.push_back(Rand(DType::kF32, ps[i]->p.dims(), 1000 * step + i, -0.5, 0.5));
+    EXPECT_EQ(cudaMemcpy(ps[i]->dg->get(), gs.back().raw(), gs.back().num_bytes(), cudaMemcpyHostToDevice), 0);
+  }
+  return gs;
+}
+
+// Compares the device state with the CPU's; returns how many elements differ in any bit.
+int64_t ExpectStateMatches(const Param& ps, bool check_s0, bool check_s1, const std::string& where) {
+  int64_t differ = 0;
+  auto cmp = [&](const DeviceTensor& d, const Tensor& want, const char* what) {
+    const Tensor got = d.ToHost();
+    EXPECT_LT(MaxRelError(got, want, 1e-20), 1e-6) << where << " " << what;
+    for (int64_t i = 0; i < want.num_elements(); ++i) differ += got.data<float>()[i] != want.data<float>()[i];
+  };
+  cmp(*ps.dp, ps.p, "param");
+  if (check_s0) cmp(*ps.ds0, ps.s0, "state0");
+  if (check_s1) cmp(*ps.ds1, ps.s1, "state1");
+  EXPECT_TRUE(ps.dbf16->ToHost().BitwiseEquals(ps.p.CastTo(DType::kBF16))) << where << " bf16 copy";
+  return differ;
+}
+
+TEST_F(OptimizerTest, AdamWStepsEqualCpu) {
+  auto ps = MakeParams({1, 1000, 3 * 65536 + 17});
+  const double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1;
+  ir::Attrs a;
+  a.Set("beta1", beta1);
+  a.Set("beta2", beta2);
+  a.Set("eps", eps);
+  a.Set("weight_decay", wd);
+  int64_t differ = 0;
+  for (int step = 1; step <= 5; ++step) {
+    const double lr = 1e-3 * step;
+    const std::vector<Tensor> gs = NewGrads(ps, step);
+    // Steps 3 and 5 carry a clipping scale, as after ClipScale.
+    const bool scaled = step % 2 == 1 && step > 1;
+    const Tensor scale = Tensor::Scalar<float>(0.37f);
+    DeviceTensor dscale(scale);
+    std::vector<OptimizerTensor> views;
+    for (const auto& p : ps) views.push_back(p->View());
+    ASSERT_TRUE(AdamWStep(views, lr, step, beta1, beta2, eps, wd, scaled ? dscale.as<float>() : nullptr, nullptr).ok());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Param& p = *ps[i];
+      std::vector<Tensor> in = {p.p, gs[i], p.s0, p.s1, Tensor::Scalar<double>(lr), Tensor::Scalar<int64_t>(step)};
+      if (scaled) in.push_back(scale);
+      auto out = Eval(MakeNode(OpKind::kAdamWUpdate, static_cast<int>(in.size()), 3, a), in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      p.p = (*out)[0];
+      p.s0 = (*out)[1];
+      p.s1 = (*out)[2];
+      differ += ExpectStateMatches(p, true, true, "AdamW step " + std::to_string(step));
+    }
+  }
+  EXPECT_EQ(differ, 0) << "elements not bitwise equal to the CPU (within 1e-6 is the requirement)";
+}
+
+TEST_F(OptimizerTest, SgdStepsEqualCpu) {
+  struct Config {
+    double momentum, wd;
+    bool nesterov;
+  };
+  for (const Config& c : {Config{0.9, 0.01, false}, Config{0.9, 0.0, true}, Config{0.0, 0.05, false}}) {
+    auto ps = MakeParams({7, 65536, 100000});
+    ir::Attrs a;
+    a.Set("momentum", c.momentum);
+    a.Set("weight_decay", c.wd);
+    a.Set("nesterov", int64_t{c.nesterov});
+    int64_t differ = 0;
+    for (int step = 1; step <= 5; ++step) {
+      const double lr = 0.1 / step;
+      const std::vector<Tensor> gs = NewGrads(ps, step);
+      const Tensor scale = Tensor::Scalar<float>(0.5f);
+      DeviceTensor dscale(scale);
+      const bool scaled = step == 2;
+      std::vector<OptimizerTensor> views;
+      for (const auto& p : ps) views.push_back(p->View());
+      ASSERT_TRUE(
+          SgdStep(views, lr, c.momentum, c.wd, c.nesterov, scaled ? dscale.as<float>() : nullptr, nullptr).ok());
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Param& p = *ps[i];
+        std::vector<Tensor> in = {p.p, gs[i], Tensor::Scalar<double>(lr)};
+        in.push_back(c.momentum != 0 ? p.s0 : Tensor());
+        if (scaled) in.push_back(scale);
+        ir::Node node = MakeNode(OpKind::kSGDUpdate, static_cast<int>(in.size()), c.momentum != 0 ? 2 : 1, a);
+        if (c.momentum == 0) node.inputs[3] = ir::kNoValue;
+        auto out = Eval(node, in);
+        ASSERT_TRUE(out.ok()) << out.status();
+        p.p = (*out)[0];
+        if (c.momentum != 0) p.s0 = (*out)[1];
+        differ += ExpectStateMatches(p, c.momentum != 0, false, "SGD step " + std::to_string(step));
+      }
+    }
+    EXPECT_EQ(differ, 0) << "momentum " << c.momentum;
+  }
+}
+
+// A step captured once in a CUDA graph and replayed with per-step scalars in device memory equals
+// the CPU's steps (AdamW, and SGD with nesterov momentum).
+TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (bool adamw : {true, false}) {
+    auto ps = MakeParams({1000, 70001});
+    std::vector<OptimizerTensor> views;
+    for (const auto& p : ps) views.push_back(p->View());
+    DeviceTensor dscalars(DType::kU8, {64});
+    const SgdScalars flags = MakeSgdScalars(0.1, 0.9, 0.01, /*nesterov=*/true);
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status st = adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
+                                  : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(st.ok()) << st;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int step = 1; step <= 3; ++step) {
+      const double lr = 0.01 * step;
+      if (adamw) {
+        const AdamWScalars s = MakeAdamWScalars(lr, step, 0.9, 0.999, 1e-8, 0.01);
+        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+      } else {
+        const SgdScalars s = MakeSgdScalars(lr, 0.9, 0.01, true);
+        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      const std::vector<Tensor> gs = NewGrads(ps, step);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Param& p = *ps[i];
+        ir::Attrs a;
+        absl::StatusOr<std::vector<Tensor>> out;
+        if (adamw) {
+          a.Set("beta1", 0.9);
+          a.Set("beta2", 0.999);
+          a.Set("eps", 1e-8);
+          a.Set("weight_decay", 0.01);
+          out = Eval(MakeNode(OpKind::kAdamWUpdate, 6, 3, a),
+                     {p.p, gs[i], p.s0, p.s1, Tensor::Scalar<double>(lr), Tensor::Scalar<int64_t>(step)});
+        } else {
+          a.Set("momentum", 0.9);
+          a.Set("weight_decay", 0.01);
+          a.Set("nesterov", int64_t{1});
+          out = Eval(MakeNode(OpKind::kSGDUpdate, 4, 2, a), {p.p, gs[i], Tensor::Scalar<double>(lr), p.s0});
+        }
+        ASSERT_TRUE(out.ok()) << out.status();
+        p.p = (*out)[0];
+        p.s0 = (*out)[1];
+        if (adamw) p.s1 = (*out)[2];
+        EXPECT_EQ(ExpectStateMatches(p, true, adamw, "graph step " + std::to_string(step)), 0) << adamw;
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(OptimizerTest, ManyTensorsAndChunksSpanSeveralLaunches) {
+  // 150 tensors (> 64 per launch) and one of 600 chunks (> 512 blocks per launch).
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 150; ++i) sizes.push_back(1 + 997 * i);
+  sizes.push_back(600 * 65536 + 3);
+  auto ps = MakeParams(sizes);
+  const std::vector<Tensor> gs = NewGrads(ps, 1);
+  std::vector<OptimizerTensor> views;
+  for (const auto& p : ps) views.push_back(p->View());
+  ASSERT_TRUE(SgdStep(views, 0.5, 0.0, 0.0, false, nullptr, nullptr).ok());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Tensor want = Eval1(MakeNode(OpKind::kSGDUpdate, 3), {ps[i]->p, gs[i], Tensor::Scalar<double>(0.5)});
+    ASSERT_TRUE(ps[i]->dp->ToHost().BitwiseEquals(want)) << "tensor " << i;
+  }
+}
+
+TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
+  const std::vector<int64_t> sizes = {5, 1 << 16, 3 * (1 << 16) + 9, 1000};
+  for (double max_norm : {1.0, 1e6}) {
+    std::vector<Tensor> gs;
+    std::vector<std::unique_ptr<DeviceTensor>> dgs;
+    std::vector<const float*> ptrs;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      gs.push_back(Rand(DType::kF32, {sizes[i]}, 50 + i));
+      dgs.push_back(std::make_unique<DeviceTensor>(gs.back()));
+      ptrs.push_back(dgs.back()->as<float>());
+    }
+    const size_t ws_bytes = GradNormWorkspaceBytes(sizes);
+    DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)}), sum(DType::kF32, {}), scale(DType::kF32, {});
+    ASSERT_TRUE(
+        GradNorm(ptrs, sizes, sum.as<float>(), scale.as<float>(), max_norm, 1e-6, ws.get(), ws_bytes, nullptr).ok());
+    const Tensor want_sum = Eval1(MakeNode(OpKind::kSumSquares, static_cast<int>(gs.size())), gs);
+    const Tensor norm = Eval1(MakeNode(OpKind::kSqrt, 1), {want_sum});
+    ir::Attrs a;
+    a.Set("max_norm", max_norm);
+    a.Set("eps", 1e-6);
+    const Tensor want_scale = Eval1(MakeNode(OpKind::kClipScale, 1, 1, a), {norm});
+    EXPECT_LT(MaxRelError(sum.ToHost(), want_sum), 1e-6);
+    EXPECT_LT(MaxRelError(scale.ToHost(), want_scale), 1e-6) << max_norm;
+    EXPECT_EQ(scale.ToHost().GetAsDouble(0) == 1.0, max_norm == 1e6);
+  }
+  // A NaN gradient makes the sum and the scale NaN (the trainer's skip-step signal).
+  Tensor g = Rand(DType::kF32, {100}, 60);
+  g.mutable_data<float>()[37] = NAN;
+  DeviceTensor dg(g), ws(DType::kU8, {64}), sum(DType::kF32, {}), scale(DType::kF32, {});
+  ASSERT_TRUE(
+      GradNorm({dg.as<float>()}, {100}, sum.as<float>(), scale.as<float>(), 1.0, 1e-6, ws.get(), 64, nullptr).ok());
+  EXPECT_TRUE(std::isnan(sum.ToHost().GetAsDouble(0)));
+  EXPECT_TRUE(std::isnan(scale.ToHost().GetAsDouble(0)));
+}
+
+TEST_F(OptimizerTest, BadArgumentsAreErrors) {
+  Param p(10, 1);
+  OptimizerTensor t = p.View();
+  EXPECT_FALSE(AdamWStep({t}, 1e-3, 0, 0.9, 0.999, 1e-8, 0.0, nullptr, nullptr).ok());
+  EXPECT_FALSE(SgdStep({t}, 0.1, 0.0, 0.0, true, nullptr, nullptr).ok());
+  OptimizerTensor no_state = t;
+  no_state.state1 = nullptr;
+  EXPECT_FALSE(AdamWStep({no_state}, 1e-3, 1, 0.9, 0.999, 1e-8, 0.0, nullptr, nullptr).ok());
+  no_state.state0 = nullptr;
+  EXPECT_FALSE(SgdStep({no_state}, 0.1, 0.9, 0.0, false, nullptr, nullptr).ok());
+  EXPECT_TRUE(SgdStep({no_state}, 0.1, 0.0, 0.0, false, nullptr, nullptr).ok());  // no momentum, no buffer
+  DeviceTensor ws(DType::kU8, {8}), out(DType::kF32, {});
+  EXPECT_FALSE(
+      GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), out.as<float>(), 0.0, 1e-6, ws.get(), 8, nullptr).ok());
+  EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10, 5}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 8, nullptr).ok());
+  EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 4, nullptr).ok());
+  EXPECT_FALSE(AdamWStepWithDeviceScalars({t}, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(
+      SgdStepWithDeviceScalars({no_state}, MakeSgdScalars(0.1, 0.9, 0, false), ws.as<SgdScalars>(), nullptr, nullptr)
+          .ok());
+}
+
+}  // namespace
+}  // namespace onnxpipe::cuda::testing
