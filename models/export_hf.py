@@ -65,10 +65,12 @@ def family_model(family, attn):
                                   max_position_embeddings=MAX_POS, num_labels=CLASSES, dropout=0.0,
                                   attention_dropout=0.0, seq_classif_dropout=0.0, **common)
         return tr.DistilBertForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
-    if family == "gpt2":
+    if family in ("gpt2", "gpt2cls"):
         cfg = tr.GPT2Config(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, n_positions=MAX_POS,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                            **common)
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0,
+                            bos_token_id=0, eos_token_id=0, num_labels=CLASSES, **common)
+        if family == "gpt2cls":  # pools the logits at each row's last non-pad token (an index op on floats)
+            return tr.GPT2ForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
         return tr.GPT2LMHeadModel(cfg), ["input_ids", "attention_mask"], True
     if family in ("llama", "qwen2", "mistral"):
         config_cls, model_cls = {"llama": (tr.LlamaConfig, tr.LlamaForCausalLM),
@@ -203,6 +205,7 @@ VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscri
              variant("gpt2", "dynamo", 18, "eager", dynamic=False), variant("mistral", "torchscript", 17, "eager"),
              variant("mistral", "dynamo", 18, "sdpa")]
 VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
+VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", "dynamo", 18, "sdpa")]
 
 
 def export(model, v, args, path):

@@ -1,5 +1,5 @@
 // ReduceSum / ReduceMean / ReduceMax over `axes` (attribute), with keepdims and
-// noop_with_empty_axes as in ONNX opset 18, and CumSum (the running sum along one axis). Deterministic: every output element is accumulated
+// noop_with_empty_axes as in ONNX opset 18, CumSum (the running sum along one axis) and ArgMax. Deterministic: every output element is accumulated
 // by one thread, over the reduced elements in row-major order, whatever the pool size.
 // Float sums accumulate in double.
 #include <cmath>
@@ -199,6 +199,50 @@ Outputs CumSumKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
 }
 
 REGISTER_CPU_KERNEL(kCumSum, CumSumKernel);
+
+// ArgMax along `axis`: the index of the first (select_last_index: the last) maximum; a NaN counts
+// as the maximum, as numpy.argmax.
+Outputs ArgMaxKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& x = in[0];
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", 0), x.rank()));
+  const bool last = node.attrs.Get<int64_t>("select_last_index", 0) != 0;
+  const int64_t n = x.dims()[axis];
+  if (n == 0) return INVALID_ARGUMENT() << Describe(node) << ": axis " << axis << " is empty";
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.dims()[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.dims()[d];
+  std::vector<int64_t> dims = x.dims();
+  if (node.attrs.Get<int64_t>("keepdims", 1) != 0) {
+    dims[axis] = 1;
+  } else {
+    dims.erase(dims.begin() + axis);
+  }
+  return DispatchDType(NumericTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DType::kI64, dims));
+    const T* p = x.data<T>();
+    int64_t* o = out.mutable_data<int64_t>();
+    for (int64_t line = 0; line < outer * inner; ++line) {
+      const T* base = p + (line / inner) * n * inner + line % inner;
+      int64_t best = 0;
+      for (int64_t j = 1; j < n; ++j) {
+        const T v = base[j * inner], b = base[best * inner];
+        if constexpr (std::is_floating_point_v<T>) {
+          if (std::isnan(b)) break;  // the first NaN wins
+          if (std::isnan(v)) {
+            best = j;
+            break;
+          }
+        }
+        if (v > b || (last && v == b)) best = j;
+      }
+      o[line] = best;
+    }
+    return std::vector<ir::Tensor>{out};
+  });
+}
+REGISTER_CPU_KERNEL(kArgMax, ArgMaxKernel);
 REGISTER_CPU_KERNEL(kReduceSum, (ReduceKernel<SumOp, NumericTypes>));
 REGISTER_CPU_KERNEL(kReduceMean, (ReduceKernel<MeanOp, NumericTypes>));
 REGISTER_CPU_KERNEL(kReduceMax, (ReduceKernel<MaxOp, NumericTypes>));

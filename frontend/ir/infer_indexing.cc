@@ -1,6 +1,7 @@
 // Shape rules for indexing ops: Slice (ONNX clamping rules, on symbolic dims where the slice
 // length is expressible), Gather (the indices' shape replaces the gathered axis), GatherElements
-// (the indices' shape), GatherND (the index tuples' shape and the rest of data) and CumSum.
+// (the indices' shape), GatherND (the index tuples' shape and the rest of data), CumSum and
+// ArgMax.
 #include <algorithm>
 
 #include "frontend/ir/infer_rules.h"
@@ -198,9 +199,23 @@ absl::StatusOr<Outputs> CumSumRule(const InferContext& ctx) {
   return One(ctx.dtype(0), ctx.shape(0));
 }
 
+absl::StatusOr<Outputs> ArgMaxRule(const InferContext& ctx) {
+  if (ctx.dtype(0) == DType::kBool) return ctx.Error() << ctx.Describe(0) << " must be numeric";
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  Shape out = ctx.shape(0);
+  if (ctx.attrs().Get<int64_t>("keepdims", 1) != 0) {
+    out[axis] = Dim(1);
+  } else {
+    out.erase(out.begin() + axis);
+  }
+  return One(DType::kI64, std::move(out));
+}
+
 }  // namespace
 
 void RegisterIndexingRules(RuleTable& t) {
+  SetRule(t, OpKind::kArgMax, ArgMaxRule);
   SetRule(t, OpKind::kGatherElements, GatherElementsRule);
   SetRule(t, OpKind::kGatherND, GatherNDRule);
   SetRule(t, OpKind::kCumSum, CumSumRule);

@@ -18,6 +18,7 @@
 //   attrs exclusive, reverse (0/1) as in ONNX.
 // - GatherElements(data, indices) attr axis; GatherND(data, indices) attr batch_dims: as ONNX,
 //   negative indices count from the end, an index out of range is an error.
+// - ArgMax(X) attrs axis, keepdims (default 1), select_last_index (default 0) -> i64, as ONNX.
 // Fused ops (frontend/passes/fusion):
 // - Linear(X (..., K), W, bias?) attrs trans_b (0: W is (K, N); 1: W is (N, K)) -> Y (..., N).
 // - LayerNorm(X, scale, bias?) attrs axis (default -1), epsilon -> Y, and optionally Mean,
@@ -149,6 +150,7 @@ constexpr int kVariadic = 1 << 20;
   V(CumSum, "CumSum", 1, 1, 1, 1)                            \
   V(GatherElements, "GatherElements", 2, 2, 1, 1)            \
   V(GatherND, "GatherND", 2, 2, 1, 1)                        \
+  V(ArgMax, "ArgMax", 1, 1, 1, 1)                            \
   V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2) \
   /* Fused ops */                                            \
   V(Linear, "Linear", 2, 3, 1, 1)                            \

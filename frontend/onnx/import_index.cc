@@ -1,5 +1,6 @@
-// Importers for the index and mask ops of Hugging Face exports: GatherElements, GatherND, CumSum
-// (RoBERTa's position ids, the padding-mask lookups of transformers' mask code) and the
+// Importers for the index and mask ops of Hugging Face exports: GatherElements, GatherND, CumSum,
+// ArgMax (RoBERTa's position ids, the padding-mask lookups of transformers' mask code, the last
+// non-pad token of sequence classification heads) and the
 // predicates GreaterOrEqual, LessOrEqual, IsNaN (causal and padding masks, SDPA's guard against
 // fully masked rows). CumSum's axis becomes an attribute (op.h).
 #include "frontend/onnx/importer.h"
@@ -56,6 +57,19 @@ ONNX_IMPORTER(CumSum) {
   return ctx.Emit(OpKind::kCumSum, {ctx.input(0)}, std::move(attrs));
 }
 
+ONNX_IMPORTER(ArgMax) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
+  ir::Attrs attrs;
+  ASSIGN_OR_RETURN(int64_t axis, ctx.attrs().Get<int64_t>("axis", 0));
+  attrs.Set("axis", axis);
+  for (auto [flag, def] : {std::pair<const char*, int64_t>{"keepdims", 1}, {"select_last_index", 0}}) {
+    ASSIGN_OR_RETURN(int64_t v, ctx.attrs().Get<int64_t>(flag, def));
+    if (v != 0 && v != 1) return ctx.Error() << "attribute " << flag << " must be 0 or 1; got " << v;
+    attrs.Set(flag, v);
+  }
+  return ctx.Emit(OpKind::kArgMax, {ctx.input(0)}, std::move(attrs));
+}
+
 }  // namespace
 
 void RegisterIndexImporters(ImporterRegistry& r) {
@@ -65,6 +79,7 @@ void RegisterIndexImporters(ImporterRegistry& r) {
   REGISTER_ONNX_IMPORTER(r, GatherElements);
   REGISTER_ONNX_IMPORTER(r, GatherND);
   REGISTER_ONNX_IMPORTER(r, CumSum);
+  REGISTER_ONNX_IMPORTER(r, ArgMax);
 }
 
 }  // namespace onnxpipe::onnx_frontend

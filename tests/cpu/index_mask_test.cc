@@ -1,4 +1,5 @@
-// The index and mask kernels of Hugging Face exports (GatherElements, GatherND, CumSum, IsNaN)
+// The index and mask kernels of Hugging Face exports (GatherElements, GatherND, CumSum, IsNaN,
+// ArgMax)
 // against numpy, and their errors on bad indices.
 #include <cmath>
 #include <limits>
@@ -108,6 +109,30 @@ TEST(IndexMask, IsNaNFlagsOnlyNaN) {
     EXPECT_EQ(Eval1(MakeNode(OpKind::kIsNaN, 1), {x}).ToInt64Vector(), (std::vector<int64_t>{0, 1, 0, 0, 0, 1}));
   }
   EXPECT_FALSE(Eval(MakeNode(OpKind::kIsNaN, 1), {I64({1}, {1})}).ok());
+}
+
+TEST(IndexMask, ArgMaxMatchesNumpyWithTiesAndNaN) {
+  // Values from a small set so that ties are common; a NaN in one row.
+  Tensor x = RandInt(DType::kI64, {3, 4, 5}, 30, 0, 2).CastTo(DType::kF64);
+  x.mutable_data<double>()[7] = std::nan("");
+  for (DType dt : {DType::kF64, DType::kI64}) {
+    Tensor xd = dt == DType::kF64 ? x : RandInt(DType::kI64, {3, 4, 5}, 31, 0, 2);
+    for (int64_t axis : {0, 1, -1}) {
+      for (int64_t last : {0, 1}) {
+        for (int64_t keep : {0, 1}) {
+          const std::string code = "x = a['x']\nax = " + std::to_string(axis) + "\nn = x.shape[ax]\n" +
+                                   (last ? "y = n - 1 - np.argmax(np.flip(x, ax), axis=ax)\n"
+                                         : "y = np.argmax(x, axis=ax)\n") +
+                                   (keep ? "y = np.expand_dims(y, ax)\n" : "") + "out['y'] = y.astype(np.int64)\n";
+          auto ref = Numpy({{"x", xd}}, code);
+          ir::Attrs attrs = IntAttrs({{"axis", axis}, {"keepdims", keep}, {"select_last_index", last}});
+          EXPECT_TRUE(Eval1(MakeNode(OpKind::kArgMax, 1, 1, attrs), {xd}).BitwiseEquals(ref["y"]))
+              << ir::DTypeName(dt) << " axis " << axis << " last " << last << " keepdims " << keep;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(Eval(MakeNode(OpKind::kArgMax, 1, 1, IntAttrs({{"axis", 1}})), {Rand(DType::kF32, {2, 0}, 1)}).ok());
 }
 
 }  // namespace
