@@ -2,6 +2,8 @@
 // d = 1024): time per call (CUDA events, median of 5 runs of 20 calls after warm-up) and the
 // achieved GB/s counting the bytes each kernel must move (inputs read once, outputs written once;
 // the backward's dgamma/dbeta workspace traffic is reported separately). Not a test.
+// H200 (2026-12-03), bf16 (65536, 1024): LayerNorm fwd 2972 GB/s, bwd 2426, fwd+bwd 2619 (257 us);
+// residual-fused fwd 3969, bwd 2732; RMSNorm fwd+bwd 2774; cross-entropy (8192, 50257) 2289.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
