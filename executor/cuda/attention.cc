@@ -97,6 +97,13 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
   if (!std::isfinite(*c.scale)) return absl::InvalidArgumentError("Attention: scale is not finite");
   if (c.mask == AttentionMask::kBias) {
     if (c.bias_rows == 0) c.bias_rows = c.seq_q;
+    if (c.bias_rows == 1 && c.seq_q > 1) {
+      // Measured on cuDNN 9.19: the forward broadcasts such a bias right, the backward's gradients
+      // are wrong (normalised error ~1), with contiguous strides.
+      return absl::UnimplementedError(
+          "Attention: a bias broadcast over the queries (bias_rows 1) is not supported by cuDNN SDPA's "
+          "backward; expand it to (..., Sq, Sk) or pass a key-padding mask as key lengths");
+    }
     if ((c.bias_batch != 1 && c.bias_batch != c.batch) || (c.bias_heads != 1 && c.bias_heads != c.heads) ||
         (c.bias_rows != 1 && c.bias_rows != c.seq_q)) {
       return absl::InvalidArgumentError(absl::StrCat("Attention: bias dims (", c.bias_batch, ", ", c.bias_heads, ", ",

@@ -18,8 +18,9 @@
 //   that must be a prefix per batch (true for j < len, false after; right padding, as tokenizers
 //   pad for training); it is turned into lengths on the stream. A mask with a true after a false is
 //   read as its leading run of trues, which differs from the CPU op.
-// - kBias: additive, of the input dtype, dims (1|B, 1|H, 1|Sq, Sk) contiguous (size-1 dims broadcast,
-//   so BERT's (B, 1, 1, Sk) additive padding mask needs no copy). When Sk is not a
+// - kBias: additive, of the input dtype, dims (1|B, 1|H, Sq, Sk) contiguous. A bias broadcast over
+//   the queries ((B, 1, 1, Sk), BERT's additive padding mask) is refused: cuDNN 9.19's backward
+//   gets it wrong; pass such a 0/-large mask as key lengths, or expand it. When Sk is not a
 //   multiple of 8 it is copied into the workspace with 16-byte aligned rows (cuDNN loads rows so).
 // Rows whose every key is masked: the CPU op writes zeros; here they cannot come from causal or
 // lengths >= 1, but a bias of -inf over a whole row gives NaN. Key-padding backward writes zeros into
@@ -76,7 +77,7 @@ struct AttentionConfig {
   std::optional<double> scale;  // default 1/sqrt(head_dim), as the CPU op
   bool causal = false;
   AttentionMask mask = AttentionMask::kNone;
-  // kBias: dims (bias_batch, bias_heads, bias_rows, Sk); bias_rows 1 (a key-padding bias) or Sq (0 = Sq).
+  // kBias: dims (bias_batch, bias_heads, bias_rows, Sk); bias_rows Sq (0 = Sq); 1 is refused (above).
   int64_t bias_batch = 1, bias_heads = 1, bias_rows = 0;
   double dropout = 0.0;  // ratio; the caller passes 0 outside training
 
