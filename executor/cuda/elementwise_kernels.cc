@@ -3,6 +3,8 @@
 // number of broadcast operands), Where (f32 i64 i32), Cast (between f32 i64 i32 bool), unary math
 // (f32), ReduceSum/ReduceMean (f32, double accumulation like the CPU), ReduceToShapeOf and
 // ExpandLike (f32). Other dtypes (f64, the one-byte integers) run on the host.
+#include <algorithm>
+
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/elementwise.h"

@@ -2,6 +2,7 @@
 // strided copy each (strided_copy.h). Slice's operands (starts, ends, axes, steps) are constants
 // read on the host (a small synchronising copy when they live on the device). Invalid attributes
 // or operands run on the host, where the CPU kernel reports them.
+#include <algorithm>
 #include <numeric>
 
 #include "executor/cuda/cuda_kernels.h"

@@ -5,8 +5,10 @@
 // unplanned (fresh outputs, temporary scratch) and planned (an allocator whose workspace is exactly
 // what CudaBackend::WorkspaceBytes reported for the node, so an under-reported workspace fails).
 // Skips without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
