@@ -4,6 +4,7 @@
 // columns in index order, so repeated indices (the same token twice in a batch) always sum in the
 // same order.
 #include "executor/cpu/grad_util.h"
+#include "frontend/ir/shape.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -103,21 +104,7 @@ Outputs SliceGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   for (size_t i = 0; i < axes.size(); ++i) {
     const int64_t a = axes[i], dim = xd[a], step = steps[i];
     if (step == 0) return INVALID_ARGUMENT() << Describe(node) << ": step for axis " << a << " is 0";
-    int64_t start = starts[i], end = ends[i];
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t len;
-    if (dim == 0) {
-      len = 0;
-    } else if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      len = end > start ? (end - start + step - 1) / step : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      len = start > end ? (start - end + (-step) - 1) / (-step) : 0;
-    }
+    const auto [start, len] = ir::ClampSliceAxis(dim, starts[i], ends[i], step);
     dims[a] = len;
     strides[a] = xs[a] * step;
     if (len > 0) offset += start * xs[a];

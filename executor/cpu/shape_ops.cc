@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/shape.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -277,21 +278,7 @@ Outputs SliceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, con
   for (size_t i = 0; i < axes.size(); ++i) {
     const int64_t a = axes[i], dim = x.dims()[a], step = steps[i];
     if (step == 0) return INVALID_ARGUMENT() << Describe(node) << ": step for axis " << a << " is 0";
-    int64_t start = starts[i], end = ends[i];
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t len;
-    if (dim == 0) {
-      len = 0;
-    } else if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      len = end > start ? (end - start + step - 1) / step : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      len = start > end ? (start - end + (-step) - 1) / (-step) : 0;
-    }
+    const auto [start, len] = ir::ClampSliceAxis(dim, starts[i], ends[i], step);
     dims[a] = len;
     strides[a] = in_strides[a] * step;
     if (len > 0) offset += start * in_strides[a];

@@ -8,6 +8,7 @@
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/strided_copy.h"
+#include "frontend/ir/shape.h"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -98,20 +99,7 @@ std::optional<Region> SliceRegion(const std::vector<int64_t>& xd, const std::vec
     if (a < 0 || a >= rank || seen[a] || steps[i] == 0) return std::nullopt;
     seen[a] = true;
     const int64_t dim = xd[a], step = steps[i];
-    int64_t start = starts[i] < 0 ? starts[i] + dim : starts[i];
-    int64_t end = ends[i] < 0 ? ends[i] + dim : ends[i];
-    int64_t len;
-    if (dim == 0) {
-      len = 0;
-    } else if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      len = end > start ? (end - start + step - 1) / step : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      len = start > end ? (start - end + (-step) - 1) / (-step) : 0;
-    }
+    const auto [start, len] = ir::ClampSliceAxis(dim, starts[i], ends[i], step);
     r.dims[a] = len;
     r.strides[a] = xs[a] * step;
     if (len > 0) r.offset += start * xs[a];

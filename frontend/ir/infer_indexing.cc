@@ -13,22 +13,6 @@ namespace {
 // near this.
 constexpr int64_t kToEnd = (int64_t{1} << 31) - 1;
 
-// ONNX Slice on a concrete dim: negative indices count from the end; starts and ends are clamped
-// to [0, dim] (step > 0) or to [0, dim-1] / [-1, dim-1] (step < 0).
-int64_t ConcreteSliceLength(int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (dim == 0) return 0;
-  if (start < 0) start += dim;
-  if (end < 0) end += dim;
-  if (step > 0) {
-    start = std::clamp<int64_t>(start, 0, dim);
-    end = std::clamp<int64_t>(end, 0, dim);
-    return end > start ? (end - start + step - 1) / step : 0;
-  }
-  start = std::clamp<int64_t>(start, 0, dim - 1);
-  end = std::clamp<int64_t>(end, -1, dim - 1);
-  return start > end ? (start - end - step - 1) / -step : 0;
-}
-
 // The slice length where some of dim/start/end are symbolic. A symbolic start or end (computed
 // from the model's own shapes, e.g. x[:, :S]) is taken to lie within the dim; a concrete end inside
 // a symbolic dim is not (min(end, S) is not expressible), nor is any other step than a full
@@ -118,7 +102,7 @@ absl::StatusOr<Outputs> SliceRule(const InferContext& ctx) {
     const int64_t step = steps[k].value();
     if (step == 0) return ctx.Error() << "step for axis " << axes[k] << " is 0";
     if (d.is_concrete() && starts[k].is_concrete() && ends[k].is_concrete()) {
-      out[axes[k]] = Dim(ConcreteSliceLength(d.value(), starts[k].value(), ends[k].value(), step));
+      out[axes[k]] = Dim(ClampSliceAxis(d.value(), starts[k].value(), ends[k].value(), step).length);
     } else {
       out[axes[k]] = SymbolicSliceLength(d, starts[k], ends[k], step);
     }

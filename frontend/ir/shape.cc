@@ -90,4 +90,18 @@ std::string ShapeToString(const Shape& s) {
   return out + ")";
 }
 
+SliceAxis ClampSliceAxis(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  if (dim == 0) return {};
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+    return {start, end > start ? (end - start + step - 1) / step : 0};
+  }
+  start = std::clamp<int64_t>(start, 0, dim - 1);
+  end = std::clamp<int64_t>(end, -1, dim - 1);
+  return {start, start > end ? (start - end - step - 1) / -step : 0};
+}
+
 }  // namespace onnxpipe::ir

@@ -45,6 +45,15 @@ using Shape = std::vector<Dim>;
 bool IsConcrete(const Shape& s);
 // Product of all dims (the element count).
 Dim NumElements(const Shape& s);
+
+// ONNX Slice on one axis of concrete size `dim` (step != 0): negative start and end count from the
+// end, then they are clamped to [0, dim] (step > 0) or to [0, dim-1] / [-1, dim-1] (step < 0).
+// `start` is the first index taken, meaningful when `length` > 0.
+struct SliceAxis {
+  int64_t start = 0;
+  int64_t length = 0;
+};
+SliceAxis ClampSliceAxis(int64_t dim, int64_t start, int64_t end, int64_t step);
 // Concrete dims as int64 (requires IsConcrete).
 std::vector<int64_t> ToInts(const Shape& s);
 Shape FromInts(const std::vector<int64_t>& dims);
