@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def peer_lines(a, extra):
+    extra = [*extra, *(["--no-tf32"] if a.no_tf32 else [])]
     cmd = [sys.executable, a.peer, "--layers", str(a.layers), "--d", str(a.d), "--heads", str(a.heads), "--dhid",
            str(a.dhid), "--seq", str(a.seq), "--vocab", str(a.vocab), "--batch", *map(str, a.batch), "--steps",
            str(a.steps), "--warmup", str(a.warmup), "--optimizer", "sgd", "--lr", str(a.lr), *extra]
@@ -43,7 +44,7 @@ def onnxpipe_run(a, model, batch, dtype, work):
     metrics = os.path.join(work, f"m_b{batch}.jsonl")
     cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
-           "--log-every", "1000000", "--dtype", dtype]
+           "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 else ["--tf32"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(cmd))
@@ -66,6 +67,8 @@ def main():
     p.add_argument("--vocab", type=int, default=20000)
     p.add_argument("--batch", type=int, nargs="+", default=[32])
     p.add_argument("--dtype", default="fp32", choices=["fp32"], help="onnxpipe's training dtype (bf16: not yet)")
+    p.add_argument("--no-tf32", action="store_true",
+                   help="exact fp32 GEMMs on both sides (default: TF32 on both, PyTorch's peer default)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -93,7 +96,7 @@ def main():
                 row[f"ratio_vs_{name}"] = round(onnxpipe[b]["samples_s"] / pr["samples_s"], 4)
         rows.append(row)
     result = dict(benchmark="cuda_train", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  device=a.device_name, dtype=a.dtype,
+                  device=a.device_name, dtype=a.dtype, tf32=not a.no_tf32,
                   model=dict(layers=a.layers, d=a.d, heads=a.heads, dhid=a.dhid, seq=a.seq, vocab=a.vocab),
                   steps=a.steps, warmup=a.warmup, export=export, rows=rows)
     os.makedirs(a.out, exist_ok=True)

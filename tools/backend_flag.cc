@@ -8,13 +8,15 @@
 
 namespace onnxpipe::tools {
 
-absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device) {
+absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
+                                                                         bool tf32) {
   if (device < 0) return INVALID_ARGUMENT() << "--device must be >= 0, got " << device;
+  if (tf32 && name != "cuda") return INVALID_ARGUMENT() << "--tf32 applies to --backend cuda, not '" << name << "'";
   if (name == "cpu") return backend::MakeCpuBackend();
   if (name == "checked") return backend::MakeCheckedBackend();
   if (name == "cuda") {
 #ifdef ONNXPIPE_HAVE_CUDA
-    ASSIGN_OR_RETURN(std::shared_ptr<cuda::CudaBackend> be, cuda::CudaBackend::Create(static_cast<int>(device)));
+    ASSIGN_OR_RETURN(std::shared_ptr<cuda::CudaBackend> be, cuda::CudaBackend::Create(static_cast<int>(device), {.allow_tf32 = tf32}));
     return std::shared_ptr<const backend::Backend>(std::move(be));
 #else
     return FAILED_PRECONDITION() << "--backend cuda: this onnxpipe was built without the CUDA backend (no nvcc at "

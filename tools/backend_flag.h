@@ -15,7 +15,9 @@
 
 namespace onnxpipe::tools {
 
-absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device);
+// tf32: --tf32 (cuda only: fp32 GEMMs on TF32 tensor cores).
+absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
+                                                                         bool tf32);
 // A line saying which ops ran on the host instead of the device backend ("" when none or not cuda).
 std::string BackendFallbackSummary(const backend::Backend& be);
 

@@ -11,11 +11,12 @@
 
 #include <unistd.h>
 
-#include "executor/cpu/cpu_evaluator.h"
+#include "executor/backend/backend.h"
 #include "frontend/ir/status.h"
 #include "partitioner/calibrate.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/reports.h"
+#include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/partition_model.h"
@@ -26,8 +27,9 @@ namespace {
 namespace part = onnxpipe::partitioner;
 
 struct Flags {
-  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, device_out;
-  int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0;
+  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, device_out, backend = "cpu";
+  int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
+  bool tf32 = false;
   double momentum = 0;
 };
 
@@ -79,11 +81,30 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     for (ir::ValueId v : g.node(order[t]).inputs)
       if (v != ir::kNoValue) last_use[v] = t;
 
-  cpu::EvalContext ctx;
+  ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device, f.tf32));
+  const std::unique_ptr<backend::Stream> stream = be->CreateStream();
+  backend::ExecContext ctx;
   ctx.training = true;
   ctx.seed = static_cast<uint64_t>(f.seed);
-  cpu::CpuEvaluator evaluator(ctx);
-  const std::vector<ir::Tensor> feeds = Feeds(g, static_cast<uint64_t>(f.seed));
+  ctx.stream = stream.get();
+  // Feeds and constants on the backend once (constants its kernels read on the host stay there).
+  const std::vector<std::vector<ir::NodeId>> uses = g.ComputeUses();
+  std::vector<ir::Tensor> constants(g.num_values());
+  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+    if (!g.value(v).constant) continue;
+    const ir::Tensor& c = *g.value(v).constant;
+    if (backend::ReadOnlyOnHost(*be, g, uses, v)) {
+      constants[v] = c;
+    } else {
+      ASSIGN_OR_RETURN(constants[v], be->Upload(c, stream.get()));
+    }
+  }
+  std::vector<ir::Tensor> feeds = Feeds(g, static_cast<uint64_t>(f.seed));
+  for (size_t i = 0; i < feeds.size(); ++i) {
+    if (!backend::ReadOnlyOnHost(*be, g, uses, g.inputs()[i])) {
+      ASSIGN_OR_RETURN(feeds[i], be->Upload(feeds[i], stream.get()));
+    }
+  }
   std::vector<std::vector<double>> samples(g.num_node_slots());
   const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
@@ -100,13 +121,14 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
         if (v == ir::kNoValue) {
           in.emplace_back();
         } else if (g.value(v).constant) {
-          in.push_back(*g.value(v).constant);
+          in.push_back(constants[v]);
         } else {
           in.push_back(values[v]);
         }
       }
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<std::vector<ir::Tensor>> out = evaluator.Evaluate(n, in);
+      absl::StatusOr<std::vector<ir::Tensor>> out = be->Run(n, in, ctx);
+      if (out.ok() && stream != nullptr) RETURN_IF_ERROR(stream->Synchronize());  // the node's device time
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!out.ok()) return Annotate(out.status(), "profiling node '" + n.name + "'");
       if (rep >= f.warmup) samples[order[t]].push_back(s);
@@ -119,7 +141,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
 
   part::OpTimes times;
   times.model = std::filesystem::path(model_path).filename().string();
-  times.backend = "cpu";
+  times.backend = f.backend;
   times.dtype = "fp32";
   times.optimizer = f.optimizer;
   times.microbatch = f.batch;
@@ -144,8 +166,10 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
   RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
-  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the CPU backend\n",
-              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats));
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n",
+              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
+              f.backend.c_str());
+  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty()) std::printf("%s\n", fallbacks.c_str());
   std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
               part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
   std::vector<std::pair<double, std::string>> top;
@@ -156,10 +180,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::printf("wrote %s\n", f.out.c_str());
 
   // The roofline that reproduces these times (partitioner/calibrate.h).
-  part::DeviceProfile base = *part::BuiltinDevice("cpu");
-  base.name = "cpu-calibrated";
+  const bool host = f.backend != "cuda";
+  part::DeviceProfile base = *part::BuiltinDevice(host ? "cpu" : "h200");
+  base.name = host ? "cpu-calibrated" : "gpu-calibrated";
   base.source = "onnxpipe profile " + times.model + " --batch " + std::to_string(f.batch);
-  if (const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); pages > 0 && page > 0) {
+  if (const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); host && pages > 0 && page > 0) {
     base.memory_bytes = static_cast<int64_t>(pages) * page;
   }
   const part::Calibration c = part::CalibrateDevice(g, median_s, base);
@@ -184,7 +209,7 @@ int RunProfile(const Args& args) {
   Flags f;
   FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
-             "backend with random inputs and writes every node's median time (format\n"
+             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
              "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
@@ -201,6 +226,9 @@ int RunProfile(const Args& args) {
   fs.String("labels", &f.labels, "name of the labels input the loss adds");
   fs.String("freeze", &f.freeze, "regex of initializers not to train");
   fs.String("out", &f.out, "output JSON file");
+  fs.String("backend", &f.backend, "cpu | cuda | checked: where the nodes run");
+  fs.Int("device", &f.device, "the GPU --backend cuda runs on");
+  fs.Bool("tf32", &f.tf32, "--backend cuda: fp32 GEMMs on TF32 tensor cores");
   fs.String("device-out", &f.device_out,
             "also write a device profile (JSON) whose roofline reproduces the measured times");
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);

@@ -93,7 +93,7 @@ int RunRun(const Args& args) {
   if (backend != "cpu" && backend != "cuda" && backend != "checked") {
     return Fail("run", "--backend expects cpu, cuda or checked, got '" + backend + "'", 2);
   }
-  absl::StatusOr<std::shared_ptr<const backend::Backend>> be = BackendFromFlags(backend, device);
+  absl::StatusOr<std::shared_ptr<const backend::Backend>> be = BackendFromFlags(backend, device, /*tf32=*/false);
   if (!be.ok()) return Fail("run", std::string(be.status().message()));
   if (dtype != "fp32" && dtype != "fp64") return Fail("run", "--dtype expects fp32 or fp64, got '" + dtype + "'", 2);
 

@@ -44,6 +44,7 @@ struct Flags {
   bool shuffle_given = false;  // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
+  bool tf32 = false;
   std::string recompute, plan, report;
 };
 
@@ -96,6 +97,8 @@ void Declare(FlagSet& fs, Flags& f) {
             "without a CUDA kernel yet run on the host and are listed at the end); checked: the CPU kernels over "
             "memory the host must not touch (tests)");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
+  fs.Bool("tf32", &f.tf32, "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
+          "accumulation), as PyTorch's allow_tf32; default exact fp32");
   fs.String("dtype", &f.dtype, "fp32 | fp64");
   fs.String("freeze", &f.freeze, "regex of initializer names not to train (buffers)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
@@ -260,7 +263,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   // Another backend than the CPU reference runs through the stage executor (one stage unless asked).
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu";
-  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device));
+  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device, f.tf32));
   std::unique_ptr<train::StepTrainer> trainer;
   pipeline::PipelineTrainer* piped = nullptr;  // pipelined: its description and --report
   const train::Trainer* plain = nullptr;       // unpartitioned: its memory plan

@@ -27,4 +27,15 @@ absl::StatusOr<ir::Tensor> Backend::Upload(const ir::Tensor& host, Stream* strea
   return Clone(host, stream);
 }
 
+bool ReadOnlyOnHost(const Backend& be, const ir::Graph& g, const std::vector<std::vector<ir::NodeId>>& uses,
+                    ir::ValueId v) {
+  if (uses[v].empty()) return false;
+  for (ir::NodeId id : uses[v]) {
+    const ir::Node& n = g.node(id);
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.inputs[i] == v && !be.ReadsOnHost(n, static_cast<int>(i))) return false;
+  }
+  return true;
+}
+
 }  // namespace onnxpipe::backend

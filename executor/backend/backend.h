@@ -86,6 +86,10 @@ class Backend {
   // Scratch bytes the kernel of `node` takes from OutputAllocator::Workspace (the memory plan's
   // workspace function).
   virtual int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const = 0;
+  // True when this backend's kernel for `node` reads input `index` on the host (a shape operand, a
+  // scalar hyper-parameter such as lr): a constant all of whose readers say so stays on the host
+  // instead of being uploaded, so reading it costs no synchronising copy.
+  virtual bool ReadsOnHost(const ir::Node& node, int index) const { return false; }
   // acc += x elementwise (the addition of the graph's gradient Sums); the caller owns acc's storage
   // exclusively.
   virtual absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, Stream* stream = nullptr) const = 0;
@@ -104,6 +108,11 @@ class Backend {
   // `host` uploaded into storage of its own (a host tensor stays as it is on a host backend).
   absl::StatusOr<ir::Tensor> Upload(const ir::Tensor& host, Stream* stream = nullptr) const;
 };
+
+// True when `v` has readers in `g` (`uses`: ir::Graph::ComputeUses) and `be` reads it on the host at
+// every one of them (Backend::ReadsOnHost): a constant to keep on the host rather than upload.
+bool ReadOnlyOnHost(const Backend& be, const ir::Graph& g, const std::vector<std::vector<ir::NodeId>>& uses,
+                    ir::ValueId v);
 
 // The CPU backend: host memory, kernels of executor/cpu (cpu::CpuEvaluator), synchronous.
 std::shared_ptr<const Backend> MakeCpuBackend();

@@ -62,8 +62,8 @@ absl::StatusOr<std::unique_ptr<CudaStream>> NewStream(int device) {
 
 class CudaBackendImpl : public CudaBackend {
  public:
-  CudaBackendImpl(int device, std::unique_ptr<CudaStream> default_stream)
-      : device_(device), default_stream_(std::move(default_stream)), table_(RegisterAllKernels()) {}
+  CudaBackendImpl(int device, CudaOptions options, std::unique_ptr<CudaStream> default_stream)
+      : device_(device), options_(options), default_stream_(std::move(default_stream)), table_(RegisterAllKernels()) {}
 
   std::string name() const override { return "cuda"; }
   ir::Placement placement() const override { return ir::Placement::Device(device_); }
@@ -123,7 +123,7 @@ class CudaBackendImpl : public CudaBackend {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (auto it = table_.find(node.op); it != table_.end() && Placed(inputs, it->second.host_inputs)) {
       std::vector<void*> temporaries;
-      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs, &temporaries};
+      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs, options_.allow_tf32, &temporaries};
       std::optional<absl::StatusOr<std::vector<ir::Tensor>>> r = it->second.run(kc, node, inputs);
       // Stream-ordered frees: the memory returns to the pool once the kernel's work has finished.
       for (void* p : temporaries) CUDA_RETURN_IF_ERROR(cudaFreeAsync(p, kc.stream));
@@ -169,6 +169,10 @@ class CudaBackendImpl : public CudaBackend {
     }
     ASSIGN_OR_RETURN(ir::Tensor host, ToHost(flag, s));
     return host.data<int32_t>()[0] == 0;
+  }
+  bool ReadsOnHost(const ir::Node& node, int index) const override {
+    auto it = table_.find(node.op);
+    return it != table_.end() && index < 32 && (it->second.host_inputs >> index & 1u) != 0;
   }
   std::unique_ptr<backend::Stream> CreateStream() const override {
     absl::StatusOr<std::unique_ptr<CudaStream>> s = NewStream(device_);
@@ -245,6 +249,7 @@ class CudaBackendImpl : public CudaBackend {
   }
 
   const int device_;
+  const CudaOptions options_;
   std::unique_ptr<CudaStream> default_stream_;
   const KernelTable table_;
   std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();
@@ -254,14 +259,14 @@ class CudaBackendImpl : public CudaBackend {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<CudaBackend>> CudaBackend::Create(int device) {
+absl::StatusOr<std::shared_ptr<CudaBackend>> CudaBackend::Create(int device, CudaOptions options) {
   const int n = DeviceCount();
   if (n == 0) return FAILED_PRECONDITION() << "--backend cuda: no usable CUDA GPU (no device or no driver)";
   if (device < 0 || device >= n) {
     return INVALID_ARGUMENT() << "--device " << device << ": this machine has " << n << " CUDA GPU(s), 0 to " << n - 1;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> s, NewStream(device));
-  return std::make_shared<CudaBackendImpl>(device, std::move(s));
+  return std::make_shared<CudaBackendImpl>(device, options, std::move(s));
 }
 
 }  // namespace onnxpipe::cuda

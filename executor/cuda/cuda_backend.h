@@ -19,10 +19,14 @@
 
 namespace onnxpipe::cuda {
 
+struct CudaOptions {
+  bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); else exact fp32
+};
+
 class CudaBackend : public backend::Backend {
  public:
   // The backend of GPU `device`: an error naming the device when there is no usable GPU.
-  static absl::StatusOr<std::shared_ptr<CudaBackend>> Create(int device);
+  static absl::StatusOr<std::shared_ptr<CudaBackend>> Create(int device, CudaOptions options = {});
   // Op name -> evaluations that ran on the host so far.
   virtual std::map<std::string, int64_t> HostFallbacks() const = 0;
 };

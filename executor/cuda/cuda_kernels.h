@@ -28,6 +28,7 @@ struct KernelContext {
   cudaStream_t stream = nullptr;
   backend::ExecContext exec;
   ir::OutputAllocator* outputs = nullptr;  // null: fresh buffers
+  bool allow_tf32 = false;                 // CudaOptions::allow_tf32
   // Unplanned scratch, released (stream-ordered, after the kernel) by the backend once the kernel
   // function returns.
   std::vector<void*>* temporaries = nullptr;

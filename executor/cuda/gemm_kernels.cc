@@ -1,4 +1,4 @@
-// MatMul, FusedMatMul, Linear and Gemm (fp32, exact fp32: no TF32) in the CUDA backend's kernel
+// MatMul, FusedMatMul, Linear and Gemm (fp32: exact, or TF32 under CudaOptions::allow_tf32) in the CUDA backend's kernel
 // table, through cuBLASLt (gemm.h). Batch dims broadcast as in the CPU kernels (matmul.cc): a
 // batch-free B under an untransposed A is one tall GEMM, equal or single-sided batches one strided
 // batched GEMM, anything else one GEMM per output matrix.
@@ -60,7 +60,7 @@ struct Gemms {
   // Runs `desc` (fp32) over `buffers`, taking the node's workspace unless `buffers` holds it.
   absl::Status Run(const KernelContext& ctx, const ir::Node& node, GemmDesc desc, GemmBuffers buffers) const {
     desc.input_type = desc.output_type = ir::DType::kF32;
-    desc.allow_tf32 = false;
+    desc.allow_tf32 = ctx.allow_tf32;
     if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
     absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
     if (!gc.ok()) return gc.status();

@@ -118,6 +118,9 @@ class PipelineExecutor::StageRun {
     for (ir::ValueId v : sp.accumulate) accumulated_[v] = true;
     lr_ = ir::Tensor::Scalar<double>(feeds.lr);
     step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
+    const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
+    for (ir::ValueId v : sp.step_inputs)
+      if (backend::ReadOnlyOnHost(be_, sp.graph, uses, v)) host_step_inputs_.insert(v);
   }
 
   absl::Status Run(const ActionList& list) {
@@ -419,7 +422,10 @@ class PipelineExecutor::StageRun {
     ir::Graph& sg = sp_.graph;
     std::vector<ir::Tensor> pv(sg.num_values());
     for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
-    for (ir::ValueId v : sp_.step_inputs) pv[v] = sg.value(v).name == autodiff::kLrName ? lr_device_ : step_device_;
+    for (ir::ValueId v : sp_.step_inputs) {
+      const bool lr = sg.value(v).name == autodiff::kLrName;
+      pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? lr_device_ : step_device_);
+    }
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
       absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x);
       if (st.ok() || comm::IsAbortedByPeer(st)) return st;
@@ -510,6 +516,7 @@ class PipelineExecutor::StageRun {
   std::vector<int32_t> accumulated_count_;
   ir::Tensor lr_, step_;                // host scalars
   ir::Tensor lr_device_, step_device_;  // the same on the backend
+  std::set<ir::ValueId> host_step_inputs_;  // step inputs the optimizer's kernels read on the host
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -539,11 +546,13 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
     ex->arenas_.push_back(std::move(arena));
     ex->streams_.push_back(be->CreateStream());
   }
-  // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once.
+  // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
+  // except those only read on the host (shape operands, Slice bounds).
   for (StageProgram& sp : ex->program_.stages) {
+    const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
     for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
       std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
-      if (!c) continue;
+      if (!c || backend::ReadOnlyOnHost(*be, sp.graph, uses, v)) continue;
       ASSIGN_OR_RETURN(*c, be->Upload(*c));
     }
   }
@@ -632,6 +641,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     threads.emplace_back([&, s] {
       try {
         status[s] = runs[s]->Run(lists_[s]);
+        // The step ends when the stage's device work has: its parameters and timings are final.
+        if (status[s].ok() && streams_[s] != nullptr) status[s] = streams_[s]->Synchronize();
       } catch (const std::exception& e) {
         status[s] = absl::InternalError("stage " + std::to_string(s) + ": exception: " + e.what());
       } catch (...) {

@@ -146,6 +146,7 @@ class CudaOpsTest : public ::testing::Test {
       for (size_t k = 0; k < want->size(); ++k) {
         SCOPED_TRACE("output " + std::to_string(k));
         const Tensor& w = (*want)[k];
+        if (node.outputs[k] == ir::kNoValue) continue;  // an output the node does not have (the CPU may fill it)
         ASSERT_EQ((*got)[k].defined(), w.defined());
         if (!w.defined()) continue;
         ASSERT_FALSE((*got)[k].on_host());

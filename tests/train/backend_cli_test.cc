@@ -105,6 +105,41 @@ TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
   r = Train("--backend cuda --device -1", "bad2", &l, &n);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--device must be >= 0"));
+  r = Train("--tf32", "bad3", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--tf32 applies to --backend cuda, not 'cpu'"));
+}
+
+// `onnxpipe profile --backend B` times the same training-graph nodes on B as on the CPU (the checked
+// backend here; cuda where a GPU is), each with a measured time.
+TEST_F(BackendCliTest, ProfileRunsTheTrainingGraphOnTheBackend) {
+  auto profile = [&](const std::string& backend, nlohmann::json* times) {
+    const fs::path out = dir_ / ("times_" + backend + ".json");
+    CommandResult r = RunCommand(Onnxpipe() + " profile " + SourcePath("models/tiny_gpt.onnx") +
+                                 " --batch 2 --repeats 2 --optimizer adamw --out " + out.string() + " --backend " +
+                                 backend);
+    if (r.exit_code == 0) *times = nlohmann::json::parse(testing::ReadAll(out.string()));
+    return r;
+  };
+  nlohmann::json cpu, other;
+  CommandResult r = profile("cpu", &cpu);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string backend : {"checked", "cuda"}) {
+    r = profile(backend, &other);
+    if (backend == "cuda" && r.exit_code != 0) {
+      EXPECT_THAT(r.err, HasSubstr("--backend cuda"));
+      continue;  // no GPU here
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(other["backend"], backend);
+    ASSERT_EQ(other["ops"].size(), cpu["ops"].size()) << backend;
+    ASSERT_GT(cpu["ops"].size(), 50u);
+    for (size_t i = 0; i < cpu["ops"].size(); ++i) {
+      EXPECT_EQ(other["ops"][i]["node"], cpu["ops"][i]["node"]) << backend;
+      EXPECT_EQ(other["ops"][i]["phase"], cpu["ops"][i]["phase"]) << backend;
+      EXPECT_GT(other["ops"][i]["ms"].get<double>(), 0.0) << backend << " " << other["ops"][i]["node"];
+    }
+  }
 }
 
 }  // namespace
