@@ -1,5 +1,7 @@
 #include "tools/backend_flag.h"
 
+#include <cstdio>
+
 #include "executor/backend/checked_backend.h"
 #include "frontend/ir/status.h"
 #ifdef ONNXPIPE_HAVE_CUDA
@@ -32,6 +34,21 @@ std::string BackendFallbackSummary(const backend::Backend& be) {
     std::string ops;
     for (const auto& [op, n] : c->HostFallbacks()) ops += (ops.empty() ? "" : ", ") + op + " x" + std::to_string(n);
     return ops.empty() ? "" : "cuda: ran on the host (no CUDA kernel yet): " + ops;
+  }
+#endif
+  return "";
+}
+
+std::string BackendMemorySummary(const backend::Backend& be) {
+#ifdef ONNXPIPE_HAVE_CUDA
+  if (const auto* c = dynamic_cast<const cuda::CudaBackend*>(&be)) {
+    const cuda::CudaBackend::MemoryStats m = c->Memory();
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "cuda memory: peak %.3f GiB in onnxpipe's buffers (arenas, parameters, optimizer state); "
+                  "GPU in use %.3f of %.3f GiB (with the CUDA context and libraries)",
+                  m.peak_allocated / 1073741824.0, m.device_used / 1073741824.0, m.device_total / 1073741824.0);
+    return line;
   }
 #endif
   return "";

@@ -20,5 +20,7 @@ absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const s
                                                                          bool tf32);
 // A line saying which ops ran on the host instead of the device backend ("" when none or not cuda).
 std::string BackendFallbackSummary(const backend::Backend& be);
+// The cuda backend's memory: peak bytes in its buffers, the GPU's use ("" for other backends).
+std::string BackendMemorySummary(const backend::Backend& be);
 
 }  // namespace onnxpipe::tools

@@ -356,6 +356,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   }
   if (plain) PrintMemory(*plain);
   if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
+  if (const std::string mem = BackendMemorySummary(*be); !mem.empty()) std::printf("%s\n", mem.c_str());
   if (piped && !f.report.empty()) {
     RETURN_IF_ERROR(piped->WriteReport());
     std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",

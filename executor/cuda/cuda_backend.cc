@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "executor/backend/copy_checks.h"
@@ -79,9 +80,14 @@ class CudaBackendImpl : public CudaBackend {
                                           std::to_string(device_) + " failed: " + cudaGetErrorString(err));
     }
     const int device = device_;
-    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [device](uint8_t* q) {
+    const std::shared_ptr<Counters> counters = counters_;
+    const int64_t held = counters->allocated += bytes;
+    for (int64_t peak = counters->peak; held > peak && !counters->peak.compare_exchange_weak(peak, held);) {
+    }
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [device, counters, bytes](uint8_t* q) {
       cudaSetDevice(device);
       cudaFree(q);
+      counters->allocated -= bytes;
     });
   }
   absl::Status Fill(const ir::Tensor& dst, uint8_t byte, backend::Stream* s) const override {
@@ -180,6 +186,18 @@ class CudaBackendImpl : public CudaBackend {
     return *std::move(s);
   }
 
+  MemoryStats Memory() const override {
+    MemoryStats m;
+    m.allocated = counters_->allocated;
+    m.peak_allocated = counters_->peak;
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(device_) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      m.device_used = static_cast<int64_t>(total - free);
+      m.device_total = static_cast<int64_t>(total);
+    }
+    return m;
+  }
+
   std::map<std::string, int64_t> HostFallbacks() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return fallbacks_;
@@ -248,8 +266,14 @@ class CudaBackendImpl : public CudaBackend {
     return out;
   }
 
+  // Bytes held in Allocate's buffers (they may outlive the backend, hence shared).
+  struct Counters {
+    std::atomic<int64_t> allocated{0}, peak{0};
+  };
+
   const int device_;
   const CudaOptions options_;
+  const std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
   std::unique_ptr<CudaStream> default_stream_;
   const KernelTable table_;
   std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();

@@ -27,6 +27,11 @@ class CudaBackend : public backend::Backend {
  public:
   // The backend of GPU `device`: an error naming the device when there is no usable GPU.
   static absl::StatusOr<std::shared_ptr<CudaBackend>> Create(int device, CudaOptions options = {});
+  struct MemoryStats {
+    int64_t allocated = 0, peak_allocated = 0;  // bytes in the backend's buffers (Allocate): now, at most
+    int64_t device_used = -1, device_total = -1;  // the GPU's, every process and library included (-1: unknown)
+  };
+  virtual MemoryStats Memory() const = 0;
   // Op name -> evaluations that ran on the host so far.
   virtual std::map<std::string, int64_t> HostFallbacks() const = 0;
 };

@@ -78,6 +78,7 @@ TEST_F(BackendCliTest, CudaTrainsLikeTheCpuOrFailsClearlyWithoutAGpu) {
     GTEST_SKIP() << "no GPU here: checked the error only";
   }
   ASSERT_EQ(gpu_loss.size(), cpu_loss.size());
+  EXPECT_THAT(gpu.out, HasSubstr("cuda memory: peak"));
   for (size_t i = 0; i < cpu_loss.size(); ++i) {
     EXPECT_NEAR(gpu_loss[i], cpu_loss[i], 1e-4 * std::abs(cpu_loss[i])) << "step " << i;
     EXPECT_NEAR(gpu_norm[i], cpu_norm[i], 1e-4 * std::abs(cpu_norm[i])) << "step " << i;
