@@ -50,8 +50,10 @@ def onnxpipe_run(a, model, batch, dtype, work):
         return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(cmd))
     steps = [json.loads(l) for l in open(metrics)]
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
+    memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
+                memory=memory[0] if memory else "",
                 command=" ".join(cmd).replace(work, "WORK"))
 
 
