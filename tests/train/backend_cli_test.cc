@@ -85,6 +85,29 @@ TEST_F(BackendCliTest, CudaTrainsLikeTheCpuOrFailsClearlyWithoutAGpu) {
   }
 }
 
+// Several stages on one GPU (a stream each, device-to-device sends): GPipe and 1F1B, with and without
+// recompute, train as the one-stage GPU run (to fp32 rounding: micro-batches change GEMM shapes).
+TEST_F(BackendCliTest, PipelinesOnOneGpuTrainAsItsOneStageRun) {
+  std::vector<double> one_loss, one_norm;
+  CommandResult one = Train("--backend cuda --batch 8", "one", &one_loss, &one_norm);
+  if (one.exit_code != 0) GTEST_SKIP() << "no GPU here";
+  ASSERT_EQ(one_loss.size(), 3u);
+  for (const std::string config : {"--stages 2 --microbatches 2 --schedule gpipe --recompute full",
+                                   "--stages 3 --microbatches 4 --schedule 1f1b --recompute selective",
+                                   "--stages 4 --microbatches 4 --schedule 1f1b --recompute none"}) {
+    std::vector<double> loss, norm;
+    CommandResult r = Train("--backend cuda --batch 8 " + config, "k", &loss, &norm);
+    ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.err;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("ran on the host"))) << config;
+    ASSERT_EQ(loss.size(), one_loss.size()) << config;
+    for (size_t i = 0; i < loss.size(); ++i) {
+      EXPECT_NEAR(loss[i], one_loss[i], 2e-5 * std::abs(one_loss[i])) << config << " step " << i;
+      EXPECT_NEAR(norm[i], one_norm[i], 2e-4 * std::abs(one_norm[i])) << config << " step " << i;
+    }
+    fs::remove(dir_ / "k.jsonl");
+  }
+}
+
 // `onnxpipe run` node by node through the checked backend writes the CPU's outputs byte for byte.
 TEST_F(BackendCliTest, RunThroughTheCheckedBackendEqualsTheCpu) {
   for (const std::string backend : {"cpu", "checked"}) {
