@@ -12,6 +12,9 @@
 //   pipeline driver proves that by simulation before it runs).
 // - Tensors are handed over without a copy where the transport allows (in-process: the receiver gets
 //   the sender's storage). Tensors are immutable once sent: neither side writes into them.
+// - Stream-ordered, as NCCL's send/receive: `stream` is the sender's stream whose earlier work
+//   produces the tensor (and the receiver's stream whose later work reads it); the receiver's stream
+//   waits for that work before anything issued after Recv. Null streams: host order (the CPU).
 // - Abort(reason) stops the whole group: every blocked and every later Send/Recv on every rank
 //   returns an error carrying the first reason given, so a failure in one stage wakes all others
 //   instead of leaving them waiting forever.
@@ -22,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "executor/backend/backend.h"
 #include "frontend/ir/tensor.h"
 
 namespace onnxpipe::comm {
@@ -32,8 +36,8 @@ class Comm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  virtual absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t) = 0;
-  virtual absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag) = 0;
+  virtual absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) = 0;
+  virtual absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag, backend::Stream* stream) = 0;
 
   // Stops the group (see the header comment). The first reason wins; later calls keep it.
   virtual void Abort(const absl::Status& reason) = 0;

@@ -25,10 +25,23 @@ class InProcessComm : public Comm {
   InProcessComm(std::shared_ptr<InProcessGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
-  absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t) override {
-    return group_->Send(rank_, dst, tag, t);
+  absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override {
+    std::shared_ptr<backend::Event> ready;
+    if (stream != nullptr) {
+      absl::StatusOr<std::shared_ptr<backend::Event>> e = stream->Record();
+      if (!e.ok()) return e.status();
+      ready = *std::move(e);
+    }
+    return group_->Send(rank_, dst, tag, t, std::move(ready));
   }
-  absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag) override { return group_->Recv(rank_, src, tag); }
+  absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag, backend::Stream* stream) override {
+    std::shared_ptr<backend::Event> ready;
+    absl::StatusOr<ir::Tensor> t = group_->Recv(rank_, src, tag, &ready);
+    if (t.ok() && ready != nullptr && stream != nullptr) {
+      if (absl::Status st = stream->Wait(*ready); !st.ok()) return st;
+    }
+    return t;
+  }
   void Abort(const absl::Status& reason) override { group_->Abort(reason); }
   absl::Status abort_status() const override { return group_->abort_status(); }
   int64_t bytes_sent() const override {
@@ -84,7 +97,8 @@ int64_t InProcessGroup::pending_messages() const {
   return n;
 }
 
-absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tensor& t) {
+absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tensor& t,
+                                  std::shared_ptr<backend::Event> ready) {
   if (dst < 0 || dst >= world_size_ || dst == src) {
     return INVALID_ARGUMENT() << "rank " << src << " sends to rank " << dst << " of a group of "
                               << world_size_;
@@ -94,14 +108,15 @@ absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tens
     if (!abort_.ok()) {
       return absl::AbortedError(kAbortPrefix + std::string(abort_.message()));
     }
-    mailbox_[dst].push_back(Message{src, tag, t});
+    mailbox_[dst].push_back(Message{src, tag, t, std::move(ready)});
     sent_[src] += t.defined() ? t.num_bytes() : 0;
   }
   cv_.notify_all();
   return absl::OkStatus();
 }
 
-absl::StatusOr<ir::Tensor> InProcessGroup::Recv(int dst, int src, uint64_t tag) {
+absl::StatusOr<ir::Tensor> InProcessGroup::Recv(int dst, int src, uint64_t tag,
+                                                 std::shared_ptr<backend::Event>* ready) {
   if (src < 0 || src >= world_size_ || src == dst) {
     return INVALID_ARGUMENT() << "rank " << dst << " receives from rank " << src << " of a group of "
                               << world_size_;
@@ -116,6 +131,7 @@ absl::StatusOr<ir::Tensor> InProcessGroup::Recv(int dst, int src, uint64_t tag) 
     for (auto it = q.begin(); it != q.end(); ++it) {
       if (it->src == src && it->tag == tag) {
         ir::Tensor t = std::move(it->tensor);
+        if (ready != nullptr) *ready = std::move(it->ready);
         q.erase(it);
         received_[dst] += t.defined() ? t.num_bytes() : 0;
         return t;

@@ -38,10 +38,12 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
     int src;
     uint64_t tag;
     ir::Tensor tensor;
+    std::shared_ptr<backend::Event> ready;
   };
   InProcessGroup(int world_size, double recv_timeout_s);
-  absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t);
-  absl::StatusOr<ir::Tensor> Recv(int dst, int src, uint64_t tag);
+  // `ready`: the sender's event after the work producing t (null: none), handed to the receiver.
+  absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t, std::shared_ptr<backend::Event> ready);
+  absl::StatusOr<ir::Tensor> Recv(int dst, int src, uint64_t tag, std::shared_ptr<backend::Event>* ready);
 
   const int world_size_;
   const double recv_timeout_s_;

@@ -7,8 +7,16 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// Active dropout: the CPU backend's fp32 scale, 1 / (1 - ratio) (0 when everything drops).
-float KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.f : static_cast<float>(1.0 / (1.0 - p.ratio)); }
+// Active dropout: the CPU backend's scale, 1 / (1 - ratio) (0 when everything drops), rounded to the
+// element type's compute precision in the kernels.
+double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
+
+// y = keep ? x * scale : 0 in the type the CPU backend scales in (Compute<T>: fp64 for fp64).
+template <typename T>
+__device__ __forceinline__ void StoreScaled(T* out, int64_t i, bool keep, const T* in, double scale) {
+  using C = Compute<T>;
+  Store(out, i, keep ? static_cast<C>(Load(in, i)) * static_cast<C>(scale) : C(0));
+}
 bool Active(const DropoutParams& p) { return p.training && p.ratio > 0.0; }
 
 // Grid over the Philox blocks covering counters [base, base + n).
@@ -45,13 +53,13 @@ __device__ __forceinline__ cpu::DropoutStream WithOffset(cpu::DropoutStream s, c
 
 template <typename T>
 __global__ void DropoutForwardKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
-                                     BlockRange range, float scale, const T* __restrict__ x, T* __restrict__ y,
+                                     BlockRange range, double scale, const T* __restrict__ x, T* __restrict__ y,
                                      uint8_t* __restrict__ mask, int64_t n) {
   s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
     ForBlockElements(s, base, n, range.first_block + t, [&](int64_t i, bool keep) {
-      Store(y, i, keep ? static_cast<float>(Load(x, i)) * scale : 0.f);
+      StoreScaled(y, i, keep, x, scale);
       if (mask != nullptr) mask[i] = keep;
     });
   }
@@ -59,24 +67,24 @@ __global__ void DropoutForwardKernel(cpu::DropoutStream s, const uint64_t* devic
 
 template <typename T>
 __global__ void DropoutBackwardStreamKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
-                                            BlockRange range, float scale, const T* __restrict__ dy, T* __restrict__ dx,
+                                            BlockRange range, double scale, const T* __restrict__ dy, T* __restrict__ dx,
                                             int64_t n) {
   s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
     ForBlockElements(s, base, n, range.first_block + t,
-                     [&](int64_t i, bool keep) { Store(dx, i, keep ? static_cast<float>(Load(dy, i)) * scale : 0.f); });
+                     [&](int64_t i, bool keep) { StoreScaled(dx, i, keep, dy, scale); });
   }
 }
 
 // Inactive forward: y = x (a copy unless in place), mask = 1. Backward with a mask:
 // dx = mask ? dy * scale : 0 (scale 1 when inactive).
 template <typename T>
-__global__ void MaskedScaleKernel(const T* __restrict__ in, const uint8_t* __restrict__ mask, float scale,
+__global__ void MaskedScaleKernel(const T* __restrict__ in, const uint8_t* __restrict__ mask, double scale,
                                   T* __restrict__ out, uint8_t* __restrict__ mask_out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const bool keep = mask == nullptr || mask[i];
-    Store(out, i, keep ? static_cast<float>(Load(in, i)) * scale : 0.f);
+    StoreScaled(out, i, keep, in, scale);
     if (mask_out != nullptr) mask_out[i] = 1;
   }
 }
@@ -95,7 +103,7 @@ cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const 
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     if (!Active(p)) {
-      MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.f, py, mask, n);
+      MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.0, py, mask, n);
     } else {
       const BlockRange range = BlocksFor(p.counter_base, n);
       DropoutForwardKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(
@@ -112,7 +120,7 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
     using T = typename decltype(tag)::type;
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
-    const float scale = Active(p) ? KeepScale(p) : 1.f;
+    const double scale = Active(p) ? KeepScale(p) : 1.0;
     if (mask != nullptr || !Active(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, mask, scale, pdx, nullptr, n);
     } else {

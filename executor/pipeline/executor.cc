@@ -251,7 +251,7 @@ class PipelineExecutor::StageRun {
     Table& t = *tp;
     const double start = Now();
     for (ir::ValueId v : values) {
-      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, v));
+      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, v), stream_);
       if (!x.ok()) {
         if (comm::IsAbortedByPeer(x.status())) return x.status();
         return Annotate(x.status(), "stage " + std::to_string(sp_.stage) + ", micro-batch " + std::to_string(m) +
@@ -341,7 +341,7 @@ class PipelineExecutor::StageRun {
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
         ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(out[k], stream_));
-        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), std::move(copy));
+        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), std::move(copy), stream_);
         if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
@@ -427,13 +427,13 @@ class PipelineExecutor::StageRun {
       pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? lr_device_ : step_device_);
     }
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
-      absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x);
+      absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x, stream_);
       if (st.ok() || comm::IsAbortedByPeer(st)) return st;
       return Annotate(st, Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
     };
     auto recv = [&](int32_t peer, uint64_t kind, ir::ValueId v) -> absl::StatusOr<ir::Tensor> {
       const double r0 = Now();
-      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v));
+      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v), stream_);
       measure.recv_wait_s += (Now() - r0) * 1e-6;
       if (x.ok() || comm::IsAbortedByPeer(x.status())) return x;
       return Annotate(x.status(), Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " +
