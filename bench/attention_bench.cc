@@ -1,21 +1,108 @@
-// Forward+backward time of the cuDNN fused attention (executor/cuda/attention.h) at the benchmark
-// shape of DESIGN.md: batch 256, 16 heads, seq 256, head dim 64, bf16, no mask and causal, next to
-// the reference PyTorch measured for cuDNN's SDPA on the same GPU (1.34 ms, causal 1.28 ms).
-// Usage: attention_bench [iterations]
+// Forward and backward time of the fused attention kernels at the benchmark shapes of DESIGN.md:
+// - fp32, the FlashAttention-2 style SIMT kernels (executor/cuda/flash_attention.h, exact fp32
+//   FMAs, no TF32): batch 32, 16 heads, seq 256, head dim 64; plain, causal, and dropout 0.1.
+//   Compare with PyTorch's fp32 SDPA on the same GPU (torch.nn.functional.scaled_dot_product_attention
+//   on float32 CUDA tensors of that shape, forward and forward+backward).
+// - bf16 through cuDNN (executor/cuda/attention.h, where cuDNN was found): batch 256, 16 heads,
+//   seq 256, head dim 64, no mask and causal, next to the reference PyTorch measured for cuDNN's
+//   SDPA on the same GPU (1.34 ms, causal 1.28 ms).
+// TFLOP/s use the usual count: 4 B H S^2 D forward, 2.5 times that backward (causal: half); the
+// fp32 backward executes 18 B H S^2 D as it recomputes the statistics (flash_attention_bwd.cu).
+// Usage: attention_bench [iterations] [fp32|bf16|all]
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
-#include "executor/cuda/attention.h"
 #include "executor/cuda/cuda_status.h"
+#include "executor/cuda/flash_attention.h"
 #include "frontend/ir/status.h"
+#if ONNXPIPE_CUDNN_ATTENTION
+#include "executor/cuda/attention.h"
+#endif
 
 namespace onnxpipe::cuda {
 namespace {
 
-absl::Status Run(int iterations) {
+// Milliseconds per call of f (after one warm-up round of `iterations` calls).
+template <typename F>
+absl::StatusOr<float> TimeMs(int iterations, cudaStream_t stream, F&& f) {
+  cudaEvent_t start, stop;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  float ms = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms up
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
+    for (int i = 0; i < iterations; ++i) RETURN_IF_ERROR(f());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventDestroy(start));
+  CUDA_RETURN_IF_ERROR(cudaEventDestroy(stop));
+  return ms / iterations;
+}
+
+absl::Status RunFp32(int iterations) {
+  constexpr int64_t B = 32, H = 16, S = 256, D = 64;
+  const int64_t n = B * H * S * D;
+  std::vector<float> host(n);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  void *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
+  for (void** p : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) {
+    for (float& x : host) x = u(gen);
+    CUDA_RETURN_IF_ERROR(cudaMalloc(p, n * sizeof(float)));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  cudaStream_t stream;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  struct Variant {
+    const char* name;
+    bool causal;
+    double dropout;
+  };
+  for (const Variant& var : {Variant{"", false, 0.0}, Variant{" causal", true, 0.0}, Variant{" dropout 0.1", false, 0.1}}) {
+    FlashAttentionConfig c;
+    c.q_dims = c.k_dims = c.v_dims = {B, H, S, D};
+    c.causal = var.causal;
+    c.dropout.training = true;
+    c.dropout.ratio = var.dropout;
+    c.dropout.seed = 1;
+    c.dropout.node_key = 2;
+    c.dropout.offset = 3;
+    ASSIGN_OR_RETURN(const FlashAttentionPlan plan, PlanFlashAttention(c));
+    const int64_t ws_bytes = FlashAttentionBackwardWorkspaceBytes(plan, true, true, true);
+    void* ws = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, std::max<int64_t>(ws_bytes, 1)));
+    FlashBackwardBuffers b;
+    b.d_o = d_o, b.q = q, b.k = k, b.v = v, b.dq = dq, b.dk = dk, b.dv = dv;
+    b.workspace = ws, b.workspace_bytes = ws_bytes;
+    ASSIGN_OR_RETURN(const float fwd_ms, TimeMs(iterations, stream, [&] {
+                       return FlashAttentionForward(plan, q, k, v, nullptr, o, stream);
+                     }));
+    ASSIGN_OR_RETURN(const float bwd_ms,
+                     TimeMs(iterations, stream, [&] { return FlashAttentionBackward(plan, b, stream); }));
+    const double fwd_flops = 4.0 * B * H * S * S * D * (var.causal ? 0.5 : 1.0);
+    std::printf(
+        "flash attention b%lld h%lld s%lld d%lld fp32%s: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms "
+        "(%.1f TFLOP/s), forward+backward %.3f ms (%.1f TFLOP/s); workspace %lld bytes\n",
+        static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S), static_cast<long long>(D),
+        var.name, fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms, 2.5 * fwd_flops / (bwd_ms * 1e9), fwd_ms + bwd_ms,
+        3.5 * fwd_flops / ((fwd_ms + bwd_ms) * 1e9), static_cast<long long>(ws_bytes));
+    CUDA_RETURN_IF_ERROR(cudaFree(ws));
+  }
+  for (void* p : {q, k, v, o, d_o, dq, dk, dv}) CUDA_RETURN_IF_ERROR(cudaFree(p));
+  CUDA_RETURN_IF_ERROR(cudaStreamDestroy(stream));
+  return absl::OkStatus();
+}
+
+#if ONNXPIPE_CUDNN_ATTENTION
+absl::Status RunBf16(int iterations) {
   constexpr int64_t B = 256, H = 16, S = 256, D = 64;
   const int64_t n = B * H * S * D;
   ASSIGN_OR_RETURN(std::unique_ptr<AttentionGraphs> graphs, AttentionGraphs::Create());
@@ -27,9 +114,6 @@ absl::Status Run(int iterations) {
   CUDA_RETURN_IF_ERROR(cudaMalloc(&stats, B * H * S * 4));
   cudaStream_t stream;
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-  cudaEvent_t start, stop;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   for (bool causal : {false, true}) {
     AttentionConfig c;
     c.batch = B;
@@ -43,24 +127,12 @@ absl::Status Run(int iterations) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, std::max<int64_t>({fwd_ws, bwd_ws, 1})));
     AttentionForwardArgs fa{q, k, v, nullptr, nullptr, nullptr, o, static_cast<float*>(stats)};
     AttentionBackwardArgs ba{q, k, v, o, static_cast<float*>(stats), d_o, nullptr, nullptr, nullptr, dq, dk, dv};
-    float fwd_ms = 0, total_ms = 0;
-    for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms up
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
-      for (int i = 0; i < iterations; ++i) RETURN_IF_ERROR(graphs->Forward(c, fa, ws, fwd_ws, stream));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
-      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, start, stop));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
-      for (int i = 0; i < iterations; ++i) {
-        RETURN_IF_ERROR(graphs->Forward(c, fa, ws, fwd_ws, stream));
-        RETURN_IF_ERROR(graphs->Backward(c, ba, ws, bwd_ws, stream));
-      }
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream));
-      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&total_ms, start, stop));
-    }
-    fwd_ms /= iterations;
-    total_ms /= iterations;
+    ASSIGN_OR_RETURN(const float fwd_ms,
+                     TimeMs(iterations, stream, [&] { return graphs->Forward(c, fa, ws, fwd_ws, stream); }));
+    ASSIGN_OR_RETURN(const float total_ms, TimeMs(iterations, stream, [&]() -> absl::Status {
+                       RETURN_IF_ERROR(graphs->Forward(c, fa, ws, fwd_ws, stream));
+                       return graphs->Backward(c, ba, ws, bwd_ws, stream);
+                     }));
     // 4 B H S^2 D forward, 2.5 times that backward; causal does about half.
     const double flops = 14.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
     std::printf(
@@ -73,6 +145,7 @@ absl::Status Run(int iterations) {
   }
   return absl::OkStatus();
 }
+#endif
 
 }  // namespace
 }  // namespace onnxpipe::cuda
@@ -82,7 +155,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attention_bench: no CUDA device\n");
     return 1;
   }
-  absl::Status s = onnxpipe::cuda::Run(argc > 1 ? std::atoi(argv[1]) : 50);
+  const int iterations = argc > 1 ? std::atoi(argv[1]) : 50;
+  const std::string which = argc > 2 ? argv[2] : "all";
+  absl::Status s;
+  if (which == "fp32" || which == "all") s = onnxpipe::cuda::RunFp32(iterations);
+#if ONNXPIPE_CUDNN_ATTENTION
+  if (s.ok() && (which == "bf16" || which == "all")) s = onnxpipe::cuda::RunBf16(iterations);
+#endif
   if (!s.ok()) {
     std::fprintf(stderr, "attention_bench: %s\n", std::string(s.message()).c_str());
     return 1;

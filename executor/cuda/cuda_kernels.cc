@@ -48,6 +48,7 @@ KernelTable RegisterAllKernels() {
   RegisterDropoutKernels(table);
   RegisterOptimizerKernels(table);
   RegisterLayoutKernels(table);
+  RegisterAttentionKernels(table);
   return table;
 }
 

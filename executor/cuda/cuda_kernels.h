@@ -81,6 +81,7 @@ void RegisterEmbeddingKernels(KernelTable& table);
 void RegisterDropoutKernels(KernelTable& table);
 void RegisterOptimizerKernels(KernelTable& table);
 void RegisterLayoutKernels(KernelTable& table);
+void RegisterAttentionKernels(KernelTable& table);
 KernelTable RegisterAllKernels();
 
 }  // namespace onnxpipe::cuda

@@ -3,6 +3,7 @@
 #include "executor/cpu/philox.h"
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/dropout.h"
+#include "executor/cuda/dropout_device.cuh"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -39,16 +40,6 @@ __device__ __forceinline__ void ForBlockElements(const cpu::DropoutStream& s, ui
     if (c < base || c - base >= static_cast<uint64_t>(n)) continue;
     f(static_cast<int64_t>(c - base), r.v[lane] >= s.threshold);
   }
-}
-
-// The stream with its offset taken from device memory when one is given.
-__device__ __forceinline__ cpu::DropoutStream WithOffset(cpu::DropoutStream s, const uint64_t* device_offset) {
-  if (device_offset != nullptr) {
-    const uint64_t offset = *device_offset;
-    s.off_lo = static_cast<uint32_t>(offset);
-    s.off_hi = static_cast<uint32_t>(offset >> 32);
-  }
-  return s;
 }
 
 template <typename T>

@@ -109,13 +109,10 @@ TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
     absl::StatusOr<pipeline::testing::RunResult> gpu = (*f)->Pipeline(c);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     if (dtype == ir::DType::kF32) {
-      // Every op of the fp32 training graph runs on the device except attention (cuDNN's fused
-      // attention takes bf16/fp16 only).
+      // Every op of the fp32 training graph runs on the device.
       for (const auto& [op, n] : be_->HostFallbacks()) {
         const int64_t ran = n - (before.count(op) ? before.at(op) : 0);
-        if (op != "Attention" && op != "AttentionGrad") {
-          EXPECT_EQ(ran, 0) << op << " ran on the host";
-        }
+        EXPECT_EQ(ran, 0) << op << " ran on the host";
       }
     }
     const double tol = dtype == ir::DType::kF64 ? 1e-12 : 1e-5;

@@ -1,0 +1,278 @@
+// Building blocks of the fused attention kernels (flash_attention_fwd.cu, flash_attention_bwd.cu):
+// shared-memory tiles, the two register-tiled products, score masking and dropout. .cu files only.
+//
+// Thread layout (every kernel): a CTA of kWarps = 4 warps owns 64 "rows" (queries in the forward
+// and dQ kernels, keys in the dK/dV kernel), 16 per warp, and walks tiles of 64 "columns" (keys,
+// resp. queries). Lane l of warp w has row group rg = l / 8 and column group cg = l % 8; it holds
+// rows w * 16 + rg * 4 + m (m < 4) and, of a 64-column score tile, columns 4 * (cg + 8 h) + n
+// (h < 2, n < 4): a 4 x 8 register tile, whose four consecutive columns share Philox blocks. Row
+// statistics are reduced over the 8 lanes of a row group (shuffles over lane bits 0-2).
+//
+// Shared tiles are (64, D) row-major in 4-element quads, quad q of row r stored at q ^ ((r / 4) % 8):
+// a quarter-warp reading quad q of rows 4 cg + n (cg < 8) or quads cg of one row hits 8 different
+// bank groups, so both products below run without bank conflicts.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "executor/cuda/dropout_device.cuh"
+#include "executor/cuda/flash_attention.h"
+
+namespace onnxpipe::cuda::flash {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = 64;  // rows of a CTA, columns of a step
+
+template <typename T>
+struct alignas(4 * sizeof(T)) Quad {
+  T v[4];
+};
+
+template <typename T>
+__device__ __forceinline__ T NegInf() {
+  return -INFINITY;
+}
+
+// exp(x) for x <= 0 (or -inf): fp32 through exp2 of the rescaled argument; fp64 exactly.
+__device__ __forceinline__ float ExpNonPositive(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ double ExpNonPositive(double x) { return exp(x); }
+
+// --- shared-memory tiles -----------------------------------------------------------------------
+
+template <int D>
+__device__ __forceinline__ int SwizzledOffset(int r, int c) {
+  return r * D + (((c >> 2) ^ ((r >> 2) & 7)) << 2) + (c & 3);
+}
+
+template <typename T, int D>
+__device__ __forceinline__ Quad<T> LoadQuad(const T* tile, int r, int q) {
+  return *reinterpret_cast<const Quad<T>*>(tile + r * D + ((q ^ ((r >> 2) & 7)) << 2));
+}
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void CpAsyncElement(T* dst, const T* src) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(src));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
+  }
+#else
+  *dst = *src;
+#endif
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits for every copy this thread issued; a __syncthreads() after it publishes all threads' copies.
+__device__ __forceinline__ void CpAsyncWaitAll() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Starts copying rows [row0, row0 + 64) x columns [0, D) of the row-major (rows, cols) matrix at
+// g into `tile`; rows >= rows and columns >= cols read as zero. vec: 16-byte copies (cols a
+// multiple of 16 / sizeof(T), g 16-byte aligned).
+template <typename T, int D>
+__device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int64_t rows, int64_t cols, bool vec) {
+  if (vec) {
+    constexpr int kChunk = 16 / sizeof(T);
+    constexpr int kPerRow = D / kChunk;
+    for (int c = threadIdx.x; c < kTile * kPerRow; c += kThreads) {
+      const int r = c / kPerRow, e = (c % kPerRow) * kChunk;
+      T* dst = tile + SwizzledOffset<D>(r, e);
+      if (row0 + r < rows && e < cols) {
+        CpAsync16(dst, g + (row0 + r) * cols + e);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+    for (int c = threadIdx.x; c < kTile * D; c += kThreads) {
+      const int r = c / D, e = c % D;
+      T* dst = tile + SwizzledOffset<D>(r, e);
+      if (row0 + r < rows && e < cols) {
+        CpAsyncElement(dst, g + (row0 + r) * cols + e);
+      } else {
+        *dst = T(0);
+      }
+    }
+  }
+}
+
+// --- products ----------------------------------------------------------------------------------
+
+// acc[m][c] += A[arow + m, :] . B[col(c), :] over D, col(c) = 4 (cg + 8 (c / 4)) + c % 4: the 4 x 8
+// score tile of this thread, A and B swizzled tiles. The summation order depends only on D, so
+// every kernel computes bit-identical scores.
+template <typename T, int D>
+__device__ __forceinline__ void ProductABt(T (&acc)[4][8], const T* a, int arow, const T* b, int cg) {
+#pragma unroll 4
+  for (int kq = 0; kq < D / 4; ++kq) {
+    Quad<T> x[4], y[8];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) x[m] = LoadQuad<T, D>(a, arow + m, kq);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) y[c] = LoadQuad<T, D>(b, 4 * (cg + 8 * (c >> 2)) + (c & 3), kq);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[m][c] = fma(x[m].v[e], y[c].v[e], acc[m][c]);
+      }
+    }
+  }
+}
+
+// acc[m][4 q + e] += sum_j P[prow + m, j] B[j, 4 (cg + 8 q) + e] over the 64 columns j: P is a warp's
+// (16, 64) row-major buffer, B a swizzled tile; the thread's D / 8 output columns are quads
+// cg, cg + 8, ...
+template <typename T, int D>
+__device__ __forceinline__ void ProductPB(T (&acc)[4][D / 8], const T* p, int prow, const T* b, int cg) {
+#pragma unroll 2
+  for (int jq = 0; jq < kTile / 4; ++jq) {
+    Quad<T> x[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) x[m] = *reinterpret_cast<const Quad<T>*>(p + (prow + m) * kTile + 4 * jq);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+      for (int q = 0; q < D / 32; ++q) {
+        const Quad<T> y = LoadQuad<T, D>(b, 4 * jq + jj, cg + 8 * q);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][4 * q + e] = fma(x[m].v[jj], y.v[e], acc[m][4 * q + e]);
+        }
+      }
+    }
+  }
+}
+
+// Stores the thread's 4 x 8 tile `v` into its warp's (16, 64) buffer p (rows prow + m).
+template <typename T>
+__device__ __forceinline__ void StoreTile(T* p, int prow, int cg, const T (&v)[4][8]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      Quad<T> x;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) x.v[n] = v[m][4 * h + n];
+      *reinterpret_cast<Quad<T>*>(p + (prow + m) * kTile + 4 * (cg + 8 * h)) = x;
+    }
+  }
+}
+
+// Writes the thread's 4 rows of D / 8 accumulator columns (quads cg, cg + 8, ...) into the row-major
+// (rows, cols) matrix g at rows row + m; rows >= rows and columns >= cols are skipped. vec: quad
+// stores (cols a multiple of 4, g aligned to a quad).
+template <typename T, int D>
+__device__ __forceinline__ void StoreRows(T* g, int64_t row, int64_t rows, int64_t cols, int cg, bool vec,
+                                          const T (&acc)[4][D / 8]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    if (row + m >= rows) continue;
+    T* dst = g + (row + m) * cols;
+#pragma unroll
+    for (int q = 0; q < D / 32; ++q) {
+      const int64_t c0 = 4 * (cg + 8 * q);
+      if (c0 >= cols) continue;
+      Quad<T> x;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x.v[e] = acc[m][4 * q + e];
+      if (vec) {
+        *reinterpret_cast<Quad<T>*>(dst + c0) = x;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (c0 + e < cols) dst[c0 + e] = x.v[e];
+        }
+      }
+    }
+  }
+}
+
+// Which buffers take 16-byte copies (loads) or quad stores (outputs), from their dims and alignment.
+struct VecFlags {
+  bool q = false, k = false, v = false, d_o = false;
+  bool o = false, dq = false, dk = false, dv = false;
+};
+
+// --- geometry, masking, dropout ------------------------------------------------------------------
+
+struct BatchOffsets {
+  int64_t q = 0, k = 0, v = 0, mask = 0;
+};
+
+__device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_t b) {
+  BatchOffsets o;
+  for (int d = g.batch_rank - 1; d >= 0; --d) {
+    const int64_t idx = b % g.batch_dims[d];
+    b /= g.batch_dims[d];
+    o.q += idx * g.q_stride[d];
+    o.k += idx * g.k_stride[d];
+    o.v += idx * g.v_stride[d];
+    o.mask += idx * g.mask_stride[d];
+  }
+  return o;
+}
+
+// The masked score of query i, key j from the scaled product s: -inf when the key is out of range,
+// above the causal diagonal or masked out, s + mask for an additive mask.
+template <typename T>
+__device__ __forceinline__ T MaskedScore(const FlashGeometry& g, const void* mask, int64_t mask_offset, int64_t i,
+                                         int64_t j, T s) {
+  if (i >= g.sq || j >= g.sk || (g.causal && j > i)) return NegInf<T>();
+  if (g.mask == FlashMask::kAdditive) {
+    return s + static_cast<const T*>(mask)[mask_offset + i * g.mask_row_stride + j * g.mask_col_stride];
+  }
+  if (g.mask == FlashMask::kBool &&
+      static_cast<const uint8_t*>(mask)[mask_offset + i * g.mask_row_stride + j * g.mask_col_stride] == 0) {
+    return NegInf<T>();
+  }
+  return s;
+}
+
+// True when every (query, key) of the 64 x 64 block at (i0, j0) is visible and unmasked, so the
+// per-element checks can be skipped.
+__device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t i0, int64_t j0) {
+  return g.mask == FlashMask::kNone && i0 + kTile <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
+}
+
+// Maximum / sum over the 8 lanes of a row group.
+template <typename T>
+__device__ __forceinline__ T GroupMax(T x) {
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ T GroupSum(T x) {
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+}  // namespace onnxpipe::cuda::flash

@@ -1,0 +1,478 @@
+// The fused fp32 attention of the CUDA backend (attention_kernels.cc over flash_attention.h)
+// against the CPU backend's Attention and AttentionGrad kernels on the same inputs and ExecContext:
+// O, dQ, dK, dV within a normalised error of 1e-5 (max |gpu - cpu| over max |cpu|, no NaN) over
+// Sq != Sk, head dims 8 to 128 (Dv != Dh, sizes off the 64-wide tiles, dims off the 4-wide vectors),
+// broadcast batch operands, additive and bool masks of several broadcast shapes with fully masked
+// rows, causal with and without a mask, dropout (the CPU's keep mask, also at a micro-batch row
+// offset), inference, and gradients not asked for. Every case runs unplanned (temporary scratch)
+// and planned (a workspace of exactly what CudaBackend::WorkspaceBytes reported) and must not fall
+// back to the host. fp64 through the kernel API against the CPU's fp64 to 1e-12. Skips without a
+// GPU.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/flash_attention.h"
+#include "frontend/ir/status.h"
+#include "gmock/gmock.h"
+#include "tests/cpu/test_util.h"
+#include "tests/cuda/device_tensor.h"
+
+namespace onnxpipe::cuda::testing {
+namespace {
+
+using cpu::testing::Rand;
+using ir::DType;
+using ir::Tensor;
+
+// A planned executor's allocator: outputs from the backend (filled with NaN, so an element the
+// kernel forgets shows), and a workspace of exactly `reserved` bytes (asking for more fails).
+class PlannedOutputs : public ir::OutputAllocator {
+ public:
+  PlannedOutputs(const backend::Backend& be, int64_t reserved) : be_(be), reserved_(reserved) {}
+  absl::StatusOr<Tensor> Allocate(const ir::Node&, int, DType dtype, const std::vector<int64_t>& dims) override {
+    ASSIGN_OR_RETURN(Tensor t, be_.Zeros(dtype, dims));
+    RETURN_IF_ERROR(be_.Fill(t, 0xff));  // NaN in every float dtype
+    return t;
+  }
+  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
+  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
+    if (bytes > reserved_) {
+      return FAILED_PRECONDITION() << ir::OpName(node.op) << " asked for " << bytes << " bytes of workspace, "
+                                   << reserved_ << " reserved";
+    }
+    if (buffer_ == nullptr) {
+      ASSIGN_OR_RETURN(buffer_, be_.Allocate(std::max<int64_t>(reserved_, 1)));
+      RETURN_IF_ERROR(be_.Fill(Tensor::View(DType::kU8, {reserved_}, buffer_, 0, be_.placement()), 0xff));
+    }
+    return buffer_.get();
+  }
+
+ private:
+  const backend::Backend& be_;
+  const int64_t reserved_;
+  std::shared_ptr<uint8_t> buffer_;
+};
+
+// max |got - want| <= tol * max |want|, no NaN where want has none.
+::testing::AssertionResult Close(const Tensor& got, const Tensor& want, double tol) {
+  if (got.dims() != want.dims()) return ::testing::AssertionFailure() << "dims differ";
+  double max_err = 0, max_ref = 0;
+  int64_t worst = -1;
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    const double g = got.GetAsDouble(i), w = want.GetAsDouble(i);
+    if (std::isnan(g) && !std::isnan(w)) return ::testing::AssertionFailure() << "NaN at element " << i;
+    const double err = std::abs(g - w);
+    if (err > max_err) {
+      max_err = err;
+      worst = i;
+    }
+    max_ref = std::max(max_ref, std::abs(w));
+  }
+  if (max_err <= tol * max_ref || max_err == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |gpu - cpu| " << max_err << " at element " << worst << " (gpu "
+                                       << got.GetAsDouble(worst) << ", cpu " << want.GetAsDouble(worst)
+                                       << "), max |cpu| " << max_ref << ", normalised " << max_err / max_ref;
+}
+
+// A mask broadcasting to (..., Sq, Sk): additive values in [-3, 0] with some -inf, or bools (a
+// third false). Row 0 of the last two dims is masked entirely when `masked_row` (with a (.., 1, Sk)
+// mask that is every query of batch 0).
+Tensor MakeMask(const std::vector<int64_t>& dims, DType dtype, uint32_t seed, bool masked_row) {
+  const Tensor r = Rand(DType::kF32, dims, seed, 0.0, 1.0);
+  Tensor m(dtype, dims);
+  const int64_t sk = dims.back();
+  for (int64_t i = 0; i < r.num_elements(); ++i) {
+    const float u = r.data<float>()[i];
+    const bool off = (masked_row && i < sk) || u < 0.1f;
+    if (dtype == DType::kBool) {
+      m.mutable_data<bool>()[i] = !(off || u < 0.33f);
+    } else {
+      m.mutable_data<float>()[i] = off ? -std::numeric_limits<float>::infinity() : -3.f * u;
+    }
+  }
+  return m;
+}
+
+struct Case {
+  std::string name;
+  std::vector<int64_t> q, k, v;
+  std::vector<int64_t> mask = {};  // empty: none
+  DType mask_dtype = DType::kF32;  // kF32: additive; kBool
+  std::string mask_kind = "";      // the attribute; empty: absent ("additive")
+  bool causal = false;
+  double dropout = 0.0;
+  std::optional<double> scale = std::nullopt;
+  bool masked_row = false;
+  backend::ExecContext ctx = {.training = true, .seed = 11, .offset = 3};
+  std::vector<int> absent_grads = {};  // AttentionGrad outputs the node does not have
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+class FlashAttentionBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    absl::StatusOr<std::shared_ptr<CudaBackend>> be = CudaBackend::Create(0);
+    ASSERT_TRUE(be.ok()) << be.status();
+    be_ = *be;
+  }
+
+  int64_t Fallbacks(const std::string& op) const {
+    const std::map<std::string, int64_t> f = be_->HostFallbacks();
+    auto it = f.find(op);
+    return it == f.end() ? 0 : it->second;
+  }
+
+  // Runs `op` on the CPU and the GPU (unplanned and planned) and compares every output. Returns the
+  // CPU's outputs.
+  std::vector<Tensor> RunBoth(ir::OpKind op, const std::string& name, const std::vector<Tensor>& inputs,
+                              const ir::Attrs& attrs, int num_outputs, const std::vector<int>& absent,
+                              const backend::ExecContext& ctx, bool expect_device = true) {
+    ir::Graph g;
+    std::vector<ir::ValueId> in_ids, out_ids;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].defined()) {
+        in_ids.push_back(ir::kNoValue);
+        continue;
+      }
+      const Tensor& t = inputs[i];
+      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
+    }
+    for (int k = 0; k < num_outputs; ++k) {
+      const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
+      out_ids.push_back(gone ? ir::kNoValue
+                             : g.AddValue("out" + std::to_string(k), DType::kF32, {}, /*shape_known=*/false));
+    }
+    const ir::Node& node = g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
+    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, inputs, ctx);
+    EXPECT_TRUE(want.ok()) << want.status();
+    if (!want.ok()) return {};
+    std::vector<Tensor> dev_in;
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) {
+        dev_in.push_back(t);
+        continue;
+      }
+      absl::StatusOr<Tensor> d = be_->Upload(t);
+      EXPECT_TRUE(d.ok()) << d.status();
+      dev_in.push_back(*d);
+    }
+    const std::string op_name(ir::OpName(op));
+    for (bool planned : {false, true}) {
+      SCOPED_TRACE(op_name + (planned ? " planned" : " unplanned"));
+      PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node));
+      const int64_t before = Fallbacks(op_name);
+      absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, ctx, planned ? &plan : nullptr);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok()) continue;
+      EXPECT_EQ(Fallbacks(op_name) - before, expect_device ? 0 : 1) << op_name << " ran on the host";
+      EXPECT_EQ(got->size(), want->size());
+      for (size_t k = 0; k < want->size() && k < got->size(); ++k) {
+        SCOPED_TRACE("output " + std::to_string(k));
+        EXPECT_EQ((*got)[k].defined(), (*want)[k].defined());
+        if (!(*want)[k].defined() || !(*got)[k].defined()) continue;
+        absl::StatusOr<Tensor> h = be_->ToHost((*got)[k]);
+        EXPECT_TRUE(h.ok()) << h.status();
+        if (h.ok()) {
+          EXPECT_TRUE(Close(*h, (*want)[k], expect_device ? 1e-5 : 0));
+        }
+      }
+    }
+    return *want;
+  }
+
+  std::shared_ptr<CudaBackend> be_;
+};
+
+class FlashAttentionTest : public FlashAttentionBackendTest, public ::testing::WithParamInterface<Case> {};
+
+ir::Attrs AttrsOf(const Case& c) {
+  ir::Attrs a;
+  if (c.causal) a.Set("causal", int64_t{1});
+  if (c.dropout > 0) a.Set("dropout", c.dropout);
+  if (c.scale) a.Set("scale", *c.scale);
+  if (!c.mask.empty() && !c.mask_kind.empty()) a.Set("mask_kind", c.mask_kind);
+  return a;
+}
+
+TEST_P(FlashAttentionTest, ForwardAndBackwardMatchTheCpu) {
+  const Case& c = GetParam();
+  const Tensor q = Rand(DType::kF32, c.q, 1, -1, 1), k = Rand(DType::kF32, c.k, 2, -1, 1),
+               v = Rand(DType::kF32, c.v, 3, -1, 1);
+  const Tensor mask = c.mask.empty() ? Tensor() : MakeMask(c.mask, c.mask_dtype, 4, c.masked_row);
+  const ir::Attrs attrs = AttrsOf(c);
+  std::vector<Tensor> in = {q, k, v};
+  if (mask.defined()) in.push_back(mask);
+  const std::vector<Tensor> o = RunBoth(ir::OpKind::kAttention, "attn", in, attrs, 1, {}, c.ctx);
+  ASSERT_EQ(o.size(), 1u);
+
+  ir::Attrs grad_attrs = attrs;
+  grad_attrs.Set("rng_key", std::string("attn"));  // replays the forward's dropout
+  const Tensor d_o = Rand(DType::kF32, o[0].dims(), 5, -1, 1);
+  std::vector<Tensor> grad_in = {d_o, q, k, v};
+  if (mask.defined()) grad_in.push_back(mask);
+  RunBoth(ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, c.absent_grads, c.ctx);
+}
+
+Case Shape(std::string name, std::vector<int64_t> q, std::vector<int64_t> k, std::vector<int64_t> v) {
+  Case c;
+  c.name = std::move(name);
+  c.q = std::move(q), c.k = std::move(k), c.v = std::move(v);
+  return c;
+}
+Case WithMask(Case c, std::vector<int64_t> mask, DType dtype, bool masked_row = true) {
+  c.mask = std::move(mask);
+  c.mask_dtype = dtype;
+  c.mask_kind = dtype == DType::kBool ? "bool" : "";
+  c.masked_row = masked_row;
+  return c;
+}
+Case Causal(Case c) {
+  c.causal = true;
+  return c;
+}
+Case Dropout(Case c, double ratio = 0.1) {
+  c.dropout = ratio;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HeadDims, FlashAttentionTest,
+    ::testing::Values(Shape("d8", {2, 3, 37, 8}, {2, 3, 45, 8}, {2, 3, 45, 8}),
+                      Shape("d16", {2, 2, 70, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
+                      Shape("d32", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+                      Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+                      Shape("d80", {1, 3, 65, 80}, {1, 3, 77, 80}, {1, 3, 77, 80}),
+                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+                      Shape("d32_dv48", {2, 2, 50, 32}, {2, 2, 70, 32}, {2, 2, 70, 48}),
+                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+                      Shape("d3_single_row", {1, 1, 1, 3}, {1, 1, 5, 3}, {1, 1, 5, 3}),
+                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
+                      Shape("rank2", {40, 16}, {70, 16}, {70, 16}),
+                      [] {
+                        Case c = Shape("scale_attr", {2, 2, 40, 32}, {2, 2, 40, 32}, {2, 2, 40, 32});
+                        c.scale = 0.37;
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Broadcast, FlashAttentionTest,
+    ::testing::Values(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
+                      Shape("kv_batch1", {3, 2, 40, 16}, {1, 2, 50, 16}, {1, 2, 50, 16}),
+                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+                      Shape("q_broadcast", {1, 2, 30, 16}, {3, 2, 40, 16}, {3, 2, 40, 16}),
+                      Shape("k_and_v_differ", {2, 2, 30, 16}, {2, 1, 40, 16}, {1, 2, 40, 24}),
+                      Shape("leading_ones", {1, 2, 30, 16}, {2, 30, 16}, {2, 30, 16}),
+                      [] {
+                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                        c.absent_grads = {0};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("kv_head1_only_dq", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                        c.absent_grads = {1, 2};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("only_dv", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
+                        c.absent_grads = {0, 1};
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, FlashAttentionTest,
+    ::testing::Values(WithMask(Shape("additive_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
+                               {3, 1, 1, 90}, DType::kF32),
+                      WithMask(Shape("additive_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}),
+                               {1, 1, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_full", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
+                               {2, 2, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_2d", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {33, 65},
+                               DType::kF32),
+                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
+                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
+                      WithMask(Shape("bool_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
+                               {3, 1, 1, 90}, DType::kBool),
+                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
+                               DType::kBool),
+                      WithMask(Shape("bool_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
+                               {2, 2, 70, 90}, DType::kBool),
+                      [] {
+                        // A bool mask under the default mask_kind ("additive"): read as bool, as the CPU does.
+                        Case c = WithMask(Shape("bool_default_kind", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}),
+                                          {2, 1, 1, 50}, DType::kBool);
+                        c.mask_kind = "";
+                        return c;
+                      }(),
+                      WithMask(Shape("kv_head1_masked", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
+                               {2, 1, 70, 90}, DType::kF32)),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Causal, FlashAttentionTest,
+    ::testing::Values(Causal(Shape("square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+                      Causal(Shape("more_queries", {2, 2, 150, 32}, {2, 2, 70, 32}, {2, 2, 70, 32})),
+                      Causal(Shape("more_keys", {2, 2, 70, 32}, {2, 2, 150, 32}, {2, 2, 150, 32})),
+                      Causal(WithMask(Shape("additive", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
+                                      {2, 1, 1, 100}, DType::kF32)),
+                      Causal(WithMask(Shape("bool_full", {2, 2, 100, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
+                                      {2, 2, 100, 130}, DType::kBool))),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Dropout, FlashAttentionTest,
+    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
+                      Dropout(Shape("d64_s256", {2, 4, 256, 64}, {2, 4, 256, 64}, {2, 4, 256, 64})),
+                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
+                                              {2, 1, 1, 100}, DType::kBool))),
+                      Dropout(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32})),
+                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+                      Dropout(Shape("ratio_half", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 0.5),
+                      Dropout(Shape("ratio_one", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 1.0),
+                      [] {
+                        // Micro-batch 2 of 4 rows: counters start at 2 * Sq * Sk * heads.
+                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 16}, {2, 2, 51, 16}, {2, 2, 51, 16}));
+                        c.ctx.row_offset = 2;
+                        c.ctx.rows = 2;
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Dropout(Shape("inference", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}));
+                        c.ctx.training = false;
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The bench shape's forward+backward in one test that exercises many tiles (GEMM-sized work).
+INSTANTIATE_TEST_SUITE_P(Large, FlashAttentionTest,
+                         ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64},
+                                                        {4, 8, 384, 64})),
+                                           Shape("b4_h8_s320", {4, 8, 320, 64}, {4, 8, 320, 64}, {4, 8, 320, 64})),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Shapes the kernels do not cover run the CPU kernel on the host, with its exact result.
+TEST_F(FlashAttentionBackendTest, HeadDimsOver128FallBackToTheHost) {
+  const Tensor q = Rand(DType::kF32, {1, 2, 20, 160}, 1), k = Rand(DType::kF32, {1, 2, 30, 160}, 2),
+               v = Rand(DType::kF32, {1, 2, 30, 160}, 3);
+  RunBoth(ir::OpKind::kAttention, "attn", {q, k, v}, {}, 1, {}, {}, /*expect_device=*/false);
+}
+
+// --- fp64 through the kernel API --------------------------------------------------------------
+
+class FlashAttentionF64Test : public CudaTest {};
+
+TEST_F(FlashAttentionF64Test, MatchesTheCpuInFp64) {
+  struct F64Case {
+    std::vector<int64_t> q, k, v, mask;
+    bool causal;
+    double dropout;
+  };
+  const F64Case cases[] = {
+      {{2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}, {}, false, 0.0},
+      {{2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 40}, {2, 1, 1, 90}, true, 0.1},
+      {{1, 3, 33, 10}, {1, 3, 29, 10}, {1, 3, 29, 7}, {1, 1, 33, 29}, false, 0.2},
+  };
+  for (const F64Case& fc : cases) {
+    const Tensor q = Rand(DType::kF64, fc.q, 1, -1, 1), k = Rand(DType::kF64, fc.k, 2, -1, 1),
+                 v = Rand(DType::kF64, fc.v, 3, -1, 1);
+    Tensor mask;
+    if (!fc.mask.empty()) mask = MakeMask(fc.mask, DType::kF32, 4, true).CastTo(DType::kF64);
+    ir::Attrs attrs;
+    if (fc.causal) attrs.Set("causal", int64_t{1});
+    if (fc.dropout > 0) attrs.Set("dropout", fc.dropout);
+    const cpu::EvalContext ctx{true, 5, 9};
+    std::vector<Tensor> in = {q, k, v};
+    if (mask.defined()) in.push_back(mask);
+    const int n_in = static_cast<int>(in.size());
+    absl::StatusOr<std::vector<Tensor>> o =
+        cpu::testing::Eval(cpu::testing::MakeNode(ir::OpKind::kAttention, n_in, 1, attrs, "attn"), in, ctx);
+    ASSERT_TRUE(o.ok()) << o.status();
+    const Tensor d_o = Rand(DType::kF64, (*o)[0].dims(), 5, -1, 1);
+    ir::Attrs grad_attrs = attrs;
+    grad_attrs.Set("rng_key", std::string("attn"));
+    std::vector<Tensor> grad_in = {d_o, q, k, v};
+    if (mask.defined()) grad_in.push_back(mask);
+    absl::StatusOr<std::vector<Tensor>> grads = cpu::testing::Eval(
+        cpu::testing::MakeNode(ir::OpKind::kAttentionGrad, n_in + 1, 3, grad_attrs, "attn_grad"), grad_in, ctx);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+
+    FlashAttentionConfig c;
+    c.dtype = DType::kF64;
+    c.q_dims = fc.q, c.k_dims = fc.k, c.v_dims = fc.v;
+    if (mask.defined()) c.mask = FlashMask::kAdditive, c.mask_dims = fc.mask;
+    c.causal = fc.causal;
+    c.dropout.training = true;
+    c.dropout.ratio = fc.dropout;
+    c.dropout.seed = 5;
+    c.dropout.offset = 9;
+    c.dropout.node_key = cpu::Fnv1a64("attn", 4);
+    absl::StatusOr<FlashAttentionPlan> plan = PlanFlashAttention(c);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    DeviceTensor dq_in(q), dk_in(k), dv_in(v), ddo(d_o);
+    std::optional<DeviceTensor> dmask;
+    if (mask.defined()) dmask.emplace(mask);
+    const void* mp = dmask ? dmask->get() : nullptr;
+    DeviceTensor out(DType::kF64, plan->out_dims);
+    ASSERT_TRUE(FlashAttentionForward(*plan, dq_in.get(), dk_in.get(), dv_in.get(), mp, out.get(), nullptr).ok());
+    EXPECT_TRUE(Close(out.ToHost(), (*o)[0], 1e-12));
+
+    DeviceTensor gq(DType::kF64, fc.q), gk(DType::kF64, fc.k), gv(DType::kF64, fc.v);
+    const int64_t ws_bytes = FlashAttentionBackwardWorkspaceBytes(*plan, true, true, true);
+    DeviceTensor ws(DType::kU8, {std::max<int64_t>(ws_bytes, 1)});
+    FlashBackwardBuffers b;
+    b.d_o = ddo.get(), b.q = dq_in.get(), b.k = dk_in.get(), b.v = dv_in.get(), b.mask = mp;
+    b.dq = gq.get(), b.dk = gk.get(), b.dv = gv.get();
+    b.workspace = ws.get(), b.workspace_bytes = ws_bytes;
+    const absl::Status st = FlashAttentionBackward(*plan, b, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(Close(gq.ToHost(), (*grads)[0], 1e-12)) << "dQ";
+    EXPECT_TRUE(Close(gk.ToHost(), (*grads)[1], 1e-12)) << "dK";
+    EXPECT_TRUE(Close(gv.ToHost(), (*grads)[2], 1e-12)) << "dV";
+  }
+}
+
+TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
+  FlashAttentionConfig c;
+  c.q_dims = {2, 4, 8}, c.k_dims = {2, 5, 8}, c.v_dims = {2, 5, 8};
+  EXPECT_TRUE(PlanFlashAttention(c).ok());
+  FlashAttentionConfig bad = c;
+  bad.k_dims = {2, 5, 9};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("expected Q"));
+  bad = c;
+  bad.q_dims = {2, 4, 200}, bad.k_dims = {2, 5, 200}, bad.v_dims = {2, 5, 200};
+  EXPECT_EQ(PlanFlashAttention(bad).status().code(), absl::StatusCode::kUnimplemented);
+  bad = c;
+  bad.dtype = DType::kF64;
+  bad.v_dims = {2, 5, 100};
+  EXPECT_EQ(PlanFlashAttention(bad).status().code(), absl::StatusCode::kUnimplemented);
+  bad = c;
+  bad.mask = FlashMask::kBool, bad.mask_dims = {3, 4, 5};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("does not broadcast"));
+  bad = c;
+  bad.dropout.ratio = 1.5;
+  EXPECT_FALSE(PlanFlashAttention(bad).ok());
+  bad = c;
+  bad.dtype = DType::kBF16;
+  EXPECT_FALSE(PlanFlashAttention(bad).ok());
+  // Workspace: statistics only when dK or dV is wanted; a broadcast K adds its full-batch gradient.
+  FlashAttentionConfig bc = c;
+  bc.k_dims = {1, 5, 8};
+  absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(bc);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, false, false), 0);
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);          // 3 x 2 x 4 floats
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);    // + 2 x 5 x 8 floats
+}
+
+}  // namespace
+}  // namespace onnxpipe::cuda::testing
