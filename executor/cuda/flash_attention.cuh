@@ -3,14 +3,20 @@
 //
 // Thread layout (every kernel): a CTA of kWarps = 4 warps owns 64 "rows" (queries in the forward
 // and dQ kernels, keys in the dK/dV kernel), 16 per warp, and walks tiles of 64 "columns" (keys,
-// resp. queries). Lane l of warp w has row group rg = l / 8 and column group cg = l % 8; it holds
-// rows w * 16 + rg * 4 + m (m < 4) and, of a 64-column score tile, columns 4 * (cg + 8 h) + n
-// (h < 2, n < 4): a 4 x 8 register tile, whose four consecutive columns share Philox blocks. Row
-// statistics are reduced over the 8 lanes of a row group (shuffles over lane bits 0-2).
+// resp. queries). Lane l of warp w has a row group rg < 4 (lane bits 0 and 2) and a column group
+// cg < 8 (lane bits 1, 3, 4); it holds rows w * 16 + rg * 4 + m (m < 4) and, of a 64-column score
+// tile, columns 4 * (cg + 8 h) + n (h < 2, n < 4): a 4 x 8 register tile, whose four consecutive
+// columns share Philox blocks. Row statistics are reduced over the 8 lanes of a row group
+// (shuffles over lane bits 1, 3, 4).
 //
-// Shared tiles are (64, D) row-major in 4-element quads, quad q of row r stored at q ^ ((r / 4) % 8):
-// a quarter-warp reading quad q of rows 4 cg + n (cg < 8) or quads cg of one row hits 8 different
-// bank groups, so both products below run without bank conflicts.
+// Shared memory returns one 32-bit register per lane and cycle, so a 128-bit load costs 4 cycles,
+// or 2 when lanes l and l ^ 1 (or l and l ^ 2) read the same address. The lane layout makes every
+// load of the products below such a pair load: lanes l, l ^ 1 share a column group (the same
+// B-operand quad) and lanes l, l ^ 2 a row group (the same A-operand quad), so 12 loads feed 128
+// FMAs in 24 cycles, under the 32 that the FMAs take.
+// Shared tiles (and the warps' P buffers) are row-major in 4-element quads, quad q of row r stored
+// at q ^ ((r / 4) % 8): the quads one load reads -- quad q of rows 4 cg + n, of rows 4 rg + m, or
+// quads cg of one row -- lie in different bank groups, so no load has a bank conflict.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +38,9 @@ template <typename T>
 struct alignas(4 * sizeof(T)) Quad {
   T v[4];
 };
+
+__device__ __forceinline__ int RowGroup(int lane) { return (lane & 1) | ((lane >> 1) & 2); }
+__device__ __forceinline__ int ColGroup(int lane) { return ((lane >> 1) & 1) | ((lane >> 2) & 6); }
 
 template <typename T>
 __device__ __forceinline__ T NegInf() {
@@ -146,7 +155,7 @@ __device__ __forceinline__ void ProductABt(T (&acc)[4][8], const T* a, int arow,
 }
 
 // acc[m][4 q + e] += sum_j P[prow + m, j] B[j, 4 (cg + 8 q) + e] over the 64 columns j: P is a warp's
-// (16, 64) row-major buffer, B a swizzled tile; the thread's D / 8 output columns are quads
+// swizzled (16, 64) buffer, B a swizzled tile; the thread's D / 8 output columns are quads
 // cg, cg + 8, ...
 template <typename T, int D>
 __device__ __forceinline__ void ProductPB(T (&acc)[4][D / 8], const T* p, int prow, const T* b, int cg) {
@@ -154,7 +163,7 @@ __device__ __forceinline__ void ProductPB(T (&acc)[4][D / 8], const T* p, int pr
   for (int jq = 0; jq < kTile / 4; ++jq) {
     Quad<T> x[4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) x[m] = *reinterpret_cast<const Quad<T>*>(p + (prow + m) * kTile + 4 * jq);
+    for (int m = 0; m < 4; ++m) x[m] = LoadQuad<T, kTile>(p, prow + m, jq);
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
@@ -170,7 +179,7 @@ __device__ __forceinline__ void ProductPB(T (&acc)[4][D / 8], const T* p, int pr
   }
 }
 
-// Stores the thread's 4 x 8 tile `v` into its warp's (16, 64) buffer p (rows prow + m).
+// Stores the thread's 4 x 8 tile `v` into its warp's swizzled (16, 64) buffer p (rows prow + m).
 template <typename T>
 __device__ __forceinline__ void StoreTile(T* p, int prow, int cg, const T (&v)[4][8]) {
 #pragma unroll
@@ -180,7 +189,7 @@ __device__ __forceinline__ void StoreTile(T* p, int prow, int cg, const T (&v)[4
       Quad<T> x;
 #pragma unroll
       for (int n = 0; n < 4; ++n) x.v[n] = v[m][4 * h + n];
-      *reinterpret_cast<Quad<T>*>(p + (prow + m) * kTile + 4 * (cg + 8 * h)) = x;
+      *reinterpret_cast<Quad<T>*>(p + SwizzledOffset<kTile>(prow + m, 4 * (cg + 8 * h))) = x;
     }
   }
 }
@@ -261,18 +270,18 @@ __device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t 
   return g.mask == FlashMask::kNone && i0 + kTile <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
 }
 
-// Maximum / sum over the 8 lanes of a row group.
+// Maximum / sum over the 8 lanes of a row group (lane bits 1, 3, 4); every lane gets the same value.
 template <typename T>
 __device__ __forceinline__ T GroupMax(T x) {
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
+  x = max(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = max(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return max(x, __shfl_xor_sync(0xffffffffu, x, 16));
 }
 template <typename T>
 __device__ __forceinline__ T GroupSum(T x) {
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
 }  // namespace onnxpipe::cuda::flash

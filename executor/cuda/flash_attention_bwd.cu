@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) QKernel(const FlashGeometry g, const
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* dos = qs + kTile * D;             // (64, D)
   T* kv = dos + kTile * D;             // stage s: K at kv + 2 s 64 D, V after it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 3, cg = lane & 7;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = RowGroup(lane), cg = ColGroup(lane);
   T* pw = kv + 4 * kTile * D + warp * 16 * kTile;  // this warp's (16, 64) dS
   const int arow = warp * 16 + rg * 4;
 
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
   T* ks = reinterpret_cast<T*>(smem);  // (64, D)
   T* vs = ks + kTile * D;              // (64, D)
   T* qd = vs + kTile * D;              // stage s: Q at qd + 2 s 64 D, dO after it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 3, cg = lane & 7;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = RowGroup(lane), cg = ColGroup(lane);
   T* pw = qd + 4 * kTile * D + warp * 16 * kTile;  // this warp's (16 keys, 64 queries) buffer
   const int arow = warp * 16 + rg * 4;
 

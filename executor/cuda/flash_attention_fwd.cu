@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* kv = qs + kTile * D;              // stage s: K at kv + 2 s 64 D, V after it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 3, cg = lane & 7;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = RowGroup(lane), cg = ColGroup(lane);
   T* pw = kv + 4 * kTile * D + warp * 16 * kTile;  // this warp's (16, 64) probabilities
   const int arow = warp * 16 + rg * 4;
 
