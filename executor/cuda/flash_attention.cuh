@@ -47,7 +47,7 @@ __device__ __forceinline__ T NegInf() {
   return -INFINITY;
 }
 
-// exp(x) for x <= 0 (or -inf): fp32 through exp2 of the rescaled argument; fp64 exactly.
+// exp(x) for x <= 0 (or -inf): fp32 through exp2 of the rescaled argument, fp64 through exp.
 __device__ __forceinline__ float ExpNonPositive(float x) { return exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ double ExpNonPositive(double x) { return exp(x); }
 

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) QKernel(const FlashGeometry g, const
                                                     const T* __restrict__ q, const T* __restrict__ k,
                                                     const T* __restrict__ v, const void* __restrict__ mask,
                                                     T* __restrict__ dq, T* __restrict__ stats, const VecFlags vec) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* dos = qs + kTile * D;             // (64, D)
   T* kv = dos + kTile * D;             // stage s: K at kv + 2 s 64 D, V after it
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
                                                      const T* __restrict__ v, const void* __restrict__ mask,
                                                      const T* __restrict__ stats, T* __restrict__ dk,
                                                      T* __restrict__ dv, const VecFlags vec) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);  // (64, D)
   T* vs = ks + kTile * D;              // (64, D)
   T* qd = vs + kTile * D;              // stage s: Q at qd + 2 s 64 D, dO after it

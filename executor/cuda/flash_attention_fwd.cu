@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
                                                           const T* __restrict__ k, const T* __restrict__ v,
                                                           const void* __restrict__ mask, T* __restrict__ o,
                                                           const VecFlags vec) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* kv = qs + kTile * D;              // stage s: K at kv + 2 s 64 D, V after it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = RowGroup(lane), cg = ColGroup(lane);
