@@ -4,8 +4,8 @@
 // scratch (row statistics, full-batch gradients of broadcast operands) is its planned workspace.
 // Cases the kernels do not cover (bf16/fp16, which cuDNN's attention.h serves to its own callers;
 // head dims over 128) and inputs the CPU kernel rejects run the CPU kernel on the host, which
-// reports the error. fp64 stays on the host on purpose: the backend's fp64 mode is the CPU's
-// arithmetic bit for bit (cuda_backend_test compares a GPU pipeline with the CPU's exactly).
+// reports the error. fp64 (the gradient-check dtype) runs the CPU kernel: the fused kernels take
+// fp64 through flash_attention.h, but cannot yet sum the gradient of a broadcast operand in fp64.
 #include <cmath>
 #include <string>
 
