@@ -12,6 +12,12 @@ absl::StatusOr<ir::Tensor> KernelContext::Output(const ir::Node& node, int index
   return backend->Zeros(dtype, dims, exec.stream);
 }
 
+absl::StatusOr<ir::Tensor> KernelContext::FullOutput(const ir::Node& node, int index, ir::DType dtype,
+                                                     const std::vector<int64_t>& dims) const {
+  if (outputs != nullptr) return outputs->AllocateUninitialized(node, index, dtype, dims);
+  return backend->Zeros(dtype, dims, exec.stream);
+}
+
 absl::StatusOr<void*> KernelContext::Workspace(const ir::Node& node, int64_t bytes) const {
   if (bytes <= 0) return nullptr;
   if (outputs != nullptr) return outputs->Workspace(node, bytes);

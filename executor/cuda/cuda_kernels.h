@@ -35,6 +35,10 @@ struct KernelContext {
   // Output `index` of `node` on the device: the planned slot, or a fresh zero-filled buffer.
   absl::StatusOr<ir::Tensor> Output(const ir::Node& node, int index, ir::DType dtype,
                                     const std::vector<int64_t>& dims) const;
+  // As Output, not zero-filled when planned (OutputAllocator::AllocateUninitialized): for kernels
+  // that write every element of the output.
+  absl::StatusOr<ir::Tensor> FullOutput(const ir::Node& node, int index, ir::DType dtype,
+                                        const std::vector<int64_t>& dims) const;
   // `bytes` of device scratch for `node`, valid for the work issued on `stream` by this kernel:
   // the plan's workspace (OutputAllocator::Workspace) when planned, else a temporary buffer from
   // the stream-ordered allocator. Null for 0 bytes.

@@ -16,11 +16,11 @@ KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::
       DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset, ctx.exec.row_offset, ctx.exec.rows, n);
   if (!p.ok()) return std::nullopt;  // the CPU kernel reports it
   std::vector<ir::Tensor> out(2);
-  absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, x.dtype(), x.dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, x.dtype(), x.dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
   if (WantsOutput(node, 1)) {
-    absl::StatusOr<ir::Tensor> m = ctx.Output(node, 1, ir::DType::kBool, x.dims());
+    absl::StatusOr<ir::Tensor> m = ctx.FullOutput(node, 1, ir::DType::kBool, x.dims());
     if (!m.ok()) return m.status();
     out[1] = *m;
   }
@@ -46,7 +46,7 @@ KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const s
   DropoutParams p;
   p.training = ctx.exec.training;
   p.ratio = ratio;
-  absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, dy.dtype(), dy.dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, dy.dtype(), dy.dims());
   if (!dx.ok()) return dx.status();
   if (dy.num_elements() == 0) return std::vector<ir::Tensor>{*dx};
   if (absl::Status st = DropoutBackward(p, dy.dtype(), dy.device_raw(), static_cast<const uint8_t*>(mask.device_raw()),

@@ -41,7 +41,7 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
     return std::nullopt;
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
   if (!dims) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   return Single(
@@ -78,7 +78,7 @@ KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const s
     return std::nullopt;
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims(), in[2].dims()});
   if (!dims) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   return Single(Where(t, static_cast<const uint8_t*>(in[0].device_raw()), in[0].dims(), in[1].device_raw(),
@@ -91,7 +91,7 @@ KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const st
   const std::initializer_list<ir::DType> covered = {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32,
                                                     ir::DType::kBool};
   if (!to || !IsOneOf(*to, covered) || !IsOneOf(in[0].dtype(), covered)) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, *to, in[0].dims());
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, *to, in[0].dims());
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (*to == in[0].dtype()) return Single(ctx.backend->Copy(in[0], *out, ctx.exec.stream), *out);
@@ -102,7 +102,7 @@ KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const st
 KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& node,
                          const std::vector<ir::Tensor>& in) {
   if (in[0].dtype() != ir::DType::kF32) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   return Single(Unary(op, ir::DType::kF32, in[0].device_raw(), out->device_raw(), in[0].num_elements(), ctx.stream),

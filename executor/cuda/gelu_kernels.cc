@@ -21,7 +21,7 @@ void RegisterGeluKernels(KernelTable& table) {
                                 const std::vector<ir::Tensor>& in) -> std::optional<absl::StatusOr<std::vector<ir::Tensor>>> {
     const std::optional<bool> tanh_form = TanhForm(node);
     if (!tanh_form || in[0].dtype() != ir::DType::kF32) return std::nullopt;
-    absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+    absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
     if (!y.ok()) return y.status();
     const absl::Status st = GeluForward(static_cast<const float*>(in[0].device_raw()),
                                         static_cast<float*>(y->device_raw()), in[0].num_elements(), *tanh_form, ctx.stream);
@@ -35,7 +35,7 @@ void RegisterGeluKernels(KernelTable& table) {
         in[0].dims() != in[1].dims()) {
       return std::nullopt;
     }
-    absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, ir::DType::kF32, in[1].dims());
+    absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
     if (!dx.ok()) return dx.status();
     const absl::Status st =
         GeluBackward(static_cast<const float*>(in[0].device_raw()), static_cast<const float*>(in[1].device_raw()),

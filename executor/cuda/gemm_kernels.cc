@@ -96,7 +96,8 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
   if (!promoted_b) out_dims.push_back(n);
   const int64_t nbatch = Product(*batch, 0, batch->size());
   const int64_t a_count = Product(a_batch, 0, a_batch.size()), b_count = Product(b_batch, 0, b_batch.size());
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, out_dims);
+  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, ir::DType::kF32, out_dims)
+                                                    : ctx.FullOutput(node, 0, ir::DType::kF32, out_dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{*out};  // zero-filled
   GemmDesc d;
@@ -173,7 +174,8 @@ KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node
   std::vector<int64_t> out_dims(xd.begin(), xd.end() - 1);
   const int64_t m = Product(out_dims, 0, out_dims.size());
   out_dims.push_back(n);
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, out_dims);
+  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, ir::DType::kF32, out_dims)
+                                          : ctx.FullOutput(node, 0, ir::DType::kF32, out_dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (k == 0) {  // Y = bias broadcast over the rows

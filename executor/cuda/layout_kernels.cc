@@ -49,7 +49,7 @@ KernelResult Transpose(const KernelContext& ctx, const ir::Node& node, const std
   }
   const std::vector<int64_t> os = ContiguousStrides(dims);
   std::copy(os.begin(), os.end(), c.dst_strides);
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, x.dtype(), dims);
   if (!out.ok()) return out.status();
   return Copied(ctx, c, x, *out);
 }
@@ -115,7 +115,7 @@ KernelResult Slice(const KernelContext& ctx, const ir::Node& node, const std::ve
   if (!ops) return std::nullopt;
   const std::optional<Region> r = SliceRegion(x.dims(), *ops, HasInput(in, 3), HasInput(in, 4));
   if (!r) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), r->dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, x.dtype(), r->dims);
   if (!out.ok()) return out.status();
   StridedCopy c;
   c.rank = static_cast<int>(x.rank());

@@ -37,12 +37,12 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d || (HasInput(in, 2) && in[2].num_elements() != d)) return std::nullopt;
   std::vector<ir::Tensor> out(3);
-  absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
   for (int k = 1; k <= 2; ++k) {
     if (!WantsOutput(node, k)) continue;
-    absl::StatusOr<ir::Tensor> s = ctx.Output(node, k, ir::DType::kF32, StatDims(node, in[0].dims()));
+    absl::StatusOr<ir::Tensor> s = ctx.FullOutput(node, k, ir::DType::kF32, StatDims(node, in[0].dims()));
     if (!s.ok()) return s.status();
     out[k] = *s;
   }
@@ -71,7 +71,7 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows)) return std::nullopt;
   std::vector<ir::Tensor> out(3);
-  absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
   if (!dx.ok()) return dx.status();
   out[0] = *dx;
   for (int k = 1; k <= 2; ++k) {

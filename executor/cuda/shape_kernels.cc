@@ -32,7 +32,7 @@ void RegisterShapeKernels(KernelTable& table) {
     if (ctx.outputs == nullptr || ctx.outputs->SharesInputBuffer(node, 0)) {
       return std::vector<ir::Tensor>{in[0].Reshaped(dims)};
     }
-    absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, in[0].dtype(), dims);
+    absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, in[0].dtype(), dims);
     if (!out.ok()) return out.status();
     if (const absl::Status st = ctx.backend->Copy(in[0].Reshaped(dims), *out, ctx.exec.stream); !st.ok()) return st;
     return std::vector<ir::Tensor>{*out};

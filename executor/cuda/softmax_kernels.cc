@@ -37,7 +37,7 @@ KernelResult Softmax(const KernelContext& ctx, const ir::Node& node, const std::
   if (in[0].dtype() != ir::DType::kF32) return std::nullopt;
   const auto rn = SoftmaxRows(node, in[0].dims());
   if (!rn) return std::nullopt;
-  absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
   if (!y.ok()) return y.status();
   if (rn->first > 0 && rn->second > 0) {
     const absl::Status st = SoftmaxForward(F(in[0]), MF(*y), rn->first, rn->second, kLog, ctx.stream);
@@ -52,7 +52,7 @@ KernelResult SoftmaxGrad(const KernelContext& ctx, const ir::Node& node, const s
   if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].dims() != in[1].dims()) return std::nullopt;
   const auto rn = SoftmaxRows(node, in[1].dims());
   if (!rn) return std::nullopt;
-  absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
   if (!dx.ok()) return dx.status();
   if (rn->first > 0 && rn->second > 0) {
     const absl::Status st = SoftmaxBackward(F(in[0]), F(in[1]), MF(*dx), rn->first, rn->second, kLog, ctx.stream);

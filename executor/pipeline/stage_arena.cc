@@ -109,13 +109,23 @@ ir::Tensor StageArena::Accumulator(ir::ValueId v) const {
 
 absl::StatusOr<ir::Tensor> StageArena::Allocate(const ir::Node& node, int index, ir::DType dtype,
                                                 const std::vector<int64_t>& dims) {
+  return Output(node, index, dtype, dims, /*zero=*/true);
+}
+
+absl::StatusOr<ir::Tensor> StageArena::AllocateUninitialized(const ir::Node& node, int index, ir::DType dtype,
+                                                             const std::vector<int64_t>& dims) {
+  return Output(node, index, dtype, dims, /*zero=*/false);
+}
+
+absl::StatusOr<ir::Tensor> StageArena::Output(const ir::Node& node, int index, ir::DType dtype,
+                                              const std::vector<int64_t>& dims, bool zero) {
   RET_CHECK(index >= 0 && index < static_cast<int>(node.outputs.size()) && node.outputs[index] != ir::kNoValue)
       << "node '" << node.name << "' asked for output " << index << ", which it does not have";
   const ir::ValueId v = node.outputs[index];
   const partitioner::ValueMemory& vm = layout_.plan(selected_).values[v];
   RET_CHECK(vm.buffer == v) << "node '" << node.name << "' writes output '" << layout_.graph.value(v).name
                             << "', which the plan makes a view of '" << layout_.graph.value(vm.buffer).name << "'";
-  return Slot(v, selected_, dtype, dims, "node '" + node.name + "' output", /*zero=*/true);
+  return Slot(v, selected_, dtype, dims, "node '" + node.name + "' output", zero);
 }
 
 bool StageArena::SharesInputBuffer(const ir::Node& node, int index) const {

@@ -56,6 +56,8 @@ class StageArena : public ir::OutputAllocator {
 
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
                                       const std::vector<int64_t>& dims) override;
+  absl::StatusOr<ir::Tensor> AllocateUninitialized(const ir::Node& node, int index, ir::DType dtype,
+                                                   const std::vector<int64_t>& dims) override;
   bool SharesInputBuffer(const ir::Node& node, int index) const override;
   absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override;
 
@@ -65,6 +67,8 @@ class StageArena : public ir::OutputAllocator {
 
  private:
   StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be);
+  absl::StatusOr<ir::Tensor> Output(const ir::Node& node, int index, ir::DType dtype, const std::vector<int64_t>& dims,
+                                    bool zero);
 
   const StageLayout& layout_;
   const int32_t stage_;

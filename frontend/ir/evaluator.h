@@ -20,6 +20,12 @@ class OutputAllocator {
   // are elementwise and read each element before writing it.
   virtual absl::StatusOr<Tensor> Allocate(const Node& node, int index, DType dtype,
                                           const std::vector<int64_t>& dims) = 0;
+  // As Allocate but the contents are undefined (no zero fill: one pass over the output less), for
+  // kernels that write every element of the output.
+  virtual absl::StatusOr<Tensor> AllocateUninitialized(const Node& node, int index, DType dtype,
+                                                       const std::vector<int64_t>& dims) {
+    return Allocate(node, index, dtype, dims);
+  }
   // True when output `index` of `node` is planned to share its input 0's bytes (a Reshape-like
   // view), so the kernel returns a view instead of writing a copy.
   virtual bool SharesInputBuffer(const Node& node, int index) const = 0;

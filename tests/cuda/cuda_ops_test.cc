@@ -53,14 +53,22 @@ Tensor Bools(std::vector<int64_t> dims, uint32_t seed) {
   return t;
 }
 
-// A planned executor's allocator: outputs from the backend, a workspace of exactly `reserved`
-// bytes (asking for more is the error a real plan gives), views when `share` is set.
+// A planned executor's allocator: outputs from the backend (poisoned when not zero-filled), a
+// workspace of exactly `reserved` bytes (asking for more is the error a real plan gives), views
+// when `share` is set.
 class PlannedOutputs : public ir::OutputAllocator {
  public:
   PlannedOutputs(const backend::Backend& be, int64_t reserved, bool share)
       : be_(be), reserved_(reserved), share_(share) {}
   absl::StatusOr<Tensor> Allocate(const ir::Node&, int, DType dtype, const std::vector<int64_t>& dims) override {
     return be_.Zeros(dtype, dims);
+  }
+  // Filled with 0xFF bytes (NaN for the floats): a kernel that asks for it must write every element.
+  absl::StatusOr<Tensor> AllocateUninitialized(const ir::Node&, int, DType dtype,
+                                               const std::vector<int64_t>& dims) override {
+    ASSIGN_OR_RETURN(Tensor t, be_.Zeros(dtype, dims));
+    if (t.num_bytes() > 0) RETURN_IF_ERROR(be_.Fill(t, 0xFF));
+    return t;
   }
   bool SharesInputBuffer(const ir::Node&, int) const override { return share_; }
   absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
@@ -411,6 +419,15 @@ TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
   const Tensor x = Rand({2, 3, 4, 5}, 1);
   Check({ir::OpKind::kTranspose, {x}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
   Check({ir::OpKind::kTranspose, {x}, {}, 1, {}, 0});  // reversed dims
+  // Attention's head split: rows of 64 floats move as 16-byte units; a slice starting one float in
+  // moves single floats; int64 rows move in pairs.
+  const Tensor heads = Rand({2, 8, 16, 64}, 3);
+  Check({ir::OpKind::kTranspose, {heads}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
+  Check({ir::OpKind::kSlice, {heads, Ints({1}, {1}), Ints({1}, {63}), Ints({1}, {-1}), Tensor()}, {}, 1, {}, 0, {},
+         /*host_inputs=*/0b11110u});
+  std::vector<int64_t> iv(4 * 6 * 2);
+  for (size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<int64_t>(i * 7919 % 1000) - 500;
+  Check({ir::OpKind::kTranspose, {Ints({4, 6, 2}, iv)}, Attrs({{"perm", std::vector<int64_t>{1, 0, 2}}}), 1, {}, 0});
   Check({ir::OpKind::kTranspose,
          {Ints({2, 3}, {1, 2, 3, 4, 5, 6})},
          Attrs({{"perm", std::vector<int64_t>{1, 0}}}),
