@@ -94,7 +94,7 @@ cudaError_t Launch(const StridedCopy& c, const void* src, void* dst, cudaStream_
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
   const auto* s = static_cast<const U*>(src);
   auto* d = static_cast<U*>(dst);
-  if (std::max(n, Reach(c)) < (int64_t{1} << 31)) {
+  if (std::max(n, Reach(c)) < (int64_t{1} << 30)) {  // (headroom for i + the grid's stride)
     StridedCopyKernel<U, int32_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, static_cast<int32_t>(n), s, d);
   } else {
     StridedCopyKernel<U, int64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, n, s, d);
