@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
+#include "tests/cuda/planned_outputs.h"
 
 namespace onnxpipe::cuda::testing {
 namespace {
@@ -29,35 +30,6 @@ namespace {
 using cpu::testing::Rand;
 using ir::DType;
 using ir::Tensor;
-
-// A planned executor's allocator: outputs from the backend (filled with NaN, so an element the
-// kernel forgets shows), and a workspace of exactly `reserved` bytes (asking for more fails).
-class PlannedOutputs : public ir::OutputAllocator {
- public:
-  PlannedOutputs(const backend::Backend& be, int64_t reserved) : be_(be), reserved_(reserved) {}
-  absl::StatusOr<Tensor> Allocate(const ir::Node&, int, DType dtype, const std::vector<int64_t>& dims) override {
-    ASSIGN_OR_RETURN(Tensor t, be_.Zeros(dtype, dims));
-    RETURN_IF_ERROR(be_.Fill(t, 0xff));  // NaN in every float dtype
-    return t;
-  }
-  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
-  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
-    if (bytes > reserved_) {
-      return FAILED_PRECONDITION() << ir::OpName(node.op) << " asked for " << bytes << " bytes of workspace, "
-                                   << reserved_ << " reserved";
-    }
-    if (buffer_ == nullptr) {
-      ASSIGN_OR_RETURN(buffer_, be_.Allocate(std::max<int64_t>(reserved_, 1)));
-      RETURN_IF_ERROR(be_.Fill(Tensor::View(DType::kU8, {reserved_}, buffer_, 0, be_.placement()), 0xff));
-    }
-    return buffer_.get();
-  }
-
- private:
-  const backend::Backend& be_;
-  const int64_t reserved_;
-  std::shared_ptr<uint8_t> buffer_;
-};
 
 // max |got - want| <= tol * max |want|, no NaN where want has none.
 ::testing::AssertionResult Close(const Tensor& got, const Tensor& want, double tol) {
@@ -167,7 +139,7 @@ class FlashAttentionBackendTest : public ::testing::Test {
     const std::string op_name(ir::OpName(op));
     for (bool planned : {false, true}) {
       SCOPED_TRACE(op_name + (planned ? " planned" : " unplanned"));
-      PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node));
+      PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node), /*share=*/false, /*poison_outputs=*/true);
       const int64_t before = Fallbacks(op_name);
       absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, ctx, planned ? &plan : nullptr);
       EXPECT_TRUE(got.ok()) << got.status();

@@ -18,9 +18,12 @@
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/status.h"
 #include "gtest/gtest.h"
+#include "tests/cuda/planned_outputs.h"
 
 namespace onnxpipe::cuda {
 namespace {
+
+using testing::PlannedOutputs;
 
 using ir::DType;
 using ir::Tensor;
@@ -52,42 +55,6 @@ Tensor Bools(std::vector<int64_t> dims, uint32_t seed) {
   for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = gen() % 3 != 0;
   return t;
 }
-
-// A planned executor's allocator: outputs from the backend (poisoned when not zero-filled), a
-// workspace of exactly `reserved` bytes (asking for more is the error a real plan gives), views
-// when `share` is set.
-class PlannedOutputs : public ir::OutputAllocator {
- public:
-  PlannedOutputs(const backend::Backend& be, int64_t reserved, bool share)
-      : be_(be), reserved_(reserved), share_(share) {}
-  absl::StatusOr<Tensor> Allocate(const ir::Node&, int, DType dtype, const std::vector<int64_t>& dims) override {
-    return be_.Zeros(dtype, dims);
-  }
-  // Filled with 0xFF bytes (NaN for the floats): a kernel that asks for it must write every element.
-  absl::StatusOr<Tensor> AllocateUninitialized(const ir::Node&, int, DType dtype,
-                                               const std::vector<int64_t>& dims) override {
-    ASSIGN_OR_RETURN(Tensor t, be_.Zeros(dtype, dims));
-    if (t.num_bytes() > 0) RETURN_IF_ERROR(be_.Fill(t, 0xFF));
-    return t;
-  }
-  bool SharesInputBuffer(const ir::Node&, int) const override { return share_; }
-  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
-    if (bytes > reserved_) {
-      return FAILED_PRECONDITION() << ir::OpName(node.op) << " asked for " << bytes << " bytes of workspace, "
-                                   << reserved_ << " reserved";
-    }
-    if (buffer_ == nullptr) {
-      ASSIGN_OR_RETURN(buffer_, be_.Allocate(reserved_));
-    }
-    return buffer_.get();
-  }
-
- private:
-  const backend::Backend& be_;
-  const int64_t reserved_;
-  const bool share_;
-  std::shared_ptr<uint8_t> buffer_;
-};
 
 struct Case {
   ir::OpKind op = ir::OpKind::kIdentity;
