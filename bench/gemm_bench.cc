@@ -38,6 +38,16 @@ std::vector<BenchCase> Cases() {
     const GemmDesc dx{.m = kTokens, .n = l.in, .k = l.out};
     const GemmDesc dw{.m = l.out, .n = l.in, .k = kTokens, .trans_a = true, .output_type = DType::kF32, .beta = 1};
     cases.push_back({n + "_fwd", fwd});
+    // fp32 training (onnxpipe's default dtype): exact fp32 and TF32 tensor cores, as PyTorch's allow_tf32.
+    for (const bool tf32 : {false, true}) {
+      for (const auto& [suffix, base] : {std::pair<const char*, GemmDesc>{"_fwd", fwd}, {"_dX", dx}, {"_dW", dw}}) {
+        GemmDesc f = base;
+        f.input_type = f.output_type = DType::kF32;
+        f.allow_tf32 = tf32;
+        f.beta = 0;
+        cases.push_back({n + suffix + (tf32 ? "_tf32" : "_fp32"), f});
+      }
+    }
     GemmDesc fused = fwd;
     fused.epilogue = l.fwd_epilogue;
     cases.push_back({n + "_fwd", fused});
