@@ -42,15 +42,51 @@ const char* PhaseName(ir::Phase p) {
   return "?";
 }
 
-// Inputs for one step: random normal floats, zeros for integers (valid token ids and labels for any
-// vocabulary), the learning rate and step count for the optimizer.
+// The exclusive upper bound of valid values of integer input v: the smallest extent it indexes
+// (a Gather's axis, a loss's classes); 1 (only zeros) when nothing bounds it.
+int64_t IndexBound(const ir::Graph& g, const std::vector<std::vector<ir::NodeId>>& uses, ir::ValueId v) {
+  int64_t bound = -1;
+  auto extent = [&](ir::ValueId of, int64_t axis) -> int64_t {
+    const ir::Value& d = g.value(of);
+    if (!d.shape_known) return -1;
+    if (axis < 0) axis += static_cast<int64_t>(d.shape.size());
+    if (axis < 0 || axis >= static_cast<int64_t>(d.shape.size()) || !d.shape[axis].is_concrete()) return -1;
+    return d.shape[axis].value();
+  };
+  for (ir::NodeId id : uses[v]) {
+    const ir::Node& n = g.node(id);
+    int64_t e = -1;
+    if (n.op == ir::OpKind::kGather && n.inputs.size() > 1 && n.inputs[1] == v) {
+      e = extent(n.inputs[0], n.attrs.Get<int64_t>("axis", 0));
+    } else if (n.op == ir::OpKind::kSoftmaxCrossEntropyLoss && n.inputs.size() > 1 && n.inputs[1] == v) {
+      e = extent(n.inputs[0], 1);
+    }
+    if (e > 0) bound = bound < 0 ? e : std::min(bound, e);
+  }
+  return bound > 0 ? bound : 1;
+}
+
+// Inputs for one step: random normal floats, integers uniform over the range they index (token ids,
+// labels; zeros where nothing bounds them), the learning rate and step count for the optimizer.
 std::vector<ir::Tensor> Feeds(const ir::Graph& g, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<std::vector<ir::NodeId>> uses = g.ComputeUses();
   std::vector<ir::Tensor> feeds;
   for (ir::ValueId v : g.inputs()) {
     const ir::Value& val = g.value(v);
     ir::Tensor t(val.dtype, ir::ToInts(val.shape));
+    if ((val.dtype == ir::DType::kI64 || val.dtype == ir::DType::kI32) && !val.shape.empty()) {
+      std::uniform_int_distribution<int64_t> index(0, IndexBound(g, uses, v) - 1);
+      for (int64_t i = 0; i < t.num_elements(); ++i) {
+        const int64_t x = index(rng);
+        if (val.dtype == ir::DType::kI64) {
+          t.mutable_data<int64_t>()[i] = x;
+        } else {
+          t.mutable_data<int32_t>()[i] = static_cast<int32_t>(x);
+        }
+      }
+    }
     if (val.dtype == ir::DType::kF32) {
       for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<float>()[i] = normal(rng);
     } else if (val.dtype == ir::DType::kF64) {
