@@ -27,6 +27,8 @@
 namespace onnxpipe::pipeline {
 namespace {
 
+using partitioner::ActionKind;
+
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1, kTagReplica = 2;
@@ -120,11 +122,11 @@ class PipelineExecutor::StageRun {
     step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
   }
 
-  absl::Status Run(const ActionList& list) {
+  absl::Status Run(const partitioner::ActionList& list) {
     // The optimizer phase reads the step inputs where its kernels run.
     ASSIGN_OR_RETURN(lr_device_, be_.Upload(lr_, stream_));
     ASSIGN_OR_RETURN(step_device_, be_.Upload(step_, stream_));
-    for (const Action& a : list) {
+    for (const partitioner::Action& a : list) {
       switch (a.kind) {
         case ActionKind::kRecvActivation:
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_forward.at(a.peer), "F"));
@@ -133,7 +135,8 @@ class PipelineExecutor::StageRun {
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_backward.at(a.peer), "B"));
           break;
         case ActionKind::kForward: RETURN_IF_ERROR(Forward(a.microbatch)); break;
-        case ActionKind::kBackward: RETURN_IF_ERROR(Backward(a.microbatch)); break;
+        case ActionKind::kBackward:
+        case ActionKind::kRecompute: RETURN_IF_ERROR(Backward(a.microbatch)); break;
         case ActionKind::kSendActivation:
         case ActionKind::kSendGradient:
           break;  // sent eagerly by the compute action (see the file comment)

@@ -44,7 +44,6 @@
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
 #include "executor/pipeline/program.h"
-#include "executor/pipeline/schedule.h"
 #include "executor/pipeline/stage_arena.h"
 
 namespace onnxpipe::pipeline {
@@ -61,7 +60,7 @@ struct NodeEvent {
 using NodeHook = std::function<absl::Status(const NodeEvent&, std::vector<ir::Tensor>* outputs)>;
 
 struct ExecutorOptions {
-  ScheduleKind schedule = ScheduleKind::k1F1B;
+  partitioner::ScheduleKind schedule = partitioner::ScheduleKind::k1F1B;
   int32_t microbatches = 1;
   bool dropout = true;  // ExecContext::training
   uint64_t seed = 0;
@@ -142,7 +141,7 @@ class PipelineExecutor {
 
   const PipelineProgram& program() const { return program_; }
   const backend::Backend& backend() const { return *backend_; }
-  const std::vector<ActionList>& action_lists() const { return lists_; }
+  const std::vector<partitioner::ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
   // The memory layout stage s runs in (what PredictStageMemory reports for it).
   const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
@@ -160,7 +159,7 @@ class PipelineExecutor {
   std::shared_ptr<const backend::Backend> backend_;
   std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
-  std::vector<ActionList> lists_;
+  std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;
   std::vector<std::unique_ptr<StageArena>> arenas_;
   LossShareRule loss_rule_;

@@ -13,7 +13,7 @@ using ir::AlignUp;
 
 }  // namespace
 
-absl::StatusOr<StageLayout> PlanStageLayout(const StageProgram& sp, ScheduleKind kind, int32_t num_stages,
+absl::StatusOr<StageLayout> PlanStageLayout(const StageProgram& sp, partitioner::ScheduleKind kind, int32_t num_stages,
                                             int32_t microbatches, const WorkspaceFn& workspace) {
   partitioner::MicrobatchStage m;
   m.graph = &sp.graph;
@@ -26,7 +26,7 @@ absl::StatusOr<StageLayout> PlanStageLayout(const StageProgram& sp, ScheduleKind
   for (const auto& [peer, vs] : sp.recv_forward) m.inputs.insert(m.inputs.end(), vs.begin(), vs.end());
   for (const auto& [peer, vs] : sp.recv_backward) m.recv_backward.insert(m.recv_backward.end(), vs.begin(), vs.end());
   m.accumulate = sp.accumulate;
-  m.in_flight = InFlightBound(kind, num_stages, sp.stage, microbatches);
+  m.in_flight = static_cast<int32_t>(partitioner::InFlightMicrobatches(kind, num_stages, sp.stage, microbatches));
   m.microbatches = microbatches;
   m.alignment = 64;
   m.workspace = workspace;
@@ -59,7 +59,7 @@ StageMemoryPrediction PredictStageMemory(const StageProgram& sp, const StageLayo
   return p;
 }
 
-absl::StatusOr<StageMemoryPrediction> PredictStageMemory(const StageProgram& sp, ScheduleKind kind, int32_t num_stages,
+absl::StatusOr<StageMemoryPrediction> PredictStageMemory(const StageProgram& sp, partitioner::ScheduleKind kind, int32_t num_stages,
                                                          int32_t microbatches, const WorkspaceFn& workspace) {
   ASSIGN_OR_RETURN(StageLayout L, PlanStageLayout(sp, kind, num_stages, microbatches, workspace));
   return PredictStageMemory(sp, L);

@@ -11,7 +11,6 @@
 
 #include "absl/status/statusor.h"
 #include "executor/pipeline/program.h"
-#include "executor/pipeline/schedule.h"
 #include "partitioner/microbatch_layout.h"
 
 namespace onnxpipe::pipeline {
@@ -19,7 +18,7 @@ namespace onnxpipe::pipeline {
 using WorkspaceFn = std::function<int64_t(const ir::Graph&, const ir::Node&)>;
 using StageLayout = partitioner::MicrobatchLayout;
 
-absl::StatusOr<StageLayout> PlanStageLayout(const StageProgram& sp, ScheduleKind kind, int32_t num_stages,
+absl::StatusOr<StageLayout> PlanStageLayout(const StageProgram& sp, partitioner::ScheduleKind kind, int32_t num_stages,
                                             int32_t microbatches, const WorkspaceFn& workspace = nullptr);
 
 struct StageMemoryPrediction {
@@ -31,7 +30,7 @@ struct StageMemoryPrediction {
 };
 
 StageMemoryPrediction PredictStageMemory(const StageProgram& sp, const StageLayout& layout);
-absl::StatusOr<StageMemoryPrediction> PredictStageMemory(const StageProgram& sp, ScheduleKind kind, int32_t num_stages,
+absl::StatusOr<StageMemoryPrediction> PredictStageMemory(const StageProgram& sp, partitioner::ScheduleKind kind, int32_t num_stages,
                                                          int32_t microbatches, const WorkspaceFn& workspace = nullptr);
 
 }  // namespace onnxpipe::pipeline

@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   if (p.schedule.empty()) p.schedule = "1f1b";
   if (p.recompute.empty()) p.recompute = "none";
   t->recompute_name_ = p.recompute;
-  ASSIGN_OR_RETURN(ScheduleKind schedule, ParseScheduleKind(p.schedule));
+  ASSIGN_OR_RETURN(partitioner::ScheduleKind schedule, partitioner::ParseSchedule(p.schedule));
   ASSIGN_OR_RETURN(RecomputePolicy recompute, ParseRecomputePolicy(p.recompute));
   const int64_t B = options.batch, M = p.microbatches;
   if (M > B) return INVALID_ARGUMENT() << "--microbatches " << M << " is more than --batch " << B;
@@ -126,7 +126,7 @@ int64_t PipelineTrainer::num_trainable_parameters() const { return num_trainable
 std::string PipelineTrainer::Describe() const {
   const ExecutorOptions& o = executor_->options();
   return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(o.microbatches) +
-         " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " + ScheduleKindName(o.schedule) +
+         " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " + partitioner::ScheduleName(o.schedule) +
          ", recompute " + recompute_name_ + (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
          (executor_->backend().name() == "cpu" ? "" : ", backend " + executor_->backend().name());
 }

@@ -5,12 +5,6 @@
 
 namespace onnxpipe::pipeline {
 
-ScheduleKind FromPlanSchedule(partitioner::ScheduleKind k) {
-  return k == partitioner::ScheduleKind::kGPipe ? ScheduleKind::kGPipe : ScheduleKind::k1F1B;
-}
-partitioner::ScheduleKind ToPlanSchedule(ScheduleKind k) {
-  return k == ScheduleKind::kGPipe ? partitioner::ScheduleKind::kGPipe : partitioner::ScheduleKind::k1F1B;
-}
 partitioner::RecomputePolicy ToPlanRecompute(RecomputePolicy p) {
   switch (p) {
     case RecomputePolicy::kNone: return partitioner::RecomputePolicy::kNone;
@@ -49,7 +43,7 @@ absl::StatusOr<StageAssignment> AssignFromPlan(const ir::Graph& g, const partiti
 }
 
 absl::StatusOr<partitioner::PartitionPlan> PartitionInProcess(const ir::Graph& g, int32_t num_stages, int64_t batch,
-                                                              int32_t microbatches, ScheduleKind schedule,
+                                                              int32_t microbatches, partitioner::ScheduleKind schedule,
                                                               RecomputePolicy recompute, const std::string& device,
                                                               const std::string& model_name) {
   partitioner::Cluster cluster;
@@ -58,7 +52,7 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionInProcess(const ir::Graph& g
   o.num_stages = num_stages;
   o.batch = batch;
   o.microbatches = microbatches;
-  o.schedule = ToPlanSchedule(schedule);
+  o.schedule = schedule;
   o.recompute = ToPlanRecompute(recompute);
   o.model = model_name;
   return partitioner::Partition(g, cluster, o);

@@ -9,14 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "executor/pipeline/program.h"
-#include "executor/pipeline/schedule.h"
 #include "frontend/ir/graph.h"
 #include "partitioner/partitioner.h"
 
 namespace onnxpipe::pipeline {
 
-ScheduleKind FromPlanSchedule(partitioner::ScheduleKind k);
-partitioner::ScheduleKind ToPlanSchedule(ScheduleKind k);
 partitioner::RecomputePolicy ToPlanRecompute(RecomputePolicy p);
 RecomputePolicy FromPlanRecompute(partitioner::RecomputePolicy p);
 
@@ -28,7 +25,7 @@ absl::StatusOr<StageAssignment> AssignFromPlan(const ir::Graph& g, const partiti
 // for --recompute auto (which needs the planner's memory budget) or want the partitioner's cuts.
 // `device`: a built-in profile name or a JSON file (partitioner/device.h).
 absl::StatusOr<partitioner::PartitionPlan> PartitionInProcess(const ir::Graph& g, int32_t num_stages, int64_t batch,
-                                                              int32_t microbatches, ScheduleKind schedule,
+                                                              int32_t microbatches, partitioner::ScheduleKind schedule,
                                                               RecomputePolicy recompute, const std::string& device,
                                                               const std::string& model_name);
 

@@ -451,107 +451,84 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& g, const S
   return prog;
 }
 
-absl::StatusOr<std::vector<ActionList>> ConcreteActionLists(const PipelineProgram& p, ScheduleKind kind,
-                                                            int32_t microbatches) {
-  ASSIGN_OR_RETURN(std::vector<ActionList> chain, BuildSchedule(kind, p.num_stages, microbatches));
-  std::vector<ActionList> out(p.num_stages);
-  for (int32_t s = 0; s < p.num_stages; ++s) {
-    const StageProgram& sp = p.stages[s];
-    for (const Action& a : chain[s]) {
-      if (a.kind == ActionKind::kForward) {
-        for (const auto& [peer, vs] : sp.recv_forward) out[s].push_back({ActionKind::kRecvActivation, a.microbatch, peer});
-        out[s].push_back(a);
-        for (const auto& [peer, vs] : sp.send_forward) out[s].push_back({ActionKind::kSendActivation, a.microbatch, peer});
-      } else if (a.kind == ActionKind::kBackward) {
-        for (const auto& [peer, vs] : sp.recv_backward) out[s].push_back({ActionKind::kRecvGradient, a.microbatch, peer});
-        out[s].push_back(a);
-        for (const auto& [peer, vs] : sp.send_backward) out[s].push_back({ActionKind::kSendGradient, a.microbatch, peer});
-      } else if (a.kind == ActionKind::kOptimizerStep) {
-        out[s].push_back(a);
-      }
-    }
-  }
-  return out;
+partitioner::StageShape ShapeOf(const StageProgram& sp) {
+  partitioner::StageShape sh;
+  auto peers = [](const std::map<int32_t, std::vector<ir::ValueId>>& m) {
+    std::vector<int32_t> out;
+    for (const auto& [peer, vs] : m)
+      if (!vs.empty()) out.push_back(peer);
+    return out;
+  };
+  sh.recv_forward = peers(sp.recv_forward);
+  sh.send_forward = peers(sp.send_forward);
+  sh.recv_backward = peers(sp.recv_backward);
+  sh.send_backward = peers(sp.send_backward);
+  return sh;
 }
 
-absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<ActionList>& lists) {
+absl::StatusOr<std::vector<partitioner::ActionList>> ConcreteActionLists(const PipelineProgram& p,
+                                                                         partitioner::ScheduleKind kind,
+                                                                         int32_t microbatches) {
+  std::vector<partitioner::StageShape> shapes;
+  for (const StageProgram& sp : p.stages) shapes.push_back(ShapeOf(sp));
+  return partitioner::BuildSchedule(kind, p.num_stages, microbatches, shapes);
+}
+
+absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<partitioner::ActionList>& lists) {
   RET_CHECK(static_cast<int32_t>(lists.size()) == p.num_stages);
-  constexpr int64_t kPostBatch = 4095, kReplicaBatch = 4094;
-  auto id = [](int64_t m, ir::ValueId v, int32_t src, int32_t dst) -> int64_t {
-    return ((m * (int64_t{1} << 24) + v) * 256 + src) * 256 + dst;
-  };
-  std::vector<std::vector<SimAction>> sim(p.num_stages);
+  // The micro-batch actions: a stage's RECV waits for what its peer sends it for the micro-batch.
+  std::vector<partitioner::StageTiming> unit(p.num_stages);
+  for (partitioner::StageTiming& t : unit) {
+    t.forward_s = 1;
+    t.backward_s = 2;
+  }
+  absl::Status st = partitioner::Simulate(lists, unit).status();
+  if (!st.ok()) return Annotate(st, "the pipeline program cannot run");
+  // The optimizer phase, which every stage reaches once its micro-batch actions are done, as the
+  // executor runs it: send the accumulated values, then each post node in order (receiving what it
+  // needs first, sending what it makes), then the replicas.
+  auto id = [](ir::ValueId v, int32_t src, int32_t dst) -> int64_t { return (int64_t{v} * 4096 + src) * 4096 + dst; };
+  constexpr int64_t kReplica = int64_t{1} << 62;
+  std::vector<std::vector<partitioner::SimStep>> post(p.num_stages);
   for (int32_t s = 0; s < p.num_stages; ++s) {
     const StageProgram& sp = p.stages[s];
-    for (const Action& a : lists[s]) {
-      SimAction x;
-      x.label = std::string(ActionKindName(a.kind)) + (a.microbatch >= 0 ? std::to_string(a.microbatch) : "") +
-                (a.peer >= 0 ? "<->" + std::to_string(a.peer) : "");
-      switch (a.kind) {
-        case ActionKind::kRecvActivation:
-          for (ir::ValueId v : sp.recv_forward.at(a.peer)) x.recvs.push_back(id(a.microbatch, v, a.peer, s));
-          break;
-        case ActionKind::kRecvGradient:
-          for (ir::ValueId v : sp.recv_backward.at(a.peer)) x.recvs.push_back(id(a.microbatch, v, a.peer, s));
-          break;
-        case ActionKind::kForward:
-        case ActionKind::kBackward: {
-          x.duration = a.kind == ActionKind::kForward ? 1 : 2;
-          const auto& sends = a.kind == ActionKind::kForward ? sp.send_forward : sp.send_backward;
-          for (const auto& [peer, vs] : sends)
-            for (ir::ValueId v : vs) x.sends.push_back(id(a.microbatch, v, s, peer));
-          break;
-        }
-        case ActionKind::kSendActivation:
-        case ActionKind::kSendGradient:
-          break;
-        case ActionKind::kOptimizerStep: {
-          // Mirrors the executor's post phase: send accumulated values, then each post node in
-          // order (receiving what it needs first, sending what it makes), then the replicas.
-          std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
-          SimAction first;
-          first.label = "O:send-accumulated";
-          for (const auto& [peer, vs] : sp.send_post)
-            for (ir::ValueId v : vs)
-              if (acc.count(v)) first.sends.push_back(id(kPostBatch, v, s, peer));
-          sim[s].push_back(std::move(first));
-          std::set<ir::ValueId> have;
-          for (ir::NodeId n : sp.post) {
-            SimAction y;
-            y.label = "O:" + sp.graph.node(n).name;
-            y.duration = 0.01;
-            for (ir::ValueId v : sp.graph.node(n).inputs) {
-              if (v == ir::kNoValue || have.count(v)) continue;
-              for (const auto& [peer, vs] : sp.recv_post) {
-                if (std::binary_search(vs.begin(), vs.end(), v)) {
-                  y.recvs.push_back(id(kPostBatch, v, peer, s));
-                  have.insert(v);
-                }
-              }
-            }
-            for (ir::ValueId o : sp.graph.node(n).outputs)
-              for (const auto& [peer, vs] : sp.send_post)
-                if (o != ir::kNoValue && std::binary_search(vs.begin(), vs.end(), o))
-                  y.sends.push_back(id(kPostBatch, o, s, peer));
-            sim[s].push_back(std::move(y));
+    const std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
+    partitioner::SimStep first;
+    first.label = "O:send-accumulated";
+    for (const auto& [peer, vs] : sp.send_post)
+      for (ir::ValueId v : vs)
+        if (acc.count(v)) first.sends.push_back({.message = id(v, s, peer)});
+    post[s].push_back(std::move(first));
+    std::set<ir::ValueId> have;
+    for (ir::NodeId n : sp.post) {
+      partitioner::SimStep y;
+      y.label = "O:" + sp.graph.node(n).name;
+      for (ir::ValueId v : sp.graph.node(n).inputs) {
+        if (v == ir::kNoValue || have.count(v)) continue;
+        for (const auto& [peer, vs] : sp.recv_post) {
+          if (std::binary_search(vs.begin(), vs.end(), v)) {
+            y.waits.push_back(id(v, peer, s));
+            have.insert(v);
           }
-          x.label = "O:replicas";
-          for (const auto& [peer, vs] : sp.send_replica)
-            for (ir::ValueId v : vs) x.sends.push_back(id(kReplicaBatch, v, s, peer));
-          sim[s].push_back(std::move(x));
-          SimAction last;
-          last.label = "O:receive-replicas";
-          for (const auto& [peer, vs] : sp.recv_replica)
-            for (ir::ValueId v : vs) last.recvs.push_back(id(kReplicaBatch, v, peer, s));
-          sim[s].push_back(std::move(last));
-          continue;
         }
       }
-      sim[s].push_back(std::move(x));
+      for (ir::ValueId o : sp.graph.node(n).outputs)
+        for (const auto& [peer, vs] : sp.send_post)
+          if (o != ir::kNoValue && std::binary_search(vs.begin(), vs.end(), o)) {
+            y.sends.push_back({.message = id(o, s, peer)});
+          }
+      post[s].push_back(std::move(y));
     }
+    partitioner::SimStep replicas;
+    replicas.label = "O:replicas";
+    for (const auto& [peer, vs] : sp.send_replica)
+      for (ir::ValueId v : vs) replicas.sends.push_back({.message = id(v, s, peer) | kReplica});
+    for (const auto& [peer, vs] : sp.recv_replica)
+      for (ir::ValueId v : vs) replicas.waits.push_back(id(v, peer, s) | kReplica);
+    post[s].push_back(std::move(replicas));
   }
-  absl::StatusOr<SimResult> r = Simulate(sim);
-  if (!r.ok()) return Annotate(r.status(), "the pipeline program cannot run");
+  st = partitioner::SimulateSteps(post).status();
+  if (!st.ok()) return Annotate(st, "the pipeline program's optimizer phase cannot run");
   return absl::OkStatus();
 }
 

@@ -52,8 +52,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "executor/pipeline/schedule.h"
 #include "frontend/ir/graph.h"
+#include "partitioner/schedule.h"
 
 namespace onnxpipe::pipeline {
 
@@ -155,14 +155,18 @@ struct ProgramOptions {
 absl::StatusOr<PipelineProgram> BuildPipelineProgram(const ir::Graph& training_graph, const StageAssignment& a,
                                                      const ProgramOptions& options = {});
 
-// The concrete per-stage action lists: the schedule's compute order (F m, B m, optimizer step)
-// with RECV before / SEND after each compute action for every peer the stage program exchanges
-// values with in that phase (RECV_ACT/SEND_ACT for F, RECV_GRAD/SEND_GRAD for B).
-absl::StatusOr<std::vector<ActionList>> ConcreteActionLists(const PipelineProgram& p, ScheduleKind kind,
-                                                            int32_t microbatches);
+// The stage's shape in the schedule: the peers it receives from and sends to in its forward and
+// backward (from the transfer tables), one backward part.
+partitioner::StageShape ShapeOf(const StageProgram& sp);
 
-// Simulates the concrete lists with one message per transferred value (and the post-phase and
-// replica exchanges in their real order): OK means the executor cannot deadlock on this program.
-absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<ActionList>& lists);
+// The per-stage action lists the executor runs: the schedule's (partitioner/schedule.h) with every
+// stage's shape.
+absl::StatusOr<std::vector<partitioner::ActionList>> ConcreteActionLists(const PipelineProgram& p,
+                                                                         partitioner::ScheduleKind kind,
+                                                                         int32_t microbatches);
+
+// Simulates the lists and the optimizer phase with one message per transferred value in its real
+// order (partitioner/schedule.h's simulator): OK means the executor cannot deadlock on this program.
+absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<partitioner::ActionList>& lists);
 
 }  // namespace onnxpipe::pipeline

@@ -378,7 +378,7 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
                                    RecomputePolicy::kAuto}) {
           for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
             const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
-                                      " " + RecomputePolicyName(rp) + " " + ScheduleKindName(kind);
+                                      " " + RecomputePolicyName(rp) + " " + ScheduleName(kind);
             absl::StatusOr<partitioner::PartitionPlan> plan =
                 PartitionInProcess(*g, K, f.batch(), M, kind, rp, "cpu", model);
             ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();

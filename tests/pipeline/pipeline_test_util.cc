@@ -166,7 +166,7 @@ double NormRelDiff(const ir::Tensor& a, const ir::Tensor& b) {
 
 std::string Describe(const RunConfig& c) {
   std::ostringstream os;
-  os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleKindName(c.schedule)
+  os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleName(c.schedule)
      << " recompute=" << RecomputePolicyName(c.recompute);
   if (!c.cuts.empty()) {
     os << " cuts=";

@@ -16,6 +16,9 @@
 
 namespace onnxpipe::pipeline::testing {
 
+using partitioner::ScheduleKind;
+using partitioner::ScheduleName;
+
 struct RunConfig {
   ir::DType dtype = ir::DType::kF64;
   int32_t stages = 1, microbatches = 1;
