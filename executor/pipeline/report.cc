@@ -96,8 +96,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   std::filesystem::create_directories(dir, ec);
   if (ec) return INVALID_ARGUMENT() << "--report: cannot create '" << dir << "': " << ec.message();
   const PipelineProgram& p = ex.program();
-  const int32_t K = p.num_stages, M = ex.options().microbatches;
-  const partitioner::ScheduleKind kind = ex.options().schedule;
+  const int32_t K = p.num_stages, M = ex.microbatches();
+  const partitioner::ScheduleKind kind = ex.schedule();
   const std::vector<StageMeans> means = Means(steps, K, M);
 
   ojson j;
@@ -188,7 +188,7 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
     std::vector<partitioner::StageTiming> timing(K);
     for (int32_t s = 0; s < K; ++s) {
       timing[s].forward_s = means[s].forward_ms * 1e-3;
-      timing[s].backward_s = means[s].backward_ms * 1e-3;
+      timing[s].backward_s = (means[s].backward_ms) * 1e-3;
       timing[s].optimizer_s = means[s].optimizer_ms * 1e-3;
     }
     ASSIGN_OR_RETURN(const partitioner::ScheduleResult sim, partitioner::Simulate(ex.action_lists(), timing));

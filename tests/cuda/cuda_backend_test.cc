@@ -95,7 +95,7 @@ TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
     c.dtype = dtype;
     c.stages = 2;
     c.microbatches = 2;
-    c.recompute = pipeline::RecomputePolicy::kSelective;
+    c.recompute = partitioner::RecomputePolicy::kSelective;
     c.optimizer = autodiff::OptimizerKind::kAdamW;
     c.lr = 1e-3;
     c.dropout = true;

@@ -117,7 +117,7 @@ TEST_F(PipelineCliTest, BadPipelineFlagsAreClearErrors) {
   r = Train("--stages 2 --recompute sometimes");
   EXPECT_THAT(r.err, HasSubstr("unknown recompute policy 'sometimes'"));
   r = Train("--stages 999");
-  EXPECT_THAT(r.err, HasSubstr("some stage would be empty"));
+  EXPECT_THAT(r.err, HasSubstr("--stages 999 is more than this model can be cut into"));
   r = Train("--plan " + (dir_ / "missing").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("plan.json"));
