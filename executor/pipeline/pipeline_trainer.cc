@@ -62,6 +62,11 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
       return INVALID_ARGUMENT() << "--recompute " << p.recompute << " but the plan's regions are for '"
                                 << partitioner::RecomputePolicyName(plan.recompute) << "'";
     }
+    if (!p.schedule.empty() && p.schedule != partitioner::ScheduleName(plan.schedule)) {
+      return INVALID_ARGUMENT() << "--schedule " << p.schedule << " but the plan in " << p.plan_dir
+                                << " was made for " << partitioner::ScheduleName(plan.schedule)
+                                << " (its memory and action lists are the schedule's; re-run onnxpipe partition)";
+    }
     const bool plan_fp32 = plan.precision == partitioner::Precision::kFP32;
     if (!(plan_fp32 && options.dtype == ir::DType::kF32)) {
       std::fprintf(stderr, "warning: the plan in %s was made for %s and this run trains in %s: its memory "
@@ -70,7 +75,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     }
     p.stages = static_cast<int32_t>(plan.num_stages);
     p.microbatches = static_cast<int32_t>(plan.microbatches);
-    if (p.schedule.empty()) p.schedule = partitioner::ScheduleName(plan.schedule);
+    p.schedule = partitioner::ScheduleName(plan.schedule);
     p.recompute = partitioner::RecomputePolicyName(plan.recompute);
   }
   if (p.stages < 1) return INVALID_ARGUMENT() << "--stages must be >= 1 (or give --plan DIR)";

@@ -142,6 +142,11 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                       {"accumulators", pr.accumulators}, {"kernel_scratch", pr.workspace}, {"parameters", pr.parameters},
                       {"optimizer_state", pr.optimizer_state}, {"total", pr.total}}}}},
     };
+    // What the stage recomputed: the forward nodes of its recompute regions, in run order.
+    ojson recomputed = ojson::array();
+    for (const partitioner::RecomputeRegion& r : p.stages[s].regions)
+      for (ir::NodeId id : r.nodes) recomputed.push_back(p.stages[s].graph.node(id).name);
+    st["recompute_nodes"] = std::move(recomputed);
     if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
       const partitioner::StagePlan& ps = ctx.plan->stages[s];
       st["plan"] = {{"memory", {{"saved_per_microbatch", ps.memory.saved}, {"activations", ps.memory.activations},

@@ -5,7 +5,8 @@
 //                         high-water, in-flight count, accumulators) and mean times per micro-batch
 //                         (forward, backward, recompute) and per step (optimizer, receive waits),
 //                         beside the prediction: the static planner's numbers for the very program
-//                         the stage ran (memory.h) and, with --plan, the plan's own stage numbers
+//                         the stage ran (memory.h) and, with --plan, the plan's own stage numbers;
+//                         recompute_nodes: the forward nodes the stage recomputed
 //   measured.trace.json   Chrome trace of the last step: pid = stage, tid 0 compute (F m, B m,
 //                         R m, optimizer), tid 1 receive waits
 //   predicted.trace.json  the plan's schedule.trace.json (with --plan); otherwise the stages'
