@@ -57,12 +57,6 @@ bool GraphAnalysis::IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) c
   return std::any_of(ps.begin(), ps.end(), [&](int32_t p) { return p >= 0 && (p < p0 || p >= p1); });
 }
 
-bool GraphAnalysis::IsActivation(ir::ValueId v) const {
-  const ir::Value& val = graph->value(v);
-  if (val.constant) return false;
-  return val.producer != ir::kNoNode || is_input[v];
-}
-
 absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const AnalysisOptions& options) {
   GraphAnalysis a;
   a.graph = &g;

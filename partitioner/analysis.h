@@ -82,8 +82,6 @@ struct GraphAnalysis {
   bool IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) const;
   // One of the positions [p0, p1) holds the parameter (holder_positions).
   bool Holds(ir::ValueId param, int32_t p0, int32_t p1) const;
-  // A value that must be stored per micro-batch: computed by a node, or a non-constant graph input.
-  bool IsActivation(ir::ValueId v) const;
 };
 
 // Fails when the graph is not a shape-bound training graph in topological order, naming the
