@@ -48,23 +48,13 @@ bool GraphAnalysis::IsForward(ir::NodeId id) const {
 }
 
 bool GraphAnalysis::Holds(ir::ValueId param, int32_t p0, int32_t p1) const {
-  auto inside = [&](int32_t p) { return p >= p0 && p < p1; };
-  if (inside(param_owner[param])) return true;
-  const std::vector<int32_t>& ps = contribution_positions[param];
-  return std::any_of(ps.begin(), ps.end(), inside);
+  const std::vector<int32_t>& ps = holder_positions[param];
+  return std::any_of(ps.begin(), ps.end(), [&](int32_t p) { return p >= p0 && p < p1; });
 }
 
 bool GraphAnalysis::IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) const {
-  auto outside = [&](int32_t p) { return p >= 0 && (p < p0 || p >= p1); };
-  if (outside(param_owner[param])) return true;
-  const std::vector<int32_t>& ps = contribution_positions[param];
-  return std::any_of(ps.begin(), ps.end(), outside);
-}
-
-bool GraphAnalysis::IsActivation(ir::ValueId v) const {
-  const ir::Value& val = graph->value(v);
-  if (val.constant) return false;
-  return val.producer != ir::kNoNode || is_input[v];
+  const std::vector<int32_t>& ps = holder_positions[param];
+  return std::any_of(ps.begin(), ps.end(), [&](int32_t p) { return p >= 0 && (p < p0 || p >= p1); });
 }
 
 absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const AnalysisOptions& options) {
@@ -200,10 +190,32 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
     a.position[id] = p;
   }
 
-  // Gradient tails of the parameters and their contributions.
+  // Post-step nodes: the optimizer, then (to a fixed point, in reverse order so that chains settle
+  // in one pass) the backward Sums and copies read only by post-step nodes.
+  a.post_step.assign(g.num_node_slots(), false);
+  for (ir::NodeId id : a.order) a.post_step[id] = g.node(id).phase == ir::Phase::kOptimizer;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto it = a.order.rbegin(); it != a.order.rend(); ++it) {
+      const ir::Node& n = g.node(*it);
+      if (a.post_step[*it] || n.phase != ir::Phase::kBackward) continue;
+      if (n.op != ir::OpKind::kSum && n.op != ir::OpKind::kIdentity) continue;
+      bool any = false, only_post = true;
+      for (ir::ValueId o : n.outputs) {
+        if (o == ir::kNoValue) continue;
+        for (ir::NodeId c : a.uses[o]) {
+          any = true;
+          only_post = only_post && a.post_step[c];
+        }
+      }
+      if (any && only_post) a.post_step[*it] = changed = true;
+    }
+  }
+
+  // Gradient tails of the parameters, their contributions, and where each parameter is held.
   a.tail_param.assign(g.num_node_slots(), ir::kNoValue);
   a.contribution_param.assign(nv, ir::kNoValue);
-  a.contribution_positions.assign(nv, {});
+  a.holder_positions.assign(nv, {});
   for (ir::NodeId id : a.order) {
     const ir::Node& n = g.node(id);
     if (n.phase == ir::Phase::kForward || n.origin.empty()) continue;
@@ -217,11 +229,18 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
       const ir::NodeId m = g.value(v).producer;
       if (m == ir::kNoNode || a.tail_param[m] != ir::kNoValue || a.position[m] < 0) continue;
       a.contribution_param[v] = param;
-      std::vector<int32_t>& ps = a.contribution_positions[param];
-      if (std::find(ps.begin(), ps.end(), a.position[m]) == ps.end()) ps.push_back(a.position[m]);
+      a.holder_positions[param].push_back(a.position[m]);
     }
   }
-  for (std::vector<int32_t>& ps : a.contribution_positions) std::sort(ps.begin(), ps.end());
+  for (ir::ValueId v = 0; v < nv; ++v) {
+    if (!a.is_param[v]) continue;
+    std::vector<int32_t>& ps = a.holder_positions[v];
+    if (a.param_owner[v] >= 0) ps.push_back(a.param_owner[v]);
+    for (ir::NodeId u : a.uses[v])
+      if (!a.post_step[u] && a.position[u] >= 0) ps.push_back(a.position[u]);
+    std::sort(ps.begin(), ps.end());
+    ps.erase(std::unique(ps.begin(), ps.end()), ps.end());
+  }
 
   // Buffer sharing of views (as the memory planner does it).
   a.alias_root.resize(nv);

@@ -8,13 +8,17 @@
 // Sums follow their origin too (the activation's producer, or the parameter's owner). Optimizer nodes without an origin
 // (SumSquares, the norm's Sqrt, ClipScale: the global gradient norm) are "global": they run once
 // per step over every stage's gradients and belong to no stage.
-// Shared parameters (Megatron style): a parameter whose gradient contributions come from several
-// stages (a tied input embedding and output projection) is held — parameter, gradient, optimizer
-// state — on every stage that reads it. Each such stage sums its own contributions into its
-// gradient over the micro-batches, the holders all-reduce the gradients once per step, and each
-// applies the same update. The nodes after the contributions (the accumulation Sum, its copy, the
-// update: the parameter's "gradient tail", Node::origin = the parameter) therefore run on every
-// holder stage, and contributions never cross a cut per micro-batch.
+// Post-step nodes: a backward Sum or Identity whose outputs only optimizer nodes and other post-step
+// nodes read (the Sum of a parameter's gradient contributions, its copy) runs once per step after
+// the last micro-batch, over the contributions accumulated over the micro-batches, like the
+// optimizer nodes (stage_program.h).
+// Shared parameters (Megatron style): a parameter read on several stages (a tied input embedding
+// and output projection) is held — parameter, optimizer state — on every stage that reads it or
+// makes one of its gradient contributions. Each such stage accumulates its own contributions over
+// the micro-batches and sends them once per step to the other holders; every holder runs the
+// parameter's post-step nodes (the accumulation Sum, its copy, the update: the parameter's
+// "gradient tail", Node::origin = the parameter) over the same operands in the same order, so
+// contributions never cross a cut per micro-batch and the copies stay identical.
 // A stage is a contiguous range of positions. A cut c (between positions c-1 and c) has the bytes
 // that cross it per micro-batch: activations forward, gradients backward (constants are replicated
 // and graph inputs are fed to each stage that reads them, so neither crosses). Cut candidates are
@@ -52,8 +56,10 @@ struct GraphAnalysis {
   // parameter), else kNoValue. Per value: the parameter it is a gradient contribution of (an input
   // of a tail node made by a node outside the tail), else kNoValue.
   std::vector<ir::ValueId> tail_param, contribution_param;
-  // Per parameter: the positions of its contributions' producers (ascending, distinct).
-  std::vector<std::vector<int32_t>> contribution_positions;
+  // Per parameter: the positions of its owner, of the nodes that read it outside the optimizer and of
+  // its contributions' producers (ascending, distinct): where it is held.
+  std::vector<std::vector<int32_t>> holder_positions;
+  std::vector<bool> post_step;            // per node: runs once per step (optimizer and post-step nodes)
   std::vector<bool> is_input;             // per value: a graph input
   std::vector<ir::ValueId> alias_root;    // per value: the value whose buffer it shares
   std::vector<int64_t> value_bytes;       // per value, at the precision (bf16 activations: 2 bytes)
@@ -71,13 +77,11 @@ struct GraphAnalysis {
   int32_t num_units() const { return static_cast<int32_t>(unit_begin.size()) - 1; }
   int32_t unit_of_position(int32_t p) const;
   bool IsForward(ir::NodeId id) const;
-  // A parameter whose owner and contributions span more than the positions [p0, p1): the stages
-  // that hold a share of it (Holds) replicate it Megatron style.
+  // A parameter held outside the positions [p0, p1) too: the stages that hold it (Holds) replicate
+  // it Megatron style.
   bool IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) const;
-  // The positions [p0, p1) own the parameter or make one of its contributions.
+  // One of the positions [p0, p1) holds the parameter (holder_positions).
   bool Holds(ir::ValueId param, int32_t p0, int32_t p1) const;
-  // A value that must be stored per micro-batch: computed by a node, or a non-constant graph input.
-  bool IsActivation(ir::ValueId v) const;
 };
 
 // Fails when the graph is not a shape-bound training graph in topological order, naming the

@@ -103,18 +103,13 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
       if (p < a.unit_begin[assignment.ranges[k].second]) return k;
     return K - 1;
   };
-  bool all_fit = true;
-  std::vector<StageTiming> timing(K);
-  double sum_p = 0, max_p = 0, comm = 0;
+  // Phase 4: what each stage recomputes (regions never span stages).
+  std::vector<bool> recompute(g.num_node_slots(), false);
+  std::vector<int32_t> bounds = {0};
+  std::vector<std::vector<std::string>> unit_recompute(K);
   for (int32_t k = 0; k < K; ++k) {
     const auto [ub, ue] = assignment.ranges[k];
-    StagePlan s;
-    s.index = k;
-    s.unit_begin = ub;
-    s.unit_end = ue;
-    s.position_begin = a.unit_begin[ub];
-    s.position_end = a.unit_begin[ue];
-    // Phase 4: what this stage recomputes.
+    bounds.push_back(a.unit_begin[ue]);
     std::vector<UnitRecompute> choice;
     bool stage_full = false;
     switch (o.recompute) {
@@ -133,38 +128,67 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
         std::all_of(choice.begin(), choice.end(), [](UnitRecompute c) { return c == UnitRecompute::kStage; })) {
       stage_full = true;
     }
-    s.recompute = RecomputePolicyName(o.recompute);
     for (int32_t u = ub; u < ue; ++u) {
-      s.unit_recompute.push_back(stage_full ? "full" : UnitRecomputeName(choice[u - ub]));
+      unit_recompute[k].push_back(stage_full ? "full" : UnitRecomputeName(choice[u - ub]));
     }
     const std::vector<bool> rec = RecomputeSet(a, ub, ue, stage_full, choice);
-    // Phase 5: the stage's program and its memory.
-    ASSIGN_OR_RETURN(StageProgram sp, BuildStageProgram(a, ub, ue, rec));
+    for (size_t id = 0; id < rec.size(); ++id)
+      if (rec[id]) recompute[id] = true;
+  }
+  // Phase 5: the stage programs and their memory.
+  const std::vector<StageNodes> placement = PlaceStages(a, bounds, recompute);
+  ASSIGN_OR_RETURN(const PipelineProgram program, BuildPipelineProgram(a, placement));
+  bool all_fit = true;
+  std::vector<StageTiming> timing(K);
+  std::vector<std::vector<double>> parts_s(K);
+  double sum_p = 0, max_p = 0, comm = 0;
+  for (int32_t k = 0; k < K; ++k) {
+    const auto [ub, ue] = assignment.ranges[k];
+    const StageProgram& sp = program.stages[k];
+    StagePlan s;
+    s.index = k;
+    s.unit_begin = ub;
+    s.unit_end = ue;
+    s.position_begin = a.unit_begin[ub];
+    s.position_end = a.unit_begin[ue];
+    s.recompute = RecomputePolicyName(o.recompute);
+    s.unit_recompute = unit_recompute[k];
     const int64_t in_flight = InFlightMicrobatches(o.schedule, K, k, o.microbatches);
     ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, o.microbatches, ctx.alignment()));
     if (s.memory.total > plan.capacity_bytes) all_fit = false;
 
+    const StageNodes& sn = placement[k];
     double fwd = 0, bwd = 0, rcp = 0, opt = 0;
-    for (ir::NodeId id : sp.forward) {
+    for (ir::NodeId id : sn.forward) {
       fwd += sec[id];
       s.forward_nodes.push_back(g.node(id).name);
     }
-    // Nodes outside the stage's positions are a shared parameter's gradient tail run here too.
-    auto own = [&](ir::NodeId id) { return a.position[id] >= s.position_begin && a.position[id] < s.position_end; };
-    for (ir::NodeId id : sp.backward) {
-      bwd += sec[id];
-      (own(id) ? s.backward_nodes : s.replicated_nodes).push_back(g.node(id).name);
-    }
-    for (ir::NodeId id : sp.optimizer) {
+    for (ir::NodeId id : sn.backward) s.backward_nodes.push_back(g.node(id).name);
+    for (ir::NodeId id : sn.post) {
       opt += sec[id];
-      (own(id) ? s.optimizer_nodes : s.replicated_nodes).push_back(g.node(id).name);
+      s.optimizer_nodes.push_back(g.node(id).name);
+      // A shared parameter's optimizer nodes owned by another stage, run here too.
+      if (a.position[id] >= 0 && stage_of_position(a.position[id]) != k) s.replicated_nodes.push_back(g.node(id).name);
+    }
+    // The backward part by part: runs of backward nodes and recompute regions (a clone takes its
+    // forward node's time).
+    std::map<ir::NodeId, ir::NodeId> source;
+    for (size_t i = 0; i < sp.recompute_clones.size(); ++i) source[sp.recompute_clones[i]] = sp.cloned_from[i];
+    for (const BackwardPart& part : sp.parts) {
+      double t = 0;
+      for (int32_t i = part.begin; i < part.end; ++i) {
+        const ir::NodeId id = sp.backward[i];
+        auto it = source.find(id);
+        t += sec[it == source.end() ? id : it->second];
+      }
+      (part.kind == ActionKind::kRecompute ? rcp : bwd) += t;
+      parts_s[k].push_back(t);
     }
     for (const RecomputeRegion& r : sp.regions) {
       RegionPlan rp;
       for (ir::NodeId id : r.nodes) {
         rp.nodes.push_back(g.node(id).name);
         rp.ms += sec[id] * 1e3;
-        rcp += sec[id];
       }
       rp.before = g.node(r.before).name;
       s.recompute_regions.push_back(std::move(rp));
@@ -173,54 +197,58 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
       s.parameters.push_back(g.value(v).name);
       s.parameter_count += ir::NumElements(g.value(v).shape).value();
     }
-    auto boundary = [&](ir::ValueId v, const char* kind, bool input) {
-      BoundaryTensor b;
-      const ir::Value& val = g.value(v);
-      b.name = val.name;
-      b.dtype = std::string(ir::DTypeName(val.dtype));
-      if (o.precision == Precision::kBF16 && ir::IsFloat(val.dtype) && a.value_bytes[v] * 2 ==
-          ir::NumElements(val.shape).value() * 4) {
-        b.dtype = "bf16";
+    // Boundary tensors: what the stage receives and sends, once per value, with its peers.
+    auto kind_of = [&](ir::ValueId v, bool per_microbatch) -> const char* {
+      const ir::NodeId p = g.value(v).producer;
+      if (per_microbatch) return g.node(p).phase == ir::Phase::kForward ? "activation" : "gradient";
+      const ir::ValueId param = a.contribution_param[v];
+      if (param != ir::kNoValue && std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
+        return "shared_gradient";
       }
-      b.dims = Dims(val);
-      b.bytes = a.value_bytes[v];
-      b.kind = kind;
-      std::set<int32_t> peers;
-      if (input) {
-        if (val.producer != ir::kNoNode && a.position[val.producer] >= 0)
-          peers.insert(stage_of_position(a.position[val.producer]));
-      } else {
-        for (ir::NodeId w : a.uses[v]) {
-          if (a.position[w] < 0) continue;
-          const int32_t ks = stage_of_position(a.position[w]);
-          if (ks != k) peers.insert(ks);
-        }
-      }
-      b.peers.assign(peers.begin(), peers.end());
-      return b;
+      return a.position[p] < 0 ? "step" : "global";
     };
-    for (ir::ValueId v : sp.inputs_forward) s.boundary_inputs.push_back(boundary(v, "activation", true));
-    for (ir::ValueId v : sp.inputs_backward) s.boundary_inputs.push_back(boundary(v, "gradient", true));
-    for (ir::ValueId v : sp.data_inputs) s.boundary_inputs.push_back(boundary(v, "data", true));
-    for (ir::ValueId v : sp.step_inputs) s.boundary_inputs.push_back(boundary(v, "step", true));
-    for (ir::ValueId v : sp.outputs_forward) s.boundary_outputs.push_back(boundary(v, "activation", false));
-    for (ir::ValueId v : sp.outputs_backward) s.boundary_outputs.push_back(boundary(v, "gradient", false));
-    for (ir::ValueId v : sp.global_outputs) s.boundary_outputs.push_back(boundary(v, "global", false));
-    // Shared parameters: the gradient all-reduced with the other holders once per step.
+    auto boundary = [&](const std::vector<const ValueLists*>& lists, bool per_microbatch,
+                        std::vector<BoundaryTensor>* out) {
+      std::map<ir::ValueId, std::set<int32_t>> peers;
+      for (const ValueLists* l : lists)
+        for (const auto& [peer, vs] : *l)
+          for (ir::ValueId v : vs) peers[v].insert(peer);
+      for (const auto& [v, ps] : peers) {
+        const ir::Value& val = g.value(v);
+        BoundaryTensor b;
+        b.name = val.name;
+        b.dtype = std::string(ir::DTypeName(val.dtype));
+        if (o.precision == Precision::kBF16 && ir::IsFloat(val.dtype) &&
+            a.value_bytes[v] * 2 == ir::NumElements(val.shape).value() * 4) {
+          b.dtype = "bf16";
+        }
+        b.dims = Dims(val);
+        b.bytes = a.value_bytes[v];
+        b.kind = kind_of(v, per_microbatch);
+        b.peers.assign(ps.begin(), ps.end());
+        out->push_back(std::move(b));
+      }
+    };
+    boundary({&sp.recv_forward, &sp.recv_backward}, true, &s.boundary_inputs);
+    for (ir::ValueId v : sp.data_inputs) {
+      s.boundary_inputs.push_back({g.value(v).name, std::string(ir::DTypeName(g.value(v).dtype)), Dims(g.value(v)),
+                                   a.value_bytes[v], "data", {}});
+    }
+    for (ir::ValueId v : sp.step_inputs) {
+      s.boundary_inputs.push_back({g.value(v).name, std::string(ir::DTypeName(g.value(v).dtype)), Dims(g.value(v)),
+                                   a.value_bytes[v], "step", {}});
+    }
+    boundary({&sp.recv_post}, false, &s.boundary_inputs);
+    boundary({&sp.send_forward, &sp.send_backward}, true, &s.boundary_outputs);
+    boundary({&sp.send_post}, false, &s.boundary_outputs);
+    // Shared parameters: their contributions come from the other holders once per step.
     double allreduce_s = 0;
-    for (size_t i = 0; i < sp.shared_gradients.size(); ++i) {
-      if (sp.shared_gradients[i] == ir::kNoValue) continue;
-      BoundaryTensor b = boundary(sp.shared_gradients[i], "shared_gradient", true);
-      const ir::ValueId param = sp.shared_parameters[i];
-      std::set<int32_t> holders{stage_of_position(a.param_owner[param])};
-      for (int32_t p : a.contribution_positions[param]) holders.insert(stage_of_position(p));
-      holders.erase(k);
-      b.peers.assign(holders.begin(), holders.end());
+    for (const BoundaryTensor& b : s.boundary_inputs) {
+      if (b.kind != "shared_gradient") continue;
       // A ring all-reduce over h holders moves 2 (h - 1) / h of the gradient through each link.
-      const double h = static_cast<double>(holders.size() + 1);
+      const double h = static_cast<double>(b.peers.size() + 1);
       allreduce_s += plan.device.link_latency_s +
                      2 * (h - 1) / h * static_cast<double>(b.bytes) / plan.device.link_bandwidth;
-      s.boundary_inputs.push_back(std::move(b));
     }
     for (int32_t p = s.position_begin; p < s.position_end; ++p) {
       const std::string& layer = a.layer_of_position[p];
@@ -244,8 +272,12 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     plan.stages.push_back(std::move(s));
   }
 
-  // Phase 6: the schedule.
-  plan.timeline = SimulateSchedule(o.schedule, timing, o.microbatches);
+  // Phase 6: the schedule, as the executor will run it.
+  ASSIGN_OR_RETURN(const std::vector<ActionList> actions,
+                   BuildSchedule(o.schedule, K, static_cast<int32_t>(o.microbatches), ShapesOf(program)));
+  RETURN_IF_ERROR(ProveDeadlockFree(program, actions));
+  for (int32_t k = 0; k < K; ++k) plan.stages[k].actions = actions[k];
+  ASSIGN_OR_RETURN(plan.timeline, Simulate(actions, timing, parts_s));
   plan.step_ms = plan.timeline.step_s * 1e3;
   plan.bubble_fraction = plan.timeline.bubble_fraction;
   plan.samples_per_s = plan.timeline.step_s > 0 ? static_cast<double>(o.batch) / plan.timeline.step_s : 0;

@@ -4,8 +4,10 @@
 //   2. cut candidates      analysis.h     positions, ownership, crossing bytes, units
 //   3. search              search.cc      exact DP over contiguous unit ranges (below)
 //   4. recompute           recompute.h    none | full | selective | auto regions per stage
-//   5. memory              stage_program.h  the static memory planner on each stage's program
-//   6. schedule            schedule.h     GPipe / 1F1B simulation: timeline, bubbles, step time
+//   5. programs, memory    stage_program.h  each stage's complete program (what the executor runs)
+//                                         and the static memory planner on it
+//   6. schedule            schedule.h     the GPipe / 1F1B action lists (what the executor runs),
+//                                         simulated: timeline, bubbles, step time
 //
 // The training graph is the one micro-batch's step: forward, loss, backward and optimizer update
 // with the batch dim bound to the micro-batch size B / M (executor/train's Trainer builds it).
@@ -99,6 +101,7 @@ struct StagePlan {
   std::string recompute;                   // none | full | selective | auto
   std::vector<std::string> unit_recompute; // per unit: none | selective | unit | full
   std::vector<RegionPlan> recompute_regions;
+  std::vector<Action> actions;             // the stage's action list (schedule.h), what the executor runs
   StageMemory memory;
   double forward_ms = 0, backward_ms = 0, recompute_ms = 0, optimizer_ms = 0;
   double send_forward_ms = 0, send_backward_ms = 0;
@@ -123,7 +126,7 @@ struct SearchStats {
 };
 
 struct PartitionPlan {
-  int schema_version = 1;
+  int schema_version = 2;  // plan_io.h's kPlanSchemaVersion
   std::string model, optimizer;
   DeviceProfile device;
   int64_t capacity_bytes = 0;  // usable per device

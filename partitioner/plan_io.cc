@@ -4,6 +4,7 @@
 #include "partitioner/plan_io.h"
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -97,7 +98,7 @@ class Reader {
 
 ordered_json PlanToJson(const PartitionPlan& p) {
   ordered_json j;
-  j["schema_version"] = p.schema_version;
+  j["schema_version"] = kPlanSchemaVersion;
   j["generator"] = "onnxpipe partition";
   j["model"] = p.model;
   ordered_json dev = DeviceToJson(p.device);
@@ -140,6 +141,9 @@ ordered_json PlanToJson(const PartitionPlan& p) {
       regions.push_back({{"nodes", r.nodes}, {"before", r.before}, {"ms", r.ms}});
     }
     st["recompute_regions"] = std::move(regions);
+    std::vector<std::string> actions;
+    for (const Action& a : s.actions) actions.push_back(ActionToString(a));
+    st["actions"] = actions;
     const StageMemory& m = s.memory;
     st["memory"] = {{"parameters", m.parameters},
                     {"gradients", m.gradients},
@@ -194,6 +198,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   PartitionPlan p;
   if (!j.is_object()) return r.Error("(top)", "plan.json must be a JSON object");
   ASSIGN_OR_RETURN(int64_t version, r.Int(j, "", "schema_version"));
+  if (version == 1) {
+    return r.Error("schema_version", "is 1: that plan lists the stages' nodes but not what runs (the post-step "
+                                     "gradient Sums, the schedule's actions); re-run onnxpipe partition to write "
+                                     "version " + std::to_string(kPlanSchemaVersion));
+  }
   if (version != kPlanSchemaVersion) {
     return r.Error("schema_version", "is " + std::to_string(version) + "; this onnxpipe reads version " +
                                          std::to_string(kPlanSchemaVersion) + " (re-run onnxpipe partition)");
@@ -240,7 +249,7 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     return r.Error("stages", "has " + std::to_string(stages->size()) + " entries but config.num_stages is " +
                                  std::to_string(p.num_stages));
   }
-  std::set<std::string> seen_nodes;
+  std::map<std::string, int32_t> seen_nodes;  // -> stage
   int32_t expect_unit = 0;
   for (size_t k = 0; k < stages->size(); ++k) {
     const json& sj = (*stages)[k];
@@ -270,9 +279,19 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
       ASSIGN_OR_RETURN(s.replicated_nodes, r.Strings(*nodes, path + ".nodes", "replicated"));
     }
     if (s.forward_nodes.empty()) return r.Error(path + ".nodes.forward", "is empty: every stage runs forward nodes");
+    const std::set<std::string> replicated(s.replicated_nodes.begin(), s.replicated_nodes.end());
+    const std::set<std::string> optimizer(s.optimizer_nodes.begin(), s.optimizer_nodes.end());
+    for (const std::string& n : replicated) {
+      if (!optimizer.count(n)) return r.Error(path + ".nodes.replicated", "node '" + n + "' is not under optimizer");
+    }
     for (const auto* list : {&s.forward_nodes, &s.backward_nodes, &s.optimizer_nodes}) {
       for (const std::string& n : *list) {
-        if (!seen_nodes.insert(n).second) return r.Error(path + ".nodes", "node '" + n + "' is on two stages");
+        if (replicated.count(n)) continue;  // a shared parameter's node, owned by another stage
+        auto [it, fresh] = seen_nodes.emplace(n, static_cast<int32_t>(k));
+        if (!fresh) {
+          return r.Error(path + ".nodes", "node '" + n + "' is on two stages (" + std::to_string(it->second) +
+                                              " and " + std::to_string(k) + ")");
+        }
       }
     }
     ASSIGN_OR_RETURN(s.parameters, r.Strings(sj, path, "parameters"));
@@ -319,6 +338,12 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
       if (rp.nodes.empty()) return r.Error(rp_path + ".nodes", "is empty");
       s.recompute_regions.push_back(std::move(rp));
     }
+    ASSIGN_OR_RETURN(const std::vector<std::string> actions, r.Strings(sj, path, "actions"));
+    for (size_t i = 0; i < actions.size(); ++i) {
+      absl::StatusOr<Action> a = ParseAction(actions[i]);
+      if (!a.ok()) return r.Error(path + ".actions[" + std::to_string(i) + "]", std::string(a.status().message()));
+      s.actions.push_back(*a);
+    }
     ASSIGN_OR_RETURN(const json* mem, r.Field(sj, path, "memory"));
     const std::string mp = path + ".memory";
     StageMemory& m = s.memory;
@@ -352,7 +377,7 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   }
   ASSIGN_OR_RETURN(p.global_nodes, r.Strings(j, "", "global_nodes"));
   for (const std::string& n : p.global_nodes) {
-    if (!seen_nodes.insert(n).second) return r.Error("global_nodes", "node '" + n + "' is also on a stage");
+    if (!seen_nodes.count(n)) return r.Error("global_nodes", "node '" + n + "' is on no stage's optimizer list");
   }
   if (j.contains("layers") && j.at("layers").is_array()) {
     for (const json& l : j.at("layers")) {
@@ -386,38 +411,68 @@ absl::StatusOr<PartitionPlan> LoadPlan(const std::string& dir) {
   return PlanFromJson(j, path);
 }
 
-absl::Status CheckPlanMatchesGraph(const PartitionPlan& plan, const ir::Graph& g) {
-  std::unordered_map<std::string, const ir::Node*> by_name;
-  for (ir::NodeId id : g.LiveNodes()) by_name.emplace(g.node(id).name, &g.node(id));
-  std::set<std::string> placed;
-  auto check = [&](const std::vector<std::string>& names, ir::Phase phase, const std::string& where) -> absl::Status {
-    for (const std::string& n : names) {
-      auto it = by_name.find(n);
-      if (it == by_name.end()) {
-        return INVALID_ARGUMENT() << "plan: " << where << " names node '" << n
-                                  << "', which the training graph does not have (another model or options?)";
+absl::StatusOr<CompiledPlan> CompilePlan(const ir::Graph& g, const PartitionPlan& plan) {
+  const std::string what = "plan (" + plan.model + ")";
+  AnalysisOptions ao;
+  ao.precision = plan.precision;
+  absl::StatusOr<GraphAnalysis> analysis = AnalyzeTrainingGraph(g, ao);
+  if (!analysis.ok()) return Annotate(analysis.status(), what);
+  const GraphAnalysis& a = *analysis;
+  std::unordered_map<std::string, ir::NodeId> by_name;
+  for (ir::NodeId id : a.order) by_name.emplace(g.node(id).name, id);
+  std::vector<StageNodes> placement(plan.stages.size());
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const StagePlan& sp = plan.stages[k];
+    auto ids = [&](const std::vector<std::string>& names, const std::string& list,
+                   std::vector<ir::NodeId>* out) -> absl::Status {
+      for (const std::string& n : names) {
+        auto it = by_name.find(n);
+        if (it == by_name.end()) {
+          return INVALID_ARGUMENT() << what << ": stage " << k << " lists node '" << n << "' under " << list
+                                    << ", which the training graph does not have (another model or other options?)";
+        }
+        out->push_back(it->second);
       }
-      if (it->second->phase != phase) {
-        return INVALID_ARGUMENT() << "plan: " << where << " lists node '" << n << "' under the wrong phase";
-      }
-      placed.insert(n);
-    }
-    return absl::OkStatus();
-  };
-  for (const StagePlan& s : plan.stages) {
-    const std::string where = "stage " + std::to_string(s.index);
-    RETURN_IF_ERROR(check(s.forward_nodes, ir::Phase::kForward, where));
-    RETURN_IF_ERROR(check(s.backward_nodes, ir::Phase::kBackward, where));
-    RETURN_IF_ERROR(check(s.optimizer_nodes, ir::Phase::kOptimizer, where));
-  }
-  RETURN_IF_ERROR(check(plan.global_nodes, ir::Phase::kOptimizer, "global_nodes"));
-  for (const auto& [name, node] : by_name) {
-    if (!placed.count(name)) {
-      return INVALID_ARGUMENT() << "plan: node '" << name << "' (" << ir::OpName(node->op)
-                                << ") of the training graph is on no stage";
+      return absl::OkStatus();
+    };
+    StageNodes& sn = placement[k];
+    RETURN_IF_ERROR(ids(sp.forward_nodes, "forward", &sn.forward));
+    RETURN_IF_ERROR(ids(sp.backward_nodes, "backward", &sn.backward));
+    RETURN_IF_ERROR(ids(sp.optimizer_nodes, "optimizer", &sn.post));
+    for (const RegionPlan& rp : sp.recompute_regions) {
+      RecomputeRegion region;
+      RETURN_IF_ERROR(ids(rp.nodes, "recompute_regions", &region.nodes));
+      std::vector<ir::NodeId> before;
+      RETURN_IF_ERROR(ids({rp.before}, "recompute_regions.before", &before));
+      region.before = before[0];
+      sn.regions.push_back(std::move(region));
     }
   }
-  return absl::OkStatus();
+  CompiledPlan c;
+  absl::StatusOr<PipelineProgram> program = BuildPipelineProgram(a, placement);
+  if (!program.ok()) return Annotate(program.status(), what);
+  c.program = *std::move(program);
+  c.schedule = plan.schedule;
+  c.microbatches = static_cast<int32_t>(plan.microbatches);
+  const int32_t K = c.program.num_stages;
+  ASSIGN_OR_RETURN(const std::vector<ActionList> expected,
+                   BuildSchedule(plan.schedule, K, c.microbatches, ShapesOf(c.program)));
+  for (int32_t k = 0; k < K; ++k) {
+    const std::vector<Action>& have = plan.stages[k].actions;
+    const ActionList& want = expected[k];
+    for (size_t i = 0; i < std::max(have.size(), want.size()); ++i) {
+      if (i < have.size() && i < want.size() && have[i] == want[i]) continue;
+      return INVALID_ARGUMENT() << what << ": stage " << k << "'s actions are not the " << ScheduleName(plan.schedule)
+                                << " schedule of its program (K=" << K << ", M=" << c.microbatches << "): action " << i
+                                << " is " << (i < have.size() ? ActionToString(have[i]) : std::string("missing"))
+                                << " in the plan, " << (i < want.size() ? ActionToString(want[i]) : std::string("none"))
+                                << " in the schedule";
+    }
+  }
+  c.actions = expected;
+  absl::Status st = ProveDeadlockFree(c.program, c.actions);
+  if (!st.ok()) return Annotate(st, what);
+  return c;
 }
 
 }  // namespace onnxpipe::partitioner

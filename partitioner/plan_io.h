@@ -1,7 +1,7 @@
 // plan.json: the partition plan that `onnxpipe partition` writes and `onnxpipe train --plan DIR`
-// loads. Schema version 1 (keys in this order; sizes in bytes, times in milliseconds):
+// runs as written. Schema version 2 (keys in this order; sizes in bytes, times in milliseconds):
 //   {
-//     "schema_version": 1,
+//     "schema_version": 2,
 //     "generator": "onnxpipe partition",
 //     "model": "m.onnx",
 //     "device": {name, source, memory, reserved, peak_tflops{fp32,bf16}, ..., "capacity"},
@@ -11,9 +11,13 @@
 //                   measured_nodes, roofline_nodes},
 //     "stages": [ {
 //        "index": k, "units": [begin, end), "positions": [begin, end), "layers": [...],
-//        "nodes": {"forward": [...], "backward": [...], "optimizer": [...],  schedule order
-//                  "replicated": [...]},  shared parameters' gradient tails owned by another
-//                                          stage and run here too (analysis.h)
+//        "nodes": {"forward": [...],    per micro-batch, in run order
+//                  "backward": [...],   per micro-batch, in run order (recompute clones: below)
+//                  "optimizer": [...],  once per step after the last backward, in run order: the
+//                                       parameter-gradient Sums, the updates, and on the
+//                                       coordinator the global norm (stage_program.h)
+//                  "replicated": [...]},  the optimizer nodes of shared parameters owned by
+//                                          another stage, run here too (also under "optimizer")
 //        "parameters": [...], "parameter_count": n,   held here, shared ones included
 //        "boundary_inputs":  [{name, kind, dtype, shape, bytes, from: [stages]}],
 //        "boundary_outputs": [{name, kind, dtype, shape, bytes, to: [stages]}],
@@ -23,18 +27,23 @@
 //            named in `from` once per step; one receive buffer)
 //        "recompute": "none|full|selective|auto", "unit_recompute": [per unit],
 //        "recompute_regions": [{nodes: [...], before: "<backward node>", ms}],
+//        "actions": ["F0", "SEND_ACT0>1", "RECV_GRAD0<1", "R0", "B0.1", ..., "O"],  the stage's
+//            schedule (schedule.h's ActionToString), what the executor runs
 //        "memory": {parameters, gradients, optimizer_state, activations, workspace, total,
 //                   constants, boundary, saved_per_microbatch, in_flight,
 //                   arena, capacity},
 //        "predicted": {forward_ms, backward_ms, recompute_ms, optimizer_ms, send_forward_ms,
 //                      send_backward_ms}   (per micro-batch; optimizer per step)
 //     } ],
-//     "global_nodes": [...],   optimizer nodes over all stages' gradients (the global norm)
+//     "global_nodes": [...],   optimizer nodes over all stages' gradients (the global norm), run
+//                              on the coordinator (listed under its "optimizer" too)
 //     "layers": [{name, stages, forward_ms, backward_ms, parameter_bytes}],
 //     "search": {...}, "warnings": [...]
 //   }
 // memory.total = parameters + gradients + optimizer_state + constants + activations + workspace
 // + boundary; activations = saved_per_microbatch * in_flight.
+// Version 1 (which listed the post-step gradient Sums under "backward" and had no "actions") is
+// refused with a message to re-run onnxpipe partition: it does not say what runs.
 #pragma once
 
 #include <string>
@@ -46,17 +55,27 @@
 
 namespace onnxpipe::partitioner {
 
-inline constexpr int kPlanSchemaVersion = 1;
+inline constexpr int kPlanSchemaVersion = 2;
 
 nlohmann::ordered_json PlanToJson(const PartitionPlan& plan);
 // Validates while parsing: schema version, required keys and types, stage indices 0..K-1 in
-// order, contiguous units, each node on one stage, memory totals adding up. Errors name `what`
-// (the file) and the field.
+// order, contiguous units, each node on one stage (a replicated one on its holders), actions that
+// parse, memory totals adding up. Errors name `what` (the file) and the field.
 absl::StatusOr<PartitionPlan> PlanFromJson(const nlohmann::json& j, const std::string& what);
 // Reads DIR/plan.json.
 absl::StatusOr<PartitionPlan> LoadPlan(const std::string& dir);
-// Checks a loaded plan against the training graph it is meant for: every node it names exists
-// with the phase it is listed under, and every live node is on exactly one stage or global.
-absl::Status CheckPlanMatchesGraph(const PartitionPlan& plan, const ir::Graph& training_graph);
+
+// A plan made executable against its training graph: the stage programs built from the plan's node
+// lists and recompute regions as written (stage_program.h) and the plan's action lists.
+struct CompiledPlan {
+  PipelineProgram program;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int32_t microbatches = 1;
+  std::vector<ActionList> actions;
+};
+// Nothing is re-derived: errors name what the plan and the graph disagree on — a node the graph does
+// not have, a node on two stages or on none, a node under the wrong phase, a dependency that flows
+// backwards, stage actions that are not the plan's schedule for this program.
+absl::StatusOr<CompiledPlan> CompilePlan(const ir::Graph& training_graph, const PartitionPlan& plan);
 
 }  // namespace onnxpipe::partitioner

@@ -99,8 +99,8 @@ std::vector<bool> RecomputeSet(const GraphAnalysis& a, int32_t unit_begin, int32
   return needed;
 }
 
-std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vector<bool>& recompute,
-                                          const std::vector<ir::NodeId>& backward_order) {
+std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vector<bool>& recompute, int32_t p0,
+                                          int32_t p1, const std::vector<ir::NodeId>& backward_order) {
   const ir::Graph& g = *a.graph;
   std::vector<ir::NodeId> parent(g.num_node_slots());
   std::iota(parent.begin(), parent.end(), 0);
@@ -108,14 +108,18 @@ std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vec
     while (parent[x] != x) x = parent[x] = parent[parent[x]];
     return x;
   };
+  auto marked = [&](ir::NodeId id) {
+    return id != ir::kNoNode && recompute[id] && a.position[id] >= p0 && a.position[id] < p1 && a.IsForward(id);
+  };
   std::vector<ir::NodeId> members;
-  for (ir::NodeId id : a.forward) {
-    if (!recompute[id]) continue;
+  for (int32_t p = p0; p < p1; ++p) {
+    const ir::NodeId id = a.forward[p];
+    if (!marked(id)) continue;
     members.push_back(id);
     for (ir::ValueId v : g.node(id).inputs) {
       if (v == ir::kNoValue) continue;
       const ir::NodeId m = g.value(v).producer;
-      if (m != ir::kNoNode && recompute[m]) parent[find(id)] = find(m);
+      if (marked(m)) parent[find(id)] = find(m);
     }
   }
   std::vector<int32_t> region_of(g.num_node_slots(), -1);
@@ -132,7 +136,7 @@ std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vec
     for (ir::ValueId v : g.node(b).inputs) {
       if (v == ir::kNoValue) continue;
       const ir::NodeId m = g.value(v).producer;
-      if (m == ir::kNoNode || !recompute[m]) continue;
+      if (!marked(m)) continue;
       RecomputeRegion& r = regions[region_of[find(m)]];
       if (r.before == ir::kNoNode) r.before = b;
     }

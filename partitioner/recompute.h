@@ -6,9 +6,16 @@
 //   nodes are recomputed before its backward pass.
 // - selective: recompute the cheap ops (everything but GEMM-class ops — MatMul, Gemm, Linear,
 //   FusedMatMul, Attention — and the loss): softmax, dropout, GELU, LayerNorm, elementwise and
-//   shape ops; keep GEMM outputs. A cheap node whose output a forward node of another unit reads
-//   is kept too, so that every unit (the span between two cut candidates, e.g. one transformer
-//   layer) recomputes from values it holds when its backward starts.
+//   shape ops; keep GEMM outputs (Korthikanti et al., arXiv 2205.05198). A cheap node whose output
+//   a forward node of another unit reads is kept too, so that every unit (the span between two cut
+//   candidates, e.g. one transformer layer) recomputes from values it holds when its backward
+//   starts. This is the one selective rule (`train --stages K` runs the partitioner, so it
+//   recomputes what `train --plan` does). Why keep the cross-unit values: a unit's saved bytes
+//   and recompute time then do not depend on its neighbours, which is what lets the search add
+//   them up per unit (unit_table.h) and price a stage exactly; a value read by the next unit (the
+//   residual stream between layers) may be the value sent across a cut, which must exist after
+//   the forward anyway; and recomputing it would run the region in the next unit's backward,
+//   keeping the recomputed value alive across the whole backward of that unit.
 // - auto: per unit, the cheapest of none | selective | unit (recompute the whole unit from its
 //   inputs) such that the stage fits its memory budget (chosen by the search, phase 3).
 // Only nodes whose outputs the backward actually reads (directly or through other recomputed
@@ -49,9 +56,10 @@ struct RecomputeRegion {
   ir::NodeId before = ir::kNoNode;  // the first backward consumer in `backward_order`
 };
 
-// Connected components of `recompute` (node ids), each placed before its first consumer among
-// `backward_order` (the stage's backward nodes in schedule order).
-std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vector<bool>& recompute,
-                                          const std::vector<ir::NodeId>& backward_order);
+// Connected components of the nodes `recompute` marks at forward positions [p0, p1), each placed
+// before its first consumer among `backward_order` (the stage's backward nodes in schedule order);
+// components no backward node reads are dropped.
+std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vector<bool>& recompute, int32_t p0,
+                                          int32_t p1, const std::vector<ir::NodeId>& backward_order);
 
 }  // namespace onnxpipe::partitioner

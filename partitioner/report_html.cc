@@ -129,6 +129,7 @@ std::string GanttSvg(const PartitionPlan& p) {
     switch (e.kind) {
       case ScheduleEvent::kForward: fill = "#4e79a7"; label = "F" + std::to_string(e.microbatch); break;
       case ScheduleEvent::kBackward: fill = "#59a14f"; label = "B" + std::to_string(e.microbatch); break;
+      case ScheduleEvent::kRecompute: fill = "#76b7b2"; label = "R" + std::to_string(e.microbatch); break;
       case ScheduleEvent::kOptimizer: fill = "#f28e2b"; label = "optimizer"; break;
       case ScheduleEvent::kSendForward: fill = "#9c755f"; label = "send F" + std::to_string(e.microbatch); break;
       case ScheduleEvent::kSendBackward: fill = "#b07aa1"; label = "send B" + std::to_string(e.microbatch); break;

@@ -232,30 +232,28 @@ std::string PartitionDot(const PartitionPlan& p) {
   return os.str();
 }
 
-std::string ScheduleTraceJson(const PartitionPlan& p) {
+std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages, nlohmann::ordered_json other_data) {
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
-  for (const StagePlan& s : p.stages) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0},
-                      {"args", {{"name", "stage " + std::to_string(s.index)}}}});
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0},
-                      {"args", {{"sort_index", s.index}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s.index}, {"tid", 1}, {"args", {{"name", "transfers"}}}});
+  for (int32_t s = 0; s < num_stages; ++s) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
+                      {"args", {{"name", "stage " + std::to_string(s)}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"sort_index", s}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 1}, {"args", {{"name", "transfers"}}}});
   }
-  for (const ScheduleEvent& e : p.timeline.events) {
+  for (const ScheduleEvent& e : timeline.events) {
     std::string name, cat;
     int tid = 0;
+    const std::string m = std::to_string(e.microbatch);
     switch (e.kind) {
-      case ScheduleEvent::kForward: name = "F" + std::to_string(e.microbatch); cat = "forward"; break;
-      case ScheduleEvent::kBackward: name = "B" + std::to_string(e.microbatch); cat = "backward"; break;
+      case ScheduleEvent::kForward: name = "F" + m; cat = "forward"; break;
+      case ScheduleEvent::kBackward: name = "B" + m; cat = "backward"; break;
+      case ScheduleEvent::kRecompute: name = "R" + m; cat = "recompute"; break;
       case ScheduleEvent::kOptimizer: name = "optimizer"; cat = "optimizer"; break;
       case ScheduleEvent::kSendForward:
-        name = "send F" + std::to_string(e.microbatch) + " -> " + std::to_string(e.stage + 1);
-        cat = "transfer";
-        tid = 1;
-        break;
       case ScheduleEvent::kSendBackward:
-        name = "send B" + std::to_string(e.microbatch) + " -> " + std::to_string(e.stage - 1);
+        name = std::string("send ") + (e.kind == ScheduleEvent::kSendForward ? "F" : "B") + m + " -> " +
+               std::to_string(e.peer);
         cat = "transfer";
         tid = 1;
         break;
@@ -268,9 +266,15 @@ std::string ScheduleTraceJson(const PartitionPlan& p) {
   nlohmann::ordered_json j;
   j["traceEvents"] = std::move(events);
   j["displayTimeUnit"] = "ms";
-  j["otherData"] = {{"generator", "onnxpipe partition"}, {"model", p.model}, {"schedule", ScheduleName(p.schedule)},
-                    {"step_ms", p.step_ms}, {"bubble_fraction", p.bubble_fraction}};
+  j["otherData"] = std::move(other_data);
   return j.dump(1) + "\n";
+}
+
+std::string ScheduleTraceJson(const PartitionPlan& p) {
+  return TimelineTraceJson(p.timeline, static_cast<int32_t>(p.stages.size()),
+                           {{"generator", "onnxpipe partition"}, {"model", p.model},
+                            {"schedule", ScheduleName(p.schedule)}, {"step_ms", p.step_ms},
+                            {"bubble_fraction", p.bubble_fraction}});
 }
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 #include "partitioner/partitioner.h"
 
 namespace onnxpipe::partitioner {
@@ -23,6 +24,8 @@ std::string ReportText(const PartitionPlan& plan);
 std::string ReportHtml(const PartitionPlan& plan);
 std::string PartitionDot(const PartitionPlan& plan);
 std::string ScheduleTraceJson(const PartitionPlan& plan);
+// The Chrome trace of a simulated step (schedule.h's events), `other_data` as its "otherData".
+std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages, nlohmann::ordered_json other_data);
 
 // Writes plan.json, report.txt, report.html, partition.dot and schedule.trace.json into `dir`
 // (created if missing).

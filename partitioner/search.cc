@@ -334,7 +334,15 @@ absl::StatusOr<const ExactStage*> Searcher::Exact(int32_t i, int32_t j,
   if (auto it = exact_.find(key); it != exact_.end()) return &it->second;
   const bool stage_full = !choice.empty() && choice[0] == UnitRecompute::kStage;
   const std::vector<bool> rec = RecomputeSet(a_, i, j, stage_full, choice);
-  ASSIGN_OR_RETURN(StageProgram sp, BuildStageProgram(a_, i, j, rec));
+  // The stage's program within a split into (at most) three: before it, it, after it.
+  const int32_t p0 = a_.unit_begin[i], p1 = a_.unit_begin[j];
+  std::vector<int32_t> bounds = {0};
+  if (p0 > 0) bounds.push_back(p0);
+  bounds.push_back(p1);
+  if (p1 < a_.num_positions()) bounds.push_back(a_.num_positions());
+  const std::vector<StageNodes> placement = PlaceStages(a_, bounds, rec);
+  const int32_t k = p0 > 0 ? 1 : 0;
+  ASSIGN_OR_RETURN(const StageProgram sp, BuildStageProgram(a_, placement, k));
   ASSIGN_OR_RETURN(StageMemory m, PlanStageMemory(a_, sp, /*in_flight=*/1, o_.microbatches, ctx_.alignment()));
   ++stats_->stages_planned;
   ExactStage e;
@@ -346,9 +354,9 @@ absl::StatusOr<const ExactStage*> Searcher::Exact(int32_t i, int32_t j,
     e.fixed_split = m2.total - m2.activations;
   }
   const std::vector<double>& sec = ctx_.node_seconds();
-  for (ir::NodeId id : sp.forward) e.forward_s += sec[id];
-  for (ir::NodeId id : sp.backward) e.backward_s += sec[id];
-  for (ir::NodeId id : sp.optimizer) e.optimizer_s += sec[id];
+  for (ir::NodeId id : placement[k].forward) e.forward_s += sec[id];
+  for (ir::NodeId id : placement[k].backward) e.backward_s += sec[id];
+  for (ir::NodeId id : placement[k].post) e.optimizer_s += sec[id];
   for (const RecomputeRegion& r : sp.regions)
     for (ir::NodeId id : r.nodes) e.recompute_s += sec[id];
   return &exact_.emplace(key, e).first->second;

@@ -1,243 +1,627 @@
-// Phase 5: stage programs and their memory. The copy of the whole training graph keeps value and
-// node ids identical to the training graph's, so plans, reports and tests can name things by the
-// ids the analysis uses; the planner only allocates what the stage's order touches.
+// Phase 5: the stage programs and their memory. The builder works in three passes: (1) index the
+// placement (which stages run each node, in which phase) and check it; (2) walk every stage's
+// nodes in run order, recompute clones included, checking that each operand is available where
+// and when it is read and recording what crosses stages; (3) copy the training graph for the
+// stages asked for and materialise the clones. Passes 1 and 2 touch no graph copy, so the search
+// can build one stage of a candidate split cheaply. Stage graphs keep the training graph's value
+// and node ids, so plans, transfers, reports and tests name things by one id.
 #include "partitioner/stage_program.h"
 
 #include <algorithm>
-#include <map>
+#include <optional>
 #include <set>
 
 #include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
-#include "partitioner/microbatch_layout.h"
 
 namespace onnxpipe::partitioner {
 namespace {
 
 using ir::AlignUp;
 
-bool IsUpdateOp(ir::OpKind op) {
-  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
+enum class Phase : uint8_t { kNone, kForward, kBackward, kPost };
+
+const char* ListName(Phase p) {
+  switch (p) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kPost:
+      return "optimizer";
+    case Phase::kNone:
+      break;
+  }
+  return "?";
 }
 
-void PushUnique(std::vector<ir::ValueId>& list, std::set<ir::ValueId>& seen, ir::ValueId v) {
-  if (seen.insert(v).second) list.push_back(v);
+std::string Desc(const ir::Node& n) { return "'" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
+
+// Placement pass 1: where every node runs.
+struct Index {
+  std::vector<Phase> phase;                  // per node id
+  std::vector<std::vector<int32_t>> stages;  // per node id: the stages running it, ascending
+  std::vector<int32_t> primary;              // per node id: the stage whose outputs other stages read
+  bool RunsOn(ir::NodeId id, int32_t k) const { return std::binary_search(stages[id].begin(), stages[id].end(), k); }
+};
+
+absl::StatusOr<Index> IndexPlacement(const GraphAnalysis& a, const std::vector<StageNodes>& placement) {
+  const ir::Graph& g = *a.graph;
+  const int32_t K = static_cast<int32_t>(placement.size());
+  if (K < 1) return INVALID_ARGUMENT() << "a pipeline needs at least one stage";
+  Index x;
+  x.phase.assign(g.num_node_slots(), Phase::kNone);
+  x.stages.assign(g.num_node_slots(), {});
+  x.primary.assign(g.num_node_slots(), -1);
+  for (int32_t k = 0; k < K; ++k) {
+    const StageNodes& sn = placement[k];
+    if (sn.forward.empty()) return INVALID_ARGUMENT() << "stage " << k << " has no forward node";
+    for (Phase ph : {Phase::kForward, Phase::kBackward, Phase::kPost}) {
+      const std::vector<ir::NodeId>& list = ph == Phase::kForward    ? sn.forward
+                                            : ph == Phase::kBackward ? sn.backward
+                                                                     : sn.post;
+      for (ir::NodeId id : list) {
+        if (id < 0 || id >= g.num_node_slots() || g.node(id).removed) {
+          return INVALID_ARGUMENT() << "stage " << k << " lists node id " << id << ", not a node of the training graph";
+        }
+        const ir::Node& n = g.node(id);
+        const Phase want = n.phase == ir::Phase::kForward ? Phase::kForward
+                           : a.post_step[id]              ? Phase::kPost
+                                                          : Phase::kBackward;
+        if (ph != want) {
+          return INVALID_ARGUMENT() << "stage " << k << " lists node " << Desc(n) << " under " << ListName(ph)
+                                    << ", but it is "
+                                    << (want == Phase::kPost ? std::string("run once per step after the accumulation")
+                                                             : "a " + std::string(ListName(want)) + " node")
+                                    << ": list it under " << ListName(want);
+        }
+        if (!x.stages[id].empty() && x.stages[id].back() == k) {
+          return INVALID_ARGUMENT() << "stage " << k << " lists node " << Desc(n) << " twice";
+        }
+        x.stages[id].push_back(k);
+        x.phase[id] = ph;
+      }
+    }
+  }
+  int32_t coordinator = -1;
+  ir::NodeId first_global = ir::kNoNode;
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    const std::vector<int32_t>& on = x.stages[id];
+    if (on.empty()) return INVALID_ARGUMENT() << "node " << Desc(n) << " of the training graph is on no stage";
+    if (on.size() > 1 && !(x.phase[id] == Phase::kPost && a.tail_param[id] != ir::kNoValue)) {
+      return INVALID_ARGUMENT() << "node " << Desc(n) << " is on stages " << on[0] << " and " << on[1]
+                                << "; only a shared parameter's optimizer nodes run on several stages (its holders)";
+    }
+    const int32_t p = a.position[id];
+    if (p < 0) {  // a global node: the coordinator's
+      if (coordinator >= 0 && on[0] != coordinator) {
+        return INVALID_ARGUMENT() << "the global optimizer nodes " << Desc(g.node(first_global)) << " and " << Desc(n)
+                                  << " are on stages " << coordinator << " and " << on[0]
+                                  << ": the gradient norm runs on one stage";
+      }
+      coordinator = on[0];
+      first_global = id;
+      x.primary[id] = on[0];
+      continue;
+    }
+    // Everything at a forward position runs where that forward node runs (replicas besides).
+    const ir::NodeId f = a.forward[p];
+    const int32_t home = x.stages[f].empty() ? -1 : x.stages[f][0];
+    if (!x.RunsOn(id, home)) {
+      const std::string what = n.phase == ir::Phase::kForward    ? ""
+                               : n.phase == ir::Phase::kBackward ? "backward "
+                                                                 : "optimizer ";
+      return INVALID_ARGUMENT() << what << "node " << Desc(n) << " is on stage " << on[0] << ", but the forward node "
+                                << Desc(g.node(f)) << " it belongs to is on stage " << home
+                                << ": a node's gradient and its parameters' updates run where the node runs";
+    }
+    x.primary[id] = home;
+  }
+  return x;
+}
+
+struct Tables {
+  std::map<int32_t, std::set<ir::ValueId>> send_f, recv_f, send_b, recv_b, send_p, recv_p;
+  std::set<ir::ValueId> accumulate, data, step;
+  ir::ValueId loss_scale = ir::kNoValue;
+};
+
+// One step of a stage's run order: a node, or the clone of a region's forward node.
+struct Item {
+  ir::NodeId node;
+  int32_t region = -1;  // >= 0: a clone of `node` in that region
+};
+
+struct Walked {
+  std::vector<Tables> tables;
+  std::vector<std::vector<Item>> backward;  // per stage, clones included
+  std::vector<std::vector<BackwardPart>> parts;
+  std::vector<std::vector<bool>> cloned;  // per stage, per value: recomputed there
+  std::vector<std::vector<ir::Graph::StateUpdate>> updates;
+  std::vector<std::set<ir::ValueId>> updated;
+  ir::ValueId loss = ir::kNoValue, loss_seed = ir::kNoValue, grad_norm = ir::kNoValue;
+};
+
+// Placement pass 2: every stage's run order, checked, and what crosses stages.
+absl::StatusOr<Walked> Walk(const GraphAnalysis& a, const std::vector<StageNodes>& placement, const Index& x) {
+  const ir::Graph& g = *a.graph;
+  const int32_t K = static_cast<int32_t>(placement.size());
+  const int32_t nv = g.num_values();
+  Walked w;
+  w.tables.resize(K);
+  w.backward.resize(K);
+  w.parts.resize(K);
+  w.cloned.assign(K, std::vector<bool>(nv, false));
+  w.updates.resize(K);
+  w.updated.resize(K);
+
+  // The loss (the graph output a forward node makes), its seed and the gradient norm.
+  for (ir::ValueId v : g.outputs()) {
+    const ir::NodeId p = g.value(v).producer;
+    if (p == ir::kNoNode) continue;
+    if (g.node(p).phase == ir::Phase::kForward && w.loss == ir::kNoValue) w.loss = v;
+    if (g.node(p).phase == ir::Phase::kOptimizer && w.grad_norm == ir::kNoValue) w.grad_norm = v;
+  }
+  if (w.loss == ir::kNoValue) return INVALID_ARGUMENT() << "the training graph has no loss output";
+  w.loss_seed = g.FindValue("grad/" + g.value(w.loss).name);
+  if (w.loss_seed == ir::kNoValue || !g.value(w.loss_seed).constant ||
+      g.value(w.loss_seed).constant->num_elements() != 1 || g.value(w.loss_seed).constant->GetAsDouble(0) != 1.0) {
+    return INVALID_ARGUMENT() << "cannot find the loss seed 'grad/" << g.value(w.loss).name
+                              << "' (a constant 1 from autodiff) to scale per micro-batch";
+  }
+
+  // Graph inputs: read per micro-batch (data) or by the optimizer (lr, step); never both.
+  std::vector<int> input_use(nv, 0);  // bit 0: F/B, bit 1: post
+  for (ir::NodeId id : a.order)
+    for (ir::ValueId v : g.node(id).inputs)
+      if (v != ir::kNoValue && a.is_input[v]) input_use[v] |= a.post_step[id] ? 2 : 1;
+  for (ir::ValueId v = 0; v < nv; ++v) {
+    if (input_use[v] == 3) {
+      return INVALID_ARGUMENT() << "graph input '" << g.value(v).name
+                                << "' is read per micro-batch and by the optimizer; it cannot be fed both ways";
+    }
+  }
+
+  for (int32_t k = 0; k < K; ++k) {
+    const StageNodes& sn = placement[k];
+    Tables& t = w.tables[k];
+    std::vector<bool> made(nv, false), clone_made(nv, false);
+    std::vector<bool>& cloned = w.cloned[k];
+    // Recompute regions: forward nodes of this stage, each in one region, before a backward node here.
+    std::vector<int32_t> region_of(g.num_node_slots(), -1);
+    std::map<ir::NodeId, std::vector<int32_t>> regions_before;
+    for (size_t r = 0; r < sn.regions.size(); ++r) {
+      const RecomputeRegion& region = sn.regions[r];
+      if (region.nodes.empty()) return INVALID_ARGUMENT() << "stage " << k << ": recompute region " << r << " is empty";
+      for (ir::NodeId id : region.nodes) {
+        if (id < 0 || id >= g.num_node_slots() || x.phase[id] != Phase::kForward || !x.RunsOn(id, k)) {
+          return INVALID_ARGUMENT() << "stage " << k << ": recompute region " << r << " names "
+                                    << (id >= 0 && id < g.num_node_slots() ? Desc(g.node(id)) : "a node")
+                                    << ", not a forward node of this stage";
+        }
+        if (region_of[id] >= 0) {
+          return INVALID_ARGUMENT() << "stage " << k << ": node " << Desc(g.node(id)) << " is in two recompute regions";
+        }
+        region_of[id] = static_cast<int32_t>(r);
+        for (ir::ValueId o : g.node(id).outputs)
+          if (o != ir::kNoValue) cloned[o] = true;
+      }
+      const ir::NodeId b = region.before;
+      if (b < 0 || b >= g.num_node_slots() || x.phase[b] != Phase::kBackward || !x.RunsOn(b, k)) {
+        return INVALID_ARGUMENT() << "stage " << k << ": recompute region " << r
+                                  << " runs before a node that is not a backward node of this stage";
+      }
+      regions_before[b].push_back(static_cast<int32_t>(r));
+    }
+    for (ir::NodeId b : sn.backward) {
+      if (auto it = regions_before.find(b); it != regions_before.end()) {
+        // (regions placed before the same node run as one part)
+        w.parts[k].push_back({ActionKind::kRecompute, static_cast<int32_t>(w.backward[k].size()), 0});
+        for (int32_t r : it->second)
+          for (ir::NodeId id : sn.regions[r].nodes) w.backward[k].push_back({id, r});
+        w.parts[k].back().end = static_cast<int32_t>(w.backward[k].size());
+      }
+      if (w.parts[k].empty() || w.parts[k].back().kind != ActionKind::kBackward) {
+        w.parts[k].push_back({ActionKind::kBackward, static_cast<int32_t>(w.backward[k].size()), 0});
+      }
+      w.backward[k].push_back({b, -1});
+      w.parts[k].back().end = static_cast<int32_t>(w.backward[k].size());
+    }
+    if (w.parts[k].empty()) w.parts[k].push_back({ActionKind::kBackward, 0, 0});
+
+    auto where = [&](const ir::Node& n) { return "stage " + std::to_string(k) + ": node " + Desc(n); };
+    auto feed = [&](ir::ValueId v, Phase ph, const ir::Node& n) -> absl::Status {
+      if (v == w.loss_seed) {
+        if (ph == Phase::kPost) return INVALID_ARGUMENT() << where(n) << " reads the loss seed in the optimizer";
+        t.loss_scale = v;
+      } else if (input_use[v] & 2) {
+        t.step.insert(v);
+      } else {
+        t.data.insert(v);
+      }
+      return absl::OkStatus();
+    };
+    // One operand read in phase `ph`; region >= 0: read by a recompute clone of that region.
+    auto read = [&](const ir::Node& n, ir::ValueId v, Phase ph, int32_t region) -> absl::Status {
+      if (v == ir::kNoValue) return absl::OkStatus();
+      const ir::Value& val = g.value(v);
+      if (v == w.loss_seed) return feed(v, ph, n);
+      if (val.constant) return absl::OkStatus();
+      if (val.producer == ir::kNoNode) {
+        if (!a.is_input[v]) return INVALID_ARGUMENT() << where(n) << " reads '" << val.name << "', which nothing makes";
+        return feed(v, ph, n);
+      }
+      const ir::NodeId p = val.producer;
+      if (region >= 0 && region_of[p] == region) {  // an earlier clone of the same region
+        if (!clone_made[v]) {
+          return INVALID_ARGUMENT() << "stage " << k << ": recompute region " << region << " lists " << Desc(n)
+                                    << " before " << Desc(g.node(p)) << ", whose output it reads";
+        }
+        return absl::OkStatus();
+      }
+      if (ph == Phase::kBackward && region < 0 && cloned[v]) {  // the recomputed value
+        if (!clone_made[v]) {
+          return INVALID_ARGUMENT() << where(n) << " reads the recomputed '" << val.name
+                                    << "' before its recompute region runs";
+        }
+        return absl::OkStatus();
+      }
+      const Phase pp = x.phase[p];
+      const int32_t ps = x.primary[p];
+      const bool here = x.RunsOn(p, k);
+      const std::string name = "'" + val.name + "'";
+      if (ph != Phase::kPost && pp == Phase::kPost) {
+        return INVALID_ARGUMENT() << where(n) << " reads " << name << ", an optimizer output";
+      }
+      if (pp == Phase::kBackward && ph == Phase::kForward) {
+        return INVALID_ARGUMENT() << where(n) << " (forward) reads " << name << ", a backward value";
+      }
+      if (here && !made[v]) {
+        return INVALID_ARGUMENT() << where(n) << " reads " << name << " before " << Desc(g.node(p))
+                                  << " makes it (the stage's " << ListName(ph) << " order)";
+      }
+      if (ph != Phase::kPost) {
+        if (here) return absl::OkStatus();
+        if (pp == Phase::kForward && ph == Phase::kForward && ps > k) {
+          return INVALID_ARGUMENT() << where(n) << " reads " << name << " from the later stage " << ps
+                                    << ": stages must follow the forward order (a dependency flows backwards)";
+        }
+        if (pp == Phase::kBackward && ps < k) {
+          return INVALID_ARGUMENT() << where(n) << " reads " << name << ", a backward value of stage " << ps
+                                    << ", whose backward runs later: a gradient cannot flow to a later stage";
+        }
+        if (ph == Phase::kBackward) {  // a value the forward received stays for the backward
+          auto it = t.recv_f.find(ps);
+          if (it != t.recv_f.end() && it->second.count(v)) return absl::OkStatus();
+        }
+        (pp == Phase::kForward ? w.tables[ps].send_f : w.tables[ps].send_b)[k].insert(v);
+        (ph == Phase::kForward ? t.recv_f : t.recv_b)[ps].insert(v);
+        return absl::OkStatus();
+      }
+      if (pp == Phase::kForward) {
+        return INVALID_ARGUMENT() << where(n) << " (optimizer) reads the forward value " << name
+                                  << "; only gradients can be accumulated over micro-batches";
+      }
+      if (pp == Phase::kBackward) w.tables[ps].accumulate.insert(v);
+      if (!here) {
+        w.tables[ps].send_p[k].insert(v);
+        t.recv_p[ps].insert(v);
+      }
+      return absl::OkStatus();
+    };
+    auto made_by = [&](const ir::Node& n, std::vector<bool>& into) {
+      for (ir::ValueId o : n.outputs)
+        if (o != ir::kNoValue) into[o] = true;
+    };
+    for (ir::NodeId id : sn.forward) {
+      for (ir::ValueId v : g.node(id).inputs) RETURN_IF_ERROR(read(g.node(id), v, Phase::kForward, -1));
+      made_by(g.node(id), made);
+    }
+    for (const Item& it : w.backward[k]) {
+      const ir::Node& n = g.node(it.node);
+      for (ir::ValueId v : n.inputs) RETURN_IF_ERROR(read(n, v, Phase::kBackward, it.region));
+      made_by(n, it.region >= 0 ? clone_made : made);
+    }
+    for (ir::NodeId id : sn.post) {
+      for (ir::ValueId v : g.node(id).inputs) RETURN_IF_ERROR(read(g.node(id), v, Phase::kPost, -1));
+      made_by(g.node(id), made);
+    }
+  }
+
+  // State updates: on every stage running the update; every stage reading a parameter updates it.
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    const ir::NodeId p = g.value(u.new_value).producer;
+    if (p == ir::kNoNode || x.phase[p] != Phase::kPost) {
+      return INVALID_ARGUMENT() << "state '" << g.value(u.state).name << "' is not updated by an optimizer node";
+    }
+    for (int32_t k : x.stages[p]) {
+      w.updates[k].push_back(u);
+      w.updated[k].insert(u.state);
+    }
+  }
+  for (int32_t k = 0; k < K; ++k) {
+    for (const std::vector<ir::NodeId>* list : {&placement[k].forward, &placement[k].backward, &placement[k].post}) {
+      for (ir::NodeId id : *list) {
+        for (ir::ValueId v : g.node(id).inputs) {
+          if (v == ir::kNoValue || !a.is_param[v] || w.updated[k].count(v)) continue;
+          return INVALID_ARGUMENT() << "stage " << k << ": node " << Desc(g.node(id)) << " reads the parameter '"
+                                    << g.value(v).name << "', which this stage does not update: every stage reading "
+                                    << "a parameter holds it and runs its optimizer nodes (listed as replicated)";
+        }
+      }
+    }
+  }
+  return w;
+}
+
+template <typename Set>
+ValueLists Sorted(const std::map<int32_t, Set>& m) {
+  ValueLists out;
+  for (const auto& [peer, vs] : m) out[peer].assign(vs.begin(), vs.end());
+  return out;
+}
+
+// Pass 3: stage k's graph and tables.
+StageProgram MakeStage(const GraphAnalysis& a, const StageNodes& sn, const Index& x, const Walked& w, int32_t k) {
+  const ir::Graph& g = *a.graph;
+  StageProgram sp;
+  sp.stage = k;
+  sp.graph = g;
+  ir::Graph& sg = sp.graph;
+  sp.regions = sn.regions;
+  // Clones: a region's nodes read the clones of the region's earlier nodes; the backward nodes read
+  // the clones instead of the forward values.
+  std::vector<ir::ValueId> clone_of(g.num_values(), ir::kNoValue);
+  int32_t region = -1;
+  std::vector<ir::ValueId> region_clone(g.num_values(), ir::kNoValue);
+  for (const Item& it : w.backward[k]) {
+    if (it.region < 0) {
+      for (ir::ValueId& v : sg.node(it.node).inputs)
+        if (v != ir::kNoValue && clone_of[v] != ir::kNoValue) v = clone_of[v];
+      sp.backward.push_back(it.node);
+      continue;
+    }
+    if (it.region != region) {
+      region = it.region;
+      std::fill(region_clone.begin(), region_clone.end(), ir::kNoValue);
+    }
+    const ir::Node src = g.node(it.node);
+    std::vector<ir::ValueId> inputs = src.inputs;
+    for (ir::ValueId& v : inputs)
+      if (v != ir::kNoValue && region_clone[v] != ir::kNoValue) v = region_clone[v];
+    std::vector<ir::ValueId> outputs;
+    for (ir::ValueId v : src.outputs) {
+      if (v == ir::kNoValue) {
+        outputs.push_back(ir::kNoValue);
+        continue;
+      }
+      const ir::Value& val = g.value(v);
+      const ir::ValueId c = sg.AddValue(sg.UniqueName("recompute/" + val.name), val.dtype, val.shape, val.shape_known);
+      clone_of[v] = region_clone[v] = c;
+      outputs.push_back(c);
+    }
+    ir::Attrs attrs = src.attrs;
+    if ((src.op == ir::OpKind::kDropout || src.op == ir::OpKind::kAttention) && !attrs.Has("rng_key")) {
+      attrs.Set("rng_key", src.name);  // replay the forward's random stream
+    }
+    const ir::NodeId c =
+        sg.AddNode(src.op, "recompute/" + src.name, std::move(inputs), std::move(outputs), std::move(attrs));
+    sg.node(c).phase = ir::Phase::kBackward;
+    sg.node(c).origin = src.name;
+    sg.node(c).scope = src.scope;
+    sp.backward.push_back(c);
+    sp.recompute_clones.push_back(c);
+    sp.cloned_from.push_back(it.node);
+  }
+  sp.parts = w.parts[k];
+  sp.forward = sn.forward;
+  sp.post = sn.post;
+
+  const Tables& t = w.tables[k];
+  sp.send_forward = Sorted(t.send_f);
+  sp.recv_forward = Sorted(t.recv_f);
+  sp.send_backward = Sorted(t.send_b);
+  sp.recv_backward = Sorted(t.recv_b);
+  sp.send_post = Sorted(t.send_p);
+  sp.recv_post = Sorted(t.recv_p);
+  sp.accumulate.assign(t.accumulate.begin(), t.accumulate.end());
+  sp.data_inputs.assign(t.data.begin(), t.data.end());
+  sp.step_inputs.assign(t.step.begin(), t.step.end());
+  sp.loss_scale = t.loss_scale;
+  sp.state_updates = w.updates[k];
+  for (const ir::Graph::StateUpdate& u : sp.state_updates) {
+    if (!a.is_param[u.state]) continue;
+    sp.parameters.push_back(u.state);
+    if (x.stages[g.value(u.new_value).producer].size() > 1) sp.shared_parameters.push_back(u.state);
+  }
+  std::sort(sp.parameters.begin(), sp.parameters.end());
+  std::sort(sp.shared_parameters.begin(), sp.shared_parameters.end());
+  const ir::NodeId loss_producer = g.value(w.loss).producer;
+  if (x.primary[loss_producer] == k) sp.loss = w.loss;
+  if (w.grad_norm != ir::kNoValue && x.RunsOn(g.value(w.grad_norm).producer, k)) sp.grad_norm = w.grad_norm;
+
+  // Constants no node here reads are dropped: a stage keeps its own parameters and optimizer state
+  // (never stale copies of other stages'); the loss seed is fed.
+  std::vector<bool> read(sg.num_values(), false);
+  for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward, &sp.post})
+    for (ir::NodeId id : *list)
+      for (ir::ValueId v : sg.node(id).inputs)
+        if (v != ir::kNoValue) read[v] = true;
+  for (const ir::Graph::StateUpdate& u : sp.state_updates) read[u.state] = true;
+  for (ir::ValueId v = 0; v < sg.num_values(); ++v) {
+    if (sg.value(v).constant && (!read[v] || v == w.loss_seed)) sg.value(v).constant.reset();
+  }
+  // The stage's interface: what it is fed and what it receives; the training graph's outputs it makes.
+  std::set<ir::ValueId> inputs(sp.data_inputs.begin(), sp.data_inputs.end());
+  inputs.insert(sp.step_inputs.begin(), sp.step_inputs.end());
+  if (sp.loss_scale != ir::kNoValue) inputs.insert(sp.loss_scale);
+  for (const ValueLists* m : {&sp.recv_forward, &sp.recv_backward, &sp.recv_post})
+    for (const auto& [peer, vs] : *m) inputs.insert(vs.begin(), vs.end());
+  sg.inputs().assign(inputs.begin(), inputs.end());
+  std::vector<ir::ValueId> outputs;
+  for (ir::ValueId v : g.outputs()) {
+    const ir::NodeId p = g.value(v).producer;
+    if (p != ir::kNoNode && x.RunsOn(p, k)) outputs.push_back(v);
+  }
+  sg.outputs() = std::move(outputs);
+  return sp;
+}
+
+// The MicrobatchStage of a stage program over `graph` (the program's, or a bf16 copy of it).
+MicrobatchStage MicrobatchOf(const ir::Graph& graph, const StageProgram& sp, int64_t in_flight, int64_t microbatches,
+                             int64_t alignment, const WorkspaceFn& workspace) {
+  MicrobatchStage m;
+  m.graph = &graph;
+  m.forward = sp.forward;
+  m.backward = sp.backward;
+  m.inputs = sp.data_inputs;
+  if (sp.loss_scale != ir::kNoValue) m.inputs.push_back(sp.loss_scale);
+  for (const auto& [peer, vs] : sp.recv_forward) m.inputs.insert(m.inputs.end(), vs.begin(), vs.end());
+  for (const auto& [peer, vs] : sp.recv_backward) m.recv_backward.insert(m.recv_backward.end(), vs.begin(), vs.end());
+  m.accumulate = sp.accumulate;
+  m.in_flight = static_cast<int32_t>(in_flight);
+  m.microbatches = static_cast<int32_t>(microbatches);
+  m.alignment = alignment;
+  m.workspace = workspace;
+  return m;
 }
 
 }  // namespace
 
-absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, int32_t unit_begin,
-                                               int32_t unit_end, const std::vector<bool>& recompute) {
-  RET_CHECK(unit_begin >= 0 && unit_begin < unit_end && unit_end <= a.num_units());
+std::vector<StageNodes> PlaceStages(const GraphAnalysis& a, const std::vector<int32_t>& bounds,
+                                    const std::vector<bool>& recompute) {
   const ir::Graph& g = *a.graph;
-  const int32_t p0 = a.unit_begin[unit_begin], p1 = a.unit_begin[unit_end];
-  auto in_range = [&](ir::NodeId id) {
+  const int32_t K = static_cast<int32_t>(bounds.size()) - 1;
+  std::vector<StageNodes> out(std::max(K, 0));
+  auto stage_of = [&](int32_t p) {
+    return static_cast<int32_t>(std::upper_bound(bounds.begin(), bounds.end(), p) - bounds.begin()) - 1;
+  };
+  // holder[k][param]: stage k holds a parameter that other stages hold too.
+  std::vector<std::vector<bool>> holder(K, std::vector<bool>(g.num_values(), false));
+  for (int32_t k = 0; k < K; ++k) {
+    for (int32_t p = bounds[k]; p < bounds[k + 1]; ++p) out[k].forward.push_back(a.forward[p]);
+    for (ir::ValueId v = 0; v < g.num_values(); ++v) {
+      holder[k][v] =
+          a.is_param[v] && a.Holds(v, bounds[k], bounds[k + 1]) && a.IsSharedOutside(v, bounds[k], bounds[k + 1]);
+    }
+  }
+  for (ir::NodeId id : a.order) {
+    const ir::Node& n = g.node(id);
+    if (n.phase == ir::Phase::kForward) continue;
     const int32_t p = a.position[id];
-    return p >= p0 && p < p1;
+    if (!a.post_step[id]) {
+      out[stage_of(std::max(p, 0))].backward.push_back(id);
+      continue;
+    }
+    const int32_t home = p < 0 ? 0 : stage_of(p);  // global nodes: the coordinator, stage 0
+    for (int32_t k = 0; k < K; ++k) {
+      const ir::ValueId param = a.tail_param[id];
+      if (k == home || (param != ir::kNoValue && holder[k][param])) out[k].post.push_back(id);
+    }
+  }
+  for (int32_t k = 0; k < K; ++k) {
+    out[k].regions = BuildRegions(a, recompute, bounds[k], bounds[k + 1], out[k].backward);
+  }
+  return out;
+}
+
+absl::StatusOr<PipelineProgram> BuildPipelineProgram(const GraphAnalysis& a, const std::vector<StageNodes>& placement) {
+  ASSIGN_OR_RETURN(const Index x, IndexPlacement(a, placement));
+  ASSIGN_OR_RETURN(const Walked w, Walk(a, placement, x));
+  const ir::Graph& g = *a.graph;
+  PipelineProgram p;
+  p.num_stages = static_cast<int32_t>(placement.size());
+  for (int32_t k = 0; k < p.num_stages; ++k) p.stages.push_back(MakeStage(a, placement[k], x, w, k));
+  p.loss = w.loss;
+  p.loss_seed = w.loss_seed;
+  p.grad_norm = w.grad_norm;
+  p.loss_stage = x.primary[g.value(w.loss).producer];
+  if (w.grad_norm != ir::kNoValue) p.grad_norm_stage = x.primary[g.value(w.grad_norm).producer];
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    if (a.is_param[u.state]) p.parameter_owner[u.state] = x.primary[g.value(u.new_value).producer];
+  }
+  return p;
+}
+
+absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, const std::vector<StageNodes>& placement,
+                                               int32_t k) {
+  RET_CHECK(k >= 0 && k < static_cast<int32_t>(placement.size()));
+  ASSIGN_OR_RETURN(const Index x, IndexPlacement(a, placement));
+  ASSIGN_OR_RETURN(const Walked w, Walk(a, placement, x));
+  return MakeStage(a, placement[k], x, w, k);
+}
+
+StageShape ShapeOf(const StageProgram& sp) {
+  StageShape sh;
+  auto peers = [](const ValueLists& m) {
+    std::vector<int32_t> out;
+    for (const auto& [peer, vs] : m) out.push_back(peer);
+    return out;
   };
-  StageProgram sp;
-  // Shared parameters this stage holds: their gradient tails run here too (analysis.h).
-  std::vector<bool> replicated(g.num_values(), false);
-  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
-    if (a.is_param[v] && a.Holds(v, p0, p1) && a.IsSharedOutside(v, p0, p1)) {
-      replicated[v] = true;
-      sp.shared_parameters.push_back(v);
-    }
-  }
-  auto runs_here = [&](ir::NodeId id) {
-    return in_range(id) || (a.tail_param[id] != ir::kNoValue && replicated[a.tail_param[id]]);
-  };
-  for (ir::NodeId id : a.order) {
-    if (!runs_here(id)) continue;
-    switch (g.node(id).phase) {
-      case ir::Phase::kForward: sp.forward.push_back(id); break;
-      case ir::Phase::kBackward: sp.backward.push_back(id); break;
-      case ir::Phase::kOptimizer: sp.optimizer.push_back(id); break;
-    }
-  }
-  sp.regions = BuildRegions(a, recompute, sp.backward);
-  sp.graph = g;
-  ir::Graph& sg = sp.graph;
+  sh.recv_forward = peers(sp.recv_forward);
+  sh.send_forward = peers(sp.send_forward);
+  sh.recv_backward = peers(sp.recv_backward);
+  sh.send_backward = peers(sp.send_backward);
+  sh.backward.clear();
+  for (const BackwardPart& part : sp.parts) sh.backward.push_back(part.kind);
+  return sh;
+}
 
-  // A holder's tail sums only its own contributions; the others arrive summed by the all-reduce.
-  for (const std::vector<ir::NodeId>* list : {&sp.backward, &sp.optimizer}) {
-    for (ir::NodeId id : *list) {
-      if (a.tail_param[id] == ir::kNoValue || !replicated[a.tail_param[id]]) continue;
-      std::vector<ir::ValueId>& ins = sg.node(id).inputs;
-      std::vector<ir::ValueId> local;
-      for (ir::ValueId v : ins) {
-        const bool remote = v != ir::kNoValue && a.contribution_param[v] != ir::kNoValue &&
-                            !in_range(g.value(v).producer);
-        if (!remote) local.push_back(v);
-      }
-      if (!local.empty()) ins = std::move(local);
-    }
-  }
-  for (ir::ValueId param : sp.shared_parameters) {
-    ir::ValueId grad = g.FindValue("grad/" + g.value(param).name);  // a graph without updates
-    for (ir::NodeId id : sp.optimizer) {
-      const ir::Node& n = g.node(id);
-      if (a.tail_param[id] == param && IsUpdateOp(n.op) && n.inputs.size() > 1) grad = n.inputs[1];
-    }
-    sp.shared_gradients.push_back(grad);
-  }
+std::vector<StageShape> ShapesOf(const PipelineProgram& p) {
+  std::vector<StageShape> out;
+  for (const StageProgram& sp : p.stages) out.push_back(ShapeOf(sp));
+  return out;
+}
 
-  // Recompute clones, grouped by the backward node they precede.
-  std::vector<ir::ValueId> clone_of(g.num_values(), ir::kNoValue);
-  std::map<ir::NodeId, std::vector<ir::NodeId>> clones_before;
-  for (const RecomputeRegion& region : sp.regions) {
-    for (ir::NodeId id : region.nodes) {
-      const ir::Node src = g.node(id);
-      std::vector<ir::ValueId> inputs = src.inputs;
-      for (ir::ValueId& v : inputs)
-        if (v != ir::kNoValue && v < static_cast<ir::ValueId>(clone_of.size()) && clone_of[v] != ir::kNoValue)
-          v = clone_of[v];
-      std::vector<ir::ValueId> outputs;
-      for (ir::ValueId v : src.outputs) {
-        if (v == ir::kNoValue) {
-          outputs.push_back(ir::kNoValue);
-          continue;
-        }
-        const ir::Value& val = g.value(v);
-        const ir::ValueId c = sg.AddValue(sg.UniqueName("recompute/" + val.name), val.dtype, val.shape,
-                                          val.shape_known);
-        clone_of[v] = c;
-        outputs.push_back(c);
-      }
-      ir::Attrs attrs = src.attrs;
-      // A recomputed Dropout (or dropout inside Attention) must draw the forward's mask again.
-      if ((src.op == ir::OpKind::kDropout || src.op == ir::OpKind::kAttention) && !attrs.Has("rng_key")) {
-        attrs.Set("rng_key", src.name);
-      }
-      const ir::NodeId c = sg.AddNode(src.op, "recompute/" + src.name, std::move(inputs),
-                                      std::move(outputs), std::move(attrs));
-      sg.node(c).phase = ir::Phase::kBackward;
-      sg.node(c).origin = src.name;
-      sg.node(c).scope = src.scope;
-      clones_before[region.before].push_back(c);
-    }
+absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<ActionList>& lists) {
+  RET_CHECK(static_cast<int32_t>(lists.size()) == p.num_stages);
+  // The micro-batch actions: a stage's RECV waits for what its peer sends it for the micro-batch.
+  std::vector<StageTiming> unit(p.num_stages);
+  for (StageTiming& t : unit) {
+    t.forward_s = 1;
+    t.backward_s = 2;
   }
-  for (ir::NodeId b : sp.backward) {
-    for (ir::ValueId& v : sg.node(b).inputs)
-      if (v != ir::kNoValue && clone_of[v] != ir::kNoValue) v = clone_of[v];
-  }
-
-  sp.order = sp.forward;
-  sp.num_forward = static_cast<int32_t>(sp.forward.size());
-  for (ir::NodeId b : sp.backward) {
-    if (auto it = clones_before.find(b); it != clones_before.end()) {
-      for (ir::NodeId c : it->second) {
-        sp.order.push_back(c);
-        sp.recompute_clones.push_back(c);
-      }
-    }
-    sp.order.push_back(b);
-  }
-  sp.order.insert(sp.order.end(), sp.optimizer.begin(), sp.optimizer.end());
-
-  // Boundary values.
-  std::vector<bool> here(sg.num_node_slots(), false);
-  for (ir::NodeId id : sp.order) here[id] = true;
-  std::vector<bool> optimizer_only_input(g.num_values(), true);
-  for (ir::NodeId id : a.order) {
-    if (g.node(id).phase == ir::Phase::kOptimizer) continue;
-    for (ir::ValueId v : g.node(id).inputs)
-      if (v != ir::kNoValue) optimizer_only_input[v] = false;
-  }
-  std::set<ir::ValueId> seen_in, seen_out;
-  for (ir::NodeId id : sp.order) {
-    for (ir::ValueId v : sg.node(id).inputs) {
-      if (v == ir::kNoValue || sg.value(v).constant) continue;
-      const ir::NodeId m = sg.value(v).producer;
-      if (m == ir::kNoNode) {
-        if (a.is_input[v]) {
-          PushUnique(optimizer_only_input[v] ? sp.step_inputs : sp.data_inputs, seen_in, v);
-        }
-        continue;
-      }
-      if (here[m]) continue;
-      const int32_t pm = a.position[m];
-      if (pm < 0) {
-        PushUnique(sp.step_inputs, seen_in, v);
-      } else if (pm < p0) {
-        PushUnique(sp.inputs_forward, seen_in, v);
-      } else {
-        PushUnique(sp.inputs_backward, seen_in, v);
-      }
-    }
-  }
-  for (ir::NodeId id : sp.forward) {
-    // (forward outputs first, then backward, so the lists read in schedule order)
-    for (ir::ValueId v : g.node(id).outputs) {
-      if (v == ir::kNoValue) continue;
-      for (ir::NodeId w : a.uses[v]) {
-        if (here[w]) continue;
-        const int32_t pw = a.position[w];
-        if (pw < 0) {
-          PushUnique(sp.global_outputs, seen_out, v);
-        } else if (pw >= p1) {
-          PushUnique(sp.outputs_forward, seen_out, v);
-        } else {
-          PushUnique(sp.outputs_backward, seen_out, v);
-        }
-      }
-    }
-  }
-  for (const std::vector<ir::NodeId>* list : {&sp.backward, &sp.optimizer}) {
-    for (ir::NodeId id : *list) {
-      // A replicated tail's gradient reaches the global norm from its owner's stage only.
-      if (!in_range(id)) continue;
-      for (ir::ValueId v : g.node(id).outputs) {
-        if (v == ir::kNoValue) continue;
-        for (ir::NodeId w : a.uses[v]) {
-          if (here[w]) continue;
-          const int32_t pw = a.position[w];
-          if (pw < 0) {
-            PushUnique(sp.global_outputs, seen_out, v);
-          } else if (pw >= p1) {
-            PushUnique(sp.outputs_forward, seen_out, v);
-          } else {
-            PushUnique(sp.outputs_backward, seen_out, v);
+  absl::Status st = Simulate(lists, unit).status();
+  if (!st.ok()) return Annotate(st, "the pipeline program cannot run");
+  // The optimizer phase, which every stage reaches once its micro-batch actions are done, as the
+  // executor runs it: send the accumulated values, then each post node in order (receiving what it
+  // needs first, sending what it makes).
+  auto id = [](ir::ValueId v, int32_t src, int32_t dst) -> int64_t { return (int64_t{v} * 4096 + src) * 4096 + dst; };
+  std::vector<std::vector<SimStep>> post(p.num_stages);
+  for (int32_t s = 0; s < p.num_stages; ++s) {
+    const StageProgram& sp = p.stages[s];
+    const std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
+    SimStep first;
+    first.label = "O:send-accumulated";
+    for (const auto& [peer, vs] : sp.send_post)
+      for (ir::ValueId v : vs)
+        if (acc.count(v)) first.sends.push_back({.message = id(v, s, peer)});
+    post[s].push_back(std::move(first));
+    std::set<ir::ValueId> have;
+    for (ir::NodeId n : sp.post) {
+      SimStep y;
+      y.label = "O:" + sp.graph.node(n).name;
+      for (ir::ValueId v : sp.graph.node(n).inputs) {
+        if (v == ir::kNoValue || have.count(v)) continue;
+        for (const auto& [peer, vs] : sp.recv_post) {
+          if (std::binary_search(vs.begin(), vs.end(), v)) {
+            y.waits.push_back(id(v, peer, s));
+            have.insert(v);
           }
         }
       }
+      for (ir::ValueId o : sp.graph.node(n).outputs)
+        for (const auto& [peer, vs] : sp.send_post)
+          if (o != ir::kNoValue && std::binary_search(vs.begin(), vs.end(), o)) {
+            y.sends.push_back({.message = id(o, s, peer)});
+          }
+      post[s].push_back(std::move(y));
     }
   }
-  for (ir::ValueId v = 0; v < g.num_values(); ++v) {
-    if (a.is_param[v] && ((a.param_owner[v] >= p0 && a.param_owner[v] < p1) || replicated[v])) {
-      sp.parameters.push_back(v);
-    }
-  }
-
-  // The stage's interface.
-  std::vector<ir::ValueId> inputs = g.inputs();
-  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.step_inputs})
-    for (ir::ValueId v : *list)
-      if (!a.is_input[v]) inputs.push_back(v);
-  sg.inputs() = std::move(inputs);
-  // Values sent to other stages are not outputs: they leave through the boundary buffers as soon
-  // as they are made, so they need no arena space past their producer.
-  std::vector<ir::ValueId> outputs = sp.global_outputs;
-  for (ir::ValueId v : g.outputs()) {
-    const ir::NodeId m = g.value(v).producer;
-    if (m != ir::kNoNode && here[m] &&
-        std::find(outputs.begin(), outputs.end(), v) == outputs.end()) {
-      outputs.push_back(v);
-    }
-  }
-  sg.outputs() = std::move(outputs);
-
-  if (a.precision == Precision::kBF16) {
-    for (ir::ValueId v = 0; v < sg.num_values(); ++v) {
-      ir::Value& val = sg.value(v);
-      if (val.constant || !ir::IsFloat(val.dtype)) continue;
-      if (v < g.num_values() && a.is_param_grad[v]) continue;
-      if (val.producer != ir::kNoNode && sg.node(val.producer).phase == ir::Phase::kOptimizer) continue;
-      if (val.producer == ir::kNoNode && v < g.num_values() && a.is_input[v]) continue;  // lr and friends
-      val.dtype = ir::DType::kBF16;
-    }
-  }
-  return sp;
+  st = SimulateSteps(post).status();
+  if (!st.ok()) return Annotate(st, "the pipeline program's optimizer phase cannot run");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end) {
@@ -256,7 +640,7 @@ absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t
     for (ir::ValueId v : n.inputs) {
       if (v == ir::kNoValue || g.value(v).constant) continue;
       const ir::NodeId m = g.value(v).producer;
-      if (m == ir::kNoNode || !keep[m]) PushUnique(inputs, seen_in, v);
+      if ((m == ir::kNoNode || !keep[m]) && seen_in.insert(v).second) inputs.push_back(v);
     }
     for (ir::ValueId v : n.outputs) {
       if (v == ir::kNoValue) continue;
@@ -265,7 +649,7 @@ absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t
         const int32_t q = a.position[w];
         if (q < p0 || q >= p1) leaves = true;
       }
-      if (leaves) PushUnique(outputs, seen_out, v);
+      if (leaves && seen_out.insert(v).second) outputs.push_back(v);
     }
   }
   for (ir::NodeId id : g.LiveNodes())
@@ -276,99 +660,69 @@ absl::StatusOr<ir::Graph> BuildStageForwardGraph(const GraphAnalysis& a, int32_t
   return sg;
 }
 
+absl::StatusOr<MicrobatchLayout> PlanStageLayout(const StageProgram& sp, int64_t in_flight, int64_t microbatches,
+                                                 int64_t alignment, const WorkspaceFn& workspace) {
+  absl::StatusOr<MicrobatchLayout> layout =
+      PlanMicrobatchLayout(MicrobatchOf(sp.graph, sp, in_flight, microbatches, alignment, workspace));
+  if (!layout.ok()) return Annotate(layout.status(), "planning the memory of stage " + std::to_string(sp.stage));
+  return layout;
+}
+
 absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp, int64_t in_flight,
-                                            int64_t microbatches, int64_t alignment, MemoryPlan* plan_out) {
-  // The persistent regions (parameters, optimizer state, constants) from the whole program; the
-  // micro-batch memory from the layout the pipeline executor allocates.
+                                            int64_t microbatches, int64_t alignment) {
+  // bf16: activations and activation gradients in bf16; parameters, their gradients, the optimizer
+  // state and the fed scalars stay fp32.
+  std::optional<ir::Graph> bf16;
+  if (a.precision == Precision::kBF16) {
+    bf16 = sp.graph;
+    const int32_t nv = a.graph->num_values();
+    for (ir::ValueId v = 0; v < bf16->num_values(); ++v) {
+      ir::Value& val = bf16->value(v);
+      if (val.constant || !ir::IsFloat(val.dtype)) continue;
+      if (v < nv && (a.is_param_grad[v] || a.is_input[v])) continue;
+      if (val.producer != ir::kNoNode && bf16->node(val.producer).phase == ir::Phase::kOptimizer) continue;
+      val.dtype = ir::DType::kBF16;
+    }
+  }
+  const ir::Graph& graph = bf16 ? *bf16 : sp.graph;
+  // The persistent regions (parameters, optimizer state, constants) from the whole program.
+  std::vector<ir::NodeId> order = sp.forward;
+  order.insert(order.end(), sp.backward.begin(), sp.backward.end());
+  order.insert(order.end(), sp.post.begin(), sp.post.end());
   MemoryPlanOptions options;
   options.alignment = alignment;
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(sp.graph, sp.order, options));
-  const ir::Graph& sg = sp.graph;
-  MicrobatchStage mb;
-  mb.graph = &sg;
-  mb.forward.assign(sp.order.begin(), sp.order.begin() + sp.num_forward);
-  const std::set<ir::NodeId> optimizer(sp.optimizer.begin(), sp.optimizer.end());
-  // A parameter-gradient Sum or Identity whose outputs only the optimizer reads (a parameter read
-  // in several places, a tied embedding) runs once per step after the last micro-batch in the
-  // executor (executor/pipeline/program.h): not part of a micro-batch, and its operands are what
-  // accumulates over the micro-batches.
-  const ir::Graph& tg = *a.graph;
-  std::set<ir::NodeId> after;  // post-step nodes of the training graph
-  for (ir::NodeId id : tg.LiveNodes())
-    if (tg.node(id).phase == ir::Phase::kOptimizer) after.insert(id);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t t = sp.num_forward; t < sp.order.size(); ++t) {
-      const ir::NodeId id = sp.order[t];
-      if (id >= tg.num_node_slots() || after.count(id)) continue;
-      const ir::Node& n = sg.node(id);
-      if (n.phase != ir::Phase::kBackward || (n.op != ir::OpKind::kSum && n.op != ir::OpKind::kIdentity)) continue;
-      bool any = false, only_after = true;
-      for (ir::ValueId o : n.outputs) {
-        if (o == ir::kNoValue) continue;
-        for (ir::NodeId c : a.uses[o]) {
-          any = true;
-          only_after = only_after && after.count(c);
-        }
-      }
-      if (any && only_after) changed = after.insert(id).second;
-    }
-  }
-  for (size_t t = sp.num_forward; t < sp.order.size(); ++t)
-    if (!optimizer.count(sp.order[t]) && !after.count(sp.order[t])) mb.backward.push_back(sp.order[t]);
-  // Inputs: what the forward and backward read of the data, the step feeds and earlier stages, and
-  // the loss seed (the executor feeds each micro-batch its share of the batch mean).
-  std::vector<bool> read(sg.num_values(), false);
-  for (const auto* list : {&mb.forward, &mb.backward})
-    for (ir::NodeId id : *list)
-      for (ir::ValueId v : sg.node(id).inputs)
-        if (v != ir::kNoValue) read[v] = true;
-  for (const auto* list : {&sp.data_inputs, &sp.step_inputs, &sp.inputs_forward})
-    for (ir::ValueId v : *list)
-      if (read[v]) mb.inputs.push_back(v);
-  for (ir::ValueId out : a.graph->outputs()) {
-    const ir::ValueId seed = sg.FindValue("grad/" + a.graph->value(out).name);
-    if (seed != ir::kNoValue && seed < static_cast<ir::ValueId>(read.size()) && read[seed] && sg.value(seed).constant) {
-      mb.inputs.push_back(seed);
-    }
-  }
-  for (ir::ValueId v : sp.inputs_backward)
-    if (read[v]) mb.recv_backward.push_back(v);
-  // What accumulates: the values of this micro-batch that post-step nodes read.
-  std::set<ir::NodeId> backward(mb.backward.begin(), mb.backward.end());
-  std::set<ir::ValueId> accumulate;
-  for (ir::NodeId id : after) {
-    if (id >= sg.num_node_slots()) continue;
-    for (ir::ValueId v : tg.node(id).inputs) {
-      const ir::NodeId p = v == ir::kNoValue ? ir::kNoNode : sg.value(v).producer;
-      if (p != ir::kNoNode && backward.count(p)) accumulate.insert(v);
-    }
-  }
-  mb.accumulate.assign(accumulate.begin(), accumulate.end());
-  mb.in_flight = static_cast<int32_t>(in_flight);
-  mb.microbatches = static_cast<int32_t>(microbatches);
-  mb.alignment = alignment;
-  ASSIGN_OR_RETURN(MicrobatchLayout layout, PlanMicrobatchLayout(mb));
+  ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(graph, order, options));
+  absl::StatusOr<MicrobatchLayout> layout =
+      PlanMicrobatchLayout(MicrobatchOf(graph, sp, in_flight, microbatches, alignment, nullptr));
+  if (!layout.ok()) return Annotate(layout.status(), "planning the memory of stage " + std::to_string(sp.stage));
 
   StageMemory m;
   m.in_flight = in_flight;
-  m.saved = layout.saved;
+  m.saved = layout->saved;
   m.parameters = plan.parameter_bytes;
   if (a.precision == Precision::kBF16) m.parameters += plan.parameter_bytes / 2;
   m.gradients = plan.gradient_bytes;
   m.optimizer_state = plan.optimizer_state_bytes;
   m.constants = plan.constant_bytes;
-  m.arena = layout.arena();
-  m.activations = layout.activations();
+  m.arena = layout->arena();
+  m.activations = layout->activations();
   m.workspace = m.arena - m.activations;
-  for (const auto* list : {&sp.inputs_forward, &sp.inputs_backward, &sp.outputs_forward, &sp.outputs_backward,
-                           &sp.shared_gradients}) {
-    for (ir::ValueId v : *list)
-      if (v != ir::kNoValue) m.boundary += AlignUp(a.value_bytes[v], alignment);
+  // Boundary buffers: every value received or sent per micro-batch, and the shared parameters'
+  // contributions received once per step.
+  std::set<ir::ValueId> boundary;
+  for (const ValueLists* l : {&sp.recv_forward, &sp.recv_backward, &sp.send_forward, &sp.send_backward})
+    for (const auto& [peer, vs] : *l) boundary.insert(vs.begin(), vs.end());
+  for (const auto& [peer, vs] : sp.recv_post) {
+    for (ir::ValueId v : vs) {
+      const ir::ValueId param = a.contribution_param[v];
+      if (param != ir::kNoValue &&
+          std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
+        boundary.insert(v);
+      }
+    }
   }
-  m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.workspace +
-            m.boundary;
-  if (plan_out) *plan_out = std::move(plan);
+  for (ir::ValueId v : boundary) m.boundary += AlignUp(a.value_bytes[v], alignment);
+  m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.workspace + m.boundary;
   return m;
 }
 

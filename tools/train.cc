@@ -107,12 +107,14 @@ void Declare(FlagSet& fs, Flags& f) {
           "order");
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
-  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm); 0: not pipelined. Every "
-         "other flag (--eval, --tensorboard, --checkpoint-dir, --resume, ...) works pipelined too");
+  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm), cut by the partitioner at "
+         "fixed K (what `onnxpipe partition --stages K` would write); 0: not pipelined. Every other flag (--eval, "
+         "--tensorboard, --checkpoint-dir, --resume, ...) works pipelined too");
   fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
   fs.String("schedule", &f.schedule, "pipeline schedule: gpipe | 1f1b (with --stages/--plan)");
-  fs.String("recompute", &f.recompute, "none | full | selective | auto (auto needs the partitioner)");
-  fs.String("plan", &f.plan, "run the plan `onnxpipe partition --out DIR` wrote (stages, recompute)");
+  fs.String("recompute", &f.recompute, "none | full | selective | auto (the partitioner's rule for each)");
+  fs.String("plan", &f.plan, "run the plan `onnxpipe partition --out DIR` wrote, as written (stages, node order, "
+            "recompute regions, actions); a plan that cannot run is an error naming the problem");
   fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
 }
 

@@ -1,4 +1,6 @@
-// The driver. Each stage thread owns its StageProgram (graph with its parameters), its StageArena
+// The driver. It interprets the compiled plan: every node, transfer, accumulation and action comes
+// from the stage programs and action lists the partitioner built. Each stage thread owns its
+// StageProgram (graph with its parameters), its StageArena
 // (every micro-batch value and accumulator in its planned slot) and its micro-batch tables; threads
 // share nothing but the read-only feeds and the comm group, so the only synchronisation is
 // Send/Recv. Why sends are eager (right after the producing node) and the SEND actions are no-ops
@@ -27,9 +29,11 @@
 namespace onnxpipe::pipeline {
 namespace {
 
+using partitioner::ActionKind;
+
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1, kTagReplica = 2;
+constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1;
 
 uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
   return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) |
@@ -86,6 +90,42 @@ std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std
 
 }  // namespace
 
+const char* StepPhaseName(StepPhase p) {
+  switch (p) {
+    case StepPhase::kForward: return "forward";
+    case StepPhase::kBackward: return "backward";
+    case StepPhase::kPost: return "optimizer";
+  }
+  return "?";
+}
+
+PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
+  Uses u;
+  u.uses.assign(sp.graph.num_values(), 0);
+  u.data_uses.assign(sp.graph.num_values(), 0);
+  for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward}) {
+    for (ir::NodeId id : *list) {
+      const ir::Node& n = sp.graph.node(id);
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ir::ValueId v = n.inputs[i];
+        if (v == ir::kNoValue || sp.graph.value(v).constant) continue;
+        ++u.uses[v];
+        if (!partitioner::IsShapeOnlyOperand(n, static_cast<int>(i))) ++u.data_uses[v];
+      }
+    }
+  }
+  auto other_use = [&](ir::ValueId v) {
+    ++u.uses[v];
+    ++u.data_uses[v];
+  };
+  for (const partitioner::ValueLists* sends : {&sp.send_forward, &sp.send_backward})
+    for (const auto& [peer, vs] : *sends)
+      for (ir::ValueId v : vs) other_use(v);
+  for (ir::ValueId v : sp.accumulate) other_use(v);
+  if (sp.loss != ir::kNoValue) other_use(sp.loss);
+  return u;
+}
+
 // One stage's work for one step.
 class PipelineExecutor::StageRun {
  public:
@@ -96,6 +136,7 @@ class PipelineExecutor::StageRun {
         be_(*ex.backend_),
         stream_(stream),
         sp_(sp),
+        uses_(ex.uses_[sp.stage]),
         arena_(arena),
         post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream),
         comm_(comm),
@@ -103,7 +144,7 @@ class PipelineExecutor::StageRun {
         slices_(slices),
         scales_(scales),
         t0_(t0) {
-    const int32_t M = ex.options_.microbatches;
+    const int32_t M = ex.microbatches_;
     tables_.resize(M);
     losses.assign(M, std::nan(""));
     arena_.ResetStats();
@@ -123,11 +164,11 @@ class PipelineExecutor::StageRun {
       if (backend::ReadOnlyOnHost(be_, sp.graph, uses, v)) host_step_inputs_.insert(v);
   }
 
-  absl::Status Run(const ActionList& list) {
+  absl::Status Run(const partitioner::ActionList& list) {
     // The optimizer phase reads the step inputs where its kernels run.
     ASSIGN_OR_RETURN(lr_device_, be_.Upload(lr_, stream_));
     ASSIGN_OR_RETURN(step_device_, be_.Upload(step_, stream_));
-    for (const Action& a : list) {
+    for (const partitioner::Action& a : list) {
       switch (a.kind) {
         case ActionKind::kRecvActivation:
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_forward.at(a.peer), "F"));
@@ -136,7 +177,8 @@ class PipelineExecutor::StageRun {
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_backward.at(a.peer), "B"));
           break;
         case ActionKind::kForward: RETURN_IF_ERROR(Forward(a.microbatch)); break;
-        case ActionKind::kBackward: RETURN_IF_ERROR(Backward(a.microbatch)); break;
+        case ActionKind::kBackward:
+        case ActionKind::kRecompute: RETURN_IF_ERROR(Backward(a.microbatch, a.part)); break;
         case ActionKind::kSendActivation:
         case ActionKind::kSendGradient:
           break;  // sent eagerly by the compute action (see the file comment)
@@ -187,11 +229,11 @@ class PipelineExecutor::StageRun {
     RETURN_IF_ERROR(arena_.Acquire(m));
     t.live = true;
     t.values.assign(sp_.graph.num_values(), ir::Tensor());
-    t.remaining = sp_.uses;
-    t.data_remaining = sp_.data_uses;
+    t.remaining = uses_.uses;
+    t.data_remaining = uses_.data_uses;
     for (ir::ValueId v : sp_.data_inputs) RETURN_IF_ERROR(Put(t, m, v, slices_[m].at(v)));
     for (ir::ValueId v : sp_.step_inputs)
-      if (sp_.uses[v] > 0) RETURN_IF_ERROR(Put(t, m, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_));
+      if (uses_.uses[v] > 0) RETURN_IF_ERROR(Put(t, m, v, sp_.graph.value(v).name == autodiff::kLrName ? lr_ : step_));
     if (sp_.loss_scale != ir::kNoValue) RETURN_IF_ERROR(Put(t, m, sp_.loss_scale, scales_[m]));
     return &t;
   }
@@ -387,16 +429,24 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(int32_t m) {
+  // One part of micro-batch m's backward: a run of backward nodes or a recompute region. After the
+  // last part the micro-batch is done: every gradient accumulated, every value released.
+  absl::Status Backward(int32_t m, int32_t part) {
     ASSIGN_OR_RETURN(Table * tp, Get(m));
     Table& t = *tp;
-    const double start = Now();
-    const std::set<ir::NodeId> clones(sp_.recompute_clones.begin(), sp_.recompute_clones.end());
-    for (ir::NodeId id : sp_.backward) {
-      const Clock::time_point n0 = Clock::now();
-      RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kBackward, t));
-      if (clones.count(id)) measure.recompute_s += std::chrono::duration<double>(Clock::now() - n0).count();
+    if (part < 0 || part >= static_cast<int32_t>(sp_.parts.size())) {
+      return absl::InternalError(Where(m, StepPhase::kBackward) + ": no backward part " + std::to_string(part));
     }
+    const partitioner::BackwardPart& p = sp_.parts[part];
+    const bool recompute = p.kind == ActionKind::kRecompute;
+    const double start = Now();
+    for (int32_t i = p.begin; i < p.end; ++i) RETURN_IF_ERROR(RunMicrobatchNode(sp_.backward[i], m, StepPhase::kBackward, t));
+    const double end = Now();
+    measure.backward_s += (end - start) * 1e-6;
+    if (recompute) measure.recompute_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 0, (recompute ? "R" : "B") + std::to_string(m), recompute ? "recompute" : "backward", m,
+                     start, end - start});
+    if (part + 1 < static_cast<int32_t>(sp_.parts.size())) return absl::OkStatus();
     for (ir::ValueId v : sp_.accumulate) {
       if (accumulated_count_[v] != m + 1) {
         return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name +
@@ -411,9 +461,6 @@ class PipelineExecutor::StageRun {
     }
     t = Table();
     arena_.Release(m);
-    const double end = Now();
-    measure.backward_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 0, "B" + std::to_string(m), "backward", m, start, end - start});
     return absl::OkStatus();
   }
 
@@ -478,21 +525,6 @@ class PipelineExecutor::StageRun {
       }
     }
     measure.optimizer_scratch_bytes = post_slots_.scratch_bytes();
-    for (const auto& [peer, vs] : sp_.send_replica)
-      for (ir::ValueId v : vs) {
-        ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(*sg.value(v).constant, stream_));
-        RETURN_IF_ERROR(send(peer, kTagReplica, v, std::move(copy)));
-      }
-    for (const auto& [peer, vs] : sp_.recv_replica) {
-      for (ir::ValueId v : vs) {
-        ASSIGN_OR_RETURN(ir::Tensor x, recv(peer, kTagReplica, v));
-        ir::Value& r = sg.value(v);
-        if (!r.constant || x.dtype() != r.constant->dtype() || x.dims() != r.constant->dims()) {
-          return absl::InternalError(Where(-1, StepPhase::kPost) + ": replica '" + r.name + "' does not match");
-        }
-        r.constant = x;
-      }
-    }
     const double end = Now();
     measure.post_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 0, "O", "optimizer", -1, start, end - start});
@@ -503,6 +535,7 @@ class PipelineExecutor::StageRun {
   const backend::Backend& be_;
   backend::Stream* stream_;
   StageProgram& sp_;
+  const Uses& uses_;
   StageArena& arena_;
   PostSlots post_slots_;
   comm::Comm& comm_;
@@ -522,29 +555,36 @@ class PipelineExecutor::StageRun {
 PipelineExecutor::~PipelineExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const ir::Graph& training_graph,
-                                                                           const StageAssignment& assignment,
+                                                                           partitioner::CompiledPlan plan,
                                                                            const ExecutorOptions& options,
                                                                            std::shared_ptr<const backend::Backend> backend) {
-  if (options.microbatches < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << options.microbatches;
+  const int32_t M = plan.microbatches;
+  if (M < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << M;
+  if (static_cast<int32_t>(plan.actions.size()) != plan.program.num_stages) {
+    return INVALID_ARGUMENT() << "the plan has " << plan.actions.size() << " action lists for "
+                              << plan.program.num_stages << " stages";
+  }
   std::unique_ptr<PipelineExecutor> ex(new PipelineExecutor());
   ex->options_ = options;
+  ex->schedule_ = plan.schedule;
+  ex->microbatches_ = M;
   ex->backend_ = backend ? std::move(backend) : backend::MakeCpuBackend();
-  ProgramOptions po;
-  po.coordinator = options.coordinator;
-  ASSIGN_OR_RETURN(ex->program_, BuildPipelineProgram(training_graph, assignment, po));
-  ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, options.microbatches));
+  ex->program_ = std::move(plan.program);
+  ex->lists_ = std::move(plan.actions);
+  ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, M));
   ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
-  ASSIGN_OR_RETURN(ex->lists_, ConcreteActionLists(ex->program_, options.schedule, options.microbatches));
-  RETURN_IF_ERROR(ProveDeadlockFree(ex->program_, ex->lists_));
   const std::shared_ptr<const backend::Backend> be = ex->backend_;
-  const WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) { return be->WorkspaceBytes(g, n); };
+  const partitioner::WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) {
+    return be->WorkspaceBytes(g, n);
+  };
   for (const StageProgram& sp : ex->program_.stages) {
-    ASSIGN_OR_RETURN(StageLayout layout, PlanStageLayout(sp, options.schedule, ex->program_.num_stages,
-                                                         options.microbatches, workspace));
+    const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
+    ASSIGN_OR_RETURN(StageLayout layout, partitioner::PlanStageLayout(sp, in_flight, M, /*alignment=*/64, workspace));
     ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
     ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena, StageArena::Create(*ex->layouts_.back(), sp.stage, *be));
     ex->arenas_.push_back(std::move(arena));
     ex->streams_.push_back(be->CreateStream());
+    ex->uses_.push_back(CountUses(sp));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // except those only read on the host (shape operands, Slice bounds).
@@ -581,7 +621,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
 
 absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds) {
   if (broken_) return FAILED_PRECONDITION() << "a previous step failed; the pipeline's parameters are inconsistent";
-  const int32_t K = program_.num_stages, M = options_.microbatches;
+  const int32_t K = program_.num_stages, M = microbatches_;
   const int64_t b = microbatch_size_;
   const ir::Graph& g0 = program_.stages[0].graph;  // ids and names are the same on every stage
 

@@ -1,12 +1,14 @@
 // The pipeline executor: runs a training graph as K stages over M micro-batches per step with the
 // GPipe or 1F1B schedule, one std::thread per stage, stages talking only through comm::Comm.
 //
+// It runs a compiled plan (partitioner/plan_io.h's CompilePlan: the stage programs of
+// partitioner/stage_program.h and the action lists of partitioner/schedule.h) as written.
 // Step(feeds): the batch (B = M x micro-batch rows of every data input, labels included) is cut
-// into M micro-batches; each stage thread runs its concrete action list (program.h), computing
-// with the backend (executor/backend), sending every value another stage reads as soon as it is made and
-// receiving before each compute action; gradients accumulate over the micro-batches; after the
-// last backward the post phase runs the global norm (coordinator), the optimizer updates (owners)
-// and refreshes parameter replicas. The step's loss is sum_m share_m * loss_m (microbatch.h).
+// into M micro-batches; each stage thread walks its action list, computing with the backend
+// (executor/backend), sending every value another stage reads as soon as it is made and receiving
+// at the RECV actions; gradients accumulate over the micro-batches; at the optimizer step the post
+// phase runs the stage's post nodes (gradient Sums, the global norm on the coordinator, the
+// updates of the parameters it holds). The step's loss is sum_m share_m * loss_m (microbatch.h).
 //
 // Backend: every buffer (arenas, parameters, optimizer state, constants, the values in transit) is
 // the backend's memory, one stream per stage; the driver touches it only through the backend's
@@ -43,11 +45,16 @@
 #include "executor/backend/backend.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
-#include "executor/pipeline/program.h"
-#include "executor/pipeline/schedule.h"
 #include "executor/pipeline/stage_arena.h"
+#include "partitioner/plan_io.h"
 
 namespace onnxpipe::pipeline {
+
+using partitioner::PipelineProgram;
+using partitioner::StageProgram;
+
+enum class StepPhase : uint8_t { kForward, kBackward, kPost };
+const char* StepPhaseName(StepPhase p);  // "forward" | "backward" | "optimizer"
 
 // After a node has run: where, and its outputs (a hook may write into them, e.g. to inject a NaN;
 // they must stay in their planned slots).
@@ -61,13 +68,10 @@ struct NodeEvent {
 using NodeHook = std::function<absl::Status(const NodeEvent&, std::vector<ir::Tensor>* outputs)>;
 
 struct ExecutorOptions {
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  int32_t microbatches = 1;
   bool dropout = true;  // ExecContext::training
   uint64_t seed = 0;
   bool check_numerics = false;
   double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
-  int32_t coordinator = 0;
   NodeHook node_hook;
 };
 
@@ -81,8 +85,8 @@ struct StepFeeds {
 struct TraceEvent {
   int32_t stage = 0;
   int32_t lane = 0;  // 0 compute, 1 communication waits
-  std::string name;  // "F3", "B3", "O", "recv F3 from 0", ...
-  std::string category;  // forward | backward | optimizer | recv
+  std::string name;  // "F3", "B3", "R3", "O", "recv F3 from 0", ...
+  std::string category;  // forward | backward | recompute | optimizer | recv
   int32_t microbatch = -1;
   double start_us = 0, dur_us = 0;
 };
@@ -116,10 +120,10 @@ struct PipelineStepResult {
 
 class PipelineExecutor {
  public:
-  // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size).
-  // Builds the stage programs, the concrete action lists, and proves them free of deadlock.
+  // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size), the
+  // graph `plan` was compiled against. Plans every stage's memory layout and allocates it.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const ir::Graph& training_graph,
-                                                                  const StageAssignment& assignment,
+                                                                  partitioner::CompiledPlan plan,
                                                                   const ExecutorOptions& options,
                                                                   std::shared_ptr<const backend::Backend> backend = nullptr);
   ~PipelineExecutor();
@@ -142,8 +146,10 @@ class PipelineExecutor {
 
   const PipelineProgram& program() const { return program_; }
   const backend::Backend& backend() const { return *backend_; }
-  const std::vector<ActionList>& action_lists() const { return lists_; }
+  const std::vector<partitioner::ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
+  partitioner::ScheduleKind schedule() const { return schedule_; }
+  int32_t microbatches() const { return microbatches_; }
   // The memory layout stage s runs in (what PredictStageMemory reports for it).
   const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
   int64_t microbatch_size() const { return microbatch_size_; }
@@ -154,13 +160,25 @@ class PipelineExecutor {
   PipelineExecutor() = default;
   class StageRun;
 
+  // Uses of each value by one micro-batch of a stage (node operands, pending sends, accumulation,
+  // the loss read): a value is freed when its count reaches 0. data_uses leaves out the shape-only
+  // operands (memory_planner.h's IsShapeOnlyOperand): once it reaches 0 only the value's dims are
+  // kept (ir::Tensor::DimsOnly), as the static memory planner assumes.
+  struct Uses {
+    std::vector<int32_t> uses, data_uses;
+  };
+  static Uses CountUses(const StageProgram& sp);
+
   ExecutorOptions options_;
+  partitioner::ScheduleKind schedule_ = partitioner::ScheduleKind::k1F1B;
+  int32_t microbatches_ = 1;
   ir::Tensor HostCopy(const ir::Tensor& t) const;
 
   std::shared_ptr<const backend::Backend> backend_;
   std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
-  std::vector<ActionList> lists_;
+  std::vector<Uses> uses_;  // per stage
+  std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;
   std::vector<std::unique_ptr<StageArena>> arenas_;
   LossShareRule loss_rule_;

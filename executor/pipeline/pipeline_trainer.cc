@@ -8,12 +8,32 @@
 #include <cstdio>
 #include <string>
 
-#include "executor/pipeline/plan.h"
 #include "executor/pipeline/report.h"
 #include "frontend/ir/status.h"
+#include "partitioner/device.h"
 #include "partitioner/plan_io.h"
 
 namespace onnxpipe::pipeline {
+
+absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(const ir::Graph& g, int32_t num_stages, int64_t batch,
+                                                                  int32_t microbatches, partitioner::ScheduleKind schedule,
+                                                                  partitioner::RecomputePolicy recompute,
+                                                                  const std::string& device,
+                                                                  const std::string& model_name) {
+  partitioner::Cluster cluster;
+  ASSIGN_OR_RETURN(cluster.device, partitioner::ResolveDevice(device));
+  partitioner::PartitionOptions o;
+  o.num_stages = num_stages;
+  o.batch = batch;
+  o.microbatches = microbatches;
+  o.schedule = schedule;
+  o.recompute = recompute;
+  o.model = model_name;
+  // K is given: the profile chooses the cuts, and the run holds what the plan needs (no memory budget
+  // to fit, as without a plan), except for --recompute auto, which trades recompute for the device's memory.
+  if (recompute != partitioner::RecomputePolicy::kAuto) o.memory_bytes = int64_t{1} << 60;
+  return partitioner::Partition(g, cluster, o);
+}
 
 absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     const ir::Graph& imported, const std::map<std::string, int64_t>& other_bindings, const train::TrainOptions& options,
@@ -42,6 +62,11 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
       return INVALID_ARGUMENT() << "--recompute " << p.recompute << " but the plan's regions are for '"
                                 << partitioner::RecomputePolicyName(plan.recompute) << "'";
     }
+    if (!p.schedule.empty() && p.schedule != partitioner::ScheduleName(plan.schedule)) {
+      return INVALID_ARGUMENT() << "--schedule " << p.schedule << " but the plan in " << p.plan_dir
+                                << " was made for " << partitioner::ScheduleName(plan.schedule)
+                                << " (its memory and action lists are the schedule's; re-run onnxpipe partition)";
+    }
     const bool plan_fp32 = plan.precision == partitioner::Precision::kFP32;
     if (!(plan_fp32 && options.dtype == ir::DType::kF32)) {
       std::fprintf(stderr, "warning: the plan in %s was made for %s and this run trains in %s: its memory "
@@ -50,7 +75,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     }
     p.stages = static_cast<int32_t>(plan.num_stages);
     p.microbatches = static_cast<int32_t>(plan.microbatches);
-    if (p.schedule.empty()) p.schedule = partitioner::ScheduleName(plan.schedule);
+    p.schedule = partitioner::ScheduleName(plan.schedule);
     p.recompute = partitioner::RecomputePolicyName(plan.recompute);
   }
   if (p.stages < 1) return INVALID_ARGUMENT() << "--stages must be >= 1 (or give --plan DIR)";
@@ -58,8 +83,8 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   if (p.schedule.empty()) p.schedule = "1f1b";
   if (p.recompute.empty()) p.recompute = "none";
   t->recompute_name_ = p.recompute;
-  ASSIGN_OR_RETURN(ScheduleKind schedule, ParseScheduleKind(p.schedule));
-  ASSIGN_OR_RETURN(RecomputePolicy recompute, ParseRecomputePolicy(p.recompute));
+  ASSIGN_OR_RETURN(partitioner::ScheduleKind schedule, partitioner::ParseSchedule(p.schedule));
+  ASSIGN_OR_RETURN(partitioner::RecomputePolicy recompute, partitioner::ParseRecomputePolicy(p.recompute));
   const int64_t B = options.batch, M = p.microbatches;
   if (M > B) return INVALID_ARGUMENT() << "--microbatches " << M << " is more than --batch " << B;
   if (B % M != 0) {
@@ -88,25 +113,22 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   }
   for (ir::ValueId v : g.inputs()) t->input_dtypes_[g.value(v).name] = g.value(v).dtype;
 
-  StageAssignment a;
+  // --plan runs the plan as written; --stages K asks the partitioner for one at fixed K.
+  partitioner::PartitionPlan plan;
   if (t->plan_) {
-    ASSIGN_OR_RETURN(a, AssignFromPlan(g, *t->plan_));
-  } else if (recompute == RecomputePolicy::kAuto) {
-    ASSIGN_OR_RETURN(t->plan_, PartitionInProcess(g, p.stages, B, p.microbatches, schedule, recompute, p.device,
-                                                  model_name));
-    ASSIGN_OR_RETURN(a, AssignFromPlan(g, *t->plan_));
+    plan = *t->plan_;
   } else {
-    ASSIGN_OR_RETURN(a, AssignContiguous(g, p.stages));
-    RETURN_IF_ERROR(MarkRecompute(g, recompute, &a));
+    ASSIGN_OR_RETURN(plan, PartitionAtFixedStages(g, p.stages, B, p.microbatches, schedule, recompute, p.device,
+                                                  model_name));
+    if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
   }
+  ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));
   ExecutorOptions eo;
-  eo.schedule = schedule;
-  eo.microbatches = p.microbatches;
   eo.dropout = options.dropout;
   eo.seed = options.seed;
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
-  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, a, eo, p.backend));
+  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_, autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps,
                                                           options.steps));
   return t;
@@ -124,9 +146,9 @@ absl::Status PipelineTrainer::SetData(train::Dataset data) {
 int64_t PipelineTrainer::num_trainable_parameters() const { return num_trainable_; }
 
 std::string PipelineTrainer::Describe() const {
-  const ExecutorOptions& o = executor_->options();
-  return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(o.microbatches) +
-         " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " + ScheduleKindName(o.schedule) +
+  return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(executor_->microbatches()) +
+         " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " +
+         partitioner::ScheduleName(executor_->schedule()) +
          ", recompute " + recompute_name_ + (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
          (executor_->backend().name() == "cpu" ? "" : ", backend " + executor_->backend().name());
 }

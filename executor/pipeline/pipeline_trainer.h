@@ -3,8 +3,8 @@
 // the step run by PipelineExecutor over M micro-batches, behind the same train::StepTrainer interface
 // (so tools/train_loop.h drives it and its checkpoints are the unpartitioned trainer's):
 //   imported forward graph --PrepareMicrobatchForward(B / M)--> train::Trainer's training graph of
-//   one micro-batch --stage assignment (plan.json, the partitioner in-process for --recompute auto,
-//   or a balanced contiguous split)--> PipelineExecutor.
+//   one micro-batch --plan (plan.json as written, or the partitioner at fixed K for --stages K)-->
+//   partitioner::CompilePlan --> PipelineExecutor.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,16 @@
 #include "partitioner/partitioner.h"
 
 namespace onnxpipe::pipeline {
+
+// `--stages K` without a plan: the partitioner at fixed K on a device profile (a built-in name or a
+// JSON file, partitioner/device.h), what `onnxpipe partition --stages K` would write (with no memory
+// budget but for --recompute auto).
+absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(const ir::Graph& training_graph, int32_t num_stages,
+                                                                  int64_t batch, int32_t microbatches,
+                                                                  partitioner::ScheduleKind schedule,
+                                                                  partitioner::RecomputePolicy recompute,
+                                                                  const std::string& device,
+                                                                  const std::string& model_name);
 
 struct PipelineTrainOptions {
   int32_t stages = 0;        // K; 0: the plan's

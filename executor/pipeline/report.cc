@@ -11,6 +11,7 @@
 #include "executor/pipeline/memory.h"
 #include "frontend/ir/status.h"
 #include "nlohmann/json.hpp"
+#include "partitioner/reports.h"
 #include "partitioner/schedule.h"
 
 namespace onnxpipe::pipeline {
@@ -95,8 +96,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   std::filesystem::create_directories(dir, ec);
   if (ec) return INVALID_ARGUMENT() << "--report: cannot create '" << dir << "': " << ec.message();
   const PipelineProgram& p = ex.program();
-  const int32_t K = p.num_stages, M = ex.options().microbatches;
-  const ScheduleKind kind = ex.options().schedule;
+  const int32_t K = p.num_stages, M = ex.microbatches();
+  const partitioner::ScheduleKind kind = ex.schedule();
   const std::vector<StageMeans> means = Means(steps, K, M);
 
   ojson j;
@@ -104,7 +105,7 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   j["generator"] = "onnxpipe train";
   j["model"] = ctx.model;
   j["config"] = {{"num_stages", K}, {"microbatches", M}, {"microbatch_size", ex.microbatch_size()},
-                 {"batch", ex.microbatch_size() * M}, {"schedule", ScheduleKindName(kind)},
+                 {"batch", ex.microbatch_size() * M}, {"schedule", partitioner::ScheduleName(kind)},
                  {"plan", ctx.plan_dir.empty() ? nlohmann::ordered_json(nullptr) : ojson(ctx.plan_dir)}};
   ojson js = ojson::array();
   for (const PipelineStepResult& r : steps) {
@@ -114,7 +115,7 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   j["steps"] = std::move(js);
   std::ostringstream txt;
   txt << "pipelined run: " << ctx.model << ", " << K << " stages, " << M << " micro-batches of "
-      << ex.microbatch_size() << ", " << ScheduleKindName(kind) << (ctx.plan ? ", plan " + ctx.plan_dir : "") << "\n";
+      << ex.microbatch_size() << ", " << partitioner::ScheduleName(kind) << (ctx.plan ? ", plan " + ctx.plan_dir : "") << "\n";
   txt << "memory: high-water measured | planned (the stage's static layout); times: mean per micro-batch\n";
   char line[512];
   std::snprintf(line, sizeof(line), "%-5s %-23s %-9s %-23s %-23s %-23s %9s %9s %9s %9s\n", "stage", "saved/micro-batch",
@@ -141,6 +142,11 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                       {"accumulators", pr.accumulators}, {"kernel_scratch", pr.workspace}, {"parameters", pr.parameters},
                       {"optimizer_state", pr.optimizer_state}, {"total", pr.total}}}}},
     };
+    // What the stage recomputed: the forward nodes of its recompute regions, in run order.
+    ojson recomputed = ojson::array();
+    for (const partitioner::RecomputeRegion& r : p.stages[s].regions)
+      for (ir::NodeId id : r.nodes) recomputed.push_back(p.stages[s].graph.node(id).name);
+    st["recompute_nodes"] = std::move(recomputed);
     if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
       const partitioner::StagePlan& ps = ctx.plan->stages[s];
       st["plan"] = {{"memory", {{"saved_per_microbatch", ps.memory.saved}, {"activations", ps.memory.activations},
@@ -183,34 +189,17 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
     txt << ", " << ctx.plan->step_ms << " ms predicted by the plan\n";
   }
   if (predicted.empty()) {
+    // The lists the stages ran, timed with the measured mean stage times.
     std::vector<partitioner::StageTiming> timing(K);
     for (int32_t s = 0; s < K; ++s) {
       timing[s].forward_s = means[s].forward_ms * 1e-3;
-      timing[s].backward_s = means[s].backward_ms * 1e-3;
+      timing[s].backward_s = (means[s].backward_ms) * 1e-3;
       timing[s].optimizer_s = means[s].optimizer_ms * 1e-3;
     }
-    const partitioner::ScheduleResult sim = partitioner::SimulateSchedule(
-        kind == ScheduleKind::kGPipe ? partitioner::ScheduleKind::kGPipe : partitioner::ScheduleKind::k1F1B, timing, M);
-    ojson events = ojson::array();
-    for (int32_t s = 0; s < K; ++s) {
-      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
-                        {"args", {{"name", "stage " + std::to_string(s)}}}});
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    }
-    for (const partitioner::ScheduleEvent& e : sim.events) {
-      if (e.kind == partitioner::ScheduleEvent::kSendForward || e.kind == partitioner::ScheduleEvent::kSendBackward) continue;
-      const std::string name = e.kind == partitioner::ScheduleEvent::kOptimizer
-                                   ? "O"
-                                   : std::string(1, static_cast<char>(e.kind)) + std::to_string(e.microbatch);
-      events.push_back({{"name", name}, {"ph", "X"}, {"ts", e.start_s * 1e6}, {"dur", (e.end_s - e.start_s) * 1e6},
-                        {"pid", e.stage}, {"tid", 0}});
-    }
-    ojson t;
-    t["traceEvents"] = std::move(events);
-    t["displayTimeUnit"] = "ms";
-    t["otherData"] = {{"generator", "onnxpipe train (schedule simulated with the measured mean stage times)"},
-                      {"step_ms", sim.step_s * 1e3}, {"bubble_fraction", sim.bubble_fraction}};
-    predicted = t.dump(1) + "\n";
+    ASSIGN_OR_RETURN(const partitioner::ScheduleResult sim, partitioner::Simulate(ex.action_lists(), timing));
+    predicted = partitioner::TimelineTraceJson(
+        sim, K, {{"generator", "onnxpipe train (schedule simulated with the measured mean stage times)"},
+                 {"step_ms", sim.step_s * 1e3}, {"bubble_fraction", sim.bubble_fraction}});
     j["predicted"] = {{"source", "schedule simulated with the measured stage times"}, {"step_ms", sim.step_s * 1e3},
                       {"bubble_fraction", sim.bubble_fraction}};
     txt << ", " << sim.step_s * 1e3 << " ms for the schedule alone (simulated with the measured stage times, bubble "

@@ -5,12 +5,13 @@
 //                         high-water, in-flight count, accumulators) and mean times per micro-batch
 //                         (forward, backward, recompute) and per step (optimizer, receive waits),
 //                         beside the prediction: the static planner's numbers for the very program
-//                         the stage ran (memory.h) and, with --plan, the plan's own stage numbers
+//                         the stage ran (memory.h) and, with --plan, the plan's own stage numbers;
+//                         recompute_nodes: the forward nodes the stage recomputed
 //   measured.trace.json   Chrome trace of the last step: pid = stage, tid 0 compute (F m, B m,
-//                         optimizer), tid 1 receive waits
-//   predicted.trace.json  the plan's schedule.trace.json (with --plan); otherwise the schedule
-//                         simulated (partitioner/schedule.h) with the measured mean stage times,
-//                         i.e. what the schedule alone explains of the measured timeline
+//                         R m, optimizer), tid 1 receive waits
+//   predicted.trace.json  the plan's schedule.trace.json (with --plan); otherwise the stages'
+//                         action lists simulated (partitioner/schedule.h) with the measured mean
+//                         stage times, i.e. what the schedule alone explains of the measured timeline
 //   report.txt            a per-stage table, measured | predicted
 //   report.html           the same table and both timelines as inline SVG (self-contained)
 // Files are written atomically; DIR is created.

@@ -130,7 +130,7 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   }
   // plan.json: the fields issue 6 lists, by name, then the strict loader.
   const json pj = Plan(out);
-  EXPECT_EQ(pj["schema_version"], 1);
+  EXPECT_EQ(pj["schema_version"], 2);
   for (const char* k : {"step_ms", "bubble_fraction", "samples_per_s"}) EXPECT_TRUE(pj["predicted"][k].is_number()) << k;
   for (const json& st : pj["stages"]) {
     for (const char* k : {"index", "nodes", "parameters", "boundary_inputs", "boundary_outputs", "recompute_regions"}) {
@@ -156,18 +156,28 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   const std::string txt = ReadAll(out + "/report.txt");
   EXPECT_THAT(txt, HasSubstr("samples/s"));
   EXPECT_THAT(txt, HasSubstr("a100-40gb"));
-  // schedule.trace.json: Chrome trace, one process per stage, 2 x 4 F/B per stage + updates.
+  // schedule.trace.json: Chrome trace of the stages' action lists, one process per stage: F of each
+  // of the 4 micro-batches, its backward (in parts around the recompute regions) and the update.
   const json trace = json::parse(ReadAll(out + "/schedule.trace.json"));
-  int compute = 0;
+  std::map<std::string, int> count;  // by category
+  std::set<std::pair<int, std::string>> backward;
   std::set<int> pids;
   for (const json& e : trace["traceEvents"]) {
     if (e["ph"] == "X" && e["tid"] == 0) {
-      ++compute;
+      ++count[e["cat"].get<std::string>()];
       pids.insert(e["pid"].get<int>());
+      if (e["cat"] == "backward") backward.insert({e["pid"].get<int>(), e["name"].get<std::string>()});
       EXPECT_GE(e["dur"].get<double>(), 0);
     }
   }
-  EXPECT_EQ(compute, 2 * (2 * 4 + 1));
+  EXPECT_EQ(count["forward"], 2 * 4);
+  EXPECT_EQ(count["optimizer"], 2);
+  EXPECT_EQ(backward.size(), 2u * 4u);  // B0..B3 on both stages
+  EXPECT_GT(count["recompute"], 0);     // --recompute selective: the regions run as R actions
+  size_t actions = 0;
+  for (const json& st : pj["stages"]) actions += st["actions"].size();
+  EXPECT_EQ(static_cast<size_t>(count["forward"] + count["backward"] + count["recompute"] + count["optimizer"]),
+            actions - 2 * 4 * 2);  // the rest: one send and one receive per micro-batch and stage
   EXPECT_EQ(pids, (std::set<int>{0, 1}));
   // partition.dot: Graphviz renders it (scripts/setup.sh installs graphviz; missing is a failure).
   const std::string dot = ReadAll(out + "/partition.dot");

@@ -25,6 +25,21 @@ using testing::RandomTimes;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The program of stage `s` of a plan, built again from the plan's positions (no recompute).
+absl::StatusOr<StageProgram> ProgramOf(const GraphAnalysis& a, const PartitionPlan& plan, int32_t s) {
+  std::vector<int32_t> bounds = {0};
+  for (const StagePlan& st : plan.stages) bounds.push_back(st.position_end);
+  const std::vector<bool> none(a.graph->num_node_slots(), false);
+  return BuildStageProgram(a, PlaceStages(a, bounds, none), s);
+}
+
+std::vector<ir::NodeId> RunOrder(const StageProgram& sp) {
+  std::vector<ir::NodeId> order = sp.forward;
+  order.insert(order.end(), sp.backward.begin(), sp.backward.end());
+  order.insert(order.end(), sp.post.begin(), sp.post.end());
+  return order;
+}
+
 std::unique_ptr<PartitionContext> Context(const ir::Graph& g, int64_t memory, std::shared_ptr<const OpTimes> times,
                                           int64_t microbatch, double cut_slack = 1e9) {
   absl::StatusOr<std::unique_ptr<PartitionContext>> ctx =
@@ -241,10 +256,9 @@ TEST(Memory, EqualsThePlannerAndHandSizes) {
   int64_t all_params = 0;
   for (const StagePlan& s : plan->stages) {
     // The planner on the stage's program, directly.
-    const std::vector<bool> none(g.num_node_slots(), false);
-    absl::StatusOr<StageProgram> sp = BuildStageProgram(a, s.unit_begin, s.unit_end, none);
+    absl::StatusOr<StageProgram> sp = ProgramOf(a, *plan, s.index);
     ASSERT_TRUE(sp.ok()) << sp.status();
-    absl::StatusOr<MemoryPlan> mp = PlanMemory(sp->graph, sp->order);
+    absl::StatusOr<MemoryPlan> mp = PlanMemory(sp->graph, RunOrder(*sp));
     ASSERT_TRUE(mp.ok()) << mp.status();
     EXPECT_EQ(s.memory.parameters, mp->parameter_bytes);
     EXPECT_EQ(s.memory.gradients, mp->gradient_bytes);
@@ -274,8 +288,9 @@ TEST(Memory, EqualsThePlannerAndHandSizes) {
 
 // A parameter read on several stages (a tied embedding and output projection) is held Megatron
 // style on each: parameter, gradient and optimizer state on every stage that reads it, its
-// contributions summed on their own stage and all-reduced once per step (one receive buffer), never
-// sent per micro-batch. Every 3-stage assignment of a chain whose head reuses layer 0's weight.
+// contributions accumulated on their own stage and sent to the other holder once per step (one
+// receive buffer), never per micro-batch. Every 3-stage assignment of a chain whose head reuses
+// layer 0's weight.
 TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
   ChainSpec spec;
   spec.batch = 4;
@@ -319,7 +334,7 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
       for (const BoundaryTensor& b : s.boundary_inputs) {
         if (b.kind != "shared_gradient") continue;
         ++shared_gradients;
-        EXPECT_EQ(b.name, "grad/layers.0.weight");
+        EXPECT_EQ(a.contribution_param[g.FindValue(b.name)], tied) << b.name;  // a contribution of the tied weight
         EXPECT_EQ(b.bytes, tied_bytes);
         const int32_t peer = s.index == readers.front() ? readers.back() : readers.front();
         EXPECT_EQ(b.peers, std::vector<int32_t>{peer});
@@ -333,20 +348,31 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
           }
         }
       }
-      // The stage's program: the planner agrees, and the accumulation Sum reads local values only.
-      const std::vector<bool> none(g.num_node_slots(), false);
-      absl::StatusOr<StageProgram> sp = BuildStageProgram(a, s.unit_begin, s.unit_end, none);
+      // The stage's program: the planner agrees; the accumulation Sum runs once per step on every
+      // holder, over its own contributions and those received once per step (never per micro-batch).
+      absl::StatusOr<StageProgram> sp = ProgramOf(a, *p, s.index);
       ASSERT_TRUE(sp.ok()) << sp.status();
-      absl::StatusOr<MemoryPlan> mp = PlanMemory(sp->graph, sp->order);
+      absl::StatusOr<MemoryPlan> mp = PlanMemory(sp->graph, RunOrder(*sp));
       ASSERT_TRUE(mp.ok()) << mp.status();
       EXPECT_EQ(s.memory.parameters, mp->parameter_bytes);
       EXPECT_EQ(s.memory.gradients, mp->gradient_bytes);
       EXPECT_EQ(s.memory.optimizer_state, mp->optimizer_state_bytes);
-      std::set<ir::NodeId> here(sp->order.begin(), sp->order.end());
-      for (ir::NodeId id : sp->order) {
+      const std::vector<ir::NodeId> order = RunOrder(*sp);
+      std::set<ir::NodeId> here(order.begin(), order.end());
+      std::set<ir::ValueId> once_per_step;
+      for (const auto& [peer, vs] : sp->recv_post) once_per_step.insert(vs.begin(), vs.end());
+      int sums = 0;
+      for (ir::NodeId id : sp->post) {
         if (sp->graph.node(id).op != ir::OpKind::kSum || a.tail_param[id] != tied) continue;
-        for (ir::ValueId v : sp->graph.node(id).inputs) EXPECT_TRUE(here.count(g.value(v).producer)) << s.index;
+        ++sums;
+        for (ir::ValueId v : sp->graph.node(id).inputs) {
+          EXPECT_TRUE(here.count(g.value(v).producer) || once_per_step.count(v)) << s.index;
+        }
       }
+      EXPECT_EQ(sums, holds ? 1 : 0) << s.index;
+      for (const auto* l : {&sp->recv_forward, &sp->recv_backward})
+        for (const auto& [peer, vs] : *l)
+          for (ir::ValueId v : vs) EXPECT_EQ(a.contribution_param[v], ir::kNoValue) << g.value(v).name;
     }
     ++checked;
   });
@@ -525,19 +551,24 @@ TEST(Plan, JsonRoundTripAndValidation) {
     EXPECT_EQ(back->stages[k].recompute_regions.size(), plan->stages[k].recompute_regions.size());
   }
   EXPECT_DOUBLE_EQ(back->step_ms, plan->step_ms);
-  EXPECT_TRUE(CheckPlanMatchesGraph(*back, g).ok());
+  for (size_t k = 0; k < back->stages.size(); ++k) EXPECT_EQ(back->stages[k].actions, plan->stages[k].actions);
+  EXPECT_TRUE(CompilePlan(g, *back).ok()) << CompilePlan(g, *back).status();
   // A graph of another shape does not match.
   ChainSpec other = spec;
   other.widths.push_back(16);
-  EXPECT_FALSE(CheckPlanMatchesGraph(*back, BuildChain(other)).ok());
+  EXPECT_FALSE(CompilePlan(BuildChain(other), *back).ok());
 
   auto broken = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json c = j;
     edit(c);
     return PlanFromJson(c, "plan.json").status();
   };
-  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 2; }).message()),
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 3; }).message()),
               HasSubstr("schema_version"));
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 1; }).message()),
+              HasSubstr("re-run onnxpipe partition"));
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["stages"][0]["actions"][0] = "F"; }).message()),
+              HasSubstr("stages[0].actions[0]"));
   EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["stages"][0].erase("memory"); }).message()),
               HasSubstr("stages[0].memory"));
   EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["stages"][1]["memory"]["total"] = 1; }).message()),

@@ -69,7 +69,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return i.param.model + "_K" + std::to_string(i.param.stages) + "_M" + std::to_string(i.param.microbatches) + "_" +
-             ScheduleKindName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute);
+             ScheduleName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute);
     });
 
 }  // namespace

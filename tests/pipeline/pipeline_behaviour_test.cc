@@ -13,7 +13,6 @@
 #include "executor/cpu/workspace.h"
 #include "executor/data/npy.h"
 #include "executor/pipeline/memory.h"
-#include "executor/pipeline/plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/pipeline/pipeline_test_util.h"
@@ -35,15 +34,13 @@ const ModelFixture& Fixture(const std::string& name) {
   return *it->second;
 }
 
-// The first forward node of `stage` in a K-stage balanced split of the micro-batch graph.
+// The first forward node of `stage` in the partitioner's K-stage plan of the micro-batch graph.
 std::string FirstForwardNodeOf(const ModelFixture& f, const RunConfig& c, int32_t stage) {
   absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
   EXPECT_TRUE(g.ok());
-  absl::StatusOr<StageAssignment> a = AssignContiguous(*g, c.stages);
-  EXPECT_TRUE(a.ok());
-  for (ir::NodeId id : ForwardNodes(*g))
-    if (a->forward_stage[id] == stage) return g->node(id).name;
-  return "";
+  absl::StatusOr<partitioner::PartitionPlan> plan = f.Plan(c, *g);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? plan->stages[stage].forward_nodes.front() : "";
 }
 
 TEST(PipelineFaults, AnErrorInStageOneMicrobatchTwoStopsEveryStageWithOneError) {
@@ -135,16 +132,17 @@ TEST(PipelineFaults, AFailedStepLeavesTheExecutorUnusable) {
   c.microbatches = 2;
   absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
   ASSERT_TRUE(g.ok());
-  absl::StatusOr<StageAssignment> a = AssignContiguous(*g, 2);
-  ASSERT_TRUE(a.ok());
+  absl::StatusOr<partitioner::PartitionPlan> plan = f.Plan(c, *g);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<partitioner::CompiledPlan> compiled = partitioner::CompilePlan(*g, *plan);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
   ExecutorOptions eo;
-  eo.microbatches = 2;
   eo.dropout = false;
   bool fail = true;
   eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
     return fail && e.stage == 0 && e.phase == StepPhase::kPost ? absl::InternalError("optimizer fault") : absl::OkStatus();
   };
-  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
+  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
   ASSERT_TRUE(ex.ok()) << ex.status();
   absl::StatusOr<PipelineStepResult> s = (*ex)->Step(f.Feeds(0, 0.05, ir::DType::kF64));
   ASSERT_FALSE(s.ok());
@@ -175,9 +173,9 @@ TEST(PipelineFaults, AReceiveTimeoutTurnsAHangIntoAnError) {
 }
 
 // Megatron style: the lm head's stage holds the tied embedding itself, with its own optimizer state,
-// receives the other holder's gradient contribution, and applies the same update: after every
-// step both copies and both optimizer states are bitwise equal (and equal to the unpartitioned
-// run, checked by the equivalence tests), without any parameter broadcast.
+// receives the other holder's gradient contribution once per step, and applies the same update:
+// after every step both copies and both optimizer states are bitwise equal (and equal to the
+// unpartitioned run, checked by the equivalence tests), without any parameter broadcast.
 TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndCopiesStayIdentical) {
   const ModelFixture& f = Fixture("tiny_gpt");
   for (autodiff::OptimizerKind optimizer : {autodiff::OptimizerKind::kSGD, autodiff::OptimizerKind::kAdamW}) {
@@ -195,12 +193,21 @@ TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndCopiesStayId
       const ir::ValueId tied = p.stages[0].graph.FindValue("tok_emb.weight");
       ASSERT_NE(tied, ir::kNoValue);
       EXPECT_EQ(p.parameter_owner.at(tied), 0);  // the embedding Gather's stage
-      EXPECT_THAT(p.post_sums, ::testing::Contains(HasSubstr("tok_emb.weight")));
-      // No replica traffic: the last stage updates its own copy, with its own state.
-      for (int32_t s = 0; s < K; ++s) {
-        EXPECT_TRUE(p.stages[s].send_replica.empty()) << where << " stage " << s;
-        EXPECT_TRUE(p.stages[s].recv_replica.empty()) << where << " stage " << s;
-      }
+      // Both holders run the Sum of the tied gradient's contributions once per step; the
+      // contributions cross stages once per step (post), never per micro-batch.
+      auto post_sum = [&](int32_t s) {
+        for (ir::NodeId id : p.stages[s].post) {
+          const ir::Node& n = p.stages[s].graph.node(id);
+          if (n.op == ir::OpKind::kSum && n.origin == "tok_emb.weight") return true;
+        }
+        return false;
+      };
+      EXPECT_TRUE(post_sum(0)) << where;
+      EXPECT_TRUE(post_sum(K - 1)) << where;
+      EXPECT_FALSE(p.stages[0].recv_post.empty()) << where;
+      EXPECT_FALSE(p.stages[K - 1].recv_post.empty()) << where;
+      EXPECT_THAT(p.stages[0].shared_parameters, ::testing::Contains(tied)) << where;
+      EXPECT_THAT(p.stages[K - 1].shared_parameters, ::testing::Contains(tied)) << where;
       auto tied_states = [&](int32_t s) {
         std::vector<std::string> names;
         for (const ir::Graph::StateUpdate& u : p.stages[s].state_updates) {
@@ -283,14 +290,13 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
             ASSERT_TRUE(r.ok()) << r.status();
             for (int32_t s = 0; s < c.stages; ++s) {
               const PipelineExecutor& ex = *r->executor;
-              // The layout the executor allocated is the one PredictStageMemory makes from the program.
-              absl::StatusOr<StageMemoryPrediction> fresh = PredictStageMemory(
-                  ex.program().stages[s], kind, c.stages, c.microbatches, [](const ir::Graph& g, const ir::Node& n) {
-                    return cpu::CpuWorkspaceBytes(g, n);
-                  });
+              // The layout the executor allocated is the partitioner's layout of the program.
+              absl::StatusOr<StageLayout> fresh = partitioner::PlanStageLayout(
+                  ex.program().stages[s], partitioner::InFlightMicrobatches(kind, c.stages, s, c.microbatches),
+                  c.microbatches, 64, [](const ir::Graph& g, const ir::Node& n) { return cpu::CpuWorkspaceBytes(g, n); });
               ASSERT_TRUE(fresh.ok()) << fresh.status();
               const StageMemoryPrediction p = PredictStageMemory(ex.program().stages[s], ex.layout(s));
-              EXPECT_EQ(fresh->arena, p.arena);
+              EXPECT_EQ(fresh->arena(), p.arena);
               EXPECT_EQ(fresh->workspace, p.workspace);
               for (int32_t k = 0; k < c.steps; ++k) {
                 const std::string where =
@@ -378,18 +384,16 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
                                    RecomputePolicy::kAuto}) {
           for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
             const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
-                                      " " + RecomputePolicyName(rp) + " " + ScheduleKindName(kind);
+                                      " " + RecomputePolicyName(rp) + " " + ScheduleName(kind);
             absl::StatusOr<partitioner::PartitionPlan> plan =
-                PartitionInProcess(*g, K, f.batch(), M, kind, rp, "cpu", model);
+                PartitionAtFixedStages(*g, K, f.batch(), M, kind, rp, "cpu", model);
             ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
-            absl::StatusOr<StageAssignment> a = AssignFromPlan(*g, *plan);
-            ASSERT_TRUE(a.ok()) << a.status();
+            absl::StatusOr<partitioner::CompiledPlan> compiled = partitioner::CompilePlan(*g, *plan);
+            ASSERT_TRUE(compiled.ok()) << compiled.status();
             ExecutorOptions eo;
-            eo.schedule = kind;
-            eo.microbatches = M;
             eo.dropout = c.dropout;
             eo.seed = c.seed;
-            absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *a, eo);
+            absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
             ASSERT_TRUE(ex.ok()) << where << ": " << ex.status();
             for (int32_t k = 0; k < c.steps; ++k) {
               absl::StatusOr<PipelineStepResult> r = (*ex)->Step(f.Feeds(k, c.lr, c.dtype));
@@ -421,25 +425,6 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
       }
     }
   }
-}
-
-TEST(PipelineProgram, AnAssignmentAgainstTheForwardOrderIsRefused) {
-  const ModelFixture& f = Fixture("tiny_gpt");
-  RunConfig c;
-  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
-  ASSERT_TRUE(g.ok());
-  // Every forward node on stage 1 but the last, which goes to stage 0: it reads stage 1's outputs.
-  std::map<std::string, int32_t> stage_of;
-  const std::vector<ir::NodeId> fwd = ForwardNodes(*g);
-  for (ir::NodeId id : fwd) stage_of[g->node(id).name] = id == fwd.back() ? 0 : 1;
-  absl::StatusOr<StageAssignment> a = AssignByName(*g, 2, stage_of);
-  ASSERT_TRUE(a.ok()) << a.status();
-  absl::StatusOr<PipelineProgram> p = BuildPipelineProgram(*g, *a);
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(p.status().message(), HasSubstr("from the later stage 1"));
-  // A plan naming a node the graph does not have.
-  stage_of["no such node"] = 0;
-  EXPECT_THAT(AssignByName(*g, 2, stage_of).status().message(), HasSubstr("'no such node'"));
 }
 
 // A model exported with a fixed batch (PyTorch without dynamic axes) trains in micro-batches once

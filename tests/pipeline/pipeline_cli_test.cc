@@ -1,7 +1,8 @@
 // `onnxpipe train --stages/--plan/--report` through the built binary: a pipelined run with one
 // micro-batch writes the very metrics of the unpartitioned run; a run from `onnxpipe partition`'s
-// plan reports its measured memory equal to the plan's and writes both traces; bad pipeline flags
-// fail with clear errors.
+// plan reports its measured memory equal to the plan's and writes both traces; --stages K runs the
+// partitioner's plan at K (the same recomputed nodes as --plan); bad pipeline flags fail with
+// clear errors.
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -108,6 +109,46 @@ TEST_F(PipelineCliTest, PlanRunReportsMeasuredMemoryEqualToThePlan) {
   // The predicted trace beside it is the plan's.
   EXPECT_EQ(testing::ReadAll((report / "predicted.trace.json").string()),
             testing::ReadAll((plan / "schedule.trace.json").string()));
+  // The plan is run as written: another schedule is refused, not re-derived.
+  r = Train("--plan " + plan.string() + " --schedule gpipe");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--schedule gpipe but the plan in " + plan.string() + " was made for 1f1b"));
+}
+
+// --recompute selective recomputes the same nodes with --plan (what `onnxpipe partition` wrote) and
+// with --stages K (the partitioner at fixed K, in the trainer): one rule, the partitioner's, which
+// keeps a value another unit's forward reads (so each unit recomputes from what it holds).
+TEST_F(PipelineCliTest, SelectiveRecomputeIsTheSameWithPlanAndWithStages) {
+  const fs::path plan = dir_ / "plan";
+  CommandResult p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_gpt.onnx") +
+                               " --stages 2 --batch 4 --microbatches 2 --seq 32 --schedule gpipe --recompute selective"
+                               " --device cpu --momentum 0.9 --clip-norm 1 --no-onnx --out " + plan.string());
+  ASSERT_EQ(p.exit_code, 0) << p.err << p.out;
+  CommandResult a = Train("--plan " + plan.string() + " --report " + (dir_ / "with_plan").string());
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  CommandResult b = Train("--stages 2 --microbatches 2 --schedule gpipe --recompute selective --report " +
+                          (dir_ / "with_stages").string());
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const nlohmann::json pj = Json(plan / "plan.json"), ma = Json(dir_ / "with_plan" / "measured.json"),
+                       mb = Json(dir_ / "with_stages" / "measured.json");
+  size_t total = 0;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::string> planned;
+    for (const nlohmann::json& r : pj["stages"][s]["recompute_regions"])
+      for (const nlohmann::json& n : r["nodes"]) planned.push_back(n);
+    const auto with_plan = ma["stages"][s]["recompute_nodes"].get<std::vector<std::string>>();
+    const auto with_stages = mb["stages"][s]["recompute_nodes"].get<std::vector<std::string>>();
+    EXPECT_EQ(with_plan, planned) << "stage " << s;
+    EXPECT_EQ(with_stages, planned) << "stage " << s;
+    total += planned.size();
+  }
+  EXPECT_GT(total, 0u);
+  // And the two runs are the same run, bit for bit.
+  ASSERT_EQ(ma["steps"].size(), mb["steps"].size());
+  for (size_t k = 0; k < ma["steps"].size(); ++k) {
+    EXPECT_EQ(ma["steps"][k]["loss"].get<double>(), mb["steps"][k]["loss"].get<double>()) << k;
+    EXPECT_EQ(ma["steps"][k]["grad_norm"].get<double>(), mb["steps"][k]["grad_norm"].get<double>()) << k;
+  }
 }
 
 TEST_F(PipelineCliTest, BadPipelineFlagsAreClearErrors) {
@@ -117,7 +158,7 @@ TEST_F(PipelineCliTest, BadPipelineFlagsAreClearErrors) {
   r = Train("--stages 2 --recompute sometimes");
   EXPECT_THAT(r.err, HasSubstr("unknown recompute policy 'sometimes'"));
   r = Train("--stages 999");
-  EXPECT_THAT(r.err, HasSubstr("some stage would be empty"));
+  EXPECT_THAT(r.err, HasSubstr("--stages 999 is more than this model can be cut into"));
   r = Train("--plan " + (dir_ / "missing").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("plan.json"));

@@ -113,6 +113,10 @@ absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig&
   return trainer.graph();
 }
 
+absl::StatusOr<partitioner::PartitionPlan> ModelFixture::Plan(const RunConfig& c, const ir::Graph& g) const {
+  return PartitionAtFixedStages(g, c.stages, batch_, c.microbatches, c.schedule, c.recompute, "cpu", name_);
+}
+
 absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::Graph* graph) const {
   ir::Graph built;
   if (graph == nullptr) {
@@ -120,19 +124,16 @@ absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::G
     graph = &built;
   }
   const ir::Graph& g = *graph;
-  ASSIGN_OR_RETURN(StageAssignment a, AssignContiguous(g, c.stages, c.cuts));
-  RETURN_IF_ERROR(MarkRecompute(g, c.recompute, &a));
-  RETURN_IF_ERROR(MarkRecomputeByName(g, c.recompute_nodes, &a));
+  ASSIGN_OR_RETURN(const partitioner::PartitionPlan plan, Plan(c, g));
+  ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));
   ExecutorOptions eo;
-  eo.schedule = c.schedule;
-  eo.microbatches = c.microbatches;
   eo.dropout = c.dropout;
   eo.seed = c.seed;
   eo.check_numerics = c.check_numerics;
   eo.node_hook = c.hook;
   eo.recv_timeout_s = c.recv_timeout_s;
   RunResult r;
-  ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, a, eo, c.backend));
+  ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, std::move(compiled), eo, c.backend));
   for (int32_t k = 0; k < c.steps; ++k) {
     ASSIGN_OR_RETURN(PipelineStepResult s, r.executor->Step(Feeds(k, c.lr, c.dtype)));
     r.losses.push_back(s.loss);
@@ -166,12 +167,8 @@ double NormRelDiff(const ir::Tensor& a, const ir::Tensor& b) {
 
 std::string Describe(const RunConfig& c) {
   std::ostringstream os;
-  os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleKindName(c.schedule)
+  os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleName(c.schedule)
      << " recompute=" << RecomputePolicyName(c.recompute);
-  if (!c.cuts.empty()) {
-    os << " cuts=";
-    for (int32_t x : c.cuts) os << x << ",";
-  }
   return os.str();
 }
 

@@ -10,19 +10,23 @@
 
 #include "absl/status/statusor.h"
 #include "executor/pipeline/executor.h"
+#include "executor/pipeline/pipeline_trainer.h"
 #include "executor/train/dataset.h"
 #include "executor/train/trainer.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::pipeline::testing {
 
+using partitioner::RecomputePolicy;
+using partitioner::RecomputePolicyName;
+using partitioner::ScheduleKind;
+using partitioner::ScheduleName;
+
 struct RunConfig {
   ir::DType dtype = ir::DType::kF64;
   int32_t stages = 1, microbatches = 1;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   RecomputePolicy recompute = RecomputePolicy::kNone;
-  std::vector<int32_t> cuts;             // empty: balanced
-  std::vector<std::string> recompute_nodes;  // explicit recompute set (added to the policy's)
   int32_t steps = 3;
   autodiff::OptimizerKind optimizer = autodiff::OptimizerKind::kSGD;
   double lr = 0.05;
@@ -55,6 +59,8 @@ class ModelFixture {
   absl::StatusOr<RunResult> Reference(const RunConfig& c) const;
   // The training graph of one micro-batch (what the pipeline runs).
   absl::StatusOr<ir::Graph> MicrobatchTrainingGraph(const RunConfig& c) const;
+  // The partitioner's plan at c.stages (what `train --stages K` runs).
+  absl::StatusOr<partitioner::PartitionPlan> Plan(const RunConfig& c, const ir::Graph& graph) const;
   // `graph`: MicrobatchTrainingGraph(c) when already built (it depends on dtype, M and the optimizer).
   absl::StatusOr<RunResult> Pipeline(const RunConfig& c, const ir::Graph* graph = nullptr) const;
   // The feeds of step k (B rows of every input).
