@@ -581,19 +581,21 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
     const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
     ASSIGN_OR_RETURN(StageLayout layout, partitioner::PlanStageLayout(sp, in_flight, M, /*alignment=*/64, workspace));
     ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
-    ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena, StageArena::Create(*ex->layouts_.back(), sp.stage, *be));
-    ex->arenas_.push_back(std::move(arena));
     ex->streams_.push_back(be->CreateStream());
+    ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena,
+                     StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
+    ex->arenas_.push_back(std::move(arena));
     ex->uses_.push_back(CountUses(sp));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
-  // except those only read on the host (shape operands, Slice bounds).
-  for (StageProgram& sp : ex->program_.stages) {
+  // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
+  for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
+    StageProgram& sp = ex->program_.stages[s];
     const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
     for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
       std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
       if (!c || backend::ReadOnlyOnHost(*be, sp.graph, uses, v)) continue;
-      ASSIGN_OR_RETURN(*c, be->Upload(*c));
+      ASSIGN_OR_RETURN(*c, be->Upload(*c, ex->streams_[s].get()));
     }
   }
   std::set<ir::ValueId> data;
@@ -659,11 +661,12 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
 
   // The optimizer phase updates each stage's states in place: give every state storage of its own
   // (the training graph's initializers, or tensors another holder or caller shares, are copied).
-  for (StageProgram& sp : program_.stages) {
+  for (size_t s = 0; s < program_.stages.size(); ++s) {
+    StageProgram& sp = program_.stages[s];
     for (const ir::Graph::StateUpdate& u : sp.state_updates) {
       std::optional<ir::Tensor>& c = sp.graph.value(u.state).constant;
       if (!c || c->SoleOwner()) continue;
-      ASSIGN_OR_RETURN(*c, backend_->Clone(*c));
+      ASSIGN_OR_RETURN(*c, backend_->Clone(*c, streams_[s].get()));
     }
   }
   auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s);
@@ -718,7 +721,11 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
 }
 
 ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
-  absl::StatusOr<ir::Tensor> h = backend_->ToHost(t);
+  // After the stages' work on it (a state set by SetState is cloned on its stage's stream).
+  absl::Status synced = absl::OkStatus();
+  for (const std::unique_ptr<backend::Stream>& s : streams_)
+    if (s != nullptr && synced.ok()) synced = s->Synchronize();
+  absl::StatusOr<ir::Tensor> h = synced.ok() ? backend_->ToHost(t) : absl::StatusOr<ir::Tensor>(synced);
   if (!h.ok()) {  // the device failed: no state can be trusted any more
     std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n", std::string(h.status().message()).c_str());
     std::abort();
@@ -766,7 +773,9 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
     return out + ")";
   };
   std::vector<ir::Value*> holders;
-  for (StageProgram& sp : program_.stages) {
+  std::vector<backend::Stream*> holder_streams;
+  for (size_t s = 0; s < program_.stages.size(); ++s) {
+    StageProgram& sp = program_.stages[s];
     const ir::ValueId v = sp.graph.FindValue(name);
     if (v == ir::kNoValue || !sp.graph.value(v).constant) continue;
     const ir::Tensor& held = *sp.graph.value(v).constant;
@@ -775,11 +784,12 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
                                 << ", not " << describe(value);
     }
     holders.push_back(&sp.graph.value(v));
+    holder_streams.push_back(streams_[s].get());
   }
   // A copy per holder: the optimizer phase updates each stage's states in place.
   std::vector<ir::Tensor> copies;
   for (size_t i = 0; i < holders.size(); ++i) {
-    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value));
+    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, holder_streams[i]));
     copies.push_back(std::move(c));
   }
   for (size_t i = 0; i < holders.size(); ++i) holders[i]->constant = std::move(copies[i]);

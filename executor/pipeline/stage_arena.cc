@@ -12,25 +12,27 @@ using partitioner::MemoryRegion;
 
 using ir::AlignUp;
 
-// `bytes` of the backend's memory, every byte 0xFF.
-absl::StatusOr<std::shared_ptr<uint8_t>> Filled(const backend::Backend& be, int64_t bytes) {
+// `bytes` of the backend's memory, every byte 0xFF (filled on `stream`).
+absl::StatusOr<std::shared_ptr<uint8_t>> Filled(const backend::Backend& be, int64_t bytes, backend::Stream* stream) {
   ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> b, be.Allocate(bytes));
-  if (bytes > 0) RETURN_IF_ERROR(be.Fill(ir::Tensor::View(ir::DType::kU8, {bytes}, b, 0, be.placement()), 0xFF));
+  if (bytes > 0) {
+    RETURN_IF_ERROR(be.Fill(ir::Tensor::View(ir::DType::kU8, {bytes}, b, 0, be.placement()), 0xFF, stream));
+  }
   return b;
 }
 
 }  // namespace
 
-StageArena::StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be)
-    : layout_(layout), stage_(stage), backend_(be), slot_owner_(layout.in_flight, -1) {}
+StageArena::StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be, backend::Stream* stream)
+    : layout_(layout), stage_(stage), backend_(be), stream_(stream), slot_owner_(layout.in_flight, -1) {}
 
 absl::StatusOr<std::unique_ptr<StageArena>> StageArena::Create(const StageLayout& layout, int32_t stage,
-                                                               const backend::Backend& be) {
-  std::unique_ptr<StageArena> a(new StageArena(layout, stage, be));
-  ASSIGN_OR_RETURN(a->saved_, Filled(be, layout.saved_region * layout.in_flight));
-  ASSIGN_OR_RETURN(a->transient_, Filled(be, layout.transient));
-  ASSIGN_OR_RETURN(a->accumulators_, Filled(be, layout.accumulators));
-  ASSIGN_OR_RETURN(a->workspace_, Filled(be, layout.workspace));
+                                                               const backend::Backend& be, backend::Stream* stream) {
+  std::unique_ptr<StageArena> a(new StageArena(layout, stage, be, stream));
+  ASSIGN_OR_RETURN(a->saved_, Filled(be, layout.saved_region * layout.in_flight, stream));
+  ASSIGN_OR_RETURN(a->transient_, Filled(be, layout.transient, stream));
+  ASSIGN_OR_RETURN(a->accumulators_, Filled(be, layout.accumulators, stream));
+  ASSIGN_OR_RETURN(a->workspace_, Filled(be, layout.workspace, stream));
   return a;
 }
 
@@ -96,7 +98,7 @@ absl::StatusOr<ir::Tensor> StageArena::Slot(ir::ValueId v, int32_t m, ir::DType 
   const std::shared_ptr<uint8_t>& buffer =
       vm.region == MemoryRegion::kGradients ? accumulators_ : vm.offset < layout_.saved_region ? saved_ : transient_;
   ir::Tensor t = ir::Tensor::View(dtype, dims, buffer, at - buffer.get(), backend_.placement());
-  if (zero && vm.bytes > 0) RETURN_IF_ERROR(backend_.Fill(t, 0));
+  if (zero && vm.bytes > 0) RETURN_IF_ERROR(backend_.Fill(t, 0, stream_));
   return t;
 }
 

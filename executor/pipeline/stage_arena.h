@@ -37,8 +37,11 @@ struct StageArenaStats {
 
 class StageArena : public ir::OutputAllocator {
  public:
+  // Fills (the initial poison, zeroed slots) are issued on `stream`, the stage's, in order with its
+  // kernels.
   static absl::StatusOr<std::unique_ptr<StageArena>> Create(const StageLayout& layout, int32_t stage,
-                                                            const backend::Backend& be);
+                                                            const backend::Backend& be,
+                                                            backend::Stream* stream);
 
   absl::Status Acquire(int32_t microbatch);
   void Release(int32_t microbatch);
@@ -66,13 +69,14 @@ class StageArena : public ir::OutputAllocator {
   void ResetStats() { stats_ = StageArenaStats(); }
 
  private:
-  StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be);
+  StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be, backend::Stream* stream);
   absl::StatusOr<ir::Tensor> Output(const ir::Node& node, int index, ir::DType dtype, const std::vector<int64_t>& dims,
                                     bool zero);
 
   const StageLayout& layout_;
   const int32_t stage_;
   const backend::Backend& backend_;
+  backend::Stream* stream_;
   std::shared_ptr<uint8_t> saved_, transient_, accumulators_, workspace_;
   std::vector<int32_t> slot_owner_;  // micro-batch holding each saved slot, -1 when free
   std::vector<int32_t> slot_of_;     // saved slot of each micro-batch, -1 when none
