@@ -4,6 +4,7 @@
 #include <regex>
 #include <set>
 
+#include "frontend/autodiff/trainable.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -50,10 +51,10 @@ ordered_json DescribeValues(const ir::Graph& g, const std::vector<ir::ValueId>& 
 }
 
 // Parameters: float initializers on which a float graph output depends through float values
-// only (a mask buffer read through Equal reaches the outputs as bool, so it is not one). Each is
-// counted once even when several nodes use it (tied weights) and attributed to the layer of its
-// first consumer.
-ordered_json DescribeParameters(const ir::Graph& g) {
+// only (a mask buffer read through Equal reaches the outputs as bool, so it is not one) and that the
+// trainable-parameter rule does not freeze (`frozen`). Each is counted once even when several nodes
+// use it (tied weights) and attributed to the layer of its first consumer.
+ordered_json DescribeParameters(const ir::Graph& g, const std::set<ir::ValueId>& frozen) {
   int64_t count = 0, bytes = 0, tensors = 0, shared = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> per_scope;
   std::vector<ir::NodeId> first_use(g.num_values(), -1);
@@ -81,7 +82,7 @@ ordered_json DescribeParameters(const ir::Graph& g) {
   }
   for (ir::ValueId v = 0; v < g.num_values(); ++v) {
     const ir::Value& val = g.value(v);
-    if (!val.is_initializer || !reaches[v] || first_use[v] < 0) continue;
+    if (!val.is_initializer || !reaches[v] || first_use[v] < 0 || frozen.count(v)) continue;
     const int64_t n = val.constant->num_elements(), b = val.constant->num_bytes();
     count += n;
     bytes += b;
@@ -96,6 +97,23 @@ ordered_json DescribeParameters(const ir::Graph& g) {
     scopes.push_back({{"scope", scope}, {"count", cb.first}, {"bytes", cb.second}});
   return {{"count", count},   {"bytes", bytes}, {"tensors", tensors},
           {"shared_tensors", shared}, {"per_scope", scopes}};
+}
+
+// The trainable-parameter rule's decisions on the imported graph: the frozen float initializers with
+// their reason, and the integer/bool ones counted.
+ordered_json DescribeFrozen(const ir::Graph& g, const autodiff::TrainableReport& report) {
+  ordered_json frozen = ordered_json::array();
+  int64_t non_float = 0;
+  for (const autodiff::InitializerDecision& d : report.decisions) {
+    if (d.reason == autodiff::FreezeReason::kNonFloat) {
+      ++non_float;
+    } else if (!d.trainable) {
+      frozen.push_back({{"name", g.value(d.value).name}, {"reason", autodiff::FreezeReasonKey(d.reason)}});
+    }
+  }
+  ordered_json summary = ordered_json::array();
+  for (const std::string& line : report.SummaryLines(g)) summary.push_back(line);
+  return {{"trained", report.num_trainable()}, {"frozen", frozen}, {"non_float", non_float}, {"summary", summary}};
 }
 
 ordered_json Histogram(const std::map<std::string, int64_t>& h) {
@@ -144,6 +162,12 @@ void PrintText(const ordered_json& j) {
   std::printf("\n");
   PrintHistogram("op histogram (file)", j["op_histogram"]);
   if (j.contains("fused_op_histogram")) PrintHistogram("op histogram (fused)", j["fused_op_histogram"]);
+  if (j.contains("trainable")) {
+    const auto& t = j["trainable"];
+    std::printf("trained initializers %lld; not trained:%s\n", (long long)t["trained"].get<int64_t>(),
+                t["summary"].empty() ? " none" : "");
+    for (const auto& line : t["summary"]) std::printf("  %s\n", line.get<std::string>().c_str());
+  }
   if (j.contains("parameters")) {
     const auto& p = j["parameters"];
     std::printf("parameters %lld (%s) in %lld tensors, %lld shared by several nodes\n",
@@ -215,7 +239,15 @@ int RunInspect(const Args& args) {
     j["nodes_after_fusion"] = model->graph->num_live_nodes();
     j["fused_op_histogram"] = Histogram(OpHistogram(*model->graph));
   }
-  if (model->imported) j["parameters"] = DescribeParameters(*model->imported);
+  if (model->imported) {
+    absl::StatusOr<autodiff::TrainableReport> report = autodiff::DecideTrainable(*model->imported);
+    if (!report.ok()) return Fail("inspect", std::string(report.status().message()));
+    std::set<ir::ValueId> frozen;
+    for (const autodiff::InitializerDecision& d : report->decisions)
+      if (!d.trainable) frozen.insert(d.value);
+    j["trainable"] = DescribeFrozen(*model->imported, *report);
+    j["parameters"] = DescribeParameters(*model->imported, frozen);
+  }
   j["unsupported_ops"] = ordered_json::array();
   for (const auto& u : s.unsupported)
     j["unsupported_ops"].push_back({{"node", u.node_name}, {"op", u.op_type}, {"domain", u.domain}});

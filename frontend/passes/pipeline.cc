@@ -4,6 +4,7 @@
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_fusion.h"
 #include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/freeze_buffers.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
@@ -18,6 +19,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
   if (options.verify) RETURN_IF_ERROR(Annotate(ir::Verify(*g), "graph invalid before the forward pipeline"));
   PassPipeline pipeline("forward");
   pipeline.set_verify(options.verify);
+  pipeline.AddPass<FreezeBuffers>();
   pipeline.AddPass<UpcastHalfPrecision>();
   pipeline.AddPass<TieTransposedInitializers>();
   if (options.fold) {
