@@ -225,6 +225,7 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLogSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLayerNormGrad, LayerNormGradRule);
+  SetRule(t, OpKind::kRMSNormGrad, LayerNormGradRule);  // dX like X, dScale like scale
   SetRule(t, OpKind::kAttentionGrad, AttentionGradRule);
   SetRule(t, OpKind::kSoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyLossGradRule);
 }

@@ -8,6 +8,7 @@
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
+#include "frontend/passes/rms_norm_fusion.h"
 #include "frontend/passes/pass.h"
 #include "frontend/passes/tie_transposed_initializers.h"
 #include "frontend/passes/upcast_half_precision.h"
@@ -30,6 +31,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
   if (options.fuse) {
     pipeline.AddPass<LinearFusion>();
     pipeline.AddPass<LayerNormFusion>();
+    pipeline.AddPass<RMSNormFusion>();
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
   }

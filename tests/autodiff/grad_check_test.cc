@@ -193,6 +193,12 @@ std::vector<GradCase> ReduceNormCases() {
       return V{t.Op(OpKind::kLayerNorm, ins, nout, MakeAttrs({{"axis", axis}, {"epsilon", 1e-5}}))[0]};
     };
   };
+  auto rms_norm = [](std::vector<int64_t> x, std::vector<int64_t> s, int64_t axis, int nout) {
+    return [=](TestGraph& t) {
+      V ins = {t.Param("x", x, -2, 2), t.Param("scale", s, 0.5, 1.5)};
+      return V{t.Op(OpKind::kRMSNorm, ins, nout, MakeAttrs({{"axis", axis}, {"epsilon", 1e-5}}))[0]};
+    };
+  };
   return {
       {"ReduceSum_axis1_keepdims", reduce(OpKind::kReduceSum, {2, 3, 4}, Axes({1}, 1))},
       {"ReduceSum_axes02", reduce(OpKind::kReduceSum, {2, 3, 4}, Axes({0, 2}, 0))},
@@ -209,6 +215,16 @@ std::vector<GradCase> ReduceNormCases() {
       {"LayerNorm_no_bias", layer_norm({4, 6}, {6}, false, -1, 1)},
       {"LayerNorm_axis_minus2", layer_norm({2, 3, 4}, {3, 4}, true, -2, 1)},
       {"LayerNorm_saved_stats", layer_norm({3, 5}, {5}, true, 1, 3)},
+      {"RMSNorm_last", rms_norm({2, 3, 5}, {5}, -1, 1)},
+      {"RMSNorm_axis_minus2", rms_norm({2, 3, 4}, {3, 4}, -2, 1)},
+      {"RMSNorm_broadcast_scale", rms_norm({3, 4}, {1}, -1, 1)},
+      {"RMSNorm_saved_inv_std", rms_norm({3, 5}, {5}, 1, 2)},
+      // Only the scale needs a gradient (the input is a frozen embedding): no dX.
+      {"RMSNorm_frozen_input", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kRMSNorm, {t.ConstF("x", {3, 5}, -2, 2), t.Param("scale", {5}, 0.5, 1.5)})}; }},
+      {"LayerNorm_frozen_input", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kLayerNorm, {t.ConstF("x", {3, 5}, -2, 2), t.Param("scale", {5}, 0.5, 1.5),
+                                             t.Param("bias", {5})})}; }},
       {"Gelu_erf", [](TestGraph& t) {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {3, 4}, -3, 3)}, MakeAttrs({{"approximate", std::string("none")}}))}; }},
       {"Gelu_tanh", [](TestGraph& t) {

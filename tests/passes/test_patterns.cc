@@ -39,6 +39,46 @@ LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant&
 }
 
 
+RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v) {
+  const Dim B = Dim::Symbol("B"), S = v.two_axes ? Dim(4) : Dim::Symbol("S");
+  const ir::Shape full = {B, S, Dim(16)};
+  const ir::Shape reduced = v.two_axes ? ir::Shape{B, Dim(1), Dim(1)}
+                                       : v.middle_axis ? ir::Shape{B, Dim(1), Dim(16)} : ir::Shape{B, S, Dim(1)};
+  const std::vector<int64_t> axes = v.two_axes ? std::vector<int64_t>{-2, -1} : std::vector<int64_t>{v.middle_axis ? 1 : -1};
+  RMSNormGraph out;
+  out.x = b.Input("x", full);
+  const ir::Attrs to_f32 = MakeAttrs({{"to", std::string("f32")}});
+  const ValueId xf = v.casts ? b.Op(OpKind::kCast, {out.x}, full, to_f32) : out.x;
+  const ValueId xs = v.other_square ? b.Op(OpKind::kNeg, {xf}, full) : xf;
+  const ValueId p = v.square_as_mul ? b.Op(OpKind::kMul, {xs, xs}, full) : b.Op(OpKind::kPow, {xs, b.Scalar(2.0f)}, full);
+  const ValueId ms = b.Op(OpKind::kReduceMean, {p}, reduced, MakeAttrs({{"axes", axes}}));
+  if (v.extra_mean_use) b.Output(ms);
+  const ValueId eps = v.eps_parameter ? b.Param("eps", {}) : b.Scalar(1e-6f);
+  const ValueId s = b.Op(OpKind::kAdd, {ms, eps}, reduced);
+  ValueId n = ir::kNoValue;
+  switch (v.rsqrt) {
+    case RMSNormVariant::kReciprocalSqrt:
+      n = b.Op(OpKind::kMul, {xf, b.Op(OpKind::kReciprocal, {b.Op(OpKind::kSqrt, {s}, reduced)}, reduced)}, full);
+      break;
+    case RMSNormVariant::kDivOneBySqrt:
+      n = b.Op(OpKind::kMul, {b.Op(OpKind::kDiv, {b.Scalar(1.0f), b.Op(OpKind::kSqrt, {s}, reduced)}, reduced), xf}, full);
+      break;
+    case RMSNormVariant::kPowMinusHalf:
+      n = b.Op(OpKind::kMul, {xf, b.Op(OpKind::kPow, {s, b.Scalar(-0.5f)}, reduced)}, full);
+      break;
+    case RMSNormVariant::kDivBySqrt:
+      n = b.Op(OpKind::kDiv, {xf, b.Op(OpKind::kSqrt, {s}, reduced)}, full);
+      break;
+  }
+  if (v.casts) n = b.Op(OpKind::kCast, {n}, full, to_f32);
+  out.weight = v.two_axes ? b.Param("norm.weight", {4, 16}) : b.Param("norm.weight", {16});
+  const ValueId y = b.Op(OpKind::kMul, v.weight_first ? std::vector<ValueId>{out.weight, n} : std::vector<ValueId>{n, out.weight},
+                         full);
+  out.y = b.Op(OpKind::kRelu, {y}, full);
+  b.Output(out.y);
+  return out;
+}
+
 // Builds y = gelu(x) in the requested form; returns {x, y}.
 std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o) {
   ValueId in = b.Input("in", kGeluShape);

@@ -37,6 +37,25 @@ struct LayerNormGraph {
 // The opset < 17 export of nn.LayerNorm(16, eps=1e-5) on a (B, S, 16) input, output through a Relu.
 LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant& v);
 
+struct RMSNormVariant {
+  enum Rsqrt { kReciprocalSqrt, kDivOneBySqrt, kPowMinusHalf, kDivBySqrt } rsqrt = kReciprocalSqrt;
+  bool square_as_mul = false;   // Mul(x, x) instead of Pow(x, 2)
+  bool casts = false;           // Llama: x.to(float32) read by both, the result cast back
+  bool weight_first = true;     // Mul(weight, n) as Llama writes it
+  bool two_axes = false;        // normalise the last two dims (x (B, 4, 16), weight (4, 16))
+  bool eps_parameter = false;   // negative: eps is a trainable initializer
+  bool extra_mean_use = false;  // negative: the mean of squares has another consumer
+  bool other_square = false;    // negative: the square reads another value than the normalisation
+  bool middle_axis = false;     // negative: the mean is over a dim that is not trailing
+};
+
+struct RMSNormGraph {
+  ValueId x, weight, y;
+};
+
+// LlamaRMSNorm(16, eps=1e-6) on a (B, S, 16) input as torch's exporters write it, output through a Relu.
+RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v);
+
 inline const ir::Shape kGeluShape = {ir::Dim::Symbol("B"), ir::Dim(8)};
 
 enum class GeluForm {
