@@ -67,9 +67,11 @@
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
 // - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
-// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV. Recomputes
+// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV, dMask?. Recomputes
 //   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
 //   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
+//   dMask (an additive mask's gradient, in the mask's shape: the scores' gradient summed over the
+//   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
@@ -184,7 +186,7 @@ constexpr int kVariadic = 1 << 20;
   V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3)              \
   V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2)                  \
   V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1)                  \
-  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 3)              \
+  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4)              \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1) \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1)            \
   V(ClipScale, "ClipScale", 1, 1, 1, 1)                      \

@@ -252,6 +252,13 @@ std::vector<GradCase> AttentionCases() {
                                               return t.ConstB("mask", {2, 1, 1, 5},
                                                               {true, true, false, true, true, false, true, true, true, false});
                                             })},
+      // A learned additive bias (T5's relative positions): dMask, full and broadcast over the batch/queries.
+      {"Attention_learned_bias", attn({2, 3, 4}, {2, 5, 4}, {2, 5, 2}, MakeAttrs({}),
+                                      [](TestGraph& t) { return t.Param("bias", {2, 3, 5}, -1, 1); })},
+      {"Attention_learned_bias_bcast", attn({2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}, MakeAttrs({{"causal", int64_t{1}}}),
+                                            [](TestGraph& t) { return t.Param("bias", {2, 1, 5}, -1, 1); })},
+      {"Attention_learned_bias_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}),
+                                              [](TestGraph& t) { return t.Param("bias", {4, 6}, -1, 1); })},
       {"Attention_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}), nullptr)},
       {"Attention_dropout_causal", attn({2, 5, 4}, {2, 5, 4}, {2, 5, 4},
                                         MakeAttrs({{"dropout", 0.2}, {"causal", int64_t{1}}}), nullptr)},

@@ -13,7 +13,10 @@ against the PyTorch references stored beside it:
      that no graph rule can tell from a parameter, which the training runs freeze with --freeze;
   4. `onnxpipe train` (dropout off, no --freeze but for the freeze-by-flag names) gives PyTorch's per-step losses
      for SGD with momentum and AdamW, 1e-7 relative in fp64 (--fp64-loss-tol) and 1e-4 in fp32;
-  5. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
+  5. `onnxpipe inspect` at the training batch and sequence length fuses one Attention per attention block (one per
+     layer; an encoder-decoder's decoder layers have two, self and cross) and leaves no Softmax, and lists the fused
+     ops per layer with one Attention in each layer that has attention;
+  6. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
      fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums).
 
   /usr/bin/python3 tests/conformance/zoo_test.py --onnxpipe BUILD/tools/onnxpipe tests/data/zoo/llama_o17_fixed
@@ -132,6 +135,39 @@ def check_forward(c, exe, model, side, folder, tmp):
             c.check(f"{name} equals PyTorch ({dtype}, tol {tol:g})", err_rel <= tol, f"max error {err_rel:.3g}")
 
 
+# (encoder layers, decoder layers) of the encoder-decoder families models/export_hf.py builds.
+HF_ENCODER_DECODER_LAYERS = {"bart": (1, 1), "t5": (1, 1)}
+
+
+def attention_blocks(side):
+    """(attention blocks, attention blocks per layer that has any) of the model a sidecar describes."""
+    layers = side["config"]["layers"]
+    if side.get("family") in HF_ENCODER_DECODER_LAYERS:
+        enc, dec = HF_ENCODER_DECODER_LAYERS[side["family"]]
+        return enc + 2 * dec, {1, 2}
+    if side.get("arch") == "seq2seq":  # export_zoo.py: nn.Transformer with `layers` encoder and decoder layers
+        return 3 * layers, {1, 2}
+    return layers, {1}
+
+
+def check_fusion(c, exe, model, side):
+    blocks, per_layer = attention_blocks(side)
+    cmd = [exe, "inspect", model, "--json"]
+    if side.get("dynamic", True):
+        cmd += ["--batch", str(side["train"]["batch"]), "--seq", str(side["config"]["seq"])]
+    rc, out, err = run(cmd)
+    if not c.check("inspect at the training shape", rc == 0, err.strip()[-2000:]):
+        return
+    info = json.loads(out)
+    hist = info["fused_op_histogram"]
+    c.check(f"one fused Attention per attention block ({blocks})", hist.get("Attention", 0) == blocks,
+            f"Attention {hist.get('Attention', 0)}, Softmax {hist.get('Softmax', 0)}")
+    c.check("no Softmax left unfused", hist.get("Softmax", 0) == 0, f"Softmax {hist.get('Softmax', 0)}")
+    counts = [row["ops"].get("Attention", 0) for row in info["fused_per_layer"]]
+    c.check("inspect's per-layer fused counts hold the attention blocks",
+            sum(counts) == blocks and {n for n in counts if n} <= per_layer, str(info["fused_per_layer"]))
+
+
 PIPELINE_TOL = 1e-12
 
 
@@ -229,6 +265,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(prefix="zoo_") as tmp:
             check_inspect(c, a.onnxpipe, model, side, by_flag)
             if c.failed == 0:
+                check_fusion(c, a.onnxpipe, model, side)
                 check_forward(c, a.onnxpipe, model, side, folder, tmp)
                 check_training(c, a.onnxpipe, model, side, folder, tmp, by_flag)
                 if a.pipeline_stages:

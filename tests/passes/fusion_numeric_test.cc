@@ -94,6 +94,13 @@ TEST(FusionNumericTest, RMSNorm) {
   }
 }
 
+TEST(FusionNumericTest, DynamoSdpaAttention) {
+  GraphBuilder b;
+  BuildDynamoSdpa(b);
+  AttentionFusion pass;
+  ExpectEquivalent(b.graph(), pass, OpKind::kAttention);
+}
+
 TEST(FusionNumericTest, Gelu) {
   for (GeluForm form : {GeluForm::kErfExporter, GeluForm::kErfHalfFirst, GeluForm::kErfMulRsqrt2,
                         GeluForm::kTanhExporter, GeluForm::kTanhPow}) {

@@ -79,6 +79,43 @@ RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v) {
   return out;
 }
 
+DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale) {
+  const Dim B = Dim(2), H = Dim(4), KVH = Dim(2), S = Dim(kS), Dh = Dim(4);
+  DynamoSdpaGraph out;
+  ir::Graph& g = b.graph();
+  auto frozen_scalar = [&](const std::string& name, float v, bool frozen) {
+    const ValueId id = g.AddConstant(name, Tensor::FromVector<float>({}, {v}), /*is_initializer=*/true);
+    if (frozen) g.value(id).param_state = ir::ParamState::kFrozen;
+    return id;
+  };
+  out.q = b.Input("q", {B, H, S, Dh});
+  const ValueId k = b.Input("k", {B, KVH, S, Dh}), v = b.Input("v", {B, KVH, S, Dh});
+  const ValueId keep = b.Input("keep", {B, Dim(1), S, S}, DType::kBool);
+  auto repeat_kv = [&](ValueId x) {
+    const ValueId u = b.Op(OpKind::kUnsqueeze, {x}, {B, KVH, Dim(1), S, Dh}, MakeAttrs({{"axes", std::vector<int64_t>{2}}}));
+    const ValueId e = b.Op(OpKind::kExpand, {u, b.IntVec({2, 2, 2, kS, 4})}, {B, KVH, Dim(2), S, Dh});
+    return b.Op(OpKind::kReshape, {e, b.IntVec({2, 4, kS, 4})}, {B, H, S, Dh});
+  };
+  out.k_heads = repeat_kv(k);
+  out.v_heads = repeat_kv(v);
+  const ValueId flat = b.Op(OpKind::kReshape, {out.k_heads, b.IntVec({-1, kS, 4})}, {B * H, S, Dh});
+  const ValueId flat_t = b.Op(OpKind::kTranspose, {flat}, {B * H, Dh, S}, Perm({0, 2, 1}));
+  const ValueId kt = b.Op(OpKind::kReshape, {flat_t, b.IntVec({2, 4, 4, kS})}, {B, H, Dh, S});
+  const ValueId scale = frozen_scalar("val_147", out.sqrt_scale, !trainable_scale);
+  const ValueId qs = b.Op(OpKind::kMul, {out.q, scale}, {B, H, S, Dh});
+  const ValueId kts = b.Op(OpKind::kMul, {kt, scale}, {B, H, Dh, S});
+  const ValueId zero = frozen_scalar("val_151", 0.0f, true);
+  out.mask = b.Op(OpKind::kWhere, {keep, zero, frozen_scalar("val_152", -3.4028234663852886e38f, true)},
+                  {B, Dim(1), S, S});
+  const ValueId s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMatMul, {qs, kts}, {B, H, S, S}), out.mask}, {B, H, S, S});
+  const ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S});
+  const ValueId nan = b.Op(OpKind::kIsNaN, {p}, {B, H, S, S}, {}, DType::kBool);
+  const ValueId guarded = b.Op(OpKind::kWhere, {nan, zero, p}, {B, H, S, S});
+  out.out = b.Op(OpKind::kMatMul, {guarded, out.v_heads}, {B, H, S, Dh});
+  b.Output(out.out);
+  return out;
+}
+
 // Builds y = gelu(x) in the requested form; returns {x, y}.
 std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o) {
   ValueId in = b.Input("in", kGeluShape);

@@ -103,6 +103,18 @@ struct MhaGraph {
 
 MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o);
 
+// Llama's SDPA attention as torch's dynamo exporter writes it (opset 18): Q and K^T each scaled by
+// sqrt(1/sqrt(Dh)) (a rank-0 initializer the trainable-parameter rule freezes), K^T through a
+// flattening (Reshape (B*H, S, Dh) -> Transpose [0, 2, 1] -> Reshape (B, H, Dh, S)), K and V
+// expanded from KVH = 2 to H = 4 heads (Unsqueeze, Expand, Reshape), the additive mask
+// Where(keep, 0, finfo.min) of frozen rank-0 initializers, and the NaN guard after the softmax.
+// B = 2, S = kS, Dh = 4. `trainable_scale`: the scale initializer is left undecided (a parameter).
+struct DynamoSdpaGraph {
+  ValueId q, k_heads, v_heads, mask, out;
+  float sqrt_scale = 0.70710677f;
+};
+DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale = false);
+
 // GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
 // with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
 struct GptOptions {
