@@ -4,6 +4,7 @@
 #include <regex>
 #include <set>
 
+#include "frontend/autodiff/trainable.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -50,10 +51,10 @@ ordered_json DescribeValues(const ir::Graph& g, const std::vector<ir::ValueId>& 
 }
 
 // Parameters: float initializers on which a float graph output depends through float values
-// only (a mask buffer read through Equal reaches the outputs as bool, so it is not one). Each is
-// counted once even when several nodes use it (tied weights) and attributed to the layer of its
-// first consumer.
-ordered_json DescribeParameters(const ir::Graph& g) {
+// only (a mask buffer read through Equal reaches the outputs as bool, so it is not one) and that the
+// trainable-parameter rule does not freeze (`frozen`). Each is counted once even when several nodes
+// use it (tied weights) and attributed to the layer of its first consumer.
+ordered_json DescribeParameters(const ir::Graph& g, const std::set<ir::ValueId>& frozen) {
   int64_t count = 0, bytes = 0, tensors = 0, shared = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> per_scope;
   std::vector<ir::NodeId> first_use(g.num_values(), -1);
@@ -81,7 +82,7 @@ ordered_json DescribeParameters(const ir::Graph& g) {
   }
   for (ir::ValueId v = 0; v < g.num_values(); ++v) {
     const ir::Value& val = g.value(v);
-    if (!val.is_initializer || !reaches[v] || first_use[v] < 0) continue;
+    if (!val.is_initializer || !reaches[v] || first_use[v] < 0 || frozen.count(v)) continue;
     const int64_t n = val.constant->num_elements(), b = val.constant->num_bytes();
     count += n;
     bytes += b;
@@ -96,6 +97,83 @@ ordered_json DescribeParameters(const ir::Graph& g) {
     scopes.push_back({{"scope", scope}, {"count", cb.first}, {"bytes", cb.second}});
   return {{"count", count},   {"bytes", bytes}, {"tensors", tensors},
           {"shared_tensors", shared}, {"per_scope", scopes}};
+}
+
+// The trainable-parameter rule's decisions on the imported graph: the frozen float initializers with
+// their reason, and the integer/bool ones counted.
+ordered_json DescribeFrozen(const ir::Graph& g, const autodiff::TrainableReport& report) {
+  ordered_json frozen = ordered_json::array();
+  int64_t non_float = 0;
+  for (const autodiff::InitializerDecision& d : report.decisions) {
+    if (d.reason == autodiff::FreezeReason::kNonFloat) {
+      ++non_float;
+    } else if (!d.trainable) {
+      frozen.push_back({{"name", g.value(d.value).name}, {"reason", autodiff::FreezeReasonKey(d.reason)}});
+    }
+  }
+  ordered_json summary = ordered_json::array();
+  for (const std::string& line : report.SummaryLines(g)) summary.push_back(line);
+  return {{"trained", report.num_trainable()}, {"frozen", frozen}, {"non_float", non_float}, {"summary", summary}};
+}
+
+// Fused ops per layer of the fused graph. A node's layer is its scope's (LayerScope); torch.export
+// leaves nodes without scopes, so a scopeless node takes the layer of a parameter it reads when that
+// name has an index ("m.model.layers.1.input_layernorm.weight" -> "m.model.layers.1"), a node
+// between two nodes of one layer takes that layer, and any other the layer of its first input's
+// producer.
+ordered_json FusedPerLayer(const ir::Graph& g) {
+  static const std::set<ir::OpKind> fused = {ir::OpKind::kAttention, ir::OpKind::kLayerNorm, ir::OpKind::kRMSNorm,
+                                             ir::OpKind::kGelu, ir::OpKind::kLinear};
+  static const std::regex indexed_param(R"(^(.*?[._]\d+)[._].*$)");
+  const std::vector<ir::NodeId> order = g.LiveNodes();
+  std::vector<std::string> layer(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const ir::Node& n = g.node(order[i]);
+    layer[i] = n.scope.empty() ? "" : LayerScope(n.scope);
+    if (!layer[i].empty()) continue;
+    for (ir::ValueId v : n.inputs) {
+      std::smatch m;
+      if (v != ir::kNoValue && g.value(v).is_initializer && std::regex_match(g.value(v).name, m, indexed_param)) {
+        layer[i] = m[1];
+        break;
+      }
+    }
+  }
+  std::vector<std::string> next(order.size() + 1);
+  for (size_t i = order.size(); i-- > 0;) next[i] = layer[i].empty() ? next[i + 1] : layer[i];
+  std::string prev;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (layer[i].empty() && !prev.empty() && next[i] == prev) layer[i] = prev;
+    if (!layer[i].empty()) prev = layer[i];
+  }
+  // Still unknown: the layer of the first input's producer that has one (an encoder's attention
+  // between unnamed projections takes its Q projection's layer).
+  std::map<ir::NodeId, size_t> position;
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!layer[i].empty()) continue;
+    for (ir::ValueId v : g.node(order[i]).inputs) {
+      if (v == ir::kNoValue || g.value(v).producer == ir::kNoNode) continue;
+      auto it = position.find(g.value(v).producer);
+      if (it != position.end() && !layer[it->second].empty()) {
+        layer[i] = layer[it->second];
+        break;
+      }
+    }
+  }
+  ordered_json out = ordered_json::array();
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const ir::OpKind op = g.node(order[i]).op;
+    if (!fused.count(op)) continue;
+    const std::string key = layer[i].empty() ? "(top)" : layer[i];
+    auto [it, added] = index.emplace(key, out.size());
+    if (added) out.push_back({{"layer", key}, {"ops", ordered_json::object()}});
+    ordered_json& ops = out[it->second]["ops"];
+    const std::string name(ir::OpName(op));
+    ops[name] = ops.value(name, int64_t{0}) + 1;
+  }
+  return out;
 }
 
 ordered_json Histogram(const std::map<std::string, int64_t>& h) {
@@ -144,6 +222,20 @@ void PrintText(const ordered_json& j) {
   std::printf("\n");
   PrintHistogram("op histogram (file)", j["op_histogram"]);
   if (j.contains("fused_op_histogram")) PrintHistogram("op histogram (fused)", j["fused_op_histogram"]);
+  if (j.contains("fused_per_layer") && !j["fused_per_layer"].empty()) {
+    std::printf("fused ops per layer\n");
+    for (const auto& l : j["fused_per_layer"]) {
+      std::string ops;
+      for (const auto& [op, n] : l["ops"].items()) ops += (ops.empty() ? "" : ", ") + op + " " + std::to_string(n.get<int64_t>());
+      std::printf("  %-40s %s\n", l["layer"].get<std::string>().c_str(), ops.c_str());
+    }
+  }
+  if (j.contains("trainable")) {
+    const auto& t = j["trainable"];
+    std::printf("trained initializers %lld; not trained:%s\n", (long long)t["trained"].get<int64_t>(),
+                t["summary"].empty() ? " none" : "");
+    for (const auto& line : t["summary"]) std::printf("  %s\n", line.get<std::string>().c_str());
+  }
   if (j.contains("parameters")) {
     const auto& p = j["parameters"];
     std::printf("parameters %lld (%s) in %lld tensors, %lld shared by several nodes\n",
@@ -214,8 +306,17 @@ int RunInspect(const Args& args) {
   if (model->graph) {
     j["nodes_after_fusion"] = model->graph->num_live_nodes();
     j["fused_op_histogram"] = Histogram(OpHistogram(*model->graph));
+    j["fused_per_layer"] = FusedPerLayer(*model->graph);
   }
-  if (model->imported) j["parameters"] = DescribeParameters(*model->imported);
+  if (model->imported) {
+    absl::StatusOr<autodiff::TrainableReport> report = autodiff::DecideTrainable(*model->imported);
+    if (!report.ok()) return Fail("inspect", std::string(report.status().message()));
+    std::set<ir::ValueId> frozen;
+    for (const autodiff::InitializerDecision& d : report->decisions)
+      if (!d.trainable) frozen.insert(d.value);
+    j["trainable"] = DescribeFrozen(*model->imported, *report);
+    j["parameters"] = DescribeParameters(*model->imported, frozen);
+  }
   j["unsupported_ops"] = ordered_json::array();
   for (const auto& u : s.unsupported)
     j["unsupported_ops"].push_back({{"node", u.node_name}, {"op", u.op_type}, {"domain", u.domain}});

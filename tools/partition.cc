@@ -37,7 +37,7 @@ namespace part = onnxpipe::partitioner;
 struct Flags {
   std::string stages = "1", schedule = "1f1b", recompute = "none", optimizer = "sgd", dtype = "fp32";
   std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest", logits;
-  std::string labels = "labels", freeze;
+  std::string labels = "labels", freeze, train_only;
   int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64;
   double momentum = 0, clip_norm = 0, cut_slack = 0.05;
   bool onnx = true;
@@ -107,6 +107,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   to.logits = f.logits;
   to.labels = f.labels;
   to.freeze = f.freeze;
+  to.train_only = f.train_only;
   ShowProgress("importing " + model_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -226,6 +227,7 @@ int RunPartition(const Args& args) {
   fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
   fs.String("labels", &f.labels, "name of the labels input the loss adds");
   fs.String("freeze", &f.freeze, "regex of initializers not to train (buffers)");
+  fs.String("train-only", &f.train_only, "regex of the only initializers to train (overrides the buffer rule)");
   fs.Double("cut-slack", &f.cut_slack, "a cut is a candidate when its crossing bytes are within this fraction of the smallest");
   fs.Bool("onnx", &f.onnx, "write stage_<k>.onnx (--no-onnx skips them)");
   fs.String("out", &f.out, "output folder");

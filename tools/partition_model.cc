@@ -1,5 +1,6 @@
 #include "tools/partition_model.h"
 
+#include "frontend/autodiff/trainable.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::tools {
@@ -10,6 +11,15 @@ absl::StatusOr<std::unique_ptr<TrainingGraphs>> TrainingGraphs::Open(const std::
   t->path_ = model_path;
   t->options_ = options;
   ASSIGN_OR_RETURN(t->model_, ImportModel(model_path, /*allow_unsupported=*/false));
+  // The parameters `onnxpipe train` would train with the same --freeze/--train-only, decided before fusion.
+  autodiff::TrainableOptions trainable;
+  trainable.freeze_regex = options.freeze;
+  trainable.train_only_regex = options.train_only;
+  ir::Graph& imported = *t->model_.imported;
+  if (const ir::ValueId logits = imported.FindValue(options.logits); logits != ir::kNoValue) {
+    trainable.targets.push_back(logits);
+  }
+  RETURN_IF_ERROR(autodiff::MarkTrainable(&imported, trainable).status());
   return t;
 }
 

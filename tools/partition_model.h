@@ -24,6 +24,7 @@ struct TrainingGraphOptions {
   std::string logits;               // default: the model's only output
   std::string labels = "labels";
   std::string freeze;               // regex of initializers not trained
+  std::string train_only;           // regex of the only initializers trained (autodiff/trainable.h)
 };
 
 // Imports a model once and builds training graphs for any micro-batch size (cached).

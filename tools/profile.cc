@@ -27,7 +27,7 @@ namespace {
 namespace part = onnxpipe::partitioner;
 
 struct Flags {
-  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, device_out, backend = "cpu";
+  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, train_only, device_out, backend = "cpu";
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
   double momentum = 0;
@@ -141,6 +141,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   to.logits = f.logits;
   to.labels = f.labels;
   to.freeze = f.freeze;
+  to.train_only = f.train_only;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   ASSIGN_OR_RETURN(const ir::Graph* gp, graphs->Get(f.batch));
   const ir::Graph& g = *gp;
@@ -295,6 +296,7 @@ int RunProfile(const Args& args) {
   fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
   fs.String("labels", &f.labels, "name of the labels input the loss adds");
   fs.String("freeze", &f.freeze, "regex of initializers not to train");
+  fs.String("train-only", &f.train_only, "regex of the only initializers to train (overrides the buffer rule)");
   fs.String("out", &f.out, "output JSON file");
   fs.String("backend", &f.backend, "cpu | cuda | checked: where the nodes run");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");

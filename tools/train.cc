@@ -16,6 +16,7 @@
 #include "executor/train/metrics.h"
 #include "executor/train/train_checkpoint.h"
 #include "executor/train/trainer.h"
+#include "frontend/autodiff/trainable.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/writer.h"
 #include "tools/backend_flag.h"
@@ -34,7 +35,7 @@ constexpr char kVocabFile[] = "vocab.txt";  // in --checkpoint-dir
 
 struct Flags {
   std::string data, optimizer = "sgd", lr_schedule = "constant", schedule, logits, labels = "labels", metrics;
-  std::string backend = "cpu", dtype = "fp32", freeze, data_format = "auto", save, mask = "auto";
+  std::string backend = "cpu", dtype = "fp32", freeze, train_only, data_format = "auto", save, mask = "auto";
   std::string save_external = "auto", checkpoint_dir, tensorboard;
   int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, ignore_index = -100, seq = 0, vocab_size = 0;
   int64_t checkpoint_every = 0, keep_checkpoints = 3, log_every = 1;
@@ -100,7 +101,12 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Bool("tf32", &f.tf32, "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
   fs.String("dtype", &f.dtype, "fp32 | fp64");
-  fs.String("freeze", &f.freeze, "regex of initializer names not to train (buffers)");
+  fs.String("freeze", &f.freeze,
+            "regex of initializer names not to train, besides the buffers and exporter constants found by the rule "
+            "of frontend/autodiff/trainable.h (printed at the start)");
+  fs.String("train-only", &f.train_only,
+            "regex of the initializer names to train, overriding the rule: every other initializer is frozen "
+            "(--freeze still wins)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
   fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch (default: on for text data, "
           "aclimdb and tsv, which are often grouped by class; off for npy, rows in file order); --no-shuffle: file "
@@ -217,10 +223,34 @@ void PrintMemory(const train::Trainer& trainer) {
               static_cast<long long>(p.optimizer_state_bytes), static_cast<long long>(m.off_plan_allocations));
 }
 
+// Decides on the imported graph which initializers are trained (the rule plus --freeze/--train-only), before
+// any folding or fusion sees them, and prints what it froze, one line per reason.
+absl::Status DecideParameters(const Flags& f, const train::TrainOptions& options, ir::Graph& imported) {
+  autodiff::TrainableOptions to;
+  to.freeze_regex = f.freeze;
+  to.train_only_regex = f.train_only;
+  if (const ir::ValueId logits = imported.FindValue(options.logits); logits != ir::kNoValue) {
+    to.targets.push_back(logits);
+  }
+  ASSIGN_OR_RETURN(autodiff::TrainableReport report, autodiff::MarkTrainable(&imported, to));
+  int64_t floats = 0, frozen = 0;
+  for (const autodiff::InitializerDecision& d : report.decisions) {
+    if (d.reason == autodiff::FreezeReason::kNonFloat) continue;
+    ++floats;
+    frozen += d.trainable ? 0 : 1;
+  }
+  const std::vector<std::string> lines = report.SummaryLines(imported);
+  std::printf("parameters: %lld of %lld float initializers trained; not trained:%s\n",
+              static_cast<long long>(floats - frozen), static_cast<long long>(floats), lines.empty() ? " none" : "");
+  for (const std::string& line : lines) std::printf("  %s\n", line.c_str());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
+  RETURN_IF_ERROR(DecideParameters(f, options, *model.imported));
   if (const fs::path parent = fs::path(f.save).parent_path(); !f.save.empty() && !parent.empty()) {
     std::error_code ec;
     if (!fs::create_directories(parent, ec) && ec) {

@@ -1,5 +1,5 @@
 // Backward kernels of activations, softmax and normalisation: ReluGrad, GeluGrad (erf and tanh
-// forms), DropoutGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad. Line reductions (softmax,
+// forms), DropoutGrad, SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad, RMSNormGrad. Line reductions (softmax,
 // LayerNorm rows) accumulate in double, one line per thread; LayerNorm's dScale/dBias sum over
 // rows column-block by column-block in row order, so nothing depends on the thread count.
 #include <cmath>
@@ -187,8 +187,13 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, LayerNormGradWorkspace(rows)));
     double* mu = ws.at<double>(0);
     double* rstd = ws.at<double>(WorkspacePart(rows * 8));
-    ASSIGN_OR_RETURN(ir::Tensor dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
-    T* pdx = dx.mutable_data<T>();
+    // dX only when asked for (a frozen input, e.g. an embedding, needs none): the statistics are
+    // computed either way, the parameter gradients below read them.
+    ir::Tensor dx;
+    if (WantsOutput(node, 0)) {
+      ASSIGN_OR_RETURN(dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
+    }
+    T* pdx = dx.defined() ? dx.mutable_data<T>() : nullptr;
     ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
@@ -203,6 +208,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
           for (int64_t i = 0; i < n; ++i) sq += (xr[i] - mu[r]) * (xr[i] - mu[r]);
           rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
         }
+        if (pdx == nullptr) continue;
         double mg = 0, mgx = 0;
         for (int64_t i = 0; i < n; ++i) {
           const double g = static_cast<double>(gr[i]) * ps[i];
@@ -264,6 +270,102 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   });
 }
 REGISTER_CPU_KERNEL(kLayerNormGrad, LayerNormGradKernel);
+
+// RMSNormGrad(dY, X, scale, inv_std_dev?) -> dX, dScale?. With x^ = x r and g = dY * scale over a
+// row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of dY x^, reduced to scale's shape
+// when scale was broadcast.
+Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& dy = in[0];
+  const ir::Tensor& x = in[1];
+  const ir::Tensor& scale = in[2];
+  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": X must have rank >= 1";
+  if (scale.dtype() != x.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
+  }
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
+  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
+  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
+  int64_t rows = 1, n = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
+  ir::Tensor s = scale;
+  if (scale.num_elements() != n) {
+    auto bd = BroadcastDims(node, {scale.dims(), norm_dims});
+    if (!bd.ok() || *bd != norm_dims) {
+      return INVALID_ARGUMENT() << Describe(node) << ": scale " << DimsToString(scale.dims())
+                                << " does not broadcast to the normalised shape " << DimsToString(norm_dims);
+    }
+    s = ir::Tensor(scale.dtype(), norm_dims);  // a temporary outside any memory plan, as LayerNormGrad's
+    StridedCopyInto(scale, BroadcastStrides(scale.dims(), norm_dims.size()), 0, s);
+  }
+  const bool saved = HasInput(in, 3);
+  if (saved && (in[3].num_elements() != rows || in[3].dtype() != x.dtype())) {
+    return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " "
+                              << ir::DTypeName(x.dtype()) << " values";
+  }
+  return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    const T* pg = dy.data<T>();
+    const T* px = x.data<T>();
+    const T* ps = s.data<T>();
+    ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, RMSNormGradWorkspace(rows)));
+    double* rstd = ws.at<double>(0);
+    ir::Tensor dx;  // only when asked for, as LayerNormGrad's
+    if (WantsOutput(node, 0)) {
+      ASSIGN_OR_RETURN(dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
+    }
+    T* pdx = dx.defined() ? dx.mutable_data<T>() : nullptr;
+    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = px + r * n;
+        const T* gr = pg + r * n;
+        if (saved) {
+          rstd[r] = in[3].data<T>()[r];
+        } else {
+          double sq = 0;
+          for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
+          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        }
+        if (pdx == nullptr) continue;
+        double mgx = 0;
+        for (int64_t i = 0; i < n; ++i) mgx += static_cast<double>(gr[i]) * ps[i] * xr[i] * rstd[r];
+        mgx /= static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const double xh = xr[i] * rstd[r];
+          pdx[r * n + i] = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - xh * mgx));
+        }
+      }
+    });
+    std::vector<ir::Tensor> outs = {dx, ir::Tensor()};
+    if (!WantsOutput(node, 1)) return outs;
+    const bool direct = scale.dims() == norm_dims;
+    ir::Tensor sum;
+    if (direct) {
+      ASSIGN_OR_RETURN(sum, AllocOutput(node, ctx, 1, x.dtype(), norm_dims));
+    } else {
+      sum = ir::Tensor(x.dtype(), norm_dims);
+    }
+    T* pds = sum.mutable_data<T>();
+    constexpr int64_t kBlock = 64;
+    ParallelFor((n + kBlock - 1) / kBlock, 1, [&](int64_t b, int64_t e) {
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t c0 = blk * kBlock, c1 = std::min(n, c0 + kBlock);
+        double acc[kBlock] = {};
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(pg[r * n + c]) * px[r * n + c] * rstd[r];
+        }
+        for (int64_t c = c0; c < c1; ++c) pds[c] = static_cast<T>(acc[c - c0]);
+      }
+    });
+    if (direct) {
+      outs[1] = sum;
+    } else {
+      ASSIGN_OR_RETURN(outs[1], ReduceToDims(node, ctx, 1, sum, scale.dims()));
+    }
+    return outs;
+  });
+}
+REGISTER_CPU_KERNEL(kRMSNormGrad, RMSNormGradKernel);
 
 }  // namespace
 }  // namespace onnxpipe::cpu

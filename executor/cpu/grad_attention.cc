@@ -1,4 +1,4 @@
-// AttentionGrad(dO, Q, K, V, mask?) -> dQ, dK, dV: the backward of the fused Attention kernel
+// AttentionGrad(dO, Q, K, V, mask?) -> dQ, dK, dV, dMask?: the backward of the fused Attention kernel
 // (attention.cc), with the same shapes, scale, causal/mask handling and dropout. Per batch matrix
 // it recomputes the probabilities P (the forward saves nothing of size Sq x Sk), replays the
 // forward's dropout keep mask, and runs
@@ -7,7 +7,9 @@
 // five GEMMs through BLAS and the row work on the thread pool. Dropout replay: the node carries
 // the forward node's `rng_key` (autodiff sets it), so MakeDropoutStream gives the forward's
 // stream, and elements are indexed by the same flat position in (batch..., Sq, Sk). Operands whose
-// batch dims were broadcast get their gradient summed back (ReduceToDims).
+// batch dims were broadcast get their gradient summed back (ReduceToDims). dMask, for an additive
+// mask that is a learned bias, is dS summed into the mask's shape in a fixed order (batch matrix,
+// row, column), written straight into the output.
 #include <cmath>
 #include <limits>
 
@@ -78,6 +80,9 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     }
     ms = BroadcastStrides(mask.dims(), full.size());
   }
+  if (WantsOutput(node, 3) && (!has_mask || bool_mask)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": dMask (output 3) needs an additive mask input";
+  }
   const bool dropout = ctx.training && ratio > 0.0;
   const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
   ASSIGN_OR_RETURN(const int64_t counter_base, RandomCounterBase(node, ctx, nbatch * sq * sk));
@@ -104,6 +109,11 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       } else {
         fulls[i] = ir::Tensor(q.dtype(), full_dims[i]);
       }
+    }
+    ir::Tensor dmask;
+    if (wants(3)) {
+      ASSIGN_OR_RETURN(dmask, AllocOutput(node, ctx, 3, q.dtype(), in[4].dims()));
+      std::fill(dmask.mutable_data<T>(), dmask.mutable_data<T>() + dmask.num_elements(), T(0));
     }
     ir::Tensor& dq = fulls[0];
     ir::Tensor& dk = fulls[1];
@@ -199,6 +209,12 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
           for (int64_t j = 0; j < sk; ++j) g[j] = static_cast<T>(pr[j] * (g[j] - s));
         }
       });
+      if (wants(3)) {
+        // S = scale Q K^T + mask: the mask's gradient is dS itself, summed where the mask broadcasts.
+        T* pm = dmask.mutable_data<T>();
+        for (int64_t i = 0; i < sq; ++i)
+          for (int64_t j = 0; j < sk; ++j) pm[mi + i * ms[br] + j * ms[br + 1]] += dp[i * sk + j];
+      }
       if (wants(0) && dh > 0) {
         Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp, sk, kt, dh, T(0),
                 dq.mutable_data<T>() + t * sq * dh, dh);
@@ -208,7 +224,8 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
                 dk.mutable_data<T>() + t * sk * dh, dh);
       }
     }
-    std::vector<ir::Tensor> outs(3);
+    std::vector<ir::Tensor> outs(4);
+    outs[3] = dmask;
     for (int i = 0; i < 3; ++i) {
       if (!wants(i)) continue;
       if (full_dims[i] == in[i + 1].dims()) {

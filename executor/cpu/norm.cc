@@ -1,5 +1,5 @@
-// LayerNorm (ONNX LayerNormalization semantics): normalises over dims [axis, rank) and returns
-// Y, Mean and InvStdDev. Mean and InvStdDev have the input's dims with the normalised ones set to
+// LayerNorm (ONNX LayerNormalization semantics) and RMSNorm (ONNX RMSNormalization): normalise over
+// dims [axis, rank). LayerNorm returns Y, Mean and InvStdDev, RMSNorm Y and InvStdDev. Mean and InvStdDev have the input's dims with the normalised ones set to
 // 1, and the input's float dtype (f32 for f32 input, ONNX's default stash_type; f64 for f64 so that
 // gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in double,
 // one row per thread.
@@ -93,6 +93,49 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   });
 }
 REGISTER_CPU_KERNEL(kLayerNorm, LayerNormKernel);
+
+// RMSNorm(X, scale) -> Y = X r scale, InvStdDev r = 1 / sqrt(mean(X^2) + eps) per row, in double.
+Outputs RMSNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  const ir::Tensor& x = in[0];
+  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
+  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
+  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
+  int64_t rows = 1, n = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
+  std::vector<int64_t> stat_dims = x.dims();
+  for (int64_t d = axis; d < x.rank(); ++d) stat_dims[d] = 1;
+  if (in[1].dtype() != x.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": input 1 (scale) has dtype " << ir::DTypeName(in[1].dtype())
+                              << ", expected " << ir::DTypeName(x.dtype());
+  }
+  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], norm_dims, n, "input 1 (scale)"));
+  return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
+    ir::Tensor inv_std;
+    if (WantsOutput(node, 1)) {
+      ASSIGN_OR_RETURN(inv_std, AllocOutput(node, ctx, 1, x.dtype(), stat_dims));
+    }
+    const T* px = x.data<T>();
+    const T* ps = scale.data<T>();
+    T* py = y.mutable_data<T>();
+    T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
+    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = px + r * n;
+        T* yr = py + r * n;
+        double sq = 0;
+        for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
+        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        for (int64_t i = 0; i < n; ++i) yr[i] = static_cast<T>(xr[i] * inv * ps[i]);
+        if (pi) pi[r] = static_cast<T>(inv);
+      }
+    });
+    return std::vector<ir::Tensor>{y, inv_std};
+  });
+}
+REGISTER_CPU_KERNEL(kRMSNorm, RMSNormKernel);
 
 }  // namespace
 }  // namespace onnxpipe::cpu

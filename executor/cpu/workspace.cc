@@ -61,7 +61,8 @@ int64_t CpuWorkspaceBytes(const ir::Graph& g, const ir::Node& node) {
   switch (node.op) {
     case ir::OpKind::kAttention: return attention(0, /*backward=*/false);
     case ir::OpKind::kAttentionGrad: return attention(1, /*backward=*/true);
-    case ir::OpKind::kLayerNormGrad: {
+    case ir::OpKind::kLayerNormGrad:
+    case ir::OpKind::kRMSNormGrad: {
       const auto x = dims(1);
       if (!x || x->empty()) return 0;
       const int64_t rank = static_cast<int64_t>(x->size());
@@ -70,7 +71,7 @@ int64_t CpuWorkspaceBytes(const ir::Graph& g, const ir::Node& node) {
       if (axis < 0 || axis >= rank) return 0;
       int64_t rows = 1;
       for (int64_t d = 0; d < axis; ++d) rows *= (*x)[d];
-      return LayerNormGradWorkspace(rows);
+      return node.op == ir::OpKind::kLayerNormGrad ? LayerNormGradWorkspace(rows) : RMSNormGradWorkspace(rows);
     }
     default: return 0;
   }

@@ -48,6 +48,8 @@ struct AttentionWorkspace {
 };
 // LayerNormGrad: per-row mean and 1/std in double.
 inline int64_t LayerNormGradWorkspace(int64_t rows) { return 2 * WorkspacePart(rows * 8); }
+// RMSNormGrad: per-row 1/rms in double.
+inline int64_t RMSNormGradWorkspace(int64_t rows) { return WorkspacePart(rows * 8); }
 
 // The workspace `node` needs, from the shapes of its operands in `g` (concrete after binding);
 // 0 for ops without one or operands of unknown shape.

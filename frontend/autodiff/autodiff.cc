@@ -25,25 +25,12 @@ std::string NodeDesc(const ir::Node& n) {
   ::onnxpipe::StatusBuilder(::absl::StatusCode::kInternal, __FILE__, __LINE__) \
       << "gradient of " << NodeDesc(n) << ": "
 
-bool IsStopInput(const GradRuleInfo* info, int i) {
-  if (!info) return false;
-  for (int s : info->stop_inputs)
-    if (s == i) return true;
-  return false;
-}
-
 class Driver {
  public:
   Driver(ir::Graph* g, const GradRegistry& reg) : g_(g), reg_(reg) {}
 
   // Input i of node n carries a gradient edge: present, float, not a declared stop edge.
-  bool Differentiable(const ir::Node& n, int i) const {
-    ValueId v = n.inputs[i];
-    if (v == ir::kNoValue || !ir::IsFloat(g_->value(v).dtype)) return false;
-    const GradRuleInfo* info = reg_.Find(n.op);
-    if (info && info->no_gradient) return false;
-    return !IsStopInput(info, i);
-  }
+  bool Differentiable(const ir::Node& n, int i) const { return CarriesGradient(reg_, *g_, n, i); }
 
   absl::StatusOr<TrainingGraphInfo> Run(ValueId loss, const GradOptions& options);
 
@@ -114,7 +101,8 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
   std::vector<bool> requires_grad(nv, false);
   for (ValueId v = 0; v < nv; ++v) {
     const ir::Value& val = g_->value(v);
-    if (!val.is_initializer || !val.constant || !ir::IsFloat(val.dtype) || val.producer != ir::kNoNode)
+    if (!val.is_initializer || !val.constant || !ir::IsFloat(val.dtype) || val.producer != ir::kNoNode ||
+        val.param_state == ir::ParamState::kFrozen)
       continue;
     if (freeze && std::regex_search(val.name, *freeze)) {
       info.frozen_params.push_back(v);

@@ -4,8 +4,9 @@
 // differentiate) and one gradient value "grad/<param name>" per trainable parameter.
 //
 // Trainable parameters are float initializers (Value::is_initializer, float dtype, not produced by
-// a node) whose name does not match GradOptions::freeze_regex and from which the loss is reachable
-// through differentiable edges. Gradients stop at integer/bool values and at the inputs an op's
+// a node) that the trainable-parameter rule did not freeze (Value::param_state, trainable.h: the
+// forward pipeline's first pass), whose name does not match GradOptions::freeze_regex and from
+// which the loss is reachable through differentiable edges. Gradients stop at integer/bool values and at the inputs an op's
 // rule declares non-differentiable (Gather indices, Reshape shape, Slice starts..., Where
 // condition, Attention mask, loss labels...); ops such as Shape and comparisons cut the graph.
 // Several contributions to one gradient are summed with one Sum node (tied weights accumulate).
@@ -40,7 +41,7 @@ struct TrainingGraphInfo {
   ir::ValueId loss = ir::kNoValue;
   std::vector<ParamGrad> param_grads;          // in value-id order of the parameters
   std::vector<ir::ValueId> unreachable_params;  // float initializers the loss does not depend on
-  std::vector<ir::ValueId> frozen_params;       // excluded by freeze_regex
+  std::vector<ir::ValueId> frozen_params;       // excluded by freeze_regex (not those the rule froze)
 };
 
 // Builds the backward pass of `g` from the scalar float value `loss` (seeded with dLoss = 1).

@@ -1,8 +1,9 @@
-// Gradient rule of the fused Attention op: one AttentionGrad node -> dQ, dK, dV. The kernel
-// recomputes the attention probabilities from Q, K and the mask (flash-attention style: nothing
-// of size Sq x Sk is saved by the forward) and, with dropout, regenerates the forward's dropout
-// mask from the same random stream: the backward node carries the forward's `rng_key`.
-// The mask is a stop-gradient edge.
+// Gradient rule of the fused Attention op: one AttentionGrad node -> dQ, dK, dV, and dMask when an
+// additive mask needs a gradient (a learned bias such as T5's relative position bias; a bool mask
+// or one built from constants and inputs gets none). The kernel recomputes the attention
+// probabilities from Q, K and the mask (flash-attention style: nothing of size Sq x Sk is saved by
+// the forward) and, with dropout, regenerates the forward's dropout mask from the same random
+// stream: the backward node carries the forward's `rng_key`.
 #include "frontend/autodiff/grad_builder.h"
 #include "frontend/ir/status.h"
 
@@ -16,20 +17,21 @@ absl::Status AttentionGrad(GradBuilder& b) {
   std::vector<ValueId> ins = {b.GO(0), b.I(0), b.I(1), b.I(2)};
   if (b.I(3) != ir::kNoValue) ins.push_back(b.I(3));
   std::vector<std::optional<ValueType>> outs;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < 4; ++i)
     outs.push_back(b.NeedsGI(i) ? std::optional<ValueType>(b.TypeOf(b.I(i))) : std::nullopt);
+  while (outs.size() > 3 && !outs.back()) outs.pop_back();
   // The backward kernel replays the forward's dropout stream, which the CPU backend keys by the
   // node's `rng_key` attribute, else its name (executor/cpu/dropout.h).
   ir::Attrs attrs = b.node().attrs;
   if (!attrs.Has("rng_key")) attrs.Set("rng_key", b.node().name);
   std::vector<ValueId> g = b.EmitMulti(OpKind::kAttentionGrad, ins, outs, std::move(attrs));
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < static_cast<int>(g.size()); ++i)
     if (b.NeedsGI(i)) b.SetGI(i, g[i]);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-void RegisterAttentionGradients(GradRegistry& r) { r.Register(OpKind::kAttention, AttentionGrad, {3}); }
+void RegisterAttentionGradients(GradRegistry& r) { r.Register(OpKind::kAttention, AttentionGrad); }
 
 }  // namespace onnxpipe::autodiff

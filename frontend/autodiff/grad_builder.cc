@@ -259,4 +259,15 @@ void GradRegistry::RegisterNoGradient(ir::OpKind op) {
   rules_[static_cast<size_t>(op)] = GradRuleInfo{nullptr, {}, true};
 }
 
+bool CarriesGradient(const GradRegistry& reg, const ir::Graph& g, const ir::Node& n, int i) {
+  const ir::ValueId v = n.inputs[i];
+  if (v == ir::kNoValue || !ir::IsFloat(g.value(v).dtype)) return false;
+  const GradRuleInfo* info = reg.Find(n.op);
+  if (info == nullptr) return true;
+  if (info->no_gradient) return false;
+  for (int s : info->stop_inputs)
+    if (s == i) return false;
+  return true;
+}
+
 }  // namespace onnxpipe::autodiff

@@ -135,6 +135,10 @@ class GradRegistry {
   std::vector<std::optional<GradRuleInfo>> rules_;
 };
 
+// Whether input i of n carries a gradient: present, float, and not a stop edge of n's rule. An op
+// with no entry counts as differentiable (the autodiff names it if it lies on the loss path).
+bool CarriesGradient(const GradRegistry& reg, const ir::Graph& g, const ir::Node& n, int i);
+
 // One per family file; GradRegistry's constructor calls them (explicit calls rather than static
 // initialisers, which a static library would drop).
 void RegisterElementwiseGradients(GradRegistry& r);

@@ -1,5 +1,6 @@
-// Gradient rules of normalisations and smooth activations: Softmax, LogSoftmax, LayerNorm, Gelu.
-// Each maps to one fused backward kernel (SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad, GeluGrad)
+// Gradient rules of normalisations and smooth activations: Softmax, LogSoftmax, LayerNorm, RMSNorm,
+// Gelu. Each maps to one fused backward kernel (SoftmaxGrad, LogSoftmaxGrad, LayerNormGrad,
+// RMSNormGrad, GeluGrad)
 // rather than a chain of primitives: one pass over the data instead of four or five.
 #include "frontend/autodiff/grad_builder.h"
 #include "frontend/ir/status.h"
@@ -58,6 +59,25 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+absl::Status RMSNormGrad(GradBuilder& b) {
+  if (b.GO(1) != ir::kNoValue) return b.Error("gradient through RMSNorm's InvStdDev output is not supported");
+  const ValueId x = b.I(0);
+  ir::Attrs a;
+  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(b.node().attrs.Get<int64_t>("axis", -1), b.Rank(x)));
+  a.Set("axis", axis);
+  a.Set("epsilon", b.node().attrs.Get<double>("epsilon", 1e-5));
+  std::vector<ValueId> ins = {b.GO(0), x, b.I(1)};
+  if (b.O(1) != ir::kNoValue && b.TypeOf(b.O(1)).dtype == b.TypeOf(x).dtype) ins.push_back(b.O(1));
+  std::vector<std::optional<ValueType>> outs = {
+      b.NeedsGI(0) ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
+      b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt};
+  while (outs.size() > 1 && !outs.back()) outs.pop_back();
+  std::vector<ValueId> g = b.EmitMulti(OpKind::kRMSNormGrad, ins, outs, std::move(a));
+  for (int i = 0; i < static_cast<int>(g.size()); ++i)
+    if (b.NeedsGI(i)) b.SetGI(i, g[i]);
+  return absl::OkStatus();
+}
+
 absl::Status GeluGrad(GradBuilder& b) {
   ir::Attrs a;
   a.Set("approximate", b.node().attrs.Get<std::string>("approximate", "none"));
@@ -71,6 +91,7 @@ void RegisterNormActivationGradients(GradRegistry& r) {
   r.Register(OpKind::kSoftmax, SoftmaxFamilyGrad);
   r.Register(OpKind::kLogSoftmax, SoftmaxFamilyGrad);
   r.Register(OpKind::kLayerNorm, LayerNormGrad);
+  r.Register(OpKind::kRMSNorm, RMSNormGrad);
   r.Register(OpKind::kGelu, GeluGrad);
 }
 

@@ -27,6 +27,12 @@ constexpr NodeId kNoNode = -1;
 
 enum class Phase : uint8_t { kForward, kBackward, kOptimizer };
 
+// Whether a float initializer is trained. Undecided until the trainable-parameter rule
+// (autodiff/trainable.h, run first in the forward pipeline) or the user's --freeze/--train-only
+// decides; a kFrozen initializer (a buffer or an exporter constant) is a constant for fusion and
+// autodiff. Meaningless for other values.
+enum class ParamState : uint8_t { kUndecided, kTrainable, kFrozen };
+
 struct Value {
   std::string name;
   DType dtype = DType::kF32;
@@ -36,6 +42,7 @@ struct Value {
   int producer_output = 0;
   std::optional<Tensor> constant;  // initializers and folded constants hold their data
   bool is_initializer = false;     // came from an ONNX initializer (parameter candidate)
+  ParamState param_state = ParamState::kUndecided;  // float initializers: trained or frozen
   std::string external_file;       // initializer loaded from this side file (for reports)
 };
 

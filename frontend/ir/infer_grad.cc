@@ -192,8 +192,14 @@ absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
     return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape "
                        << ShapeToString(o);
   }
-  return Outputs{
-      {ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)}, {ctx.dtype(3), ctx.shape(3)}};
+  Outputs out = {{ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)}, {ctx.dtype(3), ctx.shape(3)}};
+  if (ctx.num_outputs() > 3) {
+    if (!ctx.has_input(4) || !IsFloat(ctx.dtype(4))) {
+      return ctx.Error() << "dMask (output 3) needs an additive float mask (input 4)";
+    }
+    out.push_back({ctx.dtype(4), ctx.shape(4)});
+  }
+  return out;
 }
 
 absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx) {
@@ -225,6 +231,7 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLogSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLayerNormGrad, LayerNormGradRule);
+  SetRule(t, OpKind::kRMSNormGrad, LayerNormGradRule);  // dX like X, dScale like scale
   SetRule(t, OpKind::kAttentionGrad, AttentionGradRule);
   SetRule(t, OpKind::kSoftmaxCrossEntropyLossGrad, SoftmaxCrossEntropyLossGradRule);
 }

@@ -160,6 +160,23 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
   return out;
 }
 
+// Y (X's type) and optionally InvStdDev: X's dims with the normalised ones 1, in X's dtype.
+absl::StatusOr<Outputs> RMSNormRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  const Shape& x = ctx.shape(0);
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
+  RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 1, Shape(x.begin() + axis, x.end())));
+  Outputs out = One(ctx.dtype(0), x);
+  if (ctx.num_outputs() > 1) {
+    Shape stats(x.begin(), x.begin() + axis);
+    stats.resize(x.size(), Dim(1));
+    out.push_back({ctx.dtype(0), stats});
+  }
+  return out;
+}
+
 absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
@@ -252,6 +269,7 @@ void RegisterNnRules(RuleTable& t) {
   SetRule(t, OpKind::kSoftmax, SoftmaxRule);
   SetRule(t, OpKind::kLogSoftmax, SoftmaxRule);
   SetRule(t, OpKind::kLayerNorm, LayerNormRule);
+  SetRule(t, OpKind::kRMSNorm, RMSNormRule);
   SetRule(t, OpKind::kSoftmaxCrossEntropyLoss, SoftmaxCrossEntropyRule);
   SetRule(t, OpKind::kAttention, AttentionRule);
 }

@@ -23,6 +23,10 @@
 // - Linear(X (..., K), W, bias?) attrs trans_b (0: W is (K, N); 1: W is (N, K)) -> Y (..., N).
 // - LayerNorm(X, scale, bias?) attrs axis (default -1), epsilon -> Y, and optionally Mean,
 //   InvStdDev as ONNX LayerNormalization (which imports straight to this op).
+// - RMSNorm(X, scale) attrs axis (default -1), epsilon (default 1e-5) -> Y, and optionally
+//   InvStdDev: over the dims [axis, rank), r = 1 / sqrt(mean(X^2) + epsilon), Y = X * r * scale
+//   (ONNX RMSNormalization, the Llama/T5 norm); scale broadcasts to the normalised dims as
+//   LayerNorm's; InvStdDev has X's dims with the normalised ones set to 1.
 // - Gelu(X) attr approximate: "none" (erf) | "tanh".
 // - Attention(Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), mask?) attrs scale (float),
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
@@ -59,10 +63,15 @@
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) attrs axis, epsilon -> dX, dScale?, dBias?.
 //   mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
 //   dScale and dBias both have scale's shape.
+// - RMSNormGrad(dY, X, scale, inv_std_dev?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
+//   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
+//   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
 // - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
-// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV. Recomputes
+// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV, dMask?. Recomputes
 //   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
 //   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
+//   dMask (an additive mask's gradient, in the mask's shape: the scores' gradient summed over the
+//   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
@@ -155,6 +164,7 @@ constexpr int kVariadic = 1 << 20;
   /* Fused ops */                                            \
   V(Linear, "Linear", 2, 3, 1, 1)                            \
   V(LayerNorm, "LayerNorm", 2, 3, 1, 3)                      \
+  V(RMSNorm, "RMSNorm", 2, 2, 1, 2)                          \
   V(Gelu, "Gelu", 1, 1, 1, 1)                                \
   V(Attention, "Attention", 3, 4, 1, 1)                      \
   /* Gradient and training ops */                            \
@@ -174,8 +184,9 @@ constexpr int kVariadic = 1 << 20;
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1)            \
   V(GeluGrad, "GeluGrad", 2, 2, 1, 1)                        \
   V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3)              \
+  V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2)                  \
   V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1)                  \
-  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 3)              \
+  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4)              \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1) \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1)            \
   V(ClipScale, "ClipScale", 1, 1, 1, 1)                      \

@@ -213,6 +213,7 @@ class Exporter {
         SetFloat(p, "epsilon", n.attrs.Get<double>("epsilon", 1e-5));
         return absl::OkStatus();
       }
+      case ir::OpKind::kRMSNorm: return RMSNorm(n, ins, outs);
       case ir::OpKind::kGelu: return Gelu(n, ins[0], outs[0]);
       case ir::OpKind::kAttention: return Attention(n, ins, outs[0]);
       case ir::OpKind::kReduceSum:
@@ -267,6 +268,34 @@ class Exporter {
     const std::string mm = Fresh(n.name + "/matmul");
     Emit("MatMul", n.name + "/MatMul", {ins[0], w}, {mm});
     Emit("Add", n.name, {mm, ins[2]}, {outs[0]});
+    return absl::OkStatus();
+  }
+
+  // x * (1 / sqrt(mean(x * x over [axis, rank)) + eps)) * scale; InvStdDev is the reciprocal.
+  absl::Status RMSNorm(const ir::Node& n, const std::vector<std::string>& ins, const std::vector<std::string>& outs) {
+    const ir::Value& xv = g_.value(n.inputs[0]);
+    const int64_t rank = static_cast<int64_t>(xv.shape.size());
+    int64_t axis = n.attrs.Get<int64_t>("axis", -1);
+    if (axis < 0) axis += rank;
+    if (!xv.shape_known || axis < 0 || axis >= rank) {
+      return INVALID_ARGUMENT() << "node '" << n.name << "': RMSNorm axis " << n.attrs.Get<int64_t>("axis", -1)
+                                << " is out of range for input " << ir::ShapeToString(xv.shape);
+    }
+    std::vector<int64_t> axes;
+    for (int64_t a = axis; a < rank; ++a) axes.push_back(a);
+    auto tmp = [&](const char* hint) { return Fresh(n.name + "/" + hint); };
+    const std::string sq = tmp("square"), ms = tmp("mean_square"), v = tmp("plus_eps"), rms = tmp("rms"),
+                      inv = outs.size() > 1 && !outs[1].empty() ? outs[1] : tmp("inv_rms"), xn = tmp("normalised");
+    Emit("Mul", n.name + "/Mul_square", {ins[0], ins[0]}, {sq});
+    onnx::NodeProto* mean = Emit("ReduceMean", n.name + "/ReduceMean", {sq}, {ms});
+    SetInts(mean, "axes", axes);
+    SetInt(mean, "keepdims", 1);
+    Emit("Add", n.name + "/Add_eps", {ms, Const(n.name + "/eps", Scalar(xv.dtype, n.attrs.Get<double>("epsilon", 1e-5)))},
+         {v});
+    Emit("Sqrt", n.name + "/Sqrt", {v}, {rms});
+    Emit("Reciprocal", n.name + "/Reciprocal", {rms}, {inv});
+    Emit("Mul", n.name + "/Mul_inv", {ins[0], inv}, {xn});
+    Emit("Mul", n.name, {xn, ins[1]}, {outs[0]});
     return absl::OkStatus();
   }
 

@@ -37,7 +37,7 @@ struct AttentionMatch {
   ValueId q = ir::kNoValue, v = ir::kNoValue;
   ValueId k_source = ir::kNoValue;  // K, or the value a new Transpose turns into K
   std::vector<int64_t> k_perm;       // empty: k_source is K
-  ValueId additive = ir::kNoValue;   // additive mask as found
+  std::vector<ValueId> additive;     // additive masks as found (T5 adds a bias and a padding mask)
   ValueId bool_cond = ir::kNoValue;  // Where condition as found
   bool bool_cond_means_masked = false;  // masked_fill: condition true = masked
 };
@@ -138,6 +138,35 @@ class AttentionMatcher {
     return x;
   }
 
+  // K when `kt` is K with its last two dims swapped through a flattening, as torch's dynamo exporter
+  // writes K^T for SDPA: Reshape(Transpose(Reshape(K, (N, Sk, Dh)), perm [0, 2, 1]), (..., Dh, Sk)),
+  // N the product of K's leading dims. The three nodes join the pattern (each output used once).
+  std::optional<ValueId> SwappedThroughReshapes(ValueId kt, AttentionMatch* m) {
+    const Node* split = ProducerOf(*g_, kt, OpKind::kReshape);
+    if (split == nullptr) return std::nullopt;
+    const ValueId tv = split->inputs[0];
+    const Node* t = ProducerOf(*g_, tv, OpKind::kTranspose);
+    if (t == nullptr || t->attrs.Get<std::vector<int64_t>>("perm") != std::vector<int64_t>{0, 2, 1}) return std::nullopt;
+    const ValueId flat = t->inputs[0];
+    const Node* merge = ProducerOf(*g_, flat, OpKind::kReshape);
+    if (merge == nullptr) return std::nullopt;
+    const ValueId k = merge->inputs[0];
+    const ir::Value &kv = g_->value(k), &fv = g_->value(flat), &ktv = g_->value(kt);
+    if (!kv.shape_known || !fv.shape_known || !ktv.shape_known || kv.shape.size() < 3 || fv.shape.size() != 3)
+      return std::nullopt;
+    const size_t r = kv.shape.size();
+    const ir::Shape lead(kv.shape.begin(), kv.shape.end() - 2);
+    if (fv.shape[0] != ir::NumElements(lead) || fv.shape[1] != kv.shape[r - 2] || fv.shape[2] != kv.shape[r - 1])
+      return std::nullopt;
+    ir::Shape swapped = lead;
+    swapped.push_back(kv.shape[r - 1]);
+    swapped.push_back(kv.shape[r - 2]);
+    if (ktv.shape != swapped) return std::nullopt;
+    if (!uses_.HasSingleUse(kt) || !uses_.HasSingleUse(tv) || !uses_.HasSingleUse(flat)) return std::nullopt;
+    for (ValueId v : {kt, tv, flat}) m->dead.push_back(ProducerId(*g_, v));
+    return k;
+  }
+
   bool Match(NodeId root, AttentionMatch* m) {
     const Node& pv = g_->node(root);
     ValueId p = pv.inputs[0];
@@ -181,7 +210,7 @@ class AttentionMatcher {
         s = sc->first;
       } else if (n->op == OpKind::kAdd) {
         // A mask added before a scaling would be scaled with the scores.
-        if (scaled || m->additive != ir::kNoValue) return false;
+        if (scaled) return false;
         const bool lhs = LeadsToScores(n->inputs[0]), rhs = LeadsToScores(n->inputs[1]);
         if (lhs == rhs) return false;
         Take(s, m);
@@ -192,7 +221,7 @@ class AttentionMatcher {
           Take(mask, m);
           mask = sc->first;
         }
-        m->additive = mask;
+        m->additive.push_back(mask);
       } else if (n->op == OpKind::kWhere) {
         if (scaled || m->bool_cond != ir::kNoValue) return false;
         if (g_->value(n->inputs[0]).dtype != ir::DType::kBool) return false;
@@ -215,7 +244,9 @@ class AttentionMatcher {
     const Node& qk = g_->node(ProducerId(*g_, s));
     m->q = AbsorbScalings(qk.inputs[0], m);
     ValueId kt = AbsorbScalings(qk.inputs[1], m);
-    if (const Node* t = ProducerOf(*g_, kt, OpKind::kTranspose)) {
+    if (std::optional<ValueId> k = SwappedThroughReshapes(kt, m)) {
+      m->k_source = AbsorbScalings(*k, m);  // K itself: no transpose needed
+    } else if (const Node* t = ProducerOf(*g_, kt, OpKind::kTranspose)) {
       const ValueId src = t->inputs[0];
       std::optional<int64_t> rank = RankOf(src);
       std::vector<int64_t> perm = t->attrs.Get<std::vector<int64_t>>("perm");
@@ -307,24 +338,53 @@ class AttentionMatcher {
     return side_->Compute(v);
   }
 
+  // a + b for two additive masks (numpy broadcasting; the shape is left to shape inference when
+  // the operands' dims do not settle it).
+  ValueId AddMasks(const std::string& name, ValueId a, ValueId b) {
+    const ir::Value &av = g_->value(a), &bv = g_->value(b);
+    ir::Shape shape;
+    bool known = av.shape_known && bv.shape_known;
+    if (known) {
+      const size_t rank = std::max(av.shape.size(), bv.shape.size());
+      for (size_t i = 0; i < rank && known; ++i) {
+        const ir::Dim one(1);
+        const ir::Dim& x = i + av.shape.size() >= rank ? av.shape[i + av.shape.size() - rank] : one;
+        const ir::Dim& y = i + bv.shape.size() >= rank ? bv.shape[i + bv.shape.size() - rank] : one;
+        if (x == y || y == one) {
+          shape.push_back(x);
+        } else if (x == one) {
+          shape.push_back(y);
+        } else {
+          known = false;
+        }
+      }
+    }
+    return AddNodeWithOutput(g_, OpKind::kAdd, name, {a, b}, {}, av.dtype, known ? shape : ir::Shape{}, known);
+  }
+
   absl::StatusOr<bool> Rewrite(NodeId root, const AttentionMatch& m) {
     const std::string name = g_->node(root).name;
     const auto dims = ScoreDims(root);
     bool causal = false;
     ValueId mask = ir::kNoValue;
     std::string mask_kind;
-    // Additive mask: causal when provably so, else an input.
-    if (m.additive != ir::kNoValue) {
-      ASSIGN_OR_RETURN(std::optional<Tensor> a, MaskData(m.additive));
-      if (a && IsCausal(*a, /*additive=*/true, dims)) {
+    // Additive masks: a provably causal one sets causal, the others are summed into the mask input.
+    std::vector<ValueId> additive;
+    for (ValueId a : m.additive) {
+      // A mask computed from parameters is never read as a constant: it is trained.
+      std::optional<Tensor> data;
+      if (!DependsOnParameter(*g_, a)) {
+        ASSIGN_OR_RETURN(data, MaskData(a));
+      }
+      if (!causal && data && IsCausal(*data, /*additive=*/true, dims)) {
         causal = true;
       } else {
-        // A learned bias (T5's relative positions): Attention has no gradient for its mask, so
-        // the primitive ops stay and train it.
-        if (DependsOnParameter(*g_, m.additive)) return false;
-        mask = m.additive;
-        mask_kind = "additive";
+        additive.push_back(a);  // possibly a learned bias (T5's relative positions): dMask trains it
       }
+    }
+    if (!additive.empty()) {
+      mask = additive[0];  // several are summed below, once the match is complete
+      mask_kind = "additive";
     }
     // Boolean mask, normalised to true = attend.
     std::optional<Tensor> keep_const;
@@ -347,6 +407,7 @@ class AttentionMatcher {
     }
 
     // The match is complete; mutate the graph.
+    for (size_t i = 1; i < additive.size(); ++i) mask = AddMasks(name + "_mask_sum", mask, additive[i]);
     if (mask_kind == "bool" && m.bool_cond_means_masked) {
       if (keep_const) {
         mask = g_->AddConstant(g_->UniqueName(name + "_keep_mask"), *keep_const);

@@ -5,11 +5,13 @@
 //   S = MatMul(Q', K^T)        Q' = Q, or Q pre-scaled by Mul/Div with a scalar constant (as
 //                              nn.MultiheadAttention does); K^T = Transpose(K', perm) with a perm
 //                              that swaps the last two axes of K's head layout (K' may be
-//                              pre-scaled too: "sqrt of the scale on both sides"), or any other
-//                              value, which is then transposed explicitly
+//                              pre-scaled too: "sqrt of the scale on both sides"), or K^T spelled
+//                              through a flattening (Reshape(Transpose(Reshape(K, (N, Sk, Dh)),
+//                              [0, 2, 1]), (..., Dh, Sk)), as torch's dynamo exporter writes SDPA's),
+//                              or any other value, which is then transposed explicitly
 //   S = S * c | S / c          any number of scalar scalings (including baddbmm's Mul by 1)
-//   S = S + M                  optional additive mask (either operand order; a Mul by 1 on M is
-//                              stripped)
+//   S = S + M                  optional additive masks (either operand order; a Mul by 1 on M is
+//                              stripped); several (T5: relative bias, then padding) are summed
 //   S = Where(C, -big, S)      optional masked_fill (C true = masked) or Where(C, S, -big)
 //                              (C true = kept); -big is a scalar <= -1e4 or -inf
 //   P = Softmax(S, axis=-1) [Dropout(P, ratio)]
@@ -22,8 +24,11 @@
 // <= -1e4 above it; boolean (normalised to true = attend) true exactly on and below the diagonal,
 // with any leading dims of size 1. A proven causal mask sets causal=1 and is dropped. Otherwise
 // it is passed as the mask input, mask_kind "additive" or "bool" (true = attend; a masked_fill
-// condition is negated with a Not, folded when constant). At most one non-causal mask can be
-// expressed; patterns with two are left alone. A scaling applied after the mask is not absorbed
+// condition is negated with a Not, folded when constant). An additive mask computed from
+// parameters (T5's relative position bias plus the padding mask) is never read as a constant: it
+// is the mask input, and AttentionGrad's dMask trains it. Several additive masks become one
+// (their sum, a new Add); an additive and a boolean non-causal mask together are not expressible
+// and leave the pattern alone. A scaling applied after the mask is not absorbed
 // (it would scale the mask too) and prevents the match.
 //
 // The head reshapes and transposes around the core stay: Attention works on any leading dims. A

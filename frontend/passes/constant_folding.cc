@@ -50,7 +50,7 @@ class Folder {
   }
 
   bool Frozen(ValueId v) const {
-    return v == ir::kNoValue || (!graph_inputs_.count(v) && IsFrozenConstant(*g_, v));
+    return v == ir::kNoValue || (!graph_inputs_.count(v) && IsFoldableConstant(*g_, v));
   }
 
   bool ProducesGraphOutput(const Node& n) const {

@@ -14,10 +14,12 @@
 //     well: no gradient flows through a non-float value, so folding it cannot change training.
 //     The float intermediates it needs are computed on the side and never committed.
 //
-// Frozen constants are values with constant data that are not parameters: Constant-node values,
-// integer/bool initializers and previously folded values. Float initializers are the model's
-// trainable parameters (DESIGN.md) and are never folded into new constants, which would detach
-// them from their gradient. Graph inputs are never constants.
+// Frozen constants are values with constant data that are not float initializers: Constant-node
+// values, integer/bool initializers and previously folded values. Float initializers are never
+// folded into new constants: a parameter would be detached from its gradient, and a frozen buffer
+// (ir::ParamState::kFrozen, e.g. a rotary inv_freq) is computed with in the graph's training
+// precision rather than rounded to the export's (pattern.h: IsFoldableConstant). Graph inputs are
+// never constants.
 //
 // Never folded: Dropout (random while training), nodes producing a graph output (outputs keep
 // their names and producers), and nodes whose output has more than `max_elements` elements (the

@@ -54,7 +54,9 @@ bool IsScalarNear(const ir::Graph& g, ir::ValueId v, double expected, double rel
   return c.has_value() && NearlyEqual(*c, expected, rel_tol);
 }
 
-bool IsParameter(const ir::Value& v) { return v.is_initializer && ir::IsFloat(v.dtype); }
+bool IsParameter(const ir::Value& v) {
+  return v.is_initializer && ir::IsFloat(v.dtype) && v.param_state != ir::ParamState::kFrozen;
+}
 
 bool DependsOnParameter(const ir::Graph& g, ir::ValueId v) {
   std::vector<ir::ValueId> stack = {v};
@@ -76,6 +78,11 @@ bool DependsOnParameter(const ir::Graph& g, ir::ValueId v) {
 bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v) {
   const ir::Value& val = g.value(v);
   return val.constant.has_value() && !IsParameter(val);
+}
+
+bool IsFoldableConstant(const ir::Graph& g, ir::ValueId v) {
+  const ir::Value& val = g.value(v);
+  return val.constant.has_value() && !(val.is_initializer && ir::IsFloat(val.dtype));
 }
 
 std::optional<ir::Tensor> ConcreteShapeTensor(const ir::Graph& g, const ir::Node& n) {

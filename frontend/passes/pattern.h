@@ -58,13 +58,21 @@ std::optional<std::pair<ir::ValueId, ir::ValueId>> SplitOperands(const ir::Node&
   return std::nullopt;
 }
 
-// Float initializers are the model's trainable parameters (DESIGN.md). Everything else that holds
-// constant data (Constant nodes, integer initializers, folded values) is a compile-time constant.
+// Float initializers are the model's trainable parameters (DESIGN.md) unless the trainable-parameter
+// rule (autodiff/trainable.h, the forward pipeline's first pass) or the user froze them
+// (ir::ParamState::kFrozen: buffers and exporter constants). Everything else that holds constant
+// data (Constant nodes, integer initializers, folded values, frozen initializers) is a compile-time
+// constant for pattern matching.
 bool IsParameter(const ir::Value& v);
 // True when a gradient could flow from `v` to a parameter: v is one, or a float path of producers
 // leads from one to v (integer and bool values carry no gradient and end the walk).
 bool DependsOnParameter(const ir::Graph& g, ir::ValueId v);
+// Constant data that is not a parameter (a fusion may read it into an attribute).
 bool IsFrozenConstant(const ir::Graph& g, ir::ValueId v);
+// Constant data that constant folding may compute with: not a float initializer at all. A frozen
+// float initializer still is not folded into new float constants: the graph computes with it in the
+// precision it is trained in (an fp64 run converts it first), as PyTorch computes with a buffer.
+bool IsFoldableConstant(const ir::Graph& g, ir::ValueId v);
 
 // Shape(x) (honouring the opset-15 start/end attrs) as an i64 tensor when x's dims are concrete.
 std::optional<ir::Tensor> ConcreteShapeTensor(const ir::Graph& g, const ir::Node& shape_node);

@@ -4,9 +4,11 @@
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_fusion.h"
 #include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/freeze_buffers.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
+#include "frontend/passes/rms_norm_fusion.h"
 #include "frontend/passes/pass.h"
 #include "frontend/passes/tie_transposed_initializers.h"
 #include "frontend/passes/upcast_half_precision.h"
@@ -18,6 +20,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
   if (options.verify) RETURN_IF_ERROR(Annotate(ir::Verify(*g), "graph invalid before the forward pipeline"));
   PassPipeline pipeline("forward");
   pipeline.set_verify(options.verify);
+  pipeline.AddPass<FreezeBuffers>();
   pipeline.AddPass<UpcastHalfPrecision>();
   pipeline.AddPass<TieTransposedInitializers>();
   if (options.fold) {
@@ -28,6 +31,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
   if (options.fuse) {
     pipeline.AddPass<LinearFusion>();
     pipeline.AddPass<LayerNormFusion>();
+    pipeline.AddPass<RMSNormFusion>();
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
   }

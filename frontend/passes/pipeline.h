@@ -1,8 +1,10 @@
 // The standard forward pipeline: what runs between import (plus shape inference and symbol
 // binding) and autodiff.
 //
+//   0. freeze-buffers (which float initializers are parameters: autodiff/trainable.h), upcast of
+//      half precision, tying of transposed initializers
 //   1. fixpoint { constant-folding, dce }   shape arithmetic, no-op Cast/Identity/Reshape/Expand
-//   2. linear, layer-norm, gelu, attention fusion (attention after the others; it only looks at
+//   2. linear, layer-norm, rms-norm, gelu, attention fusion (attention after the others; it only looks at
 //      the attention core, between the Q/K/V projections and the output projection)
 //   3. dce
 // with ir::Verify after every pass. The caller (tools/model.cc) does:

@@ -46,7 +46,8 @@ absl::StatusOr<bool> TieTransposedInitializers::Run(ir::Graph* g) {
   for (ValueId v = 0; v < g->num_values(); ++v) {
     const ir::Value& val = g->value(v);
     if (!val.is_initializer || !val.constant || !val.constant->has_data() || !ir::IsFloat(val.dtype) ||
-        val.producer != ir::kNoNode || val.constant->rank() != 2 || uses[v].empty() || g->IsGraphOutput(v))
+        val.producer != ir::kNoNode || val.param_state == ir::ParamState::kFrozen || val.constant->rank() != 2 ||
+        uses[v].empty() || g->IsGraphOutput(v))
       continue;
     const std::vector<int64_t>& d = val.constant->dims();
     if (!HasTwoDistinctValues(*val.constant)) continue;

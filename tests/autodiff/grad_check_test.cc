@@ -193,6 +193,12 @@ std::vector<GradCase> ReduceNormCases() {
       return V{t.Op(OpKind::kLayerNorm, ins, nout, MakeAttrs({{"axis", axis}, {"epsilon", 1e-5}}))[0]};
     };
   };
+  auto rms_norm = [](std::vector<int64_t> x, std::vector<int64_t> s, int64_t axis, int nout) {
+    return [=](TestGraph& t) {
+      V ins = {t.Param("x", x, -2, 2), t.Param("scale", s, 0.5, 1.5)};
+      return V{t.Op(OpKind::kRMSNorm, ins, nout, MakeAttrs({{"axis", axis}, {"epsilon", 1e-5}}))[0]};
+    };
+  };
   return {
       {"ReduceSum_axis1_keepdims", reduce(OpKind::kReduceSum, {2, 3, 4}, Axes({1}, 1))},
       {"ReduceSum_axes02", reduce(OpKind::kReduceSum, {2, 3, 4}, Axes({0, 2}, 0))},
@@ -209,6 +215,16 @@ std::vector<GradCase> ReduceNormCases() {
       {"LayerNorm_no_bias", layer_norm({4, 6}, {6}, false, -1, 1)},
       {"LayerNorm_axis_minus2", layer_norm({2, 3, 4}, {3, 4}, true, -2, 1)},
       {"LayerNorm_saved_stats", layer_norm({3, 5}, {5}, true, 1, 3)},
+      {"RMSNorm_last", rms_norm({2, 3, 5}, {5}, -1, 1)},
+      {"RMSNorm_axis_minus2", rms_norm({2, 3, 4}, {3, 4}, -2, 1)},
+      {"RMSNorm_broadcast_scale", rms_norm({3, 4}, {1}, -1, 1)},
+      {"RMSNorm_saved_inv_std", rms_norm({3, 5}, {5}, 1, 2)},
+      // Only the scale needs a gradient (the input is a frozen embedding): no dX.
+      {"RMSNorm_frozen_input", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kRMSNorm, {t.ConstF("x", {3, 5}, -2, 2), t.Param("scale", {5}, 0.5, 1.5)})}; }},
+      {"LayerNorm_frozen_input", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kLayerNorm, {t.ConstF("x", {3, 5}, -2, 2), t.Param("scale", {5}, 0.5, 1.5),
+                                             t.Param("bias", {5})})}; }},
       {"Gelu_erf", [](TestGraph& t) {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {3, 4}, -3, 3)}, MakeAttrs({{"approximate", std::string("none")}}))}; }},
       {"Gelu_tanh", [](TestGraph& t) {
@@ -236,6 +252,13 @@ std::vector<GradCase> AttentionCases() {
                                               return t.ConstB("mask", {2, 1, 1, 5},
                                                               {true, true, false, true, true, false, true, true, true, false});
                                             })},
+      // A learned additive bias (T5's relative positions): dMask, full and broadcast over the batch/queries.
+      {"Attention_learned_bias", attn({2, 3, 4}, {2, 5, 4}, {2, 5, 2}, MakeAttrs({}),
+                                      [](TestGraph& t) { return t.Param("bias", {2, 3, 5}, -1, 1); })},
+      {"Attention_learned_bias_bcast", attn({2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}, MakeAttrs({{"causal", int64_t{1}}}),
+                                            [](TestGraph& t) { return t.Param("bias", {2, 1, 5}, -1, 1); })},
+      {"Attention_learned_bias_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}),
+                                              [](TestGraph& t) { return t.Param("bias", {4, 6}, -1, 1); })},
       {"Attention_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}), nullptr)},
       {"Attention_dropout_causal", attn({2, 5, 4}, {2, 5, 4}, {2, 5, 4},
                                         MakeAttrs({{"dropout", 0.2}, {"causal", int64_t{1}}}), nullptr)},

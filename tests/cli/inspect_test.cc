@@ -1,5 +1,6 @@
 // `onnxpipe inspect` on the shipped models: parameters counted against onnx's own view of the file,
 // fused op histograms against the models' configs (sidecars), and the error/exit-code contract.
+#include <set>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -13,8 +14,9 @@ using nlohmann::json;
 
 // Independent reference, with onnx's shape inference for value types: distinct float initializers
 // that a float graph output depends on through float values only (mask buffers compared with
-// Equal are not parameters).
-json PythonParameterCount(const std::string& model) {
+// Equal are not parameters), less the module's buffers the sidecar lists (from PyTorch: the
+// trainable-parameter rule freezes them, e.g. tiny_classifier's sinusoidal pos.table).
+json PythonParameterCount(const std::string& model, const json& buffers) {
   const std::string script =
       "import json,sys,onnx,numpy as np\n"
       "m=onnx.shape_inference.infer_shapes(onnx.load(sys.argv[1]))\n"
@@ -28,14 +30,15 @@ json PythonParameterCount(const std::string& model) {
       "  if v in seen: continue\n"
       "  seen.add(v)\n"
       "  if v in prod: st+=[i for i in prod[v].input if i and ty.get(i) in fl]\n"
-      "ps=[t for t in m.graph.initializer if t.name in seen]\n"
+      "bufs=set(json.loads(sys.argv[2]))\n"
+      "ps=[t for t in m.graph.initializer if t.name in seen and t.name not in bufs]\n"
       "uses={t.name:sum(1 for n in m.graph.node for i in n.input if i==t.name) for t in ps}\n"
       "print(json.dumps({'count':int(sum(np.prod(t.dims,dtype=np.int64) for t in ps)),"
       "'tensors':len(ps),'shared':sum(1 for v in uses.values() if v>1)}))\n";
   const std::filesystem::path dir = MakeTempDir("pycount");
   const std::string py = (dir / "count.py").string();
   std::ofstream(py) << script;
-  CommandResult r = RunCommand(Python() + " " + py + " " + model);
+  CommandResult r = RunCommand(Python() + " " + py + " " + model + " '" + buffers.dump() + "'");
   std::filesystem::remove_all(dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return json::parse(r.out);
@@ -62,7 +65,7 @@ TEST_P(ShippedModelTest, ReportsIoAndParametersLikeOnnx) {
     EXPECT_EQ(j["inputs"][i]["dims"], side["inputs"][i]["shape"]);  // symbolic "B", "S"
   }
   EXPECT_EQ(j["outputs"][0]["name"], side["outputs"][0]["name"]);
-  const json ref = PythonParameterCount(model);
+  const json ref = PythonParameterCount(model, side.value("buffers", json::array()));
   EXPECT_EQ(j["parameters"]["count"], ref["count"]);
   EXPECT_EQ(j["parameters"]["bytes"], ref["count"].get<int64_t>() * 4);
   EXPECT_EQ(j["parameters"]["tensors"], ref["tensors"]);
@@ -72,6 +75,12 @@ TEST_P(ShippedModelTest, ReportsIoAndParametersLikeOnnx) {
   EXPECT_EQ(per_scope, ref["count"]);
   EXPECT_TRUE(j["unsupported_ops"].empty());
   EXPECT_EQ(j["op_histogram"].size() > 5, true);
+  // The trainable-parameter rule froze exactly the module's buffers (tiny_gpt's causal masks,
+  // tiny_classifier's sinusoidal table), without a --freeze regex.
+  std::set<std::string> frozen, buffers;
+  for (const json& f : j["trainable"]["frozen"]) frozen.insert(f["name"].get<std::string>());
+  for (const json& b : side.value("buffers", json::array())) buffers.insert(b.get<std::string>());
+  EXPECT_EQ(frozen, buffers);
 }
 
 TEST_P(ShippedModelTest, BoundDimsFoldShapeArithmeticAndFuseEveryLayer) {

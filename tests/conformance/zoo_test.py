@@ -7,9 +7,16 @@ against the PyTorch references stored beside it:
      relative to the largest |logit|, elementwise; fp64 is not tighter because the graphs hold float32 constants,
      e.g. RMSNorm's eps and attention scales, which move float64 logits by up to ~1e-8; a half-precision export
      holds its constants (GELU's, eps) in half precision, so its fp64 tolerance is fp32's);
-  3. `onnxpipe train` (dropout off, the sidecar's frozen initializers) gives PyTorch's per-step losses for SGD with
-     momentum and AdamW, 1e-7 relative in fp64 (--fp64-loss-tol) and 1e-4 in fp32;
-  4. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
+  3. the initializers `onnxpipe inspect` reports frozen by the trainable-parameter rule (no regex) are exactly the
+     sidecar's `freeze` list (PyTorch's buffers and exporter constants: float initializers that are not one of the
+     module's parameters), less those named in the freeze-by-flag file (--freeze-by-flag): exporter constants
+     that no graph rule can tell from a parameter, which the training runs freeze with --freeze;
+  4. `onnxpipe train` (dropout off, no --freeze but for the freeze-by-flag names) gives PyTorch's per-step losses
+     for SGD with momentum and AdamW, 1e-7 relative in fp64 (--fp64-loss-tol) and 1e-4 in fp32;
+  5. `onnxpipe inspect` at the training batch and sequence length fuses one Attention per attention block (one per
+     layer; an encoder-decoder's decoder layers have two, self and cross) and leaves no Softmax, and lists the fused
+     ops per layer with one Attention in each layer that has attention;
+  6. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
      fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums).
 
   /usr/bin/python3 tests/conformance/zoo_test.py --onnxpipe BUILD/tools/onnxpipe tests/data/zoo/llama_o17_fixed
@@ -78,12 +85,31 @@ class Checker:
         return ok
 
 
-def check_inspect(c, exe, model):
+def load_freeze_by_flag(path):
+    """{model: {initializer: reason}} (tab-separated: model, initializer, why no graph rule finds it)."""
+    out = {}
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    model, name, reason = line.split("\t")
+                    out.setdefault(model, {})[name] = reason
+    return out
+
+
+def check_inspect(c, exe, model, side, by_flag):
     rc, out, err = run([exe, "inspect", model, "--check", "--json"])
     if not c.check("inspect --check", rc == 0, err.strip()[-2000:]):
         return
     info = json.loads(out)
     c.check("inspect reports no unsupported op", not info.get("unsupported_ops"), str(info.get("unsupported_ops")))
+    frozen = {f["name"]: f["reason"] for f in info["trainable"]["frozen"]}
+    want = set(side["freeze"]) - set(by_flag)
+    c.check("the rule freezes the sidecar's buffers and constants", set(frozen) == want,
+            f"frozen by the rule {sorted(frozen.items())}, PyTorch's buffers/constants {sorted(want)}")
+    c.check("the freeze-by-flag names are sidecar buffers the rule trains",
+            set(by_flag) <= set(side["freeze"]) and not set(by_flag) & set(frozen), str(sorted(by_flag)))
 
 
 def check_forward(c, exe, model, side, folder, tmp):
@@ -109,10 +135,43 @@ def check_forward(c, exe, model, side, folder, tmp):
             c.check(f"{name} equals PyTorch ({dtype}, tol {tol:g})", err_rel <= tol, f"max error {err_rel:.3g}")
 
 
+# (encoder layers, decoder layers) of the encoder-decoder families models/export_hf.py builds.
+HF_ENCODER_DECODER_LAYERS = {"bart": (1, 1), "t5": (1, 1)}
+
+
+def attention_blocks(side):
+    """(attention blocks, attention blocks per layer that has any) of the model a sidecar describes."""
+    layers = side["config"]["layers"]
+    if side.get("family") in HF_ENCODER_DECODER_LAYERS:
+        enc, dec = HF_ENCODER_DECODER_LAYERS[side["family"]]
+        return enc + 2 * dec, {1, 2}
+    if side.get("arch") == "seq2seq":  # export_zoo.py: nn.Transformer with `layers` encoder and decoder layers
+        return 3 * layers, {1, 2}
+    return layers, {1}
+
+
+def check_fusion(c, exe, model, side):
+    blocks, per_layer = attention_blocks(side)
+    cmd = [exe, "inspect", model, "--json"]
+    if side.get("dynamic", True):
+        cmd += ["--batch", str(side["train"]["batch"]), "--seq", str(side["config"]["seq"])]
+    rc, out, err = run(cmd)
+    if not c.check("inspect at the training shape", rc == 0, err.strip()[-2000:]):
+        return
+    info = json.loads(out)
+    hist = info["fused_op_histogram"]
+    c.check(f"one fused Attention per attention block ({blocks})", hist.get("Attention", 0) == blocks,
+            f"Attention {hist.get('Attention', 0)}, Softmax {hist.get('Softmax', 0)}")
+    c.check("no Softmax left unfused", hist.get("Softmax", 0) == 0, f"Softmax {hist.get('Softmax', 0)}")
+    counts = [row["ops"].get("Attention", 0) for row in info["fused_per_layer"]]
+    c.check("inspect's per-layer fused counts hold the attention blocks",
+            sum(counts) == blocks and {n for n in counts if n} <= per_layer, str(info["fused_per_layer"]))
+
+
 PIPELINE_TOL = 1e-12
 
 
-def train_command(exe, model, side, folder, r, metrics):
+def train_command(exe, model, side, folder, r, metrics, by_flag):
     tr, loss = side["train"], side["loss"]
     dtype = "fp64" if r["dtype"] == "float64" else "fp32"
     h = r["hyperparams"]
@@ -124,8 +183,8 @@ def train_command(exe, model, side, folder, r, metrics):
         cmd += ["--momentum", repr(h["momentum"])]
     else:
         cmd += ["--beta1", repr(h["betas"][0]), "--beta2", repr(h["betas"][1]), "--eps", repr(h["eps"])]
-    if side["freeze"]:
-        cmd += ["--freeze", regex_of_names(side["freeze"])]
+    if by_flag:
+        cmd += ["--freeze", regex_of_names(sorted(by_flag))]
     return cmd
 
 
@@ -134,7 +193,7 @@ def read_losses(metrics):
         return [json.loads(line)["loss"] for line in fh if line.strip()]
 
 
-def check_pipelined(c, exe, model, side, folder, tmp, stage_counts):
+def check_pipelined(c, exe, model, side, folder, tmp, stage_counts, by_flag):
     """The fp64 AdamW run over each of `stage_counts` stages equals the unpartitioned run."""
     runs = [r for r in side["train"]["runs"] if r["dtype"] == "float64" and r["optimizer"] == "adamw"]
     if not runs:
@@ -142,7 +201,7 @@ def check_pipelined(c, exe, model, side, folder, tmp, stage_counts):
     got = {}
     for k in [0] + stage_counts:
         metrics = os.path.join(tmp, f"metrics_pipe{k}.jsonl")
-        cmd = train_command(exe, model, side, folder, runs[0], metrics)
+        cmd = train_command(exe, model, side, folder, runs[0], metrics, by_flag)
         if k:
             cmd += ["--stages", str(k), "--microbatches", "2" if side.get("dynamic", True) else "1"]
         what = f"train adamw fp64 --stages {k}" if k else "train adamw fp64 (pipeline reference)"
@@ -158,12 +217,12 @@ def check_pipelined(c, exe, model, side, folder, tmp, stage_counts):
                     f"pipelined {got[k]} unpartitioned {got[0]}")
 
 
-def check_training(c, exe, model, side, folder, tmp):
+def check_training(c, exe, model, side, folder, tmp, by_flag):
     tr = side["train"]
     for i, r in enumerate(tr["runs"]):
         dtype = "fp64" if r["dtype"] == "float64" else "fp32"
         metrics = os.path.join(tmp, f"metrics_{i}.jsonl")
-        cmd = train_command(exe, model, side, folder, r, metrics)
+        cmd = train_command(exe, model, side, folder, r, metrics, by_flag)
         what = f"train {r['optimizer']} {dtype}"
         rc, _, err = run(cmd)
         if not c.check(what, rc == 0, err.strip()[-2000:]):
@@ -187,9 +246,14 @@ def main(argv=None):
     p.add_argument("--expected", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "zoo",
                                                       "expected_failures.txt"),
                    help="expected failures (default tests/data/zoo/expected_failures.txt)")
+    p.add_argument("--freeze-by-flag", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                                            "zoo", "freeze_by_flag.txt"),
+                   help="initializers trained by the rule that the runs freeze with --freeze (default "
+                        "tests/data/zoo/freeze_by_flag.txt)")
     a = p.parse_args(argv)
     LOSS_TOL["float64"] = a.fp64_loss_tol
     expected = load_expected(a.expected)
+    freeze_by_flag = load_freeze_by_flag(a.freeze_by_flag)
     passed = failed = 0
     for folder in a.models:
         side_path = os.path.join(folder, "zoo.json")
@@ -197,13 +261,15 @@ def main(argv=None):
             side = json.load(fh)
         c = Checker(side["name"], expected)
         model = os.path.join(folder, "model.onnx")
+        by_flag = freeze_by_flag.get(side["name"], {})
         with tempfile.TemporaryDirectory(prefix="zoo_") as tmp:
-            check_inspect(c, a.onnxpipe, model)
+            check_inspect(c, a.onnxpipe, model, side, by_flag)
             if c.failed == 0:
+                check_fusion(c, a.onnxpipe, model, side)
                 check_forward(c, a.onnxpipe, model, side, folder, tmp)
-                check_training(c, a.onnxpipe, model, side, folder, tmp)
+                check_training(c, a.onnxpipe, model, side, folder, tmp, by_flag)
                 if a.pipeline_stages:
-                    check_pipelined(c, a.onnxpipe, model, side, folder, tmp, a.pipeline_stages)
+                    check_pipelined(c, a.onnxpipe, model, side, folder, tmp, a.pipeline_stages, by_flag)
         passed, failed = passed + c.passed, failed + c.failed
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -1,4 +1,5 @@
-// Softmax / LogSoftmax along any axis and LayerNorm (Y, Mean, InvStdDev) against numpy.
+// Softmax / LogSoftmax along any axis, LayerNorm (Y, Mean, InvStdDev) and RMSNorm (Y, InvStdDev)
+// against numpy.
 #include <cmath>
 
 #include "tests/cpu/test_util.h"
@@ -87,6 +88,44 @@ TEST(LayerNorm, NoBiasOneOutputAndBadScale) {
   EXPECT_FALSE(Eval(MakeNode(OpKind::kLayerNorm, 2), {x, Rand(DType::kF64, {5}, 1)}).ok());
   // A scale that broadcasts to the normalised shape is accepted.
   EXPECT_TRUE(Eval(MakeNode(OpKind::kLayerNorm, 2), {x, Rand(DType::kF64, {1}, 1)}).ok());
+}
+
+TEST(RMSNorm, OutputsMatchNumpy) {
+  for (DType dt : FloatDTypes()) {
+    Tensor x = Rand(dt, {2, 3, 4, 5}, 60, -3, 3);
+    for (int64_t axis : {-1, 2, 0}) {
+      const int64_t a = axis < 0 ? axis + 4 : axis;
+      std::vector<int64_t> norm(x.dims().begin() + a, x.dims().end());
+      Tensor scale = Rand(dt, norm, 61);
+      ir::Attrs attrs;
+      attrs.Set("axis", axis);
+      attrs.Set("epsilon", 1e-3);
+      auto r = Eval(MakeNode(OpKind::kRMSNorm, 2, 2, attrs), {x, scale});
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto ref = Numpy({{"x", x}, {"s", scale}},
+                       "x = a['x'].astype(np.float64)\naxes = tuple(range(" + std::to_string(a) + ", 4))\n"
+                       "inv = 1 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + 1e-3)\n"
+                       "out['y'] = x * inv * a['s'].astype(np.float64)\nout['i'] = inv\n");
+      EXPECT_TRUE(AllClose((*r)[0], ref["y"].CastTo(dt), RelTol(dt), 1e-5)) << axis;
+      EXPECT_TRUE(AllClose((*r)[1], ref["i"].CastTo(dt), RelTol(dt), 1e-6)) << axis;
+    }
+  }
+}
+
+TEST(RMSNorm, ByHandBroadcastScaleAndBadScale) {
+  // x = (3, 4): mean of squares 12.5, so y = x / sqrt(12.5 + eps) * scale.
+  Tensor x = Tensor::FromVector<double>({1, 2}, {3.0, 4.0});
+  Tensor scale = Tensor::FromVector<double>({2}, {2.0, -1.0});
+  ir::Attrs attrs;
+  attrs.Set("epsilon", 0.5);
+  Tensor y = Eval1(MakeNode(OpKind::kRMSNorm, 2, 1, attrs), {x, scale});
+  EXPECT_NEAR(y.data<double>()[0], 3.0 / std::sqrt(13.0) * 2.0, 1e-15);
+  EXPECT_NEAR(y.data<double>()[1], -4.0 / std::sqrt(13.0), 1e-15);
+  Tensor x2 = Rand(DType::kF64, {4, 6}, 62);
+  EXPECT_TRUE(Eval(MakeNode(OpKind::kRMSNorm, 2), {x2, Rand(DType::kF64, {1}, 1)}).ok());  // broadcasts
+  auto bad = Eval(MakeNode(OpKind::kRMSNorm, 2), {x2, Rand(DType::kF64, {5}, 1)});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("scale"), std::string::npos) << bad.status();
 }
 
 }  // namespace

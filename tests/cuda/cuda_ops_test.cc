@@ -230,6 +230,21 @@ TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}});  // no dBias
 }
 
+TEST_F(CudaOpsTest, RMSNormAndItsGradient) {
+  Check({ir::OpKind::kRMSNorm, {Rand({4, 7, 96}, 1, -3, 3), Rand({96}, 2)}, Attrs({{"epsilon", 1e-6}}), 2});
+  Check({ir::OpKind::kRMSNorm, {Rand({3, 5, 24}, 3), Rand({5, 24}, 4)}, Attrs({{"axis", int64_t{1}}}), 1});
+  const Tensor x = Rand({4, 7, 96}, 5, -2, 2), scale = Rand({96}, 6), dy = Rand({4, 7, 96}, 7);
+  ir::Graph g;
+  const ir::ValueId vx = g.AddValue("x", DType::kF32, {4, 7, 96}), vs = g.AddValue("s", DType::kF32, {96});
+  const ir::ValueId y = g.AddValue("y", DType::kF32, {4, 7, 96}), r = g.AddValue("r", DType::kF32, {4, 7, 1});
+  const ir::NodeId rms = g.AddNode(ir::OpKind::kRMSNorm, "rms", {vx, vs}, {y, r});
+  absl::StatusOr<std::vector<Tensor>> fwd = backend::MakeCpuBackend()->Run(g.node(rms), {x, scale}, {});
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*fwd)[1]}, {}, 2});
+  Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 2});
+  Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1});  // no dScale
+}
+
 TEST_F(CudaOpsTest, SoftmaxForwardAndBackward) {
   for (ir::OpKind op : {ir::OpKind::kSoftmax, ir::OpKind::kLogSoftmax}) {
     Check({op, {Rand({4, 5, 33}, 1, -4, 4)}});

@@ -407,6 +407,25 @@ TEST(InferTest, LayerNormOutputs) {
   EXPECT_THAT(bad.Infer().message(), HasSubstr("does not broadcast to (64)"));
 }
 
+TEST(InferTest, RMSNormAndItsGradient) {
+  Builder b;
+  ValueId x = b.Input("x", {B, S, 4, 16}), scale = b.Input("scale", {4, 16});
+  std::vector<ValueId> rms = b.Node(OpKind::kRMSNorm, {x, scale}, 2, A({{"axis", int64_t{-2}}}));
+  std::vector<ValueId> grad = b.Node(OpKind::kRMSNormGrad, {b.Input("dy", {B, S, 4, 16}), x, scale, rms[1]}, 2,
+                                     A({{"axis", int64_t{-2}}}));
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(rms[0]), "(B, S, 4, 16)");
+  EXPECT_EQ(b.Str(rms[1]), "(B, S, 1, 1)");
+  EXPECT_EQ(b.Type(rms[1]), DType::kF32);
+  EXPECT_EQ(b.Str(grad[0]), "(B, S, 4, 16)");
+  EXPECT_EQ(b.Str(grad[1]), "(4, 16)");
+
+  Builder bad;
+  bad.Node(OpKind::kRMSNorm, {bad.Input("x", {B, 64}), bad.Input("scale", {32})}, 1, {}, "/rms");
+  EXPECT_THAT(bad.Infer().message(), HasSubstr("does not broadcast to (64)"));
+  EXPECT_THAT(bad.Infer().message(), HasSubstr("/rms"));
+}
+
 TEST(InferTest, SoftmaxCrossEntropyLossShapes) {
   Builder b;
   ValueId scores = b.Input("scores", {B, 10}), labels = b.Input("labels", {B}, DType::kI64);

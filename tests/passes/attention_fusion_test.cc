@@ -265,10 +265,9 @@ TEST(AttentionFusionTest, NonTriangularConstantMaskIsKept) {
   EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
 }
 
-// T5's relative position bias is a Gather of a learned table added to the scores: fusing it as an
-// Attention mask would drop its gradient, so the primitive ops stay. A bias computed from a
-// non-float path (positions, bucket ids) of the same shape still fuses.
-TEST(AttentionFusionTest, LearnedAdditiveBiasIsNotFused) {
+// T5's relative position bias is a Gather of a learned table added to the scores: it becomes the
+// Attention's additive mask, which AttentionGrad's dMask trains (a constant table the same way).
+TEST(AttentionFusionTest, LearnedAdditiveBiasIsTheMask) {
   for (bool learned : {true, false}) {
     GraphBuilder b;
     const Dim S = Dim(kS), Dh = Dim(4);
@@ -284,10 +283,45 @@ TEST(AttentionFusionTest, LearnedAdditiveBiasIsNotFused) {
     b.Output(b.Op(OpKind::kMatMul, {b.Op(OpKind::kSoftmax, {s}, {S, S}), v}, {S, Dh}));
     ir::Graph& g = b.graph();
     absl::StatusOr<bool> r = RunAttention(g);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(*r, !learned);
-    EXPECT_EQ(testing::NodesOf(g, OpKind::kAttention).size(), learned ? 0u : 1u) << testing::HistogramString(g);
+    ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+    const ir::Node& att = OnlyAttention(g);
+    EXPECT_EQ(att.inputs, (std::vector<ValueId>{q, k, v, bias}));
+    EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+    EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
   }
+}
+
+// torch's dynamo exporter: frozen rank-0 scale on Q and on K^T spelled through a flattening, GQA's
+// expanded K/V, a Where mask of frozen initializers and the NaN guard -> one Attention reading K
+// itself (no transpose left) with scale (sqrt scale)^2.
+TEST(AttentionFusionTest, DynamoSdpaWithFlattenedKTransposeAndGqa) {
+  GraphBuilder b;
+  const DynamoSdpaGraph built = BuildDynamoSdpa(b);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  EXPECT_EQ(att.inputs, (std::vector<ValueId>{built.q, built.k_heads, built.v_heads, built.mask}));
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("scale", 0),
+                   static_cast<double>(built.sqrt_scale) * static_cast<double>(built.sqrt_scale));
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  // Left: GQA's repeat of K and V (Unsqueeze, Expand, Reshape each) and the mask's Where.
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Unsqueeze", 2}, {"Expand", 2}, {"Reshape", 2}, {"Where", 1}}));
+}
+
+// The same export with the scale initializer still a parameter: it cannot become an attribute, so
+// Q stays scaled in the graph and K^T is transposed back explicitly.
+TEST(AttentionFusionTest, DynamoSdpaWithATrainableScaleKeepsTheScalings) {
+  GraphBuilder b;
+  const DynamoSdpaGraph built = BuildDynamoSdpa(b, /*trainable_scale=*/true);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  EXPECT_EQ(att.attrs.Get<double>("scale", 0), 1.0);
+  EXPECT_NE(att.inputs[0], built.q);
+  EXPECT_EQ(g.node(g.value(att.inputs[0]).producer).op, OpKind::kMul);
+  EXPECT_EQ(g.node(g.value(att.inputs[1]).producer).op, OpKind::kTranspose);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Numerical equivalence of every fusion: the graph before and after the pass, evaluated on the
 // CPU backend with the same random inputs, must agree to float rounding. The fused kernels
-// (Linear, LayerNorm, Gelu, Attention) are independent of the primitive ops they replace, so a
+// (Linear, LayerNorm, RMSNorm, Gelu, Attention) are independent of the primitive ops they replace, so a
 // wrong attribute (scale, epsilon, causal, mask polarity, K layout) shows up as a mismatch.
 
 #include <functional>
@@ -10,6 +10,7 @@
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
+#include "frontend/passes/rms_norm_fusion.h"
 #include "gtest/gtest.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_patterns.h"
@@ -80,6 +81,24 @@ TEST(FusionNumericTest, LayerNorm) {
     LayerNormFusion pass;
     ExpectEquivalent(b.graph(), pass, OpKind::kLayerNorm);
   }
+}
+
+TEST(FusionNumericTest, RMSNorm) {
+  for (const RMSNormVariant& v :
+       {RMSNormVariant{}, RMSNormVariant{.rsqrt = RMSNormVariant::kPowMinusHalf, .casts = true},
+        RMSNormVariant{.rsqrt = RMSNormVariant::kDivBySqrt, .square_as_mul = true, .two_axes = true}}) {
+    GraphBuilder b;
+    BuildDecomposedRMSNorm(b, v);
+    RMSNormFusion pass;
+    ExpectEquivalent(b.graph(), pass, OpKind::kRMSNorm);
+  }
+}
+
+TEST(FusionNumericTest, DynamoSdpaAttention) {
+  GraphBuilder b;
+  BuildDynamoSdpa(b);
+  AttentionFusion pass;
+  ExpectEquivalent(b.graph(), pass, OpKind::kAttention);
 }
 
 TEST(FusionNumericTest, Gelu) {

@@ -39,6 +39,83 @@ LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant&
 }
 
 
+RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v) {
+  const Dim B = Dim::Symbol("B"), S = v.two_axes ? Dim(4) : Dim::Symbol("S");
+  const ir::Shape full = {B, S, Dim(16)};
+  const ir::Shape reduced = v.two_axes ? ir::Shape{B, Dim(1), Dim(1)}
+                                       : v.middle_axis ? ir::Shape{B, Dim(1), Dim(16)} : ir::Shape{B, S, Dim(1)};
+  const std::vector<int64_t> axes = v.two_axes ? std::vector<int64_t>{-2, -1} : std::vector<int64_t>{v.middle_axis ? 1 : -1};
+  RMSNormGraph out;
+  out.x = b.Input("x", full);
+  const ir::Attrs to_f32 = MakeAttrs({{"to", std::string("f32")}});
+  const ValueId xf = v.casts ? b.Op(OpKind::kCast, {out.x}, full, to_f32) : out.x;
+  const ValueId xs = v.other_square ? b.Op(OpKind::kNeg, {xf}, full) : xf;
+  const ValueId p = v.square_as_mul ? b.Op(OpKind::kMul, {xs, xs}, full) : b.Op(OpKind::kPow, {xs, b.Scalar(2.0f)}, full);
+  const ValueId ms = b.Op(OpKind::kReduceMean, {p}, reduced, MakeAttrs({{"axes", axes}}));
+  if (v.extra_mean_use) b.Output(ms);
+  const ValueId eps = v.eps_parameter ? b.Param("eps", {}) : b.Scalar(1e-6f);
+  const ValueId s = b.Op(OpKind::kAdd, {ms, eps}, reduced);
+  ValueId n = ir::kNoValue;
+  switch (v.rsqrt) {
+    case RMSNormVariant::kReciprocalSqrt:
+      n = b.Op(OpKind::kMul, {xf, b.Op(OpKind::kReciprocal, {b.Op(OpKind::kSqrt, {s}, reduced)}, reduced)}, full);
+      break;
+    case RMSNormVariant::kDivOneBySqrt:
+      n = b.Op(OpKind::kMul, {b.Op(OpKind::kDiv, {b.Scalar(1.0f), b.Op(OpKind::kSqrt, {s}, reduced)}, reduced), xf}, full);
+      break;
+    case RMSNormVariant::kPowMinusHalf:
+      n = b.Op(OpKind::kMul, {xf, b.Op(OpKind::kPow, {s, b.Scalar(-0.5f)}, reduced)}, full);
+      break;
+    case RMSNormVariant::kDivBySqrt:
+      n = b.Op(OpKind::kDiv, {xf, b.Op(OpKind::kSqrt, {s}, reduced)}, full);
+      break;
+  }
+  if (v.casts) n = b.Op(OpKind::kCast, {n}, full, to_f32);
+  out.weight = v.two_axes ? b.Param("norm.weight", {4, 16}) : b.Param("norm.weight", {16});
+  const ValueId y = b.Op(OpKind::kMul, v.weight_first ? std::vector<ValueId>{out.weight, n} : std::vector<ValueId>{n, out.weight},
+                         full);
+  out.y = b.Op(OpKind::kRelu, {y}, full);
+  b.Output(out.y);
+  return out;
+}
+
+DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale) {
+  const Dim B = Dim(2), H = Dim(4), KVH = Dim(2), S = Dim(kS), Dh = Dim(4);
+  DynamoSdpaGraph out;
+  ir::Graph& g = b.graph();
+  auto frozen_scalar = [&](const std::string& name, float v, bool frozen) {
+    const ValueId id = g.AddConstant(name, Tensor::FromVector<float>({}, {v}), /*is_initializer=*/true);
+    if (frozen) g.value(id).param_state = ir::ParamState::kFrozen;
+    return id;
+  };
+  out.q = b.Input("q", {B, H, S, Dh});
+  const ValueId k = b.Input("k", {B, KVH, S, Dh}), v = b.Input("v", {B, KVH, S, Dh});
+  const ValueId keep = b.Input("keep", {B, Dim(1), S, S}, DType::kBool);
+  auto repeat_kv = [&](ValueId x) {
+    const ValueId u = b.Op(OpKind::kUnsqueeze, {x}, {B, KVH, Dim(1), S, Dh}, MakeAttrs({{"axes", std::vector<int64_t>{2}}}));
+    const ValueId e = b.Op(OpKind::kExpand, {u, b.IntVec({2, 2, 2, kS, 4})}, {B, KVH, Dim(2), S, Dh});
+    return b.Op(OpKind::kReshape, {e, b.IntVec({2, 4, kS, 4})}, {B, H, S, Dh});
+  };
+  out.k_heads = repeat_kv(k);
+  out.v_heads = repeat_kv(v);
+  const ValueId flat = b.Op(OpKind::kReshape, {out.k_heads, b.IntVec({-1, kS, 4})}, {B * H, S, Dh});
+  const ValueId flat_t = b.Op(OpKind::kTranspose, {flat}, {B * H, Dh, S}, Perm({0, 2, 1}));
+  const ValueId kt = b.Op(OpKind::kReshape, {flat_t, b.IntVec({2, 4, 4, kS})}, {B, H, Dh, S});
+  const ValueId scale = frozen_scalar("val_147", out.sqrt_scale, !trainable_scale);
+  const ValueId qs = b.Op(OpKind::kMul, {out.q, scale}, {B, H, S, Dh});
+  const ValueId kts = b.Op(OpKind::kMul, {kt, scale}, {B, H, Dh, S});
+  const ValueId zero = frozen_scalar("val_151", 0.0f, true);
+  out.mask = b.Op(OpKind::kWhere, {keep, zero, frozen_scalar("val_152", -3.4028234663852886e38f, true)},
+                  {B, Dim(1), S, S});
+  const ValueId s = b.Op(OpKind::kAdd, {b.Op(OpKind::kMatMul, {qs, kts}, {B, H, S, S}), out.mask}, {B, H, S, S});
+  const ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S});
+  const ValueId nan = b.Op(OpKind::kIsNaN, {p}, {B, H, S, S}, {}, DType::kBool);
+  const ValueId guarded = b.Op(OpKind::kWhere, {nan, zero, p}, {B, H, S, S});
+  out.out = b.Op(OpKind::kMatMul, {guarded, out.v_heads}, {B, H, S, Dh});
+  b.Output(out.out);
+  return out;
+}
+
 // Builds y = gelu(x) in the requested form; returns {x, y}.
 std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o) {
   ValueId in = b.Input("in", kGeluShape);

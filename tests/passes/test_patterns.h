@@ -37,6 +37,25 @@ struct LayerNormGraph {
 // The opset < 17 export of nn.LayerNorm(16, eps=1e-5) on a (B, S, 16) input, output through a Relu.
 LayerNormGraph BuildDecomposedLayerNorm(GraphBuilder& b, const LayerNormVariant& v);
 
+struct RMSNormVariant {
+  enum Rsqrt { kReciprocalSqrt, kDivOneBySqrt, kPowMinusHalf, kDivBySqrt } rsqrt = kReciprocalSqrt;
+  bool square_as_mul = false;   // Mul(x, x) instead of Pow(x, 2)
+  bool casts = false;           // Llama: x.to(float32) read by both, the result cast back
+  bool weight_first = true;     // Mul(weight, n) as Llama writes it
+  bool two_axes = false;        // normalise the last two dims (x (B, 4, 16), weight (4, 16))
+  bool eps_parameter = false;   // negative: eps is a trainable initializer
+  bool extra_mean_use = false;  // negative: the mean of squares has another consumer
+  bool other_square = false;    // negative: the square reads another value than the normalisation
+  bool middle_axis = false;     // negative: the mean is over a dim that is not trailing
+};
+
+struct RMSNormGraph {
+  ValueId x, weight, y;
+};
+
+// LlamaRMSNorm(16, eps=1e-6) on a (B, S, 16) input as torch's exporters write it, output through a Relu.
+RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v);
+
 inline const ir::Shape kGeluShape = {ir::Dim::Symbol("B"), ir::Dim(8)};
 
 enum class GeluForm {
@@ -83,6 +102,18 @@ struct MhaGraph {
 };
 
 MhaGraph BuildMha(GraphBuilder& b, const MhaOptions& o);
+
+// Llama's SDPA attention as torch's dynamo exporter writes it (opset 18): Q and K^T each scaled by
+// sqrt(1/sqrt(Dh)) (a rank-0 initializer the trainable-parameter rule freezes), K^T through a
+// flattening (Reshape (B*H, S, Dh) -> Transpose [0, 2, 1] -> Reshape (B, H, Dh, S)), K and V
+// expanded from KVH = 2 to H = 4 heads (Unsqueeze, Expand, Reshape), the additive mask
+// Where(keep, 0, finfo.min) of frozen rank-0 initializers, and the NaN guard after the softmax.
+// B = 2, S = kS, Dh = 4. `trainable_scale`: the scale initializer is left undecided (a parameter).
+struct DynamoSdpaGraph {
+  ValueId q, k_heads, v_heads, mask, out;
+  float sqrt_scale = 0.70710677f;
+};
+DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale = false);
 
 // GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
 // with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.

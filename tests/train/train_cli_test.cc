@@ -306,5 +306,36 @@ TEST_F(TrainCliTest, NpyEvalMatchesAHandComputationOverTheLogits) {
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("error")));
 }
 
+// What `train` froze and why, one line per reason, and --train-only/--freeze overriding the rule (the Llama dynamo
+// export of the Hugging Face corpus: 27 float initializers, 21 of them the module's parameters).
+TEST(TrainCliFreezeTest, PrintsWhatTheRuleFrozeAndTheFlagsOverrideIt) {
+  const std::string dir = SourcePath("models/hf/llama_dynamo18_sdpa_dyn");
+  const std::string base = Onnxpipe() + " train " + dir + "/model.onnx --data " + dir +
+                           "/train --batch 4 --steps 1 --optimizer sgd --lr 0.01 ";
+  CommandResult r = RunCommand(base);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("parameters: 21 of 27 float initializers trained; not trained:\n"));
+  EXPECT_THAT(r.out, HasSubstr("positional buffers (multiplied by positions before meeting activations: rotary "
+                               "inv_freq, ALiBi slopes): 1 (m.model.rotary_emb.inv_freq)\n"));
+  EXPECT_THAT(r.out, HasSubstr("rank-0 exporter literals (eps, scales, exponents, fill values): 4 ("));
+  EXPECT_THAT(r.out, HasSubstr("mask fill values (inf, NaN or finfo.min/max): 1 ("));
+  EXPECT_THAT(r.out, HasSubstr("5968 trainable parameters"));  // PyTorch's count (zoo.json)
+  // Only the RMSNorm scales (3 x 16) but the post-attention ones (--freeze wins).
+  r = RunCommand(base + "--train-only norm --freeze post_attention");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("parameters: 3 of 27 float initializers trained"));
+  EXPECT_THAT(r.out, HasSubstr("matched by --freeze: 2 (m.model.layers.0.post_attention_layernorm.weight, "
+                               "m.model.layers.1.post_attention_layernorm.weight)"));
+  EXPECT_THAT(r.out, HasSubstr("not matched by --train-only: 22 ("));
+  EXPECT_THAT(r.out, HasSubstr("48 trainable parameters"));
+  // --train-only trains a literal the rule freezes (the attention scale is then a learned input).
+  r = RunCommand(base + "--train-only '^(val_147|m\\.model\\.norm\\.weight)$'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("17 trainable parameters"));
+  r = RunCommand(base + "--train-only '('");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--train-only regex '('"));
+}
+
 }  // namespace
 }  // namespace onnxpipe
