@@ -99,9 +99,10 @@ KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std
   return std::vector<ir::Tensor>{*o};
 }
 
-// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?).
+// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?); a node that also wants dMask (a learned additive
+// bias) runs on the host.
 KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32)) return std::nullopt;
+  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32) || WantsOutput(node, 3)) return std::nullopt;
   std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, in[1].dtype(), in[1].dims(), in[2].dims(),
                                                 in[3].dims(), MaskDims(in, 4), MaskDType(in, 4));
   if (!p || in[0].dims() != p->out_dims || !AddDropout(ctx, node, *p)) return std::nullopt;
