@@ -99,10 +99,11 @@ KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std
   return std::vector<ir::Tensor>{*o};
 }
 
-// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?); a node that also wants dMask (a learned additive
-// bias) runs on the host.
+// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) (dMask? runs on the host).
 KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32) || WantsOutput(node, 3)) return std::nullopt;
+  // dMask (a learned additive bias, T5's) is not computed by the fused kernels yet: the host runs it.
+  if (WantsOutput(node, 3)) return std::nullopt;
+  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32)) return std::nullopt;
   std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, in[1].dtype(), in[1].dims(), in[2].dims(),
                                                 in[3].dims(), MaskDims(in, 4), MaskDType(in, 4));
   if (!p || in[0].dims() != p->out_dims || !AddDropout(ctx, node, *p)) return std::nullopt;
@@ -133,6 +134,7 @@ KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const
 
 // The scratch AttentionGrad takes for `node`, from the graph's shapes (0 where the host runs it).
 int64_t AttentionGradWorkspace(const ir::Graph& g, const ir::Node& node) {
+  if (WantsOutput(node, 3)) return 0;
   std::optional<std::vector<int64_t>> dims[3];
   for (int i = 0; i < 3; ++i) {
     dims[i] = InputDims(g, node, i + 1);

@@ -105,11 +105,11 @@ KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d) return std::nullopt;
   std::vector<ir::Tensor> out(2);
-  absl::StatusOr<ir::Tensor> y = ctx.Output(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
   if (WantsOutput(node, 1)) {
-    absl::StatusOr<ir::Tensor> r = ctx.Output(node, 1, ir::DType::kF32, StatDims(node, in[0].dims()));
+    absl::StatusOr<ir::Tensor> r = ctx.FullOutput(node, 1, ir::DType::kF32, StatDims(node, in[0].dims()));
     if (!r.ok()) return r.status();
     out[1] = *r;
   }
@@ -140,11 +140,11 @@ KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const s
   const bool saved = HasInput(in, 3);
   if (saved && in[3].num_elements() != rows) return std::nullopt;
   std::vector<ir::Tensor> out(2);
-  absl::StatusOr<ir::Tensor> dx = ctx.Output(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
   if (!dx.ok()) return dx.status();
   out[0] = *dx;
   if (WantsOutput(node, 1)) {
-    absl::StatusOr<ir::Tensor> g = ctx.Output(node, 1, ir::DType::kF32, in[2].dims());
+    absl::StatusOr<ir::Tensor> g = ctx.Output(node, 1, ir::DType::kF32, in[2].dims());  // zeros when rows == 0
     if (!g.ok()) return g.status();
     out[1] = *g;
   }

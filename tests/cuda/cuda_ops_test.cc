@@ -245,6 +245,14 @@ TEST_F(CudaOpsTest, RMSNormAndItsGradient) {
   Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1});  // no dScale
 }
 
+// A learned additive bias (T5's) wants AttentionGrad's dMask, which the fused kernels do not compute: the host
+// runs the node and the device gets the CPU's dQ, dK, dV and dMask.
+TEST_F(CudaOpsTest, AttentionGradOfALearnedBiasRunsOnTheHost) {
+  const Tensor q = Rand({2, 3, 8}, 1), k = Rand({2, 5, 8}, 2), v = Rand({2, 5, 4}, 3);
+  Check({ir::OpKind::kAttentionGrad, {Rand({2, 3, 4}, 5), q, k, v, Rand({2, 3, 5}, 4)}, Attrs({{"scale", 0.5}}), 4},
+        /*expect_device=*/false);
+}
+
 TEST_F(CudaOpsTest, SoftmaxForwardAndBackward) {
   for (ir::OpKind op : {ir::OpKind::kSoftmax, ir::OpKind::kLogSoftmax}) {
     Check({op, {Rand({4, 5, 33}, 1, -4, 4)}});
