@@ -10,6 +10,7 @@ namespace onnxpipe::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
+constexpr int64_t kMaxGridY = 65535;
 size_t AlignUp(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
 // The wrapped row of index j, or -1 when out of range.
@@ -50,17 +51,18 @@ __global__ void RowKeysKernel(const I* __restrict__ idx, int64_t num_idx, int64_
   }
 }
 
-// Block (x = sorted position, y = column tile): the first position of each row's run sums the
-// run's dy rows for its columns, in position order, for every outer slice.
+// Block (x = sorted position, y = tile of the outer x inner columns, grid-strided past the grid's
+// y limit): the first position of each row's run sums the run's dy rows for its columns, in
+// position order.
 template <typename G, typename T>
 __global__ void ScatterRunsKernel(GatherShape s, const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
                                   const G* __restrict__ dy, T* __restrict__ dtable, bool accumulate) {
   const int64_t first = blockIdx.x;
   const uint32_t row = keys[first];
   if (row == static_cast<uint32_t>(s.n_axis) || (first > 0 && keys[first - 1] == row)) return;
-  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= s.inner) return;
-  for (int64_t o = 0; o < s.outer; ++o) {
+  const int64_t columns = s.outer * s.inner;
+  for (int64_t q = blockIdx.y * int64_t{blockDim.x} + threadIdx.x; q < columns; q += int64_t{gridDim.y} * blockDim.x) {
+    const int64_t o = q / s.inner, c = q % s.inner;
     float sum = 0.f;
     for (int64_t t = first; t < s.num_idx && keys[t] == row; ++t) {
       sum += static_cast<float>(Load(dy, (o * s.num_idx + pos[t]) * s.inner + c));
@@ -176,7 +178,8 @@ cudaError_t LaunchGatherGrad(const GatherShape& s, ir::DType dy_dtype, const voi
     using G = typename decltype(gtag)::type;
     return DispatchFloat(out_dtype, [&](auto ttag) -> cudaError_t {
       using T = typename decltype(ttag)::type;
-      const dim3 grid(static_cast<unsigned>(s.num_idx), static_cast<unsigned>((s.inner + kThreads - 1) / kThreads));
+      const int64_t tiles = std::min<int64_t>((s.outer * s.inner + kThreads - 1) / kThreads, kMaxGridY);
+      const dim3 grid(static_cast<unsigned>(s.num_idx), static_cast<unsigned>(tiles));
       ScatterRunsKernel<G, T><<<grid, kThreads, 0, stream>>>(s, sc.keys_out, sc.pos_out, static_cast<const G*>(dy),
                                                              static_cast<T*>(dtable), accumulate);
       return cudaGetLastError();

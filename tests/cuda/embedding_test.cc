@@ -97,6 +97,18 @@ TEST_F(EmbeddingTest, GatherGradAlongAMiddleAxisEqualsCpu) {
   EXPECT_TRUE(GpuGatherGrad(dy, idx, {3, 7, 4}, 1, DType::kF32).BitwiseEquals(CpuGatherGrad(dy, idx, {3, 7, 4}, 1)));
 }
 
+// More columns than one launch's grid rows cover (outer x inner > 65535 x 256): the blocks stride over
+// the rest. Two rows of 2^24 + 5 columns, and a wide outer with one column per row.
+TEST_F(EmbeddingTest, GatherGradBeyondTheGridLimitEqualsCpu) {
+  const int64_t wide = (int64_t{1} << 24) + 5;
+  const Tensor idx = cpu::testing::I64Vec({1, 0, 1});
+  const Tensor dy = Rand(DType::kF32, {3, wide}, 16);
+  EXPECT_TRUE(GpuGatherGrad(dy, idx, {2, wide}, 0, DType::kF32).BitwiseEquals(CpuGatherGrad(dy, idx, {2, wide}, 0)));
+  const Tensor dy_outer = Rand(DType::kF32, {int64_t{1} << 17, 3, 129}, 17);
+  EXPECT_TRUE(GpuGatherGrad(dy_outer, idx, {int64_t{1} << 17, 2, 129}, 1, DType::kF32)
+                  .BitwiseEquals(CpuGatherGrad(dy_outer, idx, {int64_t{1} << 17, 2, 129}, 1)));
+}
+
 TEST_F(EmbeddingTest, Bf16GradientIntoFp32TableAndAccumulate) {
   const Tensor idx = RandInt(DType::kI64, {300}, 11, 0, 20);
   const Tensor dy = Rand(DType::kF32, {300, 40}, 12).CastTo(DType::kBF16);
