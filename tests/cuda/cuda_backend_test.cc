@@ -96,8 +96,12 @@ TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
     c.stages = 2;
     c.microbatches = 2;
     c.recompute = partitioner::RecomputePolicy::kSelective;
-    c.optimizer = autodiff::OptimizerKind::kAdamW;
-    c.lr = 1e-3;
+    // fp64 runs the same arithmetic on both sides (compared exactly) under AdamW; fp32 sums in another order on
+    // the GPU, and AdamW would scale the rounding noise of a gradient that is zero in exact arithmetic (a key
+    // bias's) up to lr-sized steps of either sign, so fp32 trains with SGD.
+    const bool exact = dtype == ir::DType::kF64;
+    c.optimizer = exact ? autodiff::OptimizerKind::kAdamW : autodiff::OptimizerKind::kSGD;
+    c.lr = exact ? 1e-3 : 0.05;
     c.dropout = true;
     c.steps = 3;
     absl::StatusOr<pipeline::testing::RunResult> cpu = (*f)->Pipeline(c);
