@@ -44,17 +44,17 @@ def onnxpipe_run(a, model, batch, dtype, work):
     metrics = os.path.join(work, f"m_b{batch}.jsonl")
     cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
-           "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 else ["--tf32"])]
+           "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 or dtype != "fp32" else ["--tf32"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(cmd))
+        return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *cmd[1:]]))
     steps = [json.loads(l) for l in open(metrics)]
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
     memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
                 memory=memory[0] if memory else "",
-                command=" ".join(cmd).replace(work, "WORK"))
+                command=" ".join(["onnxpipe", *cmd[1:]]).replace(work, "WORK"))
 
 
 def main():
@@ -68,7 +68,8 @@ def main():
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--vocab", type=int, default=20000)
     p.add_argument("--batch", type=int, nargs="+", default=[32])
-    p.add_argument("--dtype", default="fp32", choices=["fp32"], help="onnxpipe's training dtype (bf16: not yet)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="both sides' training dtype (bf16: bf16 compute, fp32 master weights)")
     p.add_argument("--no-tf32", action="store_true",
                    help="exact fp32 GEMMs on both sides (default: TF32 on both, PyTorch's peer default)")
     p.add_argument("--steps", type=int, default=5)
@@ -81,7 +82,8 @@ def main():
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="cuda_train_bench_") as work:
         model = os.path.join(work, "enc.onnx")
-        export = peer_lines(a, ["--export-onnx", model])
+        export = [{k: os.path.basename(v) if k in ("exported", "sidecar") else v for k, v in e.items()}
+                  for e in peer_lines(a, ["--export-onnx", model])]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
     peer_flags = {"eager": [], "ckpt": ["--ckpt", "on"], "compile": ["--compile"]}
     peers = {}
