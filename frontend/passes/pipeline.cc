@@ -5,6 +5,7 @@
 #include "frontend/passes/attention_fusion.h"
 #include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/freeze_buffers.h"
+#include "frontend/passes/gathers_to_split.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
@@ -34,6 +35,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
     pipeline.AddPass<RMSNormFusion>();
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
+    pipeline.AddPass<GathersToSplit>();
   }
   pipeline.AddPass<DeadCodeElimination>();
   RETURN_IF_ERROR(pipeline.Run(g).status());

@@ -7,6 +7,7 @@
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/autodiff/loss.h"
 #include "frontend/ir/verifier.h"
+#include "frontend/passes/gathers_to_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/autodiff/test_graph.h"
@@ -46,6 +47,40 @@ double MaxGradError(const ir::Graph& forward, ir::Graph& train, const TrainingGr
     }
   }
   return worst;
+}
+
+// A packed projection taken apart by scalar Gathers (torch's MultiheadAttention export), rewritten into
+// one Split: its gradient is one Concat of the pieces' gradients (no scattered tables and their Sum),
+// and equals finite differences.
+TEST(AutodiffTest, GathersRewrittenToSplitBackpropagateThroughOneConcat) {
+  TestGraph t;
+  ValueId w = t.Param("w", {5, 6});
+  ValueId x = t.ConstF("x", {4, 5});
+  ValueId packed = t.Op1(OpKind::kReshape, {t.Op1(OpKind::kMatMul, {x, w}), t.ConstI("shape", {3}, {4, 3, 2})});
+  std::vector<ValueId> parts;
+  for (int64_t i : {1, 0, 2}) {
+    parts.push_back(t.Op1(OpKind::kGather, {packed, t.ConstI("i" + std::to_string(i), {}, {i})},
+                          MakeAttrs({{"axis", int64_t{1}}})));
+  }
+  ValueId y = t.Op1(OpKind::kAdd, {t.Op1(OpKind::kMul, {parts[0], parts[1]}), t.Op1(OpKind::kTanh, {parts[2]})});
+  auto loss = t.AddWeightedSumLoss({y});
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(ir::InferShapes(t.g()).ok());
+  absl::StatusOr<bool> changed = passes::GathersToSplit().Run(&t.g());
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_TRUE(*changed);
+  const ir::Graph forward = t.g();
+  auto info = BuildGradients(&t.g(), *loss, {});
+  ASSERT_TRUE(info.ok()) << info.status();
+  int concats = 0;
+  for (ir::NodeId n : t.g().LiveNodes()) {
+    EXPECT_NE(t.g().node(n).op, OpKind::kGatherGrad);
+    EXPECT_NE(t.g().node(n).op, OpKind::kSum);
+    concats += t.g().node(n).op == OpKind::kConcat;
+  }
+  EXPECT_EQ(concats, 1);
+  ASSERT_TRUE(ir::Verify(t.g()).ok());
+  EXPECT_LE(MaxGradError(forward, t.g(), *info), 1e-6);
 }
 
 TEST(AutodiffTest, TiedWeightsAccumulateThroughOneSum) {
