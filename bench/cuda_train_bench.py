@@ -57,10 +57,35 @@ def onnxpipe_run(a, model, batch, dtype, work):
                 command=" ".join(["onnxpipe", *cmd[1:]]).replace(work, "WORK"))
 
 
+def predicted(a, model, batch, dtype, work):
+    """`onnxpipe profile --backend cuda` of the training graph, then `partition --profile` of it: the step and stage
+    memory the partitioner predicts from the measured per-op times (one stage), and its roofline-only prediction."""
+    times = os.path.join(work, f"times_b{batch}.json")
+    tf32 = [] if a.no_tf32 or dtype != "fp32" else ["--tf32"]
+    dt = [] if dtype == "fp32" else ["--dtype", dtype]
+    r = subprocess.run([a.onnxpipe, "profile", model, "--batch", str(batch), "--backend", "cuda", "--repeats", "3",
+                        *dt, *tf32, "--out", times], capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(error=(r.stderr or r.stdout).strip()[-2000:])
+    out = {}
+    for name, extra in (("profiled", ["--profile", times]), ("roofline", [])):
+        plan_dir = os.path.join(work, f"plan_{name}_b{batch}")
+        r = subprocess.run([a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--device", "h200",
+                            "--dtype", dtype, "--no-onnx", "--out", plan_dir, *extra], capture_output=True, text=True)
+        if r.returncode != 0:
+            out[name] = dict(error=(r.stderr or r.stdout).strip()[-2000:])
+            continue
+        plan = json.load(open(os.path.join(plan_dir, "plan.json")))
+        out[name] = dict(samples_s=plan["predicted"]["samples_per_s"], step_ms=plan["predicted"]["step_ms"],
+                         memory_gib=round(plan["stages"][0]["memory"]["total"] / 2**30, 3))
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peer", required=True, help="torch_peer.py")
     p.add_argument("--onnxpipe", default=os.path.join(ROOT, ".build/main/tools/onnxpipe"))
+    p.add_argument("--model", help="a `torch_peer.py --export-onnx` export of this configuration (default: export one)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--d", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -75,16 +100,21 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--predict", action="store_true",
+                   help="also profile the training graph on the GPU and record partition's predicted samples/s")
     p.add_argument("--peers", nargs="+", default=["eager", "compile"], choices=["eager", "ckpt", "compile"])
     p.add_argument("--device-name", default="NVIDIA H200")
     p.add_argument("--tag", default="h200")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="cuda_train_bench_") as work:
-        model = os.path.join(work, "enc.onnx")
+        model = a.model or os.path.join(work, "enc.onnx")
         export = [{k: os.path.basename(v) if k in ("exported", "sidecar") else v for k, v in e.items()}
-                  for e in peer_lines(a, ["--export-onnx", model])]
+                  for e in ([] if a.model else peer_lines(a, ["--export-onnx", model]))]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
+        if a.predict:
+            for b in a.batch:
+                onnxpipe[b]["predicted"] = predicted(a, model, b, a.dtype, work)
     peer_flags = {"eager": [], "ckpt": ["--ckpt", "on"], "compile": ["--compile"]}
     peers = {}
     for name in a.peers:

@@ -2,7 +2,6 @@
 // per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
 // --device-out, a device profile calibrated from them (partitioner/calibrate.h).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include "frontend/ir/status.h"
 #include "partitioner/calibrate.h"
 #include "partitioner/cost_model.h"
+#include "partitioner/memory_planner.h"
 #include "partitioner/reports.h"
 #include "tools/backend_flag.h"
 #include "tools/commands.h"
@@ -100,23 +100,30 @@ std::vector<ir::Tensor> Feeds(const ir::Graph& g, uint64_t seed) {
   return feeds;
 }
 
-// Every node output keeps its buffer across the runs (zero-filled on each use, as a memory plan's
-// slots are), and one workspace serves every node: after the warm-up no allocation falls inside
+// Every node output keeps its buffer across the runs (zero-filled on each use unless the kernel
+// writes every element, as a memory plan's slots are), views stay views (as the memory planner
+// aliases them), and one workspace serves every node: after the warm-up no allocation falls inside
 // a timed node (a device allocation costs more than most kernels).
 class KeptOutputs : public ir::OutputAllocator {
  public:
   KeptOutputs(const backend::Backend& be, backend::Stream* stream) : be_(be), stream_(stream) {}
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
                                       const std::vector<int64_t>& dims) override {
+    ASSIGN_OR_RETURN(ir::Tensor kept, AllocateUninitialized(node, index, dtype, dims));
+    if (kept.num_bytes() > 0) RETURN_IF_ERROR(be_.Fill(kept, 0, stream_));
+    return kept;
+  }
+  absl::StatusOr<ir::Tensor> AllocateUninitialized(const ir::Node& node, int index, ir::DType dtype,
+                                                   const std::vector<int64_t>& dims) override {
     ir::Tensor& kept = kept_[node.outputs.at(index)];
     if (!kept.defined() || kept.dtype() != dtype || kept.dims() != dims) {
       ASSIGN_OR_RETURN(kept, be_.Zeros(dtype, dims, stream_));
-    } else if (kept.num_bytes() > 0) {
-      RETURN_IF_ERROR(be_.Fill(kept, 0, stream_));
     }
     return kept;
   }
-  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
+  bool SharesInputBuffer(const ir::Node& node, int index) const override {
+    return index == 0 && part::IsAliasOp(node.op);
+  }
   absl::StatusOr<void*> Workspace(const ir::Node&, int64_t bytes) override {
     if (bytes > workspace_bytes_) {
       ASSIGN_OR_RETURN(workspace_, be_.Allocate(bytes));
@@ -176,7 +183,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
       ASSIGN_OR_RETURN(feeds[i], be->Upload(feeds[i], stream.get()));
     }
   }
+  // Each node is bracketed by timed events on the stream and read after the run: its device time
+  // without a synchronisation per node (whose round trip would dwarf the small kernels), as the
+  // step issues it.
   std::vector<std::vector<double>> samples(g.num_node_slots());
+  std::vector<std::pair<std::shared_ptr<backend::Event>, std::shared_ptr<backend::Event>>> marks(order.size());
   const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
     std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n", static_cast<long long>(rep + 1),
@@ -197,17 +208,20 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
           in.push_back(values[v]);
         }
       }
-      const auto start = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(marks[t].first, stream->RecordTimed());
       absl::StatusOr<std::vector<ir::Tensor>> out = be->Run(n, in, ctx, &kept);
-      if (out.ok() && stream != nullptr) RETURN_IF_ERROR(stream->Synchronize());  // the node's device time
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!out.ok()) return Annotate(out.status(), "profiling node '" + n.name + "'");
-      if (rep >= f.warmup) samples[order[t]].push_back(s);
+      ASSIGN_OR_RETURN(marks[t].second, stream->RecordTimed());
       for (size_t i = 0; i < n.outputs.size() && i < out->size(); ++i)
         if (n.outputs[i] != ir::kNoValue) values[n.outputs[i]] = std::move((*out)[i]);
       for (ir::ValueId v : n.inputs)  // free what no later node reads
         if (v != ir::kNoValue && last_use[v] == t && !g.IsGraphOutput(v)) values[v] = ir::Tensor();
     }
+    for (int32_t t = 0; t < static_cast<int32_t>(order.size()) && rep >= f.warmup; ++t) {
+      ASSIGN_OR_RETURN(const double s, stream->SecondsBetween(*marks[t].first, *marks[t].second));
+      samples[order[t]].push_back(s);
+    }
+    RETURN_IF_ERROR(stream->Synchronize());
   }
 
   part::OpTimes times;

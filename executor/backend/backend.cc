@@ -4,6 +4,14 @@
 
 namespace onnxpipe::backend {
 
+absl::StatusOr<std::shared_ptr<Event>> Stream::RecordTimed() {
+  return UNIMPLEMENTED() << "this stream has no timing events";
+}
+
+absl::StatusOr<double> Stream::SecondsBetween(const Event&, const Event&) {
+  return UNIMPLEMENTED() << "this stream has no timing events";
+}
+
 absl::StatusOr<ir::Tensor> Backend::Zeros(ir::DType dtype, std::vector<int64_t> dims, Stream* stream) const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

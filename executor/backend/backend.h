@@ -41,6 +41,11 @@ class Stream {
   virtual absl::StatusOr<std::shared_ptr<Event>> Record() = 0;
   // Work issued after this call starts after `event`'s work has finished.
   virtual absl::Status Wait(const Event& event) = 0;
+  // As Record, with the time the marked work finished (a timing event costs more than Record's):
+  // for SecondsBetween. A stream without timing events answers UNIMPLEMENTED.
+  virtual absl::StatusOr<std::shared_ptr<Event>> RecordTimed();
+  // Seconds between two RecordTimed events of this backend (`start` recorded first); waits for `end`.
+  virtual absl::StatusOr<double> SecondsBetween(const Event& start, const Event& end);
 };
 
 // One node evaluation's context: the random stream of a micro-batch (cpu::EvalContext's fields; a

@@ -1,6 +1,7 @@
 // The CPU backend: host memory, the kernels of executor/cpu through cpu::CpuEvaluator (thread-safe:
 // it keeps no state but its default context, and every call passes one), synchronous streams.
 // Accumulation is acc[i] + x[i], the addition the unpartitioned graph's gradient Sums perform.
+#include <chrono>
 #include <cstring>
 
 #include "executor/backend/backend.h"
@@ -21,11 +22,24 @@ void AddInto(T* acc, const T* x, int64_t n) {
   });
 }
 
+// The host is synchronous: a timed event's time is when it was recorded.
+class HostEvent : public Event {
+ public:
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+};
+
 class HostStream : public Stream {
  public:
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::StatusOr<std::shared_ptr<Event>> Record() override { return std::make_shared<Event>(); }
   absl::Status Wait(const Event&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::shared_ptr<Event>> RecordTimed() override { return std::make_shared<HostEvent>(); }
+  absl::StatusOr<double> SecondsBetween(const Event& start, const Event& end) override {
+    const auto* a = dynamic_cast<const HostEvent*>(&start);
+    const auto* b = dynamic_cast<const HostEvent*>(&end);
+    if (a == nullptr || b == nullptr) return INVALID_ARGUMENT() << "SecondsBetween: not timed host events";
+    return std::chrono::duration<double>(b->at - a->at).count();
+  }
 };
 
 class CpuBackend : public Backend {

@@ -34,13 +34,16 @@ class CudaStream : public backend::Stream {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
-  absl::StatusOr<std::shared_ptr<backend::Event>> Record() override {
-    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    cudaEvent_t e;
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    auto event = std::make_shared<CudaEvent>(e);
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream_));
-    return event;
+  absl::StatusOr<std::shared_ptr<backend::Event>> Record() override { return NewEvent(cudaEventDisableTiming); }
+  absl::StatusOr<std::shared_ptr<backend::Event>> RecordTimed() override { return NewEvent(cudaEventDefault); }
+  absl::StatusOr<double> SecondsBetween(const backend::Event& start, const backend::Event& end) override {
+    const auto* a = dynamic_cast<const CudaEvent*>(&start);
+    const auto* b = dynamic_cast<const CudaEvent*>(&end);
+    if (a == nullptr || b == nullptr) return INVALID_ARGUMENT() << "SecondsBetween: not CUDA events";
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b->event));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, a->event, b->event));
+    return ms * 1e-3;
   }
   absl::Status Wait(const backend::Event& event) override {
     const auto* e = dynamic_cast<const CudaEvent*>(&event);
@@ -50,6 +53,15 @@ class CudaStream : public backend::Stream {
   }
 
  private:
+  absl::StatusOr<std::shared_ptr<backend::Event>> NewEvent(unsigned flags) {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaEvent_t e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, flags));
+    auto event = std::make_shared<CudaEvent>(e);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream_));
+    return event;
+  }
+
   int device_;
   cudaStream_t stream_;
 };
