@@ -54,7 +54,7 @@ def onnxpipe_run(a, model, batch, dtype, work):
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
                 memory=memory[0] if memory else "",
-                command=" ".join(["onnxpipe", *cmd[1:]]).replace(work, "WORK"))
+                command=" ".join(["onnxpipe", *cmd[1:]]).replace(model, os.path.basename(model)).replace(work, "WORK"))
 
 
 def predicted(a, model, batch, dtype, work):
