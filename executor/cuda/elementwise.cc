@@ -194,6 +194,16 @@ absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status Scale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+  if (!IsFloat16Or32(dtype)) {
+    return INVALID_ARGUMENT() << "Scale: dtype " << ir::DTypeName(dtype)
+                              << " is not supported, expected f32, bf16 or f16";
+  }
+  RETURN_IF_ERROR(CheckPointers("Scale", n, {x, y}));
+  CUDA_RETURN_IF_ERROR(LaunchScale(dtype, x, s, y, n, stream));
+  return absl::OkStatus();
+}
+
 absl::Status Cast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream) {
   for (ir::DType t : {from, to}) {
     if (!IsArith(t) && t != ir::DType::kBool) {

@@ -139,6 +139,13 @@ __global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
   }
 }
 
+template <typename T>
+__global__ void ScaleKernel(const T* x, float s, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(y, i, static_cast<float>(Load(x, i)) * s);
+  }
+}
+
 // Cast through double, as the CPU backend's Tensor::CastTo: exact for every source but 64-bit
 // integers beyond 2^53, which round the same way on both backends.
 template <typename From>
@@ -274,6 +281,15 @@ cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int
   if (op == UnaryOp::kNot) return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
   const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
   return integer_ok ? DispatchArith(dtype, launch) : DispatchFloat(dtype, launch);
+}
+
+cudaError_t LaunchScale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    ScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), s, static_cast<T*>(y), n);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 //            propagate NaN (numpy.minimum). And: bool only.
 //   Where:   cond bool; x, y and out of one dtype among f32 bf16 f16 i64 i32.
 //   Unary:   f32 bf16 f16; Neg Relu Abs also i64 i32 (wrapping); Not: bool only.
+//   Scale:   f32 bf16 f16, by an fp32 factor passed by value.
 //   Cast:    between any two of f32 bf16 f16 i64 i32 bool, with the CPU backend's conversions
 //            (through double; float -> integer truncates, saturates, NaN -> 0).
 // The Status wrappers check dtypes, dims and pointers; the Launch* functions (callable from .cu
@@ -48,6 +49,7 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
 cudaError_t LaunchWhere(ir::DType dtype, const uint8_t* cond, const void* x, const void* y, void* out, int64_t n,
                         const BroadcastIndex& index, cudaStream_t stream);
 cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+cudaError_t LaunchScale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchFlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* flag, cudaStream_t stream);
 cudaError_t LaunchAccumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
@@ -71,6 +73,8 @@ absl::Status Where(ir::DType dtype, const uint8_t* cond, const std::vector<int64
                    cudaStream_t stream);
 // y = op(x), n elements (y may alias x).
 absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+// y = x * s (fp32 product, rounded once to dtype's), n elements of f32 bf16 f16 (y may alias x).
+absl::Status Scale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
 // y = x converted from `from` to `to`, n elements.
 absl::Status Cast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream);
 // Sets *flag (a device uint32) to 1 when any of the n elements of x (a float dtype) is NaN or
