@@ -2,6 +2,9 @@
 // of one IR node, deterministic inputs and error measures.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,9 +12,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/ir/graph.h"
@@ -136,8 +136,7 @@ inline double NormalisedError(const std::vector<float>& got, const std::vector<f
 }
 // Every |got - want| <= rtol * (|want| + max|want|): relative error against the element, floored
 // at the tensor's scale (so values near zero after cancellation are judged against that scale).
-inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want,
-                                           double rtol) {
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double rtol) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   }

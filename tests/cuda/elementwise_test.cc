@@ -178,8 +178,11 @@ TEST_F(ElementwiseTest, BinaryHalfTypesWithinNormalisedError) {
         const Tensor want = Eval1(MakeNode(KindOf(op), 2), {a.CastTo(DType::kF32), b.CastTo(DType::kF32)});
         const Tensor got = RunBinary(op, a, b);
         EXPECT_EQ(got.dtype(), dt);
-        // One rounding to 8 (bf16) or 11 (f16) significant bits.
+        // One rounding to 8 (bf16) or 11 (f16) significant bits; bf16 bit for bit the fp32 result rounded.
         EXPECT_LT(NormalisedError(got, want), dt == DType::kBF16 ? 4e-3 : 5e-4) << ir::DTypeName(dt);
+        if (dt == DType::kBF16) {
+          EXPECT_TRUE(got.BitwiseEquals(want.CastTo(dt))) << "bf16 " << ir::OpName(KindOf(op));
+        }
       }
     }
   }
@@ -303,6 +306,22 @@ TEST_F(ElementwiseTest, AccumulateAddsInFp32) {
   EXPECT_TRUE(dacc2.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kAdd, 2), {acc, xb.CastTo(DType::kF32)})));
 }
 
+// Scale: the fp32 product x * s (the CPU's Mul by an fp32 scalar), rounded once to bf16.
+TEST_F(ElementwiseTest, ScaleIsTheFp32ProductRoundedOnce) {
+  const Tensor x = Rand(DType::kF32, {3, 777}, 21, -4, 4);
+  const float s = 1.f / 3.f;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor xt = x.CastTo(dt);
+    const Tensor want =
+        Eval1(MakeNode(OpKind::kMul, 2), {xt.CastTo(DType::kF32), Tensor::FromVector<float>({}, {s})}).CastTo(dt);
+    DeviceTensor dx(xt), dy(dt, x.dims());
+    ASSERT_TRUE(Scale(dt, dx.get(), s, dy.get(), x.num_elements(), nullptr).ok());
+    EXPECT_TRUE(dy.ToHost().BitwiseEquals(want)) << ir::DTypeName(dt);
+    ASSERT_TRUE(Scale(dt, dx.get(), s, dx.get(), x.num_elements(), nullptr).ok());  // in place
+    EXPECT_TRUE(dx.ToHost().BitwiseEquals(want)) << ir::DTypeName(dt) << " in place";
+  }
+}
+
 TEST_F(ElementwiseTest, BadArgumentsAreErrors) {
   DeviceTensor a(DType::kF32, {4, 3}), b(DType::kF32, {4, 3});
   EXPECT_FALSE(Binary(BinaryOp::kAdd, DType::kF32, a.get(), {4, 3}, b.get(), {2, 3}, a.get(), nullptr).ok());
@@ -316,6 +335,8 @@ TEST_F(ElementwiseTest, BadArgumentsAreErrors) {
   EXPECT_FALSE(Cast(DType::kF32, a.get(), DType::kF64, b.get(), 3, nullptr).ok());
   EXPECT_FALSE(FlagNonFinite(DType::kF32, a.get(), 3, nullptr, nullptr).ok());
   EXPECT_FALSE(Accumulate(DType::kI32, a.get(), DType::kF32, b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Scale(DType::kI64, a.get(), 2.f, b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Scale(DType::kF32, nullptr, 2.f, b.get(), 3, nullptr).ok());
   EXPECT_FALSE(MakeBroadcastIndex({{2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1},
                                    {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2}})
                    .ok());
