@@ -1,10 +1,12 @@
 // Elementwise ops, broadcasts and reductions in the CUDA backend's kernel table (elementwise.h,
-// reduce.h): Add Sub Mul (f32 bf16 i64 i32) and Div (f32 bf16) with numpy broadcasting, Sum (f32
-// bf16, any number of broadcast operands), Where (f32 bf16 i64 i32), Cast (between f32 bf16 i64 i32
-// bool), unary math (f32 bf16), ReduceSum/ReduceMean (f32 bf16, double accumulation like the CPU),
-// ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes in fp32 and rounds each output once, as
-// the CPU's fp32 kernel on up-cast inputs with the result rounded. Other dtypes (f64, f16, the
-// one-byte integers) run on the host.
+// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow (f32 bf16), Equal Less Greater (f32
+// bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype;
+// Sum (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32
+// bf16 i64 i32 bool); unary math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32
+// bf16, double accumulation like the CPU); ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes
+// in fp32 and rounds each output once, as the CPU's fp32 kernel on widened inputs with the result
+// rounded. Other dtypes (f64, f16, the one-byte integers) and a Pow with an exponent of another
+// dtype run on the host.
 #include <algorithm>
 
 #include "executor/cuda/cuda_kernels.h"
@@ -43,16 +45,26 @@ KernelResult Single(const absl::Status& st, const ir::Tensor& out) {
   return std::vector<ir::Tensor>{out};
 }
 
-// out = a op b; Div only in the float dtypes (the CPU's integer division checks divisors on the host).
+bool IsCompare(BinaryOp op) {
+  return op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
+}
+
+// The dtypes the kernel table runs `op` in: And on bool; Div and Pow on the float dtypes (the CPU's
+// integer division checks divisors on the host, its integer Pow squares); the rest also on i64 i32.
+bool BinaryCovers(BinaryOp op, ir::DType t) {
+  if (op == BinaryOp::kAnd) return t == ir::DType::kBool;
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow) return CoveredFloat(t);
+  return CoveredFloat(t) || IsOneOf(t, {ir::DType::kI64, ir::DType::kI32});
+}
+
+// out = a op b (bool for the comparisons), both operands of one dtype.
 KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[0].dtype();
-  if (in[1].dtype() != t) return std::nullopt;
-  if (op == BinaryOp::kDiv ? !CoveredFloat(t) : !CoveredFloat(t) && !IsOneOf(t, {ir::DType::kI64, ir::DType::kI32}))
-    return std::nullopt;
+  if (in[1].dtype() != t || !BinaryCovers(op, t)) return std::nullopt;
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
   if (!dims) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, *dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, IsCompare(op) ? ir::DType::kBool : t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   return Single(
@@ -138,10 +150,15 @@ KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const st
                 *out);
 }
 
+// y = op(x): Not on bool, Neg Relu Abs also on i64 i32 (wrapping, as the CPU), the rest on the float dtypes.
 KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& node,
                          const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[0].dtype();
-  if (!CoveredFloat(t)) return std::nullopt;
+  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
+  const bool covered = op == UnaryOp::kNot
+                           ? t == ir::DType::kBool
+                           : CoveredFloat(t) || (integer_ok && IsOneOf(t, {ir::DType::kI64, ir::DType::kI32}));
+  if (!covered) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, in[0].dims());
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
@@ -222,10 +239,13 @@ KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, co
 }  // namespace
 
 void RegisterElementwiseKernels(KernelTable& table) {
-  const std::pair<ir::OpKind, BinaryOp> binary[] = {{ir::OpKind::kAdd, BinaryOp::kAdd},
-                                                    {ir::OpKind::kSub, BinaryOp::kSub},
-                                                    {ir::OpKind::kMul, BinaryOp::kMul},
-                                                    {ir::OpKind::kDiv, BinaryOp::kDiv}};
+  const std::pair<ir::OpKind, BinaryOp> binary[] = {
+      {ir::OpKind::kAdd, BinaryOp::kAdd},   {ir::OpKind::kSub, BinaryOp::kSub},
+      {ir::OpKind::kMul, BinaryOp::kMul},   {ir::OpKind::kDiv, BinaryOp::kDiv},
+      {ir::OpKind::kPow, BinaryOp::kPow},   {ir::OpKind::kMin, BinaryOp::kMin},
+      {ir::OpKind::kMax, BinaryOp::kMax},   {ir::OpKind::kEqual, BinaryOp::kEqual},
+      {ir::OpKind::kLess, BinaryOp::kLess}, {ir::OpKind::kGreater, BinaryOp::kGreater},
+      {ir::OpKind::kAnd, BinaryOp::kAnd}};
   for (const auto& [kind, op] : binary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return BinaryKernel(op, ctx, node, in);
@@ -235,7 +255,10 @@ void RegisterElementwiseKernels(KernelTable& table) {
       {ir::OpKind::kSqrt, UnaryOp::kSqrt},       {ir::OpKind::kExp, UnaryOp::kExp},
       {ir::OpKind::kLog, UnaryOp::kLog},         {ir::OpKind::kTanh, UnaryOp::kTanh},
       {ir::OpKind::kSigmoid, UnaryOp::kSigmoid}, {ir::OpKind::kReciprocal, UnaryOp::kReciprocal},
-      {ir::OpKind::kNeg, UnaryOp::kNeg},         {ir::OpKind::kRelu, UnaryOp::kRelu}};
+      {ir::OpKind::kNeg, UnaryOp::kNeg},         {ir::OpKind::kRelu, UnaryOp::kRelu},
+      {ir::OpKind::kErf, UnaryOp::kErf},         {ir::OpKind::kAbs, UnaryOp::kAbs},
+      {ir::OpKind::kSin, UnaryOp::kSin},         {ir::OpKind::kCos, UnaryOp::kCos},
+      {ir::OpKind::kNot, UnaryOp::kNot}};
   for (const auto& [kind, op] : unary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return UnaryKernel(op, ctx, node, in);

@@ -52,6 +52,15 @@ Tensor Ints(std::vector<int64_t> dims, std::vector<int64_t> v, DType dtype = DTy
   return dtype == DType::kI64 ? t : t.CastTo(dtype);
 }
 
+// Floats 0, 1, 2, 0, 1, 2, ... (comparisons of two of them hit equality).
+Tensor SmallInts(std::vector<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 3);
+  return Tensor::FromVector<float>(std::move(dims), v);
+}
+
 Tensor Bools(std::vector<int64_t> dims, uint32_t seed) {
   Tensor t(DType::kBool, std::move(dims));
   std::mt19937 gen(seed);
@@ -160,6 +169,7 @@ class CudaOpsTest : public ::testing::Test {
       }
     }
     Compare(c, reference, expect_device, [&](size_t k, const Tensor& got, const Tensor& want) {
+      ASSERT_LT(k, out_dtypes.size());
       ASSERT_EQ(got.dtype(), out_dtypes[k]) << "the bf16 graph's output dtype";
       if (out_dtypes[k] != DType::kBF16) {
         ExpectClose(got, want, c.tol);
@@ -383,6 +393,22 @@ TEST_F(CudaOpsTest, ArithmeticBroadcasts) {
   }
 }
 
+TEST_F(CudaOpsTest, PowMinMaxComparisonsAndLogic) {
+  Check({ir::OpKind::kPow, {Rand({2, 3, 16}, 1, 0.1f, 3), Rand({16}, 2, -2, 2)}});
+  for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax}) {
+    Check({op, {Rand({4, 1, 6}, 3), Rand({3, 1}, 4)}, {}, 1, {}, 0});
+    Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {7, 0, -9})}, {}, 1, {}, 0});
+  }
+  // Small integers as floats, so that equality is hit.
+  const Tensor x = SmallInts({4, 6}), y = SmallInts({6});
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater}) {
+    Check({op, {x, y}, {}, 1, {}, 0});
+    Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {1, 0, 6})}, {}, 1, {}, 0});
+  }
+  Check({ir::OpKind::kAnd, {Bools({3, 8}, 6), Bools({8}, 7)}, {}, 1, {}, 0});
+  Check({ir::OpKind::kNot, {Bools({3, 8}, 8)}, {}, 1, {}, 0});
+}
+
 TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
   Check({ir::OpKind::kSum, {Rand({4, 6}, 1), Rand({4, 6}, 2)}});
   Check({ir::OpKind::kSum, {Rand({6}, 3), Rand({4, 6}, 4), Rand({4, 1}, 5), Rand({}, 6)}});
@@ -391,8 +417,11 @@ TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
 TEST_F(CudaOpsTest, UnaryMath) {
   for (ir::OpKind op : {ir::OpKind::kSqrt, ir::OpKind::kLog, ir::OpKind::kReciprocal})
     Check({op, {Rand({3, 50}, 1, 0.1f, 4)}});
-  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu})
+  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu,
+                        ir::OpKind::kErf, ir::OpKind::kAbs, ir::OpKind::kSin, ir::OpKind::kCos})
     Check({op, {Rand({3, 50}, 2, -4, 4)}});
+  for (ir::OpKind op : {ir::OpKind::kNeg, ir::OpKind::kAbs, ir::OpKind::kRelu})
+    Check({op, {Ints({5}, {-3, 0, 7, -(int64_t{1} << 40), 2})}, {}, 1, {}, 0});
 }
 
 TEST_F(CudaOpsTest, ReductionsMatchTheCpu) {
@@ -719,8 +748,14 @@ TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {
       {kB});
   for (ir::OpKind op : {ir::OpKind::kSqrt, ir::OpKind::kLog, ir::OpKind::kReciprocal})
     CheckBf16({op, {RandB({3, 50}, 13, 0.1f, 4)}}, {kB});
-  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu})
+  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu,
+                        ir::OpKind::kErf, ir::OpKind::kAbs, ir::OpKind::kSin, ir::OpKind::kCos})
     CheckBf16({op, {RandB({3, 50}, 14, -4, 4)}}, {kB});
+  CheckBf16({ir::OpKind::kPow, {RandB({2, 3, 16}, 18, 0.1f, 3), RandB({16}, 19, -2, 2)}}, {kB});
+  for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax})
+    CheckBf16({op, {RandB({4, 1, 6}, 20), RandB({3, 1}, 21)}, {}, 1, {}, 0}, {kB});
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater})
+    CheckBf16({op, {B(SmallInts({4, 6})), B(SmallInts({6}))}, {}, 1, {}, 0}, {DType::kBool});
   CheckBf16({ir::OpKind::kWhere, {Bools({4, 1, 6}, 15), RandB({5, 6}, 16), RandB({4, 5, 1}, 17)}, {}, 1, {}, 0}, {kB});
 }
 
