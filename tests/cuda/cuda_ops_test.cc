@@ -695,7 +695,8 @@ TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
   const ir::ValueId y = g.AddValue("y", kF, {4, 7, 96}), m = g.AddValue("m", kF, {4, 7, 1}),
                     r = g.AddValue("r", kF, {4, 7, 1});
   const ir::NodeId ln = g.AddNode(ir::OpKind::kLayerNorm, "ln", {vx, vs}, {y, m, r});
-  const ir::NodeId rms = g.AddNode(ir::OpKind::kRMSNorm, "rms", {vx, vs}, {y, r});
+  const ir::ValueId y2 = g.AddValue("y2", kF, {4, 7, 96}), r2 = g.AddValue("r2", kF, {4, 7, 1});
+  const ir::NodeId rms = g.AddNode(ir::OpKind::kRMSNorm, "rms", {vx, vs}, {y2, r2});
   const std::vector<Tensor> wide = {x.CastTo(kF), scale.CastTo(kF)};
   absl::StatusOr<std::vector<Tensor>> ln_fwd = backend::MakeCpuBackend()->Run(g.node(ln), wide, {});
   absl::StatusOr<std::vector<Tensor>> rms_fwd = backend::MakeCpuBackend()->Run(g.node(rms), wide, {});
@@ -766,8 +767,10 @@ TEST_F(CudaOpsTest, Bf16CastsAreTheCpusConversions) {
   const Tensor f = Tensor::FromVector<float>({14}, special);
   CheckBf16({ir::OpKind::kCast, {f}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0}, {kB});
   CheckBf16({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string("f32")}}), 1, {}, 0}, {kF});
-  for (const char* to : {"i64", "i32", "bool", "bf16"})
-    Check({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string(to)}}), 1, {}, 0});
+  // To integers the fp32 rules (truncate, saturate, NaN -> 0) apply to the widened value.
+  for (auto [to, dtype] : {std::pair{"i64", DType::kI64}, {"i32", DType::kI32}, {"bool", DType::kBool}})
+    CheckBf16({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string(to)}}), 1, {}, 0}, {dtype});
+  Check({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0});  // a copy
   Check({ir::OpKind::kCast, {Ints({4}, {-3, 0, 7, int64_t{1} << 40})}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0});
 }
 
