@@ -543,6 +543,28 @@ TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
          /*host_inputs=*/0b111100u});
 }
 
+TEST_F(CudaOpsTest, ConcatSplitAndExpandAreStridedCopies) {
+  const Tensor a = Rand({2, 3, 4}, 1), b = Rand({2, 5, 4}, 2), c = Rand({2, 1, 4}, 3);
+  Check({ir::OpKind::kConcat, {a, b, c}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0});
+  Check({ir::OpKind::kConcat, {a, Rand({2, 3, 6}, 4)}, Attrs({{"axis", int64_t{-1}}}), 1, {}, 0});
+  Check({ir::OpKind::kConcat, {Ints({2}, {1, 2}), Ints({3}, {3, 4, 5})}, Attrs({{"axis", int64_t{0}}}), 1, {}, 0});
+  const Tensor qkv = Rand({2, 5, 48}, 5);  // GPT-2's fused QKV projection
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{-1}}}), 3, {}, 0});
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{1}}, {"split", std::vector<int64_t>{1, 4}}}), 2, {}, 0});
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{1}}, {"num_outputs", int64_t{2}}}), 2, {}, 0});  // 3, 2
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{-1}}}), 3, {1}, 0});  // the middle piece unused
+  Check({ir::OpKind::kConcatGrad,
+         {Rand({2, 9, 4}, 6), Tensor::DimsOnly(DType::kF32, {2, 3, 4}), Tensor::DimsOnly(DType::kF32, {2, 5, 4}),
+          Tensor::DimsOnly(DType::kF32, {2, 1, 4})},
+         Attrs({{"axis", int64_t{1}}}),
+         3,
+         {},
+         0});
+  Check({ir::OpKind::kExpand, {Rand({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});
+  Check({ir::OpKind::kExpand, {Rand({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0});  // shape on the device
+  Check({ir::OpKind::kExpand, {Bools({1, 4}, 8), Ints({2}, {3, 1})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});
+}
+
 // --- Embedding and dropout -----------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, GatherAndItsGradient) {
@@ -810,6 +832,11 @@ TEST_F(CudaOpsTest, Bf16LayoutsAndEmbeddings) {
              0,
              {},
              /*host_inputs=*/0b11110u},
+            {kB});
+  CheckBf16({ir::OpKind::kConcat, {RandB({2, 3, 4}, 4), RandB({2, 5, 4}, 5)}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0},
+            {kB});
+  CheckBf16({ir::OpKind::kSplit, {RandB({2, 5, 48}, 6)}, Attrs({{"axis", int64_t{-1}}}), 3, {}, 0}, {kB, kB, kB});
+  CheckBf16({ir::OpKind::kExpand, {RandB({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1},
             {kB});
   const Tensor table = RandB({10, 16}, 2);
   const Tensor idx = Ints({3, 4}, {0, 9, -1, 3, 3, 5, 0, 2, 7, 3, -10, 1});
