@@ -52,6 +52,8 @@ const char* BinaryName(BinaryOp op) {
       return "Greater";
     case BinaryOp::kAnd:
       return "And";
+    case BinaryOp::kReluGrad:
+      return "ReluGrad";
   }
   return "?";
 }
@@ -145,7 +147,7 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
 
 absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims, const void* b,
                     const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream) {
-  const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow;
+  const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad;
   const bool supported = op == BinaryOp::kAnd ? dtype == ir::DType::kBool
                          : float_only         ? IsFloat16Or32(dtype)
                                               : IsArith(dtype);

@@ -53,6 +53,8 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
         return a * b;
       case BinaryOp::kDiv:
         return a / b;
+      case BinaryOp::kReluGrad:
+        return b > C(0) ? a : C(0);
       default:
         return powf(a, b);
     }
@@ -218,7 +220,7 @@ cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* 
         <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, n, idx);
     return cudaGetLastError();
   };
-  constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow;
+  constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow || kOp == BinaryOp::kReluGrad;
   if constexpr (kOp == BinaryOp::kAnd) {
     return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
   } else if constexpr (kFloatOnly) {
@@ -256,6 +258,8 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
       return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kAnd:
       return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kReluGrad:
+      return LaunchBinaryOp<BinaryOp::kReluGrad>(dtype, a, b, out, n, index, stream);
   }
   return cudaErrorInvalidValue;
 }

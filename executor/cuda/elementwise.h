@@ -3,7 +3,7 @@
 //
 // Tensors are dense row-major device buffers described by a dtype and dims. Arithmetic on the
 // 16-bit floats (bf16, f16) computes in fp32 and rounds the result to nearest even.
-//   Binary:  f32 bf16 f16 for the arithmetic ops and comparisons; i64 i32 also for Add Sub Mul
+//   Binary:  f32 bf16 f16 for the arithmetic ops, ReluGrad and comparisons; i64 i32 also for Add Sub Mul
 //            (wrapping), Min Max and comparisons. Comparisons write bool (one byte, 0/1). Min/Max
 //            propagate NaN (numpy.minimum). And: bool only.
 //   Where:   cond bool; x, y and out of one dtype among f32 bf16 f16 i64 i32.
@@ -29,7 +29,8 @@
 
 namespace onnxpipe::cuda {
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMin, kMax, kEqual, kLess, kGreater, kAnd };
+// kReluGrad: out = b > 0 ? a : 0 (ReluGrad(dY, Y)).
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMin, kMax, kEqual, kLess, kGreater, kAnd, kReluGrad };
 enum class UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kErf, kSigmoid, kRelu, kReciprocal, kAbs, kSin, kCos, kNot };
 
 // Up to three operands indexed over one output shape: element o of the output reads operand k at

@@ -1,5 +1,5 @@
 // Elementwise ops, broadcasts and reductions in the CUDA backend's kernel table (elementwise.h,
-// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow (f32 bf16), Equal Less Greater (f32
+// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow ReluGrad (f32 bf16), Equal Less Greater (f32
 // bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype;
 // Sum (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32
 // bf16 i64 i32 bool); unary math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32
@@ -49,11 +49,12 @@ bool IsCompare(BinaryOp op) {
   return op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
 }
 
-// The dtypes the kernel table runs `op` in: And on bool; Div and Pow on the float dtypes (the CPU's
-// integer division checks divisors on the host, its integer Pow squares); the rest also on i64 i32.
+// The dtypes the kernel table runs `op` in: And on bool; Div, Pow and ReluGrad on the float dtypes
+// (the CPU's integer division checks divisors on the host, its integer Pow squares); the rest also
+// on i64 i32.
 bool BinaryCovers(BinaryOp op, ir::DType t) {
   if (op == BinaryOp::kAnd) return t == ir::DType::kBool;
-  if (op == BinaryOp::kDiv || op == BinaryOp::kPow) return CoveredFloat(t);
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad) return CoveredFloat(t);
   return CoveredFloat(t) || IsOneOf(t, {ir::DType::kI64, ir::DType::kI32});
 }
 
@@ -62,6 +63,7 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
                           const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[0].dtype();
   if (in[1].dtype() != t || !BinaryCovers(op, t)) return std::nullopt;
+  if (op == BinaryOp::kReluGrad && in[0].dims() != in[1].dims()) return std::nullopt;  // the CPU's error
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
   if (!dims) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, IsCompare(op) ? ir::DType::kBool : t, *dims);
@@ -245,7 +247,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
       {ir::OpKind::kPow, BinaryOp::kPow},   {ir::OpKind::kMin, BinaryOp::kMin},
       {ir::OpKind::kMax, BinaryOp::kMax},   {ir::OpKind::kEqual, BinaryOp::kEqual},
       {ir::OpKind::kLess, BinaryOp::kLess}, {ir::OpKind::kGreater, BinaryOp::kGreater},
-      {ir::OpKind::kAnd, BinaryOp::kAnd}};
+      {ir::OpKind::kAnd, BinaryOp::kAnd},   {ir::OpKind::kReluGrad, BinaryOp::kReluGrad}};
   for (const auto& [kind, op] : binary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return BinaryKernel(op, ctx, node, in);
@@ -276,6 +278,13 @@ void RegisterElementwiseKernels(KernelTable& table) {
   table[ir::OpKind::kCast].run = CastKernel;
   table[ir::OpKind::kReduceToShapeOf].run = ReduceToShapeOfKernel;
   table[ir::OpKind::kExpandLike].run = ExpandLikeKernel;
+  // ZerosLike(like): the zero-filled output of like's dtype and dims (`like` is read for its dims only).
+  table[ir::OpKind::kZerosLike].run = [](const KernelContext& ctx, const ir::Node& node,
+                                         const std::vector<ir::Tensor>& in) -> KernelResult {
+    absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, in[0].dtype(), in[0].dims());
+    if (!out.ok()) return out.status();
+    return std::vector<ir::Tensor>{*out};
+  };
 }
 
 }  // namespace onnxpipe::cuda

@@ -4,7 +4,8 @@
 // gathers, dropout masks, casts), and the op did not fall back to the host. Each case runs twice:
 // unplanned (fresh outputs, temporary scratch) and planned (an allocator whose workspace is exactly
 // what CudaBackend::WorkspaceBytes reported for the node, so an under-reported workspace fails).
-// Skips without a GPU.
+// The Bf16* cases run a bf16 graph's nodes (CheckBf16): the CPU's fp32 kernel on the widened inputs,
+// its outputs rounded to bf16, is the reference. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -409,6 +410,12 @@ TEST_F(CudaOpsTest, PowMinMaxComparisonsAndLogic) {
   Check({ir::OpKind::kNot, {Bools({3, 8}, 8)}, {}, 1, {}, 0});
 }
 
+TEST_F(CudaOpsTest, ReluGradAndZerosLike) {
+  Check({ir::OpKind::kReluGrad, {Rand({3, 50}, 1), Rand({3, 50}, 2)}, {}, 1, {}, 0});
+  Check({ir::OpKind::kZerosLike, {Tensor::DimsOnly(DType::kF32, {3, 5})}, {}, 1, {}, 0});
+  Check({ir::OpKind::kZerosLike, {Tensor::DimsOnly(DType::kBF16, {3, 5})}, {}, 1, {}, 0});
+}
+
 TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
   Check({ir::OpKind::kSum, {Rand({4, 6}, 1), Rand({4, 6}, 2)}});
   Check({ir::OpKind::kSum, {Rand({6}, 3), Rand({4, 6}, 4), Rand({4, 1}, 5), Rand({}, 6)}});
@@ -774,6 +781,7 @@ TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {
   for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu,
                         ir::OpKind::kErf, ir::OpKind::kAbs, ir::OpKind::kSin, ir::OpKind::kCos})
     CheckBf16({op, {RandB({3, 50}, 14, -4, 4)}}, {kB});
+  CheckBf16({ir::OpKind::kReluGrad, {RandB({3, 50}, 23), RandB({3, 50}, 24)}, {}, 1, {}, 0}, {kB});
   CheckBf16({ir::OpKind::kPow, {RandB({2, 3, 16}, 18, 0.1f, 3), RandB({16}, 19, -2, 2)}}, {kB});
   for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax})
     CheckBf16({op, {RandB({4, 1, 6}, 20), RandB({3, 1}, 21)}, {}, 1, {}, 0}, {kB});

@@ -46,6 +46,8 @@ OpKind KindOf(BinaryOp op) {
       return OpKind::kGreater;
     case BinaryOp::kAnd:
       return OpKind::kAnd;
+    case BinaryOp::kReluGrad:
+      return OpKind::kReluGrad;
   }
   return OpKind::kAdd;
 }
@@ -146,6 +148,19 @@ TEST_F(ElementwiseTest, BinaryIntegersMatchCpu) {
     const Tensor small = RandInt(dt, {5, 6}, 9, 0, 2), col = RandInt(dt, {5, 1}, 10, 0, 2);
     EXPECT_TRUE(
         RunBinary(BinaryOp::kEqual, small, col).BitwiseEquals(Eval1(MakeNode(OpKind::kEqual, 2), {small, col})));
+  }
+}
+
+// ReluGrad(dY, Y) = Y > 0 ? dY : 0: a selection, bit for bit the CPU's (bf16: the same bits).
+TEST_F(ElementwiseTest, ReluGradSelectsLikeTheCpu) {
+  Tensor y = Rand(DType::kF32, {5, 40}, 23, -1, 1);
+  y.mutable_data<float>()[0] = 0.f;
+  y.mutable_data<float>()[1] = -0.f;
+  y.mutable_data<float>()[2] = NAN;
+  const Tensor dy = Rand(DType::kF32, {5, 40}, 24, -3, 3);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor want = Eval1(MakeNode(OpKind::kReluGrad, 2), {dy.CastTo(dt).CastTo(DType::kF32), y}).CastTo(dt);
+    EXPECT_TRUE(RunBinary(BinaryOp::kReluGrad, dy.CastTo(dt), y.CastTo(dt)).BitwiseEquals(want)) << ir::DTypeName(dt);
   }
 }
 
