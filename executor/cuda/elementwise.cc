@@ -54,6 +54,10 @@ const char* BinaryName(BinaryOp op) {
       return "And";
     case BinaryOp::kReluGrad:
       return "ReluGrad";
+    case BinaryOp::kGreaterOrEqual:
+      return "GreaterOrEqual";
+    case BinaryOp::kLessOrEqual:
+      return "LessOrEqual";
   }
   return "?";
 }

@@ -64,17 +64,19 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
 template <typename T, BinaryOp kOp>
 __global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
                              BroadcastIndex idx) {
-  constexpr bool kCompare =
-      kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater || kOp == BinaryOp::kAnd;
+  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
+                            kOp == BinaryOp::kGreaterOrEqual || kOp == BinaryOp::kLessOrEqual || kOp == BinaryOp::kAnd;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[2];
     Offsets<2>(idx, i, off);
     const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
     if constexpr (kCompare) {
-      const bool r = kOp == BinaryOp::kEqual     ? x == y
-                     : kOp == BinaryOp::kLess    ? x < y
-                     : kOp == BinaryOp::kGreater ? x > y
-                                                 : (x && y);
+      const bool r = kOp == BinaryOp::kEqual            ? x == y
+                     : kOp == BinaryOp::kLess           ? x < y
+                     : kOp == BinaryOp::kGreater        ? x > y
+                     : kOp == BinaryOp::kGreaterOrEqual ? x >= y
+                     : kOp == BinaryOp::kLessOrEqual    ? x <= y
+                                                        : (x && y);
       static_cast<uint8_t*>(out)[i] = r;
     } else {
       Store(static_cast<T*>(out), i, Arith(kOp, x, y));
@@ -260,6 +262,10 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
       return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kReluGrad:
       return LaunchBinaryOp<BinaryOp::kReluGrad>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kGreaterOrEqual:
+      return LaunchBinaryOp<BinaryOp::kGreaterOrEqual>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kLessOrEqual:
+      return LaunchBinaryOp<BinaryOp::kLessOrEqual>(dtype, a, b, out, n, index, stream);
   }
   return cudaErrorInvalidValue;
 }

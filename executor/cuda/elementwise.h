@@ -30,7 +30,22 @@
 namespace onnxpipe::cuda {
 
 // kReluGrad: out = b > 0 ? a : 0 (ReluGrad(dY, Y)).
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMin, kMax, kEqual, kLess, kGreater, kAnd, kReluGrad };
+enum class BinaryOp {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMin,
+  kMax,
+  kEqual,
+  kLess,
+  kGreater,
+  kAnd,
+  kReluGrad,
+  kGreaterOrEqual,
+  kLessOrEqual
+};
 enum class UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kErf, kSigmoid, kRelu, kReciprocal, kAbs, kSin, kCos, kNot };
 
 // Up to three operands indexed over one output shape: element o of the output reads operand k at

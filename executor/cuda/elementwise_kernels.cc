@@ -1,12 +1,11 @@
 // Elementwise ops, broadcasts and reductions in the CUDA backend's kernel table (elementwise.h,
-// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow ReluGrad (f32 bf16), Equal Less Greater (f32
-// bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype;
-// Sum (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32
-// bf16 i64 i32 bool); unary math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32
-// bf16, double accumulation like the CPU); ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes
-// in fp32 and rounds each output once, as the CPU's fp32 kernel on widened inputs with the result
-// rounded. Other dtypes (f64, f16, the one-byte integers) and a Pow with an exponent of another
-// dtype run on the host.
+// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow ReluGrad (f32 bf16), Equal Less Greater GreaterOrEqual
+// LessOrEqual (f32 bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype; Sum
+// (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32 bf16 i64 i32 bool); unary
+// math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32 bf16, double accumulation like the CPU);
+// ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes in fp32 and rounds each output once, as the CPU's fp32
+// kernel on widened inputs with the result rounded. Other dtypes (f64, f16, the one-byte integers) and a Pow with an
+// exponent of another dtype run on the host.
 #include <algorithm>
 
 #include "executor/cuda/cuda_kernels.h"
@@ -46,7 +45,8 @@ KernelResult Single(const absl::Status& st, const ir::Tensor& out) {
 }
 
 bool IsCompare(BinaryOp op) {
-  return op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
+  return op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+         op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual || op == BinaryOp::kAnd;
 }
 
 // The dtypes the kernel table runs `op` in: And on bool; Div, Pow and ReluGrad on the float dtypes
@@ -241,13 +241,20 @@ KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, co
 }  // namespace
 
 void RegisterElementwiseKernels(KernelTable& table) {
-  const std::pair<ir::OpKind, BinaryOp> binary[] = {
-      {ir::OpKind::kAdd, BinaryOp::kAdd},   {ir::OpKind::kSub, BinaryOp::kSub},
-      {ir::OpKind::kMul, BinaryOp::kMul},   {ir::OpKind::kDiv, BinaryOp::kDiv},
-      {ir::OpKind::kPow, BinaryOp::kPow},   {ir::OpKind::kMin, BinaryOp::kMin},
-      {ir::OpKind::kMax, BinaryOp::kMax},   {ir::OpKind::kEqual, BinaryOp::kEqual},
-      {ir::OpKind::kLess, BinaryOp::kLess}, {ir::OpKind::kGreater, BinaryOp::kGreater},
-      {ir::OpKind::kAnd, BinaryOp::kAnd},   {ir::OpKind::kReluGrad, BinaryOp::kReluGrad}};
+  const std::pair<ir::OpKind, BinaryOp> binary[] = {{ir::OpKind::kAdd, BinaryOp::kAdd},
+                                                    {ir::OpKind::kSub, BinaryOp::kSub},
+                                                    {ir::OpKind::kMul, BinaryOp::kMul},
+                                                    {ir::OpKind::kDiv, BinaryOp::kDiv},
+                                                    {ir::OpKind::kPow, BinaryOp::kPow},
+                                                    {ir::OpKind::kMin, BinaryOp::kMin},
+                                                    {ir::OpKind::kMax, BinaryOp::kMax},
+                                                    {ir::OpKind::kEqual, BinaryOp::kEqual},
+                                                    {ir::OpKind::kLess, BinaryOp::kLess},
+                                                    {ir::OpKind::kGreater, BinaryOp::kGreater},
+                                                    {ir::OpKind::kAnd, BinaryOp::kAnd},
+                                                    {ir::OpKind::kReluGrad, BinaryOp::kReluGrad},
+                                                    {ir::OpKind::kGreaterOrEqual, BinaryOp::kGreaterOrEqual},
+                                                    {ir::OpKind::kLessOrEqual, BinaryOp::kLessOrEqual}};
   for (const auto& [kind, op] : binary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return BinaryKernel(op, ctx, node, in);

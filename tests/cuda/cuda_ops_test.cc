@@ -402,7 +402,8 @@ TEST_F(CudaOpsTest, PowMinMaxComparisonsAndLogic) {
   }
   // Small integers as floats, so that equality is hit.
   const Tensor x = SmallInts({4, 6}), y = SmallInts({6});
-  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater}) {
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater, ir::OpKind::kGreaterOrEqual,
+                        ir::OpKind::kLessOrEqual}) {
     Check({op, {x, y}, {}, 1, {}, 0});
     Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {1, 0, 6})}, {}, 1, {}, 0});
   }
@@ -785,7 +786,8 @@ TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {
   CheckBf16({ir::OpKind::kPow, {RandB({2, 3, 16}, 18, 0.1f, 3), RandB({16}, 19, -2, 2)}}, {kB});
   for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax})
     CheckBf16({op, {RandB({4, 1, 6}, 20), RandB({3, 1}, 21)}, {}, 1, {}, 0}, {kB});
-  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater})
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater, ir::OpKind::kGreaterOrEqual,
+                        ir::OpKind::kLessOrEqual})
     CheckBf16({op, {B(SmallInts({4, 6})), B(SmallInts({6}))}, {}, 1, {}, 0}, {DType::kBool});
   CheckBf16({ir::OpKind::kWhere, {Bools({4, 1, 6}, 15), RandB({5, 6}, 16), RandB({4, 5, 1}, 17)}, {}, 1, {}, 0}, {kB});
 }

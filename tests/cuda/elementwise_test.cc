@@ -48,6 +48,10 @@ OpKind KindOf(BinaryOp op) {
       return OpKind::kAnd;
     case BinaryOp::kReluGrad:
       return OpKind::kReluGrad;
+    case BinaryOp::kGreaterOrEqual:
+      return OpKind::kGreaterOrEqual;
+    case BinaryOp::kLessOrEqual:
+      return OpKind::kLessOrEqual;
   }
   return OpKind::kAdd;
 }
@@ -56,8 +60,8 @@ OpKind KindOf(BinaryOp op) {
 Tensor RunBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
   auto dims = BroadcastShape({a.dims(), b.dims()});
   EXPECT_TRUE(dims.ok()) << dims.status();
-  const bool compare =
-      op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
+  const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+                       op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual || op == BinaryOp::kAnd;
   DeviceTensor da(a), db(b), out(compare ? DType::kBool : a.dtype(), *dims);
   const absl::Status st = Binary(op, a.dtype(), da.get(), a.dims(), db.get(), b.dims(), out.get(), nullptr);
   EXPECT_TRUE(st.ok()) << st;
@@ -120,8 +124,10 @@ TEST_F(ElementwiseTest, BinaryF32MatchesCpuOverBroadcastShapes) {
     const Tensor a_real = Rand(DType::kF32, sa, 3, -2, 2), b_real = Rand(DType::kF32, sb, 4, 0.5, 2);
     const Tensor base = Rand(DType::kF32, sa, 5, 0.1, 3);
     for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow, BinaryOp::kMin,
-                        BinaryOp::kMax, BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater}) {
-      const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater;
+                        BinaryOp::kMax, BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater,
+                        BinaryOp::kGreaterOrEqual, BinaryOp::kLessOrEqual}) {
+      const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+                           op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual;
       const Tensor& x = op == BinaryOp::kPow ? base : compare ? a : a_real;
       const Tensor& y = compare ? b : b_real;
       const Tensor want = Eval1(MakeNode(KindOf(op), 2), {x, y});
