@@ -73,8 +73,12 @@ inline bool WantsOutput(const ir::Node& node, size_t i) {
 // Every present input among `indices` has dtype `dtype`.
 bool AllOfDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices, ir::DType dtype);
 
-// Calls f(ElementTag<T>{}) with T = float for f32 and __nv_bfloat16 for bf16, the dtypes the
-// float kernel families are instantiated for; nullopt (the host runs the op) for any other dtype.
+// The float dtypes the kernel families run: f32, and bf16 (computed in fp32, each output rounded
+// once, as the CPU's fp32 kernel on widened inputs with its result rounded).
+constexpr ir::DType kKernelFloats[] = {ir::DType::kF32, ir::DType::kBF16};
+inline bool IsKernelFloat(ir::DType t) { return t == ir::DType::kF32 || t == ir::DType::kBF16; }
+// Calls f(ElementTag<T>{}) with T = float for f32 and __nv_bfloat16 for bf16 (kKernelFloats);
+// nullopt (the host runs the op) for any other dtype.
 template <typename T>
 struct ElementTag {
   using type = T;

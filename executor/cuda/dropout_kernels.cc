@@ -7,12 +7,10 @@
 namespace onnxpipe::cuda {
 namespace {
 
-bool Covered(ir::DType t) { return t == ir::DType::kF32 || t == ir::DType::kBF16; }
-
 // Y, mask? = Dropout(X); in inference (or ratio 0) Y = X and the mask is all ones.
 KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (!Covered(x.dtype())) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const int64_t n = x.num_elements();
   absl::StatusOr<DropoutParams> p =
       DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset, ctx.exec.row_offset, ctx.exec.rows, n);
@@ -41,7 +39,7 @@ KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const s
   const ir::Tensor& dy = in[0];
   const ir::Tensor& mask = in[1];
   const double ratio = node.attrs.Get<double>("ratio", 0.5);
-  if (!Covered(dy.dtype()) || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
+  if (!IsKernelFloat(dy.dtype()) || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
       !(ratio >= 0.0 && ratio <= 1.0)) {
     return std::nullopt;
   }

@@ -22,9 +22,6 @@ bool IsOneOf(ir::DType t, std::initializer_list<ir::DType> set) {
   return false;
 }
 
-// The float dtypes the kernels cover.
-bool CoveredFloat(ir::DType t) { return t == ir::DType::kF32 || t == ir::DType::kBF16; }
-
 int64_t NumElements(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
@@ -54,8 +51,8 @@ bool IsCompare(BinaryOp op) {
 // on i64 i32.
 bool BinaryCovers(BinaryOp op, ir::DType t) {
   if (op == BinaryOp::kAnd) return t == ir::DType::kBool;
-  if (op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad) return CoveredFloat(t);
-  return CoveredFloat(t) || IsOneOf(t, {ir::DType::kI64, ir::DType::kI32});
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad) return IsKernelFloat(t);
+  return IsKernelFloat(t) || IsOneOf(t, {ir::DType::kI64, ir::DType::kI32});
 }
 
 // out = a op b (bool for the comparisons), both operands of one dtype.
@@ -82,7 +79,7 @@ KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std
   const ir::DType t = in[0].dtype();
   std::vector<std::vector<int64_t>> shapes;
   for (const ir::Tensor& x : in) {
-    if (!x.has_data() || x.dtype() != t || !CoveredFloat(t)) return std::nullopt;
+    if (!x.has_data() || x.dtype() != t || !IsKernelFloat(t)) return std::nullopt;
     shapes.push_back(x.dims());
   }
   absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
@@ -159,7 +156,7 @@ KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& n
   const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
   const bool covered = op == UnaryOp::kNot
                            ? t == ir::DType::kBool
-                           : CoveredFloat(t) || (integer_ok && IsOneOf(t, {ir::DType::kI64, ir::DType::kI32}));
+                           : IsKernelFloat(t) || (integer_ok && IsOneOf(t, {ir::DType::kI64, ir::DType::kI32}));
   if (!covered) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, in[0].dims());
   if (!out.ok()) return out.status();
@@ -171,7 +168,7 @@ KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& n
 KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (!CoveredFloat(x.dtype())) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
   const bool keepdims = node.attrs.Get<int64_t>("keepdims", 1) != 0;
   if (axes.empty() && node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0) {
@@ -199,7 +196,7 @@ KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::N
 // ReduceToShapeOf(X, like): X summed to like's shape; a copy when the shapes agree.
 KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (!CoveredFloat(x.dtype())) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   absl::StatusOr<ReducePlan> plan = MakeReduceToShapePlan(x.dims(), in[1].dims());
   if (!plan.ok()) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), in[1].dims());
@@ -214,7 +211,7 @@ KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& nod
 // rounded to fp32 when mean (the CPU's px * s); 0 + X is exact, so a bf16 out rounds once.
 KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (!CoveredFloat(x.dtype())) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const std::vector<int64_t>& target = in[1].dims();
   std::vector<int64_t> xd = x.dims();
   std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});

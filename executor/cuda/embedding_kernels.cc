@@ -82,8 +82,7 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   const ir::Tensor& dy = in[0];
   const ir::Tensor& idx = in[1];
   const std::vector<int64_t>& dd = in[2].dims();
-  if ((dy.dtype() != ir::DType::kF32 && dy.dtype() != ir::DType::kBF16) || !IsIndex(idx.dtype()) || dd.empty())
-    return std::nullopt;
+  if (!IsKernelFloat(dy.dtype()) || !IsIndex(idx.dtype()) || dd.empty()) return std::nullopt;
   absl::StatusOr<GatherShape> s = MakeGatherShape(dd, node.attrs.Get<int64_t>("axis", 0), idx.num_elements());
   if (!s.ok()) return std::nullopt;
   int64_t axis = node.attrs.Get<int64_t>("axis", 0);

@@ -73,7 +73,7 @@ struct Gemms {
 
 // The dtype shared by the present inputs among `indices` when the GEMMs cover it (f32, or bf16 with bf16 out).
 std::optional<ir::DType> GemmDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices) {
-  for (ir::DType t : {ir::DType::kF32, ir::DType::kBF16})
+  for (ir::DType t : kKernelFloats)
     if (AllOfDType(in, indices, t)) return t;
   return std::nullopt;
 }

@@ -40,7 +40,7 @@ std::vector<int64_t> StatDims(const ir::Node& node, std::vector<int64_t> dims) {
 std::optional<ir::DType> NormDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> data,
                                    std::initializer_list<size_t> stats) {
   if (!AllOfDType(in, stats, ir::DType::kF32)) return std::nullopt;
-  for (ir::DType t : {ir::DType::kF32, ir::DType::kBF16})
+  for (ir::DType t : kKernelFloats)
     if (AllOfDType(in, data, t)) return t;
   return std::nullopt;
 }
