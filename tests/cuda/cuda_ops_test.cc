@@ -172,29 +172,31 @@ class CudaOpsTest : public ::testing::Test {
     Compare(c, reference, expect_device, [&](size_t k, const Tensor& got, const Tensor& want) {
       ASSERT_LT(k, out_dtypes.size());
       ASSERT_EQ(got.dtype(), out_dtypes[k]) << "the bf16 graph's output dtype";
+      ASSERT_EQ(got.dims(), want.dims());
       if (out_dtypes[k] != DType::kBF16) {
         ExpectClose(got, want, c.tol);
         return;
       }
       const std::vector<float> g = Floats(got), w = Floats(want.CastTo(DType::kBF16));
       if (c.tol == 0) {
-        EXPECT_TRUE(SameBits(g, w)) << "not bit for bit the fp32 result rounded to bf16: "
-                                    << testing::Bf16Close(g, w, 0, 0, 0).message();
+        const int64_t i = FirstDifferentBits(g, w);
+        EXPECT_EQ(i, -1) << "not bit for bit the fp32 result rounded to bf16: element " << i << " is "
+                         << (i >= 0 ? g[i] : 0.f) << ", want " << (i >= 0 ? w[i] : 0.f) << " (signs matter); "
+                         << testing::Bf16Close(g, w, 0, 0, 0).message();
         return;
       }
       EXPECT_TRUE(testing::Bf16Close(g, w));
     });
   }
 
-  // Equal bits (-0 is not +0), or NaN both (payloads differ: cvt.rn.bf16.f32 and the CPU's FloatToBF16
-  // canonicalise NaN differently).
-  static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
+  // The first element whose bits differ (-0 is not +0; NaN meets any NaN: cvt.rn.bf16.f32 and the
+  // CPU's FloatToBF16 canonicalise NaN differently), or -1; a and b have one size.
+  static int64_t FirstDifferentBits(const std::vector<float>& a, const std::vector<float>& b) {
     for (size_t i = 0; i < a.size(); ++i) {
       if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
     }
-    return true;
+    return -1;
   }
 
   // The elements of a float tensor (any float dtype) as floats.
