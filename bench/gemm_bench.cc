@@ -1,6 +1,7 @@
 // GEMM throughput of the CUDA backend (executor/cuda/gemm.h) on the benchmark model's Linear shapes, forward and
-// both gradients, once with the heuristic's first algorithm and once with timed tactics. Prints one JSON line per
-// measurement. Not a test.
+// both gradients, in bf16 (the --dtype bf16 mode: bf16 operands, fp32 accumulation, bf16 out or fp32 weight
+// gradients; with the fused bias/GELU/dGELU/bias-gradient epilogues), exact fp32 and TF32, once with the heuristic's
+// first algorithm and once with timed tactics. Prints one JSON line per measurement (ms and TFLOP/s). Not a test.
 //   gemm_bench [tactic_cache.json]   (default: gemm_tactics.json in the current folder)
 #include <cstdio>
 #include <cstring>
@@ -62,6 +63,14 @@ std::vector<BenchCase> Cases() {
     dw_bgrad.epilogue = GemmEpilogue::kBGradA;
     cases.push_back({n + "_dW", dw_bgrad});
   }
+  // The language-model head of the bf16 mode (GPT-2's odd vocabulary: bf16 rows of 50257 are only 2-byte aligned)
+  // on an eighth of the tokens: forward with bias, dX, and dW accumulated in fp32.
+  constexpr int64_t kHeadTokens = kTokens / 8, kVocab = 50257, kModel = 1024;
+  cases.push_back({"lm_head_fwd", {.m = kHeadTokens, .n = kVocab, .k = kModel, .trans_b = true,
+                                   .epilogue = GemmEpilogue::kBias}});
+  cases.push_back({"lm_head_dX", {.m = kHeadTokens, .n = kModel, .k = kVocab}});
+  cases.push_back({"lm_head_dW", {.m = kVocab, .n = kModel, .k = kHeadTokens, .trans_a = true,
+                                  .output_type = DType::kF32, .beta = 1}});
   return cases;
 }
 

@@ -9,6 +9,7 @@
 // can be dropped by the linker.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <functional>
@@ -71,6 +72,28 @@ inline bool WantsOutput(const ir::Node& node, size_t i) {
 }
 // Every present input among `indices` has dtype `dtype`.
 bool AllOfDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices, ir::DType dtype);
+
+// The float dtypes the kernel families run: f32, and bf16 (computed in fp32, each output rounded
+// once, as the CPU's fp32 kernel on widened inputs with its result rounded).
+constexpr ir::DType kKernelFloats[] = {ir::DType::kF32, ir::DType::kBF16};
+inline bool IsKernelFloat(ir::DType t) { return t == ir::DType::kF32 || t == ir::DType::kBF16; }
+// Calls f(ElementTag<T>{}) with T = float for f32 and __nv_bfloat16 for bf16 (kKernelFloats);
+// nullopt (the host runs the op) for any other dtype.
+template <typename T>
+struct ElementTag {
+  using type = T;
+};
+template <typename F>
+KernelResult WithFloatElement(ir::DType t, F&& f) {
+  if (t == ir::DType::kF32) return f(ElementTag<float>{});
+  if (t == ir::DType::kBF16) return f(ElementTag<__nv_bfloat16>{});
+  return std::nullopt;
+}
+// A device tensor's buffer as T*; null for an absent tensor.
+template <typename T>
+T* DevicePtr(const ir::Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.device_raw()) : nullptr;
+}
 
 // The concrete dims of `node`'s input `i` in `g`; nullopt when absent or not concrete.
 std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node& node, size_t i);

@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include "executor/cuda/gelu.h"
 
 namespace onnxpipe::cuda {
 
@@ -30,19 +29,6 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   info.total_memory = static_cast<int64_t>(prop.totalGlobalMem);
   info.sm_count = prop.multiProcessorCount;
   return info;
-}
-
-absl::Status GeluForward(const float* x, float* y, int64_t n, bool tanh_approx, cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("GeluForward: negative element count");
-  CUDA_RETURN_IF_ERROR(LaunchGeluForward(x, y, n, tanh_approx, stream));
-  return absl::OkStatus();
-}
-
-absl::Status GeluBackward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx,
-                          cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("GeluBackward: negative element count");
-  CUDA_RETURN_IF_ERROR(LaunchGeluBackward(dy, x, dx, n, tanh_approx, stream));
-  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::cuda

@@ -1,6 +1,6 @@
-// Dropout and DropoutGrad (f32) in the CUDA backend's kernel table (dropout.h): the keep mask is
-// the CPU backend's, bit for bit (same Philox stream, node key, step offset and micro-batch row
-// offset), so a GPU run drops the elements a CPU run drops.
+// Dropout and DropoutGrad (f32 or bf16, scaled in fp32 and rounded once) in the CUDA backend's kernel table
+// (dropout.h): the keep mask is the CPU backend's, bit for bit (same Philox stream, node key, step offset and
+// micro-batch row offset), so a GPU run drops the elements a CPU run drops.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/dropout.h"
 
@@ -10,7 +10,7 @@ namespace {
 // Y, mask? = Dropout(X); in inference (or ratio 0) Y = X and the mask is all ones.
 KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const int64_t n = x.num_elements();
   absl::StatusOr<DropoutParams> p =
       DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset, ctx.exec.row_offset, ctx.exec.rows, n);
@@ -39,7 +39,7 @@ KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const s
   const ir::Tensor& dy = in[0];
   const ir::Tensor& mask = in[1];
   const double ratio = node.attrs.Get<double>("ratio", 0.5);
-  if (dy.dtype() != ir::DType::kF32 || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
+  if (!IsKernelFloat(dy.dtype()) || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
       !(ratio >= 0.0 && ratio <= 1.0)) {
     return std::nullopt;
   }

@@ -52,6 +52,12 @@ const char* BinaryName(BinaryOp op) {
       return "Greater";
     case BinaryOp::kAnd:
       return "And";
+    case BinaryOp::kReluGrad:
+      return "ReluGrad";
+    case BinaryOp::kGreaterOrEqual:
+      return "GreaterOrEqual";
+    case BinaryOp::kLessOrEqual:
+      return "LessOrEqual";
   }
   return "?";
 }
@@ -145,7 +151,7 @@ absl::StatusOr<BroadcastIndex> MakeBroadcastIndex(const std::vector<std::vector<
 
 absl::Status Binary(BinaryOp op, ir::DType dtype, const void* a, const std::vector<int64_t>& a_dims, const void* b,
                     const std::vector<int64_t>& b_dims, void* out, cudaStream_t stream) {
-  const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow;
+  const bool float_only = op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad;
   const bool supported = op == BinaryOp::kAnd ? dtype == ir::DType::kBool
                          : float_only         ? IsFloat16Or32(dtype)
                                               : IsArith(dtype);
@@ -191,6 +197,16 @@ absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t 
   }
   RETURN_IF_ERROR(CheckPointers(UnaryName(op), n, {x, y}));
   CUDA_RETURN_IF_ERROR(LaunchUnary(op, dtype, x, y, n, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Scale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+  if (!IsFloat16Or32(dtype)) {
+    return INVALID_ARGUMENT() << "Scale: dtype " << ir::DTypeName(dtype)
+                              << " is not supported, expected f32, bf16 or f16";
+  }
+  RETURN_IF_ERROR(CheckPointers("Scale", n, {x, y}));
+  CUDA_RETURN_IF_ERROR(LaunchScale(dtype, x, s, y, n, stream));
   return absl::OkStatus();
 }
 

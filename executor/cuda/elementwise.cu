@@ -53,6 +53,8 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
         return a * b;
       case BinaryOp::kDiv:
         return a / b;
+      case BinaryOp::kReluGrad:
+        return b > C(0) ? a : C(0);
       default:
         return powf(a, b);
     }
@@ -62,17 +64,19 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
 template <typename T, BinaryOp kOp>
 __global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
                              BroadcastIndex idx) {
-  constexpr bool kCompare =
-      kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater || kOp == BinaryOp::kAnd;
+  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
+                            kOp == BinaryOp::kGreaterOrEqual || kOp == BinaryOp::kLessOrEqual || kOp == BinaryOp::kAnd;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[2];
     Offsets<2>(idx, i, off);
     const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
     if constexpr (kCompare) {
-      const bool r = kOp == BinaryOp::kEqual     ? x == y
-                     : kOp == BinaryOp::kLess    ? x < y
-                     : kOp == BinaryOp::kGreater ? x > y
-                                                 : (x && y);
+      const bool r = kOp == BinaryOp::kEqual            ? x == y
+                     : kOp == BinaryOp::kLess           ? x < y
+                     : kOp == BinaryOp::kGreater        ? x > y
+                     : kOp == BinaryOp::kGreaterOrEqual ? x >= y
+                     : kOp == BinaryOp::kLessOrEqual    ? x <= y
+                                                        : (x && y);
       static_cast<uint8_t*>(out)[i] = r;
     } else {
       Store(static_cast<T*>(out), i, Arith(kOp, x, y));
@@ -136,6 +140,13 @@ template <typename T>
 __global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     Store(y, i, ApplyUnary(op, Load(x, i)));
+  }
+}
+
+template <typename T>
+__global__ void ScaleKernel(const T* x, float s, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(y, i, static_cast<float>(Load(x, i)) * s);
   }
 }
 
@@ -211,7 +222,7 @@ cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* 
         <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, n, idx);
     return cudaGetLastError();
   };
-  constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow;
+  constexpr bool kFloatOnly = kOp == BinaryOp::kDiv || kOp == BinaryOp::kPow || kOp == BinaryOp::kReluGrad;
   if constexpr (kOp == BinaryOp::kAnd) {
     return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
   } else if constexpr (kFloatOnly) {
@@ -249,6 +260,12 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
       return LaunchBinaryOp<BinaryOp::kGreater>(dtype, a, b, out, n, index, stream);
     case BinaryOp::kAnd:
       return LaunchBinaryOp<BinaryOp::kAnd>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kReluGrad:
+      return LaunchBinaryOp<BinaryOp::kReluGrad>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kGreaterOrEqual:
+      return LaunchBinaryOp<BinaryOp::kGreaterOrEqual>(dtype, a, b, out, n, index, stream);
+    case BinaryOp::kLessOrEqual:
+      return LaunchBinaryOp<BinaryOp::kLessOrEqual>(dtype, a, b, out, n, index, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -274,6 +291,15 @@ cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int
   if (op == UnaryOp::kNot) return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
   const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
   return integer_ok ? DispatchArith(dtype, launch) : DispatchFloat(dtype, launch);
+}
+
+cudaError_t LaunchScale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    ScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), s, static_cast<T*>(y), n);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream) {

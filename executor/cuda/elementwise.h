@@ -3,11 +3,12 @@
 //
 // Tensors are dense row-major device buffers described by a dtype and dims. Arithmetic on the
 // 16-bit floats (bf16, f16) computes in fp32 and rounds the result to nearest even.
-//   Binary:  f32 bf16 f16 for the arithmetic ops and comparisons; i64 i32 also for Add Sub Mul
+//   Binary:  f32 bf16 f16 for the arithmetic ops, ReluGrad and comparisons; i64 i32 also for Add Sub Mul
 //            (wrapping), Min Max and comparisons. Comparisons write bool (one byte, 0/1). Min/Max
 //            propagate NaN (numpy.minimum). And: bool only.
 //   Where:   cond bool; x, y and out of one dtype among f32 bf16 f16 i64 i32.
 //   Unary:   f32 bf16 f16; Neg Relu Abs also i64 i32 (wrapping); Not: bool only.
+//   Scale:   f32 bf16 f16, by an fp32 factor passed by value.
 //   Cast:    between any two of f32 bf16 f16 i64 i32 bool, with the CPU backend's conversions
 //            (through double; float -> integer truncates, saturates, NaN -> 0).
 // The Status wrappers check dtypes, dims and pointers; the Launch* functions (callable from .cu
@@ -28,7 +29,23 @@
 
 namespace onnxpipe::cuda {
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMin, kMax, kEqual, kLess, kGreater, kAnd };
+// kReluGrad: out = b > 0 ? a : 0 (ReluGrad(dY, Y)).
+enum class BinaryOp {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMin,
+  kMax,
+  kEqual,
+  kLess,
+  kGreater,
+  kAnd,
+  kReluGrad,
+  kGreaterOrEqual,
+  kLessOrEqual
+};
 enum class UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kErf, kSigmoid, kRelu, kReciprocal, kAbs, kSin, kCos, kNot };
 
 // Up to three operands indexed over one output shape: element o of the output reads operand k at
@@ -48,6 +65,7 @@ cudaError_t LaunchBinary(BinaryOp op, ir::DType dtype, const void* a, const void
 cudaError_t LaunchWhere(ir::DType dtype, const uint8_t* cond, const void* x, const void* y, void* out, int64_t n,
                         const BroadcastIndex& index, cudaStream_t stream);
 cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+cudaError_t LaunchScale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchFlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* flag, cudaStream_t stream);
 cudaError_t LaunchAccumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
@@ -71,6 +89,8 @@ absl::Status Where(ir::DType dtype, const uint8_t* cond, const std::vector<int64
                    cudaStream_t stream);
 // y = op(x), n elements (y may alias x).
 absl::Status Unary(UnaryOp op, ir::DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+// y = x * s (fp32 product, rounded once to dtype's), n elements of f32 bf16 f16 (y may alias x).
+absl::Status Scale(ir::DType dtype, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
 // y = x converted from `from` to `to`, n elements.
 absl::Status Cast(ir::DType from, const void* x, ir::DType to, void* y, int64_t n, cudaStream_t stream);
 // Sets *flag (a device uint32) to 1 when any of the n elements of x (a float dtype) is NaN or

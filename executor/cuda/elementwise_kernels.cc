@@ -1,8 +1,11 @@
 // Elementwise ops, broadcasts and reductions in the CUDA backend's kernel table (elementwise.h,
-// reduce.h): Add Sub Mul (f32 i64 i32) and Div (f32) with numpy broadcasting, Sum (f32, any
-// number of broadcast operands), Where (f32 i64 i32), Cast (between f32 i64 i32 bool), unary math
-// (f32), ReduceSum/ReduceMean (f32, double accumulation like the CPU), ReduceToShapeOf and
-// ExpandLike (f32). Other dtypes (f64, the one-byte integers) run on the host.
+// reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow ReluGrad (f32 bf16), Equal Less Greater GreaterOrEqual
+// LessOrEqual (f32 bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype; Sum
+// (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32 bf16 i64 i32 bool); unary
+// math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32 bf16, double accumulation like the CPU);
+// ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes in fp32 and rounds each output once, as the CPU's fp32
+// kernel on widened inputs with the result rounded. Other dtypes (f64, f16, the one-byte integers) and a Pow with an
+// exponent of another dtype run on the host.
 #include <algorithm>
 
 #include "executor/cuda/cuda_kernels.h"
@@ -19,6 +22,12 @@ bool IsOneOf(ir::DType t, std::initializer_list<ir::DType> set) {
   return false;
 }
 
+int64_t NumElements(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
 // The broadcast shape of `shapes` when the kernels can index it (at most kMaxBroadcastRank dims
 // once merged); nullopt otherwise (the CPU kernel then runs, or names the clash).
 std::optional<std::vector<int64_t>> Broadcast(const std::vector<std::vector<int64_t>>& shapes) {
@@ -32,16 +41,29 @@ KernelResult Single(const absl::Status& st, const ir::Tensor& out) {
   return std::vector<ir::Tensor>{out};
 }
 
-// out = a op b; Div only in f32 (the CPU's integer division checks divisors on the host).
+bool IsCompare(BinaryOp op) {
+  return op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+         op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual || op == BinaryOp::kAnd;
+}
+
+// The dtypes the kernel table runs `op` in: And on bool; Div, Pow and ReluGrad on the float dtypes
+// (the CPU's integer division checks divisors on the host, its integer Pow squares); the rest also
+// on i64 i32.
+bool BinaryCovers(BinaryOp op, ir::DType t) {
+  if (op == BinaryOp::kAnd) return t == ir::DType::kBool;
+  if (op == BinaryOp::kDiv || op == BinaryOp::kPow || op == BinaryOp::kReluGrad) return IsKernelFloat(t);
+  return IsKernelFloat(t) || IsOneOf(t, {ir::DType::kI64, ir::DType::kI32});
+}
+
+// out = a op b (bool for the comparisons), both operands of one dtype.
 KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[0].dtype();
-  if (in[1].dtype() != t) return std::nullopt;
-  if (op == BinaryOp::kDiv ? t != ir::DType::kF32 : !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
-    return std::nullopt;
+  if (in[1].dtype() != t || !BinaryCovers(op, t)) return std::nullopt;
+  if (op == BinaryOp::kReluGrad && in[0].dims() != in[1].dims()) return std::nullopt;  // the CPU's error
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims()});
   if (!dims) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, *dims);
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, IsCompare(op) ? ir::DType::kBool : t, *dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   return Single(
@@ -49,32 +71,60 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
       *out);
 }
 
-// Sum(X0, X1, ...): out = 0 + X0, then out += Xi in input order (the CPU's order).
+// Sum(X0, X1, ...): out = 0 + X0, then out += Xi in input order (the CPU's order). In bf16 every
+// addition would round: up to two operands the first one is exact (0 + X0), so out rounds once;
+// more operands (all of out's shape) accumulate in an fp32 workspace rounded once at the end; more
+// broadcast bf16 operands run on the host.
 KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::DType t = in[0].dtype();
   std::vector<std::vector<int64_t>> shapes;
   for (const ir::Tensor& x : in) {
-    if (!x.has_data() || x.dtype() != ir::DType::kF32) return std::nullopt;
+    if (!x.has_data() || x.dtype() != t || !IsKernelFloat(t)) return std::nullopt;
     shapes.push_back(x.dims());
   }
   absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape(shapes);
   if (!dims.ok()) return std::nullopt;
   for (const std::vector<int64_t>& s : shapes)  // each addition indexes (out, Xi)
     if (!Broadcast({*dims, s})) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, *dims);
+  const bool fp32_sum = t != ir::DType::kF32 && in.size() > 2;
+  if (fp32_sum) {
+    for (const std::vector<int64_t>& s : shapes)
+      if (s != *dims) return std::nullopt;
+  }
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
   if (!out.ok()) return out.status();
-  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  const int64_t n = out->num_elements();
+  if (n == 0) return std::vector<ir::Tensor>{*out};
+  if (fp32_sum) {
+    absl::StatusOr<void*> acc = ctx.Workspace(node, n * static_cast<int64_t>(sizeof(float)));
+    if (!acc.ok()) return acc.status();
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(*acc, 0, n * sizeof(float), ctx.stream));
+    for (const ir::Tensor& x : in) {
+      const absl::Status st = Accumulate(ir::DType::kF32, *acc, t, x.device_raw(), n, ctx.stream);
+      if (!st.ok()) return st;
+    }
+    return Single(Cast(ir::DType::kF32, *acc, t, out->device_raw(), n, ctx.stream), *out);
+  }
   for (const ir::Tensor& x : in) {
-    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), *dims, x.device_raw(), x.dims(),
-                                   out->device_raw(), ctx.stream);
+    const absl::Status st =
+        Binary(BinaryOp::kAdd, t, out->device_raw(), *dims, x.device_raw(), x.dims(), out->device_raw(), ctx.stream);
     if (!st.ok()) return st;
   }
   return std::vector<ir::Tensor>{*out};
 }
 
+// SumKernel's fp32 accumulator: more than two bf16 operands.
+int64_t SumWorkspace(const ir::Graph& g, const ir::Node& node) {
+  if (node.inputs.size() <= 2 || node.inputs[0] == ir::kNoValue || g.value(node.inputs[0]).dtype == ir::DType::kF32)
+    return 0;
+  const std::optional<std::vector<int64_t>> dims = InputDims(g, node, 0);
+  return dims ? NumElements(*dims) * static_cast<int64_t>(sizeof(float)) : 0;
+}
+
 KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[1].dtype();
   if (in[0].dtype() != ir::DType::kBool || in[2].dtype() != t ||
-      !IsOneOf(t, {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32}))
+      !IsOneOf(t, {ir::DType::kF32, ir::DType::kBF16, ir::DType::kI64, ir::DType::kI32}))
     return std::nullopt;
   const std::optional<std::vector<int64_t>> dims = Broadcast({in[0].dims(), in[1].dims(), in[2].dims()});
   if (!dims) return std::nullopt;
@@ -88,7 +138,7 @@ KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const s
 
 KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<ir::DType> to = ir::ParseDType(node.attrs.Get<std::string>("to", ""));
-  const std::initializer_list<ir::DType> covered = {ir::DType::kF32, ir::DType::kI64, ir::DType::kI32,
+  const std::initializer_list<ir::DType> covered = {ir::DType::kF32, ir::DType::kBF16, ir::DType::kI64, ir::DType::kI32,
                                                     ir::DType::kBool};
   if (!to || !IsOneOf(*to, covered) || !IsOneOf(in[0].dtype(), covered)) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, *to, in[0].dims());
@@ -99,21 +149,26 @@ KernelResult CastKernel(const KernelContext& ctx, const ir::Node& node, const st
                 *out);
 }
 
+// y = op(x): Not on bool, Neg Relu Abs also on i64 i32 (wrapping, as the CPU), the rest on the float dtypes.
 KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& node,
                          const std::vector<ir::Tensor>& in) {
-  if (in[0].dtype() != ir::DType::kF32) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
+  const ir::DType t = in[0].dtype();
+  const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
+  const bool covered = op == UnaryOp::kNot
+                           ? t == ir::DType::kBool
+                           : IsKernelFloat(t) || (integer_ok && IsOneOf(t, {ir::DType::kI64, ir::DType::kI32}));
+  if (!covered) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, t, in[0].dims());
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
-  return Single(Unary(op, ir::DType::kF32, in[0].device_raw(), out->device_raw(), in[0].num_elements(), ctx.stream),
-                *out);
+  return Single(Unary(op, t, in[0].device_raw(), out->device_raw(), in[0].num_elements(), ctx.stream), *out);
 }
 
 // ReduceSum / ReduceMean with attrs axes, keepdims, noop_with_empty_axes (the CPU's reduce.cc).
 KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
   const bool keepdims = node.attrs.Get<int64_t>("keepdims", 1) != 0;
   if (axes.empty() && node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0) {
@@ -141,7 +196,7 @@ KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::N
 // ReduceToShapeOf(X, like): X summed to like's shape; a copy when the shapes agree.
 KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   absl::StatusOr<ReducePlan> plan = MakeReduceToShapePlan(x.dims(), in[1].dims());
   if (!plan.ok()) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), in[1].dims());
@@ -153,10 +208,10 @@ KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& nod
 }
 
 // ExpandLike(X, like) attrs axes, mean: out = (0 + X broadcast) * s with s = numel(X) / numel(like)
-// rounded to fp32 when mean (the CPU's px * s), s staged in the workspace.
+// rounded to fp32 when mean (the CPU's px * s); 0 + X is exact, so a bf16 out rounds once.
 KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (x.dtype() != ir::DType::kF32) return std::nullopt;
+  if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const std::vector<int64_t>& target = in[1].dims();
   std::vector<int64_t> xd = x.dims();
   std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
@@ -173,20 +228,11 @@ KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, co
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), target);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
-  absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), target, x.device_raw(), xd,
-                           out->device_raw(), ctx.stream);
+  absl::Status st =
+      Binary(BinaryOp::kAdd, x.dtype(), out->device_raw(), target, x.device_raw(), xd, out->device_raw(), ctx.stream);
   if (!st.ok() || node.attrs.Get<int64_t>("mean", 0) == 0) return Single(st, *out);
   const float s = static_cast<float>(static_cast<double>(x.num_elements()) / static_cast<double>(out->num_elements()));
-  absl::StatusOr<void*> ws = ctx.Workspace(node, sizeof(float));
-  if (!ws.ok()) return ws.status();
-  // Pageable source: the call returns once `s` is staged.
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ws, &s, sizeof(float), cudaMemcpyHostToDevice, ctx.stream));
-  return Single(
-      Binary(BinaryOp::kMul, ir::DType::kF32, out->device_raw(), target, *ws, {}, out->device_raw(), ctx.stream), *out);
-}
-
-int64_t ExpandLikeWorkspace(const ir::Graph&, const ir::Node& node) {
-  return node.attrs.Get<int64_t>("mean", 0) != 0 ? sizeof(float) : 0;
+  return Single(Scale(x.dtype(), out->device_raw(), s, out->device_raw(), out->num_elements(), ctx.stream), *out);
 }
 
 }  // namespace
@@ -195,7 +241,17 @@ void RegisterElementwiseKernels(KernelTable& table) {
   const std::pair<ir::OpKind, BinaryOp> binary[] = {{ir::OpKind::kAdd, BinaryOp::kAdd},
                                                     {ir::OpKind::kSub, BinaryOp::kSub},
                                                     {ir::OpKind::kMul, BinaryOp::kMul},
-                                                    {ir::OpKind::kDiv, BinaryOp::kDiv}};
+                                                    {ir::OpKind::kDiv, BinaryOp::kDiv},
+                                                    {ir::OpKind::kPow, BinaryOp::kPow},
+                                                    {ir::OpKind::kMin, BinaryOp::kMin},
+                                                    {ir::OpKind::kMax, BinaryOp::kMax},
+                                                    {ir::OpKind::kEqual, BinaryOp::kEqual},
+                                                    {ir::OpKind::kLess, BinaryOp::kLess},
+                                                    {ir::OpKind::kGreater, BinaryOp::kGreater},
+                                                    {ir::OpKind::kAnd, BinaryOp::kAnd},
+                                                    {ir::OpKind::kReluGrad, BinaryOp::kReluGrad},
+                                                    {ir::OpKind::kGreaterOrEqual, BinaryOp::kGreaterOrEqual},
+                                                    {ir::OpKind::kLessOrEqual, BinaryOp::kLessOrEqual}};
   for (const auto& [kind, op] : binary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return BinaryKernel(op, ctx, node, in);
@@ -205,7 +261,10 @@ void RegisterElementwiseKernels(KernelTable& table) {
       {ir::OpKind::kSqrt, UnaryOp::kSqrt},       {ir::OpKind::kExp, UnaryOp::kExp},
       {ir::OpKind::kLog, UnaryOp::kLog},         {ir::OpKind::kTanh, UnaryOp::kTanh},
       {ir::OpKind::kSigmoid, UnaryOp::kSigmoid}, {ir::OpKind::kReciprocal, UnaryOp::kReciprocal},
-      {ir::OpKind::kNeg, UnaryOp::kNeg},         {ir::OpKind::kRelu, UnaryOp::kRelu}};
+      {ir::OpKind::kNeg, UnaryOp::kNeg},         {ir::OpKind::kRelu, UnaryOp::kRelu},
+      {ir::OpKind::kErf, UnaryOp::kErf},         {ir::OpKind::kAbs, UnaryOp::kAbs},
+      {ir::OpKind::kSin, UnaryOp::kSin},         {ir::OpKind::kCos, UnaryOp::kCos},
+      {ir::OpKind::kNot, UnaryOp::kNot}};
   for (const auto& [kind, op] : unary) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return UnaryKernel(op, ctx, node, in);
@@ -218,11 +277,18 @@ void RegisterElementwiseKernels(KernelTable& table) {
       return ReduceKernel(op, ctx, node, in);
     };
   }
-  table[ir::OpKind::kSum].run = SumKernel;
+  table[ir::OpKind::kSum] = {SumKernel, SumWorkspace};
   table[ir::OpKind::kWhere].run = WhereKernel;
   table[ir::OpKind::kCast].run = CastKernel;
   table[ir::OpKind::kReduceToShapeOf].run = ReduceToShapeOfKernel;
-  table[ir::OpKind::kExpandLike] = {ExpandLikeKernel, ExpandLikeWorkspace};
+  table[ir::OpKind::kExpandLike].run = ExpandLikeKernel;
+  // ZerosLike(like): the zero-filled output of like's dtype and dims (`like` is read for its dims only).
+  table[ir::OpKind::kZerosLike].run = [](const KernelContext& ctx, const ir::Node& node,
+                                         const std::vector<ir::Tensor>& in) -> KernelResult {
+    absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, in[0].dtype(), in[0].dims());
+    if (!out.ok()) return out.status();
+    return std::vector<ir::Tensor>{*out};
+  };
 }
 
 }  // namespace onnxpipe::cuda

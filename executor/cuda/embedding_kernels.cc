@@ -1,7 +1,8 @@
-// Gather (any dtype; the embedding lookup) and GatherGrad (f32) in the CUDA backend's kernel table
-// (embedding.h); indices on the device, or constants on the host (copied into the workspace). An index out of range is
-// only seen on the device: the kernel raises a flag, the flag is read back (one small synchronising copy) and the op
-// then runs on the host, where the CPU kernel reports the index exactly as it does on the CPU.
+// Gather (any dtype; the embedding lookup) and GatherGrad (f32 or bf16, the output dY's dtype, summed in fp32 and
+// rounded once) in the CUDA backend's kernel table (embedding.h); indices on the device, or constants on the host
+// (copied into the workspace). An index out of range is only seen on the device: the kernel raises a flag, the flag is
+// read back (one small synchronising copy) and the op then runs on the host, where the CPU kernel reports the index
+// exactly as it does on the CPU.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/embedding.h"
@@ -81,7 +82,7 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   const ir::Tensor& dy = in[0];
   const ir::Tensor& idx = in[1];
   const std::vector<int64_t>& dd = in[2].dims();
-  if (dy.dtype() != ir::DType::kF32 || !IsIndex(idx.dtype()) || dd.empty()) return std::nullopt;
+  if (!IsKernelFloat(dy.dtype()) || !IsIndex(idx.dtype()) || dd.empty()) return std::nullopt;
   absl::StatusOr<GatherShape> s = MakeGatherShape(dd, node.attrs.Get<int64_t>("axis", 0), idx.num_elements());
   if (!s.ok()) return std::nullopt;
   int64_t axis = node.attrs.Get<int64_t>("axis", 0);
@@ -90,7 +91,7 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   expect.insert(expect.end(), idx.dims().begin(), idx.dims().end());
   expect.insert(expect.end(), dd.begin() + axis + 1, dd.end());
   if (dy.dims() != expect) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, dd);
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, dy.dtype(), dd);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0 || idx.num_elements() == 0) return std::vector<ir::Tensor>{*out};
   const int64_t sort_bytes = static_cast<int64_t>(GatherGradWorkspaceBytes(*s));
@@ -102,7 +103,7 @@ KernelResult GatherGradKernel(const KernelContext& ctx, const ir::Node& node, co
   absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
   if (!indices.ok()) return indices.status();
   if (absl::Status st = cuda::GatherGrad(
-          *s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, ir::DType::kF32, out->device_raw(),
+          *s, dy.dtype(), dy.device_raw(), idx.dtype(), *indices, dy.dtype(), out->device_raw(),
           /*accumulate=*/false, static_cast<uint8_t*>(*ws) + kFlagBytes + index_bytes, sort_bytes, flag, ctx.stream);
       !st.ok()) {
     return st;

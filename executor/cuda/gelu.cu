@@ -1,4 +1,5 @@
-// GELU kernels: grid-stride loops over a flat (n) buffer, 4 elements per thread per iteration.
+// GELU kernels: grid-stride loops over a flat (n) buffer, computing in fp32.
+#include "executor/cuda/device_util.cuh"
 #include "executor/cuda/gelu.h"
 
 namespace onnxpipe::cuda {
@@ -25,42 +26,42 @@ __device__ __forceinline__ float GeluDerivative(float x, bool tanh_approx) {
   return cdf + x * pdf;
 }
 
-__global__ void GeluForwardKernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
-                                  bool tanh_approx) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    y[i] = GeluValue(x[i], tanh_approx);
+template <typename T>
+__global__ void GeluForwardKernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool tanh_approx) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(y, i, GeluValue(Load(x, i), tanh_approx));
   }
 }
 
-__global__ void GeluBackwardKernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                   float* __restrict__ dx, int64_t n, bool tanh_approx) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    dx[i] = dy[i] * GeluDerivative(x[i], tanh_approx);
+template <typename T>
+__global__ void GeluBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t n,
+                                   bool tanh_approx) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(dx, i, Load(dy, i) * GeluDerivative(Load(x, i), tanh_approx));
   }
-}
-
-int GridFor(int64_t n, int block) {
-  int64_t blocks = (n + block - 1) / block;
-  return static_cast<int>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
 }  // namespace
 
-cudaError_t LaunchGeluForward(const float* x, float* y, int64_t n, bool tanh_approx, cudaStream_t stream) {
+template <typename T>
+cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  constexpr int kBlock = 256;
-  GeluForwardKernel<<<GridFor(n, kBlock), kBlock, 0, stream>>>(x, y, n, tanh_approx);
+  GeluForwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(x, y, n, tanh_approx);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchGeluBackward(const float* dy, const float* x, float* dx, int64_t n, bool tanh_approx,
-                               cudaStream_t stream) {
+template <typename T>
+cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  constexpr int kBlock = 256;
-  GeluBackwardKernel<<<GridFor(n, kBlock), kBlock, 0, stream>>>(dy, x, dx, n, tanh_approx);
+  GeluBackwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(dy, x, dx, n, tanh_approx);
   return cudaGetLastError();
 }
+
+template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, cudaStream_t);
+template cudaError_t LaunchGeluForward<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int64_t, bool,
+                                                      cudaStream_t);
+template cudaError_t LaunchGeluBackward<float>(const float*, const float*, float*, int64_t, bool, cudaStream_t);
+template cudaError_t LaunchGeluBackward<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
+                                                       int64_t, bool, cudaStream_t);
 
 }  // namespace onnxpipe::cuda

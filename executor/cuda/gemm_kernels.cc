@@ -1,5 +1,6 @@
-// MatMul, FusedMatMul, Linear and Gemm (fp32: exact, or TF32 under CudaOptions::allow_tf32) in the CUDA backend's kernel
-// table, through cuBLASLt (gemm.h). Batch dims broadcast as in the CPU kernels (matmul.cc): a
+// MatMul, FusedMatMul, Linear and Gemm in the CUDA backend's kernel table, through cuBLASLt (gemm.h): fp32 (exact, or
+// TF32 under CudaOptions::allow_tf32), or bf16 operands and output with fp32 accumulation and one rounding of the
+// result (Linear's bias and Gemm's C are bf16 then too). Batch dims broadcast as in the CPU kernels (matmul.cc): a
 // batch-free B under an untransposed A is one tall GEMM, equal or single-sided batches one strided
 // batched GEMM, anything else one GEMM per output matrix.
 #include <map>
@@ -57,10 +58,12 @@ struct Gemms {
     return absl::OkStatus();
   }
 
-  // Runs `desc` (fp32) over `buffers`, taking the node's workspace unless `buffers` holds it.
-  absl::Status Run(const KernelContext& ctx, const ir::Node& node, GemmDesc desc, GemmBuffers buffers) const {
-    desc.input_type = desc.output_type = ir::DType::kF32;
-    desc.allow_tf32 = ctx.allow_tf32;
+  // Runs `desc` with operands and output of `dtype` over `buffers`, taking the node's workspace unless `buffers`
+  // holds it.
+  absl::Status Run(const KernelContext& ctx, const ir::Node& node, ir::DType dtype, GemmDesc desc,
+                   GemmBuffers buffers) const {
+    desc.input_type = desc.output_type = dtype;
+    desc.allow_tf32 = dtype == ir::DType::kF32 && ctx.allow_tf32;
     if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
     absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
     if (!gc.ok()) return gc.status();
@@ -68,8 +71,17 @@ struct Gemms {
   }
 };
 
-const float* F(const ir::Tensor& t) { return static_cast<const float*>(t.device_raw()); }
-float* MF(const ir::Tensor& t) { return static_cast<float*>(t.device_raw()); }
+// The dtype shared by the present inputs among `indices` when the GEMMs cover it (f32, or bf16 with bf16 out).
+std::optional<ir::DType> GemmDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices) {
+  for (ir::DType t : kKernelFloats)
+    if (AllOfDType(in, indices, t)) return t;
+  return std::nullopt;
+}
+
+// Element `i` of a device tensor's buffer.
+void* At(const ir::Tensor& t, int64_t i) {
+  return static_cast<char*>(t.device_raw()) + i * ir::DTypeSize(t.dtype());
+}
 
 int64_t Product(const std::vector<int64_t>& d, size_t begin, size_t end) {
   int64_t p = 1;
@@ -83,6 +95,7 @@ int64_t Product(const std::vector<int64_t>& d, size_t begin, size_t end) {
 KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node, const ir::Tensor& a,
                            const ir::Tensor& b, const std::vector<int64_t>& ad, const std::vector<int64_t>& bd, bool ta,
                            bool tb, float alpha, bool promoted_a, bool promoted_b) {
+  const ir::DType t = a.dtype();
   const size_t ar = ad.size(), br = bd.size();
   const int64_t a_rows = ad[ar - 2], a_cols = ad[ar - 1], b_rows = bd[br - 2], b_cols = bd[br - 1];
   const int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols;
@@ -96,8 +109,7 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
   if (!promoted_b) out_dims.push_back(n);
   const int64_t nbatch = Product(*batch, 0, batch->size());
   const int64_t a_count = Product(a_batch, 0, a_batch.size()), b_count = Product(b_batch, 0, b_batch.size());
-  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, ir::DType::kF32, out_dims)
-                                                    : ctx.FullOutput(node, 0, ir::DType::kF32, out_dims);
+  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, t, out_dims) : ctx.FullOutput(node, 0, t, out_dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{*out};  // zero-filled
   GemmDesc d;
@@ -108,13 +120,13 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
   absl::Status st;
   if (tall) {
     d.m = a_count * m;
-    st = gemms.Run(ctx, node, d, buf);
+    st = gemms.Run(ctx, node, t, d, buf);
   } else if ((a_count == nbatch || a_count == 1) && (b_count == nbatch || b_count == 1)) {
     d.batch = nbatch;
     d.stride_a = a_count == 1 ? 0 : m * k;
     d.stride_b = b_count == 1 ? 0 : k * n;
     d.stride_c = m * n;
-    st = gemms.Run(ctx, node, d, buf);
+    st = gemms.Run(ctx, node, t, d, buf);
   } else {
     // General broadcast ((2, 1) with (1, 3), ...): one GEMM per output matrix, one workspace.
     st = gemms.TakeWorkspace(ctx, node, buf);
@@ -124,8 +136,8 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
       if (a_batch[i] != 1) as[rank - a_batch.size() + i] = s;
     for (int64_t s = 1, i = static_cast<int64_t>(b_batch.size()) - 1; i >= 0; s *= b_batch[i--])
       if (b_batch[i] != 1) bs[rank - b_batch.size() + i] = s;
-    for (int64_t t = 0; t < nbatch && st.ok(); ++t) {
-      int64_t rem = t, ai = 0, bi = 0;
+    for (int64_t i = 0; i < nbatch && st.ok(); ++i) {
+      int64_t rem = i, ai = 0, bi = 0;
       for (int64_t dd = static_cast<int64_t>(rank) - 1; dd >= 0; --dd) {
         const int64_t idx = rem % (*batch)[dd];
         rem /= (*batch)[dd];
@@ -133,10 +145,10 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
         bi += idx * bs[dd];
       }
       GemmBuffers one = buf;
-      one.a = F(a) + ai * m * k;
-      one.b = F(b) + bi * k * n;
-      one.c = MF(*out) + t * m * n;
-      st = gemms.Run(ctx, node, d, one);
+      one.a = At(a, ai * m * k);
+      one.b = At(b, bi * k * n);
+      one.c = At(*out, i * m * n);
+      st = gemms.Run(ctx, node, t, d, one);
     }
   }
   if (!st.ok()) return st;
@@ -145,7 +157,7 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
 
 KernelResult MatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
                     const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].rank() == 0 || in[1].rank() == 0) return std::nullopt;
+  if (!GemmDType(in, {0, 1}) || in[0].rank() == 0 || in[1].rank() == 0) return std::nullopt;
   std::vector<int64_t> ad = in[0].dims(), bd = in[1].dims();
   const bool a_vec = ad.size() == 1, b_vec = bd.size() == 1;
   if (a_vec) ad.insert(ad.begin(), 1);
@@ -155,7 +167,7 @@ KernelResult MatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node
 
 KernelResult FusedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
                          const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].rank() < 2 || in[1].rank() < 2) return std::nullopt;
+  if (!GemmDType(in, {0, 1}) || in[0].rank() < 2 || in[1].rank() < 2) return std::nullopt;
   return BatchedMatMul(gemms, ctx, node, in[0], in[1], in[0].dims(), in[1].dims(),
                        node.attrs.Get<int64_t>("trans_a", 0) != 0, node.attrs.Get<int64_t>("trans_b", 0) != 0,
                        static_cast<float>(node.attrs.Get<double>("alpha", 1.0)), false, false);
@@ -164,7 +176,8 @@ KernelResult FusedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir:
 // Linear: Y (..., N) = X (..., K) W (+ bias), one tall GEMM with the bias epilogue.
 KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
                     const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32) || in[0].rank() < 1 || in[1].rank() != 2) return std::nullopt;
+  const std::optional<ir::DType> t = GemmDType(in, {0, 1, 2});
+  if (!t || in[0].rank() < 1 || in[1].rank() != 2) return std::nullopt;
   const bool tb = node.attrs.Get<int64_t>("trans_b", 0) != 0;
   const std::vector<int64_t>& xd = in[0].dims();
   const std::vector<int64_t>& wd = in[1].dims();
@@ -174,14 +187,13 @@ KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node
   std::vector<int64_t> out_dims(xd.begin(), xd.end() - 1);
   const int64_t m = Product(out_dims, 0, out_dims.size());
   out_dims.push_back(n);
-  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, ir::DType::kF32, out_dims)
-                                          : ctx.FullOutput(node, 0, ir::DType::kF32, out_dims);
+  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, *t, out_dims) : ctx.FullOutput(node, 0, *t, out_dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (k == 0) {  // Y = bias broadcast over the rows
     if (!has_bias) return std::vector<ir::Tensor>{*out};
-    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(), {n},
-                                   out->device_raw(), ctx.stream);
+    const absl::Status st =
+        Binary(BinaryOp::kAdd, *t, out->device_raw(), {m, n}, in[2].device_raw(), {n}, out->device_raw(), ctx.stream);
     if (!st.ok()) return st;
     return std::vector<ir::Tensor>{*out};
   }
@@ -191,7 +203,7 @@ KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node
   GemmBuffers buf;
   buf.a = in[0].device_raw(), buf.b = in[1].device_raw(), buf.c = out->device_raw();
   if (has_bias) buf.bias = in[2].device_raw();
-  const absl::Status st = gemms.Run(ctx, node, d, buf);
+  const absl::Status st = gemms.Run(ctx, node, *t, d, buf);
   if (!st.ok()) return st;
   return std::vector<ir::Tensor>{*out};
 }
@@ -199,7 +211,8 @@ KernelResult Linear(const Gemms& gemms, const KernelContext& ctx, const ir::Node
 // Gemm: Y (M, N) = alpha op(A) op(B) + beta C, C broadcast into Y first.
 KernelResult Gemm(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
                   const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32) || in[0].rank() != 2 || in[1].rank() != 2) return std::nullopt;
+  const std::optional<ir::DType> t = GemmDType(in, {0, 1, 2});
+  if (!t || in[0].rank() != 2 || in[1].rank() != 2) return std::nullopt;
   const bool ta = node.attrs.Get<int64_t>("transA", 0) != 0, tb = node.attrs.Get<int64_t>("transB", 0) != 0;
   const float alpha = static_cast<float>(node.attrs.Get<double>("alpha", 1.0));
   const float beta = static_cast<float>(node.attrs.Get<double>("beta", 1.0));
@@ -212,12 +225,12 @@ KernelResult Gemm(const Gemms& gemms, const KernelContext& ctx, const ir::Node& 
     absl::StatusOr<std::vector<int64_t>> cb = BroadcastShape({in[2].dims(), {m, n}});
     if (!cb.ok() || *cb != std::vector<int64_t>{m, n}) return std::nullopt;
   }
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, {m, n});
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, *t, {m, n});
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (has_c) {  // Y = 0 + C: the broadcast copy of C
-    const absl::Status st = Binary(BinaryOp::kAdd, ir::DType::kF32, out->device_raw(), {m, n}, in[2].device_raw(),
-                                   in[2].dims(), out->device_raw(), ctx.stream);
+    const absl::Status st = Binary(BinaryOp::kAdd, *t, out->device_raw(), {m, n}, in[2].device_raw(), in[2].dims(),
+                                   out->device_raw(), ctx.stream);
     if (!st.ok()) return st;
   }
   if (k == 0) {  // op(A) op(B) = 0: Y = beta C
@@ -228,7 +241,7 @@ KernelResult Gemm(const Gemms& gemms, const KernelContext& ctx, const ir::Node& 
   d.m = m, d.n = n, d.k = k, d.trans_a = ta, d.trans_b = tb, d.alpha = alpha, d.beta = has_c ? beta : 0.f;
   GemmBuffers buf;
   buf.a = in[0].device_raw(), buf.b = in[1].device_raw(), buf.c = out->device_raw();
-  const absl::Status st = gemms.Run(ctx, node, d, buf);
+  const absl::Status st = gemms.Run(ctx, node, *t, d, buf);
   if (!st.ok()) return st;
   return std::vector<ir::Tensor>{*out};
 }

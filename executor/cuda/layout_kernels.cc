@@ -1,12 +1,14 @@
-// Transpose, Slice and SliceGrad (any dtype, bit for bit) in the CUDA backend's kernel table: one
-// strided copy each (strided_copy.h). Slice's operands (starts, ends, axes, steps) are constants
-// read on the host (a small synchronising copy when they live on the device). Invalid attributes
-// or operands run on the host, where the CPU kernel reports them.
+// Transpose, Slice, SliceGrad, Expand, Concat, Split and ConcatGrad (any dtype, bit for bit) in the
+// CUDA backend's kernel table: strided copies (strided_copy.h), one per output or concatenated
+// piece. Slice's operands (starts, ends, axes, steps) and Expand's shape are constants read on the
+// host (a small synchronising copy when they live on the device). Invalid attributes or operands
+// run on the host, where the CPU kernel reports them.
 #include <algorithm>
 #include <numeric>
 
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
+#include "executor/cuda/elementwise.h"
 #include "executor/cuda/strided_copy.h"
 #include "frontend/ir/shape.h"
 
@@ -144,9 +146,155 @@ KernelResult SliceGrad(const KernelContext& ctx, const ir::Node& node, const std
   return Copied(ctx, c, dy, *out);
 }
 
+int64_t Product(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// Copies the `dims` region of src starting at element src_offset with src_strides into dst's dense
+// layout `dst_dims` at element dst_offset (nothing for an empty region).
+absl::Status CopyRegion(const KernelContext& ctx, const ir::Tensor& src, const std::vector<int64_t>& dims,
+                        const std::vector<int64_t>& src_strides, int64_t src_offset, const ir::Tensor& dst,
+                        const std::vector<int64_t>& dst_dims, int64_t dst_offset) {
+  if (Product(dims) == 0) return absl::OkStatus();
+  StridedCopy c;
+  c.rank = static_cast<int>(dims.size());
+  c.src_offset = src_offset, c.dst_offset = dst_offset;
+  const std::vector<int64_t> ds = ContiguousStrides(dst_dims);
+  for (int i = 0; i < c.rank; ++i) c.dims[i] = dims[i], c.src_strides[i] = src_strides[i], c.dst_strides[i] = ds[i];
+  CUDA_RETURN_IF_ERROR(LaunchStridedCopy(c, static_cast<int>(ir::DTypeSize(src.dtype())), src.device_raw(),
+                                         dst.device_raw(), ctx.stream));
+  return absl::OkStatus();
+}
+
+// Pieces of `x` along `axis` of the given extents as outputs 0.. (those the node has).
+KernelResult SplitPieces(const KernelContext& ctx, const ir::Node& node, const ir::Tensor& x, int64_t axis,
+                         const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> xs = ContiguousStrides(x.dims());
+  std::vector<ir::Tensor> outs(sizes.size());
+  int64_t start = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<int64_t> dims = x.dims();
+    dims[axis] = sizes[i];
+    if (WantsOutput(node, i)) {
+      absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, static_cast<int>(i), x.dtype(), dims);
+      if (!out.ok()) return out.status();
+      if (absl::Status st = CopyRegion(ctx, x, dims, xs, start * xs[axis], *out, dims, 0); !st.ok()) return st;
+      outs[i] = *out;
+    }
+    start += sizes[i];
+  }
+  return outs;
+}
+
+// The node's attr axis normalised for `rank`; nullopt when out of range.
+std::optional<int64_t> Axis(const ir::Node& node, int64_t rank, int64_t fallback) {
+  int64_t axis = node.attrs.Get<int64_t>("axis", fallback);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) return std::nullopt;
+  return axis;
+}
+
+// Y = Concat(X0, X1, ...) attr axis: every input of one dtype and rank, equal off the axis.
+KernelResult Concat(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x0 = in[0];
+  if (!node.attrs.Has("axis") || x0.rank() > kMaxCopyRank) return std::nullopt;
+  const std::optional<int64_t> axis = Axis(node, x0.rank(), 0);
+  if (!axis) return std::nullopt;
+  std::vector<int64_t> dims = x0.dims();
+  dims[*axis] = 0;
+  for (const ir::Tensor& x : in) {
+    if (!x.has_data() || x.dtype() != x0.dtype() || x.rank() != x0.rank()) return std::nullopt;
+    for (int64_t d = 0; d < x0.rank(); ++d)
+      if (d != *axis && x.dims()[d] != x0.dims()[d]) return std::nullopt;
+    dims[*axis] += x.dims()[*axis];
+  }
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, x0.dtype(), dims);
+  if (!out.ok()) return out.status();
+  const std::vector<int64_t> os = ContiguousStrides(dims);
+  int64_t start = 0;
+  for (const ir::Tensor& x : in) {
+    const absl::Status st = CopyRegion(ctx, x, x.dims(), ContiguousStrides(x.dims()), 0, *out, dims, start * os[*axis]);
+    if (!st.ok()) return st;
+    start += x.dims()[*axis];
+  }
+  return std::vector<ir::Tensor>{*out};
+}
+
+// Y0, Y1, ... = Split(X) attrs axis, split (sizes) or equal parts (the last one smaller with
+// num_outputs), as the CPU kernel.
+KernelResult Split(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (x.rank() > kMaxCopyRank) return std::nullopt;
+  const std::optional<int64_t> axis = Axis(node, x.rank(), 0);
+  if (!axis) return std::nullopt;
+  const int64_t n_out = static_cast<int64_t>(node.outputs.size()), dim = x.dims()[*axis];
+  std::vector<int64_t> sizes;
+  if (node.attrs.Has("split")) {
+    sizes = node.attrs.Get<std::vector<int64_t>>("split");
+    int64_t total = 0;
+    for (int64_t s : sizes) {
+      if (s < 0) return std::nullopt;
+      total += s;
+    }
+    if (static_cast<int64_t>(sizes.size()) != n_out || total != dim) return std::nullopt;
+  } else {
+    if (n_out == 0 || (dim % n_out != 0 && !node.attrs.Has("num_outputs"))) return std::nullopt;
+    const int64_t chunk = (dim + n_out - 1) / n_out;
+    for (int64_t i = 0; i < n_out; ++i) sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+  }
+  return SplitPieces(ctx, node, x, *axis, sizes);
+}
+
+// dX0, dX1, ... = ConcatGrad(dY, like_0, like_1, ...) attr axis: dY's pieces of the likes' extents.
+KernelResult ConcatGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& dy = in[0];
+  if (dy.rank() > kMaxCopyRank) return std::nullopt;
+  const std::optional<int64_t> axis = Axis(node, dy.rank(), 0);
+  if (!axis) return std::nullopt;
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (size_t i = 1; i < in.size(); ++i) {
+    const std::vector<int64_t>& ld = in[i].dims();
+    if (static_cast<int64_t>(ld.size()) != dy.rank()) return std::nullopt;
+    for (int64_t d = 0; d < dy.rank(); ++d)
+      if (d != *axis && ld[d] != dy.dims()[d]) return std::nullopt;
+    sizes.push_back(ld[*axis]);
+    total += ld[*axis];
+  }
+  if (total != dy.dims()[*axis]) return std::nullopt;
+  return SplitPieces(ctx, node, dy, *axis, sizes);
+}
+
+// Y = Expand(X, shape): X broadcast (numpy rules) with `shape`, its size-1 dims read with stride 0.
+KernelResult Expand(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (!in[1].has_data() || !ir::IsInteger(in[1].dtype()) || in[1].rank() > 1) return std::nullopt;
+  absl::StatusOr<ir::Tensor> h = in[1].on_host() ? in[1] : ctx.backend->ToHost(in[1], ctx.exec.stream);
+  if (!h.ok()) return h.status();
+  const std::vector<int64_t> shape = h->ToInt64Vector();
+  for (int64_t d : shape)
+    if (d < 0) return std::nullopt;
+  absl::StatusOr<std::vector<int64_t>> dims = BroadcastShape({x.dims(), shape});
+  if (!dims.ok() || dims->size() > static_cast<size_t>(kMaxCopyRank)) return std::nullopt;
+  const size_t rank = dims->size(), lead = rank - x.dims().size();
+  const std::vector<int64_t> xs = ContiguousStrides(x.dims());
+  std::vector<int64_t> strides(rank, 0);
+  for (size_t d = lead; d < rank; ++d) strides[d] = x.dims()[d - lead] == 1 ? 0 : xs[d - lead];
+  absl::StatusOr<ir::Tensor> out = ctx.FullOutput(node, 0, x.dtype(), *dims);
+  if (!out.ok()) return out.status();
+  if (absl::Status st = CopyRegion(ctx, x, *dims, strides, 0, *out, *dims, 0); !st.ok()) return st;
+  return std::vector<ir::Tensor>{*out};
+}
+
 }  // namespace
 
 void RegisterLayoutKernels(KernelTable& table) {
+  table[ir::OpKind::kConcat].run = Concat;
+  table[ir::OpKind::kSplit].run = Split;
+  table[ir::OpKind::kConcatGrad].run = ConcatGrad;
+  table[ir::OpKind::kExpand] = {Expand, nullptr, /*host_inputs=*/1u << 1};
   table[ir::OpKind::kTranspose].run = Transpose;
   table[ir::OpKind::kSlice] = {Slice, nullptr, /*host_inputs=*/0b11110u};
   table[ir::OpKind::kSliceGrad] = {SliceGrad, nullptr, /*host_inputs=*/0b111100u};

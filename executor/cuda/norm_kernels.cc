@@ -1,8 +1,16 @@
-// LayerNorm, LayerNormGrad, RMSNorm and RMSNormGrad (fp32) in the CUDA backend's kernel table
+// LayerNorm, LayerNormGrad, RMSNorm and RMSNormGrad in the CUDA backend's kernel table
 // (layernorm.h): the normalised dims must be trailing (any axis), at most kNormMaxD elements, with
 // scale and bias of exactly those elements; other cases (a broadcast scale) run on the host.
+// X, Y, dY, dX, scale, bias and their gradients are all f32 or all bf16; the saved Mean and
+// InvStdDev are f32 either way (ONNX's stash_type). The launchers sum dScale/dBias in fp32: for a
+// bf16 graph they land in the workspace and are rounded into the outputs once.
+#include <type_traits>
+#include <utility>
+
 #include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/elementwise.h"
 #include "executor/cuda/layernorm.h"
+#include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -27,17 +35,78 @@ std::vector<int64_t> StatDims(const ir::Node& node, std::vector<int64_t> dims) {
   return dims;
 }
 
-float* MF(const ir::Tensor& t) { return t.defined() ? static_cast<float*>(t.device_raw()) : nullptr; }
+// The activations' dtype when every input among `data` has it and every saved statistic among
+// `stats` is f32; nullopt otherwise.
+std::optional<ir::DType> NormDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> data,
+                                   std::initializer_list<size_t> stats) {
+  if (!AllOfDType(in, stats, ir::DType::kF32)) return std::nullopt;
+  for (ir::DType t : kKernelFloats)
+    if (AllOfDType(in, data, t)) return t;
+  return std::nullopt;
+}
+
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Workspace of a backward over (rows, d) with `grads` parameter gradients wanted: the launcher's,
+// then (bf16) an fp32 staging slot per gradient, 256-byte aligned.
+int64_t BackwardWorkspaceBytes(ir::DType t, int64_t rows, int64_t d, int grads) {
+  if (grads == 0) return 0;
+  const int64_t own = NormBackwardWorkspaceBytes(rows, d);
+  if (t == ir::DType::kF32) return own;
+  return Aligned(own) + grads * Aligned(d * static_cast<int64_t>(sizeof(float)));
+}
+
+// Takes the backward's workspace and points the launcher's dgamma/dbeta at the outputs (f32) or at
+// the staging slots (bf16); returns the staged pairs (fp32 slot, bf16 output) to round after it.
+template <typename T>
+absl::StatusOr<std::vector<std::pair<float*, void*>>> ParamGrads(const KernelContext& ctx, const ir::Node& node,
+                                                                 NormBackwardArgs<T>& a, const ir::Tensor& dgamma,
+                                                                 const ir::Tensor& dbeta) {
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  std::vector<std::pair<float*, void*>> staged;
+  const int grads = int{dgamma.defined()} + int{dbeta.defined()};
+  const ir::DType t = kF32 ? ir::DType::kF32 : ir::DType::kBF16;
+  if (grads == 0) return staged;
+  ASSIGN_OR_RETURN(void* ws, ctx.Workspace(node, BackwardWorkspaceBytes(t, a.rows, a.d, grads)));
+  a.workspace = static_cast<float*>(ws);
+  char* slot = static_cast<char*>(ws) + Aligned(NormBackwardWorkspaceBytes(a.rows, a.d));
+  const std::pair<float**, const ir::Tensor*> wanted[] = {{&a.dgamma, &dgamma}, {&a.dbeta, &dbeta}};
+  for (const auto& [grad, out] : wanted) {
+    if (!out->defined()) continue;
+    if (kF32) {
+      *grad = DevicePtr<float>(*out);
+      continue;
+    }
+    *grad = reinterpret_cast<float*>(slot);
+    staged.emplace_back(*grad, out->device_raw());
+    slot += Aligned(a.d * static_cast<int64_t>(sizeof(float)));
+  }
+  return staged;
+}
+
+// Runs the backward, then rounds the staged fp32 parameter gradients into their bf16 outputs.
+template <typename T>
+KernelResult RunBackward(const KernelContext& ctx, const ir::Node& node, NormBackwardArgs<T>& a,
+                         std::vector<ir::Tensor> out, const ir::Tensor& dgamma, const ir::Tensor& dbeta) {
+  absl::StatusOr<std::vector<std::pair<float*, void*>>> staged = ParamGrads(ctx, node, a, dgamma, dbeta);
+  if (!staged.ok()) return staged.status();
+  if (absl::Status st = NormBackward(a, ctx.stream); !st.ok()) return st;
+  for (const auto& [from, to] : *staged) {
+    if (absl::Status st = Cast(ir::DType::kF32, from, ir::DType::kBF16, to, a.d, ctx.stream); !st.ok()) return st;
+  }
+  return out;
+}
 
 // Y, Mean?, InvStdDev? = LayerNorm(X, scale, bias?).
 KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32)) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {});
+  if (!t) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[0].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d || (HasInput(in, 2) && in[2].num_elements() != d)) return std::nullopt;
   std::vector<ir::Tensor> out(3);
-  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
   for (int k = 1; k <= 2; ++k) {
@@ -47,19 +116,22 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
     out[k] = *s;
   }
   if (rows == 0) return out;
-  NormForwardArgs<float> a;
-  a.rows = rows, a.d = d;
-  a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
-  a.x = MF(in[0]), a.gamma = MF(in[1]), a.beta = HasInput(in, 2) ? MF(in[2]) : nullptr;
-  a.y = MF(out[0]), a.mean = MF(out[1]), a.rstd = MF(out[2]);
-  const absl::Status st = NormForward(a, ctx.stream);
-  if (!st.ok()) return st;
-  return out;
+  return WithFloatElement(*t, [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    NormForwardArgs<T> a;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
+    a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]), a.beta = HasInput(in, 2) ? DevicePtr<T>(in[2]) : nullptr;
+    a.y = DevicePtr<T>(out[0]), a.mean = DevicePtr<float>(out[1]), a.rstd = DevicePtr<float>(out[2]);
+    if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
+    return out;
+  });
 }
 
 // dX, dScale?, dBias? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?).
 KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2, 3, 4}, ir::DType::kF32) || in[0].dims() != in[1].dims()) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {3, 4});
+  if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
@@ -71,41 +143,38 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows)) return std::nullopt;
   std::vector<ir::Tensor> out(3);
-  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, *t, in[1].dims());
   if (!dx.ok()) return dx.status();
   out[0] = *dx;
   for (int k = 1; k <= 2; ++k) {
     if (!WantsOutput(node, k)) continue;
-    absl::StatusOr<ir::Tensor> g = ctx.Output(node, k, ir::DType::kF32, in[2].dims());
+    absl::StatusOr<ir::Tensor> g = ctx.Output(node, k, *t, in[2].dims());
     if (!g.ok()) return g.status();
     out[k] = *g;
   }
   if (rows == 0) return out;
-  NormBackwardArgs<float> a;
-  a.rows = rows, a.d = d;
-  a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
-  a.dy = MF(in[0]), a.x = MF(in[1]), a.gamma = MF(in[2]);
-  if (saved) a.mean = MF(in[3]), a.rstd = MF(in[4]);
-  a.dx = MF(out[0]), a.dgamma = MF(out[1]), a.dbeta = MF(out[2]);
-  if (a.dgamma != nullptr || a.dbeta != nullptr) {
-    absl::StatusOr<void*> ws = ctx.Workspace(node, NormBackwardWorkspaceBytes(rows, d));
-    if (!ws.ok()) return ws.status();
-    a.workspace = static_cast<float*>(*ws);
-  }
-  const absl::Status st = NormBackward(a, ctx.stream);
-  if (!st.ok()) return st;
-  return out;
+  return WithFloatElement(*t, [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    NormBackwardArgs<T> a;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
+    a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
+    if (saved) a.mean = DevicePtr<float>(in[3]), a.rstd = DevicePtr<float>(in[4]);
+    a.dx = DevicePtr<T>(out[0]);
+    return RunBackward(ctx, node, a, out, out[1], out[2]);
+  });
 }
 
 // Y, InvStdDev? = RMSNorm(X, scale).
 KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1}, ir::DType::kF32)) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1}, {});
+  if (!t) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[0].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d) return std::nullopt;
   std::vector<ir::Tensor> out(2);
-  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
   if (WantsOutput(node, 1)) {
@@ -114,22 +183,25 @@ KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::
     out[1] = *r;
   }
   if (rows == 0) return out;
-  NormForwardArgs<float> a;
-  a.kind = NormKind::kRmsNorm;
-  a.rows = rows, a.d = d;
-  a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
-  a.x = MF(in[0]), a.gamma = MF(in[1]);
-  a.y = MF(out[0]), a.rstd = MF(out[1]);
-  const absl::Status st = NormForward(a, ctx.stream);
-  if (!st.ok()) return st;
-  return out;
+  return WithFloatElement(*t, [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    NormForwardArgs<T> a;
+    a.kind = NormKind::kRmsNorm;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
+    a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]);
+    a.y = DevicePtr<T>(out[0]), a.rstd = DevicePtr<float>(out[1]);
+    if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
+    return out;
+  });
 }
 
 // dX, dScale? = RMSNormGrad(dY, X, scale, inv_std_dev?).
 KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // The launcher always writes dX; a node without it (a frozen input) runs on the host.
   if (!WantsOutput(node, 0)) return std::nullopt;
-  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32) || in[0].dims() != in[1].dims()) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {3});
+  if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
@@ -140,38 +212,36 @@ KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const s
   const bool saved = HasInput(in, 3);
   if (saved && in[3].num_elements() != rows) return std::nullopt;
   std::vector<ir::Tensor> out(2);
-  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, *t, in[1].dims());
   if (!dx.ok()) return dx.status();
   out[0] = *dx;
   if (WantsOutput(node, 1)) {
-    absl::StatusOr<ir::Tensor> g = ctx.Output(node, 1, ir::DType::kF32, in[2].dims());  // zeros when rows == 0
+    absl::StatusOr<ir::Tensor> g = ctx.Output(node, 1, *t, in[2].dims());  // zeros when rows == 0
     if (!g.ok()) return g.status();
     out[1] = *g;
   }
   if (rows == 0) return out;
-  NormBackwardArgs<float> a;
-  a.kind = NormKind::kRmsNorm;
-  a.rows = rows, a.d = d;
-  a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
-  a.dy = MF(in[0]), a.x = MF(in[1]), a.gamma = MF(in[2]);
-  if (saved) a.rstd = MF(in[3]);
-  a.dx = MF(out[0]), a.dgamma = MF(out[1]);
-  if (a.dgamma != nullptr) {
-    absl::StatusOr<void*> ws = ctx.Workspace(node, NormBackwardWorkspaceBytes(rows, d));
-    if (!ws.ok()) return ws.status();
-    a.workspace = static_cast<float*>(*ws);
-  }
-  const absl::Status st = NormBackward(a, ctx.stream);
-  if (!st.ok()) return st;
-  return out;
+  return WithFloatElement(*t, [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    NormBackwardArgs<T> a;
+    a.kind = NormKind::kRmsNorm;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
+    a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
+    if (saved) a.rstd = DevicePtr<float>(in[3]);
+    a.dx = DevicePtr<T>(out[0]);
+    return RunBackward(ctx, node, a, out, out[1], ir::Tensor());
+  });
 }
 
-// LayerNormGrad's and RMSNormGrad's (X is input 1 of both).
+// LayerNormGrad's and RMSNormGrad's (X is input 1 of both; dScale and dBias are outputs 1 and 2).
 int64_t LayerNormGradWorkspace(const ir::Graph& g, const ir::Node& node) {
   const std::optional<std::vector<int64_t>> x = InputDims(g, node, 1);
   if (!x) return 0;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, *x);
-  return rd ? NormBackwardWorkspaceBytes(rd->first, rd->second) : 0;
+  if (!rd) return 0;
+  const int grads = int{WantsOutput(node, 1)} + int{WantsOutput(node, 2)};
+  return BackwardWorkspaceBytes(g.value(node.inputs[1]).dtype, rd->first, rd->second, grads);
 }
 
 }  // namespace

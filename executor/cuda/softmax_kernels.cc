@@ -1,4 +1,5 @@
-// Softmax, LogSoftmax, their gradients, SoftmaxCrossEntropyLoss and its gradient (fp32) in the
+// Softmax, LogSoftmax and their gradients (f32 or bf16, computed in fp32 and rounded once),
+// SoftmaxCrossEntropyLoss and its gradient (f32: a bf16 graph casts its logits to f32 first) in the
 // CUDA backend's kernel table (softmax.h). Covered: the softmax axis is the last non-trivial one
 // (rows of contiguous classes), i.e. scores (N, C) for the loss; other layouts run on the host.
 //
@@ -34,31 +35,38 @@ std::optional<std::pair<int64_t, int64_t>> SoftmaxRows(const ir::Node& node, con
 
 template <bool kLog>
 KernelResult Softmax(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (in[0].dtype() != ir::DType::kF32) return std::nullopt;
   const auto rn = SoftmaxRows(node, in[0].dims());
   if (!rn) return std::nullopt;
-  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, ir::DType::kF32, in[0].dims());
-  if (!y.ok()) return y.status();
-  if (rn->first > 0 && rn->second > 0) {
-    const absl::Status st = SoftmaxForward(F(in[0]), MF(*y), rn->first, rn->second, kLog, ctx.stream);
-    if (!st.ok()) return st;
-  }
-  return std::vector<ir::Tensor>{*y};
+  return WithFloatElement(in[0].dtype(), [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, in[0].dtype(), in[0].dims());
+    if (!y.ok()) return y.status();
+    if (rn->first > 0 && rn->second > 0) {
+      const absl::Status st =
+          SoftmaxForward(DevicePtr<const T>(in[0]), DevicePtr<T>(*y), rn->first, rn->second, kLog, ctx.stream);
+      if (!st.ok()) return st;
+    }
+    return std::vector<ir::Tensor>{*y};
+  });
 }
 
 // dX = SoftmaxGrad(dY, Y) / LogSoftmaxGrad(dY, Y).
 template <bool kLog>
 KernelResult SoftmaxGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1}, ir::DType::kF32) || in[0].dims() != in[1].dims()) return std::nullopt;
+  if (in[0].dtype() != in[1].dtype() || in[0].dims() != in[1].dims()) return std::nullopt;
   const auto rn = SoftmaxRows(node, in[1].dims());
   if (!rn) return std::nullopt;
-  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, ir::DType::kF32, in[1].dims());
-  if (!dx.ok()) return dx.status();
-  if (rn->first > 0 && rn->second > 0) {
-    const absl::Status st = SoftmaxBackward(F(in[0]), F(in[1]), MF(*dx), rn->first, rn->second, kLog, ctx.stream);
-    if (!st.ok()) return st;
-  }
-  return std::vector<ir::Tensor>{*dx};
+  return WithFloatElement(in[0].dtype(), [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, in[0].dtype(), in[1].dims());
+    if (!dx.ok()) return dx.status();
+    if (rn->first > 0 && rn->second > 0) {
+      const absl::Status st = SoftmaxBackward(DevicePtr<const T>(in[0]), DevicePtr<const T>(in[1]), DevicePtr<T>(*dx),
+                                              rn->first, rn->second, kLog, ctx.stream);
+      if (!st.ok()) return st;
+    }
+    return std::vector<ir::Tensor>{*dx};
+  });
 }
 
 // The loss attributes, or nullopt for what the CPU kernel refuses (it reports those).

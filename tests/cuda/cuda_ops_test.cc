@@ -4,10 +4,12 @@
 // gathers, dropout masks, casts), and the op did not fall back to the host. Each case runs twice:
 // unplanned (fresh outputs, temporary scratch) and planned (an allocator whose workspace is exactly
 // what CudaBackend::WorkspaceBytes reported for the node, so an under-reported workspace fails).
-// Skips without a GPU.
+// The Bf16* cases run a bf16 graph's nodes (CheckBf16): the CPU's fp32 kernel on the widened inputs,
+// its outputs rounded to bf16, is the reference. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -15,9 +17,11 @@
 #include <vector>
 
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/status.h"
 #include "gtest/gtest.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/planned_outputs.h"
 
 namespace onnxpipe::cuda {
@@ -49,6 +53,15 @@ Tensor Ints(std::vector<int64_t> dims, std::vector<int64_t> v, DType dtype = DTy
   return dtype == DType::kI64 ? t : t.CastTo(dtype);
 }
 
+// Floats 0, 1, 2, 0, 1, 2, ... (comparisons of two of them hit equality).
+Tensor SmallInts(std::vector<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 3);
+  return Tensor::FromVector<float>(std::move(dims), v);
+}
+
 Tensor Bools(std::vector<int64_t> dims, uint32_t seed) {
   Tensor t(DType::kBool, std::move(dims));
   std::mt19937 gen(seed);
@@ -76,8 +89,12 @@ class CudaOpsTest : public ::testing::Test {
     be_ = *be;
   }
 
-  // The CPU backend's outputs of `c`, and the CUDA backend's unplanned and planned ones, compared.
-  void Check(const Case& c, bool expect_device = true) {
+  // How output k of the device (got) is judged against the CPU backend's (want).
+  using Expect = std::function<void(size_t k, const Tensor& got, const Tensor& want)>;
+
+  // The CPU backend's outputs of `c` on `reference_inputs`, and the CUDA backend's unplanned and
+  // planned ones on c.inputs, compared by `expect`.
+  void Compare(const Case& c, const std::vector<Tensor>& reference_inputs, bool expect_device, const Expect& expect) {
     ir::Graph g;
     std::vector<ir::ValueId> in_ids, out_ids;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -97,7 +114,7 @@ class CudaOpsTest : public ::testing::Test {
     const ir::Node& node = g.node(id);
     const std::string name(ir::OpName(c.op));
 
-    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, c.inputs, c.ctx);
+    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, reference_inputs, c.ctx);
     ASSERT_TRUE(want.ok()) << want.status();
     std::vector<Tensor> dev_in;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -128,9 +145,65 @@ class CudaOpsTest : public ::testing::Test {
         ASSERT_FALSE(gk.on_host());
         absl::StatusOr<Tensor> h = be_->ToHost(gk);
         ASSERT_TRUE(h.ok()) << h.status();
-        ExpectClose(*h, w, c.tol);
+        expect(k, *h, w);
       }
     }
+  }
+
+  void Check(const Case& c, bool expect_device = true) {
+    Compare(c, c.inputs, expect_device,
+            [&](size_t, const Tensor& got, const Tensor& want) { ExpectClose(got, want, c.tol); });
+  }
+
+  // A bf16 graph's node: c.inputs hold bf16 activations (and f32 statistics, integer indices, ...);
+  // the reference is the CPU's fp32 kernel on those inputs widened to f32 (exactly), its outputs
+  // rounded once to bf16 where the device output is bf16. `out_dtypes` are the dtypes the bf16
+  // graph gives the outputs. c.tol = 0: bit for bit; otherwise bf16 outputs within one bf16 unit
+  // in the last place (testing::Bf16Close) and f32 ones within c.tol as in Check.
+  void CheckBf16(const Case& c, const std::vector<DType>& out_dtypes, bool expect_device = true) {
+    ASSERT_EQ(out_dtypes.size(), static_cast<size_t>(c.outputs));
+    std::vector<Tensor> reference;
+    for (const Tensor& t : c.inputs) {
+      if (!t.defined() || t.dtype() != DType::kBF16) {
+        reference.push_back(t);
+      } else {
+        reference.push_back(t.has_data() ? t.CastTo(DType::kF32) : Tensor::DimsOnly(DType::kF32, t.dims()));
+      }
+    }
+    Compare(c, reference, expect_device, [&](size_t k, const Tensor& got, const Tensor& want) {
+      ASSERT_LT(k, out_dtypes.size());
+      ASSERT_EQ(got.dtype(), out_dtypes[k]) << "the bf16 graph's output dtype";
+      ASSERT_EQ(got.dims(), want.dims());
+      if (out_dtypes[k] != DType::kBF16) {
+        ExpectClose(got, want, c.tol);
+        return;
+      }
+      const std::vector<float> g = Floats(got), w = Floats(want.CastTo(DType::kBF16));
+      if (c.tol == 0) {
+        const int64_t i = FirstDifferentBits(g, w);
+        EXPECT_EQ(i, -1) << "not bit for bit the fp32 result rounded to bf16: element " << i << " is "
+                         << (i >= 0 ? g[i] : 0.f) << ", want " << (i >= 0 ? w[i] : 0.f) << " (signs matter); "
+                         << testing::Bf16Close(g, w, 0, 0, 0).message();
+        return;
+      }
+      EXPECT_TRUE(testing::Bf16Close(g, w));
+    });
+  }
+
+  // The first element whose bits differ (-0 is not +0; NaN meets any NaN: cvt.rn.bf16.f32 and the
+  // CPU's FloatToBF16 canonicalise NaN differently), or -1; a and b have one size.
+  static int64_t FirstDifferentBits(const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
+
+  // The elements of a float tensor (any float dtype) as floats.
+  static std::vector<float> Floats(const Tensor& t) {
+    const Tensor f = t.CastTo(DType::kF32);
+    return std::vector<float>(f.data<float>(), f.data<float>() + f.num_elements());
   }
 
   int64_t Fallbacks(const std::string& op) const {
@@ -324,6 +397,29 @@ TEST_F(CudaOpsTest, ArithmeticBroadcasts) {
   }
 }
 
+TEST_F(CudaOpsTest, PowMinMaxComparisonsAndLogic) {
+  Check({ir::OpKind::kPow, {Rand({2, 3, 16}, 1, 0.1f, 3), Rand({16}, 2, -2, 2)}});
+  for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax}) {
+    Check({op, {Rand({4, 1, 6}, 3), Rand({3, 1}, 4)}, {}, 1, {}, 0});
+    Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {7, 0, -9})}, {}, 1, {}, 0});
+  }
+  // Small integers as floats, so that equality is hit.
+  const Tensor x = SmallInts({4, 6}), y = SmallInts({6});
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater, ir::OpKind::kGreaterOrEqual,
+                        ir::OpKind::kLessOrEqual}) {
+    Check({op, {x, y}, {}, 1, {}, 0});
+    Check({op, {Ints({2, 3}, {1, -2, 3, 4, 5, 6}), Ints({3}, {1, 0, 6})}, {}, 1, {}, 0});
+  }
+  Check({ir::OpKind::kAnd, {Bools({3, 8}, 6), Bools({8}, 7)}, {}, 1, {}, 0});
+  Check({ir::OpKind::kNot, {Bools({3, 8}, 8)}, {}, 1, {}, 0});
+}
+
+TEST_F(CudaOpsTest, ReluGradAndZerosLike) {
+  Check({ir::OpKind::kReluGrad, {Rand({3, 50}, 1), Rand({3, 50}, 2)}, {}, 1, {}, 0});
+  Check({ir::OpKind::kZerosLike, {Tensor::DimsOnly(DType::kF32, {3, 5})}, {}, 1, {}, 0});
+  Check({ir::OpKind::kZerosLike, {Tensor::DimsOnly(DType::kBF16, {3, 5})}, {}, 1, {}, 0});
+}
+
 TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
   Check({ir::OpKind::kSum, {Rand({4, 6}, 1), Rand({4, 6}, 2)}});
   Check({ir::OpKind::kSum, {Rand({6}, 3), Rand({4, 6}, 4), Rand({4, 1}, 5), Rand({}, 6)}});
@@ -332,8 +428,11 @@ TEST_F(CudaOpsTest, SumOfBroadcastOperands) {
 TEST_F(CudaOpsTest, UnaryMath) {
   for (ir::OpKind op : {ir::OpKind::kSqrt, ir::OpKind::kLog, ir::OpKind::kReciprocal})
     Check({op, {Rand({3, 50}, 1, 0.1f, 4)}});
-  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu})
+  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu,
+                        ir::OpKind::kErf, ir::OpKind::kAbs, ir::OpKind::kSin, ir::OpKind::kCos})
     Check({op, {Rand({3, 50}, 2, -4, 4)}});
+  for (ir::OpKind op : {ir::OpKind::kNeg, ir::OpKind::kAbs, ir::OpKind::kRelu})
+    Check({op, {Ints({5}, {-3, 0, 7, -(int64_t{1} << 40), 2})}, {}, 1, {}, 0});
 }
 
 TEST_F(CudaOpsTest, ReductionsMatchTheCpu) {
@@ -414,7 +513,13 @@ TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
   // moves single floats; int64 rows move in pairs.
   const Tensor heads = Rand({2, 8, 16, 64}, 3);
   Check({ir::OpKind::kTranspose, {heads}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0});
-  Check({ir::OpKind::kSlice, {heads, Ints({1}, {1}), Ints({1}, {63}), Ints({1}, {-1}), Tensor()}, {}, 1, {}, 0, {},
+  Check({ir::OpKind::kSlice,
+         {heads, Ints({1}, {1}), Ints({1}, {63}), Ints({1}, {-1}), Tensor()},
+         {},
+         1,
+         {},
+         0,
+         {},
          /*host_inputs=*/0b11110u});
   std::vector<int64_t> iv(4 * 6 * 2);
   for (size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<int64_t>(i * 7919 % 1000) - 500;
@@ -447,6 +552,28 @@ TEST_F(CudaOpsTest, TransposeAndSliceAreStridedCopies) {
          0,
          {},
          /*host_inputs=*/0b111100u});
+}
+
+TEST_F(CudaOpsTest, ConcatSplitAndExpandAreStridedCopies) {
+  const Tensor a = Rand({2, 3, 4}, 1), b = Rand({2, 5, 4}, 2), c = Rand({2, 1, 4}, 3);
+  Check({ir::OpKind::kConcat, {a, b, c}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0});
+  Check({ir::OpKind::kConcat, {a, Rand({2, 3, 6}, 4)}, Attrs({{"axis", int64_t{-1}}}), 1, {}, 0});
+  Check({ir::OpKind::kConcat, {Ints({2}, {1, 2}), Ints({3}, {3, 4, 5})}, Attrs({{"axis", int64_t{0}}}), 1, {}, 0});
+  const Tensor qkv = Rand({2, 5, 48}, 5);  // GPT-2's fused QKV projection
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{-1}}}), 3, {}, 0});
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{1}}, {"split", std::vector<int64_t>{1, 4}}}), 2, {}, 0});
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{1}}, {"num_outputs", int64_t{2}}}), 2, {}, 0});  // 3, 2
+  Check({ir::OpKind::kSplit, {qkv}, Attrs({{"axis", int64_t{-1}}}), 3, {1}, 0});  // the middle piece unused
+  Check({ir::OpKind::kConcatGrad,
+         {Rand({2, 9, 4}, 6), Tensor::DimsOnly(DType::kF32, {2, 3, 4}), Tensor::DimsOnly(DType::kF32, {2, 5, 4}),
+          Tensor::DimsOnly(DType::kF32, {2, 1, 4})},
+         Attrs({{"axis", int64_t{1}}}),
+         3,
+         {},
+         0});
+  Check({ir::OpKind::kExpand, {Rand({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});
+  Check({ir::OpKind::kExpand, {Rand({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0});  // shape on the device
+  Check({ir::OpKind::kExpand, {Bools({1, 4}, 8), Ints({2}, {3, 1})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});
 }
 
 // --- Embedding and dropout -----------------------------------------------------------------------------
@@ -538,6 +665,215 @@ TEST_F(CudaOpsTest, GradientNormAndClipScale) {
   for (float norm : {0.5f, 3.f, NAN}) {
     Check({ir::OpKind::kClipScale, {Tensor::FromVector<float>({}, {norm})}, Attrs({{"max_norm", 1.0}})});
   }
+}
+
+// --- bf16 graphs ------------------------------------------------------------------------------------------
+// What the --dtype bf16 mode gives the kernels: bf16 activations and weights (fp32 masters read through
+// Cast), fp32 norm statistics, fp32 loss and optimizer. Each op runs on the device and matches the CPU's
+// fp32 kernel on the widened inputs with its result rounded to bf16: bit for bit where the arithmetic is the
+// same (tol 0), else within one bf16 unit in the last place.
+
+Tensor B(const Tensor& t) { return t.CastTo(DType::kBF16); }
+Tensor RandB(std::vector<int64_t> dims, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  return B(Rand(std::move(dims), seed, lo, hi));
+}
+constexpr DType kB = DType::kBF16, kF = DType::kF32;
+
+TEST_F(CudaOpsTest, Bf16GemmsAccumulateInFp32AndRoundOnce) {
+  const std::pair<std::vector<int64_t>, std::vector<int64_t>> shapes[] = {
+      {{2, 3, 5, 8}, {8, 6}},        // tall
+      {{2, 3, 5, 8}, {2, 3, 8, 6}},  // equal batches
+      {{3, 1, 5, 8}, {1, 4, 8, 6}},  // one GEMM per output matrix
+      {{8}, {2, 8, 6}},              // 1-D A
+      {{4, 0}, {0, 3}},              // K = 0: zeros
+      {{2, 16, 96}, {96, 64}},       // a projection
+  };
+  uint32_t seed = 1;
+  for (const auto& [a, b] : shapes) CheckBf16({ir::OpKind::kMatMul, {RandB(a, seed++), RandB(b, seed++)}}, {kB});
+  CheckBf16({ir::OpKind::kFusedMatMul,
+             {RandB({2, 4, 16, 8}, 1), RandB({2, 4, 16, 8}, 2)},
+             Attrs({{"trans_b", int64_t{1}}, {"alpha", 0.125}})},
+            {kB});  // Q K^T
+  CheckBf16({ir::OpKind::kFusedMatMul, {RandB({32, 24}, 3), RandB({32, 40}, 4)}, Attrs({{"trans_a", int64_t{1}}})},
+            {kB});  // dW = X^T dY
+  CheckBf16({ir::OpKind::kFusedMatMul,
+             {RandB({7, 12}, 5), RandB({9, 7}, 6)},
+             Attrs({{"trans_a", int64_t{1}}, {"trans_b", int64_t{1}}, {"alpha", -2.0}})},
+            {kB});
+  CheckBf16({ir::OpKind::kLinear, {RandB({2, 7, 64}, 7), RandB({64, 48}, 8), RandB({48}, 9)}}, {kB});
+  CheckBf16({ir::OpKind::kLinear,
+             {RandB({4, 32, 256}, 10), RandB({128, 256}, 11), RandB({128}, 12)},
+             Attrs({{"trans_b", int64_t{1}}})},
+            {kB});
+  CheckBf16({ir::OpKind::kLinear, {RandB({5, 16}, 13), RandB({16, 24}, 14), Tensor()}}, {kB});
+  CheckBf16({ir::OpKind::kLinear, {RandB({3, 40}, 15), RandB({40, 37}, 16), RandB({37}, 17)}}, {kB});  // odd N
+  CheckBf16({ir::OpKind::kGemm,
+             {RandB({9, 6}, 18), RandB({5, 9}, 19), RandB({6, 1}, 20)},
+             Attrs({{"transA", int64_t{1}}, {"transB", int64_t{1}}, {"alpha", 0.5}, {"beta", -1.5}})},
+            {kB});
+}
+
+TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
+  CheckBf16({ir::OpKind::kLayerNorm, {RandB({4, 7, 96}, 1, -3, 3), RandB({96}, 2), RandB({96}, 3)}, {}, 3},
+            {kB, kF, kF});
+  CheckBf16(
+      {ir::OpKind::kLayerNorm, {RandB({4, 7, 32}, 4), RandB({32}, 5), Tensor()}, Attrs({{"epsilon", 1e-3}}), 3, {1, 2}},
+      {kB, kF, kF});
+  CheckBf16({ir::OpKind::kRMSNorm, {RandB({4, 7, 96}, 6, -3, 3), RandB({96}, 7)}, Attrs({{"epsilon", 1e-6}}), 2},
+            {kB, kF});
+  // Gradients from the CPU forward's statistics (fp32, of the bf16 input) and recomputed ones.
+  const Tensor x = RandB({4, 7, 96}, 8, -2, 2), scale = RandB({96}, 9), dy = RandB({4, 7, 96}, 10);
+  ir::Graph g;
+  const ir::ValueId vx = g.AddValue("x", kF, {4, 7, 96}), vs = g.AddValue("s", kF, {96});
+  const ir::ValueId y = g.AddValue("y", kF, {4, 7, 96}), m = g.AddValue("m", kF, {4, 7, 1}),
+                    r = g.AddValue("r", kF, {4, 7, 1});
+  const ir::NodeId ln = g.AddNode(ir::OpKind::kLayerNorm, "ln", {vx, vs}, {y, m, r});
+  const ir::ValueId y2 = g.AddValue("y2", kF, {4, 7, 96}), r2 = g.AddValue("r2", kF, {4, 7, 1});
+  const ir::NodeId rms = g.AddNode(ir::OpKind::kRMSNorm, "rms", {vx, vs}, {y2, r2});
+  const std::vector<Tensor> wide = {x.CastTo(kF), scale.CastTo(kF)};
+  absl::StatusOr<std::vector<Tensor>> ln_fwd = backend::MakeCpuBackend()->Run(g.node(ln), wide, {});
+  absl::StatusOr<std::vector<Tensor>> rms_fwd = backend::MakeCpuBackend()->Run(g.node(rms), wide, {});
+  ASSERT_TRUE(ln_fwd.ok()) << ln_fwd.status();
+  ASSERT_TRUE(rms_fwd.ok()) << rms_fwd.status();
+  CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2]}, {}, 3}, {kB, kB, kB});
+  CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}}, {kB, kB, kB});  // no dBias
+  CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {1, 2}}, {kB, kB, kB});
+  CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1]}, {}, 2}, {kB, kB});
+  CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1}, {kB});  // no dScale
+}
+
+TEST_F(CudaOpsTest, Bf16SoftmaxGeluAndDropout) {
+  for (ir::OpKind op : {ir::OpKind::kSoftmax, ir::OpKind::kLogSoftmax})
+    CheckBf16({op, {RandB({4, 5, 40}, 1, -4, 4)}}, {kB});
+  CheckBf16({ir::OpKind::kSoftmaxGrad, {RandB({4, 5, 40}, 2), RandB({4, 5, 40}, 3, 0, 0.1f)}}, {kB});
+  CheckBf16({ir::OpKind::kLogSoftmaxGrad, {RandB({4, 5, 40}, 4), RandB({4, 5, 40}, 5, -5, -1)}}, {kB});
+  for (const char* form : {"none", "tanh"}) {
+    const ir::Attrs a = Attrs({{"approximate", std::string(form)}});
+    CheckBf16({ir::OpKind::kGelu, {RandB({3, 7, 64}, 6, -5, 5)}, a}, {kB});
+    CheckBf16({ir::OpKind::kGeluGrad, {RandB({3, 7, 64}, 7), RandB({3, 7, 64}, 8, -5, 5)}, a}, {kB});
+  }
+  // The keep mask is the CPU's bit for bit; the kept values are x * scale rounded once.
+  backend::ExecContext train;
+  train.training = true;
+  train.seed = 11;
+  train.offset = 3;
+  CheckBf16({ir::OpKind::kDropout, {RandB({4, 6, 40}, 9)}, Attrs({{"ratio", 0.1}}), 2, {}, 0, train},
+            {kB, DType::kBool});
+  CheckBf16({ir::OpKind::kDropoutGrad,
+             {RandB({4, 6, 40}, 10), Bools({4, 6, 40}, 11)},
+             Attrs({{"ratio", 0.1}}),
+             1,
+             {},
+             0,
+             train},
+            {kB});
+}
+
+TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {
+  for (ir::OpKind op : {ir::OpKind::kAdd, ir::OpKind::kSub, ir::OpKind::kMul, ir::OpKind::kDiv}) {
+    CheckBf16({op, {RandB({4, 1, 6}, 1), RandB({3, 1}, 2, 0.5, 2)}, {}, 1, {}, 0}, {kB});
+    CheckBf16({op, {RandB({2, 3, 64}, 3), RandB({64}, 4, 0.5, 2)}, {}, 1, {}, 0}, {kB});
+  }
+  CheckBf16({ir::OpKind::kSum, {RandB({4, 6}, 5), RandB({4, 6}, 6)}, {}, 1, {}, 0}, {kB});
+  CheckBf16({ir::OpKind::kSum, {RandB({6}, 7), RandB({4, 6}, 8)}, {}, 1, {}, 0}, {kB});
+  // More than two gradients: summed in fp32, rounded once (as the CPU's fp32 sum is).
+  CheckBf16(
+      {ir::OpKind::kSum, {RandB({4, 6}, 9), RandB({4, 6}, 10), RandB({4, 6}, 11), RandB({4, 6}, 12)}, {}, 1, {}, 0},
+      {kB});
+  for (ir::OpKind op : {ir::OpKind::kSqrt, ir::OpKind::kLog, ir::OpKind::kReciprocal})
+    CheckBf16({op, {RandB({3, 50}, 13, 0.1f, 4)}}, {kB});
+  for (ir::OpKind op : {ir::OpKind::kExp, ir::OpKind::kTanh, ir::OpKind::kSigmoid, ir::OpKind::kNeg, ir::OpKind::kRelu,
+                        ir::OpKind::kErf, ir::OpKind::kAbs, ir::OpKind::kSin, ir::OpKind::kCos})
+    CheckBf16({op, {RandB({3, 50}, 14, -4, 4)}}, {kB});
+  CheckBf16({ir::OpKind::kReluGrad, {RandB({3, 50}, 23), RandB({3, 50}, 24)}, {}, 1, {}, 0}, {kB});
+  CheckBf16({ir::OpKind::kPow, {RandB({2, 3, 16}, 18, 0.1f, 3), RandB({16}, 19, -2, 2)}}, {kB});
+  for (ir::OpKind op : {ir::OpKind::kMin, ir::OpKind::kMax})
+    CheckBf16({op, {RandB({4, 1, 6}, 20), RandB({3, 1}, 21)}, {}, 1, {}, 0}, {kB});
+  for (ir::OpKind op : {ir::OpKind::kEqual, ir::OpKind::kLess, ir::OpKind::kGreater, ir::OpKind::kGreaterOrEqual,
+                        ir::OpKind::kLessOrEqual})
+    CheckBf16({op, {B(SmallInts({4, 6})), B(SmallInts({6}))}, {}, 1, {}, 0}, {DType::kBool});
+  CheckBf16({ir::OpKind::kWhere, {Bools({4, 1, 6}, 15), RandB({5, 6}, 16), RandB({4, 5, 1}, 17)}, {}, 1, {}, 0}, {kB});
+}
+
+TEST_F(CudaOpsTest, Bf16CastsAreTheCpusConversions) {
+  const std::vector<float> special = {
+      0.f,    -0.f, 1.5f, -1.5f,       2.99f,       -7.9f,    1e20f,
+      -1e20f, NAN,  3e9f, 1.00390625f, 1.01171875f, INFINITY, 3.4e38f};  // ties round to even; overflow to inf
+  const Tensor f = Tensor::FromVector<float>({14}, special);
+  CheckBf16({ir::OpKind::kCast, {f}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0}, {kB});
+  CheckBf16({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string("f32")}}), 1, {}, 0}, {kF});
+  // To integers the fp32 rules (truncate, saturate, NaN -> 0) apply to the widened value.
+  for (auto [to, dtype] : {std::pair{"i64", DType::kI64}, {"i32", DType::kI32}, {"bool", DType::kBool}})
+    CheckBf16({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string(to)}}), 1, {}, 0}, {dtype});
+  Check({ir::OpKind::kCast, {B(f)}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0});  // a copy
+  Check({ir::OpKind::kCast, {Ints({4}, {-3, 0, 7, int64_t{1} << 40})}, Attrs({{"to", std::string("bf16")}}), 1, {}, 0});
+}
+
+TEST_F(CudaOpsTest, Bf16ReductionsAndBroadcasts) {
+  const Tensor x = RandB({4, 5, 64}, 1);
+  for (ir::OpKind op : {ir::OpKind::kReduceSum, ir::OpKind::kReduceMean}) {
+    CheckBf16({op, {x}, Attrs({{"axes", std::vector<int64_t>{1}}})}, {kB});
+    CheckBf16({op, {x}, Attrs({{"axes", std::vector<int64_t>{0, -1}}, {"keepdims", int64_t{0}}})}, {kB});
+  }
+  CheckBf16({ir::OpKind::kReduceToShapeOf, {x, Tensor::DimsOnly(kB, {64})}}, {kB});  // a bias gradient
+  CheckBf16({ir::OpKind::kReduceToShapeOf, {x, Tensor::DimsOnly(kB, {5, 1})}}, {kB});
+  CheckBf16({ir::OpKind::kExpandLike,
+             {RandB({4, 6}, 2), Tensor::DimsOnly(kB, {4, 5, 6})},
+             Attrs({{"axes", std::vector<int64_t>{1}}}),
+             1,
+             {},
+             0},
+            {kB});
+  CheckBf16({ir::OpKind::kExpandLike,
+             {RandB({4}, 3), Tensor::DimsOnly(kB, {4, 96})},
+             Attrs({{"axes", std::vector<int64_t>{-1}}, {"mean", int64_t{1}}}),
+             1,
+             {},
+             0},
+            {kB});
+}
+
+TEST_F(CudaOpsTest, Bf16LayoutsAndEmbeddings) {
+  const Tensor heads = RandB({2, 8, 16, 64}, 1);
+  CheckBf16({ir::OpKind::kTranspose, {heads}, Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}), 1, {}, 0}, {kB});
+  CheckBf16({ir::OpKind::kReshape, {heads, Ints({3}, {0, 0, -1})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1}, {kB});
+  CheckBf16({ir::OpKind::kSlice,
+             {heads, Ints({1}, {1}), Ints({1}, {63}), Ints({1}, {-1}), Tensor()},
+             {},
+             1,
+             {},
+             0,
+             {},
+             /*host_inputs=*/0b11110u},
+            {kB});
+  CheckBf16({ir::OpKind::kConcat, {RandB({2, 3, 4}, 4), RandB({2, 5, 4}, 5)}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0},
+            {kB});
+  CheckBf16({ir::OpKind::kSplit, {RandB({2, 5, 48}, 6)}, Attrs({{"axis", int64_t{-1}}}), 3, {}, 0}, {kB, kB, kB});
+  CheckBf16({ir::OpKind::kExpand, {RandB({3, 1}, 7), Ints({3}, {2, 1, 5})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1},
+            {kB});
+  const Tensor table = RandB({10, 16}, 2);
+  const Tensor idx = Ints({3, 4}, {0, 9, -1, 3, 3, 5, 0, 2, 7, 3, -10, 1});
+  CheckBf16({ir::OpKind::kGather, {table, idx}, {}, 1, {}, 0}, {kB});
+  CheckBf16({ir::OpKind::kGatherGrad, {RandB({3, 4, 16}, 3), idx, Tensor::DimsOnly(kB, {10, 16})}}, {kB});
+}
+
+// More than two broadcast bf16 addends would round at every addition on the device: the kernel leaves the
+// node to the host (whose CPU kernel then needs bf16 support of its own).
+TEST_F(CudaOpsTest, Bf16SumOfManyBroadcastOperandsIsLeftToTheHost) {
+  ir::Graph g;
+  std::vector<ir::ValueId> ids;
+  std::vector<Tensor> dev;
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{6}, {4, 6}, {4, 1}}) {
+    ids.push_back(g.AddValue("x" + std::to_string(ids.size()), kB, ir::Shape(dims.begin(), dims.end())));
+    absl::StatusOr<Tensor> d = be_->Upload(RandB(dims, static_cast<uint32_t>(ids.size())));
+    ASSERT_TRUE(d.ok()) << d.status();
+    dev.push_back(*d);
+  }
+  const ir::NodeId n = g.AddNode(ir::OpKind::kSum, "sum", ids, {g.AddValue("y", kB, {4, 6})});
+  const KernelTable table = RegisterAllKernels();
+  KernelContext ctx;
+  ctx.backend = be_.get();
+  EXPECT_FALSE(table.at(ir::OpKind::kSum).run(ctx, g.node(n), dev).has_value());
 }
 
 // --- What stays on the host ----------------------------------------------------------------------------

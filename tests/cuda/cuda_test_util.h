@@ -2,15 +2,16 @@
 // of one IR node, deterministic inputs and error measures.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/ir/graph.h"
@@ -135,8 +136,7 @@ inline double NormalisedError(const std::vector<float>& got, const std::vector<f
 }
 // Every |got - want| <= rtol * (|want| + max|want|): relative error against the element, floored
 // at the tensor's scale (so values near zero after cancellation are judged against that scale).
-inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want,
-                                           double rtol) {
+inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const std::vector<float>& want, double rtol) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   }
@@ -156,6 +156,51 @@ inline ::testing::AssertionResult AllClose(const std::vector<float>& got, const 
   return ::testing::AssertionFailure() << "element " << worst << ": got " << got[worst] << ", want " << want[worst]
                                        << " (error " << worst_ratio << "x the tolerance " << rtol
                                        << " relative to |want| + " << scale << ")";
+}
+
+// bf16 results against a reference already rounded to bf16 (the fp32 kernel on bf16-rounded
+// inputs, its result rounded once): every element within `ulps` bf16 units in the last place of
+// the reference, or within `floor` times the reference's largest magnitude (results that cancel
+// to near zero), and the normalised error at most `max_nerr`. NaN must meet NaN. A failure names
+// the first and the worst offending elements, the max absolute and the normalised error.
+inline ::testing::AssertionResult Bf16Close(const std::vector<float>& got, const std::vector<float>& want,
+                                            double ulps = 1, double floor = 1e-3, double max_nerr = 1e-2) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  }
+  double scale = 0, max_abs = 0, worst_ratio = 0;
+  for (float w : want)
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(static_cast<double>(w)));
+  int64_t first = -1, worst = -1, bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w) || std::isnan(g)) {
+      if (std::isnan(w) != std::isnan(g)) {
+        ++bad;
+        if (first < 0) first = static_cast<int64_t>(i);
+        worst = static_cast<int64_t>(i), worst_ratio = INFINITY;
+      }
+      continue;
+    }
+    const double err = g == w ? 0.0 : std::abs(g - w);  // equal infinities
+    max_abs = std::max(max_abs, err);
+    const double ulp = w == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(w) - 7);
+    const double ratio = err / std::max(ulps * ulp, floor * scale + 1e-38);
+    if (ratio > 1) {
+      ++bad;
+      if (first < 0) first = static_cast<int64_t>(i);
+    }
+    if (ratio > worst_ratio) worst_ratio = ratio, worst = static_cast<int64_t>(i);
+  }
+  const double nerr = NormalisedError(got, want);
+  if (bad == 0 && nerr <= max_nerr) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = ::testing::AssertionFailure();
+  r << bad << " of " << want.size() << " elements beyond " << ulps << " bf16 ulp (or " << floor
+    << " x max|want| = " << floor * scale << "); max |got - want| " << max_abs << ", normalised error " << nerr
+    << " (limit " << max_nerr << ")";
+  if (first >= 0) r << "; first bad element " << first << ": got " << got[first] << ", want " << want[first];
+  if (worst >= 0) r << "; worst element " << worst << ": got " << got[worst] << ", want " << want[worst];
+  return r;
 }
 
 }  // namespace onnxpipe::cuda::testing

@@ -46,6 +46,12 @@ OpKind KindOf(BinaryOp op) {
       return OpKind::kGreater;
     case BinaryOp::kAnd:
       return OpKind::kAnd;
+    case BinaryOp::kReluGrad:
+      return OpKind::kReluGrad;
+    case BinaryOp::kGreaterOrEqual:
+      return OpKind::kGreaterOrEqual;
+    case BinaryOp::kLessOrEqual:
+      return OpKind::kLessOrEqual;
   }
   return OpKind::kAdd;
 }
@@ -54,8 +60,8 @@ OpKind KindOf(BinaryOp op) {
 Tensor RunBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
   auto dims = BroadcastShape({a.dims(), b.dims()});
   EXPECT_TRUE(dims.ok()) << dims.status();
-  const bool compare =
-      op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater || op == BinaryOp::kAnd;
+  const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+                       op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual || op == BinaryOp::kAnd;
   DeviceTensor da(a), db(b), out(compare ? DType::kBool : a.dtype(), *dims);
   const absl::Status st = Binary(op, a.dtype(), da.get(), a.dims(), db.get(), b.dims(), out.get(), nullptr);
   EXPECT_TRUE(st.ok()) << st;
@@ -118,8 +124,10 @@ TEST_F(ElementwiseTest, BinaryF32MatchesCpuOverBroadcastShapes) {
     const Tensor a_real = Rand(DType::kF32, sa, 3, -2, 2), b_real = Rand(DType::kF32, sb, 4, 0.5, 2);
     const Tensor base = Rand(DType::kF32, sa, 5, 0.1, 3);
     for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kPow, BinaryOp::kMin,
-                        BinaryOp::kMax, BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater}) {
-      const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater;
+                        BinaryOp::kMax, BinaryOp::kEqual, BinaryOp::kLess, BinaryOp::kGreater,
+                        BinaryOp::kGreaterOrEqual, BinaryOp::kLessOrEqual}) {
+      const bool compare = op == BinaryOp::kEqual || op == BinaryOp::kLess || op == BinaryOp::kGreater ||
+                           op == BinaryOp::kGreaterOrEqual || op == BinaryOp::kLessOrEqual;
       const Tensor& x = op == BinaryOp::kPow ? base : compare ? a : a_real;
       const Tensor& y = compare ? b : b_real;
       const Tensor want = Eval1(MakeNode(KindOf(op), 2), {x, y});
@@ -146,6 +154,19 @@ TEST_F(ElementwiseTest, BinaryIntegersMatchCpu) {
     const Tensor small = RandInt(dt, {5, 6}, 9, 0, 2), col = RandInt(dt, {5, 1}, 10, 0, 2);
     EXPECT_TRUE(
         RunBinary(BinaryOp::kEqual, small, col).BitwiseEquals(Eval1(MakeNode(OpKind::kEqual, 2), {small, col})));
+  }
+}
+
+// ReluGrad(dY, Y) = Y > 0 ? dY : 0: a selection, bit for bit the CPU's (bf16: the same bits).
+TEST_F(ElementwiseTest, ReluGradSelectsLikeTheCpu) {
+  Tensor y = Rand(DType::kF32, {5, 40}, 23, -1, 1);
+  y.mutable_data<float>()[0] = 0.f;
+  y.mutable_data<float>()[1] = -0.f;
+  y.mutable_data<float>()[2] = NAN;
+  const Tensor dy = Rand(DType::kF32, {5, 40}, 24, -3, 3);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor want = Eval1(MakeNode(OpKind::kReluGrad, 2), {dy.CastTo(dt).CastTo(DType::kF32), y}).CastTo(dt);
+    EXPECT_TRUE(RunBinary(BinaryOp::kReluGrad, dy.CastTo(dt), y.CastTo(dt)).BitwiseEquals(want)) << ir::DTypeName(dt);
   }
 }
 
@@ -178,8 +199,11 @@ TEST_F(ElementwiseTest, BinaryHalfTypesWithinNormalisedError) {
         const Tensor want = Eval1(MakeNode(KindOf(op), 2), {a.CastTo(DType::kF32), b.CastTo(DType::kF32)});
         const Tensor got = RunBinary(op, a, b);
         EXPECT_EQ(got.dtype(), dt);
-        // One rounding to 8 (bf16) or 11 (f16) significant bits.
+        // One rounding to 8 (bf16) or 11 (f16) significant bits; bf16 bit for bit the fp32 result rounded.
         EXPECT_LT(NormalisedError(got, want), dt == DType::kBF16 ? 4e-3 : 5e-4) << ir::DTypeName(dt);
+        if (dt == DType::kBF16) {
+          EXPECT_TRUE(got.BitwiseEquals(want.CastTo(dt))) << "bf16 " << ir::OpName(KindOf(op));
+        }
       }
     }
   }
@@ -303,6 +327,22 @@ TEST_F(ElementwiseTest, AccumulateAddsInFp32) {
   EXPECT_TRUE(dacc2.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kAdd, 2), {acc, xb.CastTo(DType::kF32)})));
 }
 
+// Scale: the fp32 product x * s (the CPU's Mul by an fp32 scalar), rounded once to bf16.
+TEST_F(ElementwiseTest, ScaleIsTheFp32ProductRoundedOnce) {
+  const Tensor x = Rand(DType::kF32, {3, 777}, 21, -4, 4);
+  const float s = 1.f / 3.f;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor xt = x.CastTo(dt);
+    const Tensor want =
+        Eval1(MakeNode(OpKind::kMul, 2), {xt.CastTo(DType::kF32), Tensor::FromVector<float>({}, {s})}).CastTo(dt);
+    DeviceTensor dx(xt), dy(dt, x.dims());
+    ASSERT_TRUE(Scale(dt, dx.get(), s, dy.get(), x.num_elements(), nullptr).ok());
+    EXPECT_TRUE(dy.ToHost().BitwiseEquals(want)) << ir::DTypeName(dt);
+    ASSERT_TRUE(Scale(dt, dx.get(), s, dx.get(), x.num_elements(), nullptr).ok());  // in place
+    EXPECT_TRUE(dx.ToHost().BitwiseEquals(want)) << ir::DTypeName(dt) << " in place";
+  }
+}
+
 TEST_F(ElementwiseTest, BadArgumentsAreErrors) {
   DeviceTensor a(DType::kF32, {4, 3}), b(DType::kF32, {4, 3});
   EXPECT_FALSE(Binary(BinaryOp::kAdd, DType::kF32, a.get(), {4, 3}, b.get(), {2, 3}, a.get(), nullptr).ok());
@@ -316,6 +356,8 @@ TEST_F(ElementwiseTest, BadArgumentsAreErrors) {
   EXPECT_FALSE(Cast(DType::kF32, a.get(), DType::kF64, b.get(), 3, nullptr).ok());
   EXPECT_FALSE(FlagNonFinite(DType::kF32, a.get(), 3, nullptr, nullptr).ok());
   EXPECT_FALSE(Accumulate(DType::kI32, a.get(), DType::kF32, b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Scale(DType::kI64, a.get(), 2.f, b.get(), 3, nullptr).ok());
+  EXPECT_FALSE(Scale(DType::kF32, nullptr, 2.f, b.get(), 3, nullptr).ok());
   EXPECT_FALSE(MakeBroadcastIndex({{2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1},
                                    {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2}})
                    .ok());

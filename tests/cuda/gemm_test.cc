@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -197,6 +198,19 @@ double NormError(const std::vector<double>& got, const std::vector<double>& want
   return std::sqrt(num / den);
 }
 
+// The largest |got - want| and where, for failure messages: "max |got - want| E at element I (got G, want W)".
+std::string Worst(const std::vector<double>& got, const std::vector<double>& want) {
+  size_t at = 0;
+  double worst = -1;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double e = std::abs(got[i] - want[i]);
+    if (!(e <= worst)) worst = e, at = i;  // NaN counts as worst
+  }
+  if (worst < 0) return "no elements";
+  return "max |got - want| " + std::to_string(worst) + " at element " + std::to_string(at) + " (got " +
+         std::to_string(got[at]) + ", want " + std::to_string(want[at]) + ")";
+}
+
 // bf16 outputs: rounding to 8 bits of mantissa. TF32: 10-bit products. Exact fp32 otherwise; a GELU epilogue in fp32
 // may evaluate tanh with the hardware approximation (relative error ~2^-11), so its outputs get 2e-3.
 double Tolerance(const GemmDesc& d, bool through_gelu) {
@@ -247,17 +261,18 @@ void CheckAgainstReference(GemmContext& ctx, const std::string& name, const Gemm
                     d.epilogue != GemmEpilogue::kBGradA && d.epilogue != GemmEpilogue::kBGradB;
   const double err_d = NormError(got.d, want.d);
   std::printf("[gemm] %-28s D %.2e", name.c_str(), err_d);
-  EXPECT_LT(err_d, Tolerance(d, gelu)) << name << ": D";
+  EXPECT_LT(err_d, Tolerance(d, gelu)) << name << ": D normalised error; " << Worst(got.d, want.d);
   if (!want.aux.empty()) {
     const double err = NormError(got.aux, want.aux);
     std::printf("  aux %.2e", err);
-    EXPECT_LT(err, Tolerance(d, /*through_gelu=*/false)) << name << ": aux";
+    EXPECT_LT(err, Tolerance(d, /*through_gelu=*/false)) << name << ": aux normalised error; " << Worst(got.aux, want.aux);
   }
   if (!want.bias_grad.empty()) {
     got.bias_grad.resize(want.bias_grad.size());
     const double err = NormError(got.bias_grad, want.bias_grad);
     std::printf("  bias_grad %.2e", err);
-    EXPECT_LT(err, Tolerance(d, gelu)) << name << ": bias_grad";
+    EXPECT_LT(err, Tolerance(d, gelu)) << name << ": bias_grad normalised error; "
+                                       << Worst(got.bias_grad, want.bias_grad);
   }
   std::printf("\n");
 }
