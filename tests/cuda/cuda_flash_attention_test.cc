@@ -653,7 +653,7 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
 TEST(FlashAttentionPlanTest, Bf16TakesTileWidths64And128AndFp32Statistics) {
   FlashAttentionConfig c;
   c.dtype = DType::kBF16;
-  c.q_dims = {2, 40, 8}, c.k_dims = {1, 50, 8}, c.v_dims = {1, 50, 8};
+  c.q_dims = {2, 40, 8}, c.k_dims = {1, 50, 8}, c.v_dims = {2, 50, 8};
   absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(c);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->geometry.head_tile, 64);
