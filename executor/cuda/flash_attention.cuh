@@ -105,16 +105,16 @@ struct QuadSwizzle {
   static __device__ __forceinline__ int Offset(int r, int c) { return SwizzledOffset<D>(r, c); }
 };
 
-// Starts copying rows [row0, row0 + 64) x columns [0, D) of the row-major (rows, cols) matrix at
+// Starts copying rows [row0, row0 + kRows) x columns [0, D) of the row-major (rows, cols) matrix at
 // g into `tile`, element (r, c) at Layout::Offset(r, c); rows >= rows and columns >= cols read as
 // zero. vec: 16-byte copies (cols a multiple of 16 / sizeof(T), g 16-byte aligned; Layout keeps
 // 16-byte chunks whole); else element copies (asynchronous for 4- and 8-byte elements).
-template <typename T, int D, typename Layout = QuadSwizzle<D>>
+template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
 __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int64_t rows, int64_t cols, bool vec) {
   if (vec) {
     constexpr int kChunk = 16 / sizeof(T);
     constexpr int kPerRow = D / kChunk;
-    for (int c = threadIdx.x; c < kTile * kPerRow; c += kThreads) {
+    for (int c = threadIdx.x; c < kRows * kPerRow; c += kThreads) {
       const int r = c / kPerRow, e = (c % kPerRow) * kChunk;
       T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
@@ -124,7 +124,7 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
       }
     }
   } else {
-    for (int c = threadIdx.x; c < kTile * D; c += kThreads) {
+    for (int c = threadIdx.x; c < kRows * D; c += kThreads) {
       const int r = c / D, e = c % D;
       T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
@@ -140,13 +140,13 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
   }
 }
 
-// The tile pair every kernel streams: rows [row0, row0 + 64) of a (rows, a_cols) and of b (rows,
-// b_cols) into the consecutive (64, D) tiles at dst (a's, then b's).
-template <typename T, int D, typename Layout = QuadSwizzle<D>>
+// The tile pair every kernel streams: rows [row0, row0 + kRows) of a (rows, a_cols) and of b (rows,
+// b_cols) into the consecutive (kRows, D) tiles at dst (a's, then b's).
+template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
 __device__ __forceinline__ void LoadTilePair(T* dst, const T* a, int64_t a_cols, bool a_vec, const T* b,
                                              int64_t b_cols, bool b_vec, int64_t row0, int64_t rows) {
-  LoadTile<T, D, Layout>(dst, a, row0, rows, a_cols, a_vec);
-  LoadTile<T, D, Layout>(dst + kTile * D, b, row0, rows, b_cols, b_vec);
+  LoadTile<T, D, Layout, kRows>(dst, a, row0, rows, a_cols, a_vec);
+  LoadTile<T, D, Layout, kRows>(dst + kRows * D, b, row0, rows, b_cols, b_vec);
 }
 
 // The bf16 tensor-core kernels (flash_attention_bf16_fwd.cu, flash_attention_bf16_bwd.cu) behind
@@ -305,10 +305,10 @@ __device__ __forceinline__ T MaskedScore(const FlashGeometry& g, const void* mas
   return s;
 }
 
-// True when every (query, key) of the 64 x 64 block at (i0, j0) is visible and unmasked, so the
-// per-element checks can be skipped.
-__device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t i0, int64_t j0) {
-  return g.mask == FlashMask::kNone && i0 + kTile <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
+// True when every (query, key) of the block of `rows` queries from i0 and 64 keys from j0 is
+// visible and unmasked, so the per-element checks can be skipped.
+__device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t i0, int64_t j0, int rows = kTile) {
+  return g.mask == FlashMask::kNone && i0 + rows <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
 }
 
 // Maximum / sum over the 8 lanes of a row group (lane bits 1, 3, 4); every lane gets the same value.

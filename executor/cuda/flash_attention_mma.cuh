@@ -3,9 +3,10 @@
 // accumulation) on shared tiles read with ldmatrix, and the dropout keep bits of a warp's scores.
 // .cu files only.
 //
-// Thread layout: a CTA of kWarps = 4 warps owns 64 "rows" (queries, or keys in the dK/dV kernel),
-// 16 per warp, and walks tiles of 64 "columns". A warp's (16, 64) score tile is 8 m16n8
-// accumulators: with g = lane / 4 and t = lane % 4, element e of accumulator n is row
+// Thread layout: a CTA of kWarps = 4 warps owns 64 kM "rows" (queries, or keys in the dK/dV kernel),
+// 16 kM per warp in kM blocks of 16 (more rows per warp: each operand fragment read from shared
+// memory feeds more products), and walks tiles of 64 "columns". A block's (16, 64) score tile is 8
+// m16n8 accumulators: with g = lane / 4 and t = lane % 4, element e of accumulator n is row
 // g + 8 (e / 2), column 8 n + 2 t + e % 2 (PTX ISA, "Matrix Fragments for mma.m16n8k16"). The
 // accumulators of columns [16 kk, 16 kk + 16) are, packed to bf16 pairs, the A fragment of the
 // product's k-step kk, so scores never leave the registers between the two products.
@@ -61,32 +62,51 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int N>
-__device__ __forceinline__ void Zero(float (&x)[N][4]) {
+// Lets `kernel` take `bytes` of dynamic shared memory, with the shared-memory carveout at its
+// maximum so that as many CTAs fit as the registers allow.
+template <typename K>
+cudaError_t SetSharedMemory(K* kernel, size_t bytes) {
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
+template <int M, int N>
+__device__ __forceinline__ void Zero(float (&x)[M][N][4]) {
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
+  for (int m = 0; m < M; ++m) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[n][e] = 0.f;
+    for (int n = 0; n < N; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[m][n][e] = 0.f;
+    }
   }
 }
 
-// acc (16, 64) += A[row0 .. row0 + 16, :] B^T over D: A and B swizzled (64, D) tiles, B's 64 rows
-// the columns of acc. Used as Q K^T and dO V^T (rows queries) and K Q^T, V dO^T (rows keys); the
-// k-steps run in the same order either way.
-template <int D>
-__device__ __forceinline__ void ProductABt(float (&acc)[8][4], const bf16* a, int row0, const bf16* b, int lane) {
+// acc[m] (16, 64) += A[row0 + 16 m .. + 16, :] B^T over D, m < kM: A and B swizzled (., D) tiles, B's
+// 64 rows the columns of acc; each B fragment feeds the kM row blocks. Used as Q K^T and dO V^T
+// (rows queries) and K Q^T, V dO^T (rows keys); the k-steps run in the same order either way.
+template <int D, int kM>
+__device__ __forceinline__ void ProductABt(float (&acc)[kM][8][4], const bf16* a, int row0, const bf16* b,
+                                           int lane) {
   const int a_row = row0 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
   const int b_row = (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t af[4];
-    LdMatrixX4(af, a + ChunkSwizzle<D>::Offset(a_row, 16 * kk + a_col));
+    uint32_t af[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) LdMatrixX4(af[m], a + ChunkSwizzle<D>::Offset(a_row + 16 * m, 16 * kk + a_col));
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t bf[4];
       LdMatrixX4(bf, b + ChunkSwizzle<D>::Offset(16 * np + b_row, 16 * kk + b_col));
-      Mma(acc[2 * np], af, bf[0], bf[1]);
-      Mma(acc[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        Mma(acc[m][2 * np], af[m], bf[0], bf[1]);
+        Mma(acc[m][2 * np + 1], af[m], bf[2], bf[3]);
+      }
     }
   }
 }
@@ -102,9 +122,10 @@ __device__ __forceinline__ void ToFragments(uint32_t (&p)[4][4], const float (&s
   }
 }
 
-// acc (16, D) += P B: P (16, 64) as fragments, B a swizzled (64, D) tile (its rows P's columns).
-template <int D>
-__device__ __forceinline__ void ProductPB(float (&acc)[D / 8][4], const uint32_t (&p)[4][4], const bf16* b,
+// acc[m] (16, D) += P[m] B, m < kM: P[m] (16, 64) as fragments, B a swizzled (64, D) tile (its rows
+// P's columns); each B fragment feeds the kM row blocks.
+template <int D, int kM>
+__device__ __forceinline__ void ProductPB(float (&acc)[kM][D / 8][4], const uint32_t (&p)[kM][4][4], const bf16* b,
                                           int lane) {
   const int b_row = (lane & 7) + 8 * ((lane >> 3) & 1), b_col = 8 * (lane >> 4);
 #pragma unroll
@@ -113,8 +134,11 @@ __device__ __forceinline__ void ProductPB(float (&acc)[D / 8][4], const uint32_t
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t bf[4];
       LdMatrixX4Trans(bf, b + ChunkSwizzle<D>::Offset(16 * kk + b_row, 16 * dp + b_col));
-      Mma(acc[2 * dp], p[kk], bf[0], bf[1]);
-      Mma(acc[2 * dp + 1], p[kk], bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        Mma(acc[m][2 * dp], p[m][kk], bf[0], bf[1]);
+        Mma(acc[m][2 * dp + 1], p[m][kk], bf[2], bf[3]);
+      }
     }
   }
 }
@@ -143,6 +167,24 @@ __device__ __forceinline__ void StoreRows(bf16* g, int64_t row0, int64_t rows, i
       }
     }
   }
+}
+
+// Scores and row maxima live in log2 units (scale log2(e) Q K^T): one MUFU.EX2 per probability.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x, relative error about 2^-22, 0 for -inf (ex2.approx.ftz).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The score of query i, key j from the product s in log2 units: -inf where the key is invisible or
+// masked out, log2(e) (scale s + mask) for an additive mask. all_visible: the block needs no checks.
+__device__ __forceinline__ float Log2Score(const FlashGeometry& g, const void* mask, int64_t mask_offset,
+                                           bool all_visible, int64_t i, int64_t j, float s, float scale) {
+  if (all_visible) return s * (scale * kLog2e);
+  return MaskedScore<float, bf16>(g, mask, mask_offset, i, j, s * scale) * kLog2e;
 }
 
 // Maximum / sum over the 4 lanes holding a row (lane bits 0 and 1); every lane gets the value.
