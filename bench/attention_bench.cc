@@ -3,24 +3,30 @@
 //   FMAs, no TF32): batch 32, 16 heads, seq 256, head dim 64; plain, causal, and dropout 0.1.
 //   Compare with PyTorch's fp32 SDPA on the same GPU (torch.nn.functional.scaled_dot_product_attention
 //   on float32 CUDA tensors of that shape, forward and forward+backward).
+// - bf16 through the tensor-core flash kernels (flash_attention.h): batch 256, 16 heads, seq 256,
+//   head dims 64 and 128 (128: 8 heads); plain, causal, dropout 0.1. Each case also prints a JSON
+//   line ("json {...}") that bench/attention_bench.py collects next to PyTorch's bf16 SDPA.
 // - bf16 through cuDNN (executor/cuda/attention.h, where cuDNN was found): batch 256, 16 heads,
 //   seq 256, head dim 64, no mask and causal, next to the reference PyTorch measured for cuDNN's
 //   SDPA on the same GPU (1.34 ms, causal 1.28 ms).
 // TFLOP/s use the usual count: 4 B H S^2 D forward, 2.5 times that backward (causal: half); the
 // fp32 backward executes 18 B H S^2 D as it recomputes the statistics (flash_attention_bwd.cu).
-// Usage: attention_bench [iterations] [fp32|bf16|all]
+// Usage: attention_bench [iterations] [fp32|flash-bf16|bf16|all]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/flash_attention.h"
 #include "frontend/ir/status.h"
+#include "frontend/ir/tensor.h"
 #if ONNXPIPE_CUDNN_ATTENTION
 #include "executor/cuda/attention.h"
 #endif
@@ -101,6 +107,77 @@ absl::Status RunFp32(int iterations) {
   return absl::OkStatus();
 }
 
+// One bf16 flash attention case: forward, backward and forward+backward milliseconds.
+absl::Status RunFlashBf16Case(int iterations, int64_t B, int64_t H, int64_t S, int64_t D, bool causal,
+                              double dropout, cudaStream_t stream) {
+  const int64_t n = B * H * S * D;
+  std::vector<uint16_t> host(n);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  void *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
+  for (void** p : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) {
+    for (uint16_t& x : host) x = ir::FloatToBF16(u(gen));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(p, n * 2));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, host.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  FlashAttentionConfig c;
+  c.dtype = ir::DType::kBF16;
+  c.q_dims = c.k_dims = c.v_dims = {B, H, S, D};
+  c.causal = causal;
+  c.dropout.training = true;
+  c.dropout.ratio = dropout;
+  c.dropout.seed = 1;
+  c.dropout.node_key = 2;
+  c.dropout.offset = 3;
+  ASSIGN_OR_RETURN(const FlashAttentionPlan plan, PlanFlashAttention(c));
+  const int64_t ws_bytes = FlashAttentionBackwardWorkspaceBytes(plan, true, true, true);
+  void* ws = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, std::max<int64_t>(ws_bytes, 1)));
+  FlashBackwardBuffers b;
+  b.d_o = d_o, b.q = q, b.k = k, b.v = v, b.dq = dq, b.dk = dk, b.dv = dv;
+  b.workspace = ws, b.workspace_bytes = ws_bytes;
+  auto forward = [&] { return FlashAttentionForward(plan, q, k, v, nullptr, o, stream); };
+  auto backward = [&] { return FlashAttentionBackward(plan, b, stream); };
+  ASSIGN_OR_RETURN(const float fwd_ms, TimeMs(iterations, stream, forward));
+  ASSIGN_OR_RETURN(const float bwd_ms, TimeMs(iterations, stream, backward));
+  ASSIGN_OR_RETURN(const float total_ms, TimeMs(iterations, stream, [&]() -> absl::Status {
+                     RETURN_IF_ERROR(forward());
+                     return backward();
+                   }));
+  const double fwd_flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+  std::printf(
+      "flash attention b%lld h%lld s%lld d%lld bf16%s%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms "
+      "(%.0f TFLOP/s), forward+backward %.3f ms (%.0f TFLOP/s)\n",
+      static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S), static_cast<long long>(D),
+      causal ? " causal" : "", dropout > 0 ? " dropout" : "", fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms,
+      2.5 * fwd_flops / (bwd_ms * 1e9), total_ms, 3.5 * fwd_flops / (total_ms * 1e9));
+  std::printf(
+      "json {\"impl\": \"onnxpipe_flash_bf16\", \"b\": %lld, \"h\": %lld, \"s\": %lld, \"d\": %lld, "
+      "\"causal\": %s, \"dropout\": %g, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
+      "\"forward_backward_ms\": %.4f}\n",
+      static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S), static_cast<long long>(D),
+      causal ? "true" : "false", dropout, fwd_ms, bwd_ms, total_ms);
+  std::fflush(stdout);
+  CUDA_RETURN_IF_ERROR(cudaFree(ws));
+  for (void* p : {q, k, v, o, d_o, dq, dk, dv}) CUDA_RETURN_IF_ERROR(cudaFree(p));
+  return absl::OkStatus();
+}
+
+absl::Status RunFlashBf16(int iterations) {
+  cudaStream_t stream;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  struct Shape {
+    int64_t h, d;
+  };
+  for (const Shape& sh : {Shape{16, 64}, Shape{8, 128}}) {
+    for (const auto& [causal, dropout] : {std::pair{false, 0.0}, std::pair{true, 0.0}, std::pair{false, 0.1}}) {
+      RETURN_IF_ERROR(RunFlashBf16Case(iterations, /*B=*/256, sh.h, /*S=*/256, sh.d, causal, dropout, stream));
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamDestroy(stream));
+  return absl::OkStatus();
+}
+
 #if ONNXPIPE_CUDNN_ATTENTION
 absl::Status RunBf16(int iterations) {
   constexpr int64_t B = 256, H = 16, S = 256, D = 64;
@@ -159,6 +236,7 @@ int main(int argc, char** argv) {
   const std::string which = argc > 2 ? argv[2] : "all";
   absl::Status s;
   if (which == "fp32" || which == "all") s = onnxpipe::cuda::RunFp32(iterations);
+  if (s.ok() && (which == "flash-bf16" || which == "all")) s = onnxpipe::cuda::RunFlashBf16(iterations);
 #if ONNXPIPE_CUDNN_ATTENTION
   if (s.ok() && (which == "bf16" || which == "all")) s = onnxpipe::cuda::RunBf16(iterations);
 #endif

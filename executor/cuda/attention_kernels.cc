@@ -1,10 +1,10 @@
-// Attention and AttentionGrad (fp32) in the CUDA backend's kernel table, through the fused kernels of
-// flash_attention.h, with the CPU kernels' attributes and random stream: the dropout mask is the
-// CPU's bit for bit (same node key, step offset and micro-batch counter base). AttentionGrad's
+// Attention and AttentionGrad (fp32 and bf16) in the CUDA backend's kernel table, through the fused
+// kernels of flash_attention.h, with the CPU kernels' attributes and random stream: the dropout mask
+// is the CPU's bit for bit (same node key, step offset and micro-batch counter base). AttentionGrad's
 // scratch (row statistics, full-batch gradients of broadcast operands) is its planned workspace.
-// Cases the kernels do not cover (bf16/fp16, which cuDNN's attention.h serves to its own callers;
-// head dims over 128) and inputs the CPU kernel rejects run the CPU kernel on the host, which
-// reports the error. fp64 (the gradient-check dtype) runs the CPU kernel: the fused kernels take
+// Cases the kernels do not cover (fp16, which cuDNN's attention.h serves to its own callers; head
+// dims over 128) and inputs the CPU kernel rejects run the CPU kernel on the host, which reports
+// the error. fp64 (the gradient-check dtype) runs the CPU kernel: the fused kernels take
 // fp64 through flash_attention.h, but cannot yet sum the gradient of a broadcast operand in fp64.
 #include <cmath>
 #include <string>
@@ -29,7 +29,7 @@ std::optional<FlashAttentionPlan> PlanFor(const ir::Node& node, bool forward, ir
                                           const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                                           const std::vector<int64_t>& v, const std::vector<int64_t>* mask_dims,
                                           ir::DType mask_dtype) {
-  if (dtype != ir::DType::kF32 || q.size() < 2) return std::nullopt;
+  if ((dtype != ir::DType::kF32 && dtype != ir::DType::kBF16) || q.size() < 2) return std::nullopt;
   FlashAttentionConfig c;
   c.dtype = dtype;
   c.q_dims = q, c.k_dims = k, c.v_dims = v;
@@ -85,11 +85,12 @@ ir::DType MaskDType(const std::vector<ir::Tensor>& in, size_t i) {
 
 // O = Attention(Q, K, V, mask?).
 KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  if (!AllOfDType(in, {0, 1, 2}, ir::DType::kF32)) return std::nullopt;
-  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, in[0].dtype(), in[0].dims(), in[1].dims(),
+  const ir::DType dtype = in[0].dtype();
+  if (!AllOfDType(in, {0, 1, 2}, dtype)) return std::nullopt;
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, dtype, in[0].dims(), in[1].dims(),
                                                 in[2].dims(), MaskDims(in, 3), MaskDType(in, 3));
   if (!p || !AddDropout(ctx, node, *p)) return std::nullopt;
-  absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, ir::DType::kF32, p->out_dims);
+  absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, dtype, p->out_dims);
   if (!o.ok()) return o.status();
   if (o->num_elements() == 0) return std::vector<ir::Tensor>{*o};
   const void* mask = HasInput(in, 3) ? in[3].device_raw() : nullptr;
@@ -103,8 +104,9 @@ KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std
 KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // dMask (a learned additive bias, T5's) is not computed by the fused kernels yet: the host runs it.
   if (WantsOutput(node, 3)) return std::nullopt;
-  if (!AllOfDType(in, {0, 1, 2, 3}, ir::DType::kF32)) return std::nullopt;
-  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, in[1].dtype(), in[1].dims(), in[2].dims(),
+  const ir::DType dtype = in[1].dtype();
+  if (!AllOfDType(in, {0, 1, 2, 3}, dtype)) return std::nullopt;
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, dtype, in[1].dims(), in[2].dims(),
                                                 in[3].dims(), MaskDims(in, 4), MaskDType(in, 4));
   if (!p || in[0].dims() != p->out_dims || !AddDropout(ctx, node, *p)) return std::nullopt;
   std::vector<ir::Tensor> out(3);
@@ -112,7 +114,7 @@ KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const
   void** grads[3] = {&b.dq, &b.dk, &b.dv};
   for (int i = 0; i < 3; ++i) {
     if (!WantsOutput(node, i)) continue;
-    absl::StatusOr<ir::Tensor> t = ctx.Output(node, i, ir::DType::kF32, in[i + 1].dims());
+    absl::StatusOr<ir::Tensor> t = ctx.Output(node, i, dtype, in[i + 1].dims());
     if (!t.ok()) return t.status();
     out[i] = *t;
     // An empty gradient needs no kernel; its buffer may be null.

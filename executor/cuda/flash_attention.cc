@@ -56,11 +56,12 @@ struct BackwardLayout {
 
 BackwardLayout LayoutOf(const FlashAttentionPlan& p, const bool (&want)[3]) {
   const int64_t esize = ir::DTypeSize(p.config.dtype);
+  const int64_t stat_size = p.config.dtype == ir::DType::kBF16 ? 4 : esize;  // bf16 kernels: fp32 statistics
   const std::vector<int64_t>* dims[3] = {&p.config.q_dims, &p.config.k_dims, &p.config.v_dims};
   BackwardLayout l;
   if (want[1] || want[2]) {
     l.stats = l.total;
-    l.total += Part(3 * p.geometry.nbatch * p.geometry.sq * esize);
+    l.total += Part(3 * p.geometry.nbatch * p.geometry.sq * stat_size);
   }
   for (int i = 0; i < 3; ++i) {
     const int64_t n = Product(p.full_grad_dims[i]);
@@ -74,8 +75,8 @@ BackwardLayout LayoutOf(const FlashAttentionPlan& p, const bool (&want)[3]) {
 }  // namespace
 
 absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig& c) {
-  if (c.dtype != ir::DType::kF32 && c.dtype != ir::DType::kF64) {
-    return INVALID_ARGUMENT() << "flash attention: dtype " << ir::DTypeName(c.dtype) << " is not f32 or f64";
+  if (c.dtype != ir::DType::kF32 && c.dtype != ir::DType::kF64 && c.dtype != ir::DType::kBF16) {
+    return INVALID_ARGUMENT() << "flash attention: dtype " << ir::DTypeName(c.dtype) << " is not f32, f64 or bf16";
   }
   const std::vector<int64_t>* in[3] = {&c.q_dims, &c.k_dims, &c.v_dims};
   for (int i = 0; i < 3; ++i) {
@@ -108,7 +109,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   p.full_grad_dims[2] = with_batch(sk, dv);
 
   const int64_t head = std::max(dh, dv);
-  const int64_t max_head = c.dtype == ir::DType::kF32 ? 128 : 64;
+  const int64_t max_head = c.dtype == ir::DType::kF64 ? 64 : 128;
   if (head > max_head) {
     return UNIMPLEMENTED() << "flash attention: head dims " << dh << " and " << dv << " exceed the " << max_head
                            << " the " << ir::DTypeName(c.dtype) << " kernels hold in shared memory";
@@ -150,7 +151,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   g.stream = cpu::DropoutStream::Make(c.dropout.seed, c.dropout.node_key, c.dropout.offset, ratio);
   g.device_offset = c.dropout.device_offset;
   g.counter_base = c.dropout.counter_base;
-  g.head_tile = head <= 32 ? 32 : head <= 64 ? 64 : 128;
+  g.head_tile = head <= 32 && c.dtype != ir::DType::kBF16 ? 32 : head <= 64 ? 64 : 128;
   return p;
 }
 
@@ -191,7 +192,7 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
   void* out[3] = {b.dq, b.dk, b.dv};
   void* full[3];
   for (int i = 0; i < 3; ++i) full[i] = layout.full[i] >= 0 ? ws + layout.full[i] : out[i];
-  if (plan.config.dtype != ir::DType::kF32 && (layout.full[0] >= 0 || layout.full[1] >= 0 || layout.full[2] >= 0)) {
+  if (plan.config.dtype == ir::DType::kF64 && (layout.full[0] >= 0 || layout.full[1] >= 0 || layout.full[2] >= 0)) {
     return UNIMPLEMENTED() << "FlashAttentionBackward: summing the gradient of a broadcast operand in "
                            << ir::DTypeName(plan.config.dtype);
   }

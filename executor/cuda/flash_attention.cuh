@@ -99,17 +99,24 @@ __device__ __forceinline__ void CpAsyncWaitAll() {
 #endif
 }
 
-// Starts copying rows [row0, row0 + 64) x columns [0, D) of the row-major (rows, cols) matrix at
-// g into `tile`; rows >= rows and columns >= cols read as zero. vec: 16-byte copies (cols a
-// multiple of 16 / sizeof(T), g 16-byte aligned).
-template <typename T, int D>
+// Element offset of (r, c) in a shared tile of D columns in the layout above (4-element quads).
+template <int D>
+struct QuadSwizzle {
+  static __device__ __forceinline__ int Offset(int r, int c) { return SwizzledOffset<D>(r, c); }
+};
+
+// Starts copying rows [row0, row0 + kRows) x columns [0, D) of the row-major (rows, cols) matrix at
+// g into `tile`, element (r, c) at Layout::Offset(r, c); rows >= rows and columns >= cols read as
+// zero. vec: 16-byte copies (cols a multiple of 16 / sizeof(T), g 16-byte aligned; Layout keeps
+// 16-byte chunks whole); else element copies (asynchronous for 4- and 8-byte elements).
+template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
 __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int64_t rows, int64_t cols, bool vec) {
   if (vec) {
     constexpr int kChunk = 16 / sizeof(T);
     constexpr int kPerRow = D / kChunk;
-    for (int c = threadIdx.x; c < kTile * kPerRow; c += kThreads) {
+    for (int c = threadIdx.x; c < kRows * kPerRow; c += kThreads) {
       const int r = c / kPerRow, e = (c % kPerRow) * kChunk;
-      T* dst = tile + SwizzledOffset<D>(r, e);
+      T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
         CpAsync16(dst, g + (row0 + r) * cols + e);
       } else {
@@ -117,17 +124,37 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
       }
     }
   } else {
-    for (int c = threadIdx.x; c < kTile * D; c += kThreads) {
+    for (int c = threadIdx.x; c < kRows * D; c += kThreads) {
       const int r = c / D, e = c % D;
-      T* dst = tile + SwizzledOffset<D>(r, e);
+      T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
-        CpAsyncElement(dst, g + (row0 + r) * cols + e);
+        if constexpr (sizeof(T) >= 4) {
+          CpAsyncElement(dst, g + (row0 + r) * cols + e);
+        } else {
+          *dst = g[(row0 + r) * cols + e];
+        }
       } else {
         *dst = T(0);
       }
     }
   }
 }
+
+// The tile pair every kernel streams: rows [row0, row0 + kRows) of a (rows, a_cols) and of b (rows,
+// b_cols) into the consecutive (kRows, D) tiles at dst (a's, then b's).
+template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
+__device__ __forceinline__ void LoadTilePair(T* dst, const T* a, int64_t a_cols, bool a_vec, const T* b,
+                                             int64_t b_cols, bool b_vec, int64_t row0, int64_t rows) {
+  LoadTile<T, D, Layout, kRows>(dst, a, row0, rows, a_cols, a_vec);
+  LoadTile<T, D, Layout, kRows>(dst + kRows * D, b, row0, rows, b_cols, b_vec);
+}
+
+// The bf16 tensor-core kernels (flash_attention_bf16_fwd.cu, flash_attention_bf16_bwd.cu) behind
+// LaunchFlashAttentionForward / Backward (flash_attention.h), whose contracts they follow.
+cudaError_t LaunchForwardBf16(const FlashGeometry& g, const void* q, const void* k, const void* v, const void* mask,
+                              void* o, cudaStream_t stream);
+cudaError_t LaunchBackwardBf16(const FlashGeometry& g, const void* d_o, const void* q, const void* k, const void* v,
+                               const void* mask, void* dq, void* dk, void* dv, void* stats, cudaStream_t stream);
 
 // --- products ----------------------------------------------------------------------------------
 
@@ -223,11 +250,25 @@ __device__ __forceinline__ void StoreRows(T* g, int64_t row, int64_t rows, int64
   }
 }
 
-// Which buffers take 16-byte copies (loads) or quad stores (outputs), from their dims and alignment.
+// Which buffers take 16-byte copies (loads) or vector stores (outputs), from their dims and alignment.
 struct VecFlags {
   bool q = false, k = false, v = false, d_o = false;
   bool o = false, dq = false, dk = false, dv = false;
 };
+
+inline bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// The load flags of q, k, v, d_o (any may be null) for elements of `esize` bytes.
+inline VecFlags LoadVecFlags(const FlashGeometry& g, size_t esize, const void* q, const void* k, const void* v,
+                             const void* d_o) {
+  const int64_t chunk = 16 / static_cast<int64_t>(esize);
+  VecFlags vec;
+  vec.q = g.dh % chunk == 0 && Aligned(q, 16);
+  vec.k = g.dh % chunk == 0 && Aligned(k, 16);
+  vec.v = g.dv % chunk == 0 && Aligned(v, 16);
+  vec.d_o = g.dv % chunk == 0 && Aligned(d_o, 16);
+  return vec;
+}
 
 // --- geometry, masking, dropout ------------------------------------------------------------------
 
@@ -249,13 +290,13 @@ __device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_
 }
 
 // The masked score of query i, key j from the scaled product s: -inf when the key is out of range,
-// above the causal diagonal or masked out, s + mask for an additive mask.
-template <typename T>
+// above the causal diagonal or masked out, s + mask for an additive mask (elements of type M).
+template <typename T, typename M = T>
 __device__ __forceinline__ T MaskedScore(const FlashGeometry& g, const void* mask, int64_t mask_offset, int64_t i,
                                          int64_t j, T s) {
   if (i >= g.sq || j >= g.sk || (g.causal && j > i)) return NegInf<T>();
   if (g.mask == FlashMask::kAdditive) {
-    return s + static_cast<const T*>(mask)[mask_offset + i * g.mask_row_stride + j * g.mask_col_stride];
+    return s + static_cast<T>(static_cast<const M*>(mask)[mask_offset + i * g.mask_row_stride + j * g.mask_col_stride]);
   }
   if (g.mask == FlashMask::kBool &&
       static_cast<const uint8_t*>(mask)[mask_offset + i * g.mask_row_stride + j * g.mask_col_stride] == 0) {
@@ -264,10 +305,10 @@ __device__ __forceinline__ T MaskedScore(const FlashGeometry& g, const void* mas
   return s;
 }
 
-// True when every (query, key) of the 64 x 64 block at (i0, j0) is visible and unmasked, so the
-// per-element checks can be skipped.
-__device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t i0, int64_t j0) {
-  return g.mask == FlashMask::kNone && i0 + kTile <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
+// True when every (query, key) of the block of `rows` queries from i0 and 64 keys from j0 is
+// visible and unmasked, so the per-element checks can be skipped.
+__device__ __forceinline__ bool BlockAllVisible(const FlashGeometry& g, int64_t i0, int64_t j0, int rows = kTile) {
+  return g.mask == FlashMask::kNone && i0 + rows <= g.sq && j0 + kTile <= g.sk && (!g.causal || j0 + kTile - 1 <= i0);
 }
 
 // Maximum / sum over the 8 lanes of a row group (lane bits 1, 3, 4); every lane gets the same value.

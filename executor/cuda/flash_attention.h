@@ -1,5 +1,5 @@
-// Fused attention in fp32 (and fp64) on the GPU, FlashAttention-2 style (Dao, 2023): the Sq x Sk
-// scores never exist in global memory. Semantics are exactly the CPU backend's Attention and
+// Fused attention in fp32 (and fp64) and bf16 on the GPU, FlashAttention-2 style (Dao, 2023): the
+// Sq x Sk scores never exist in global memory. Semantics are exactly the CPU backend's Attention and
 // AttentionGrad (executor/cpu/attention.cc, grad_attention.cc, frontend/ir/op.h):
 //   O = dropout(softmax(scale * Q K^T + mask [causal: key j visible from query i iff j <= i])) V
 // - Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv): dense row-major, batch dims broadcast among
@@ -14,6 +14,10 @@
 //   broadcast dims (the CPU's ReduceToDims), through Reduce (reduce.h) on the device.
 // Arithmetic: fp32 FMAs with fp32 accumulation (no TF32); online softmax with the running row
 // maximum, exponentials through exp2. Deterministic: no atomics, fixed summation order.
+// bf16 (flash_attention_bf16_*.cu): Q, K, V, dO, an additive mask, O, dQ, dK, dV in bf16; the
+// products on tensor cores (mma.sync, bf16 operands, fp32 accumulation), the probabilities and dS
+// rounded to bf16 as operands of the second product, softmax and statistics in fp32; the same
+// tiles, passes and dropout stream as the fp32 kernels.
 //
 // Kernels (flash_attention_fwd.cu, flash_attention_bwd.cu): per 64-query tile, the forward loops
 // over 64-key tiles held in shared memory. The backward recomputes, as AttentionGrad gets neither
@@ -21,7 +25,7 @@
 // sum, D_i = dO_i . O_i with the forward's dropout) in a first pass over the keys and dQ in a
 // second; a kernel per 64-key tile computes dK and dV over the query tiles from those statistics,
 // which live in the workspace between the two.
-// Limits: max(Dh, Dv) <= 128 for fp32, <= 64 for fp64 (the tiles live in shared memory); at most
+// Limits: max(Dh, Dv) <= 128 for fp32 and bf16, <= 64 for fp64 (the tiles live in shared memory); at most
 // kFlashMaxBatchRank batch dims; fp64 gradients of broadcast operands are not summed (Reduce is
 // fp32/16-bit only): PlanFlashAttention reports all of these.
 #pragma once
@@ -67,17 +71,17 @@ struct FlashGeometry {
   cpu::DropoutStream stream = {};
   const uint64_t* device_offset = nullptr;
   uint64_t counter_base = 0;
-  // Head dims padded to the kernels' tile width: 32, 64 or 128.
+  // Head dims padded to the kernels' tile width: 32, 64 or 128 (bf16: 64 or 128).
   int head_tile = 64;
 };
 
-// Raw launches (callable from .cu code): dtype f32 or f64, cudaErrorInvalidValue for anything the
-// kernels do not cover. Pointers to dense buffers as described above; o, d_o (batch..., Sq, Dv).
+// Raw launches (callable from .cu code): dtype f32, f64 or bf16, cudaErrorInvalidValue for anything
+// the kernels do not cover. Pointers to dense buffers as described above; o, d_o (batch..., Sq, Dv).
 cudaError_t LaunchFlashAttentionForward(ir::DType dtype, const FlashGeometry& g, const void* q, const void* k,
                                         const void* v, const void* mask, void* o, cudaStream_t stream);
 // dq, dk, dv over the FULL batch ((batch..., Sq, Dh), (batch..., Sk, Dh), (batch..., Sk, Dv)), each
-// null when not wanted. stats: 3 * nbatch * Sq elements of the dtype, needed (else null) when dk
-// or dv is wanted.
+// null when not wanted. stats: 3 * nbatch * Sq elements of the dtype (fp32 for bf16), needed (else
+// null) when dk or dv is wanted.
 cudaError_t LaunchFlashAttentionBackward(ir::DType dtype, const FlashGeometry& g, const void* d_o, const void* q,
                                          const void* k, const void* v, const void* mask, void* dq, void* dk, void* dv,
                                          void* stats, cudaStream_t stream);
@@ -85,7 +89,7 @@ cudaError_t LaunchFlashAttentionBackward(ir::DType dtype, const FlashGeometry& g
 #ifndef __CUDACC__
 
 struct FlashAttentionConfig {
-  ir::DType dtype = ir::DType::kF32;  // f32 or f64
+  ir::DType dtype = ir::DType::kF32;  // f32, f64 or bf16
   std::vector<int64_t> q_dims, k_dims, v_dims;
   FlashMask mask = FlashMask::kNone;
   std::vector<int64_t> mask_dims;
@@ -105,7 +109,7 @@ struct FlashAttentionPlan {
 };
 
 // An error naming the problem for shapes that do not fit together (as the CPU op), a mask that does
-// not broadcast, dropout ratio outside [0, 1], a dtype other than f32/f64, or the limits above.
+// not broadcast, dropout ratio outside [0, 1], a dtype other than f32/f64/bf16, or the limits above.
 absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig& config);
 
 // Scratch bytes FlashAttentionBackward takes for these wanted gradients: the row statistics (when

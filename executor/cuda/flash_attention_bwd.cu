@@ -63,12 +63,9 @@ __global__ void __launch_bounds__(kThreads) QKernel(const FlashGeometry g, const
   const int64_t steps = nkt * (dq != nullptr ? 2 : 1);
   auto load_kv = [&](int64_t step) {
     const int64_t j0 = (step % nkt) * kTile;
-    T* st = kv + (step & 1) * 2 * kTile * D;
-    LoadTile<T, D>(st, kg, j0, g.sk, g.dh, vec.k);
-    LoadTile<T, D>(st + kTile * D, vg, j0, g.sk, g.dv, vec.v);
+    LoadTilePair<T, D>(kv + (step & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, j0, g.sk);
   };
-  LoadTile<T, D>(qs, q + off.q, i0, g.sq, g.dh, vec.q);
-  LoadTile<T, D>(dos, d_o + b * g.sq * g.dv, i0, g.sq, g.dv, vec.d_o);
+  LoadTilePair<T, D>(qs, q + off.q, g.dh, vec.q, d_o + b * g.sq * g.dv, g.dv, vec.d_o, i0, g.sq);  // Q, dO
   if (steps > 0) load_kv(0);
   CpAsyncCommit();
   if (steps == 0) CpAsyncWaitAll();  // no step waits for the copies: none may outlive the CTA
@@ -225,12 +222,9 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
   auto load_qd = [&](int64_t qt) {
-    T* st = qd + (qt & 1) * 2 * kTile * D;
-    LoadTile<T, D>(st, qg, qt * kTile, g.sq, g.dh, vec.q);
-    LoadTile<T, D>(st + kTile * D, dog, qt * kTile, g.sq, g.dv, vec.d_o);
+    LoadTilePair<T, D>(qd + (qt & 1) * 2 * kTile * D, qg, g.dh, vec.q, dog, g.dv, vec.d_o, qt * kTile, g.sq);
   };
-  LoadTile<T, D>(ks, k + off.k, j0, g.sk, g.dh, vec.k);
-  LoadTile<T, D>(vs, v + off.v, j0, g.sk, g.dv, vec.v);
+  LoadTilePair<T, D>(ks, k + off.k, g.dh, vec.k, v + off.v, g.dv, vec.v, j0, g.sk);  // K, V
   if (qt_begin < nqt) load_qd(qt_begin);
   CpAsyncCommit();
   if (qt_begin >= nqt) CpAsyncWaitAll();  // no query tile: dK = dV = 0
@@ -311,19 +305,12 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
   if (dv != nullptr) StoreRows<T, D>(dv + b * g.sk * g.dv, j0 + arow, g.sk, g.dv, cg, vec.dv, dv_acc);
 }
 
-bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
 template <typename T, int D>
 cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const void* k, const void* v,
                    const void* mask, void* dq, void* dk, void* dv, void* stats, cudaStream_t stream) {
   const bool want_kv = dk != nullptr || dv != nullptr;
   if (want_kv && stats == nullptr) return cudaErrorInvalidValue;
-  constexpr int kChunk = 16 / sizeof(T);
-  VecFlags vec;
-  vec.q = g.dh % kChunk == 0 && Aligned(q, 16);
-  vec.k = g.dh % kChunk == 0 && Aligned(k, 16);
-  vec.v = g.dv % kChunk == 0 && Aligned(v, 16);
-  vec.d_o = g.dv % kChunk == 0 && Aligned(d_o, 16);
+  VecFlags vec = LoadVecFlags(g, sizeof(T), q, k, v, d_o);
   vec.dq = g.dh % 4 == 0 && Aligned(dq, 4 * sizeof(T));
   vec.dk = g.dh % 4 == 0 && Aligned(dk, 4 * sizeof(T));
   vec.dv = g.dv % 4 == 0 && Aligned(dv, 4 * sizeof(T));
@@ -382,6 +369,9 @@ cudaError_t LaunchFlashAttentionBackward(ir::DType dtype, const FlashGeometry& g
       default:
         return cudaErrorInvalidValue;
     }
+  }
+  if (dtype == ir::DType::kBF16) {
+    return flash::LaunchBackwardBf16(g, d_o, q, k, v, mask, dq, dk, dv, stats, stream);
   }
   return cudaErrorInvalidValue;
 }

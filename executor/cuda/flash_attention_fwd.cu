@@ -42,8 +42,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
 
   LoadTile<T, D>(qs, qg, i0, g.sq, g.dh, vec.q);
   if (nkt > 0) {
-    LoadTile<T, D>(kv, kg, 0, g.sk, g.dh, vec.k);
-    LoadTile<T, D>(kv + kTile * D, vg, 0, g.sk, g.dv, vec.v);
+    LoadTilePair<T, D>(kv, kg, g.dh, vec.k, vg, g.dv, vec.v, 0, g.sk);
   }
   CpAsyncCommit();
   if (nkt == 0) CpAsyncWaitAll();  // no key tile (every key masked): O = 0
@@ -63,9 +62,8 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
     CpAsyncWaitAll();
     __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage and P)
     if (kt + 1 < nkt) {
-      T* next = kv + ((kt + 1) & 1) * 2 * kTile * D;
-      LoadTile<T, D>(next, kg, (kt + 1) * kTile, g.sk, g.dh, vec.k);
-      LoadTile<T, D>(next + kTile * D, vg, (kt + 1) * kTile, g.sk, g.dv, vec.v);
+      LoadTilePair<T, D>(kv + ((kt + 1) & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, (kt + 1) * kTile,
+                         g.sk);
       CpAsyncCommit();
     }
     const T* ks = kv + (kt & 1) * 2 * kTile * D;
@@ -144,19 +142,13 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
   StoreRows<T, D>(o + b * g.sq * g.dv, i0 + arow, g.sq, g.dv, cg, vec.o, acc);
 }
 
-bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
 template <typename T, int D>
 cudaError_t Launch(const FlashGeometry& g, const void* q, const void* k, const void* v, const void* mask, void* o,
                    cudaStream_t stream) {
   const int64_t blocks = (g.sq + kTile - 1) / kTile * g.nbatch;
   if (blocks == 0 || g.dv == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  constexpr int kChunk = 16 / sizeof(T);
-  VecFlags vec;
-  vec.q = g.dh % kChunk == 0 && Aligned(q, 16);
-  vec.k = g.dh % kChunk == 0 && Aligned(k, 16);
-  vec.v = g.dv % kChunk == 0 && Aligned(v, 16);
+  VecFlags vec = LoadVecFlags(g, sizeof(T), q, k, v, nullptr);
   vec.o = g.dv % 4 == 0 && Aligned(o, 4 * sizeof(T));
   constexpr size_t smem = ForwardSmemBytes<T, D>();
   if (cudaError_t e = cudaFuncSetAttribute(ForwardKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -195,6 +187,7 @@ cudaError_t LaunchFlashAttentionForward(ir::DType dtype, const FlashGeometry& g,
         return cudaErrorInvalidValue;
     }
   }
+  if (dtype == ir::DType::kBF16) return flash::LaunchForwardBf16(g, q, k, v, mask, o, stream);
   return cudaErrorInvalidValue;
 }
 

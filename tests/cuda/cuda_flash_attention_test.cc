@@ -6,8 +6,9 @@
 // rows, causal with and without a mask, dropout (the CPU's keep mask, also at a micro-batch row
 // offset), inference, and gradients not asked for. Every case runs unplanned (temporary scratch)
 // and planned (a workspace of exactly what CudaBackend::WorkspaceBytes reported) and must not fall
-// back to the host. fp64 through the kernel API against the CPU's fp64 to 1e-12. Skips without a
-// GPU.
+// back to the host. fp64 through the kernel API against the CPU's fp64 to 1e-12. bf16 (the
+// tensor-core kernels) against the CPU's fp32 on the bf16 values to a normalised 1e-2, and its
+// dropout's zeros element for element. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,28 +103,19 @@ class FlashAttentionBackendTest : public ::testing::Test {
     return it == f.end() ? 0 : it->second;
   }
 
-  // Runs `op` on the CPU and the GPU (unplanned and planned) and compares every output. Returns the
-  // CPU's outputs.
+  // Runs `op` on the CPU and the GPU (unplanned and planned) and compares every output within `tol`
+  // (0 on the host). The CPU runs `reference_inputs` when given (fp32 copies of bf16 inputs), else
+  // `inputs`; the GPU's outputs must have the dtype of input 1. Returns the CPU's outputs.
   std::vector<Tensor> RunBoth(ir::OpKind op, const std::string& name, const std::vector<Tensor>& inputs,
                               const ir::Attrs& attrs, int num_outputs, const std::vector<int>& absent,
-                              const backend::ExecContext& ctx, bool expect_device = true) {
-    ir::Graph g;
-    std::vector<ir::ValueId> in_ids, out_ids;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].defined()) {
-        in_ids.push_back(ir::kNoValue);
-        continue;
-      }
-      const Tensor& t = inputs[i];
-      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
-    }
-    for (int k = 0; k < num_outputs; ++k) {
-      const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
-      out_ids.push_back(gone ? ir::kNoValue
-                             : g.AddValue("out" + std::to_string(k), DType::kF32, {}, /*shape_known=*/false));
-    }
-    const ir::Node& node = g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
-    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, inputs, ctx);
+                              const backend::ExecContext& ctx, bool expect_device = true, double tol = 1e-5,
+                              const std::vector<Tensor>* reference_inputs = nullptr) {
+    ir::Graph g, ref_g;
+    const ir::Node& node = AddNode(g, op, name, inputs, attrs, num_outputs, absent);
+    const ir::Node& ref_node =
+        AddNode(ref_g, op, name, reference_inputs ? *reference_inputs : inputs, attrs, num_outputs, absent);
+    absl::StatusOr<std::vector<Tensor>> want =
+        backend::MakeCpuBackend()->Run(ref_node, reference_inputs ? *reference_inputs : inputs, ctx);
     EXPECT_TRUE(want.ok()) << want.status();
     if (!want.ok()) return {};
     std::vector<Tensor> dev_in;
@@ -150,14 +142,63 @@ class FlashAttentionBackendTest : public ::testing::Test {
         SCOPED_TRACE("output " + std::to_string(k));
         EXPECT_EQ((*got)[k].defined(), (*want)[k].defined());
         if (!(*want)[k].defined() || !(*got)[k].defined()) continue;
+        EXPECT_EQ((*got)[k].dtype(), inputs[1].dtype());
         absl::StatusOr<Tensor> h = be_->ToHost((*got)[k]);
         EXPECT_TRUE(h.ok()) << h.status();
         if (h.ok()) {
-          EXPECT_TRUE(Close(*h, (*want)[k], expect_device ? 1e-5 : 0));
+          const Tensor host = h->dtype() == (*want)[k].dtype() ? *h : h->CastTo((*want)[k].dtype());
+          EXPECT_TRUE(Close(host, (*want)[k], expect_device ? tol : 0));
         }
       }
     }
     return *want;
+  }
+
+  // Adds `op` on values typed as `inputs` (absent ones skipped) to `g`.
+  static const ir::Node& AddNode(ir::Graph& g, ir::OpKind op, const std::string& name,
+                                 const std::vector<Tensor>& inputs, const ir::Attrs& attrs, int num_outputs,
+                                 const std::vector<int>& absent) {
+    std::vector<ir::ValueId> in_ids, out_ids;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].defined()) {
+        in_ids.push_back(ir::kNoValue);
+        continue;
+      }
+      const Tensor& t = inputs[i];
+      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
+    }
+    for (int k = 0; k < num_outputs; ++k) {
+      const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
+      out_ids.push_back(gone ? ir::kNoValue
+                             : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
+    }
+    return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
+  }
+
+  // `node`'s outputs from the GPU (unplanned, no host fallback) as fp32 host tensors.
+  std::vector<Tensor> RunOnDevice(const ir::Node& node, const std::vector<Tensor>& inputs,
+                                  const backend::ExecContext& ctx) {
+    std::vector<Tensor> dev_in;
+    for (const Tensor& t : inputs) {
+      absl::StatusOr<Tensor> d = be_->Upload(t);
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (!d.ok()) return {};
+      dev_in.push_back(*d);
+    }
+    const std::string op_name(ir::OpName(node.op));
+    const int64_t before = Fallbacks(op_name);
+    absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, ctx, nullptr);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) return {};
+    EXPECT_EQ(Fallbacks(op_name) - before, 0) << op_name << " ran on the host";
+    std::vector<Tensor> out;
+    for (const Tensor& t : *got) {
+      absl::StatusOr<Tensor> h = be_->ToHost(t);
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) return {};
+      out.push_back(h->CastTo(DType::kF32));
+    }
+    return out;
   }
 
   std::shared_ptr<CudaBackend> be_;
@@ -339,6 +380,169 @@ TEST_F(FlashAttentionBackendTest, HeadDimsOver128FallBackToTheHost) {
   RunBoth(ir::OpKind::kAttention, "attn", {q, k, v}, {}, 1, {}, {}, /*expect_device=*/false);
 }
 
+// --- bf16: the tensor-core kernels -----------------------------------------------------------------
+// bf16 Q, K, V, dO (and additive masks) on the GPU against the CPU's fp32 kernels on the same values
+// up-cast, outputs bf16, normalised error within kBf16Tolerance; the same shapes, masks, broadcasts
+// and dropout as above, head tiles 64 and 128.
+
+constexpr double kBf16Tolerance = 1e-2;
+
+// fp32 inputs rounded to bf16 (bool masks unchanged), and their fp32 values.
+std::vector<Tensor> ToBf16(const std::vector<Tensor>& in) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : in) out.push_back(t.dtype() == DType::kF32 ? t.CastTo(DType::kBF16) : t);
+  return out;
+}
+std::vector<Tensor> ToF32(const std::vector<Tensor>& in) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : in) out.push_back(t.dtype() == DType::kBF16 ? t.CastTo(DType::kF32) : t);
+  return out;
+}
+
+class FlashAttentionBf16Test : public FlashAttentionBackendTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(FlashAttentionBf16Test, ForwardAndBackwardMatchTheCpuInFp32) {
+  const Case& c = GetParam();
+  std::vector<Tensor> in = {Rand(DType::kF32, c.q, 1, -1, 1), Rand(DType::kF32, c.k, 2, -1, 1),
+                            Rand(DType::kF32, c.v, 3, -1, 1)};
+  const Tensor mask = c.mask.empty() ? Tensor() : MakeMask(c.mask, c.mask_dtype, 4, c.masked_row);
+  if (mask.defined()) in.push_back(mask);
+  in = ToBf16(in);
+  const std::vector<Tensor> ref = ToF32(in);
+  const ir::Attrs attrs = AttrsOf(c);
+  const std::vector<Tensor> o = RunBoth(ir::OpKind::kAttention, "attn", in, attrs, 1, {}, c.ctx,
+                                        /*expect_device=*/true, kBf16Tolerance, &ref);
+  ASSERT_EQ(o.size(), 1u);
+
+  ir::Attrs grad_attrs = attrs;
+  grad_attrs.Set("rng_key", std::string("attn"));
+  std::vector<Tensor> grad_in = {Rand(DType::kF32, o[0].dims(), 5, -1, 1)};
+  grad_in = ToBf16(grad_in);
+  grad_in.insert(grad_in.end(), in.begin(), in.end());
+  const std::vector<Tensor> grad_ref = ToF32(grad_in);
+  RunBoth(ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, c.absent_grads, c.ctx,
+          /*expect_device=*/true, kBf16Tolerance, &grad_ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashAttentionBf16Test,
+    ::testing::Values(Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+                      Shape("d32_in_tile64", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+                      Shape("d64_dv128", {1, 2, 70, 64}, {1, 2, 80, 64}, {1, 2, 80, 128}),
+                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
+                      Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
+                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+                      [] {
+                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64});
+                        c.absent_grads = {0};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("only_dq", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128});
+                        c.absent_grads = {1, 2};
+                        return c;
+                      }(),
+                      WithMask(Shape("additive_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
+                               {3, 1, 1, 90}, DType::kF32),
+                      WithMask(Shape("additive_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
+                               {2, 2, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
+                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
+                      WithMask(Shape("bool_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
+                               {3, 1, 1, 90}, DType::kBool),
+                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
+                               DType::kBool),
+                      Causal(Shape("causal_square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+                      Causal(Shape("causal_more_queries", {2, 2, 150, 128}, {2, 2, 70, 128}, {2, 2, 70, 128})),
+                      Causal(Shape("causal_more_keys", {2, 2, 70, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+                      Causal(WithMask(Shape("causal_additive", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
+                                      {2, 1, 1, 100}, DType::kF32))),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Dropout, FlashAttentionBf16Test,
+    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
+                      Dropout(Shape("d128_s256", {2, 2, 256, 128}, {2, 2, 256, 128}, {2, 2, 256, 128})),
+                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
+                                              {2, 1, 1, 100}, DType::kBool))),
+                      Dropout(Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64})),
+                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+                      Dropout(Shape("ratio_one", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}), 1.0),
+                      [] {
+                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 64}, {2, 2, 51, 64}, {2, 2, 51, 64}));
+                        c.ctx.row_offset = 2;
+                        c.ctx.rows = 2;
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Dropout(Shape("inference", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}));
+                        c.ctx.training = false;
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(Large, FlashAttentionBf16Test,
+                         ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64},
+                                                        {4, 8, 384, 64})),
+                                           Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128},
+                                                 {4, 8, 320, 128})),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Elements where exactly one of got and want is zero (none: success), with the first few named.
+::testing::AssertionResult SameZeros(const Tensor& got, const Tensor& want) {
+  if (got.dims() != want.dims()) return ::testing::AssertionFailure() << "dims differ";
+  int64_t differ = 0;
+  std::string first;
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    const double g = got.GetAsDouble(i), w = want.GetAsDouble(i);
+    if ((g == 0) == (w == 0)) continue;
+    if (++differ <= 5) first += " [" + std::to_string(i) + "] gpu " + std::to_string(g) + " cpu " + std::to_string(w);
+  }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << differ << " of " << want.num_elements()
+                                       << " elements are zero on one side only:" << first;
+}
+
+// Q = K = 0 makes every visible probability nonzero and V = I (Dv = Sk) copies dropout(P) into O, so
+// O's zeros are exactly the dropped (or invisible) elements; with dO = I (Dv = Sq) dV is dropout(P)^T
+// (the dK/dV kernel's transposed draws). Both must have the CPU's zeros, element for element.
+TEST_F(FlashAttentionBackendTest, Bf16DropoutDropsTheCpusElements) {
+  for (const int64_t s : {100, 128}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE("S " + std::to_string(s) + (causal ? " causal" : ""));
+      const std::vector<int64_t> qk = {2, 3, s, 16}, eye_dims = {2, 3, s, s};
+      Tensor eye(DType::kF32, eye_dims);
+      for (int64_t i = 0; i < eye.num_elements(); ++i) eye.mutable_data<float>()[i] = (i / s) % s == i % s ? 1.f : 0.f;
+      const Tensor zeros(DType::kF32, qk);
+      const std::vector<Tensor> in = ToBf16({zeros, zeros, eye});
+      ir::Attrs attrs;
+      attrs.Set("dropout", 0.3);
+      if (causal) attrs.Set("causal", int64_t{1});
+      const backend::ExecContext ctx = {.training = true, .seed = 7, .offset = 2};
+      ir::Graph g, grad_g;
+      const ir::Node& node = AddNode(g, ir::OpKind::kAttention, "attn", in, attrs, 1, {});
+      absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, ToF32(in), ctx);
+      ASSERT_TRUE(want.ok()) << want.status();
+      const std::vector<Tensor> got = RunOnDevice(node, in, ctx);
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_TRUE(SameZeros(got[0], (*want)[0])) << "O";
+
+      ir::Attrs grad_attrs = attrs;
+      grad_attrs.Set("rng_key", std::string("attn"));
+      const std::vector<Tensor> grad_in = ToBf16({eye, zeros, zeros, eye});
+      const ir::Node& grad = AddNode(grad_g, ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, {});
+      absl::StatusOr<std::vector<Tensor>> grad_want = backend::MakeCpuBackend()->Run(grad, ToF32(grad_in), ctx);
+      ASSERT_TRUE(grad_want.ok()) << grad_want.status();
+      const std::vector<Tensor> grad_got = RunOnDevice(grad, grad_in, ctx);
+      ASSERT_EQ(grad_got.size(), 3u);
+      EXPECT_TRUE(SameZeros(grad_got[2], (*grad_want)[2])) << "dV";
+    }
+  }
+}
+
 // --- fp64 through the kernel API --------------------------------------------------------------
 
 class FlashAttentionF64Test : public CudaTest {};
@@ -434,7 +638,7 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
   bad.dropout.ratio = 1.5;
   EXPECT_FALSE(PlanFlashAttention(bad).ok());
   bad = c;
-  bad.dtype = DType::kBF16;
+  bad.dtype = DType::kF16;
   EXPECT_FALSE(PlanFlashAttention(bad).ok());
   // Workspace: statistics only when dK or dV is wanted; a broadcast K adds its full-batch gradient.
   FlashAttentionConfig bc = c;
@@ -444,6 +648,24 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, false, false), 0);
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);          // 3 x 2 x 4 floats
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);    // + 2 x 5 x 8 floats
+}
+
+TEST(FlashAttentionPlanTest, Bf16TakesTileWidths64And128AndFp32Statistics) {
+  FlashAttentionConfig c;
+  c.dtype = DType::kBF16;
+  c.q_dims = {2, 40, 8}, c.k_dims = {1, 50, 8}, c.v_dims = {2, 50, 8};
+  absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->geometry.head_tile, 64);
+  // Statistics: 3 x 2 x 40 fp32 (960 bytes, one 1024-byte part); dK's full batch: 2 x 50 x 8 bf16.
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 1024);
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 1024 + 1792);
+  c.q_dims = {2, 40, 80}, c.k_dims = {2, 50, 80}, c.v_dims = {2, 50, 128};
+  p = PlanFlashAttention(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->geometry.head_tile, 128);
+  c.v_dims = {2, 50, 136};
+  EXPECT_EQ(PlanFlashAttention(c).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
