@@ -87,7 +87,8 @@ class Trainer : public StepTrainer {
   absl::StatusOr<std::map<std::string, ir::Tensor>> Gradients();
 
   const ir::Graph& graph() const { return graph_; }
-  // The trainable parameters (current values, the training dtype), by initializer name.
+  // The trainable parameters (current values in the training dtype; f32 masters under bf16), by
+  // initializer name.
   std::map<std::string, ir::Tensor> Parameters() const override;
   // Float initializers the loss does not depend on (not trained; worth a warning) and those
   // frozen by the regex.
