@@ -60,7 +60,6 @@ bool GraphAnalysis::IsSharedOutside(ir::ValueId param, int32_t p0, int32_t p1) c
 absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const AnalysisOptions& options) {
   GraphAnalysis a;
   a.graph = &g;
-  a.precision = options.precision;
   a.order = g.LiveNodes();
   const int32_t nv = g.num_values();
   a.is_input.assign(nv, false);
@@ -120,14 +119,7 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
                                 << (val.shape_known ? ir::ShapeToString(val.shape) : "unknown")
                                 << "; bind the batch and sequence dims (--batch, --seq) first";
     }
-    int64_t size = ir::DTypeSize(val.dtype);
-    const bool optimizer_value =
-        val.producer != ir::kNoNode && g.node(val.producer).phase == ir::Phase::kOptimizer;
-    if (options.precision == Precision::kBF16 && ir::IsFloat(val.dtype) && !val.constant &&
-        !a.is_param_grad[v] && !optimizer_value && !a.is_input[v]) {
-      size = std::min<int64_t>(size, 2);
-    }
-    a.value_bytes[v] = ir::NumElements(val.shape).value() * size;
+    a.value_bytes[v] = ir::NumElements(val.shape).value() * ir::DTypeSize(val.dtype);
   }
 
   // Forward positions.

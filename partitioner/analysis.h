@@ -38,13 +38,11 @@
 namespace onnxpipe::partitioner {
 
 struct AnalysisOptions {
-  Precision precision = Precision::kFP32;
   double cut_slack = 0.05;
 };
 
 struct GraphAnalysis {
   const ir::Graph* graph = nullptr;
-  Precision precision = Precision::kFP32;
   std::vector<ir::NodeId> order;          // live nodes in graph order (topological)
   std::vector<ir::NodeId> forward;        // forward nodes in order; index = position
   std::vector<int32_t> position;          // per node id; -1 for removed and global nodes
@@ -62,7 +60,7 @@ struct GraphAnalysis {
   std::vector<bool> post_step;            // per node: runs once per step (optimizer and post-step nodes)
   std::vector<bool> is_input;             // per value: a graph input
   std::vector<ir::ValueId> alias_root;    // per value: the value whose buffer it shares
-  std::vector<int64_t> value_bytes;       // per value, at the precision (bf16 activations: 2 bytes)
+  std::vector<int64_t> value_bytes;       // per value, at its dtype (a bf16 training graph's activations: 2 bytes)
   std::vector<std::vector<ir::NodeId>> uses;  // per value: live consumer nodes
   // Per cut c in [0, F]: bytes crossing between positions c-1 and c per micro-batch.
   std::vector<int64_t> cross_fwd_bytes, cross_bwd_bytes;

@@ -18,7 +18,7 @@ Calibration CalibrateDevice(const ir::Graph& g, const std::vector<double>& secon
   std::vector<Sample> samples;
   std::vector<double> kernel_times;
   for (ir::NodeId id : g.LiveNodes()) {
-    const OpCost cost = EstimateOpCost(g, g.node(id), Precision::kFP32);
+    const OpCost cost = EstimateOpCost(g, g.node(id));
     c.measured_s += seconds[id];
     if (cost.free) continue;
     samples.push_back({cost, seconds[id]});

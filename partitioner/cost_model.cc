@@ -32,18 +32,7 @@ double Dim(const ir::Value& v, int i) {
   return static_cast<double>(v.shape[i].value());
 }
 
-bool IsOptimizerOp(OpKind op) {
-  return op == OpKind::kSGDUpdate || op == OpKind::kAdamWUpdate || op == OpKind::kSumSquares ||
-         op == OpKind::kClipScale;
-}
-
-// Element size used for traffic: bf16 training moves float activations and weights as bf16;
-// optimizer ops read and write fp32 masters, gradients and state.
-double ElemBytes(const ir::Value& v, Precision p, bool optimizer) {
-  const double size = static_cast<double>(ir::DTypeSize(v.dtype));
-  if (p == Precision::kBF16 && !optimizer && ir::IsFloat(v.dtype)) return std::min(size, 2.0);
-  return size;
-}
+double ElemBytes(const ir::Value& v) { return static_cast<double>(ir::DTypeSize(v.dtype)); }
 
 // Per-element FLOPs of the non-GEMM ops.
 double ElementwiseFlops(OpKind op) {
@@ -87,25 +76,24 @@ double ElementwiseFlops(OpKind op) {
 
 }  // namespace
 
-OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n, Precision precision) {
+OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
   OpCost c;
   if (IsAliasOp(n.op) || n.op == OpKind::kShape || n.op == OpKind::kConstant) {
     c.free = true;
     return c;
   }
-  const bool optimizer = IsOptimizerOp(n.op);
   double out_elems = 0;
   for (ir::ValueId v : n.outputs) {
     if (v == ir::kNoValue) continue;
     out_elems += Numel(g.value(v));
-    c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v), precision, optimizer);
+    c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v));
   }
   double in_elems = 0;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const ir::ValueId v = n.inputs[i];
     if (v == ir::kNoValue || IsShapeOnlyOperand(n, static_cast<int>(i))) continue;
     in_elems += Numel(g.value(v));
-    c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v), precision, optimizer);
+    c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v));
   }
   auto in = [&](int i) -> const ir::Value& { return g.value(n.inputs[i]); };
   switch (n.op) {
@@ -288,7 +276,7 @@ std::vector<double> NodeSeconds(const ir::Graph& g, const DeviceProfile& device,
       seconds[id] = it->second * 1e-3 * (n.phase == ir::Phase::kOptimizer ? 1.0 : scale);
     } else {
       ++s.roofline_nodes;
-      seconds[id] = RooflineSeconds(EstimateOpCost(g, n, precision), device, precision);
+      seconds[id] = RooflineSeconds(EstimateOpCost(g, n), device, precision);
     }
   }
   if (measured) s.profile_nodes_unmatched = static_cast<int64_t>(ms.size()) - matched;

@@ -4,8 +4,8 @@
 //                                    bytes / (bandwidth * memory_efficiency)),
 // with the GEMM peak of the precision for GEMM-class ops (MatMul, Gemm, Linear, FusedMatMul,
 // Attention, AttentionGrad) and the vector peak for everything else. Bytes are the non-shape-only
-// operands read plus the outputs written, at the precision's element size (bf16: 2 bytes for
-// activations and weights read by GEMMs; optimizer ops always touch fp32). Views (Reshape,
+// operands read plus the outputs written, at their dtypes' sizes (a bf16 training graph's
+// activations and weight copies: 2 bytes; masters, gradients and optimizer state: 4). Views (Reshape,
 // Flatten, (Un)Squeeze, Identity, ReshapeLike) and Shape cost nothing: no kernel runs.
 // Attention is costed as a fused (flash-style) kernel: its FLOPs are the two GEMMs plus the
 // softmax, its bytes Q, K, V, mask and O only (no S x S matrix), causal masks halve the work.
@@ -49,7 +49,7 @@ struct OpCost {
 };
 
 // FLOPs and bytes of one node. Shapes must be concrete (unknown dims count as 1).
-OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n, Precision precision);
+OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n);
 double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precision);
 
 inline constexpr char kOpTimesFormat[] = "onnxpipe-op-times/1";

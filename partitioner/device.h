@@ -35,7 +35,9 @@
 namespace onnxpipe::partitioner {
 
 // Compute precision of the training step. kBF16 = bf16 activations and GEMMs with fp32 master
-// weights, gradients and optimizer state (DESIGN.md).
+// weights, gradients and optimizer state (DESIGN.md). It picks the device's GEMM peak; the bytes of
+// memory and traffic are those of the training graph's dtypes (a bf16 graph is made by
+// passes/mixed_precision.h: `train`, `partition` and `profile --dtype bf16` build the same one).
 enum class Precision { kFP32, kBF16 };
 const char* PrecisionName(Precision p);
 absl::StatusOr<Precision> ParsePrecision(std::string_view s);  // "fp32" | "bf16"

@@ -31,7 +31,6 @@ absl::StatusOr<std::unique_ptr<PartitionContext>> PartitionContext::Create(
                                    microbatch_size, &ctx->cost_);
   // Phase 2: positions and cut candidates.
   AnalysisOptions ao;
-  ao.precision = precision;
   ao.cut_slack = cut_slack;
   ASSIGN_OR_RETURN(ctx->analysis_, AnalyzeTrainingGraph(training_graph, ao));
   ctx->units_ = BuildUnitTable(ctx->analysis_, ctx->node_seconds_, cluster.device, alignment);
@@ -218,10 +217,6 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
         BoundaryTensor b;
         b.name = val.name;
         b.dtype = std::string(ir::DTypeName(val.dtype));
-        if (o.precision == Precision::kBF16 && ir::IsFloat(val.dtype) &&
-            a.value_bytes[v] * 2 == ir::NumElements(val.shape).value() * 4) {
-          b.dtype = "bf16";
-        }
         b.dims = Dims(val);
         b.bytes = a.value_bytes[v];
         b.kind = kind_of(v, per_microbatch);

@@ -413,9 +413,7 @@ absl::StatusOr<PartitionPlan> LoadPlan(const std::string& dir) {
 
 absl::StatusOr<CompiledPlan> CompilePlan(const ir::Graph& g, const PartitionPlan& plan) {
   const std::string what = "plan (" + plan.model + ")";
-  AnalysisOptions ao;
-  ao.precision = plan.precision;
-  absl::StatusOr<GraphAnalysis> analysis = AnalyzeTrainingGraph(g, ao);
+  absl::StatusOr<GraphAnalysis> analysis = AnalyzeTrainingGraph(g, AnalysisOptions{});
   if (!analysis.ok()) return Annotate(analysis.status(), what);
   const GraphAnalysis& a = *analysis;
   std::unordered_map<std::string, ir::NodeId> by_name;

@@ -65,7 +65,7 @@ class Searcher {
            SearchStats* stats)
       : ctx_(ctx), a_(ctx.analysis()), t_(ctx.units()), o_(o), K_(K), U_(a_.num_units()),
         policy_(policy), stats_(stats), F_(t_.forward_s), B_(t_.backward_s),
-        P_(Persistent()), params_(t_.parameters), Rfull_(t_.full_recompute_s),
+        P_(Persistent()), Rfull_(t_.full_recompute_s),
         R_{Prefix<double>(t_.recompute_s[0]), Prefix<double>(t_.recompute_s[1]), Prefix<double>(t_.recompute_s[2])},
         S_{Prefix<int64_t>(t_.saved[0]), Prefix<int64_t>(t_.saved[1]), Prefix<int64_t>(t_.saved[2])},
         Remat_(t_.rematerialised[2]) {
@@ -113,11 +113,6 @@ class Searcher {
   int64_t Boundary(int32_t i, int32_t j) const {
     return t_.in_forward[i] + t_.out_backward[i] + t_.out_forward[j] + t_.in_backward[j];
   }
-  int64_t PersistentRange(int32_t i, int32_t j) const {
-    int64_t p = P_.Range(i, j);
-    if (o_.precision == Precision::kBF16) p += params_.Range(i, j) / 2;
-    return p;
-  }
   void BuildMoves();
   // Lower bound of the stage's memory and its cost in seconds per micro-batch (kInf: cannot fit).
   double SegmentCost(int32_t i, int32_t j, int32_t k, std::vector<UnitRecompute>* choice,
@@ -140,7 +135,7 @@ class Searcher {
   const RecomputePolicy policy_;
   SearchStats* stats_;
   Prefix<double> F_, B_;
-  Prefix<int64_t> P_, params_;
+  Prefix<int64_t> P_;
   Prefix<double> Rfull_;
   Prefix<double> R_[3];
   Prefix<int64_t> S_[3];
@@ -198,7 +193,7 @@ void Searcher::BuildMoves() {
 double Searcher::SegmentCost(int32_t i, int32_t j, int32_t k, std::vector<UnitRecompute>* choice,
                              int64_t* memory_out) const {
   const int64_t n = InFlight(k);
-  const int64_t base = PersistentRange(i, j) + Boundary(i, j) + t_.in_backward[j];
+  const int64_t base = P_.Range(i, j) + Boundary(i, j) + t_.in_backward[j];
   const double fb = F_.Range(i, j) + B_.Range(i, j);
   auto fits = [&](int64_t mem) {
     if (memory_out) *memory_out = mem;
@@ -559,7 +554,7 @@ absl::StatusOr<int64_t> Searcher::SmallestPeakMemory() {
         if (policy_ == RecomputePolicy::kAuto) {  // its most frugal choice: recompute the whole stage
           int64_t remat = 0;
           for (int32_t u = i; u < j; ++u) remat += Remat_[u];
-          mem = PersistentRange(i, j) + Boundary(i, j) + t_.in_backward[j] + InFlight(k) * t_.in_forward[i] + remat;
+          mem = P_.Range(i, j) + Boundary(i, j) + t_.in_backward[j] + InFlight(k) * t_.in_forward[i] + remat;
         } else {
           SegmentCost(i, j, k, nullptr, &mem);
         }

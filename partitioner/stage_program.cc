@@ -468,7 +468,7 @@ StageProgram MakeStage(const GraphAnalysis& a, const StageNodes& sn, const Index
   return sp;
 }
 
-// The MicrobatchStage of a stage program over `graph` (the program's, or a bf16 copy of it).
+// The MicrobatchStage of a stage program over `graph`.
 MicrobatchStage MicrobatchOf(const ir::Graph& graph, const StageProgram& sp, int64_t in_flight, int64_t microbatches,
                              int64_t alignment, const WorkspaceFn& workspace) {
   MicrobatchStage m;
@@ -670,21 +670,7 @@ absl::StatusOr<MicrobatchLayout> PlanStageLayout(const StageProgram& sp, int64_t
 
 absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp, int64_t in_flight,
                                             int64_t microbatches, int64_t alignment) {
-  // bf16: activations and activation gradients in bf16; parameters, their gradients, the optimizer
-  // state and the fed scalars stay fp32.
-  std::optional<ir::Graph> bf16;
-  if (a.precision == Precision::kBF16) {
-    bf16 = sp.graph;
-    const int32_t nv = a.graph->num_values();
-    for (ir::ValueId v = 0; v < bf16->num_values(); ++v) {
-      ir::Value& val = bf16->value(v);
-      if (val.constant || !ir::IsFloat(val.dtype)) continue;
-      if (v < nv && (a.is_param_grad[v] || a.is_input[v])) continue;
-      if (val.producer != ir::kNoNode && bf16->node(val.producer).phase == ir::Phase::kOptimizer) continue;
-      val.dtype = ir::DType::kBF16;
-    }
-  }
-  const ir::Graph& graph = bf16 ? *bf16 : sp.graph;
+  const ir::Graph& graph = sp.graph;
   // The persistent regions (parameters, optimizer state, constants) from the whole program.
   std::vector<ir::NodeId> order = sp.forward;
   order.insert(order.end(), sp.backward.begin(), sp.backward.end());
@@ -700,7 +686,6 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.in_flight = in_flight;
   m.saved = layout->saved;
   m.parameters = plan.parameter_bytes;
-  if (a.precision == Precision::kBF16) m.parameters += plan.parameter_bytes / 2;
   m.gradients = plan.gradient_bytes;
   m.optimizer_state = plan.optimizer_state_bytes;
   m.constants = plan.constant_bytes;

@@ -60,7 +60,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   o.cut_slack = f.cut_slack;
   ASSIGN_OR_RETURN(o.schedule, part::ParseSchedule(f.schedule));
   ASSIGN_OR_RETURN(o.recompute, part::ParseRecomputePolicy(f.recompute));
-  ASSIGN_OR_RETURN(o.precision, part::ParsePrecision(f.dtype));
+  absl::StatusOr<part::Precision> precision = part::ParsePrecision(f.dtype);
+  if (!precision.ok()) return Annotate(precision.status(), "--dtype");
+  o.precision = *precision;
   if (f.objective == "throughput") {
     o.objective = part::Objective::kThroughput;
   } else if (f.objective != "fewest") {
@@ -108,6 +110,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   to.labels = f.labels;
   to.freeze = f.freeze;
   to.train_only = f.train_only;
+  to.dtype = o.precision == part::Precision::kBF16 ? ir::DType::kBF16 : ir::DType::kF32;
   ShowProgress("importing " + model_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -217,7 +220,8 @@ int RunPartition(const Args& args) {
   fs.String("optimizer", &f.optimizer, "sgd | adamw (AdamW keeps two state tensors per parameter)");
   fs.Double("momentum", &f.momentum, "SGD momentum (adds a buffer per parameter)");
   fs.Double("clip-norm", &f.clip_norm, "global gradient-norm clipping, as train");
-  fs.String("dtype", &f.dtype, "fp32 | bf16 (bf16 activations and GEMMs, fp32 master weights)");
+  fs.String("dtype", &f.dtype, "fp32 | bf16: the training graph `train --dtype` runs (bf16: bf16 activations and "
+            "GEMMs, fp32 master weights, gradients and optimizer state), and the device's GEMM peak for it");
   fs.String("device", &f.device, "built-in device name or a device JSON file");
   fs.String("device-memory", &f.device_memory, "override the device memory, e.g. 40GiB");
   fs.String("profile", &f.profile, "measured per-op times (onnxpipe profile --out times.json)");

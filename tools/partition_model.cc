@@ -52,6 +52,7 @@ absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
   }
   to.labels = options_.labels;
   to.freeze_regex = options_.freeze;
+  to.dtype = options_.dtype;
   ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, to));
   auto owned = std::make_unique<train::Trainer>(std::move(trainer));
   const ir::Graph* g = &owned->graph();

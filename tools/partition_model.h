@@ -1,6 +1,6 @@
 // What `onnxpipe partition` and `onnxpipe profile` share: the training graph of one micro-batch,
-// built the way `onnxpipe train` builds it (executor/train's Trainer: loss, gradients, global norm,
-// optimizer update) from a model imported once and bound to the micro-batch size.
+// built the way `onnxpipe train` builds it (executor/train's Trainer: mixed precision for bf16, loss,
+// gradients, global norm, optimizer update) from a model imported once and bound to the micro-batch size.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,7 @@ struct TrainingGraphOptions {
   std::string labels = "labels";
   std::string freeze;               // regex of initializers not trained
   std::string train_only;           // regex of the only initializers trained (autodiff/trainable.h)
+  ir::DType dtype = ir::DType::kF32;  // kF32 | kBF16: the training graph `train --dtype` builds
 };
 
 // Imports a model once and builds training graphs for any micro-batch size (cached).

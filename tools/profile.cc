@@ -28,6 +28,7 @@ namespace part = onnxpipe::partitioner;
 
 struct Flags {
   std::string optimizer = "sgd", out, logits, labels = "labels", freeze, train_only, device_out, backend = "cpu";
+  std::string dtype = "fp32";
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
   double momentum = 0;
@@ -149,6 +150,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   to.labels = f.labels;
   to.freeze = f.freeze;
   to.train_only = f.train_only;
+  to.dtype = f.dtype == "bf16" ? ir::DType::kBF16 : ir::DType::kF32;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   ASSIGN_OR_RETURN(const ir::Graph* gp, graphs->Get(f.batch));
   const ir::Graph& g = *gp;
@@ -227,7 +229,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   part::OpTimes times;
   times.model = std::filesystem::path(model_path).filename().string();
   times.backend = f.backend;
-  times.dtype = "fp32";
+  times.dtype = f.dtype;
   times.optimizer = f.optimizer;
   times.microbatch = f.batch;
   times.seq = f.seq;
@@ -292,7 +294,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
 
 int RunProfile(const Args& args) {
   Flags f;
-  FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] --out times.json",
+  FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] [--dtype fp32|bf16] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
              "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
@@ -304,6 +306,7 @@ int RunProfile(const Args& args) {
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
   fs.String("optimizer", &f.optimizer, "sgd | adamw");
   fs.Double("momentum", &f.momentum, "SGD momentum");
+  fs.String("dtype", &f.dtype, "fp32 | bf16: the training graph `train --dtype` runs (bf16: mixed precision)");
   fs.Int("repeats", &f.repeats, "measured runs (the median is kept)");
   fs.Int("warmup", &f.warmup, "unmeasured runs first");
   fs.Int("seed", &f.seed, "seed of the random inputs and dropout");
@@ -325,6 +328,7 @@ int RunProfile(const Args& args) {
   if (fs.positional().size() != 1) return Fail("profile", "expected exactly one MODEL.onnx (see --help)", 2);
   if (f.out.empty()) return Fail("profile", "--out times.json is required", 2);
   if (f.batch < 1) return Fail("profile", "--batch must be >= 1", 2);
+  if (f.dtype != "fp32" && f.dtype != "bf16") return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
   if (f.repeats < 1 || f.warmup < 0) return Fail("profile", "--repeats must be >= 1 and --warmup >= 0", 2);
   if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("profile", std::string(st.message()));
   return 0;

@@ -9,6 +9,7 @@
 #include "executor/runtime/interpreter.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
+#include "frontend/passes/mixed_precision.h"
 #include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -72,7 +73,7 @@ int RunRun(const Args& args) {
   std::string inputs_dir, out_dir, backend = "cpu", dtype = "fp32";
   bool check_numerics = false;
   int64_t device = 0;
-  FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu|cuda|checked] [--dtype fp32|fp64]",
+  FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu|cuda|checked] [--dtype fp32|fp64|bf16]",
                 "Evaluates the forward pass (inference: Dropout is identity). DIR holds input_<i>.pb\n"
                 "TensorProto files in graph-input order (the ONNX backend-test layout) or one\n"
                 "<input name>.npy per graph input; writes <output name>.npy into --out.");
@@ -81,7 +82,8 @@ int RunRun(const Args& args) {
   flags.String("backend", &backend, "cpu | cuda | checked: where the nodes run (cuda and checked: node by node "
                "through the backend, every value copied in and out; a conformance path, not a fast one)");
   flags.Int("device", &device, "the GPU --backend cuda runs on");
-  flags.String("dtype", &dtype, "fp32 | fp64: float precision to compute in");
+  flags.String("dtype", &dtype, "fp32 | fp64 | bf16: float precision to compute in (bf16: the mixed precision of "
+               "`train --dtype bf16`, bf16 activations and f32 weights cast per use; float outputs come out f32)");
   flags.Bool("check-numerics", &check_numerics, "stop at the first node producing NaN/Inf");
   if (absl::Status st = flags.Parse(args); !st.ok()) return Fail("run", std::string(st.message()), 2);
   if (flags.help_requested()) {
@@ -95,7 +97,9 @@ int RunRun(const Args& args) {
   }
   absl::StatusOr<std::shared_ptr<const backend::Backend>> be = BackendFromFlags(backend, device, /*tf32=*/false);
   if (!be.ok()) return Fail("run", std::string(be.status().message()));
-  if (dtype != "fp32" && dtype != "fp64") return Fail("run", "--dtype expects fp32 or fp64, got '" + dtype + "'", 2);
+  if (dtype != "fp32" && dtype != "fp64" && dtype != "bf16") {
+    return Fail("run", "--dtype expects fp32, fp64 or bf16, got '" + dtype + "'", 2);
+  }
 
   const std::string path = flags.positional()[0];
   absl::StatusOr<std::vector<std::string>> names = onnx_frontend::ReadGraphInputNames(path);
@@ -126,6 +130,9 @@ int RunRun(const Args& args) {
       return Fail("run", std::string(st.message()));
     for (ir::Tensor& t : *feeds)
       if (t.dtype() == ir::DType::kF32) t = t.CastTo(ir::DType::kF64);
+  } else if (dtype == "bf16") {
+    absl::Status st = passes::MixedPrecision({.compute = ir::DType::kBF16, .freeze_regex = ""}).Run(&g).status();
+    if (!st.ok()) return Fail("run", std::string(st.message()));
   }
   cpu::CpuEvaluator cpu_evaluator;
   backend::BackendEvaluator backend_evaluator(*be);

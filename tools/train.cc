@@ -100,7 +100,8 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.Bool("tf32", &f.tf32, "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
-  fs.String("dtype", &f.dtype, "fp32 | fp64");
+  fs.String("dtype", &f.dtype, "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
+            "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
   fs.String("freeze", &f.freeze,
             "regex of initializer names not to train, besides the buffers and exporter constants found by the rule "
             "of frontend/autodiff/trainable.h (printed at the start)");
@@ -149,7 +150,7 @@ absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g
   }
   o.labels = f.labels;
   o.freeze_regex = f.freeze;
-  o.dtype = f.dtype == "fp64" ? ir::DType::kF64 : ir::DType::kF32;
+  o.dtype = *ir::ParseDType(f.dtype);
   o.seed = static_cast<uint64_t>(f.seed);
   o.dropout = f.dropout;
   o.check_numerics = f.check_numerics;
@@ -409,7 +410,9 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
     return "--backend expects cpu, cuda or checked, got '" + f.backend + "'";
   }
   if (f.device < 0) return "--device must be >= 0, got " + std::to_string(f.device);
-  if (f.dtype != "fp32" && f.dtype != "fp64") return "--dtype expects fp32 or fp64, got '" + f.dtype + "'";
+  if (f.dtype != "fp32" && f.dtype != "fp64" && f.dtype != "bf16") {
+    return "--dtype expects fp32, fp64 or bf16, got '" + f.dtype + "'";
+  }
   if (f.optimizer != "sgd" && f.optimizer != "adamw") {
     return "--optimizer expects sgd or adamw, got '" + f.optimizer + "'";
   }

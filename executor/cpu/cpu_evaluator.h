@@ -1,6 +1,6 @@
 // The CPU backend's node evaluator: evaluates any op of frontend/ir/op.h (and any op another file
-// registers a kernel for, see kernel.h) on host tensors, fp32 and fp64 for float ops, i64/i32 for
-// the integer-capable ops, bool for logic. An op/dtype pair without a kernel is an error naming
+// registers a kernel for, see kernel.h) on host tensors, fp32 and fp64 for float ops (bf16/f16
+// through fp32, cpu_evaluator.cc), i64/i32 for the integer-capable ops, bool for logic. An op/dtype pair without a kernel is an error naming
 // the node, op and dtype, never a silently wrong result.
 //
 // Threads: elementwise, softmax, normalisation and reduction loops run on ThreadPool::Global()

@@ -1,10 +1,13 @@
 // Unary elementwise kernels: math functions (float only), Neg/Relu (float and signed integers),
-// Not (bool), IsNaN (float -> bool), Gelu (erf and tanh forms), Identity and Cast. Each op is a
-// tiny functor applied by one parallel map, instantiated per dtype from a single template.
+// Not (bool), IsNaN (float -> bool), Gelu (erf and tanh forms), Identity and Cast (every dtype,
+// bf16/f16 included). Each op is a tiny functor applied by one parallel map, instantiated per dtype
+// from a single template.
 #include <cmath>
 #include <limits>
 
+#include "executor/cpu/half.h"
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -173,6 +176,41 @@ To ConvertValue(From v) {
 
 using CastTypes = TypeList<float, double, int64_t, int32_t, bool, uint8_t, int8_t>;
 
+// Casts from or to bf16/f16 go through float: a half value widens to float exactly, and a value
+// becomes half by rounding its float (nearest even; out of range gives an infinity).
+absl::StatusOr<std::vector<ir::Tensor>> CastHalf(const ir::Node& node, const ir::Tensor& x, ir::DType to,
+                                                 const EvalContext& ctx) {
+  ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, to, x.dims()));
+  if (ir::IsHalf(x.dtype()) && ir::IsHalf(to)) {
+    const uint16_t* s = x.data<uint16_t>();
+    uint16_t* d = out.mutable_data<uint16_t>();
+    ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) d[i] = FloatToHalf(to, HalfToFloat(x.dtype(), s[i]));
+    });
+  } else if (ir::IsHalf(to)) {
+    RETURN_IF_ERROR(DispatchDType(CastTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> absl::Status {
+      using From = typename decltype(tag)::type;
+      const From* s = x.data<From>();
+      uint16_t* d = out.mutable_data<uint16_t>();
+      ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = FloatToHalf(to, ConvertValue<float, From>(s[i]));
+      });
+      return absl::OkStatus();
+    }));
+  } else {
+    RETURN_IF_ERROR(DispatchDType(CastTypes{}, node, "attribute 'to'", to, [&](auto tag) -> absl::Status {
+      using To = typename decltype(tag)::type;
+      const uint16_t* s = x.data<uint16_t>();
+      To* d = out.mutable_data<To>();
+      ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = ConvertValue<To, float>(HalfToFloat(x.dtype(), s[i]));
+      });
+      return absl::OkStatus();
+    }));
+  }
+  return std::vector<ir::Tensor>{out};
+}
+
 absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
                                                    const std::vector<ir::Tensor>& in,
                                                    const EvalContext& ctx) {
@@ -183,14 +221,12 @@ absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
                               << "', expected an IR dtype name (f32, f64, i64, ...)";
   }
   const ir::Tensor& x = in[0];
-  auto half = [](ir::DType t) { return t == ir::DType::kBF16 || t == ir::DType::kF16; };
-  if (*to == x.dtype() || half(*to) || half(x.dtype())) {
-    // A no-op cast is a copy (Cast is no view op for the planner); bf16/f16 only appear in small
-    // constant tensors on the CPU, where the scalar converter suffices.
-    ASSIGN_OR_RETURN(ir::Tensor out,
-                     ViewOutput(node, ctx, 0, *to == x.dtype() ? x : x.CastTo(*to), x.dims()));
+  if (*to == x.dtype()) {
+    // A no-op cast is a copy (Cast is no view op for the planner).
+    ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, x, x.dims()));
     return std::vector<ir::Tensor>{out};
   }
+  if (ir::IsHalf(*to) || ir::IsHalf(x.dtype())) return CastHalf(node, x, *to, ctx);
   return DispatchDType(CastTypes{}, node, "input 0", x.dtype(),
                        [&](auto from_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
     using From = typename decltype(from_tag)::type;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::cpu {
 
@@ -53,7 +54,9 @@ int64_t CpuWorkspaceBytes(const ir::Graph& g, const ir::Node& node) {
     const auto q = dims(q_index), k = dims(q_index + 1);
     if (!q || !k || q->size() < 2 || k->size() < 2) return 0;
     const int64_t sq = (*q)[q->size() - 2], sk = (*k)[k->size() - 2];
-    const int64_t elem = ir::DTypeSize(g.value(node.inputs[q_index]).dtype);
+    // Half inputs are computed in f32 (cpu_evaluator.cc): the probabilities are f32 then.
+    const ir::DType dt = g.value(node.inputs[q_index]).dtype;
+    const int64_t elem = ir::DTypeSize(ir::IsHalf(dt) ? ir::DType::kF32 : dt);
     const bool dropout = node.attrs.Get<double>("dropout", 0.0) > 0.0;
     return backward ? AttentionWorkspace::Backward(sq, sk, elem, dropout, WantsOutput(node, 2)).total
                     : AttentionWorkspace::Forward(sq, sk, elem, dropout).total;

@@ -19,7 +19,8 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(const ir::Grap
                                                                   int32_t microbatches, partitioner::ScheduleKind schedule,
                                                                   partitioner::RecomputePolicy recompute,
                                                                   const std::string& device,
-                                                                  const std::string& model_name) {
+                                                                  const std::string& model_name,
+                                                                  partitioner::Precision precision) {
   partitioner::Cluster cluster;
   ASSIGN_OR_RETURN(cluster.device, partitioner::ResolveDevice(device));
   partitioner::PartitionOptions o;
@@ -28,6 +29,7 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(const ir::Grap
   o.microbatches = microbatches;
   o.schedule = schedule;
   o.recompute = recompute;
+  o.precision = precision;
   o.model = model_name;
   // K is given: the profile chooses the cuts, and the run holds what the plan needs (no memory budget
   // to fit, as without a plan), except for --recompute auto, which trades recompute for the device's memory.
@@ -67,11 +69,17 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
                                 << " was made for " << partitioner::ScheduleName(plan.schedule)
                                 << " (its memory and action lists are the schedule's; re-run onnxpipe partition)";
     }
-    const bool plan_fp32 = plan.precision == partitioner::Precision::kFP32;
-    if (!(plan_fp32 && options.dtype == ir::DType::kF32)) {
-      std::fprintf(stderr, "warning: the plan in %s was made for %s and this run trains in %s: its memory "
-                   "predictions do not apply\n", p.plan_dir.c_str(), plan_fp32 ? "fp32" : "bf16",
-                   std::string(ir::DTypeName(options.dtype)).c_str());
+    // A bf16 training graph has other nodes (its Casts) than an fp32 one: the plan must be its own.
+    const bool plan_bf16 = plan.precision == partitioner::Precision::kBF16;
+    if (plan_bf16 != (options.dtype == ir::DType::kBF16)) {
+      return INVALID_ARGUMENT() << "--dtype " << (options.dtype == ir::DType::kBF16 ? "bf16" : "fp32/fp64")
+                                << " but the plan in " << p.plan_dir << " was made for "
+                                << partitioner::PrecisionName(plan.precision) << " (re-run onnxpipe partition with "
+                                << "the same --dtype)";
+    }
+    if (options.dtype == ir::DType::kF64) {
+      std::fprintf(stderr, "warning: the plan in %s was made for fp32 and this run trains in fp64: its memory "
+                   "predictions do not apply\n", p.plan_dir.c_str());
     }
     p.stages = static_cast<int32_t>(plan.num_stages);
     p.microbatches = static_cast<int32_t>(plan.microbatches);
@@ -119,7 +127,9 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     plan = *t->plan_;
   } else {
     ASSIGN_OR_RETURN(plan, PartitionAtFixedStages(g, p.stages, B, p.microbatches, schedule, recompute, p.device,
-                                                  model_name));
+                                                  model_name, options.dtype == ir::DType::kBF16
+                                                                  ? partitioner::Precision::kBF16
+                                                                  : partitioner::Precision::kFP32));
     if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
   }
   ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));

@@ -8,7 +8,7 @@
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/runtime/interpreter.h"
-#include "frontend/ir/precision.h"
+#include "executor/train/trainer.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::train {
@@ -31,9 +31,7 @@ absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std
                                     const Dataset& data, const EvalOptions& options) {
   RET_CHECK(options.batch >= 1) << "evaluation batch must be >= 1";
   ir::Graph g = forward;
-  if (options.dtype != ir::DType::kF32) {
-    RETURN_IF_ERROR(ir::ConvertFloatPrecision(g, ir::DType::kF32, options.dtype));
-  }
+  RETURN_IF_ERROR(SetTrainingDType(g, options.dtype, /*freeze_regex=*/""));
   for (const auto& [name, t] : params) {
     const ir::ValueId v = g.FindValue(name);
     if (v == ir::kNoValue || !g.value(v).constant) {

@@ -15,6 +15,7 @@
 #include "frontend/autodiff/loss.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
+#include "frontend/passes/mixed_precision.h"
 
 namespace onnxpipe::train {
 namespace {
@@ -41,7 +42,36 @@ absl::StatusOr<runtime::PlannedRunner> PlannedCpuRunner(const ir::Graph& g) {
   return runtime::PlannedRunner(std::move(order), std::move(plan));
 }
 
+// The value the loss reads: `logits`, or an f32 Cast of it when the graph computes it in half
+// precision (the loss and its gradient run in f32). A graph with its own loss keeps it.
+std::string F32Logits(ir::Graph& g, const std::string& logits) {
+  const ir::ValueId v = g.FindValue(logits);
+  if (v == ir::kNoValue || !ir::IsHalf(g.value(v).dtype) || autodiff::FindExistingLoss(g) != ir::kNoValue) {
+    return logits;
+  }
+  const ir::Value& val = g.value(v);
+  const std::string name = g.UniqueName(logits + "/f32");
+  const ir::ValueId wide = g.AddValue(name, ir::DType::kF32, val.shape, val.shape_known);
+  ir::Attrs a;
+  a.Set("to", std::string(ir::DTypeName(ir::DType::kF32)));
+  g.AddNode(ir::OpKind::kCast, name, {v}, {wide}, std::move(a));
+  return name;
+}
+
 }  // namespace
+
+absl::Status SetTrainingDType(ir::Graph& g, ir::DType dtype, const std::string& freeze_regex) {
+  switch (dtype) {
+    case ir::DType::kF32:
+      return absl::OkStatus();
+    case ir::DType::kF64:
+      return ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64);
+    case ir::DType::kBF16:
+      return passes::MixedPrecision({.compute = dtype, .freeze_regex = freeze_regex}).Run(&g).status();
+    default:
+      return INVALID_ARGUMENT() << "training dtype must be f32, f64 or bf16, got " << ir::DTypeName(dtype);
+  }
+}
 
 absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
                                                   const std::string& logits,
@@ -89,9 +119,8 @@ absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
 
 absl::StatusOr<Trainer> Trainer::Create(const ir::Graph& forward, const TrainOptions& options) {
   if (options.batch < 1) return INVALID_ARGUMENT() << "--batch must be >= 1, got " << options.batch;
-  if (options.dtype != ir::DType::kF32 && options.dtype != ir::DType::kF64) {
-    return INVALID_ARGUMENT() << "training dtype must be f32 or f64, got "
-                              << ir::DTypeName(options.dtype);
+  if (options.dtype != ir::DType::kF32 && options.dtype != ir::DType::kF64 && options.dtype != ir::DType::kBF16) {
+    return INVALID_ARGUMENT() << "training dtype must be f32, f64 or bf16, got " << ir::DTypeName(options.dtype);
   }
   Trainer t;
   t.options_ = options;
@@ -99,20 +128,18 @@ absl::StatusOr<Trainer> Trainer::Create(const ir::Graph& forward, const TrainOpt
                                                          options.warmup_steps, options.steps));
   ir::Graph& g = t.graph_;
   g = forward;
-  if (options.dtype == ir::DType::kF64) {
-    RETURN_IF_ERROR(ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64));
-  }
+  RETURN_IF_ERROR(SetTrainingDType(g, options.dtype, options.freeze_regex));
   if (!options.dropout) DisableDropout(g);
 
-  // Phase 1: the loss.
+  // Phase 1: the loss, in f32 under mixed precision.
   autodiff::CrossEntropyOptions ce;
   ce.ignore_index = options.ignore_index;
   ce.label_smoothing = options.label_smoothing;
-  ASSIGN_OR_RETURN(autodiff::LossInfo loss, autodiff::AddCrossEntropyLoss(&g, options.logits,
-                                                                          options.labels, ce));
+  const std::string logits = F32Logits(g, options.logits);
+  ASSIGN_OR_RETURN(autodiff::LossInfo loss, autodiff::AddCrossEntropyLoss(&g, logits, options.labels, ce));
   t.loss_ = loss.loss;
   if (!loss.existing) {
-    const ir::Value& lv = g.value(g.FindValue(options.logits));
+    const ir::Value& lv = g.value(g.FindValue(logits));
     const ir::Dim classes = lv.shape.back();
     if (!classes.is_concrete()) {
       return INVALID_ARGUMENT() << "--logits '" << options.logits << "' has a symbolic class dim "

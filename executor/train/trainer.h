@@ -13,7 +13,10 @@
 // from the second step on nothing is allocated (runtime/arena_executor.h, Ownership).
 //
 // fp64 (TrainOptions::dtype) converts the whole graph to double before the loss is added; float
-// data is converted on the fly. Nothing here reads files except through Dataset.
+// data is converted on the fly. bf16 is mixed precision (passes/mixed_precision.h): bf16
+// activations, f32 master weights read through a Cast per use, the loss computed in f32 from logits
+// cast to f32, so the gradients, their norm, clipping, the optimizer and its state are f32.
+// Nothing here reads files except through Dataset.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +49,7 @@ struct TrainOptions {
   std::string logits;            // the graph value the loss reads
   std::string labels = "labels"; // the labels' name: graph input and <labels>.npy
   std::string freeze_regex;      // initializers never trained (std::regex_search on their names)
-  ir::DType dtype = ir::DType::kF32;  // kF32 | kF64
+  ir::DType dtype = ir::DType::kF32;  // kF32 | kF64 | kBF16 (mixed precision)
   uint64_t seed = 0;
   bool shuffle = false;
   bool dropout = true;           // false: every Dropout is the identity (EvalContext training off)
@@ -61,6 +64,11 @@ struct TrainOptions {
 absl::StatusOr<std::vector<FieldSpec>> DataFields(const ir::Graph& forward,
                                                   const std::string& logits,
                                                   const std::string& labels);
+
+// Makes a prepared f32 forward graph compute in the training dtype: kF64 converts every f32 value,
+// kBF16 applies passes::MixedPrecision (trainable parameters stay f32 masters; `freeze_regex` names
+// the frozen ones as GradOptions does); kF32 leaves it. The evaluation of a trained model uses it too.
+absl::Status SetTrainingDType(ir::Graph& g, ir::DType dtype, const std::string& freeze_regex);
 
 class Trainer : public StepTrainer {
  public:
@@ -79,7 +87,8 @@ class Trainer : public StepTrainer {
   absl::StatusOr<std::map<std::string, ir::Tensor>> Gradients();
 
   const ir::Graph& graph() const { return graph_; }
-  // The trainable parameters (current values, the training dtype), by initializer name.
+  // The trainable parameters (current values in the training dtype; f32 masters under bf16), by
+  // initializer name.
   std::map<std::string, ir::Tensor> Parameters() const override;
   // Float initializers the loss does not depend on (not trained; worth a warning) and those
   // frozen by the regex.

@@ -1,5 +1,9 @@
 #include "frontend/ir/precision.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::ir {
@@ -23,6 +27,34 @@ absl::Status ConvertFloatPrecision(Graph& g, DType from, DType to) {
     }
   }
   return absl::OkStatus();
+}
+
+bool KeepsF32Output(OpKind op, int index) {
+  switch (op) {
+    case OpKind::kLayerNorm: return index == 1 || index == 2;
+    case OpKind::kRMSNorm: return index == 1;
+    default: return false;
+  }
+}
+
+double MaxFinite(DType t) {
+  switch (t) {
+    case DType::kBF16: return BF16ToFloat(0x7f7f);
+    case DType::kF16: return 65504.0;
+    case DType::kF32: return std::numeric_limits<float>::max();
+    default: return std::numeric_limits<double>::max();
+  }
+}
+
+Tensor CastSaturating(const Tensor& t, DType to) {
+  const double limit = MaxFinite(to);
+  Tensor clamped(DType::kF64, t.dims());
+  double* d = clamped.mutable_data<double>();
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const double v = t.GetAsDouble(i);
+    d[i] = std::isfinite(v) ? std::clamp(v, -limit, limit) : v;
+  }
+  return clamped.CastTo(to);
 }
 
 }  // namespace onnxpipe::ir

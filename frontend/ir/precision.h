@@ -1,6 +1,6 @@
-// Changes the floating-point precision a graph computes in: every f32 value (inputs, constants,
-// intermediates, Cast targets) becomes `to` (f64 for gradient checks and bitwise references).
-// Outputs keep their new dtype; callers convert feeds with Tensor::CastTo.
+// Float precision of a graph's computation: converting a whole graph between float types (f64 for
+// gradient checks and bitwise references), the half types' helpers, and which op outputs keep f32
+// when the op computes from half-precision inputs.
 #pragma once
 
 #include "absl/status/status.h"
@@ -8,6 +8,23 @@
 
 namespace onnxpipe::ir {
 
+// Every `from` value (inputs, constants, intermediates, Cast targets) becomes `to`. Outputs keep
+// their new dtype; callers convert feeds with Tensor::CastTo.
 absl::Status ConvertFloatPrecision(Graph& g, DType from, DType to);
+
+inline bool IsHalf(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+// Output `index` of `op` stays f32 when the op reads half-precision activations: the
+// normalisation statistics (ONNX's stash_type, float by default): LayerNorm's Mean and InvStdDev,
+// RMSNorm's InvStdDev. Every backend computing a half node keeps these outputs f32.
+bool KeepsF32Output(OpKind op, int index);
+
+// The largest finite magnitude of a float dtype (65504 for f16, 3.3895e38 for bf16).
+double MaxFinite(DType t);
+
+// `t` (any float dtype) converted to `to` with finite values clamped to to's largest finite
+// magnitude before rounding, so a finite value never becomes an infinity (an additive mask's
+// finfo(f32).min stays a very negative finite number); infinities and NaN stay what they are.
+Tensor CastSaturating(const Tensor& t, DType to);
 
 }  // namespace onnxpipe::ir

@@ -9,7 +9,7 @@
 namespace onnxpipe::passes {
 namespace {
 
-bool IsHalf(ir::DType t) { return t == ir::DType::kF16 || t == ir::DType::kBF16; }
+using ir::IsHalf;
 
 bool IsCastTo(const ir::Node& n, ir::DType t) {
   return n.op == ir::OpKind::kCast && n.attrs.Get<std::string>("to") == ir::DTypeName(t);

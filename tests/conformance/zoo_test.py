@@ -16,7 +16,9 @@ against the PyTorch references stored beside it:
   5. `onnxpipe inspect` at the training batch and sequence length fuses one Attention per attention block (one per
      layer; an encoder-decoder's decoder layers have two, self and cross) and leaves no Softmax, and lists the fused
      ops per layer with one Attention in each layer that has attention;
-  6. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
+  6. `onnxpipe train --dtype bf16` (mixed precision) with the fp32 AdamW run's settings gives PyTorch's fp32 losses
+     within 2e-2 relative (bf16 keeps 8 significant bits);
+  7. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
      fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums).
 
   /usr/bin/python3 tests/conformance/zoo_test.py --onnxpipe BUILD/tools/onnxpipe tests/data/zoo/llama_o17_fixed
@@ -169,11 +171,12 @@ def check_fusion(c, exe, model, side):
 
 
 PIPELINE_TOL = 1e-12
+BF16_LOSS_TOL = 2e-2
 
 
-def train_command(exe, model, side, folder, r, metrics, by_flag):
+def train_command(exe, model, side, folder, r, metrics, by_flag, dtype=None):
     tr, loss = side["train"], side["loss"]
-    dtype = "fp64" if r["dtype"] == "float64" else "fp32"
+    dtype = dtype or ("fp64" if r["dtype"] == "float64" else "fp32")
     h = r["hyperparams"]
     cmd = [exe, "train", model, "--data", os.path.join(folder, tr["dir"]), "--batch", str(tr["batch"]),
            "--steps", str(tr["steps"]), "--optimizer", r["optimizer"], "--lr", repr(h["lr"]),
@@ -232,6 +235,14 @@ def check_training(c, exe, model, side, folder, tmp, by_flag):
         tol = LOSS_TOL[r["dtype"]]
         ok = len(got) == len(want) and all(abs(g - w) <= tol * abs(w) for g, w in zip(got, want))
         c.check(f"{what} losses equal PyTorch (rel {tol:g})", ok, f"onnxpipe {got} PyTorch {want}")
+    for r in [r for r in tr["runs"] if r["dtype"] == "float32" and r["optimizer"] == "adamw"][:1]:
+        metrics = os.path.join(tmp, "metrics_bf16.jsonl")
+        rc, _, err = run(train_command(exe, model, side, folder, r, metrics, by_flag, dtype="bf16"))
+        if not c.check("train adamw bf16", rc == 0, err.strip()[-2000:]):
+            continue
+        got, want = read_losses(metrics), r["losses"]
+        ok = len(got) == len(want) and all(abs(g - w) <= BF16_LOSS_TOL * abs(w) for g, w in zip(got, want))
+        c.check(f"train adamw bf16 losses within {BF16_LOSS_TOL:g} of PyTorch fp32", ok, f"onnxpipe {got} PyTorch {want}")
 
 
 def main(argv=None):

@@ -102,9 +102,10 @@ TEST(Elementwise, FloatOnlyOpsRejectIntegersNamingOpAndDType) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("Exp node '/layer/Exp'"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("i64"), std::string::npos) << r.status();
-  auto b = Eval(MakeNode(OpKind::kSoftmax, 1), {Tensor(DType::kBF16, {2})});
+  // (bf16 and f16 are computed through f32: half_test.cc.)
+  auto b = Eval(MakeNode(OpKind::kSoftmax, 1), {Tensor(DType::kI32, {2})});
   EXPECT_FALSE(b.ok());
-  EXPECT_NE(b.status().message().find("bf16"), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("i32"), std::string::npos) << b.status();
 }
 
 TEST(Elementwise, NotAndIdentity) {

@@ -441,6 +441,7 @@ TEST_F(PartitionCli, BadInputsFailClearly) {
       {" --stages 500 --batch 8 --microbatches 4 --seq 16", "cut candidates"},
       {" --stages 2 --batch 8 --microbatches 4 --profile " + Path("broken.json"), "malformed profile"},
       {" --stages 2 --batch 8 --recompute sometimes", "unknown recompute policy"},
+      {" --stages 2 --batch 8 --dtype fp16", "--dtype: unknown dtype 'fp16'; expected fp32 or bf16"},
       {" --stages 1 --batch 64 --microbatches 1 --seq 64 --device h100-80gb --device-memory 1026MiB --schedule gpipe",
        "It would fit on devices with"},
   };

@@ -125,7 +125,7 @@ TEST(Analysis, ChainPositionsAndCuts) {
   EXPECT_EQ(a->cross_fwd_bytes[cut], 4 * 8 * 4);
   EXPECT_EQ(a->cross_bwd_bytes[cut], 4 * 8 * 4);
   // The default slack keeps only the narrowest cuts: after layer 1's Linear and Relu (width 8).
-  absl::StatusOr<GraphAnalysis> narrow = AnalyzeTrainingGraph(g, AnalysisOptions{Precision::kFP32, 0.05});
+  absl::StatusOr<GraphAnalysis> narrow = AnalyzeTrainingGraph(g, AnalysisOptions{0.05});
   ASSERT_TRUE(narrow.ok());
   for (int32_t c : narrow->cut_candidates) {
     EXPECT_LE(narrow->cross_fwd_bytes[c] + narrow->cross_bwd_bytes[c], 2 * 4 * 8 * 4 * 1.05) << c;
@@ -397,7 +397,7 @@ TEST(Calibrate, RecoversTheDeviceThatProducedTheTimes) {
   std::vector<double> seconds(g.num_node_slots(), 0.0);
   double total = 0;
   for (ir::NodeId id : g.LiveNodes()) {
-    seconds[id] = RooflineSeconds(EstimateOpCost(g, g.node(id), Precision::kFP32), truth, Precision::kFP32);
+    seconds[id] = RooflineSeconds(EstimateOpCost(g, g.node(id)), truth, Precision::kFP32);
     total += seconds[id];
   }
   const DeviceProfile base = FakeDevice(int64_t{7} << 30);
@@ -501,13 +501,14 @@ TEST(Recompute, AutoFitsWhereNoneDoesNot) {
   EXPECT_LE(auto_rec, full_rec);
 }
 
-TEST(Memory, Bf16HalvesActivationsAndAddsAWorkingCopyOfTheWeights) {
-  ChainSpec spec;
-  spec.batch = 16;
-  spec.widths = {64, 64, 64, 64};
-  const ir::Graph g = BuildChain(spec);
+TEST(Memory, Bf16TrainingGraphHalvesActivations) {
   std::map<Precision, PartitionPlan> plans;
   for (Precision p : {Precision::kFP32, Precision::kBF16}) {
+    ChainSpec spec;
+    spec.batch = 16;
+    spec.widths = {64, 64, 64, 64};
+    spec.dtype = p == Precision::kBF16 ? ir::DType::kBF16 : ir::DType::kF32;
+    const ir::Graph g = BuildChain(spec);
     absl::StatusOr<std::unique_ptr<PartitionContext>> ctx =
         PartitionContext::Create(g, Cluster{FakeDevice(int64_t{1} << 40)}, p, nullptr, spec.batch, 0.05);
     ASSERT_TRUE(ctx.ok());
@@ -522,12 +523,25 @@ TEST(Memory, Bf16HalvesActivationsAndAddsAWorkingCopyOfTheWeights) {
   }
   const StageMemory& f = plans[Precision::kFP32].stages[0].memory;
   const StageMemory& b = plans[Precision::kBF16].stages[0].memory;
-  EXPECT_EQ(b.parameters, f.parameters + f.parameters / 2);  // fp32 master + bf16 copy
-  EXPECT_EQ(b.gradients, f.gradients);                        // fp32 gradient accumulation
-  // Saved activations: the computed float ones halve; the fed input x (16 x 64 f32, fed as
-  // is), the labels (int64, 16 x 8 bytes) and the scalar loss slot (64 bytes) do not.
-  const int64_t fixed = 16 * 64 * 4 + 16 * 8 + 64;
-  EXPECT_EQ((b.saved - fixed) * 2, f.saved - fixed);
+  // By hand, per micro-batch of 16 rows. Saved across the forward/backward boundary: the inputs of
+  // the three hidden Linears' and the head's dW, x and the Relu outputs r0..r2 (4 of 16 x 64, which
+  // the Relu gradients read too), the loss's log-probabilities (16 x 4, f32 in both: the loss runs
+  // in f32), the labels (16 i64) and the loss slot (one aligned 64-byte buffer).
+  const int64_t activations_f32 = 4 * 16 * 64 * 4, log_prob = 16 * 4 * 4, labels = 16 * 8, loss = 64;
+  EXPECT_EQ(f.saved, activations_f32 + log_prob + labels + loss);
+  // bf16: the activations at 2 bytes (the Cast of x included), plus the bf16 copies of the weights
+  // whose dX the backward computes (layers 1, 2 and the head; layer 0 has no dX), one per
+  // micro-batch: a Cast per use makes them in the forward.
+  const int64_t activations_bf16 = 4 * 16 * 64 * 2, weight_copies = 2 * 64 * 64 * 2 + 64 * 4 * 2;
+  EXPECT_EQ(activations_bf16 * 2, activations_f32);
+  EXPECT_EQ(b.saved, activations_bf16 + weight_copies + log_prob + labels + loss);
+  // fp32 masters, gradients and optimizer state: as the fp32 run's, 3 x (64x64 + 64) + 64x4 + 4 floats,
+  // each buffer 64-byte aligned (the head's 16-byte bias takes 64).
+  const int64_t params = 3 * (64 * 64 + 64) * 4 + 64 * 4 * 4 + 64;
+  EXPECT_EQ(f.parameters, params);
+  EXPECT_EQ(b.parameters, params);
+  EXPECT_EQ(b.gradients, f.gradients);
+  EXPECT_EQ(b.optimizer_state, f.optimizer_state);
 }
 
 TEST(Plan, JsonRoundTripAndValidation) {

@@ -14,6 +14,7 @@
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/graph.h"
 #include "frontend/ir/infer.h"
+#include "frontend/passes/mixed_precision.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/device.h"
 
@@ -32,6 +33,8 @@ struct ChainSpec {
   // The head reads layer 0's weight (a tied parameter, as a GPT's embedding and output projection):
   // needs widths.back() == widths[0] and classes == widths[1] (expand 0).
   bool tie_head = false;
+  // kBF16: the forward graph goes through passes::MixedPrecision before the loss, as the trainer's.
+  ir::DType dtype = ir::DType::kF32;
 };
 
 // Returns the training graph (forward + loss + backward + optimizer), or dies on a test bug.
@@ -68,6 +71,10 @@ inline ir::Graph BuildChain(const ChainSpec& spec) {
   g.outputs().push_back(logits);
   absl::Status st = ir::InferShapes(g);
   if (!st.ok()) std::abort();
+  if (spec.dtype == ir::DType::kBF16) {
+    st = passes::MixedPrecision({.compute = spec.dtype, .freeze_regex = ""}).Run(&g).status();
+    if (!st.ok()) std::abort();
+  }
   absl::StatusOr<autodiff::LossInfo> loss = autodiff::AddCrossEntropyLoss(&g, "logits", "labels", {});
   if (!loss.ok()) std::abort();
   absl::StatusOr<autodiff::TrainingGraphInfo> grads = autodiff::BuildGradients(&g, loss->loss, {});

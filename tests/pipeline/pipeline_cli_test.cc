@@ -1,8 +1,8 @@
 // `onnxpipe train --stages/--plan/--report` through the built binary: a pipelined run with one
 // micro-batch writes the very metrics of the unpartitioned run; a run from `onnxpipe partition`'s
-// plan reports its measured memory equal to the plan's and writes both traces; --stages K runs the
-// partitioner's plan at K (the same recomputed nodes as --plan); bad pipeline flags fail with
-// clear errors.
+// plan reports its measured memory equal to the plan's and writes both traces (fp32 and bf16 mixed
+// precision); --stages K runs the partitioner's plan at K (the same recomputed nodes as --plan); bad
+// pipeline flags fail with clear errors.
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -60,6 +60,49 @@ TEST_F(PipelineCliTest, OneMicrobatchOnThreeStagesWritesTheUnpartitionedMetrics)
   for (size_t k = 0; k < a.size(); ++k) {
     const nlohmann::json x = nlohmann::json::parse(a[k]), y = nlohmann::json::parse(b[k]);
     EXPECT_EQ(x["loss"].get<double>(), y["loss"].get<double>()) << k;  // bitwise: round-trip doubles
+    EXPECT_EQ(x["grad_norm"].get<double>(), y["grad_norm"].get<double>()) << k;
+  }
+}
+
+// bf16: `partition --dtype bf16` plans the mixed-precision training graph `train --dtype bf16` runs: the
+// run holds the planned bytes, bf16 activations cross the cut, and an fp32 run refuses the plan. One
+// micro-batch on two stages equals the unpartitioned bf16 run bit for bit.
+TEST_F(PipelineCliTest, Bf16PlanRunsAsWrittenAndOneMicrobatchEqualsTheUnpartitionedRun) {
+  const fs::path plan = dir_ / "plan", report = dir_ / "report";
+  CommandResult p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_gpt.onnx") +
+                               " --stages 2 --batch 4 --microbatches 2 --seq 32 --device cpu --dtype bf16"
+                               " --momentum 0.9 --clip-norm 1 --freeze '^blocks\\..\\.attn\\.mask$' --out " +
+                               plan.string());
+  ASSERT_EQ(p.exit_code, 0) << p.err << p.out;
+  const nlohmann::json pj = Json(plan / "plan.json");
+  EXPECT_EQ(pj["config"]["dtype"], "bf16");
+  int activations = 0;
+  for (const nlohmann::json& b : pj["stages"][0]["boundary_outputs"]) {
+    if (b["kind"] != "activation") continue;
+    ++activations;
+    EXPECT_EQ(b["dtype"], "bf16") << b["name"];
+  }
+  EXPECT_GT(activations, 0);
+  CommandResult r = Train("--dtype bf16 --plan " + plan.string() + " --report " + report.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json m = Json(report / "measured.json");
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(m["stages"][s]["measured"]["memory"]["saved_per_microbatch"],
+              pj["stages"][s]["memory"]["saved_per_microbatch"]) << s;
+    EXPECT_EQ(m["stages"][s]["measured"]["memory"]["activations"], pj["stages"][s]["memory"]["activations"]) << s;
+  }
+  r = Train("--plan " + plan.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("was made for bf16 (re-run onnxpipe partition with the same --dtype)"));
+
+  ASSERT_EQ(Train("--dtype bf16 --no-dropout --metrics " + (dir_ / "ref.jsonl").string()).exit_code, 0);
+  ASSERT_EQ(Train("--dtype bf16 --no-dropout --stages 2 --metrics " + (dir_ / "pipe.jsonl").string()).exit_code, 0);
+  const std::vector<std::string> a = Lines(dir_ / "ref.jsonl"), b = Lines(dir_ / "pipe.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t k = 0; k < a.size(); ++k) {
+    const nlohmann::json x = nlohmann::json::parse(a[k]), y = nlohmann::json::parse(b[k]);
+    EXPECT_EQ(x["loss"].get<double>(), y["loss"].get<double>()) << k;
     EXPECT_EQ(x["grad_norm"].get<double>(), y["grad_norm"].get<double>()) << k;
   }
 }

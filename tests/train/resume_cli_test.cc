@@ -1,5 +1,6 @@
 // `onnxpipe train --checkpoint-dir/--resume` through the built binary: 10 steps equal 5 steps + resume to 10, bit
-// for bit (metrics and every saved tensor), for fp32/fp64 and SGD-momentum/AdamW with --shuffle and dropout on;
+// for bit (metrics and every saved tensor), for fp32/fp64/bf16 (whose checkpoints hold the fp32 masters) and
+// SGD-momentum/AdamW with --shuffle and dropout on;
 // checkpoints of another model, optimizer or dtype and corrupt ones are refused naming the file; SIGINT saves and
 // exits 130; kill -9 at any moment leaves a loadable latest checkpoint the run resumes from.
 #include <chrono>
@@ -96,7 +97,8 @@ TEST_P(ResumeBitwiseTest, TenStepsEqualFivePlusResumedFive) {
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndOptimizers, ResumeBitwiseTest,
                          ::testing::Values(ResumeCase{"fp32", "sgd"}, ResumeCase{"fp32", "adamw"},
-                                           ResumeCase{"fp64", "sgd"}, ResumeCase{"fp64", "adamw"}),
+                                           ResumeCase{"fp64", "sgd"}, ResumeCase{"fp64", "adamw"},
+                                           ResumeCase{"bf16", "sgd"}, ResumeCase{"bf16", "adamw"}),
                          [](const auto& info) { return info.param.dtype + "_" + info.param.optimizer; });
 
 TEST_F(ResumeCliTest, MismatchedOrCorruptCheckpointsAreRefused) {
@@ -112,6 +114,10 @@ TEST_F(ResumeCliTest, MismatchedOrCorruptCheckpointsAreRefused) {
   r = Train("--optimizer sgd --momentum 0.9 --dtype fp64 --steps 4 --resume --checkpoint-dir " + ck.string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("checkpoint '" + file + "' was written with dtype 'f32', but this run has 'f64'"));
+  // bf16's state tensors are f32 like an fp32 run's, but it is another computation.
+  r = Train("--optimizer sgd --momentum 0.9 --dtype bf16 --steps 4 --resume --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint '" + file + "' was written with dtype 'f32', but this run has 'bf16'"));
   r = RunCommand(Command((dir_ / "other.onnx").string(),
                          "--optimizer sgd --momentum 0.9 --steps 4 --resume --checkpoint-dir " + ck.string()));
   EXPECT_EQ(r.exit_code, 1);

@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """Per-parameter gradients of one training step in PyTorch, for tests/train/golden_test.cc.
 
-  torch_grads.py MODEL.onnx DATA_DIR --batch B [--step K] [--dtype float64] [--label-smoothing E]
+  torch_grads.py MODEL.onnx DATA_DIR --batch B [--step K] [--dtype float64] [--label-smoothing E] [--autocast]
 
 Rebuilds the module of MODEL.onnx the way models/torch_reference.py does (same weights, dropout off), takes the
 rows of step K ((K*B + j) mod N), and prints JSON {parameter name: {"norm", "sum", "head": first 8 entries}} of
-the gradients of the mean cross-entropy loss (with label smoothing E), and the loss.
+the gradients of the mean cross-entropy loss (with label smoothing E), and the loss. --autocast runs the forward
+under torch.autocast("cpu", torch.bfloat16) (PyTorch's bf16 mixed precision; use it with --dtype float32) and the
+loss on the logits cast to float32.
 """
 import argparse
 import json
@@ -29,6 +31,7 @@ def main():
     ap.add_argument("--step", type=int, default=0)
     ap.add_argument("--dtype", default="float64")
     ap.add_argument("--label-smoothing", type=float, default=0.0)
+    ap.add_argument("--autocast", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ref.load_sidecar(a.model)
@@ -39,7 +42,9 @@ def main():
     inputs = {n: np.load(os.path.join(a.data, n + ".npy")) for n in names}
     labels = np.load(os.path.join(a.data, "labels.npy"))
     rows = [(a.step * a.batch + j) % labels.shape[0] for j in range(a.batch)]
-    logits = model(*[torch.from_numpy(inputs[n][rows]) for n in names])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+        logits = model(*[torch.from_numpy(inputs[n][rows]) for n in names])
+    logits = logits.to(getattr(torch, a.dtype))
     y = torch.from_numpy(labels[rows])
     if a.label_smoothing:
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),

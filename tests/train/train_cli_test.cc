@@ -221,6 +221,7 @@ TEST_F(TrainCliTest, UsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("sgd or adamw"));
   r = Train("--steps 1 --dtype fp16");
   EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--dtype expects fp32, fp64 or bf16, got 'fp16'"));
   r = Train("--steps 1 --schedule linear");  // the learning-rate schedule has its own flag
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("the learning-rate schedule is --lr-schedule"));
