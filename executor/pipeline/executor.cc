@@ -99,6 +99,59 @@ absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
   return dims;
 }
 
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The post Sums of stage k that add a shared parameter's gradient contributions and run as one
+// all-reduce over the parameter's holders, each with its group: the stages making the Sum's
+// operands, in operand order. A Sum qualifies when its operands (all of its output's dtype and
+// shape) are made on distinct stages, those stages are exactly the ones running it, and each
+// contribution is read by the Sum alone and sent to group members alone. The all-reduce folds in
+// the group's order as the Sum kernel adds its operands left to right: the same bits on every
+// holder, and the same as the unpartitioned run. Other Sums (a holder without a contribution, a
+// holder making two) keep exchanging the contributions as the program's post transfers say.
+std::map<ir::NodeId, std::vector<int>> TiedAllReduces(const PipelineProgram& p, int32_t k) {
+  std::map<ir::NodeId, std::vector<int>> out;
+  const StageProgram& sp = p.stages[k];
+  for (ir::NodeId id : sp.post) {
+    const ir::Node& n = sp.graph.node(id);
+    const ir::ValueId param = sp.graph.FindValue(n.origin);
+    if (n.op != ir::OpKind::kSum || n.outputs.size() != 1 || param == ir::kNoValue ||
+        !std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
+      continue;
+    }
+    const ir::Value& sum = sp.graph.value(n.outputs[0]);
+    std::vector<int> group;
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue) break;
+      const ir::Value& val = sp.graph.value(v);
+      if (val.dtype != sum.dtype || !val.shape_known || !(val.shape == sum.shape)) break;
+      int made_on = -1;
+      if (std::binary_search(sp.accumulate.begin(), sp.accumulate.end(), v)) made_on = k;
+      for (const auto& [peer, vs] : sp.recv_post)
+        if (std::binary_search(vs.begin(), vs.end(), v)) made_on = peer;
+      if (made_on < 0 || Contains(group, made_on)) break;
+      group.push_back(made_on);
+    }
+    if (group.size() != n.inputs.size() || group.size() < 2 || !Contains(group, k)) continue;
+    bool qualifies = true;
+    for (int32_t s = 0; s < p.num_stages && qualifies; ++s) {
+      const StageProgram& h = p.stages[s];
+      const bool member = Contains(group, s);
+      qualifies = member == (std::find(h.post.begin(), h.post.end(), id) != h.post.end());
+      if (!member || !qualifies) continue;
+      const ir::ValueId c = n.inputs[std::find(group.begin(), group.end(), s) - group.begin()];
+      int readers = 0;
+      for (ir::NodeId q : h.post)
+        for (ir::ValueId v : h.graph.node(q).inputs) readers += v == c;
+      qualifies = readers == 1;
+      for (const auto& [peer, vs] : h.send_post)
+        if (std::binary_search(vs.begin(), vs.end(), c) && !Contains(group, peer)) qualifies = false;
+    }
+    if (qualifies) out[id] = std::move(group);
+  }
+  return out;
+}
+
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 }  // namespace
@@ -491,6 +544,29 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
+  // Post Sum `id` of a shared parameter's contributions as an all-reduce over `group` (its holders):
+  // this stage's accumulated contribution becomes the sum in place and is the Sum's output.
+  absl::StatusOr<std::vector<ir::Tensor>> AllReduceSum(ir::NodeId id, const std::vector<int>& group,
+                                                       const std::vector<ir::Tensor>& pv) {
+    const ir::Node& n = sp_.graph.node(id);
+    const ir::Tensor& mine = pv[n.inputs[std::find(group.begin(), group.end(), sp_.stage) - group.begin()]];
+    std::string stages;
+    for (int s : group) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
+    const std::string what = Where(-1, StepPhase::kPost) + " " + NodeDesc(n) + ": all-reducing the gradient of '" +
+                             n.origin + "' over stages {" + stages + "}";
+    const double start = Now();
+    absl::Status st = comm_.AllReduce(mine, group, stream_);
+    const double end = Now();
+    measure.recv_wait_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 1, "all-reduce " + n.origin, "recv", -1, start, end - start});
+    if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
+    if (ex_.options_.check_numerics) {
+      ASSIGN_OR_RETURN(const bool finite, be_.AllFinite(mine, stream_));
+      if (!finite) return FAILED_PRECONDITION() << what << " produced a non-finite value";
+    }
+    return std::vector<ir::Tensor>{mine};
+  }
+
   absl::Status Post() {
     const double start = Now();
     ir::Graph& sg = sp_.graph;
@@ -518,20 +594,30 @@ class PipelineExecutor::StageRun {
       if (st.ok()) return into;
       return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
     };
+    const std::map<ir::NodeId, std::vector<int>>& reduced = ex_.all_reduced_[sp_.stage];
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
+    std::set<ir::ValueId> reduced_here;  // contributions all-reduced instead of sent
+    for (const auto& [id, group] : reduced)
+      for (ir::ValueId v : sg.node(id).inputs)
+        if (accumulated.count(v)) reduced_here.insert(v);
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
-        if (accumulated.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
+        if (accumulated.count(v) && !reduced_here.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
     for (ir::NodeId id : sp_.post) {
-      for (ir::ValueId v : sg.node(id).inputs) {
-        if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
-        for (const auto& [peer, vs] : sp_.recv_post) {
-          if (std::binary_search(vs.begin(), vs.end(), v)) {
-            ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+      std::vector<ir::Tensor> out;
+      if (auto it = reduced.find(id); it != reduced.end()) {
+        ASSIGN_OR_RETURN(out, AllReduceSum(id, it->second, pv));
+      } else {
+        for (ir::ValueId v : sg.node(id).inputs) {
+          if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
+          for (const auto& [peer, vs] : sp_.recv_post) {
+            if (std::binary_search(vs.begin(), vs.end(), v)) {
+              ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+            }
           }
         }
+        ASSIGN_OR_RETURN(out, Eval(id, pv, -1, StepPhase::kPost));
       }
-      ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, Eval(id, pv, -1, StepPhase::kPost));
       const ir::Node& n = sg.node(id);
       for (size_t k = 0; k < n.outputs.size(); ++k) {
         const ir::ValueId o = n.outputs[k];
@@ -615,6 +701,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
                      StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
     ex->arenas_.push_back(std::move(arena));
     ex->uses_.push_back(CountUses(sp));
+    ex->all_reduced_.push_back(TiedAllReduces(ex->program_, sp.stage));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).

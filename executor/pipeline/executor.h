@@ -29,8 +29,10 @@
 // micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
 // StageMeasure reports the high-water of what the arena handed out in the step, which equals the
 // layout's prediction. The optimizer phase updates every stage's parameters and optimizer state in
-// place (each stage owns its states' storage); its other outputs (the global norm, the sum of a
-// tied parameter's gradient contributions) are fresh tensors, measured as optimizer scratch.
+// place (each stage owns its states' storage); a tied parameter's gradient is all-reduced over its
+// holders in place, in the accumulator of each holder's contribution (comm::Comm::AllReduce, in the
+// Sum's operand order, so every holder gets the Sum's bits); its other outputs (the global norm) are
+// fresh tensors, measured as optimizer scratch.
 #pragma once
 
 #include <cstdint>
@@ -178,6 +180,9 @@ class PipelineExecutor {
   std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
   std::vector<Uses> uses_;  // per stage
+  // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
+  // their holders, with the group in the Sum's operand order (the reduction order).
+  std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
   std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;
   std::vector<std::unique_ptr<StageArena>> arenas_;

@@ -2,6 +2,7 @@
 // error naming stage, micro-batch and node; tied parameters stay identical on their stages;
 // dropout replays under recompute; memory measured against the static planner's prediction and
 // 1F1B's activations below GPipe's.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -227,6 +228,15 @@ TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndCopiesStayId
       }
       // Stages in between hold no copy at all.
       for (int32_t s = 1; s < K - 1; ++s) EXPECT_FALSE(r->executor->StageConstant(s, "tok_emb.weight")) << s;
+      // The holders combine the contributions with one all-reduce per step (comm::Comm::AllReduce),
+      // the stages in between take no part in it.
+      for (const PipelineStepResult& step : r->steps) {
+        std::vector<int32_t> reducing;
+        for (const TraceEvent& e : step.trace)
+          if (e.name == "all-reduce tok_emb.weight") reducing.push_back(e.stage);
+        std::sort(reducing.begin(), reducing.end());
+        EXPECT_EQ(reducing, (std::vector<int32_t>{0, K - 1})) << where;
+      }
     }
   }
 }
@@ -310,11 +320,10 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
                 EXPECT_EQ(m.accumulator_bytes, p.accumulators) << where;
                 EXPECT_EQ(m.workspace_bytes, p.workspace) << where;
                 EXPECT_GT(p.saved, 0) << where;
-                // Parameters and optimizer state are updated in place: the optimizer phase's fresh
-                // tensors are scalars (norm partials), except a tied parameter's gradient sum.
-                if (std::string(model) != "tiny_gpt") {
-                  EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
-                }
+                // Parameters and optimizer state are updated in place and a tied parameter's
+                // gradient is all-reduced in place: the optimizer phase's fresh tensors are scalars
+                // (norm partials).
+                EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
               }
               if (M == 4) activations[kind].push_back(r->steps[0].stages[s].activations_peak);
             }
