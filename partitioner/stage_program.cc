@@ -707,10 +707,11 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.arena = layout->arena();
   m.activations = layout->activations();
   m.workspace = m.arena - m.activations;
-  // Boundary buffers: every value received or sent per micro-batch, and the shared parameters'
-  // contributions received once per step.
+  // Boundary buffers: every value sent per micro-batch (the transport's copy in flight), and the
+  // shared parameters' contributions received once per step. Values received per micro-batch land
+  // in their planned slots of the arena and are counted there.
   std::set<ir::ValueId> boundary;
-  for (const ValueLists* l : {&sp.recv_forward, &sp.recv_backward, &sp.send_forward, &sp.send_backward})
+  for (const ValueLists* l : {&sp.send_forward, &sp.send_backward})
     for (const auto& [peer, vs] : *l) boundary.insert(vs.begin(), vs.end());
   for (const auto& [peer, vs] : sp.recv_post) {
     for (ir::ValueId v : vs) {

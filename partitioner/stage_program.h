@@ -40,8 +40,10 @@
 //   activations      saved x in_flight (GPipe M, 1F1B min(M, K - stage))
 //   arena            the layout's arena: in_flight saved slots (when more than one) + transient
 //   workspace        arena - activations: the rest of the arena (transients, recompute)
-//   boundary         the values the stage receives and sends per micro-batch, one buffer each, and
-//                    the shared parameters' gradient contributions it receives once per step
+//   boundary         the values the stage sends per micro-batch, one buffer each (the transport's
+//                    copy), and the shared parameters' gradient contributions it receives once per
+//                    step (the all-reduce's buffer); the values it receives per micro-batch land in
+//                    their planned slots of the arena, counted there
 //   total            the sum of the above except `saved` and `arena`
 #pragma once
 
