@@ -99,59 +99,6 @@ absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
   return dims;
 }
 
-bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
-// The post Sums of stage k that add a shared parameter's gradient contributions and run as one
-// all-reduce over the parameter's holders, each with its group: the stages making the Sum's
-// operands, in operand order. A Sum qualifies when its operands (all of its output's dtype and
-// shape) are made on distinct stages, those stages are exactly the ones running it, and each
-// contribution is read by the Sum alone and sent to group members alone. The all-reduce folds in
-// the group's order as the Sum kernel adds its operands left to right: the same bits on every
-// holder, and the same as the unpartitioned run. Other Sums (a holder without a contribution, a
-// holder making two) keep exchanging the contributions as the program's post transfers say.
-std::map<ir::NodeId, std::vector<int>> TiedAllReduces(const PipelineProgram& p, int32_t k) {
-  std::map<ir::NodeId, std::vector<int>> out;
-  const StageProgram& sp = p.stages[k];
-  for (ir::NodeId id : sp.post) {
-    const ir::Node& n = sp.graph.node(id);
-    const ir::ValueId param = sp.graph.FindValue(n.origin);
-    if (n.op != ir::OpKind::kSum || n.outputs.size() != 1 || param == ir::kNoValue ||
-        !std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
-      continue;
-    }
-    const ir::Value& sum = sp.graph.value(n.outputs[0]);
-    std::vector<int> group;
-    for (ir::ValueId v : n.inputs) {
-      if (v == ir::kNoValue) break;
-      const ir::Value& val = sp.graph.value(v);
-      if (val.dtype != sum.dtype || !val.shape_known || !(val.shape == sum.shape)) break;
-      int made_on = -1;
-      if (std::binary_search(sp.accumulate.begin(), sp.accumulate.end(), v)) made_on = k;
-      for (const auto& [peer, vs] : sp.recv_post)
-        if (std::binary_search(vs.begin(), vs.end(), v)) made_on = peer;
-      if (made_on < 0 || Contains(group, made_on)) break;
-      group.push_back(made_on);
-    }
-    if (group.size() != n.inputs.size() || group.size() < 2 || !Contains(group, k)) continue;
-    bool qualifies = true;
-    for (int32_t s = 0; s < p.num_stages && qualifies; ++s) {
-      const StageProgram& h = p.stages[s];
-      const bool member = Contains(group, s);
-      qualifies = member == (std::find(h.post.begin(), h.post.end(), id) != h.post.end());
-      if (!member || !qualifies) continue;
-      const ir::ValueId c = n.inputs[std::find(group.begin(), group.end(), s) - group.begin()];
-      int readers = 0;
-      for (ir::NodeId q : h.post)
-        for (ir::ValueId v : h.graph.node(q).inputs) readers += v == c;
-      qualifies = readers == 1;
-      for (const auto& [peer, vs] : h.send_post)
-        if (std::binary_search(vs.begin(), vs.end(), c) && !Contains(group, peer)) qualifies = false;
-    }
-    if (qualifies) out[id] = std::move(group);
-  }
-  return out;
-}
-
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 }  // namespace
@@ -701,7 +648,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
                      StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
     ex->arenas_.push_back(std::move(arena));
     ex->uses_.push_back(CountUses(sp));
-    ex->all_reduced_.push_back(TiedAllReduces(ex->program_, sp.stage));
+    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
