@@ -13,8 +13,9 @@
 // Backend: every buffer (arenas, parameters, optimizer state, constants, the values in transit) is
 // the backend's memory, one stream per stage; the driver touches it only through the backend's
 // calls: feeds and step scalars go in by FromHost, the loss and the norm come out by ToHost, the
-// comm copies what it carries through the backend, receives land in the arena's planned slots. Parameters(), State() and StageConstant() return host copies (a failing
-// device copy aborts: the state could not be trusted).
+// comm copies what it carries through the backend and receives land in the arena's planned slots.
+// Parameters(), State() and StageConstant() return host copies (a failing device copy aborts: the
+// state could not be trusted).
 //
 // Random streams: micro-batch m of step k uses ExecContext{dropout, seed, offset = k,
 // row_offset = m * rows, rows} in its forward, backward and recompute: a recomputed Dropout replays
