@@ -38,8 +38,7 @@ absl::Status WaitFor(backend::Stream* stream, const std::shared_ptr<backend::Eve
 }  // namespace
 
 bool IsAbortedByPeer(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kAborted &&
-         s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
+  return s.code() == absl::StatusCode::kAborted && s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
 }
 
 std::string DescribeTensor(const ir::Tensor& t) {
@@ -167,8 +166,7 @@ int64_t InProcessGroup::pending_messages() const {
 
 absl::Status InProcessGroup::CheckPeer(int self, int peer, const char* verb) const {
   if (peer < 0 || peer >= world_size_ || peer == self) {
-    return INVALID_ARGUMENT() << "rank " << self << " " << verb << " rank " << peer << " of a group of "
-                              << world_size_;
+    return INVALID_ARGUMENT() << "rank " << self << " " << verb << " rank " << peer << " of a group of " << world_size_;
   }
   return absl::OkStatus();
 }
@@ -179,9 +177,9 @@ absl::Status InProcessGroup::AbortedLocked() const {
 
 absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
                                         const std::function<std::string()>& what) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s_));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s_));
   for (;;) {
     RETURN_IF_ERROR(AbortedLocked());
     if (done()) return absl::OkStatus();
@@ -197,8 +195,8 @@ absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, cons
 absl::StatusOr<ir::Tensor> InProcessGroup::Stage(const ir::Tensor& t, backend::Stream* stream) const {
   if (t.placement() == backend_->placement()) return backend_->Clone(t, stream);
   if (t.on_host()) return t.Clone();
-  return INVALID_ARGUMENT() << "a tensor on " << t.placement().ToString() << " is in no memory of the group (the host or "
-                            << backend_->name() << ")";
+  return INVALID_ARGUMENT() << "a tensor on " << t.placement().ToString()
+                            << " is in no memory of the group (the host or " << backend_->name() << ")";
 }
 
 absl::Status InProcessGroup::CopyPlaced(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* stream) const {
@@ -257,8 +255,8 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
   }
   if (!SameShape(m.staged, into)) {
     return INVALID_ARGUMENT() << "rank " << dst << " receiving message " << tag << " from rank " << src
-                              << ": the sender's tensor is " << DescribeTensor(m.staged) << " but the receive buffer is "
-                              << DescribeTensor(into);
+                              << ": the sender's tensor is " << DescribeTensor(m.staged)
+                              << " but the receive buffer is " << DescribeTensor(into);
   }
   RETURN_IF_ERROR(WaitFor(stream, m.ready));
   return CopyPlaced(m.staged, into, stream);
@@ -320,7 +318,8 @@ absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std:
     r.finished = true;
     cv_.notify_all();
   }
-  RETURN_IF_ERROR(WaitLocked(lock, [&] { return r.finished; }, [&] { return who + " waited for the other members"; }));
+  RETURN_IF_ERROR(WaitLocked(
+      lock, [&] { return r.finished; }, [&] { return who + " waited for the other members"; }));
   const absl::Status error = r.error;
   const ir::Tensor sum = r.sum;
   const std::shared_ptr<backend::Event> done = r.done;

@@ -82,7 +82,7 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   const std::shared_ptr<const backend::Backend> backend_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::deque<Message>> mailbox_;  // per destination rank
+  std::vector<std::deque<Message>> mailbox_;                       // per destination rank
   std::map<std::vector<int>, std::vector<int64_t>> reduce_calls_;  // per group, per member: calls so far
   std::map<ReductionKey, Reduction> reductions_;
   absl::Status abort_;

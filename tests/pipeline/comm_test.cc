@@ -112,8 +112,9 @@ TEST(InProcessComm, AShapeOrDTypeMismatchNamesTheSenderAndTheBuffer) {
   ASSERT_TRUE(a->Send(1, 7, ir::Tensor(ir::DType::kF32, {2, 3}), nullptr).ok());
   absl::Status st = b->Recv(0, 7, ir::Tensor(ir::DType::kF32, {3, 2}), nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), AllOf(HasSubstr("rank 1 receiving message 7 from rank 0"),
-                                  HasSubstr("sender's tensor is f32 (2, 3)"), HasSubstr("receive buffer is f32 (3, 2)")));
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("rank 1 receiving message 7 from rank 0"), HasSubstr("sender's tensor is f32 (2, 3)"),
+                    HasSubstr("receive buffer is f32 (3, 2)")));
   ASSERT_TRUE(a->Send(1, 8, ir::Tensor(ir::DType::kF32, {4}), nullptr).ok());
   st = b->Recv(0, 8, ir::Tensor(ir::DType::kF64, {4}), nullptr);
   EXPECT_THAT(st.message(), AllOf(HasSubstr("f32 (4)"), HasSubstr("f64 (4)")));
@@ -238,8 +239,8 @@ TEST(InProcessComm, AllReduceShapeMismatchFailsEveryMemberNamingBoth) {
   for (std::thread& th : threads) th.join();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), absl::StatusCode::kInvalidArgument) << st[r];
-    EXPECT_THAT(st[r].message(), AllOf(HasSubstr("f32 (3)"), HasSubstr("f32 (4)"), HasSubstr("rank 0"),
-                                       HasSubstr("rank 1")));
+    EXPECT_THAT(st[r].message(),
+                AllOf(HasSubstr("f32 (3)"), HasSubstr("f32 (4)"), HasSubstr("rank 0"), HasSubstr("rank 1")));
   }
 }
 
