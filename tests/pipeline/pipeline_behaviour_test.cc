@@ -153,6 +153,51 @@ TEST(PipelineFaults, AFailedStepLeavesTheExecutorUnusable) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The last stage reaches the tied embedding's all-reduce and waits there for stage 0, which fails
+// in its last backward: the abort wakes it, and the step returns stage 0's error at once (not the
+// comm's timeout).
+TEST(PipelineFaults, AFailureWakesTheOtherHolderBlockedInTheTiedAllReduce) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<partitioner::PartitionPlan> plan = f.Plan(c, *g);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<partitioner::CompiledPlan> compiled = partitioner::CompilePlan(*g, *plan);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  ExecutorOptions eo;
+  eo.dropout = false;
+  eo.recv_timeout_s = 60;
+  std::atomic<bool> failed{false};
+  std::vector<std::string> ran_post;  // stage 1's post nodes, in order (its thread alone writes)
+  eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    if (e.stage == 1 && e.phase == StepPhase::kPost) ran_post.push_back(e.node->name);
+    if (e.stage == 0 && e.phase == StepPhase::kBackward && e.microbatch == c.microbatches - 1 && !failed.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return absl::InternalError("injected backward fault");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  const std::map<ir::NodeId, std::vector<int32_t>> reduced = partitioner::AllReducedSums((*ex)->program(), 1);
+  ASSERT_EQ(reduced.size(), 1u);
+  const StageProgram& last = (*ex)->program().stages[1];
+  std::vector<std::string> before;
+  for (auto it = last.post.begin(); *it != reduced.begin()->first; ++it) before.push_back(last.graph.node(*it).name);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<PipelineStepResult> s = (*ex)->Step(f.Feeds(0, 0.05, ir::DType::kF64));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInternal) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("injected backward fault"));
+  EXPECT_THAT(s.status().message(), HasSubstr("stage 0, micro-batch 1, backward"));
+  EXPECT_LT(seconds, 30);
+  EXPECT_EQ(ran_post, before);  // stage 1 did all it could before the all-reduce, and nothing after
+}
+
 TEST(PipelineFaults, AReceiveTimeoutTurnsAHangIntoAnError) {
   // Stage 1 stalls (a hook that sleeps) longer than the receive timeout: stage 0 gives up waiting
   // for its gradient, and the step fails naming the wait instead of hanging.
