@@ -35,6 +35,8 @@ const char* ListName(Phase p) {
   return "?";
 }
 
+bool Contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
 std::string Desc(const ir::Node& n) { return "'" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 // Placement pass 1: where every node runs.
@@ -574,6 +576,50 @@ std::vector<StageShape> ShapesOf(const PipelineProgram& p) {
   return out;
 }
 
+std::map<ir::NodeId, std::vector<int32_t>> AllReducedSums(const PipelineProgram& p, int32_t k) {
+  std::map<ir::NodeId, std::vector<int32_t>> out;
+  const StageProgram& sp = p.stages[k];
+  for (ir::NodeId id : sp.post) {
+    const ir::Node& n = sp.graph.node(id);
+    const ir::ValueId param = sp.graph.FindValue(n.origin);
+    if (n.op != ir::OpKind::kSum || n.outputs.size() != 1 || param == ir::kNoValue ||
+        !std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
+      continue;
+    }
+    const ir::Value& sum = sp.graph.value(n.outputs[0]);
+    std::vector<int32_t> group;
+    for (ir::ValueId v : n.inputs) {
+      if (v == ir::kNoValue) break;
+      const ir::Value& val = sp.graph.value(v);
+      if (val.dtype != sum.dtype || !val.shape_known || !(val.shape == sum.shape)) break;
+      int made_on = -1;
+      if (std::binary_search(sp.accumulate.begin(), sp.accumulate.end(), v)) made_on = k;
+      for (const auto& [peer, vs] : sp.recv_post)
+        if (std::binary_search(vs.begin(), vs.end(), v)) made_on = peer;
+      if (made_on < 0 || Contains(group, made_on)) break;
+      group.push_back(made_on);
+    }
+    if (group.size() != n.inputs.size() || group.size() < 2 || !Contains(group, k)) continue;
+    bool qualifies = true;
+    for (int32_t s = 0; s < p.num_stages && qualifies; ++s) {
+      const StageProgram& h = p.stages[s];
+      const bool member = Contains(group, s);
+      qualifies = member == (std::find(h.post.begin(), h.post.end(), id) != h.post.end());
+      if (!member || !qualifies) continue;
+      const ir::ValueId c = n.inputs[std::find(group.begin(), group.end(), s) - group.begin()];
+      int readers = 0;
+      for (ir::NodeId q : h.post)
+        for (ir::ValueId v : h.graph.node(q).inputs) readers += v == c;
+      qualifies = readers == 1;
+      for (const auto& [peer, vs] : h.send_post)
+        if (std::binary_search(vs.begin(), vs.end(), c) && !Contains(group, peer)) qualifies = false;
+    }
+    if (qualifies) out[id] = std::move(group);
+  }
+  return out;
+}
+
+
 absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<ActionList>& lists) {
   RET_CHECK(static_cast<int32_t>(lists.size()) == p.num_stages);
   // The micro-batch actions: a stage's RECV waits for what its peer sends it for the micro-batch.
@@ -587,11 +633,19 @@ absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<Actio
   // The optimizer phase, which every stage reaches once its micro-batch actions are done, as the
   // executor runs it: send the accumulated values, then each post node in order (receiving what it
   // needs first, sending what it makes).
+  // An all-reduce is a barrier of its group: each member announces its arrival (messages with
+  // negative ids) and waits for every other member's.
   auto id = [](ir::ValueId v, int32_t src, int32_t dst) -> int64_t { return (int64_t{v} * 4096 + src) * 4096 + dst; };
+  auto arrival = [](ir::NodeId n, int32_t src, int32_t dst) -> int64_t {
+    return -((int64_t{n} * 4096 + src) * 4096 + dst) - 1;
+  };
   std::vector<std::vector<SimStep>> post(p.num_stages);
   for (int32_t s = 0; s < p.num_stages; ++s) {
     const StageProgram& sp = p.stages[s];
-    const std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
+    const std::map<ir::NodeId, std::vector<int32_t>> reduced = AllReducedSums(p, s);
+    std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
+    for (const auto& [n, group] : reduced)
+      for (ir::ValueId v : sp.graph.node(n).inputs) acc.erase(v);
     SimStep first;
     first.label = "O:send-accumulated";
     for (const auto& [peer, vs] : sp.send_post)
@@ -602,6 +656,17 @@ absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<Actio
     for (ir::NodeId n : sp.post) {
       SimStep y;
       y.label = "O:" + sp.graph.node(n).name;
+      if (auto it = reduced.find(n); it != reduced.end()) {
+        SimStep arrive;
+        arrive.label = y.label + ":arrive";
+        for (int32_t t : it->second) {
+          if (t == s) continue;
+          arrive.sends.push_back({.message = arrival(n, s, t)});
+          y.waits.push_back(arrival(n, t, s));
+        }
+        post[s].push_back(std::move(arrive));
+        for (ir::ValueId v : sp.graph.node(n).inputs) have.insert(v);
+      }
       for (ir::ValueId v : sp.graph.node(n).inputs) {
         if (v == ir::kNoValue || have.count(v)) continue;
         for (const auto& [peer, vs] : sp.recv_post) {
@@ -692,10 +757,11 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.arena = layout->arena();
   m.activations = layout->activations();
   m.workspace = m.arena - m.activations;
-  // Boundary buffers: every value received or sent per micro-batch, and the shared parameters'
-  // contributions received once per step.
+  // Boundary buffers: every value sent per micro-batch (the transport's copy in flight), and the
+  // shared parameters' contributions received once per step. Values received per micro-batch land
+  // in their planned slots of the arena and are counted there.
   std::set<ir::ValueId> boundary;
-  for (const ValueLists* l : {&sp.recv_forward, &sp.recv_backward, &sp.send_forward, &sp.send_backward})
+  for (const ValueLists* l : {&sp.send_forward, &sp.send_backward})
     for (const auto& [peer, vs] : *l) boundary.insert(vs.begin(), vs.end());
   for (const auto& [peer, vs] : sp.recv_post) {
     for (ir::ValueId v : vs) {

@@ -41,8 +41,10 @@
 //   activations      saved x in_flight (GPipe M, 1F1B min(M, K - stage))
 //   arena            the layout's arena: in_flight saved slots (when more than one) + transient
 //   workspace        arena - activations: the rest of the arena (transients, recompute)
-//   boundary         the values the stage receives and sends per micro-batch, one buffer each, and
-//                    the shared parameters' gradient contributions it receives once per step
+//   boundary         the values the stage sends per micro-batch, one buffer each (the transport's
+//                    copy), and the shared parameters' gradient contributions it receives once per
+//                    step (the all-reduce's buffer); the values it receives per micro-batch land in
+//                    their planned slots of the arena, counted there
 //   total            the sum of the above except `saved` and `arena`
 #pragma once
 
@@ -138,8 +140,20 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, const std
 StageShape ShapeOf(const StageProgram& sp);
 std::vector<StageShape> ShapesOf(const PipelineProgram& p);
 
+// The post Sums of stage k that add a shared parameter's gradient contributions and run as one
+// all-reduce over the parameter's holders (comm::Comm::AllReduce), each with its group: the stages
+// making the Sum's operands, in operand order. A Sum qualifies when its operands (all of its output's
+// dtype and shape) are made on distinct stages, those stages are exactly the ones running it, and
+// each contribution is read by the Sum alone and sent to group members alone; each member's
+// contribution is then all-reduced in place and not sent. The all-reduce folds in the group's order
+// as the Sum kernel adds its operands left to right: the same bits on every holder, and the same as
+// the unpartitioned run. Other Sums (a holder without a contribution, a holder making two) keep
+// exchanging the contributions as the post transfers say.
+std::map<ir::NodeId, std::vector<int32_t>> AllReducedSums(const PipelineProgram& p, int32_t k);
+
 // Simulates the action lists (schedule.h) and the optimizer phase with one message per transferred
-// value in its real order: OK means the executor cannot deadlock on this program.
+// value in its real order, an all-reduce as a barrier of its group: OK means the executor cannot
+// deadlock on this program.
 absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<ActionList>& lists);
 
 // The stage's forward subgraph, what stage_<k>.onnx holds: the forward nodes of the units

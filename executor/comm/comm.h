@@ -1,27 +1,39 @@
-// Point-to-point transport between pipeline stages, behind one interface so that the pipeline
-// driver runs unchanged over threads of one process (InProcessGroup, here) or over NCCL between
-// processes (one per GPU, later).
+// Transport between pipeline stages (and, later, data-parallel replicas), shaped like NCCL so that
+// the stage executor runs unchanged over threads of one process (InProcessGroup, here), CPU
+// processes or NCCL (one process per GPU, later).
 //
 // Contract:
-// - A message is one ir::Tensor sent by rank `src` to rank `dst` under a 64-bit tag. Recv(src, tag)
-//   returns the message with that tag from that source; callers post the sends and receives of a
-//   (src, dst) pair in the same order (what a NCCL implementation relies on), though the in-process
-//   implementation also matches tags out of order.
-// - Send never waits for the receiver (messages are buffered), so a schedule in which every receive
-//   has a matching send is free of deadlock as long as its dependency graph has no cycle (the
-//   pipeline driver proves that by simulation before it runs).
-// - Tensors are handed over without a copy where the transport allows (in-process: the receiver gets
-//   the sender's storage). Tensors are immutable once sent: neither side writes into them.
-// - Stream-ordered, as NCCL's send/receive: `stream` is the sender's stream whose earlier work
-//   produces the tensor (and the receiver's stream whose later work reads it); the receiver's stream
-//   waits for that work before anything issued after Recv. Null streams: host order (the CPU).
-// - Abort(reason) stops the whole group: every blocked and every later Send/Recv on every rank
-//   returns an error carrying the first reason given, so a failure in one stage wakes all others
-//   instead of leaving them waiting forever.
+// - Tensors are placed (ir::Placement): on the host or in a backend's memory. Every call is
+//   stream-ordered, as NCCL's: `stream` is the caller's stream; the call's reads of its tensor come
+//   after the work issued on it before the call, and work issued on it after the call sees the
+//   result. Null streams: host order (the CPU).
+// - Send(dst, tag, t): the message is t's contents when the call is made; the caller may overwrite
+//   t with work issued after the call. Sends never wait for the receiver (messages are buffered).
+// - Recv(src, tag, into): the message with that tag from that source lands in `into`, a buffer the
+//   caller provides (the stage arena's planned slot for the value); its dtype and dims must be the
+//   message's, else the call fails naming both. Callers post the sends and receives of a (src, dst)
+//   pair in a consistent order (what NCCL relies on); the in-process implementation also matches
+//   tags out of order, so a driver bug shows as an error instead of a silently swapped tensor.
+// - GroupStart/GroupEnd (ncclGroupStart/End): the sends and receives posted between them are
+//   issued together at GroupEnd, sends first, so a group that receives from a peer and sends to it
+//   cannot deadlock whatever order its calls were made in. Calls in a group only check their
+//   arguments; GroupEnd returns the first error of the group's transfers. Groups nest; AllReduce is
+//   not allowed inside one.
+// - AllReduce(t, ranks): over the group `ranks` (distinct ranks, this one among them, listed the same
+//   way by every member), every member's t becomes the sum of the members' tensors, in place. The
+//   sum is a left fold in the order of `ranks`, ((t_r0 + t_r1) + t_r2) + ..., computed once and
+//   copied to every member, so the result is bitwise identical on every member and equal to a
+//   serial sum in that order. Members call the all-reduces of one group in the same order (the
+//   n-th call of each member is one all-reduce, as NCCL matches collectives); their tensors must
+//   agree in dtype and dims, else every member fails naming both.
+// - Abort(reason) stops the whole group: every blocked and every later call on every rank returns an
+//   error carrying the first reason given, so a failure in one stage wakes all others instead of
+//   leaving them waiting forever.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,20 +49,26 @@ class Comm {
   virtual int size() const = 0;
 
   virtual absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) = 0;
-  virtual absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag, backend::Stream* stream) = 0;
+  virtual absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) = 0;
+  virtual absl::Status GroupStart() = 0;
+  virtual absl::Status GroupEnd() = 0;
+  virtual absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) = 0;
 
   // Stops the group (see the header comment). The first reason wins; later calls keep it.
   virtual void Abort(const absl::Status& reason) = 0;
   // The reason of the abort, or OK while the group runs.
   virtual absl::Status abort_status() const = 0;
 
-  // Bytes this rank has sent / received so far (for reports).
+  // Bytes this rank has sent / received so far by Send/Recv (for reports).
   virtual int64_t bytes_sent() const = 0;
   virtual int64_t bytes_received() const = 0;
 };
 
-// True for the error a Send/Recv returns because another rank aborted the group (as opposed to the
+// True for the error a call returns because another rank aborted the group (as opposed to the
 // failure that caused the abort).
 bool IsAbortedByPeer(const absl::Status& s);
+
+// "f32 (2, 3)": how errors name a tensor.
+std::string DescribeTensor(const ir::Tensor& t);
 
 }  // namespace onnxpipe::comm

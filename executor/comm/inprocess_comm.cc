@@ -1,10 +1,13 @@
-// Mailboxes per destination rank under one group lock. Why tags are matched out of order: the
-// pipeline driver receives in the order it sends, but matching by (src, tag) makes a driver bug
-// show up as a wrong-value error or a reported deadlock rather than a silently swapped tensor.
+// Why the sender stages a copy: NCCL's stream order lets the sender overwrite its buffer with work
+// issued after the send; a thread transport that buffered the sender's own storage could not allow
+// that. Why the last member of an all-reduce sums alone: one summation in one order is what makes
+// every member's result the same bits; the others only copy it.
 #include "executor/comm/inprocess_comm.h"
 
+#include <algorithm>
 #include <chrono>
-#include <string>
+#include <cstring>
+#include <sstream>
 
 #include "frontend/ir/status.h"
 
@@ -13,11 +16,37 @@ namespace {
 
 constexpr char kAbortPrefix[] = "pipeline aborted: ";
 
+std::string RanksString(const std::vector<int>& ranks) {
+  std::string s = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "}";
+}
+
+bool SameShape(const ir::Tensor& a, const ir::Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
+
+// The event marking the work issued on `stream` so far (null for host order).
+absl::StatusOr<std::shared_ptr<backend::Event>> Mark(backend::Stream* stream) {
+  if (stream == nullptr) return std::shared_ptr<backend::Event>();
+  return stream->Record();
+}
+
+absl::Status WaitFor(backend::Stream* stream, const std::shared_ptr<backend::Event>& e) {
+  if (stream == nullptr || e == nullptr) return absl::OkStatus();
+  return stream->Wait(*e);
+}
+
 }  // namespace
 
 bool IsAbortedByPeer(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kAborted &&
-         s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
+  return s.code() == absl::StatusCode::kAborted && s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
+}
+
+std::string DescribeTensor(const ir::Tensor& t) {
+  std::ostringstream os;
+  os << ir::DTypeName(t.dtype()) << " (";
+  for (size_t i = 0; i < t.dims().size(); ++i) os << (i ? ", " : "") << t.dims()[i];
+  os << ")";
+  return os.str();
 }
 
 class InProcessComm : public Comm {
@@ -25,22 +54,48 @@ class InProcessComm : public Comm {
   InProcessComm(std::shared_ptr<InProcessGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
+
   absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override {
-    std::shared_ptr<backend::Event> ready;
-    if (stream != nullptr) {
-      absl::StatusOr<std::shared_ptr<backend::Event>> e = stream->Record();
-      if (!e.ok()) return e.status();
-      ready = *std::move(e);
+    RETURN_IF_ERROR(group_->CheckPeer(rank_, dst, "sends to"));
+    if (!t.has_data()) return INVALID_ARGUMENT() << "rank " << rank_ << " sends message " << tag << " without data";
+    if (depth_ > 0) {
+      grouped_.push_back({true, dst, tag, t, stream});
+      return absl::OkStatus();
     }
-    return group_->Send(rank_, dst, tag, t, std::move(ready));
+    return group_->Send(rank_, dst, tag, t, stream);
   }
-  absl::StatusOr<ir::Tensor> Recv(int src, uint64_t tag, backend::Stream* stream) override {
-    std::shared_ptr<backend::Event> ready;
-    absl::StatusOr<ir::Tensor> t = group_->Recv(rank_, src, tag, &ready);
-    if (t.ok() && ready != nullptr && stream != nullptr) {
-      if (absl::Status st = stream->Wait(*ready); !st.ok()) return st;
+  absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override {
+    RETURN_IF_ERROR(group_->CheckPeer(rank_, src, "receives from"));
+    if (!into.has_data()) {
+      return INVALID_ARGUMENT() << "rank " << rank_ << " receives message " << tag << " from rank " << src
+                                << " into a buffer without storage";
     }
-    return t;
+    if (depth_ > 0) {
+      grouped_.push_back({false, src, tag, into, stream});
+      return absl::OkStatus();
+    }
+    return group_->Recv(rank_, src, tag, into, stream);
+  }
+  absl::Status GroupStart() override {
+    ++depth_;
+    return absl::OkStatus();
+  }
+  absl::Status GroupEnd() override {
+    if (depth_ == 0) return FAILED_PRECONDITION() << "rank " << rank_ << ": GroupEnd without GroupStart";
+    if (--depth_ > 0) return absl::OkStatus();
+    std::vector<Grouped> ops = std::move(grouped_);
+    grouped_.clear();
+    for (const Grouped& op : ops)
+      if (op.send) RETURN_IF_ERROR(group_->Send(rank_, op.peer, op.tag, op.tensor, op.stream));
+    for (const Grouped& op : ops)
+      if (!op.send) RETURN_IF_ERROR(group_->Recv(rank_, op.peer, op.tag, op.tensor, op.stream));
+    return absl::OkStatus();
+  }
+  absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) override {
+    if (depth_ > 0) {
+      return FAILED_PRECONDITION() << "rank " << rank_ << ": AllReduce between GroupStart and GroupEnd";
+    }
+    return group_->AllReduce(rank_, t, ranks, stream);
   }
   void Abort(const absl::Status& reason) override { group_->Abort(reason); }
   absl::Status abort_status() const override { return group_->abort_status(); }
@@ -54,17 +109,29 @@ class InProcessComm : public Comm {
   }
 
  private:
+  struct Grouped {
+    bool send;
+    int peer;
+    uint64_t tag;
+    ir::Tensor tensor;
+    backend::Stream* stream;
+  };
   std::shared_ptr<InProcessGroup> group_;
   int rank_;
+  int depth_ = 0;
+  std::vector<Grouped> grouped_;
 };
 
-std::shared_ptr<InProcessGroup> InProcessGroup::Create(int world_size, double recv_timeout_s) {
-  return std::shared_ptr<InProcessGroup>(new InProcessGroup(world_size, recv_timeout_s));
+std::shared_ptr<InProcessGroup> InProcessGroup::Create(int world_size, double timeout_s,
+                                                       std::shared_ptr<const backend::Backend> backend) {
+  if (backend == nullptr) backend = backend::MakeCpuBackend();
+  return std::shared_ptr<InProcessGroup>(new InProcessGroup(world_size, timeout_s, std::move(backend)));
 }
 
-InProcessGroup::InProcessGroup(int world_size, double recv_timeout_s)
+InProcessGroup::InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend)
     : world_size_(world_size < 1 ? 1 : world_size),
-      recv_timeout_s_(recv_timeout_s),
+      timeout_s_(timeout_s),
+      backend_(std::move(backend)),
       mailbox_(world_size_),
       sent_(world_size_, 0),
       received_(world_size_, 0) {}
@@ -79,7 +146,7 @@ void InProcessGroup::Abort(const absl::Status& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!abort_.ok()) return;
     abort_ = reason.ok() ? absl::CancelledError("aborted without a reason") : reason;
-    // Queued tensors are dropped now: nobody will receive them.
+    // Queued messages are dropped now: nobody will receive them.
     for (auto& q : mailbox_) q.clear();
   }
   cv_.notify_all();
@@ -97,57 +164,170 @@ int64_t InProcessGroup::pending_messages() const {
   return n;
 }
 
-absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tensor& t,
-                                  std::shared_ptr<backend::Event> ready) {
-  if (dst < 0 || dst >= world_size_ || dst == src) {
-    return INVALID_ARGUMENT() << "rank " << src << " sends to rank " << dst << " of a group of "
-                              << world_size_;
+absl::Status InProcessGroup::CheckPeer(int self, int peer, const char* verb) const {
+  if (peer < 0 || peer >= world_size_ || peer == self) {
+    return INVALID_ARGUMENT() << "rank " << self << " " << verb << " rank " << peer << " of a group of " << world_size_;
   }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::AbortedLocked() const {
+  return abort_.ok() ? absl::OkStatus() : absl::AbortedError(kAbortPrefix + std::string(abort_.message()));
+}
+
+absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
+                                        const std::function<std::string()>& what) {
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s_));
+  for (;;) {
+    RETURN_IF_ERROR(AbortedLocked());
+    if (done()) return absl::OkStatus();
+    if (timeout_s_ <= 0) {
+      cv_.wait(lock);
+    } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !done()) {
+      RETURN_IF_ERROR(AbortedLocked());
+      return absl::DeadlineExceededError(what() + " (waited more than " + std::to_string(timeout_s_) + " s)");
+    }
+  }
+}
+
+absl::StatusOr<ir::Tensor> InProcessGroup::Stage(const ir::Tensor& t, backend::Stream* stream) const {
+  if (t.placement() == backend_->placement()) return backend_->Clone(t, stream);
+  if (t.on_host()) return t.Clone();
+  return INVALID_ARGUMENT() << "a tensor on " << t.placement().ToString()
+                            << " is in no memory of the group (the host or " << backend_->name() << ")";
+}
+
+absl::Status InProcessGroup::CopyPlaced(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* stream) const {
+  const ir::Placement here = backend_->placement();
+  if (src.placement() == here && dst.placement() == here) return backend_->Copy(src, dst, stream);
+  if (src.on_host() && dst.placement() == here) return backend_->FromHost(src, dst, stream);
+  if (src.on_host() && dst.on_host()) {
+    ir::Tensor d = dst;
+    if (src.num_bytes() > 0) std::memcpy(d.raw(), src.raw(), src.num_bytes());
+    return absl::OkStatus();
+  }
+  if (src.placement() == here && dst.on_host()) {
+    ASSIGN_OR_RETURN(const ir::Tensor h, backend_->ToHost(src, stream));
+    return CopyPlaced(h, dst, stream);
+  }
+  return INVALID_ARGUMENT() << "cannot copy from " << src.placement().ToString() << " to " << dst.placement().ToString()
+                            << " through " << backend_->name();
+}
+
+absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!abort_.ok()) {
-      return absl::AbortedError(kAbortPrefix + std::string(abort_.message()));
-    }
-    mailbox_[dst].push_back(Message{src, tag, t, std::move(ready)});
-    sent_[src] += t.defined() ? t.num_bytes() : 0;
+    RETURN_IF_ERROR(AbortedLocked());
+  }
+  ASSIGN_OR_RETURN(ir::Tensor staged, Stage(t, stream));
+  ASSIGN_OR_RETURN(std::shared_ptr<backend::Event> ready, Mark(stream));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(AbortedLocked());
+    mailbox_[dst].push_back(Message{src, tag, std::move(staged), std::move(ready)});
+    sent_[src] += t.num_bytes();
   }
   cv_.notify_all();
   return absl::OkStatus();
 }
 
-absl::StatusOr<ir::Tensor> InProcessGroup::Recv(int dst, int src, uint64_t tag,
-                                                 std::shared_ptr<backend::Event>* ready) {
-  if (src < 0 || src >= world_size_ || src == dst) {
-    return INVALID_ARGUMENT() << "rank " << dst << " receives from rank " << src << " of a group of "
-                              << world_size_;
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(recv_timeout_s_));
-  for (;;) {
-    if (!abort_.ok()) return absl::AbortedError(kAbortPrefix + std::string(abort_.message()));
+absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) {
+  Message m;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
     std::deque<Message>& q = mailbox_[dst];
-    for (auto it = q.begin(); it != q.end(); ++it) {
-      if (it->src == src && it->tag == tag) {
-        ir::Tensor t = std::move(it->tensor);
-        if (ready != nullptr) *ready = std::move(it->ready);
-        q.erase(it);
-        received_[dst] += t.defined() ? t.num_bytes() : 0;
-        return t;
-      }
+    auto match = q.end();
+    RETURN_IF_ERROR(WaitLocked(
+        lock,
+        [&] {
+          match = std::find_if(q.begin(), q.end(), [&](const Message& x) { return x.src == src && x.tag == tag; });
+          return match != q.end();
+        },
+        [&] {
+          return "rank " + std::to_string(dst) + " waited for message " + std::to_string(tag) + " from rank " +
+                 std::to_string(src);
+        }));
+    m = std::move(*match);
+    q.erase(match);
+    received_[dst] += m.staged.num_bytes();
+  }
+  if (!SameShape(m.staged, into)) {
+    return INVALID_ARGUMENT() << "rank " << dst << " receiving message " << tag << " from rank " << src
+                              << ": the sender's tensor is " << DescribeTensor(m.staged)
+                              << " but the receive buffer is " << DescribeTensor(into);
+  }
+  RETURN_IF_ERROR(WaitFor(stream, m.ready));
+  return CopyPlaced(m.staged, into, stream);
+}
+
+absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std::vector<int>& ranks,
+                                       backend::Stream* stream) {
+  const std::string who = "rank " + std::to_string(rank) + ": all-reduce over ranks " + RanksString(ranks);
+  int pos = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_size_ || std::count(ranks.begin(), ranks.end(), ranks[i]) > 1) {
+      return INVALID_ARGUMENT() << who << ": the ranks must be distinct ranks of a group of " << world_size_;
     }
-    if (recv_timeout_s_ > 0) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return absl::DeadlineExceededError("rank " + std::to_string(dst) + " waited more than " +
-                                           std::to_string(recv_timeout_s_) + " s for message " +
-                                           std::to_string(tag) + " from rank " + std::to_string(src));
-      }
-      cv_.wait_until(lock, deadline);
-    } else {
-      cv_.wait(lock);
+    if (ranks[i] == rank) pos = static_cast<int>(i);
+  }
+  if (pos < 0) return INVALID_ARGUMENT() << who << ", which does not include it";
+  if (!t.has_data() || t.placement() != backend_->placement()) {
+    return INVALID_ARGUMENT() << who << ": the tensor must be in " << backend_->name() << " memory";
+  }
+  if (ranks.size() == 1) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<backend::Event> ready, Mark(stream));
+
+  std::unique_lock<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(AbortedLocked());
+  std::vector<int64_t>& calls = reduce_calls_[ranks];
+  calls.resize(ranks.size(), 0);
+  const ReductionKey key{ranks, calls[pos]++};
+  Reduction& r = reductions_[key];
+  r.inputs.resize(ranks.size());
+  r.ready.resize(ranks.size());
+  for (size_t i = 0; i < ranks.size() && r.error.ok(); ++i) {
+    if (r.inputs[i].defined() && !SameShape(r.inputs[i], t)) {
+      r.error = INVALID_ARGUMENT() << "all-reduce " << key.second << " over ranks " << RanksString(ranks) << ": rank "
+                                   << ranks[i] << " has " << DescribeTensor(r.inputs[i]) << " but rank " << rank
+                                   << " has " << DescribeTensor(t);
+      r.finished = true;
+      cv_.notify_all();
     }
   }
+  r.inputs[pos] = t;
+  r.ready[pos] = std::move(ready);
+  if (++r.arrived == static_cast<int>(ranks.size()) && r.error.ok()) {
+    // The last member sums, on its stream, after every member's work on its tensor.
+    lock.unlock();
+    absl::StatusOr<ir::Tensor> sum = [&]() -> absl::StatusOr<ir::Tensor> {
+      for (const std::shared_ptr<backend::Event>& e : r.ready) RETURN_IF_ERROR(WaitFor(stream, e));
+      ASSIGN_OR_RETURN(ir::Tensor acc, backend_->Clone(r.inputs[0], stream));
+      for (size_t i = 1; i < r.inputs.size(); ++i) RETURN_IF_ERROR(backend_->Accumulate(acc, r.inputs[i], stream));
+      return acc;
+    }();
+    absl::StatusOr<std::shared_ptr<backend::Event>> done = sum.ok() ? Mark(stream) : sum.status();
+    lock.lock();
+    if (done.ok()) {
+      r.sum = *std::move(sum);
+      r.done = *std::move(done);
+    } else {
+      r.error = Annotate(done.status(), who);
+    }
+    r.finished = true;
+    cv_.notify_all();
+  }
+  RETURN_IF_ERROR(WaitLocked(
+      lock, [&] { return r.finished; }, [&] { return who + " waited for the other members"; }));
+  const absl::Status error = r.error;
+  const ir::Tensor sum = r.sum;
+  const std::shared_ptr<backend::Event> done = r.done;
+  if (++r.departed == static_cast<int>(ranks.size())) reductions_.erase(key);
+  lock.unlock();
+  RETURN_IF_ERROR(error);
+  RETURN_IF_ERROR(WaitFor(stream, done));
+  return backend_->Copy(sum, t, stream);
 }
 
 }  // namespace onnxpipe::comm

@@ -1,16 +1,25 @@
 // In-process implementation of comm::Comm: the ranks of a group are threads of one process, each
-// holding the Comm endpoint of its rank. Messages are queued per destination (unbounded; the
-// pipeline schedule bounds how many are in flight) and hand the sender's tensor storage to the
-// receiver without a copy. One lock and one condition variable serve the whole group: stages
-// exchange a few messages per micro-batch, far too few for contention to matter, and a single
-// condition variable makes Abort trivially wake every waiter.
+// holding the Comm endpoint of its rank; their tensors live in one backend's memory (or on the
+// host), and every copy goes through that backend on the streams of the ranks involved.
+// A Send copies its tensor into a staging buffer of the message on the sender's stream and
+// records an event; the Recv makes the receiver's stream wait for it and copies the staging buffer
+// into the caller's buffer. Messages are queued per destination (unbounded; the pipeline schedule
+// bounds how many are in flight). An all-reduce is summed once, by the member that arrives last,
+// on its stream, into a buffer of the reduction that every member then copies from.
+// One lock and one condition variable serve the whole group: stages exchange a few messages per
+// micro-batch, far too few for contention to matter, and a single condition variable makes Abort
+// trivially wake every waiter.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/comm/comm.h"
@@ -19,9 +28,11 @@ namespace onnxpipe::comm {
 
 class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
  public:
-  // `recv_timeout_s` > 0: a Recv that waits longer fails with DeadlineExceeded (a hang detector
-  // for tests and debugging); 0 waits without limit.
-  static std::shared_ptr<InProcessGroup> Create(int world_size, double recv_timeout_s = 0);
+  // `timeout_s` > 0: a Recv, GroupEnd or AllReduce that waits longer fails with DeadlineExceeded (a
+  // hang detector for tests and debugging); 0 waits without limit. `backend`: where the ranks'
+  // tensors live besides the host (null: the CPU backend).
+  static std::shared_ptr<InProcessGroup> Create(int world_size, double timeout_s = 0,
+                                                std::shared_ptr<const backend::Backend> backend = nullptr);
 
   int size() const { return world_size_; }
   // The endpoint of `rank` (0 <= rank < size()); several endpoints of one rank share its mailbox.
@@ -37,19 +48,43 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   struct Message {
     int src;
     uint64_t tag;
-    ir::Tensor tensor;
+    ir::Tensor staged;  // the message's bytes, the transport's own
     std::shared_ptr<backend::Event> ready;
   };
-  InProcessGroup(int world_size, double recv_timeout_s);
-  // `ready`: the sender's event after the work producing t (null: none), handed to the receiver.
-  absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t, std::shared_ptr<backend::Event> ready);
-  absl::StatusOr<ir::Tensor> Recv(int dst, int src, uint64_t tag, std::shared_ptr<backend::Event>* ready);
+  // One all-reduce of one group of ranks; members by their position in the group's list.
+  struct Reduction {
+    std::vector<ir::Tensor> inputs;
+    std::vector<std::shared_ptr<backend::Event>> ready;
+    int arrived = 0, departed = 0;
+    bool finished = false;
+    absl::Status error;
+    ir::Tensor sum;
+    std::shared_ptr<backend::Event> done;
+  };
+  using ReductionKey = std::pair<std::vector<int>, int64_t>;  // the group, the member's call count
+
+  InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend);
+  absl::Status CheckPeer(int self, int peer, const char* verb) const;
+  absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream);
+  absl::Status Recv(int dst, int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream);
+  absl::Status AllReduce(int rank, const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream);
+  // Waits under `lock` until `done()`, the abort or the timeout; `what` describes the wait.
+  absl::Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
+                          const std::function<std::string()>& what);
+  absl::Status AbortedLocked() const;
+  // A copy of `t` the transport owns (in the backend's memory, or on the host for a host tensor).
+  absl::StatusOr<ir::Tensor> Stage(const ir::Tensor& t, backend::Stream* stream) const;
+  // dst = src on `stream`, wherever each lives (the host or the backend's memory).
+  absl::Status CopyPlaced(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* stream) const;
 
   const int world_size_;
-  const double recv_timeout_s_;
+  const double timeout_s_;
+  const std::shared_ptr<const backend::Backend> backend_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::deque<Message>> mailbox_;  // per destination rank
+  std::vector<std::deque<Message>> mailbox_;                       // per destination rank
+  std::map<std::vector<int>, std::vector<int64_t>> reduce_calls_;  // per group, per member: calls so far
+  std::map<ReductionKey, Reduction> reductions_;
   absl::Status abort_;
   std::vector<int64_t> sent_, received_;  // bytes per rank
 };

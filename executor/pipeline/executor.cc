@@ -2,11 +2,12 @@
 // from the stage programs and action lists the partitioner built. Each stage thread owns its
 // StageProgram (graph with its parameters), its StageArena
 // (every micro-batch value and accumulator in its planned slot) and its micro-batch tables; threads
-// share nothing but the read-only feeds and the comm group, so the only synchronisation is
-// Send/Recv. Why sends are eager (right after the producing node) and the SEND actions are no-ops
+// share nothing but the read-only feeds and the comm group, so the only synchronisation is the
+// comm's. Why sends are eager (right after the producing node) and the SEND actions are no-ops
 // here: a value leaves the stage as soon as it exists, which is what the memory plan assumes (its
-// slot is reused right after) and what lets the receiver start early; the in-process transport
-// therefore carries a copy, and the receiver copies it into its own planned slot. With NCCL the
+// slot is reused right after) and what lets the receiver start early; the comm's stream-ordered
+// Send lets the slot be overwritten by later work (the in-process transport stages a copy). A RECV
+// action receives its values as one comm group straight into their planned slots. With NCCL the
 // SEND action is where the stage would wait for its outstanding isends of the micro-batch.
 #include "executor/pipeline/executor.h"
 
@@ -85,6 +86,18 @@ class PostSlots : public ir::OutputAllocator {
   int64_t workspace_bytes_ = 0;
   int64_t scratch_bytes_ = 0;
 };
+
+absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
+  std::vector<int64_t> dims;
+  for (const ir::Dim& d : val.shape) {
+    if (!val.shape_known || !d.is_concrete()) {
+      return FAILED_PRECONDITION() << "'" << val.name << "' has no concrete shape (" << ir::ShapeToString(val.shape)
+                                   << ") to receive it into";
+    }
+    dims.push_back(d.value());
+  }
+  return dims;
+}
 
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
@@ -288,20 +301,35 @@ class PipelineExecutor::StageRun {
     measure.max_in_flight = std::max(measure.max_in_flight, n);
   }
 
+  // The values of one RECV action, received as one group straight into their planned slots. A value
+  // the plan gives no slot (one only read for its dims) lands in a buffer of its own.
   absl::Status Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values, const char* phase) {
     ASSIGN_OR_RETURN(Table * tp, Get(m));
     Table& t = *tp;
     const double start = Now();
+    const std::string where = "stage " + std::to_string(sp_.stage) + ", micro-batch " + std::to_string(m);
+    std::vector<ir::Tensor> into;
     for (ir::ValueId v : values) {
-      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, v), stream_);
-      if (!x.ok()) {
-        if (comm::IsAbortedByPeer(x.status())) return x.status();
-        return Annotate(x.status(), "stage " + std::to_string(sp_.stage) + ", micro-batch " + std::to_string(m) +
-                                        ": receiving '" + sp_.graph.value(v).name + "' from stage " +
-                                        std::to_string(peer));
-      }
-      RETURN_IF_ERROR(Put(t, m, v, *x));
+      const ir::Value& val = sp_.graph.value(v);
+      ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(val));
+      absl::StatusOr<ir::Tensor> buffer =
+          arena_.Address(v, m) != nullptr ? arena_.Slot(v, m, val.dtype, dims, "received value", /*zero=*/false)
+                                          : be_.Zeros(val.dtype, dims, stream_);
+      if (!buffer.ok()) return Annotate(buffer.status(), where + ": receiving '" + val.name + "'");
+      into.push_back(*std::move(buffer));
     }
+    absl::Status st = comm_.GroupStart();
+    for (size_t i = 0; i < values.size() && st.ok(); ++i) {
+      st = comm_.Recv(peer, Tag(feeds_.step, kTagMicrobatch, m, values[i]), into[i], stream_);
+    }
+    if (absl::Status end = comm_.GroupEnd(); st.ok()) st = end;
+    if (!st.ok()) {
+      if (comm::IsAbortedByPeer(st)) return st;
+      std::string names;
+      for (ir::ValueId v : values) names += (names.empty() ? "'" : ", '") + sp_.graph.value(v).name + "'";
+      return Annotate(st, where + ": receiving " + names + " from stage " + std::to_string(peer));
+    }
+    for (size_t i = 0; i < values.size(); ++i) RETURN_IF_ERROR(Put(t, m, values[i], into[i]));
     const double end = Now();
     measure.recv_wait_s += (end - start) * 1e-6;
     trace.push_back({sp_.stage, 1, std::string("recv ") + phase + std::to_string(m) + " from " + std::to_string(peer),
@@ -382,8 +410,7 @@ class PipelineExecutor::StageRun {
       }
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
-        ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(out[k], stream_));
-        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), std::move(copy), stream_);
+        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k], stream_);
         if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
@@ -464,6 +491,29 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
+  // Post Sum `id` of a shared parameter's contributions as an all-reduce over `group` (its holders):
+  // this stage's accumulated contribution becomes the sum in place and is the Sum's output.
+  absl::StatusOr<std::vector<ir::Tensor>> AllReduceSum(ir::NodeId id, const std::vector<int>& group,
+                                                       const std::vector<ir::Tensor>& pv) {
+    const ir::Node& n = sp_.graph.node(id);
+    const ir::Tensor& mine = pv[n.inputs[std::find(group.begin(), group.end(), sp_.stage) - group.begin()]];
+    std::string stages;
+    for (int s : group) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
+    const std::string what = Where(-1, StepPhase::kPost) + " " + NodeDesc(n) + ": all-reducing the gradient of '" +
+                             n.origin + "' over stages {" + stages + "}";
+    const double start = Now();
+    absl::Status st = comm_.AllReduce(mine, group, stream_);
+    const double end = Now();
+    measure.recv_wait_s += (end - start) * 1e-6;
+    trace.push_back({sp_.stage, 1, "all-reduce " + n.origin, "recv", -1, start, end - start});
+    if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
+    if (ex_.options_.check_numerics) {
+      ASSIGN_OR_RETURN(const bool finite, be_.AllFinite(mine, stream_));
+      if (!finite) return FAILED_PRECONDITION() << what << " produced a non-finite value";
+    }
+    return std::vector<ir::Tensor>{mine};
+  }
+
   absl::Status Post() {
     const double start = Now();
     ir::Graph& sg = sp_.graph;
@@ -479,30 +529,42 @@ class PipelineExecutor::StageRun {
       return Annotate(st, Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
     };
     auto recv = [&](int32_t peer, uint64_t kind, ir::ValueId v) -> absl::StatusOr<ir::Tensor> {
+      const std::string what = Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " +
+                               std::to_string(peer);
+      absl::StatusOr<std::vector<int64_t>> dims = ConcreteDims(sg.value(v));
+      // A buffer of the plan's boundary memory (a value received once per step), not the phase's scratch.
+      absl::StatusOr<ir::Tensor> into = dims.ok() ? be_.Zeros(sg.value(v).dtype, *dims, stream_) : dims.status();
+      if (!into.ok()) return Annotate(into.status(), what);
       const double r0 = Now();
-      absl::StatusOr<ir::Tensor> x = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v), stream_);
+      absl::Status st = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v), *into, stream_);
       measure.recv_wait_s += (Now() - r0) * 1e-6;
-      if (x.ok() || comm::IsAbortedByPeer(x.status())) return x;
-      return Annotate(x.status(), Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " +
-                                      std::to_string(peer));
+      if (st.ok()) return into;
+      return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
     };
+    const std::map<ir::NodeId, std::vector<int>>& reduced = ex_.all_reduced_[sp_.stage];
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
+    std::set<ir::ValueId> reduced_here;  // contributions all-reduced instead of sent
+    for (const auto& [id, group] : reduced)
+      for (ir::ValueId v : sg.node(id).inputs)
+        if (accumulated.count(v)) reduced_here.insert(v);
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
-        if (accumulated.count(v)) {
-          ASSIGN_OR_RETURN(ir::Tensor copy, be_.Clone(pv[v], stream_));
-          RETURN_IF_ERROR(send(peer, kTagPost, v, std::move(copy)));
-        }
+        if (accumulated.count(v) && !reduced_here.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
     for (ir::NodeId id : sp_.post) {
-      for (ir::ValueId v : sg.node(id).inputs) {
-        if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
-        for (const auto& [peer, vs] : sp_.recv_post) {
-          if (std::binary_search(vs.begin(), vs.end(), v)) {
-            ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+      std::vector<ir::Tensor> out;
+      if (auto it = reduced.find(id); it != reduced.end()) {
+        ASSIGN_OR_RETURN(out, AllReduceSum(id, it->second, pv));
+      } else {
+        for (ir::ValueId v : sg.node(id).inputs) {
+          if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
+          for (const auto& [peer, vs] : sp_.recv_post) {
+            if (std::binary_search(vs.begin(), vs.end(), v)) {
+              ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+            }
           }
         }
+        ASSIGN_OR_RETURN(out, Eval(id, pv, -1, StepPhase::kPost));
       }
-      ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, Eval(id, pv, -1, StepPhase::kPost));
       const ir::Node& n = sg.node(id);
       for (size_t k = 0; k < n.outputs.size(); ++k) {
         const ir::ValueId o = n.outputs[k];
@@ -586,6 +648,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
                      StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
     ex->arenas_.push_back(std::move(arena));
     ex->uses_.push_back(CountUses(sp));
+    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
@@ -669,7 +732,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
       ASSIGN_OR_RETURN(*c, backend_->Clone(*c, streams_[s].get()));
     }
   }
-  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s);
+  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_);
   std::vector<std::unique_ptr<comm::Comm>> comms;
   std::vector<std::unique_ptr<StageRun>> runs;
   const Clock::time_point t0 = Clock::now();

@@ -12,9 +12,10 @@
 //
 // Backend: every buffer (arenas, parameters, optimizer state, constants, the values in transit) is
 // the backend's memory, one stream per stage; the driver touches it only through the backend's
-// calls: feeds and step scalars go in by FromHost, the loss and the norm come out by ToHost, sends
-// carry backend copies. Parameters(), State() and StageConstant() return host copies (a failing
-// device copy aborts: the state could not be trusted).
+// calls: feeds and step scalars go in by FromHost, the loss and the norm come out by ToHost, the
+// comm copies what it carries through the backend and receives land in the arena's planned slots.
+// Parameters(), State() and StageConstant() return host copies (a failing device copy aborts: the
+// state could not be trusted).
 //
 // Random streams: micro-batch m of step k uses ExecContext{dropout, seed, offset = k,
 // row_offset = m * rows, rows} in its forward, backward and recompute: a recomputed Dropout replays
@@ -29,8 +30,10 @@
 // micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
 // StageMeasure reports the high-water of what the arena handed out in the step, which equals the
 // layout's prediction. The optimizer phase updates every stage's parameters and optimizer state in
-// place (each stage owns its states' storage); its other outputs (the global norm, the sum of a
-// tied parameter's gradient contributions) are fresh tensors, measured as optimizer scratch.
+// place (each stage owns its states' storage); a tied parameter's gradient is all-reduced over its
+// holders in place, in the accumulator of each holder's contribution (comm::Comm::AllReduce, in the
+// Sum's operand order, so every holder gets the Sum's bits); its other outputs (the global norm) are
+// fresh tensors, measured as optimizer scratch.
 #pragma once
 
 #include <cstdint>
@@ -178,6 +181,9 @@ class PipelineExecutor {
   std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
   std::vector<Uses> uses_;  // per stage
+  // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
+  // their holders, with the group in the Sum's operand order (the reduction order).
+  std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
   std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;
   std::vector<std::unique_ptr<StageArena>> arenas_;

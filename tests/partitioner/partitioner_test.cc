@@ -340,6 +340,14 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
         EXPECT_EQ(b.peers, std::vector<int32_t>{peer});
       }
       EXPECT_EQ(shared_gradients, holds && shared ? 1 : 0) << s.index;
+      // Boundary memory: a buffer per value sent per micro-batch and per shared contribution
+      // received; values received per micro-batch live in the arena's slots, not counted twice.
+      int64_t boundary = 0;
+      for (const BoundaryTensor& b : s.boundary_outputs)
+        if (b.kind == "activation" || b.kind == "gradient") boundary += (b.bytes + 63) / 64 * 64;
+      for (const BoundaryTensor& b : s.boundary_inputs)
+        if (b.kind == "shared_gradient") boundary += (b.bytes + 63) / 64 * 64;
+      EXPECT_EQ(s.memory.boundary, boundary) << s.index;
       // Between stages only (B, w) activations and their gradients travel per micro-batch.
       for (const auto* list : {&s.boundary_inputs, &s.boundary_outputs}) {
         for (const BoundaryTensor& b : *list) {

@@ -121,6 +121,35 @@ TEST(CompilePlan, ThePartitionersPlanCompilesToItsOwnProgramsAndActions) {
   EXPECT_FALSE(f.plan.stages[2].replicated_nodes.empty());
 }
 
+// The tied weight's gradient Sum adds one contribution from each holder: it runs as an all-reduce
+// over the holders, in the Sum's operand order (each operand's stage read off the plan's node
+// lists), on the holders alone. CompilePlan proved the optimizer phase deadlock-free with it.
+TEST(CompilePlan, TheTiedGradientSumIsAnAllReduceOverItsHolders) {
+  const Fixture& f = TiedChain();
+  absl::StatusOr<PartitionPlan> back = PlanFromJson(f.j, "plan.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  absl::StatusOr<CompiledPlan> c = CompilePlan(f.g, *back);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto stage_running = [&](ir::NodeId id) {
+    for (const StagePlan& s : f.plan.stages)
+      for (const std::vector<std::string>* l : {&s.forward_nodes, &s.backward_nodes})
+        if (std::count(l->begin(), l->end(), f.g.node(id).name)) return s.index;
+    return -1;
+  };
+  for (int32_t k : {0, 2}) {
+    const std::map<ir::NodeId, std::vector<int32_t>> reduced = AllReducedSums(c->program, k);
+    ASSERT_EQ(reduced.size(), 1u) << k;
+    const ir::Node& sum = f.g.node(reduced.begin()->first);
+    EXPECT_EQ(sum.op, ir::OpKind::kSum);
+    EXPECT_EQ(sum.origin, "layers.0.weight");
+    std::vector<int32_t> expected;
+    for (ir::ValueId v : sum.inputs) expected.push_back(stage_running(f.g.value(v).producer));
+    EXPECT_EQ(reduced.begin()->second, expected) << k;
+    EXPECT_THAT(expected, ::testing::UnorderedElementsAre(0, 2));
+  }
+  EXPECT_TRUE(AllReducedSums(c->program, 1).empty());
+}
+
 TEST(CompilePlan, AnUnknownNodeIsNamed) {
   const absl::Status st = Compile([](json& c) { c["stages"][1]["nodes"]["forward"][0] = "/layers.9/Linear"; });
   EXPECT_THAT(st.message(), HasSubstr("stage 1 lists node '/layers.9/Linear' under forward, which the training graph "

@@ -2,6 +2,7 @@
 // error naming stage, micro-batch and node; tied parameters stay identical on their stages;
 // dropout replays under recompute; memory measured against the static planner's prediction and
 // 1F1B's activations below GPipe's.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -152,6 +153,51 @@ TEST(PipelineFaults, AFailedStepLeavesTheExecutorUnusable) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The last stage reaches the tied embedding's all-reduce and waits there for stage 0, which fails
+// in its last backward: the abort wakes it, and the step returns stage 0's error at once (not the
+// comm's timeout).
+TEST(PipelineFaults, AFailureWakesTheOtherHolderBlockedInTheTiedAllReduce) {
+  const ModelFixture& f = Fixture("tiny_gpt");
+  RunConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<partitioner::PartitionPlan> plan = f.Plan(c, *g);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<partitioner::CompiledPlan> compiled = partitioner::CompilePlan(*g, *plan);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  ExecutorOptions eo;
+  eo.dropout = false;
+  eo.recv_timeout_s = 60;
+  std::atomic<bool> failed{false};
+  std::vector<std::string> ran_post;  // stage 1's post nodes, in order (its thread alone writes)
+  eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
+    if (e.stage == 1 && e.phase == StepPhase::kPost) ran_post.push_back(e.node->name);
+    if (e.stage == 0 && e.phase == StepPhase::kBackward && e.microbatch == c.microbatches - 1 && !failed.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return absl::InternalError("injected backward fault");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  const std::map<ir::NodeId, std::vector<int32_t>> reduced = partitioner::AllReducedSums((*ex)->program(), 1);
+  ASSERT_EQ(reduced.size(), 1u);
+  const StageProgram& last = (*ex)->program().stages[1];
+  std::vector<std::string> before;
+  for (auto it = last.post.begin(); *it != reduced.begin()->first; ++it) before.push_back(last.graph.node(*it).name);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<PipelineStepResult> s = (*ex)->Step(f.Feeds(0, 0.05, ir::DType::kF64));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInternal) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("injected backward fault"));
+  EXPECT_THAT(s.status().message(), HasSubstr("stage 0, micro-batch 1, backward"));
+  EXPECT_LT(seconds, 30);
+  EXPECT_EQ(ran_post, before);  // stage 1 did all it could before the all-reduce, and nothing after
+}
+
 TEST(PipelineFaults, AReceiveTimeoutTurnsAHangIntoAnError) {
   // Stage 1 stalls (a hook that sleeps) longer than the receive timeout: stage 0 gives up waiting
   // for its gradient, and the step fails naming the wait instead of hanging.
@@ -227,6 +273,15 @@ TEST(PipelineProgram, TiedEmbeddingGradientsAreSummedAcrossStagesAndCopiesStayId
       }
       // Stages in between hold no copy at all.
       for (int32_t s = 1; s < K - 1; ++s) EXPECT_FALSE(r->executor->StageConstant(s, "tok_emb.weight")) << s;
+      // The holders combine the contributions with one all-reduce per step (comm::Comm::AllReduce),
+      // the stages in between take no part in it.
+      for (const PipelineStepResult& step : r->steps) {
+        std::vector<int32_t> reducing;
+        for (const TraceEvent& e : step.trace)
+          if (e.name == "all-reduce tok_emb.weight") reducing.push_back(e.stage);
+        std::sort(reducing.begin(), reducing.end());
+        EXPECT_EQ(reducing, (std::vector<int32_t>{0, K - 1})) << where;
+      }
     }
   }
 }
@@ -310,11 +365,10 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
                 EXPECT_EQ(m.accumulator_bytes, p.accumulators) << where;
                 EXPECT_EQ(m.workspace_bytes, p.workspace) << where;
                 EXPECT_GT(p.saved, 0) << where;
-                // Parameters and optimizer state are updated in place: the optimizer phase's fresh
-                // tensors are scalars (norm partials), except a tied parameter's gradient sum.
-                if (std::string(model) != "tiny_gpt") {
-                  EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
-                }
+                // Parameters and optimizer state are updated in place and a tied parameter's
+                // gradient is all-reduced in place: the optimizer phase's fresh tensors are scalars
+                // (norm partials).
+                EXPECT_LT(m.optimizer_scratch_bytes, p.parameters / 4) << where;
               }
               if (M == 4) activations[kind].push_back(r->steps[0].stages[s].activations_peak);
             }
