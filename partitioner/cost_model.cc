@@ -57,6 +57,10 @@ double ElementwiseFlops(OpKind op) {
       return 8;
     case OpKind::kLayerNormGrad:
       return 12;
+    case OpKind::kRMSNorm:
+      return 5;
+    case OpKind::kRMSNormGrad:
+      return 9;
     case OpKind::kDropout:
     case OpKind::kDropoutGrad:
       return 3;

@@ -144,6 +144,24 @@ TEST(CostModel, GemmRooflineByHand) {
   EXPECT_DOUBLE_EQ(EstimateOpCost(g, g.node(id)).bytes, 11264 / 2);
 }
 
+TEST(CostModel, NormsCostTheirElementwiseWork) {
+  // The roofline charges a norm per element of its larger side (inputs or outputs): RMSNorm 5 FLOPs (square,
+  // add, the row's rsqrt share, x*r, *scale) over x and scale (64 + 16 > y and the (4, 1) statistics, 68);
+  // bytes: x 256 + scale 64 + y 256 + statistics 16. Its gradient 9 per element over dY, X and scale.
+  ir::Graph g;
+  const ir::ValueId x = g.AddValue("x", ir::DType::kF32, ir::FromInts({4, 16}));
+  const ir::ValueId w = g.AddConstant("w", ir::Tensor(ir::DType::kF32, {16}), true);
+  const ir::ValueId y = g.AddValue("y", ir::DType::kF32, ir::FromInts({4, 16}));
+  const ir::ValueId r = g.AddValue("r", ir::DType::kF32, ir::FromInts({4, 1}));
+  const OpCost fwd = EstimateOpCost(g, g.node(g.AddNode(ir::OpKind::kRMSNorm, "rms", {x, w}, {y, r})));
+  EXPECT_FALSE(fwd.gemm);
+  EXPECT_DOUBLE_EQ(fwd.bytes, 256 + 64 + 256 + 16);
+  EXPECT_DOUBLE_EQ(fwd.flops, 5 * (64 + 16));
+  const ir::ValueId dx = g.AddValue("dx", ir::DType::kF32, ir::FromInts({4, 16}));
+  const OpCost bwd = EstimateOpCost(g, g.node(g.AddNode(ir::OpKind::kRMSNormGrad, "rms_grad", {y, x, w}, {dx})));
+  EXPECT_DOUBLE_EQ(bwd.flops, 9 * (64 + 64 + 16));
+}
+
 TEST(CostModel, ProfileFormat) {
   nlohmann::json ok = nlohmann::json::parse(R"({"format": "onnxpipe-op-times/1", "microbatch": 4,
       "ops": [{"node": "a", "ms": 1.5}, {"node": "b", "op": "Relu", "phase": "forward", "ms": 0}]})");
