@@ -13,6 +13,12 @@ absl::StatusOr<MicrobatchLayout> PlanMicrobatchLayout(const MicrobatchStage& s) 
   MicrobatchLayout L;
   ir::Graph& g = L.graph;
   g = *s.graph;
+  // The layout needs the states' dtypes and dims, not their bytes: holding them would keep the initial parameters
+  // and optimizer state alive beside the stage's own (the executor updates those in place).
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    std::optional<ir::Tensor>& c = g.value(u.state).constant;
+    if (c) c = ir::Tensor::DimsOnly(c->dtype(), c->dims());
+  }
   g.state_updates().clear();
   g.inputs() = s.inputs;
   for (ir::ValueId v : s.inputs) g.value(v).constant.reset();

@@ -224,6 +224,17 @@ void PrintMemory(const train::Trainer& trainer) {
               static_cast<long long>(p.optimizer_state_bytes), static_cast<long long>(m.off_plan_allocations));
 }
 
+// From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
+// and the external-data rule read), not their initial values, so that they are not held twice. The evaluation
+// graph keeps its own (Evaluate replaces them with the trained ones after converting the graph's dtype).
+void ReleaseInitialParameters(ir::Graph& imported) {
+  for (ir::ValueId v = 0; v < imported.num_values(); ++v) {
+    ir::Value& val = imported.value(v);
+    if (!val.is_initializer || !val.constant || val.param_state != ir::ParamState::kTrainable) continue;
+    val.constant = ir::Tensor::DimsOnly(val.constant->dtype(), val.constant->dims());
+  }
+}
+
 // Decides on the imported graph which initializers are trained (the rule plus --freeze/--train-only), before
 // any folding or fusion sees them, and prints what it froze, one line per reason.
 absl::Status DecideParameters(const Flags& f, const train::TrainOptions& options, ir::Graph& imported) {
@@ -327,6 +338,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     for (const std::string& n : trainer->unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
     std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
   }
+  ReleaseInitialParameters(*model.imported);
   const int64_t rows = data.train.rows();
   RETURN_IF_ERROR(trainer->SetData(std::move(data.train)));
 

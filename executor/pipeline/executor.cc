@@ -784,6 +784,9 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
 }
 
 ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
+  // Host memory is shared, not copied: while the caller holds it, the next Step gives the stage storage of its own
+  // before updating it (copy on write), so a checkpoint or --save does not duplicate the state.
+  if (t.on_host() && backend_->placement().host()) return t;
   // After the stages' work on it (a state set by SetState is cloned on its stage's stream).
   absl::Status synced = absl::OkStatus();
   for (const std::unique_ptr<backend::Stream>& s : streams_)

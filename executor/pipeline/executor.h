@@ -14,8 +14,10 @@
 // the backend's memory, one stream per stage; the driver touches it only through the backend's
 // calls: feeds and step scalars go in by FromHost, the loss and the norm come out by ToHost, the
 // comm copies what it carries through the backend and receives land in the arena's planned slots.
-// Parameters(), State() and StageConstant() return host copies (a failing device copy aborts: the
-// state could not be trusted).
+// Parameters(), State() and StageConstant() return host values: copies of device memory (a failing
+// device copy aborts: the state could not be trusted), the stage's own storage on a host backend,
+// which the next Step stops sharing before it updates a state (copy on write). Treat them as
+// read-only.
 //
 // Random streams: micro-batch m of step k uses ExecContext{dropout, seed, offset = k,
 // row_offset = m * rows, rows} in its forward, backward and recompute: a recomputed Dropout replays
@@ -133,14 +135,14 @@ class PipelineExecutor {
 
   absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
 
-  // Trained parameters by name, from the stages that own them (copies: the next step updates the
-  // stages' own in place).
+  // Trained parameters by name, from the stages that own them (snapshots: the next step updates the
+  // stages' own in place, or a copy of them while the caller holds these).
   std::map<std::string, ir::Tensor> Parameters() const;
-  // A copy of the value stage `stage` holds for constant `name` (its own parameter or a replica).
+  // The value stage `stage` holds for constant `name` (its own parameter or a replica), as a snapshot.
   std::optional<ir::Tensor> StageConstant(int32_t stage, const std::string& name) const;
 
   // Every state tensor a step updates (parameters and optimizer state), by constant name, from the first stage
-  // holding it (a shared parameter's holders keep bitwise-equal copies), as copies.
+  // holding it (a shared parameter's holders keep bitwise-equal copies), as snapshots.
   std::map<std::string, ir::Tensor> State() const;
   // Sets state `name` on every stage that holds it (each holder of a shared parameter, with its own optimizer
   // state, and any replica), each stage getting its own copy. An error naming the state when no stage updates it
