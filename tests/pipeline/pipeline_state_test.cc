@@ -61,6 +61,19 @@ TEST(PipelineState, HoldsTheUnpartitionedTrainersStateOnceEach) {
   EXPECT_FALSE(before.BitwiseEquals(r->executor->State().at("tok_emb.weight")));
 }
 
+// Held once: on the CPU the stages update their states where they are, with no second copy once nobody else holds
+// them (the layouts keep their dims only), and a snapshot shares the stage's storage until the next step.
+TEST(PipelineState, StepsUpdateTheStatesInPlaceWhenNoSnapshotIsHeld) {
+  const ModelFixture& f = Gpt();
+  const RunConfig c = AdamWithDropout(/*stages=*/1, /*steps=*/1);
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  r->params.clear();
+  const void* before = r->executor->State().at("tok_emb.weight").address();
+  ASSERT_TRUE(r->executor->Step(f.Feeds(1, c.lr, c.dtype)).ok());
+  EXPECT_EQ(r->executor->State().at("tok_emb.weight").address(), before);
+}
+
 TEST(PipelineState, SetStateReachesEveryHolderOfATiedParameterWithItsOwnStorage) {
   const ModelFixture& f = Gpt();
   const RunConfig c = AdamWithDropout(/*stages=*/3, /*steps=*/1);
