@@ -146,6 +146,25 @@ Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
 REGISTER_CPU_KERNEL(kSoftmaxGrad, SoftmaxGradKernel<false>);
 REGISTER_CPU_KERNEL(kLogSoftmaxGrad, SoftmaxGradKernel<true>);
 
+// The inputs LayerNormGrad and RMSNormGrad share: dY (input 0) of X's (input 1) dtype and shape,
+// and scale (input 2) of X's dtype, expanded to the normalised shape.
+struct NormGradShape {
+  NormShape shape;
+  ir::Tensor scale;  // shape.n contiguous values
+};
+absl::StatusOr<NormGradShape> GetNormGradShape(const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[1];
+  const ir::Tensor& scale = in[2];
+  RETURN_IF_ERROR(ExpectSame(node, in[0], x, "X"));
+  NormGradShape g;
+  ASSIGN_OR_RETURN(g.shape, GetNormShape(node, x, "X"));
+  if (scale.dtype() != x.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
+  }
+  ASSIGN_OR_RETURN(g.scale, AsNormalizedShape(node, scale, g.shape, "scale"));
+  return g;
+}
+
 // LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) -> dX, dScale?, dBias?. With x^ = (x - mu) r
 // and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)); dScale = sum over
 // rows of dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
@@ -153,13 +172,10 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
   const ir::Tensor& scale = in[2];
-  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
-  ASSIGN_OR_RETURN(const NormShape shape, GetNormShape(node, x, "X"));
+  ASSIGN_OR_RETURN(const NormGradShape g, GetNormGradShape(node, in));
+  const NormShape& shape = g.shape;
+  const ir::Tensor& s = g.scale;
   const int64_t rows = shape.rows, n = shape.n;
-  if (scale.dtype() != x.dtype()) {
-    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
-  }
-  ASSIGN_OR_RETURN(const ir::Tensor s, AsNormalizedShape(node, scale, shape, "scale"));
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows ||
                 in[3].dtype() != x.dtype() || in[4].dtype() != x.dtype())) {
@@ -254,13 +270,10 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
   const ir::Tensor& scale = in[2];
-  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
-  ASSIGN_OR_RETURN(const NormShape shape, GetNormShape(node, x, "X"));
+  ASSIGN_OR_RETURN(const NormGradShape g, GetNormGradShape(node, in));
+  const NormShape& shape = g.shape;
+  const ir::Tensor& s = g.scale;
   const int64_t rows = shape.rows, n = shape.n;
-  if (scale.dtype() != x.dtype()) {
-    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
-  }
-  ASSIGN_OR_RETURN(const ir::Tensor s, AsNormalizedShape(node, scale, shape, "scale"));
   const bool saved = HasInput(in, 3);
   if (saved && (in[3].num_elements() != rows || in[3].dtype() != x.dtype())) {
     return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " "
