@@ -11,8 +11,8 @@
 // mask that is a learned bias, is dS summed into the mask's shape in a fixed order (batch matrix,
 // row, column), written straight into the output.
 #include <cmath>
-#include <limits>
 
+#include "executor/cpu/attention_util.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/workspace.h"
 #include "executor/cpu/grad_util.h"
@@ -145,37 +145,12 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       } else {
         std::fill(p, p + sq * sk, T(0));
       }
+      const ScoreMask smask =
+          has_mask ? ScoreMask{&in[4], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           T* row = p + i * sk;
-          const int64_t visible = causal ? std::min(i + 1, sk) : sk;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < sk; ++j) {
-            T x = row[j];
-            if (j >= visible) {
-              x = -std::numeric_limits<T>::infinity();
-            } else if (has_mask) {
-              const int64_t mo = mi + i * ms[br] + j * ms[br + 1];
-              if (bool_mask) {
-                if (!in[4].data<bool>()[mo]) x = -std::numeric_limits<T>::infinity();
-              } else {
-                x += in[4].data<T>()[mo];
-              }
-            }
-            row[j] = x;
-            mx = std::max(mx, x);
-          }
-          if (mx == -std::numeric_limits<T>::infinity()) {
-            std::fill(row, row + sk, T(0));
-            continue;
-          }
-          double sum = 0;
-          for (int64_t j = 0; j < sk; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          const double inv = 1.0 / sum;
-          for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
+          if (!SoftmaxScoreRow(row, i, sk, causal, smask)) continue;
           if (dropout) {
             const int64_t base = counter_base + (t * sq + i) * sk;
             FillDropoutKeepMask(stream, base, base + sk, keep + i * sk);
