@@ -9,7 +9,6 @@
 //
 // Per batch matrix: one GEMM for the scores into a (Sq, Sk) scratch, the row softmax on the pool,
 // one GEMM for the output.
-#include <cmath>
 
 #include "executor/cpu/attention_util.h"
 #include "executor/cpu/dropout.h"
@@ -35,27 +34,15 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                 << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(q.dtype());
     }
   }
-  const int64_t sq = q.dims()[q.rank() - 2], dh = q.dims()[q.rank() - 1];
-  const int64_t sk = k.dims()[k.rank() - 2], dv = v.dims()[v.rank() - 1];
-  if (k.dims()[k.rank() - 1] != dh || v.dims()[v.rank() - 2] != sk) {
-    return INVALID_ARGUMENT() << Describe(node) << ": expected Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), got "
-                              << DimsToString(q.dims()) << ", " << DimsToString(k.dims()) << ", "
-                              << DimsToString(v.dims());
-  }
-  auto batch_of = [](const ir::Tensor& t) { return std::vector<int64_t>(t.dims().begin(), t.dims().end() - 2); };
-  ASSIGN_OR_RETURN(std::vector<int64_t> batch, BroadcastDims(node, {batch_of(q), batch_of(k), batch_of(v)}));
+  ASSIGN_OR_RETURN(const AttentionShape shape, GetAttentionShape(node, q, k, v));
+  const int64_t sq = shape.sq, dh = shape.dh, sk = shape.sk, dv = shape.dv, nbatch = shape.nbatch;
+  const std::vector<int64_t>& batch = shape.batch;
   const size_t br = batch.size();
-  int64_t nbatch = 1;
-  for (int64_t d : batch) nbatch *= d;
-  const std::vector<int64_t> qs = BroadcastStrides(batch_of(q), br), ks = BroadcastStrides(batch_of(k), br),
-                             vs = BroadcastStrides(batch_of(v), br);
-
-  const double scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
-  const bool causal = node.attrs.Get<int64_t>("causal", 0) != 0;
-  const double ratio = node.attrs.Get<double>("dropout", 0.0);
-  if (!(ratio >= 0.0 && ratio <= 1.0)) {
-    return INVALID_ARGUMENT() << Describe(node) << ": dropout is " << ratio << ", expected [0, 1]";
-  }
+  const std::vector<int64_t>& qs = shape.qs;
+  const std::vector<int64_t>& ks = shape.ks;
+  const std::vector<int64_t>& vs = shape.vs;
+  const double scale = shape.scale, ratio = shape.ratio;
+  const bool causal = shape.causal;
   const std::string mask_kind = node.attrs.Get<std::string>("mask_kind", "additive");
   const bool has_mask = HasInput(in, 3);
   std::vector<int64_t> full = batch;

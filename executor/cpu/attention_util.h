@@ -7,10 +7,27 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "executor/cpu/kernel_util.h"
 
 namespace onnxpipe::cpu {
+
+// What Attention and AttentionGrad read alike from Q (..., Sq, Dh), K (..., Sk, Dh) and
+// V (..., Sk, Dv), whose batch dims broadcast, and from the node's attributes.
+struct AttentionShape {
+  int64_t sq = 0, dh = 0, sk = 0, dv = 0;
+  std::vector<int64_t> batch;       // the broadcast batch dims
+  int64_t nbatch = 1;               // batch matrices
+  std::vector<int64_t> qs, ks, vs;  // Q's, K's and V's batch strides over `batch`
+  double scale = 1.0;               // attr scale, 1/sqrt(Dh) by default
+  bool causal = false;
+  double ratio = 0.0;  // attr dropout, in [0, 1]
+};
+// InvalidArgument naming the node for mismatched dims or a dropout outside [0, 1]; the caller has
+// checked ranks (>= 2) and dtypes.
+absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir::Tensor& q, const ir::Tensor& k,
+                                                 const ir::Tensor& v);
 
 // Where one batch matrix's (Sq, Sk) scores read the optional mask: element (i, j) at
 // offset + i * row_stride + j * col_stride of `mask` (bool: attend where true; else added).
