@@ -109,8 +109,7 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       } else {
         std::fill(probs, probs + sq * sk, T(0));
       }
-      const ScoreMask smask =
-          has_mask ? ScoreMask{&in[3], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
+      const ScoreMask smask = has_mask ? ScoreMask{&in[3], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           T* row = s + i * sk;

@@ -13,8 +13,8 @@
 
 #include "executor/cpu/attention_util.h"
 #include "executor/cpu/dropout.h"
-#include "executor/cpu/workspace.h"
 #include "executor/cpu/grad_util.h"
+#include "executor/cpu/workspace.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -133,8 +133,7 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       } else {
         std::fill(p, p + sq * sk, T(0));
       }
-      const ScoreMask smask =
-          has_mask ? ScoreMask{&in[4], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
+      const ScoreMask smask = has_mask ? ScoreMask{&in[4], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           T* row = p + i * sk;
