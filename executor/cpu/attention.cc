@@ -9,9 +9,8 @@
 //
 // Per batch matrix: one GEMM for the scores into a (Sq, Sk) scratch, the row softmax on the pool,
 // one GEMM for the output.
-#include <cmath>
-#include <limits>
 
+#include "executor/cpu/attention_util.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/kernel_util.h"
 #include "executor/cpu/workspace.h"
@@ -35,27 +34,15 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                 << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(q.dtype());
     }
   }
-  const int64_t sq = q.dims()[q.rank() - 2], dh = q.dims()[q.rank() - 1];
-  const int64_t sk = k.dims()[k.rank() - 2], dv = v.dims()[v.rank() - 1];
-  if (k.dims()[k.rank() - 1] != dh || v.dims()[v.rank() - 2] != sk) {
-    return INVALID_ARGUMENT() << Describe(node) << ": expected Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), got "
-                              << DimsToString(q.dims()) << ", " << DimsToString(k.dims()) << ", "
-                              << DimsToString(v.dims());
-  }
-  auto batch_of = [](const ir::Tensor& t) { return std::vector<int64_t>(t.dims().begin(), t.dims().end() - 2); };
-  ASSIGN_OR_RETURN(std::vector<int64_t> batch, BroadcastDims(node, {batch_of(q), batch_of(k), batch_of(v)}));
+  ASSIGN_OR_RETURN(const AttentionShape shape, GetAttentionShape(node, q, k, v));
+  const int64_t sq = shape.sq, dh = shape.dh, sk = shape.sk, dv = shape.dv, nbatch = shape.nbatch;
+  const std::vector<int64_t>& batch = shape.batch;
   const size_t br = batch.size();
-  int64_t nbatch = 1;
-  for (int64_t d : batch) nbatch *= d;
-  const std::vector<int64_t> qs = BroadcastStrides(batch_of(q), br), ks = BroadcastStrides(batch_of(k), br),
-                             vs = BroadcastStrides(batch_of(v), br);
-
-  const double scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
-  const bool causal = node.attrs.Get<int64_t>("causal", 0) != 0;
-  const double ratio = node.attrs.Get<double>("dropout", 0.0);
-  if (!(ratio >= 0.0 && ratio <= 1.0)) {
-    return INVALID_ARGUMENT() << Describe(node) << ": dropout is " << ratio << ", expected [0, 1]";
-  }
+  const std::vector<int64_t>& qs = shape.qs;
+  const std::vector<int64_t>& ks = shape.ks;
+  const std::vector<int64_t>& vs = shape.vs;
+  const double scale = shape.scale, ratio = shape.ratio;
+  const bool causal = shape.causal;
   const std::string mask_kind = node.attrs.Get<std::string>("mask_kind", "additive");
   const bool has_mask = HasInput(in, 3);
   std::vector<int64_t> full = batch;
@@ -122,37 +109,11 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       } else {
         std::fill(probs, probs + sq * sk, T(0));
       }
+      const ScoreMask smask = has_mask ? ScoreMask{&in[3], bool_mask, mi, ms[br], ms[br + 1]} : ScoreMask{};
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           T* row = s + i * sk;
-          const int64_t visible = causal ? std::min(i + 1, sk) : sk;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < sk; ++j) {
-            T x = row[j];
-            if (j >= visible) {
-              x = -std::numeric_limits<T>::infinity();
-            } else if (has_mask) {
-              const int64_t mo = mi + i * ms[br] + j * ms[br + 1];
-              if (bool_mask) {
-                if (!in[3].data<bool>()[mo]) x = -std::numeric_limits<T>::infinity();
-              } else {
-                x += in[3].data<T>()[mo];
-              }
-            }
-            row[j] = x;
-            mx = std::max(mx, x);
-          }
-          if (mx == -std::numeric_limits<T>::infinity()) {  // every key masked
-            std::fill(row, row + sk, T(0));
-            continue;
-          }
-          double sum = 0;
-          for (int64_t j = 0; j < sk; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
-          }
-          const double inv = 1.0 / sum;
-          for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
+          if (!SoftmaxScoreRow(row, i, sk, causal, smask)) continue;
           if (dropout) {
             const int64_t base = counter_base + (t * sq + i) * sk;
             uint8_t* keep = keep_all + i * sk;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "executor/cpu/grad_util.h"
+#include "executor/cpu/norm_util.h"
 #include "executor/cpu/workspace.h"
 
 namespace onnxpipe::cpu {
@@ -145,6 +146,25 @@ Outputs SoftmaxGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
 REGISTER_CPU_KERNEL(kSoftmaxGrad, SoftmaxGradKernel<false>);
 REGISTER_CPU_KERNEL(kLogSoftmaxGrad, SoftmaxGradKernel<true>);
 
+// The inputs LayerNormGrad and RMSNormGrad share: dY (input 0) of X's (input 1) dtype and shape,
+// and scale (input 2) of X's dtype, expanded to the normalised shape.
+struct NormGradShape {
+  NormShape shape;
+  ir::Tensor scale;  // shape.n contiguous values
+};
+absl::StatusOr<NormGradShape> GetNormGradShape(const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[1];
+  const ir::Tensor& scale = in[2];
+  RETURN_IF_ERROR(ExpectSame(node, in[0], x, "X"));
+  NormGradShape g;
+  ASSIGN_OR_RETURN(g.shape, GetNormShape(node, x, "X"));
+  if (scale.dtype() != x.dtype()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
+  }
+  ASSIGN_OR_RETURN(g.scale, AsNormalizedShape(node, scale, g.shape, "scale"));
+  return g;
+}
+
 // LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) -> dX, dScale?, dBias?. With x^ = (x - mu) r
 // and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)); dScale = sum over
 // rows of dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
@@ -152,27 +172,10 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
   const ir::Tensor& scale = in[2];
-  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
-  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": X must have rank >= 1";
-  if (scale.dtype() != x.dtype()) {
-    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
-  }
-  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
-  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
-  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
-  int64_t rows = 1, n = 1;
-  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
-  ir::Tensor s = scale;
-  if (scale.num_elements() != n) {
-    auto bd = BroadcastDims(node, {scale.dims(), norm_dims});
-    if (!bd.ok() || *bd != norm_dims) {
-      return INVALID_ARGUMENT() << Describe(node) << ": scale " << DimsToString(scale.dims())
-                                << " does not broadcast to the normalised shape " << DimsToString(norm_dims);
-    }
-    // A temporary outside any memory plan; exports give scale the normalised shape.
-    s = ir::Tensor(scale.dtype(), norm_dims);
-    StridedCopyInto(scale, BroadcastStrides(scale.dims(), norm_dims.size()), 0, s);
-  }
+  ASSIGN_OR_RETURN(const NormGradShape g, GetNormGradShape(node, in));
+  const NormShape& shape = g.shape;
+  const ir::Tensor& s = g.scale;
+  const int64_t rows = shape.rows, n = shape.n;
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows ||
                 in[3].dtype() != x.dtype() || in[4].dtype() != x.dtype())) {
@@ -189,12 +192,9 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     double* rstd = ws.at<double>(WorkspacePart(rows * 8));
     // dX only when asked for (a frozen input, e.g. an embedding, needs none): the statistics are
     // computed either way, the parameter gradients below read them.
-    ir::Tensor dx;
-    if (WantsOutput(node, 0)) {
-      ASSIGN_OR_RETURN(dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
-    }
+    ASSIGN_OR_RETURN(ir::Tensor dx, OptionalOutput(node, ctx, 0, x.dtype(), x.dims()));
     T* pdx = dx.defined() ? dx.mutable_data<T>() : nullptr;
-    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         const T* gr = pg + r * n;
@@ -206,7 +206,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
           for (int64_t i = 0; i < n; ++i) sum += xr[i];
           mu[r] = sum / static_cast<double>(n);
           for (int64_t i = 0; i < n; ++i) sq += (xr[i] - mu[r]) * (xr[i] - mu[r]);
-          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + shape.eps);
         }
         if (pdx == nullptr) continue;
         double mg = 0, mgx = 0;
@@ -226,15 +226,11 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     std::vector<ir::Tensor> outs = {dx, ir::Tensor(), ir::Tensor()};
     // Parameter gradients of the forward's shape (bias: scale's shape when absent from the
     // inputs). When scale was broadcast they are summed over norm_dims first, then reduced.
-    const bool direct = scale.dims() == norm_dims;
+    const bool direct = scale.dims() == shape.norm_dims;
     ir::Tensor sums[2];
     for (int k = 1; k <= 2; ++k) {
       if (!WantsOutput(node, k)) continue;
-      if (direct) {
-        ASSIGN_OR_RETURN(sums[k - 1], AllocOutput(node, ctx, k, x.dtype(), norm_dims));
-      } else {
-        sums[k - 1] = ir::Tensor(x.dtype(), norm_dims);
-      }
+      ASSIGN_OR_RETURN(sums[k - 1], ParamGradSum(node, ctx, k, x.dtype(), shape, direct));
     }
     if (sums[0].defined() || sums[1].defined()) {
       T* pds = sums[0].defined() ? sums[0].mutable_data<T>() : nullptr;
@@ -259,11 +255,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       });
       for (int k = 1; k <= 2; ++k) {
         if (!sums[k - 1].defined()) continue;
-        if (direct) {
-          outs[k] = sums[k - 1];
-        } else {
-          ASSIGN_OR_RETURN(outs[k], ReduceToDims(node, ctx, k, sums[k - 1], scale.dims()));
-        }
+        ASSIGN_OR_RETURN(outs[k], FinishParamGrad(node, ctx, k, sums[k - 1], scale.dims(), direct));
       }
     }
     return outs;
@@ -278,26 +270,10 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
   const ir::Tensor& scale = in[2];
-  RETURN_IF_ERROR(ExpectSame(node, dy, x, "X"));
-  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": X must have rank >= 1";
-  if (scale.dtype() != x.dtype()) {
-    return INVALID_ARGUMENT() << Describe(node) << ": scale has dtype " << ir::DTypeName(scale.dtype());
-  }
-  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
-  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
-  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
-  int64_t rows = 1, n = 1;
-  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
-  ir::Tensor s = scale;
-  if (scale.num_elements() != n) {
-    auto bd = BroadcastDims(node, {scale.dims(), norm_dims});
-    if (!bd.ok() || *bd != norm_dims) {
-      return INVALID_ARGUMENT() << Describe(node) << ": scale " << DimsToString(scale.dims())
-                                << " does not broadcast to the normalised shape " << DimsToString(norm_dims);
-    }
-    s = ir::Tensor(scale.dtype(), norm_dims);  // a temporary outside any memory plan, as LayerNormGrad's
-    StridedCopyInto(scale, BroadcastStrides(scale.dims(), norm_dims.size()), 0, s);
-  }
+  ASSIGN_OR_RETURN(const NormGradShape g, GetNormGradShape(node, in));
+  const NormShape& shape = g.shape;
+  const ir::Tensor& s = g.scale;
+  const int64_t rows = shape.rows, n = shape.n;
   const bool saved = HasInput(in, 3);
   if (saved && (in[3].num_elements() != rows || in[3].dtype() != x.dtype())) {
     return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " "
@@ -310,12 +286,10 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
     const T* ps = s.data<T>();
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, RMSNormGradWorkspace(rows)));
     double* rstd = ws.at<double>(0);
-    ir::Tensor dx;  // only when asked for, as LayerNormGrad's
-    if (WantsOutput(node, 0)) {
-      ASSIGN_OR_RETURN(dx, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
-    }
+    // dX only when asked for, as LayerNormGrad's.
+    ASSIGN_OR_RETURN(ir::Tensor dx, OptionalOutput(node, ctx, 0, x.dtype(), x.dims()));
     T* pdx = dx.defined() ? dx.mutable_data<T>() : nullptr;
-    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         const T* gr = pg + r * n;
@@ -324,7 +298,7 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
         } else {
           double sq = 0;
           for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
-          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+          rstd[r] = 1.0 / std::sqrt(sq / static_cast<double>(n) + shape.eps);
         }
         if (pdx == nullptr) continue;
         double mgx = 0;
@@ -338,13 +312,8 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
     });
     std::vector<ir::Tensor> outs = {dx, ir::Tensor()};
     if (!WantsOutput(node, 1)) return outs;
-    const bool direct = scale.dims() == norm_dims;
-    ir::Tensor sum;
-    if (direct) {
-      ASSIGN_OR_RETURN(sum, AllocOutput(node, ctx, 1, x.dtype(), norm_dims));
-    } else {
-      sum = ir::Tensor(x.dtype(), norm_dims);
-    }
+    const bool direct = scale.dims() == shape.norm_dims;
+    ASSIGN_OR_RETURN(ir::Tensor sum, ParamGradSum(node, ctx, 1, x.dtype(), shape, direct));
     T* pds = sum.mutable_data<T>();
     constexpr int64_t kBlock = 64;
     ParallelFor((n + kBlock - 1) / kBlock, 1, [&](int64_t b, int64_t e) {
@@ -357,11 +326,7 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
         for (int64_t c = c0; c < c1; ++c) pds[c] = static_cast<T>(acc[c - c0]);
       }
     });
-    if (direct) {
-      outs[1] = sum;
-    } else {
-      ASSIGN_OR_RETURN(outs[1], ReduceToDims(node, ctx, 1, sum, scale.dims()));
-    }
+    ASSIGN_OR_RETURN(outs[1], FinishParamGrad(node, ctx, 1, sum, scale.dims(), direct));
     return outs;
   });
 }

@@ -58,19 +58,8 @@ Outputs FusedMatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
       Gemm<T>(false, tb, a_count * m, n, k, al, pa, a_cols, pb, b_cols, T(0), po, n);
       return std::vector<ir::Tensor>{out};
     }
-    const std::vector<int64_t> as = BroadcastStrides(a_batch, batch.size());
-    const std::vector<int64_t> bs = BroadcastStrides(b_batch, batch.size());
-    for (int64_t t = 0; t < nbatch; ++t) {
-      int64_t rem = t, ai = 0, bi = 0;
-      for (int64_t d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
-        const int64_t idx = rem % batch[d];
-        rem /= batch[d];
-        ai += idx * as[d];
-        bi += idx * bs[d];
-      }
-      Gemm<T>(ta, tb, m, n, k, al, pa + ai * a_rows * a_cols, a_cols, pb + bi * b_rows * b_cols, b_cols,
-              T(0), po + t * m * n, n);
-    }
+    BroadcastBatchGemm<T>(batch, a_batch, b_batch, ta, tb, m, n, k, al, pa, a_rows * a_cols, a_cols, pb,
+                          b_rows * b_cols, b_cols, po);
     return std::vector<ir::Tensor>{out};
   });
 }

@@ -178,6 +178,29 @@ absl::StatusOr<ir::Tensor> StridedCopyOutput(const ir::Node& node, const EvalCon
 template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+// One Gemm (beta 0) per matrix of the broadcast `batch` of a_batch and b_batch: output matrix t
+// (m x n, contiguous in c) reads, in place, the A matrix (a_size elements) and the B matrix
+// (b_size elements) that broadcasting maps it to.
+template <typename T>
+void BroadcastBatchGemm(const std::vector<int64_t>& batch, const std::vector<int64_t>& a_batch,
+                        const std::vector<int64_t>& b_batch, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, T alpha, const T* a, int64_t a_size, int64_t lda, const T* b, int64_t b_size,
+                        int64_t ldb, T* c) {
+  const std::vector<int64_t> as = BroadcastStrides(a_batch, batch.size());
+  const std::vector<int64_t> bs = BroadcastStrides(b_batch, batch.size());
+  int64_t nbatch = 1;
+  for (int64_t d : batch) nbatch *= d;
+  for (int64_t t = 0; t < nbatch; ++t) {
+    int64_t rem = t, ai = 0, bi = 0;
+    for (int64_t d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
+      const int64_t idx = rem % batch[d];
+      rem /= batch[d];
+      ai += idx * as[d];
+      bi += idx * bs[d];
+    }
+    Gemm<T>(trans_a, trans_b, m, n, k, alpha, a + ai * a_size, lda, b + bi * b_size, ldb, T(0), c + t * m * n, n);
+  }
+}
 // CBLAS takes 32-bit sizes; InvalidArgument naming the node when a GEMM exceeds them.
 absl::Status CheckGemmSize(const ir::Node& node, int64_t m, int64_t n, int64_t k);
 

@@ -63,18 +63,8 @@ Outputs MatMulKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, co
       return std::vector<ir::Tensor>{out};
     }
     // One GEMM per output matrix; operand matrices found through broadcast strides.
-    const std::vector<int64_t> as = BroadcastStrides(a_batch, batch.size());
-    const std::vector<int64_t> bs = BroadcastStrides(b_batch, batch.size());
-    for (int64_t t = 0; t < nbatch; ++t) {
-      int64_t rem = t, ai = 0, bi = 0;
-      for (int64_t d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
-        const int64_t idx = rem % batch[d];
-        rem /= batch[d];
-        ai += idx * as[d];
-        bi += idx * bs[d];
-      }
-      Gemm<T>(false, false, m, n, k, T(1), pa + ai * m * k, k, pb + bi * k * n, n, T(0), po + t * m * n, n);
-    }
+    BroadcastBatchGemm<T>(batch, a_batch, b_batch, /*trans_a=*/false, /*trans_b=*/false, m, n, k, T(1), pa, m * k, k,
+                          pb, k * n, n, po);
     return std::vector<ir::Tensor>{out};
   });
 }

@@ -5,69 +5,40 @@
 // one row per thread.
 #include <cmath>
 
-#include "executor/cpu/kernel_util.h"
+#include "executor/cpu/norm_util.h"
 
 namespace onnxpipe::cpu {
 namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
-// Scale/bias as n contiguous values: exact-size operands are used as is, smaller ones that
-// broadcast to the normalised shape are expanded once (a temporary outside any memory plan: such
-// models are rare, exports give scale and bias the normalised shape).
-absl::StatusOr<ir::Tensor> AsNormalizedShape(const ir::Node& node, const ir::Tensor& t,
-                                             const std::vector<int64_t>& norm_dims, int64_t n,
-                                             std::string_view what) {
-  if (t.num_elements() == n) return t;
-  auto b = BroadcastDims(node, {t.dims(), norm_dims});
-  if (!b.ok() || *b != norm_dims) {
-    return INVALID_ARGUMENT() << Describe(node) << ": " << what << " has shape " << DimsToString(t.dims())
-                              << ", expected the normalised shape " << DimsToString(norm_dims)
-                              << " or one that broadcasts to it";
-  }
-  ir::Tensor full(t.dtype(), norm_dims);
-  StridedCopyInto(t, BroadcastStrides(t.dims(), norm_dims.size()), 0, full);
-  return full;
-}
-
 Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
-  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
-  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
-  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
-  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
-  int64_t rows = 1, n = 1;
-  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
-  std::vector<int64_t> stat_dims = x.dims();
-  for (int64_t d = axis; d < x.rank(); ++d) stat_dims[d] = 1;
+  ASSIGN_OR_RETURN(const NormShape shape, GetNormShape(node, x, "input"));
+  const int64_t rows = shape.rows, n = shape.n;
   for (size_t i = 1; i < in.size(); ++i) {
     if (in[i].defined() && in[i].dtype() != x.dtype()) {
       return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
                                 << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(x.dtype());
     }
   }
-  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], norm_dims, n, "input 1 (scale)"));
+  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], shape, "input 1 (scale)"));
   ir::Tensor bias;
   if (HasInput(in, 2)) {
-    ASSIGN_OR_RETURN(bias, AsNormalizedShape(node, in[2], norm_dims, n, "input 2 (bias)"));
+    ASSIGN_OR_RETURN(bias, AsNormalizedShape(node, in[2], shape, "input 2 (bias)"));
   }
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
-    ir::Tensor mean, inv_std;  // optional outputs 1 and 2
-    if (WantsOutput(node, 1)) {
-      ASSIGN_OR_RETURN(mean, AllocOutput(node, ctx, 1, x.dtype(), stat_dims));
-    }
-    if (WantsOutput(node, 2)) {
-      ASSIGN_OR_RETURN(inv_std, AllocOutput(node, ctx, 2, x.dtype(), stat_dims));
-    }
+    ASSIGN_OR_RETURN(ir::Tensor mean, OptionalOutput(node, ctx, 1, x.dtype(), shape.stat_dims));
+    ASSIGN_OR_RETURN(ir::Tensor inv_std, OptionalOutput(node, ctx, 2, x.dtype(), shape.stat_dims));
     const T* px = x.data<T>();
     const T* ps = scale.data<T>();
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* py = y.mutable_data<T>();
     T* pm = mean.defined() ? mean.mutable_data<T>() : nullptr;
     T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
-    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
@@ -79,7 +50,7 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
           const double c = xr[i] - mu;
           sq += c * c;
         }
-        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + shape.eps);
         for (int64_t i = 0; i < n; ++i) {
           double v = (xr[i] - mu) * inv * ps[i];
           if (pb) v += pb[i];
@@ -97,37 +68,28 @@ REGISTER_CPU_KERNEL(kLayerNorm, LayerNormKernel);
 // RMSNorm(X, scale) -> Y = X r scale, InvStdDev r = 1 / sqrt(mean(X^2) + eps) per row, in double.
 Outputs RMSNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
-  if (x.rank() == 0) return INVALID_ARGUMENT() << Describe(node) << ": input must have rank >= 1";
-  ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(node, node.attrs.Get<int64_t>("axis", -1), x.rank()));
-  const double eps = node.attrs.Get<double>("epsilon", 1e-5);
-  const std::vector<int64_t> norm_dims(x.dims().begin() + axis, x.dims().end());
-  int64_t rows = 1, n = 1;
-  for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : n) *= x.dims()[d];
-  std::vector<int64_t> stat_dims = x.dims();
-  for (int64_t d = axis; d < x.rank(); ++d) stat_dims[d] = 1;
+  ASSIGN_OR_RETURN(const NormShape shape, GetNormShape(node, x, "input"));
+  const int64_t rows = shape.rows, n = shape.n;
   if (in[1].dtype() != x.dtype()) {
     return INVALID_ARGUMENT() << Describe(node) << ": input 1 (scale) has dtype " << ir::DTypeName(in[1].dtype())
                               << ", expected " << ir::DTypeName(x.dtype());
   }
-  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], norm_dims, n, "input 1 (scale)"));
+  ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], shape, "input 1 (scale)"));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
-    ir::Tensor inv_std;
-    if (WantsOutput(node, 1)) {
-      ASSIGN_OR_RETURN(inv_std, AllocOutput(node, ctx, 1, x.dtype(), stat_dims));
-    }
+    ASSIGN_OR_RETURN(ir::Tensor inv_std, OptionalOutput(node, ctx, 1, x.dtype(), shape.stat_dims));
     const T* px = x.data<T>();
     const T* ps = scale.data<T>();
     T* py = y.mutable_data<T>();
     T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
-    ParallelFor(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
         double sq = 0;
         for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
-        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+        const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + shape.eps);
         for (int64_t i = 0; i < n; ++i) yr[i] = static_cast<T>(xr[i] * inv * ps[i]);
         if (pi) pi[r] = static_cast<T>(inv);
       }

@@ -54,8 +54,7 @@ class AttentionMatcher {
 
  private:
   bool Take(ValueId v, AttentionMatch* m) {
-    if (!uses_.HasSingleUse(v)) return false;
-    NodeId p = ProducerId(*g_, v);
+    const NodeId p = PatternProducer(*g_, uses_, v);
     if (p == ir::kNoNode) return false;
     m->dead.push_back(p);
     return true;

@@ -74,8 +74,7 @@ class GeluMatcher {
   }
 
   bool Take(ValueId v) {
-    if (!uses_.HasSingleUse(v)) return false;
-    NodeId p = ProducerId(*g_, v);
+    const NodeId p = PatternProducer(*g_, uses_, v);
     if (p == ir::kNoNode) return false;
     dead_.push_back(p);
     return true;
@@ -153,13 +152,7 @@ class GeluMatcher {
 
 absl::StatusOr<bool> GeluFusion::Run(ir::Graph* g) {
   GeluMatcher matcher(g);
-  bool changed = false;
-  for (NodeId id : g->LiveNodes()) {
-    if (g->node(id).removed || g->node(id).op != OpKind::kMul) continue;
-    changed |= matcher.TryAt(id);
-  }
-  if (changed) RETURN_IF_ERROR(g->TopoSort());
-  return changed;
+  return FuseAtAnchors(g, {OpKind::kMul}, [&](NodeId id) { return matcher.TryAt(id); });
 }
 
 }  // namespace onnxpipe::passes

@@ -129,8 +129,7 @@ class LayerNormMatcher {
 
   // Adds the producer of `v` to the pattern when `v` has no use outside it.
   bool Take(ValueId v) {
-    if (!uses_.HasSingleUse(v)) return false;
-    NodeId p = ProducerId(*g_, v);
+    const NodeId p = PatternProducer(*g_, uses_, v);
     if (p == ir::kNoNode) return false;
     nodes_.insert(p);
     return true;
@@ -138,15 +137,7 @@ class LayerNormMatcher {
 
   // Follows float-to-float Casts upwards, taking each into the pattern. Stops (returning the Cast's
   // output) at a Cast that has other uses.
-  ValueId SkipCasts(ValueId v) {
-    while (const Node* c = ProducerOf(*g_, v, OpKind::kCast)) {
-      if (!ir::IsFloat(g_->value(c->inputs[0]).dtype) || !ir::IsFloat(g_->value(v).dtype)) break;
-      if (!uses_.HasSingleUse(v)) break;
-      nodes_.insert(ProducerId(*g_, v));
-      v = c->inputs[0];
-    }
-    return v;
-  }
+  ValueId SkipCasts(ValueId v) { return SkipFloatCasts(*g_, uses_, v, &nodes_); }
 
   bool ReducesLastAxis(const Node& reduce, int64_t rank) const {
     if (reduce.attrs.Get<int64_t>("keepdims", 1) != 1) return false;
@@ -172,14 +163,7 @@ class LayerNormMatcher {
 
 absl::StatusOr<bool> LayerNormFusion::Run(ir::Graph* g) {
   LayerNormMatcher matcher(g);
-  bool changed = false;
-  for (NodeId id : g->LiveNodes()) {
-    const Node& n = g->node(id);
-    if (n.removed || (n.op != OpKind::kDiv && n.op != OpKind::kMul)) continue;
-    changed |= matcher.TryAt(id);
-  }
-  if (changed) RETURN_IF_ERROR(g->TopoSort());
-  return changed;
+  return FuseAtAnchors(g, {OpKind::kDiv, OpKind::kMul}, [&](NodeId id) { return matcher.TryAt(id); });
 }
 
 }  // namespace onnxpipe::passes

@@ -118,17 +118,9 @@ class LinearMatcher {
 
 absl::StatusOr<bool> LinearFusion::Run(ir::Graph* g) {
   LinearMatcher matcher(g);
-  bool changed = false;
-  for (NodeId id : g->LiveNodes()) {
-    if (g->node(id).removed) continue;
-    if (g->node(id).op == OpKind::kMatMul) {
-      changed |= matcher.TryMatMul(id);
-    } else if (g->node(id).op == OpKind::kGemm) {
-      changed |= matcher.TryGemm(id);
-    }
-  }
-  if (changed) RETURN_IF_ERROR(g->TopoSort());
-  return changed;
+  return FuseAtAnchors(g, {OpKind::kMatMul, OpKind::kGemm}, [&](NodeId id) {
+    return g->node(id).op == OpKind::kMatMul ? matcher.TryMatMul(id) : matcher.TryGemm(id);
+  });
 }
 
 }  // namespace onnxpipe::passes

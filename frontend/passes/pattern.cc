@@ -26,6 +26,25 @@ ir::NodeId ProducerId(const ir::Graph& g, ir::ValueId v) {
   return p;
 }
 
+ir::NodeId PatternProducer(const ir::Graph& g, const UseInfo& uses, ir::ValueId v) {
+  if (!uses.HasSingleUse(v)) return ir::kNoNode;
+  return ProducerId(g, v);
+}
+
+bool IsFloatCast(const ir::Graph& g, const ir::Node& n) {
+  return n.op == ir::OpKind::kCast && ir::IsFloat(g.value(n.inputs[0]).dtype) &&
+         ir::IsFloat(g.value(n.outputs[0]).dtype);
+}
+
+ir::ValueId SkipFloatCasts(const ir::Graph& g, const UseInfo& uses, ir::ValueId v, std::set<ir::NodeId>* nodes) {
+  while (const ir::Node* c = ProducerOf(g, v, ir::OpKind::kCast)) {
+    if (!IsFloatCast(g, *c) || !uses.HasSingleUse(v)) break;
+    nodes->insert(ProducerId(g, v));
+    v = c->inputs[0];
+  }
+  return v;
+}
+
 const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v) {
   ir::NodeId p = ProducerId(g, v);
   return p == ir::kNoNode ? nullptr : &g.node(p);

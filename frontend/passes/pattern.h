@@ -3,13 +3,18 @@
 // one fused node.
 #pragma once
 
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "frontend/ir/graph.h"
+#include "frontend/ir/status.h"
 
 namespace onnxpipe::passes {
 
@@ -40,6 +45,15 @@ const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v, ir::OpKind op);
 // The live node producing `v` (any op), else nullptr.
 const ir::Node* ProducerOf(const ir::Graph& g, ir::ValueId v);
 ir::NodeId ProducerId(const ir::Graph& g, ir::ValueId v);
+// The producer of `v` when `v` is internal to a pattern (UseInfo::HasSingleUse), else kNoNode:
+// the node a matcher takes into its pattern.
+ir::NodeId PatternProducer(const ir::Graph& g, const UseInfo& uses, ir::ValueId v);
+
+// A Cast from a float dtype to a float dtype.
+bool IsFloatCast(const ir::Graph& g, const ir::Node& n);
+// Follows float Casts upwards from `v` while each one's output is internal to the pattern,
+// adding each Cast to `nodes`; returns the value above the last one taken.
+ir::ValueId SkipFloatCasts(const ir::Graph& g, const UseInfo& uses, ir::ValueId v, std::set<ir::NodeId>* nodes);
 
 // The value of `v` when it holds constant data with exactly one element (any rank), as a double.
 std::optional<double> ScalarConstant(const ir::Graph& g, ir::ValueId v);
@@ -87,6 +101,20 @@ std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
 // ir::Graph::TopoSort() once the pass is done.
 ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead,
                             ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs);
+
+// The loop of a fusion pass: calls `try_at(id)` (true: fused there) at each live node whose op is
+// among `anchors`, in the graph's order, then sorts the graph topologically when anything fused.
+template <typename TryAt>
+absl::StatusOr<bool> FuseAtAnchors(ir::Graph* g, std::initializer_list<ir::OpKind> anchors, TryAt try_at) {
+  bool changed = false;
+  for (ir::NodeId id : g->LiveNodes()) {
+    const ir::Node& n = g->node(id);
+    if (n.removed || std::find(anchors.begin(), anchors.end(), n.op) == anchors.end()) continue;
+    changed |= try_at(id);
+  }
+  if (changed) RETURN_IF_ERROR(g->TopoSort());
+  return changed;
+}
 
 // Adds a node computing a new value; `shape_known` false when `shape` is a guess.
 ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name,

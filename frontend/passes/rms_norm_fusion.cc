@@ -20,10 +20,6 @@ using ir::NodeId;
 using ir::OpKind;
 using ir::ValueId;
 
-bool IsFloatCast(const Graph& g, const Node& n) {
-  return n.op == OpKind::kCast && ir::IsFloat(g.value(n.inputs[0]).dtype) && ir::IsFloat(g.value(n.outputs[0]).dtype);
-}
-
 class RMSNormMatcher {
  public:
   explicit RMSNormMatcher(Graph* g) : g_(g), uses_(*g) {}
@@ -102,22 +98,14 @@ class RMSNormMatcher {
 
   // Adds the producer of `v` to the pattern when `v` has no use outside it.
   bool Take(ValueId v) {
-    if (!uses_.HasSingleUse(v)) return false;
-    const NodeId p = ProducerId(*g_, v);
+    const NodeId p = PatternProducer(*g_, uses_, v);
     if (p == ir::kNoNode) return false;
     nodes_.insert(p);
     return true;
   }
 
   // Follows single-use float Casts upwards, taking each into the pattern.
-  ValueId SkipCasts(ValueId v) {
-    while (const Node* c = ProducerOf(*g_, v, OpKind::kCast)) {
-      if (!IsFloatCast(*g_, *c) || !uses_.HasSingleUse(v)) break;
-      nodes_.insert(ProducerId(*g_, v));
-      v = c->inputs[0];
-    }
-    return v;
-  }
+  ValueId SkipCasts(ValueId v) { return SkipFloatCasts(*g_, uses_, v, &nodes_); }
 
   // The value above any float Casts.
   ValueId Base(ValueId v) const {
@@ -202,14 +190,7 @@ class RMSNormMatcher {
 
 absl::StatusOr<bool> RMSNormFusion::Run(ir::Graph* g) {
   RMSNormMatcher matcher(g);
-  bool changed = false;
-  for (NodeId id : g->LiveNodes()) {
-    const Node& n = g->node(id);
-    if (n.removed || (n.op != OpKind::kDiv && n.op != OpKind::kMul)) continue;
-    changed |= matcher.TryAt(id);
-  }
-  if (changed) RETURN_IF_ERROR(g->TopoSort());
-  return changed;
+  return FuseAtAnchors(g, {OpKind::kDiv, OpKind::kMul}, [&](NodeId id) { return matcher.TryAt(id); });
 }
 
 }  // namespace onnxpipe::passes
