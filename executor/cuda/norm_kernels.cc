@@ -15,16 +15,11 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// Attr axis against `rank`, negative counted from the end (unchecked).
-int64_t Axis(const ir::Node& node, int64_t rank) {
-  const int64_t axis = node.attrs.Get<int64_t>("axis", -1);
-  return axis < 0 ? axis + rank : axis;
-}
-
 // (rows, d) of normalising `dims` from attr axis; nullopt for a bad axis or d out of range.
 std::optional<std::pair<int64_t, int64_t>> RowsAndD(const ir::Node& node, const std::vector<int64_t>& dims) {
   const int64_t rank = static_cast<int64_t>(dims.size());
-  const int64_t axis = Axis(node, rank);
+  int64_t axis = node.attrs.Get<int64_t>("axis", -1);
+  if (axis < 0) axis += rank;
   if (rank == 0 || axis < 0 || axis >= rank) return std::nullopt;
   int64_t rows = 1, d = 1;
   for (int64_t i = 0; i < rank; ++i) (i < axis ? rows : d) *= dims[i];
@@ -32,52 +27,12 @@ std::optional<std::pair<int64_t, int64_t>> RowsAndD(const ir::Node& node, const 
   return std::make_pair(rows, d);
 }
 
-// `dims` with the normalised ones set to 1: the saved Mean's and InvStdDev's.
 std::vector<int64_t> StatDims(const ir::Node& node, std::vector<int64_t> dims) {
   const int64_t rank = static_cast<int64_t>(dims.size());
-  for (int64_t i = Axis(node, rank); i < rank; ++i) dims[i] = 1;
+  int64_t axis = node.attrs.Get<int64_t>("axis", -1);
+  if (axis < 0) axis += rank;
+  for (int64_t i = axis; i < rank; ++i) dims[i] = 1;
   return dims;
-}
-
-// A backward covers only a scale of exactly the normalised dims of `x` (its parameter gradients
-// have scale's shape).
-bool ScaleIsNormalised(const ir::Node& node, const ir::Tensor& x, const ir::Tensor& scale) {
-  const int64_t axis = Axis(node, x.rank());
-  return scale.dims() == std::vector<int64_t>(x.dims().begin() + axis, x.dims().end());
-}
-
-// Y (output 0, of `dims`) and the f32 statistics among outputs [1, count) that the node wants.
-absl::StatusOr<std::vector<ir::Tensor>> ForwardOutputs(const KernelContext& ctx, const ir::Node& node, int count,
-                                                       ir::DType t, const std::vector<int64_t>& dims) {
-  std::vector<ir::Tensor> out(count);
-  ASSIGN_OR_RETURN(out[0], ctx.FullOutput(node, 0, t, dims));
-  for (int k = 1; k < count; ++k) {
-    if (!WantsOutput(node, k)) continue;
-    ASSIGN_OR_RETURN(out[k], ctx.FullOutput(node, k, ir::DType::kF32, StatDims(node, dims)));
-  }
-  return out;
-}
-
-// dX (output 0, of `x_dims`) and the parameter gradients (of `scale_dims`, zero-filled) among
-// outputs [1, count) that the node wants.
-absl::StatusOr<std::vector<ir::Tensor>> BackwardOutputs(const KernelContext& ctx, const ir::Node& node, int count,
-                                                        ir::DType t, const std::vector<int64_t>& x_dims,
-                                                        const std::vector<int64_t>& scale_dims) {
-  std::vector<ir::Tensor> out(count);
-  ASSIGN_OR_RETURN(out[0], ctx.FullOutput(node, 0, t, x_dims));
-  for (int k = 1; k < count; ++k) {
-    if (!WantsOutput(node, k)) continue;
-    ASSIGN_OR_RETURN(out[k], ctx.Output(node, k, t, scale_dims));
-  }
-  return out;
-}
-
-// The launcher arguments every op sets alike.
-template <typename Args>
-void SetProblem(Args& a, const ir::Node& node, NormKind kind, int64_t rows, int64_t d) {
-  a.kind = kind;
-  a.rows = rows, a.d = d;
-  a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
 }
 
 // The activations' dtype when every input among `data` has it and every saved statistic among
@@ -150,13 +105,22 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d || (HasInput(in, 2) && in[2].num_elements() != d)) return std::nullopt;
-  absl::StatusOr<std::vector<ir::Tensor>> outs = ForwardOutputs(ctx, node, 3, *t, in[0].dims());
-  if (!outs.ok() || rows == 0) return outs;
-  const std::vector<ir::Tensor>& out = *outs;
+  std::vector<ir::Tensor> out(3);
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
+  if (!y.ok()) return y.status();
+  out[0] = *y;
+  for (int k = 1; k <= 2; ++k) {
+    if (!WantsOutput(node, k)) continue;
+    absl::StatusOr<ir::Tensor> s = ctx.FullOutput(node, k, ir::DType::kF32, StatDims(node, in[0].dims()));
+    if (!s.ok()) return s.status();
+    out[k] = *s;
+  }
+  if (rows == 0) return out;
   return WithFloatElement(*t, [&](auto tag) -> KernelResult {
     using T = typename decltype(tag)::type;
     NormForwardArgs<T> a;
-    SetProblem(a, node, NormKind::kLayerNorm, rows, d);
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]), a.beta = HasInput(in, 2) ? DevicePtr<T>(in[2]) : nullptr;
     a.y = DevicePtr<T>(out[0]), a.mean = DevicePtr<float>(out[1]), a.rstd = DevicePtr<float>(out[2]);
     if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
@@ -171,16 +135,29 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
-  if (!ScaleIsNormalised(node, in[1], in[2])) return std::nullopt;
+  // Parameter gradients have scale's shape; only a scale of exactly the normalised dims is covered.
+  const int64_t rank = in[1].rank();
+  int64_t axis = node.attrs.Get<int64_t>("axis", -1);
+  if (axis < 0) axis += rank;
+  if (in[2].dims() != std::vector<int64_t>(in[1].dims().begin() + axis, in[1].dims().end())) return std::nullopt;
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows)) return std::nullopt;
-  absl::StatusOr<std::vector<ir::Tensor>> outs = BackwardOutputs(ctx, node, 3, *t, in[1].dims(), in[2].dims());
-  if (!outs.ok() || rows == 0) return outs;  // parameter gradients are zeros when rows == 0
-  const std::vector<ir::Tensor>& out = *outs;
+  std::vector<ir::Tensor> out(3);
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, *t, in[1].dims());
+  if (!dx.ok()) return dx.status();
+  out[0] = *dx;
+  for (int k = 1; k <= 2; ++k) {
+    if (!WantsOutput(node, k)) continue;
+    absl::StatusOr<ir::Tensor> g = ctx.Output(node, k, *t, in[2].dims());
+    if (!g.ok()) return g.status();
+    out[k] = *g;
+  }
+  if (rows == 0) return out;
   return WithFloatElement(*t, [&](auto tag) -> KernelResult {
     using T = typename decltype(tag)::type;
     NormBackwardArgs<T> a;
-    SetProblem(a, node, NormKind::kLayerNorm, rows, d);
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
     if (saved) a.mean = DevicePtr<float>(in[3]), a.rstd = DevicePtr<float>(in[4]);
     a.dx = DevicePtr<T>(out[0]);
@@ -196,13 +173,22 @@ KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d) return std::nullopt;
-  absl::StatusOr<std::vector<ir::Tensor>> outs = ForwardOutputs(ctx, node, 2, *t, in[0].dims());
-  if (!outs.ok() || rows == 0) return outs;
-  const std::vector<ir::Tensor>& out = *outs;
+  std::vector<ir::Tensor> out(2);
+  absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
+  if (!y.ok()) return y.status();
+  out[0] = *y;
+  if (WantsOutput(node, 1)) {
+    absl::StatusOr<ir::Tensor> r = ctx.FullOutput(node, 1, ir::DType::kF32, StatDims(node, in[0].dims()));
+    if (!r.ok()) return r.status();
+    out[1] = *r;
+  }
+  if (rows == 0) return out;
   return WithFloatElement(*t, [&](auto tag) -> KernelResult {
     using T = typename decltype(tag)::type;
     NormForwardArgs<T> a;
-    SetProblem(a, node, NormKind::kRmsNorm, rows, d);
+    a.kind = NormKind::kRmsNorm;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]);
     a.y = DevicePtr<T>(out[0]), a.rstd = DevicePtr<float>(out[1]);
     if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
@@ -219,16 +205,28 @@ KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const s
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
-  if (!ScaleIsNormalised(node, in[1], in[2])) return std::nullopt;
+  const int64_t rank = in[1].rank();
+  int64_t axis = node.attrs.Get<int64_t>("axis", -1);
+  if (axis < 0) axis += rank;
+  if (in[2].dims() != std::vector<int64_t>(in[1].dims().begin() + axis, in[1].dims().end())) return std::nullopt;
   const bool saved = HasInput(in, 3);
   if (saved && in[3].num_elements() != rows) return std::nullopt;
-  absl::StatusOr<std::vector<ir::Tensor>> outs = BackwardOutputs(ctx, node, 2, *t, in[1].dims(), in[2].dims());
-  if (!outs.ok() || rows == 0) return outs;
-  const std::vector<ir::Tensor>& out = *outs;
+  std::vector<ir::Tensor> out(2);
+  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, *t, in[1].dims());
+  if (!dx.ok()) return dx.status();
+  out[0] = *dx;
+  if (WantsOutput(node, 1)) {
+    absl::StatusOr<ir::Tensor> g = ctx.Output(node, 1, *t, in[2].dims());  // zeros when rows == 0
+    if (!g.ok()) return g.status();
+    out[1] = *g;
+  }
+  if (rows == 0) return out;
   return WithFloatElement(*t, [&](auto tag) -> KernelResult {
     using T = typename decltype(tag)::type;
     NormBackwardArgs<T> a;
-    SetProblem(a, node, NormKind::kRmsNorm, rows, d);
+    a.kind = NormKind::kRmsNorm;
+    a.rows = rows, a.d = d;
+    a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
     if (saved) a.rstd = DevicePtr<float>(in[3]);
     a.dx = DevicePtr<T>(out[0]);
