@@ -203,8 +203,20 @@ KernelResult ReduceToShapeOfKernel(const KernelContext& ctx, const ir::Node& nod
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
   if (x.dims() == in[1].dims()) return Single(ctx.backend->Copy(x, *out, ctx.exec.stream), *out);
-  return Single(Reduce(ReduceKind::kSum, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream),
+  const int64_t ws_bytes = ReduceWorkspaceBytes(*plan, x.dtype());
+  absl::StatusOr<void*> ws = ctx.Workspace(node, ws_bytes);
+  if (!ws.ok()) return ws.status();
+  return Single(Reduce(ReduceKind::kSum, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream,
+                       *ws, ws_bytes),
                 *out);
+}
+
+// ReduceToShapeOfKernel's split-columns partials.
+int64_t ReduceToShapeOfWorkspace(const ir::Graph& g, const ir::Node& node) {
+  const std::optional<std::vector<int64_t>> x = InputDims(g, node, 0), like = InputDims(g, node, 1);
+  if (!x || !like || *x == *like) return 0;
+  const absl::StatusOr<ReducePlan> plan = MakeReduceToShapePlan(*x, *like);
+  return plan.ok() ? ReduceWorkspaceBytes(*plan, g.value(node.inputs[0]).dtype) : 0;
 }
 
 // ExpandLike(X, like) attrs axes, mean: out = (0 + X broadcast) * s with s = numel(X) / numel(like)
@@ -280,7 +292,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
   table[ir::OpKind::kSum] = {SumKernel, SumWorkspace};
   table[ir::OpKind::kWhere].run = WhereKernel;
   table[ir::OpKind::kCast].run = CastKernel;
-  table[ir::OpKind::kReduceToShapeOf].run = ReduceToShapeOfKernel;
+  table[ir::OpKind::kReduceToShapeOf] = {ReduceToShapeOfKernel, ReduceToShapeOfWorkspace};
   table[ir::OpKind::kExpandLike].run = ExpandLikeKernel;
   // ZerosLike(like): the zero-filled output of like's dtype and dims (`like` is read for its dims only).
   table[ir::OpKind::kZerosLike].run = [](const KernelContext& ctx, const ir::Node& node,

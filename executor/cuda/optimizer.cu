@@ -10,9 +10,11 @@
 namespace onnxpipe::cuda {
 namespace {
 
-constexpr int64_t kChunk = 1 << 16;  // elements per block
+// Elements per block: 16 per thread, so that one large tensor spreads over the whole GPU (a 4M
+// element weight is 1024 blocks, one launch).
+constexpr int64_t kChunk = 1 << 12;
 constexpr int kMaxTensors = 64;
-constexpr int kMaxBlocks = 512;
+constexpr int kMaxBlocks = 1024;
 
 struct Batch {
   OptimizerTensor t[kMaxTensors];
@@ -62,6 +64,7 @@ __global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const fl
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+#pragma unroll 4
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float p = t.param[i];
     float d = ScaledGrad(t.grad, i, scale);
@@ -82,6 +85,7 @@ __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, co
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+#pragma unroll 4
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = ScaledGrad(t.grad, i, scale);
     const float pd = __fmul_rn(t.param[i], s.decay);

@@ -2,6 +2,8 @@
 // contiguous) and the checked Status wrapper.
 #include "executor/cuda/reduce.h"
 
+#include <algorithm>
+
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/status.h"
 
@@ -79,8 +81,31 @@ absl::StatusOr<ReducePlan> MakeReduceToShapePlan(const std::vector<int64_t>& in_
   return PlanFromFlags(in_dims, reduced);
 }
 
+std::optional<ColumnSplit> ColumnSplitOf(const ReducePlan& p, int elem_bytes) {
+  const int vec = 16 / elem_bytes;
+  if (p.num_reduced == 0 || p.innermost_reduced || p.kept_rank != 1 || p.reduced_rank != 1 || p.kept_strides[0] != 1 ||
+      p.reduced_strides[0] != p.kept_dims[0] || p.kept_dims[0] % vec != 0) {
+    return std::nullopt;
+  }
+  ColumnSplit cs;
+  cs.rows = p.reduced_dims[0];
+  cs.cols = p.kept_dims[0];
+  cs.col_blocks = (cs.cols + kSplitVecLanes * vec - 1) / (kSplitVecLanes * vec);
+  constexpr int64_t kTargetBlocks = 1024, kMinRowsPerSplit = 64;
+  int64_t splits = (kTargetBlocks + cs.col_blocks - 1) / cs.col_blocks;
+  splits = std::max<int64_t>(1, std::min(splits, cs.rows / kMinRowsPerSplit));
+  cs.rows_per_split = (cs.rows + splits - 1) / splits;
+  cs.splits = (cs.rows + cs.rows_per_split - 1) / cs.rows_per_split;
+  return cs;
+}
+
+int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype) {
+  const std::optional<ColumnSplit> cs = ColumnSplitOf(plan, static_cast<int>(ir::DTypeSize(x_dtype)));
+  return cs ? cs->splits * cs->cols * static_cast<int64_t>(sizeof(double)) : 0;
+}
+
 absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
-                    void* y, cudaStream_t stream) {
+                    void* y, cudaStream_t stream, void* workspace, int64_t workspace_bytes) {
   for (ir::DType t : {x_dtype, y_dtype}) {
     if (t != ir::DType::kF32 && t != ir::DType::kBF16 && t != ir::DType::kF16) {
       return INVALID_ARGUMENT() << "Reduce: dtype " << ir::DTypeName(t) << " is not f32, bf16 or f16";
@@ -89,7 +114,7 @@ absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, 
   if (plan.num_out > 0 && (y == nullptr || (plan.num_reduced > 0 && x == nullptr))) {
     return INVALID_ARGUMENT() << "Reduce: null device pointer";
   }
-  CUDA_RETURN_IF_ERROR(LaunchReduce(kind, plan, x_dtype, x, y_dtype, y, stream));
+  CUDA_RETURN_IF_ERROR(LaunchReduce(kind, plan, x_dtype, x, y_dtype, y, workspace, workspace_bytes, stream));
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "frontend/ir/dtype.h"
@@ -34,8 +35,19 @@ struct ReducePlan {
   bool innermost_reduced = false;  // x's last (non-1) dim is reduced: rows are contiguous
 };
 
+// The split-columns geometry (reduce.cu) of a dense (rows, cols) reduced over its rows, when cols is a
+// whole number of 16-byte vectors of `elem_bytes` elements; nullopt for any other plan.
+constexpr int kSplitVecLanes = 32, kSplitRowLanes = 8;  // a block: 32 vectors of columns x 8 rows
+struct ColumnSplit {
+  int64_t rows = 0, cols = 0, splits = 1, rows_per_split = 0, col_blocks = 0;
+};
+std::optional<ColumnSplit> ColumnSplitOf(const ReducePlan& plan, int elem_bytes);
+// Device scratch that makes `plan` take the split-columns path (0: it cannot).
+int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype);
+
+// `workspace` (ReduceWorkspaceBytes of it, or null) chooses the split-columns path where it applies.
 cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
-                         void* y, cudaStream_t stream);
+                         void* y, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
 
 #ifndef __CUDACC__
 // The plan of reducing `in_dims` over `axes` (negative counts from the end; empty = every axis,
@@ -47,7 +59,7 @@ absl::StatusOr<ReducePlan> MakeReduceToShapePlan(const std::vector<int64_t>& in_
                                                  const std::vector<int64_t>& like_dims);
 
 absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
-                    void* y, cudaStream_t stream);
+                    void* y, cudaStream_t stream, void* workspace = nullptr, int64_t workspace_bytes = 0);
 #endif
 
 }  // namespace onnxpipe::cuda

@@ -3,6 +3,11 @@
 // run without a GPU) and argument errors.
 #include "executor/cuda/reduce.h"
 
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
 
@@ -22,6 +27,17 @@ Tensor GpuReduce(ReduceKind kind, const ReducePlan& plan, const Tensor& x, DType
                  const std::vector<int64_t>& out_dims) {
   DeviceTensor dx(x), dy(out_dtype, out_dims);
   const absl::Status st = Reduce(kind, plan, x.dtype(), dx.get(), out_dtype, dy.get(), nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  return dy.ToHost();
+}
+
+// As GpuReduce with the workspace ReduceWorkspaceBytes asks for (the split-columns path).
+Tensor GpuReduceSplit(ReduceKind kind, const ReducePlan& plan, const Tensor& x, DType out_dtype,
+                      const std::vector<int64_t>& out_dims) {
+  const int64_t bytes = ReduceWorkspaceBytes(plan, x.dtype());
+  EXPECT_GT(bytes, 0) << "no split-columns path for this plan";
+  DeviceTensor dx(x), dy(out_dtype, out_dims), ws(DType::kU8, {bytes});
+  const absl::Status st = Reduce(kind, plan, x.dtype(), dx.get(), out_dtype, dy.get(), nullptr, ws.get(), bytes);
   EXPECT_TRUE(st.ok()) << st;
   return dy.ToHost();
 }
@@ -117,6 +133,51 @@ TEST_F(ReduceTest, HalfInputsAndOutputs) {
     const Tensor got = GpuReduce(ReduceKind::kMean, *plan, x, out, {96});
     EXPECT_LT(NormalisedError(got, CpuReduce(ReduceKind::kMean, x.CastTo(DType::kF32), {0})), 4e-3);
   }
+}
+
+TEST(ReducePlanTest, SplitColumnsCoverEveryRowOnce) {
+  // (B, S, D) -> (D) bias gradients of the benchmark sizes and ragged ones.
+  for (const auto& [rows, cols, elem] : std::vector<std::tuple<int64_t, int64_t, int>>{
+           {8192, 1024, 2}, {8192, 4096, 2}, {8192, 1024, 4}, {100, 24, 4}, {63, 8, 2}, {1, 16, 2}, {70000, 8, 2}}) {
+    auto plan = MakeReduceToShapePlan({rows, cols}, {cols});
+    ASSERT_TRUE(plan.ok());
+    const std::optional<ColumnSplit> cs = ColumnSplitOf(*plan, elem);
+    ASSERT_TRUE(cs.has_value()) << rows << "x" << cols;
+    EXPECT_EQ(cs->rows, rows);
+    EXPECT_EQ(cs->cols, cols);
+    EXPECT_GE(cs->splits * cs->rows_per_split, rows);
+    EXPECT_LT((cs->splits - 1) * cs->rows_per_split, rows);  // no empty slice
+    EXPECT_EQ(ReduceWorkspaceBytes(*plan, elem == 2 ? DType::kBF16 : DType::kF32), cs->splits * cols * 8);
+  }
+  // Not a whole number of 16-byte vectors per row, reduced innermost, or nothing to reduce: no split path.
+  EXPECT_FALSE(ColumnSplitOf(*MakeReduceToShapePlan({64, 12}, {12}), 2).has_value());
+  EXPECT_FALSE(ColumnSplitOf(*MakeReducePlan({64, 16}, {1}), 2).has_value());
+  EXPECT_FALSE(ColumnSplitOf(*MakeReduceToShapePlan({0, 16}, {16}), 2).has_value());
+  EXPECT_EQ(ReduceWorkspaceBytes(*MakeReducePlan({4, 6, 5, 7}, {1}), DType::kF32), 0);
+}
+
+TEST_F(ReduceTest, SplitColumnsMatchCpu) {
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{8192, 1024}, {4096, 4096}, {100, 24}, {63, 8}}) {
+    const Tensor x32 = Rand(DType::kF32, {rows, cols}, static_cast<uint64_t>(rows + cols));
+    auto plan = MakeReduceToShapePlan(x32.dims(), {cols});
+    ASSERT_TRUE(plan.ok());
+    const Tensor want = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x32, Tensor(DType::kF32, {cols})});
+    EXPECT_LT(MaxRelError(GpuReduceSplit(ReduceKind::kSum, *plan, x32, DType::kF32, {cols}), want), 1e-6)
+        << rows << "x" << cols;
+    const Tensor x16 = x32.CastTo(DType::kBF16);
+    const Tensor want16 =
+        Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x16.CastTo(DType::kF32), Tensor(DType::kF32, {cols})});
+    EXPECT_LT(MaxRelError(GpuReduceSplit(ReduceKind::kSum, *plan, x16, DType::kF32, {cols}), want16), 1e-6);
+    EXPECT_LT(NormalisedError(GpuReduceSplit(ReduceKind::kSum, *plan, x16, DType::kBF16, {cols}), want16), 4e-3);
+  }
+  // Mean through the split path divides by the rows.
+  const Tensor x = Rand(DType::kF32, {256, 32}, 9);
+  auto plan = MakeReducePlan(x.dims(), {0});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_LT(
+      MaxRelError(GpuReduceSplit(ReduceKind::kMean, *plan, x, DType::kF32, {32}), CpuReduce(ReduceKind::kMean, x, {0})),
+      1e-6);
 }
 
 TEST_F(ReduceTest, BadArgumentsAreErrors) {
