@@ -49,16 +49,24 @@ __device__ __forceinline__ Compute<T> Load(const T* p, int64_t i) {
   }
 }
 
-// Stores v (any arithmetic type) as T, rounding to nearest even for the 16-bit floats.
+// v (any arithmetic type) as T, rounding to nearest even for the 16-bit floats.
+template <typename T, typename V>
+__device__ __forceinline__ T Convert(V v) {
+  if constexpr (std::is_same_v<T, V>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// Stores v as T (Convert).
 template <typename T, typename V>
 __device__ __forceinline__ void Store(T* p, int64_t i, V v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    p[i] = __float2bfloat16_rn(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, __half>) {
-    p[i] = __float2half_rn(static_cast<float>(v));
-  } else {
-    p[i] = static_cast<T>(v);
-  }
+  p[i] = Convert<T>(v);
 }
 
 template <typename T>

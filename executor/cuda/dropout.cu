@@ -4,6 +4,7 @@
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/dropout.h"
 #include "executor/cuda/dropout_device.cuh"
+#include "executor/cuda/map.cuh"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -42,29 +43,42 @@ __device__ __forceinline__ void ForBlockElements(const cpu::DropoutStream& s, ui
   }
 }
 
+// out = keep ? in * scale : 0 over the elements of Philox block `block`: as four-element runs
+// (one access each for in, out and the mask) when `runs` (base a multiple of four, pointers aligned
+// for it) and the block lies inside [base, base + n), else element by element.
 template <typename T>
-__global__ void DropoutForwardKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
-                                     BlockRange range, double scale, const T* __restrict__ x, T* __restrict__ y,
-                                     uint8_t* __restrict__ mask, int64_t n) {
-  s = WithOffset(s, device_offset);
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    ForBlockElements(s, base, n, range.first_block + t, [&](int64_t i, bool keep) {
-      StoreScaled(y, i, keep, x, scale);
-      if (mask != nullptr) mask[i] = keep;
-    });
+__device__ __forceinline__ void DropBlock(const cpu::DropoutStream& s, uint64_t base, int64_t n, uint64_t block,
+                                          bool runs, double scale, const T* in, T* out, uint8_t* mask) {
+  const uint64_t c0 = block * 4;
+  if (runs && c0 >= base && c0 - base + 4 <= static_cast<uint64_t>(n)) {
+    const int64_t i = static_cast<int64_t>(c0 - base);
+    const cpu::Philox4x32 r = s.Block(block);
+    const Run<T, 4> x = LoadRun<4>(in, i);
+    Run<T, 4> y;
+    Run<uint8_t, 4> m;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m.v[k] = r.v[k] >= s.threshold;
+      y.v[k] = Convert<T>(m.v[k] ? x[k] * static_cast<Compute<T>>(scale) : Compute<T>(0));
+    }
+    StoreRun<4>(out, i, y);
+    if (mask != nullptr) StoreRun<4>(mask, i, m);
+    return;
   }
+  ForBlockElements(s, base, n, block, [&](int64_t i, bool keep) {
+    StoreScaled(out, i, keep, in, scale);
+    if (mask != nullptr) mask[i] = keep;
+  });
 }
 
 template <typename T>
-__global__ void DropoutBackwardStreamKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
-                                            BlockRange range, double scale, const T* __restrict__ dy, T* __restrict__ dx,
-                                            int64_t n) {
+__global__ void DropoutStreamKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base,
+                                    BlockRange range, bool runs, double scale, const T* __restrict__ in,
+                                    T* __restrict__ out, uint8_t* __restrict__ mask, int64_t n) {
   s = WithOffset(s, device_offset);
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < range.count;
        t += int64_t{gridDim.x} * blockDim.x) {
-    ForBlockElements(s, base, n, range.first_block + t,
-                     [&](int64_t i, bool keep) { StoreScaled(dx, i, keep, dy, scale); });
+    DropBlock(s, base, n, range.first_block + t, runs, scale, in, out, mask);
   }
 }
 
@@ -84,6 +98,20 @@ cpu::DropoutStream StreamOf(const DropoutParams& p) {
   return cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
 }
 
+// out (and mask) from the stream of `p` over counters [p.counter_base, + n).
+template <typename T>
+void LaunchStream(const DropoutParams& p, double scale, const T* in, T* out, uint8_t* mask, int64_t n,
+                  cudaStream_t stream) {
+  const BlockRange range = BlocksFor(p.counter_base, n);
+  auto aligned = [](const void* q, size_t bytes) {
+    return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
+  };
+  const bool runs =
+      p.counter_base % 4 == 0 && aligned(in, 4 * sizeof(T)) && aligned(out, 4 * sizeof(T)) && aligned(mask, 4);
+  DropoutStreamKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(StreamOf(p), p.device_offset, p.counter_base,
+                                                                        range, runs, scale, in, out, mask, n);
+}
+
 }  // namespace
 
 cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const void* x, void* y, uint8_t* mask,
@@ -96,9 +124,7 @@ cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const 
     if (!Active(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.0, py, mask, n);
     } else {
-      const BlockRange range = BlocksFor(p.counter_base, n);
-      DropoutForwardKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(
-          StreamOf(p), p.device_offset, p.counter_base, range, KeepScale(p), px, py, mask, n);
+      LaunchStream<T>(p, KeepScale(p), px, py, mask, n, stream);
     }
     return cudaGetLastError();
   });
@@ -115,9 +141,7 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
     if (mask != nullptr || !Active(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, mask, scale, pdx, nullptr, n);
     } else {
-      const BlockRange range = BlocksFor(p.counter_base, n);
-      DropoutBackwardStreamKernel<T><<<GridFor(range.count), kThreads, 0, stream>>>(
-          StreamOf(p), p.device_offset, p.counter_base, range, scale, pdy, pdx, n);
+      LaunchStream<T>(p, scale, pdy, pdx, nullptr, n, stream);
     }
     return cudaGetLastError();
   });

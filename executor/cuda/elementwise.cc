@@ -68,7 +68,7 @@ const char* UnaryName(UnaryOp op) {
   return kNames[static_cast<int>(op)];
 }
 
-absl::Status CheckPointers(const char* what, int64_t n, std::initializer_list<const void*> ptrs) {
+absl::Status CheckPointers(const char* what, int64_t n, const std::vector<const void*>& ptrs) {
   if (n < 0) return INVALID_ARGUMENT() << what << ": negative element count " << n;
   if (n == 0) return absl::OkStatus();
   for (const void* p : ptrs) {
@@ -240,6 +240,21 @@ absl::Status Accumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const
   }
   RETURN_IF_ERROR(CheckPointers("Accumulate", n, {acc, x}));
   CUDA_RETURN_IF_ERROR(LaunchAccumulate(acc_dtype, acc, x_dtype, x, n, stream));
+  return absl::OkStatus();
+}
+
+absl::Status DenseSum(ir::DType dtype, const std::vector<const void*>& xs, void* out, int64_t n, cudaStream_t stream) {
+  if (!IsFloat16Or32(dtype)) {
+    return INVALID_ARGUMENT() << "Sum: dtype " << ir::DTypeName(dtype) << " not supported, expected f32, bf16 or f16";
+  }
+  const int k = static_cast<int>(xs.size());
+  if (k < 1 || k > kMaxDenseSumInputs) {
+    return INVALID_ARGUMENT() << "Sum: " << k << " operands, expected 1 to " << kMaxDenseSumInputs;
+  }
+  std::vector<const void*> all = xs;
+  all.push_back(out);
+  RETURN_IF_ERROR(CheckPointers("Sum", n, all));
+  CUDA_RETURN_IF_ERROR(LaunchDenseSum(dtype, xs.data(), k, out, n, stream));
   return absl::OkStatus();
 }
 

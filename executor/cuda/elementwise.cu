@@ -1,9 +1,11 @@
 // Elementwise kernels: grid-stride loops; a broadcast operand's offset comes from the output index
 // decomposed over the (merged) output dims, skipped entirely when every operand is dense.
 #include <cuda/std/limits>
+#include <utility>
 
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/elementwise.h"
+#include "executor/cuda/map.cuh"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -61,26 +63,36 @@ __device__ __forceinline__ C Arith(BinaryOp op, C a, C b) {
   }
 }
 
+// One element of a binary op: comparisons give a byte, arithmetic the operands' type.
+template <typename T, BinaryOp kOp>
+struct BinaryFn {
+  static constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
+                                   kOp == BinaryOp::kGreaterOrEqual || kOp == BinaryOp::kLessOrEqual ||
+                                   kOp == BinaryOp::kAnd;
+  using Out = std::conditional_t<kCompare, uint8_t, T>;
+  __device__ __forceinline__ auto operator()(Compute<T> x, Compute<T> y) const {
+    if constexpr (kCompare) {
+      return static_cast<uint8_t>(kOp == BinaryOp::kEqual            ? x == y
+                                  : kOp == BinaryOp::kLess           ? x < y
+                                  : kOp == BinaryOp::kGreater        ? x > y
+                                  : kOp == BinaryOp::kGreaterOrEqual ? x >= y
+                                  : kOp == BinaryOp::kLessOrEqual    ? x <= y
+                                                                     : (x && y));
+    } else {
+      return Arith(kOp, x, y);
+    }
+  }
+};
+
+// A binary op with a broadcast operand (dense operands go through LaunchMap).
 template <typename T, BinaryOp kOp>
 __global__ void BinaryKernel(const T* __restrict__ a, const T* __restrict__ b, void* __restrict__ out, int64_t n,
                              BroadcastIndex idx) {
-  constexpr bool kCompare = kOp == BinaryOp::kEqual || kOp == BinaryOp::kLess || kOp == BinaryOp::kGreater ||
-                            kOp == BinaryOp::kGreaterOrEqual || kOp == BinaryOp::kLessOrEqual || kOp == BinaryOp::kAnd;
+  using Fn = BinaryFn<T, kOp>;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[2];
     Offsets<2>(idx, i, off);
-    const Compute<T> x = Load(a, off[0]), y = Load(b, off[1]);
-    if constexpr (kCompare) {
-      const bool r = kOp == BinaryOp::kEqual            ? x == y
-                     : kOp == BinaryOp::kLess           ? x < y
-                     : kOp == BinaryOp::kGreater        ? x > y
-                     : kOp == BinaryOp::kGreaterOrEqual ? x >= y
-                     : kOp == BinaryOp::kLessOrEqual    ? x <= y
-                                                        : (x && y);
-      static_cast<uint8_t*>(out)[i] = r;
-    } else {
-      Store(static_cast<T*>(out), i, Arith(kOp, x, y));
-    }
+    Store(static_cast<typename Fn::Out*>(out), i, Fn{}(Load(a, off[0]), Load(b, off[1])));
   }
 }
 
@@ -136,54 +148,51 @@ __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
   }
 }
 
-template <typename T>
-__global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(y, i, ApplyUnary(op, Load(x, i)));
+struct UnaryFn {
+  UnaryOp op;
+  template <typename C>
+  __device__ __forceinline__ C operator()(C x) const {
+    return ApplyUnary(op, x);
   }
-}
+};
 
-template <typename T>
-__global__ void ScaleKernel(const T* x, float s, T* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(y, i, static_cast<float>(Load(x, i)) * s);
+struct ScaleFn {
+  float s;
+  template <typename C>
+  __device__ __forceinline__ float operator()(C x) const {
+    return static_cast<float>(x) * s;
   }
-}
+};
 
 // Cast through double, as the CPU backend's Tensor::CastTo: exact for every source but 64-bit
 // integers beyond 2^53, which round the same way on both backends.
-template <typename From>
-__device__ __forceinline__ double LoadAsDouble(const From* p, int64_t i) {
-  return static_cast<double>(Load(p, i));
-}
-
 template <typename To>
-__device__ __forceinline__ void StoreFromDouble(To* p, int64_t i, double v) {
+__device__ __forceinline__ To FromDouble(double v) {
   if constexpr (std::is_same_v<To, bool>) {
-    p[i] = v != 0.0;
+    return v != 0.0;
   } else if constexpr (std::is_integral_v<To>) {
     // C truncation; NaN -> 0; out-of-range saturates.
     constexpr double kLo = static_cast<double>(::cuda::std::numeric_limits<To>::min());
     constexpr double kHi = static_cast<double>(::cuda::std::numeric_limits<To>::max());
-    p[i] = v != v     ? To(0)
+    return v != v     ? To(0)
            : v <= kLo ? ::cuda::std::numeric_limits<To>::min()
            : v >= kHi ? ::cuda::std::numeric_limits<To>::max()
                       : static_cast<To>(v);
   } else {
-    Store(p, i, static_cast<float>(v));  // double -> float -> 16-bit, as FloatToBF16(float(v))
+    return Convert<To>(static_cast<float>(v));  // double -> float -> 16-bit, as FloatToBF16(float(v))
   }
 }
 
 template <typename From, typename To>
-__global__ void CastKernel(const From* x, To* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+struct CastFn {
+  __device__ __forceinline__ To operator()(Compute<From> x) const {
     if constexpr (std::is_integral_v<From> && std::is_integral_v<To> && !std::is_same_v<To, bool>) {
-      y[i] = static_cast<To>(x[i]);  // integer -> integer: wraps, no double round trip
+      return static_cast<To>(x);  // integer -> integer: wraps, no double round trip
     } else {
-      StoreFromDouble(y, i, LoadAsDouble(x, i));
+      return FromDouble<To>(static_cast<double>(x));
     }
   }
-}
+};
 
 template <typename T>
 __global__ void FlagNonFiniteKernel(const T* x, int64_t n, uint32_t* flag) {
@@ -195,10 +204,29 @@ __global__ void FlagNonFiniteKernel(const T* x, int64_t n, uint32_t* flag) {
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = 1;
 }
 
-template <typename A, typename X>
-__global__ void AccumulateKernel(A* acc, const X* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(acc, i, static_cast<float>(Load(acc, i)) + static_cast<float>(Load(x, i)));
+// x0 + x1 + ... in fp32 from the left, each addition rounded to fp32 (Accumulate's acc + x, and
+// Sum's operands in order); starting from -0 keeps x0 exactly, zero's sign included.
+struct SumFn {
+  template <typename... C>
+  __device__ __forceinline__ float operator()(C... x) const {
+    float acc = -0.f;
+    ((acc = __fadd_rn(acc, static_cast<float>(x))), ...);
+    return acc;
+  }
+};
+
+template <typename T, size_t... I>
+cudaError_t LaunchSumOf(const T* const* xs, T* out, int64_t n, cudaStream_t stream, std::index_sequence<I...>) {
+  return LaunchMap(n, SumFn{}, stream, out, xs[I]...);
+}
+
+template <typename T, int K = 1>
+cudaError_t LaunchSumK(const T* const* xs, int k, T* out, int64_t n, cudaStream_t stream) {
+  if constexpr (K > kMaxDenseSumInputs) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (k == K) return LaunchSumOf<T>(xs, out, n, stream, std::make_index_sequence<K>{});
+    return LaunchSumK<T, K + 1>(xs, k, out, n, stream);
   }
 }
 
@@ -218,6 +246,11 @@ cudaError_t LaunchBinaryOp(ir::DType dtype, const void* a, const void* b, void* 
                            const BroadcastIndex& idx, cudaStream_t stream) {
   auto launch = [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
+    using Fn = BinaryFn<T, kOp>;
+    if (idx.contiguous) {
+      return LaunchMap(n, Fn{}, stream, static_cast<typename Fn::Out*>(out), static_cast<const T*>(a),
+                       static_cast<const T*>(b));
+    }
     BinaryKernel<T, kOp>
         <<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b), out, n, idx);
     return cudaGetLastError();
@@ -285,8 +318,7 @@ cudaError_t LaunchUnary(UnaryOp op, ir::DType dtype, const void* x, void* y, int
   if (n == 0) return cudaSuccess;
   auto launch = [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    UnaryKernel<T><<<GridFor(n), kThreads, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), n);
-    return cudaGetLastError();
+    return LaunchMap(n, UnaryFn{op}, stream, static_cast<T*>(y), static_cast<const T*>(x));
   };
   if (op == UnaryOp::kNot) return dtype == ir::DType::kBool ? launch(TypeTag<bool>{}) : cudaErrorInvalidValue;
   const bool integer_ok = op == UnaryOp::kNeg || op == UnaryOp::kRelu || op == UnaryOp::kAbs;
@@ -297,8 +329,7 @@ cudaError_t LaunchScale(ir::DType dtype, const void* x, float s, void* y, int64_
   if (n == 0) return cudaSuccess;
   return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    ScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const T*>(x), s, static_cast<T*>(y), n);
-    return cudaGetLastError();
+    return LaunchMap(n, ScaleFn{s}, stream, static_cast<T*>(y), static_cast<const T*>(x));
   });
 }
 
@@ -308,9 +339,16 @@ cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int
     using From = typename decltype(from_tag)::type;
     return DispatchCast(to, [&](auto to_tag) -> cudaError_t {
       using To = typename decltype(to_tag)::type;
-      CastKernel<From, To><<<GridFor(n), kThreads, 0, stream>>>(static_cast<const From*>(x), static_cast<To*>(y), n);
-      return cudaGetLastError();
+      return LaunchMap(n, CastFn<From, To>{}, stream, static_cast<To*>(y), static_cast<const From*>(x));
     });
+  });
+}
+
+cudaError_t LaunchDenseSum(ir::DType dtype, const void* const* xs, int k, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    return LaunchSumK<T>(reinterpret_cast<const T* const*>(xs), k, static_cast<T*>(out), n, stream);
   });
 }
 
@@ -330,8 +368,8 @@ cudaError_t LaunchAccumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, 
     using A = typename decltype(acc_tag)::type;
     return DispatchFloat(x_dtype, [&](auto x_tag) -> cudaError_t {
       using X = typename decltype(x_tag)::type;
-      AccumulateKernel<A, X><<<GridFor(n), kThreads, 0, stream>>>(static_cast<A*>(acc), static_cast<const X*>(x), n);
-      return cudaGetLastError();
+      A* pa = static_cast<A*>(acc);
+      return LaunchMap(n, SumFn{}, stream, pa, static_cast<const A*>(pa), static_cast<const X*>(x));
     });
   });
 }

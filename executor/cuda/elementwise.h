@@ -70,6 +70,10 @@ cudaError_t LaunchCast(ir::DType from, const void* x, ir::DType to, void* y, int
 cudaError_t LaunchFlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* flag, cudaStream_t stream);
 cudaError_t LaunchAccumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
                              cudaStream_t stream);
+// out = xs[0] + ... + xs[k-1] over n dense elements of one float dtype, added in fp32 from the left
+// and rounded once (the chain of Accumulates into an fp32 buffer, then a Cast); 1 <= k <= kMaxDenseSumInputs.
+constexpr int kMaxDenseSumInputs = 8;
+cudaError_t LaunchDenseSum(ir::DType dtype, const void* const* xs, int k, void* out, int64_t n, cudaStream_t stream);
 
 #ifndef __CUDACC__
 // The broadcast of the given shapes (numpy rules), or an error naming the clashing dims.
@@ -100,6 +104,9 @@ absl::Status FlagNonFinite(ir::DType dtype, const void* x, int64_t n, uint32_t* 
 // both; the usual case is an f32 gradient accumulator and a bf16 or f32 micro-batch gradient).
 absl::Status Accumulate(ir::DType acc_dtype, void* acc, ir::DType x_dtype, const void* x, int64_t n,
                         cudaStream_t stream);
+// out = the sum of the n-element operands xs (one float dtype, 1 to kMaxDenseSumInputs of them), in
+// fp32 from the left, rounded once.
+absl::Status DenseSum(ir::DType dtype, const std::vector<const void*>& xs, void* out, int64_t n, cudaStream_t stream);
 #endif
 
 }  // namespace onnxpipe::cuda

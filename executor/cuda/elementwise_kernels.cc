@@ -22,12 +22,6 @@ bool IsOneOf(ir::DType t, std::initializer_list<ir::DType> set) {
   return false;
 }
 
-int64_t NumElements(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 // The broadcast shape of `shapes` when the kernels can index it (at most kMaxBroadcastRank dims
 // once merged); nullopt otherwise (the CPU kernel then runs, or names the clash).
 std::optional<std::vector<int64_t>> Broadcast(const std::vector<std::vector<int64_t>>& shapes) {
@@ -71,10 +65,10 @@ KernelResult BinaryKernel(BinaryOp op, const KernelContext& ctx, const ir::Node&
       *out);
 }
 
-// Sum(X0, X1, ...): out = 0 + X0, then out += Xi in input order (the CPU's order). In bf16 every
-// addition would round: up to two operands the first one is exact (0 + X0), so out rounds once;
-// more operands (all of out's shape) accumulate in an fp32 workspace rounded once at the end; more
-// broadcast bf16 operands run on the host.
+// Sum(X0, X1, ...): X0 + X1 + ... in input order (the CPU's order). Operands of out's shape (up to
+// kMaxDenseSumInputs) add in one pass in fp32, rounded once; otherwise out = 0 + X0, then out += Xi
+// by broadcasting additions: in bf16 each of them rounds, so there two operands at most (0 + X0 is
+// exact); more broadcast bf16 operands run on the host.
 KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::DType t = in[0].dtype();
   std::vector<std::vector<int64_t>> shapes;
@@ -86,24 +80,17 @@ KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std
   if (!dims.ok()) return std::nullopt;
   for (const std::vector<int64_t>& s : shapes)  // each addition indexes (out, Xi)
     if (!Broadcast({*dims, s})) return std::nullopt;
-  const bool fp32_sum = t != ir::DType::kF32 && in.size() > 2;
-  if (fp32_sum) {
-    for (const std::vector<int64_t>& s : shapes)
-      if (s != *dims) return std::nullopt;
-  }
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, t, *dims);
+  const bool dense = in.size() <= static_cast<size_t>(kMaxDenseSumInputs) &&
+                     std::all_of(shapes.begin(), shapes.end(), [&](const auto& s) { return s == *dims; });
+  if (!dense && t != ir::DType::kF32 && in.size() > 2) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = dense ? ctx.FullOutput(node, 0, t, *dims) : ctx.Output(node, 0, t, *dims);
   if (!out.ok()) return out.status();
   const int64_t n = out->num_elements();
   if (n == 0) return std::vector<ir::Tensor>{*out};
-  if (fp32_sum) {
-    absl::StatusOr<void*> acc = ctx.Workspace(node, n * static_cast<int64_t>(sizeof(float)));
-    if (!acc.ok()) return acc.status();
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(*acc, 0, n * sizeof(float), ctx.stream));
-    for (const ir::Tensor& x : in) {
-      const absl::Status st = Accumulate(ir::DType::kF32, *acc, t, x.device_raw(), n, ctx.stream);
-      if (!st.ok()) return st;
-    }
-    return Single(Cast(ir::DType::kF32, *acc, t, out->device_raw(), n, ctx.stream), *out);
+  if (dense) {
+    std::vector<const void*> xs;
+    for (const ir::Tensor& x : in) xs.push_back(x.device_raw());
+    return Single(DenseSum(t, xs, out->device_raw(), n, ctx.stream), *out);
   }
   for (const ir::Tensor& x : in) {
     const absl::Status st =
@@ -111,14 +98,6 @@ KernelResult SumKernel(const KernelContext& ctx, const ir::Node& node, const std
     if (!st.ok()) return st;
   }
   return std::vector<ir::Tensor>{*out};
-}
-
-// SumKernel's fp32 accumulator: more than two bf16 operands.
-int64_t SumWorkspace(const ir::Graph& g, const ir::Node& node) {
-  if (node.inputs.size() <= 2 || node.inputs[0] == ir::kNoValue || g.value(node.inputs[0]).dtype == ir::DType::kF32)
-    return 0;
-  const std::optional<std::vector<int64_t>> dims = InputDims(g, node, 0);
-  return dims ? NumElements(*dims) * static_cast<int64_t>(sizeof(float)) : 0;
 }
 
 KernelResult WhereKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
@@ -289,7 +268,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
       return ReduceKernel(op, ctx, node, in);
     };
   }
-  table[ir::OpKind::kSum] = {SumKernel, SumWorkspace};
+  table[ir::OpKind::kSum].run = SumKernel;
   table[ir::OpKind::kWhere].run = WhereKernel;
   table[ir::OpKind::kCast].run = CastKernel;
   table[ir::OpKind::kReduceToShapeOf] = {ReduceToShapeOfKernel, ReduceToShapeOfWorkspace};

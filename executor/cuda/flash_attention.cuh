@@ -143,8 +143,8 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
 // The tile pair every kernel streams: rows [row0, row0 + kRows) of a (rows, a_cols) and of b (rows,
 // b_cols) into the consecutive (kRows, D) tiles at dst (a's, then b's).
 template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
-__device__ __forceinline__ void LoadTilePair(T* dst, const T* a, int64_t a_cols, bool a_vec, const T* b,
-                                             int64_t b_cols, bool b_vec, int64_t row0, int64_t rows) {
+__device__ __forceinline__ void LoadTilePair(T* dst, const T* a, int64_t a_cols, bool a_vec, const T* b, int64_t b_cols,
+                                             bool b_vec, int64_t row0, int64_t rows) {
   LoadTile<T, D, Layout, kRows>(dst, a, row0, rows, a_cols, a_vec);
   LoadTile<T, D, Layout, kRows>(dst + kRows * D, b, row0, rows, b_cols, b_vec);
 }

@@ -43,11 +43,10 @@ constexpr size_t KVSmemBytes() {
 }
 
 template <int D, int kM>
-__global__ void __launch_bounds__(kThreads, kQMinBlocks<D>) QKernel(const FlashGeometry g, const bf16* __restrict__ d_o,
-                                                    const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                    const bf16* __restrict__ v, const void* __restrict__ mask,
-                                                    bf16* __restrict__ dq, float* __restrict__ stats,
-                                                    const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads, kQMinBlocks<D>)
+    QKernel(const FlashGeometry g, const bf16* __restrict__ d_o, const bf16* __restrict__ q, const bf16* __restrict__ k,
+            const bf16* __restrict__ v, const void* __restrict__ mask, bf16* __restrict__ dq, float* __restrict__ stats,
+            const VecFlags vec) {
   constexpr int kRows = kM * kTile;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // (64 kM, D)
@@ -72,8 +71,7 @@ __global__ void __launch_bounds__(kThreads, kQMinBlocks<D>) QKernel(const FlashG
     LoadTilePair<bf16, D, Swizzle<D>>(kv + (step & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v,
                                       (step % nkt) * kTile, g.sk);
   };
-  LoadTilePair<bf16, D, Swizzle<D>, kRows>(qs, q + off.q, g.dh, vec.q, d_o + b * g.sq * g.dv, g.dv, vec.d_o, i0,
-                                           g.sq);
+  LoadTilePair<bf16, D, Swizzle<D>, kRows>(qs, q + off.q, g.dh, vec.q, d_o + b * g.sq * g.dv, g.dv, vec.d_o, i0, g.sq);
   if (steps > 0) load_kv(0);
   CpAsyncCommit();
   if (steps == 0) CpAsyncWaitAll();  // no step waits for the copies: none may outlive the CTA
@@ -223,16 +221,15 @@ __device__ __forceinline__ void LoadStats(float* dst, const float* st_max, int64
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 2) KVKernel(const FlashGeometry g, const bf16* __restrict__ d_o,
-                                                     const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                     const bf16* __restrict__ v, const void* __restrict__ mask,
-                                                     const float* __restrict__ stats, bf16* __restrict__ dk,
-                                                     bf16* __restrict__ dv, const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads, 2)
+    KVKernel(const FlashGeometry g, const bf16* __restrict__ d_o, const bf16* __restrict__ q,
+             const bf16* __restrict__ k, const bf16* __restrict__ v, const void* __restrict__ mask,
+             const float* __restrict__ stats, bf16* __restrict__ dk, bf16* __restrict__ dv, const VecFlags vec) {
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);                            // (64, D)
-  bf16* vs = ks + kTile * D;                                           // (64, D)
-  bf16* qd = vs + kTile * D;                                           // stage s: Q at qd + 2 s 64 D, dO after it
-  float* st = reinterpret_cast<float*>(qd + 4 * kTile * D);           // stage s: (3, 64) statistics at st + 3 s 64
+  bf16* ks = reinterpret_cast<bf16*>(smem);                  // (64, D)
+  bf16* vs = ks + kTile * D;                                 // (64, D)
+  bf16* qd = vs + kTile * D;                                 // stage s: Q at qd + 2 s 64 D, dO after it
+  float* st = reinterpret_cast<float*>(qd + 4 * kTile * D);  // stage s: (3, 64) statistics at st + 3 s 64
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = warp * 16, r = lane >> 2, t = lane & 3;
 
@@ -247,8 +244,8 @@ __global__ void __launch_bounds__(kThreads, 2) KVKernel(const FlashGeometry g, c
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
   auto load_qd = [&](int64_t qt) {
-    LoadTilePair<bf16, D, Swizzle<D>>(qd + (qt & 1) * 2 * kTile * D, qg, g.dh, vec.q, dog, g.dv, vec.d_o,
-                                      qt * kTile, g.sq);
+    LoadTilePair<bf16, D, Swizzle<D>>(qd + (qt & 1) * 2 * kTile * D, qg, g.dh, vec.q, dog, g.dv, vec.d_o, qt * kTile,
+                                      g.sq);
     LoadStats(st + (qt & 1) * 3 * kTile, st_max, n_rows, qt * kTile, g.sq);
   };
   LoadTilePair<bf16, D, Swizzle<D>>(ks, k + off.k, g.dh, vec.k, v + off.v, g.dv, vec.v, j0, g.sk);  // K, V
@@ -280,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) KVKernel(const FlashGeometry g, c
     float st[1][8][4], dpt[1][8][4];
     mma::Zero(st);
     mma::Zero(dpt);
-    mma::ProductABt<D, 1>(st, ks, row0, qs, lane);   // S^T: keys x queries
+    mma::ProductABt<D, 1>(st, ks, row0, qs, lane);    // S^T: keys x queries
     mma::ProductABt<D, 1>(dpt, vs, row0, dos, lane);  // (dO V^T)^T
     float(&s)[8][4] = st[0];
     float(&dp)[8][4] = dpt[0];
@@ -292,13 +289,13 @@ __global__ void __launch_bounds__(kThreads, 2) KVKernel(const FlashGeometry g, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * n + 2 * t + (e & 1);  // the query's column in the tile
-        const float x = mma::Log2Score(g, mask, off.mask, all_visible, i0 + c, j0 + row0 + r + 8 * (e >> 1), s[n][e],
-                                       scale);
+        const float x =
+            mma::Log2Score(g, mask, off.mask, all_visible, i0 + c, j0 + row0 + r + 8 * (e >> 1), s[n][e], scale);
         const float p = mma::Exp2(x - c_max[c]) * c_inv[c];
         const bool kept = !g.dropout || ((keep[n][e >> 1] >> (e & 1)) & 1u) != 0;
         const float gv = kept ? (g.dropout ? dp[n][e] * drop_scale : dp[n][e]) : 0.f;
         s[n][e] = kept ? (g.dropout ? p * drop_scale : p) : 0.f;  // dropout(P)
-        dp[n][e] = p * (gv - c_dot[c]);                            // dS
+        dp[n][e] = p * (gv - c_dot[c]);                           // dS
       }
     }
     uint32_t frag[1][4][4];
@@ -338,8 +335,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const
     if (cudaError_t e = mma::SetSharedMemory(QKernel<D, kM>, smem); e != cudaSuccess) return e;
     QKernel<D, kM><<<static_cast<unsigned>(q_blocks), kThreads, smem, stream>>>(
         g, static_cast<const bf16*>(d_o), static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-        static_cast<const bf16*>(v), mask, static_cast<bf16*>(dq), want_kv ? static_cast<float*>(stats) : nullptr,
-        vec);
+        static_cast<const bf16*>(v), mask, static_cast<bf16*>(dq), want_kv ? static_cast<float*>(stats) : nullptr, vec);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   const int64_t kv_blocks = (g.sk + kTile - 1) / kTile * g.nbatch;

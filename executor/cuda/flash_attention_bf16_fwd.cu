@@ -34,10 +34,9 @@ constexpr size_t ForwardSmemBytes() {
 }
 
 template <int D, int kM>
-__global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>) ForwardKernel(const FlashGeometry g, const bf16* __restrict__ q,
-                                                          const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                                          const void* __restrict__ mask, bf16* __restrict__ o,
-                                                          const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>)
+    ForwardKernel(const FlashGeometry g, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                  const bf16* __restrict__ v, const void* __restrict__ mask, bf16* __restrict__ o, const VecFlags vec) {
   constexpr int kRows = kM * kTile;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // (64 kM, D)

@@ -37,10 +37,10 @@ __device__ __forceinline__ void Zero(T (&x)[4][8]) {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) QKernel(const FlashGeometry g, const T* __restrict__ d_o,
-                                                    const T* __restrict__ q, const T* __restrict__ k,
-                                                    const T* __restrict__ v, const void* __restrict__ mask,
-                                                    T* __restrict__ dq, T* __restrict__ stats, const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads)
+    QKernel(const FlashGeometry g, const T* __restrict__ d_o, const T* __restrict__ q, const T* __restrict__ k,
+            const T* __restrict__ v, const void* __restrict__ mask, T* __restrict__ dq, T* __restrict__ stats,
+            const VecFlags vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* dos = qs + kTile * D;             // (64, D)
@@ -200,11 +200,10 @@ __global__ void __launch_bounds__(kThreads) QKernel(const FlashGeometry g, const
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, const T* __restrict__ d_o,
-                                                     const T* __restrict__ q, const T* __restrict__ k,
-                                                     const T* __restrict__ v, const void* __restrict__ mask,
-                                                     const T* __restrict__ stats, T* __restrict__ dk,
-                                                     T* __restrict__ dv, const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads)
+    KVKernel(const FlashGeometry g, const T* __restrict__ d_o, const T* __restrict__ q, const T* __restrict__ k,
+             const T* __restrict__ v, const void* __restrict__ mask, const T* __restrict__ stats, T* __restrict__ dk,
+             T* __restrict__ dv, const VecFlags vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);  // (64, D)
   T* vs = ks + kTile * D;              // (64, D)
@@ -265,7 +264,7 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
     T s[4][8], dp[4][8];
     Zero(s);
     Zero(dp);
-    ProductABt<T, D>(s, ks, arow, qs, cg);   // S^T: keys x queries
+    ProductABt<T, D>(s, ks, arow, qs, cg);    // S^T: keys x queries
     ProductABt<T, D>(dp, vs, arow, dos, cg);  // (dO V^T)^T
     const bool all_visible = BlockAllVisible(g, i0, j0);
 #pragma unroll
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) KVKernel(const FlashGeometry g, cons
         const bool kept = ((keep >> m) & 1u) != 0;
         const T gv = g.dropout ? (kept ? dp[m][c] * drop_scale : T(0)) : dp[m][c];
         s[m][c] = g.dropout ? (kept ? p * drop_scale : T(0)) : p;  // dropout(P)
-        dp[m][c] = p * (gv - c_dot[c]);                              // dS
+        dp[m][c] = p * (gv - c_dot[c]);                            // dS
       }
     }
     StoreTile(pw, rg * 4, cg, s);

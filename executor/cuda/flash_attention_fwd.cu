@@ -17,10 +17,9 @@ constexpr size_t ForwardSmemBytes() {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g, const T* __restrict__ q,
-                                                          const T* __restrict__ k, const T* __restrict__ v,
-                                                          const void* __restrict__ mask, T* __restrict__ o,
-                                                          const VecFlags vec) {
+__global__ void __launch_bounds__(kThreads)
+    ForwardKernel(const FlashGeometry g, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  const void* __restrict__ mask, T* __restrict__ o, const VecFlags vec) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // (64, D)
   T* kv = qs + kTile * D;              // stage s: K at kv + 2 s 64 D, V after it
@@ -62,8 +61,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(const FlashGeometry g,
     CpAsyncWaitAll();
     __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage and P)
     if (kt + 1 < nkt) {
-      LoadTilePair<T, D>(kv + ((kt + 1) & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, (kt + 1) * kTile,
-                         g.sk);
+      LoadTilePair<T, D>(kv + ((kt + 1) & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, (kt + 1) * kTile, g.sk);
       CpAsyncCommit();
     }
     const T* ks = kv + (kt & 1) * 2 * kTile * D;

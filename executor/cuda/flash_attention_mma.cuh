@@ -66,7 +66,8 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 // maximum so that as many CTAs fit as the registers allow.
 template <typename K>
 cudaError_t SetSharedMemory(K* kernel, size_t bytes) {
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
       e != cudaSuccess) {
     return e;
   }
@@ -89,8 +90,7 @@ __device__ __forceinline__ void Zero(float (&x)[M][N][4]) {
 // 64 rows the columns of acc; each B fragment feeds the kM row blocks. Used as Q K^T and dO V^T
 // (rows queries) and K Q^T, V dO^T (rows keys); the k-steps run in the same order either way.
 template <int D, int kM>
-__device__ __forceinline__ void ProductABt(float (&acc)[kM][8][4], const bf16* a, int row0, const bf16* b,
-                                           int lane) {
+__device__ __forceinline__ void ProductABt(float (&acc)[kM][8][4], const bf16* a, int row0, const bf16* b, int lane) {
   const int a_row = row0 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
   const int b_row = (lane & 7) + 8 * (lane >> 4), b_col = 8 * ((lane >> 3) & 1);
 #pragma unroll

@@ -1,6 +1,7 @@
-// GELU kernels: grid-stride loops over a flat (n) buffer, computing in fp32.
+// GELU kernels: dense maps (map.cuh) over a flat (n) buffer, computing in fp32.
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/gelu.h"
+#include "executor/cuda/map.cuh"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -26,35 +27,26 @@ __device__ __forceinline__ float GeluDerivative(float x, bool tanh_approx) {
   return cdf + x * pdf;
 }
 
-template <typename T>
-__global__ void GeluForwardKernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool tanh_approx) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(y, i, GeluValue(Load(x, i), tanh_approx));
-  }
-}
+struct GeluFn {
+  bool tanh_approx;
+  __device__ __forceinline__ float operator()(float x) const { return GeluValue(x, tanh_approx); }
+};
 
-template <typename T>
-__global__ void GeluBackwardKernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t n,
-                                   bool tanh_approx) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(dx, i, Load(dy, i) * GeluDerivative(Load(x, i), tanh_approx));
-  }
-}
+struct GeluGradFn {
+  bool tanh_approx;
+  __device__ __forceinline__ float operator()(float dy, float x) const { return dy * GeluDerivative(x, tanh_approx); }
+};
 
 }  // namespace
 
 template <typename T>
 cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  GeluForwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(x, y, n, tanh_approx);
-  return cudaGetLastError();
+  return LaunchMap(n, GeluFn{tanh_approx}, stream, y, x);
 }
 
 template <typename T>
 cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  GeluBackwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(dy, x, dx, n, tanh_approx);
-  return cudaGetLastError();
+  return LaunchMap(n, GeluGradFn{tanh_approx}, stream, dx, dy, x);
 }
 
 template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, cudaStream_t);

@@ -21,9 +21,9 @@ using rows::LoadFloats;
 using rows::StoreFloats;
 using rows::ToFloat;
 
-constexpr int kMaxItems = 16;        // elements of a row one thread keeps in registers
-constexpr int kTargetThreads = 256;  // preferred block size; larger only when d needs it
-constexpr int kMaxThreads = 512;     // keeps 128 registers per thread available
+constexpr int kMaxItems = 16;                        // elements of a row one thread keeps in registers
+constexpr int kTargetThreads = 256;                  // preferred block size; larger only when d needs it
+constexpr int kMaxThreads = 512;                     // keeps 128 registers per thread available
 constexpr int64_t kPartialElems = int64_t{1} << 21;  // bound on (backward blocks) x d
 
 struct RowPlan {
@@ -52,13 +52,17 @@ bool PlanRow(int64_t d, bool aligned, RowPlan* plan) {
 template <int VEC, typename F>
 cudaError_t WithNv(int nv, F&& f) {
   switch (nv) {
-    case 1: return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 2>{});
+    case 1:
+      return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 2>{});
     case 4:
-      if constexpr (VEC * 4 <= kMaxItems) return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 4>{});
+      if constexpr (VEC * 4 <= kMaxItems)
+        return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 4>{});
       break;
     case 8:
-      if constexpr (VEC * 8 <= kMaxItems) return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 8>{});
+      if constexpr (VEC * 8 <= kMaxItems)
+        return f(std::integral_constant<int, VEC>{}, std::integral_constant<int, 8>{});
       break;
     case 16:
       if constexpr (VEC * 16 <= kMaxItems) {
@@ -85,8 +89,8 @@ int64_t BackwardBlocks(int64_t rows, int64_t d) {
 
 // Mean (LayerNorm; 0 for RMSNorm) and rstd of one row held as v[NV][VEC] (zeros past the row).
 template <int VEC, int NV>
-__device__ __forceinline__ void RowStats(const float (&v)[NV][VEC], int chunks, int64_t d, bool layer,
-                                         float epsilon, float* smem, float* mean, float* rstd) {
+__device__ __forceinline__ void RowStats(const float (&v)[NV][VEC], int chunks, int64_t d, bool layer, float epsilon,
+                                         float* smem, float* mean, float* rstd) {
   const float inv_d = 1.f / static_cast<float>(d);
   float m[1] = {0.f};
   if (layer) {
@@ -247,8 +251,8 @@ __global__ void __launch_bounds__(kMaxThreads) NormBackwardKernel(NormBackwardAr
 
 // dgamma[col] = sum over p of partial[p][col], dbeta from the second half; fixed order: thread
 // row ty sums parts ty, ty + 32, ..., then the 32 results are added in ty order.
-__global__ void ColumnSumKernel(const float* __restrict__ partial, int64_t parts, int64_t d,
-                                float* __restrict__ dgamma, float* __restrict__ dbeta) {
+__global__ void ColumnSumKernel(const float* __restrict__ partial, int64_t parts, int64_t d, float* __restrict__ dgamma,
+                                float* __restrict__ dbeta) {
   __shared__ float sg[32][33], sb[32][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float g = 0.f, b = 0.f;
@@ -313,7 +317,7 @@ cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream
   });
   if (err != cudaSuccess || (a.dgamma == nullptr && a.dbeta == nullptr)) return err;
   ColumnSumKernel<<<static_cast<unsigned>((a.d + 31) / 32), dim3(32, 32), 0, stream>>>(a.workspace, blocks, a.d,
-                                                                                     a.dgamma, a.dbeta);
+                                                                                       a.dgamma, a.dbeta);
   return cudaGetLastError();
 }
 

@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kMaxThreads) SoftmaxForwardKernel(const T* x, 
 }
 
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kMaxThreads) SoftmaxBackwardKernel(const T* dy, const T* y, T* dx, int64_t n,
-                                                                      bool log) {
+__global__ void __launch_bounds__(kMaxThreads)
+    SoftmaxBackwardKernel(const T* dy, const T* y, T* dx, int64_t n, bool log) {
   __shared__ float smem[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
   float sum[1] = {0.f};  // sum(dy * y), or sum(dy) for LogSoftmax
@@ -240,9 +240,8 @@ __global__ void __launch_bounds__(kMaxThreads) CrossEntropyRowKernel(CrossEntrop
 }
 
 // One block: loss = sum of the row losses (kSum), divided by the label-weight total (kMean).
-__global__ void __launch_bounds__(kMaxThreads) CrossEntropyReduceKernel(const float* __restrict__ workspace,
-                                                                        int64_t rows, bool mean,
-                                                                        float* __restrict__ loss) {
+__global__ void __launch_bounds__(kMaxThreads)
+    CrossEntropyReduceKernel(const float* __restrict__ workspace, int64_t rows, bool mean, float* __restrict__ loss) {
   __shared__ float smem[32];
   float total[1] = {0.f};
   for (int64_t r0 = threadIdx.x; r0 < rows; r0 += int64_t{blockDim.x} * kUnroll) {
@@ -305,10 +304,10 @@ cudaError_t LaunchCrossEntropy(const CrossEntropyArgs<T, L>& a, cudaStream_t str
   return cudaGetLastError();
 }
 
-#define ONNXPIPE_SOFTMAX_INSTANTIATE(T)                                                                      \
-  template cudaError_t LaunchSoftmaxForward<T>(const T*, T*, int64_t, int64_t, bool, cudaStream_t);        \
+#define ONNXPIPE_SOFTMAX_INSTANTIATE(T)                                                                        \
+  template cudaError_t LaunchSoftmaxForward<T>(const T*, T*, int64_t, int64_t, bool, cudaStream_t);            \
   template cudaError_t LaunchSoftmaxBackward<T>(const T*, const T*, T*, int64_t, int64_t, bool, cudaStream_t); \
-  template cudaError_t LaunchCrossEntropy<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t);   \
+  template cudaError_t LaunchCrossEntropy<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t);      \
   template cudaError_t LaunchCrossEntropy<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);
 ONNXPIPE_SOFTMAX_INSTANTIATE(float)
 ONNXPIPE_SOFTMAX_INSTANTIATE(__nv_bfloat16)

@@ -95,7 +95,8 @@ cudaError_t Launch(const StridedCopy& c, const void* src, void* dst, cudaStream_
   const auto* s = static_cast<const U*>(src);
   auto* d = static_cast<U*>(dst);
   if (std::max(n, Reach(c)) < (int64_t{1} << 30)) {  // (headroom for i + the grid's stride)
-    StridedCopyKernel<U, int32_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, static_cast<int32_t>(n), s, d);
+    StridedCopyKernel<U, int32_t>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, static_cast<int32_t>(n), s, d);
   } else {
     StridedCopyKernel<U, int64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, n, s, d);
   }
@@ -104,7 +105,8 @@ cudaError_t Launch(const StridedCopy& c, const void* src, void* dst, cudaStream_
 
 }  // namespace
 
-cudaError_t LaunchStridedCopy(const StridedCopy& copy, int elem_bytes, const void* src, void* dst, cudaStream_t stream) {
+cudaError_t LaunchStridedCopy(const StridedCopy& copy, int elem_bytes, const void* src, void* dst,
+                              cudaStream_t stream) {
   if (copy.rank < 0 || copy.rank > kMaxCopyRank) return cudaErrorInvalidValue;
   if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8) return cudaErrorInvalidValue;
   for (int k = 0; k < copy.rank; ++k)
@@ -121,12 +123,18 @@ cudaError_t LaunchStridedCopy(const StridedCopy& copy, int elem_bytes, const voi
     c.dst_offset /= f;
   }
   switch (elem_bytes * f) {
-    case 1: return Launch<uint8_t>(c, src, dst, stream);
-    case 2: return Launch<uint16_t>(c, src, dst, stream);
-    case 4: return Launch<uint32_t>(c, src, dst, stream);
-    case 8: return Launch<uint64_t>(c, src, dst, stream);
-    case 16: return Launch<uint4>(c, src, dst, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return Launch<uint8_t>(c, src, dst, stream);
+    case 2:
+      return Launch<uint16_t>(c, src, dst, stream);
+    case 4:
+      return Launch<uint32_t>(c, src, dst, stream);
+    case 8:
+      return Launch<uint64_t>(c, src, dst, stream);
+    case 16:
+      return Launch<uint4>(c, src, dst, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -4,7 +4,9 @@
 #include "executor/cuda/elementwise.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
@@ -325,6 +327,51 @@ TEST_F(ElementwiseTest, AccumulateAddsInFp32) {
   DeviceTensor dacc2(acc), dxb(xb);
   ASSERT_TRUE(Accumulate(DType::kF32, dacc2.get(), DType::kBF16, dxb.get(), 5000, nullptr).ok());
   EXPECT_TRUE(dacc2.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kAdd, 2), {acc, xb.CastTo(DType::kF32)})));
+}
+
+// The dense maps load 16-byte runs only from aligned pointers and finish with a scalar tail: every
+// length and alignment gives the CPU's bits (Add, Cast, and Sum of k operands added in fp32 from the
+// left, rounded once).
+TEST_F(ElementwiseTest, DenseMapsMatchCpuAtEveryAlignmentAndLength) {
+  for (int64_t n : {1, 7, 9, 4099}) {
+    for (int64_t shift : {0, 1, 3}) {
+      const std::vector<int64_t> padded = {n + shift};
+      const Tensor a = Rand(DType::kF32, padded, 40 + n), b = Rand(DType::kF32, padded, 41 + n),
+                   c = Rand(DType::kF32, padded, 42 + n);
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        const size_t es = ir::DTypeSize(dt);
+        const Tensor at = a.CastTo(dt), bt = b.CastTo(dt), ct = c.CastTo(dt);
+        DeviceTensor da(at), db(bt), dc(ct), out(dt, padded), cast_out(DType::kBF16, padded);
+        auto at_shift = [&](const DeviceTensor& t, size_t elem) { return static_cast<char*>(t.get()) + shift * elem; };
+        auto tail = [&](const Tensor& t) {  // elements [shift, shift + n)
+          Tensor r(t.dtype(), {n});
+          std::memcpy(r.raw(), static_cast<const char*>(t.raw()) + shift * ir::DTypeSize(t.dtype()),
+                      n * ir::DTypeSize(t.dtype()));
+          return r;
+        };
+        const std::string where =
+            "n " + std::to_string(n) + " shift " + std::to_string(shift) + " " + std::string(ir::DTypeName(dt));
+        ASSERT_TRUE(
+            Binary(BinaryOp::kAdd, dt, at_shift(da, es), {n}, at_shift(db, es), {n}, at_shift(out, es), nullptr).ok());
+        EXPECT_TRUE(tail(out.ToHost()).BitwiseEquals(Eval1(MakeNode(OpKind::kAdd, 2), {tail(at), tail(bt)}))) << where;
+        ASSERT_TRUE(Cast(dt, at_shift(da, es), DType::kBF16, at_shift(cast_out, 2), n, nullptr).ok());
+        EXPECT_TRUE(tail(cast_out.ToHost()).BitwiseEquals(tail(at).CastTo(DType::kBF16))) << where;
+        const Tensor wide_sum =
+            Eval1(MakeNode(OpKind::kSum, 3),
+                  {tail(at).CastTo(DType::kF32), tail(bt).CastTo(DType::kF32), tail(ct).CastTo(DType::kF32)});
+        ASSERT_TRUE(
+            DenseSum(dt, {at_shift(da, es), at_shift(db, es), at_shift(dc, es)}, at_shift(out, es), n, nullptr).ok());
+        EXPECT_TRUE(tail(out.ToHost()).BitwiseEquals(wide_sum.CastTo(dt))) << where << " sum";
+        ASSERT_TRUE(DenseSum(dt, {at_shift(db, es)}, at_shift(out, es), n, nullptr).ok());
+        EXPECT_TRUE(tail(out.ToHost()).BitwiseEquals(tail(bt))) << where << " sum of one";
+      }
+    }
+  }
+  DeviceTensor x(DType::kF32, {4});
+  EXPECT_FALSE(DenseSum(DType::kF32, {}, x.get(), 4, nullptr).ok());
+  EXPECT_FALSE(DenseSum(DType::kI64, {x.get()}, x.get(), 4, nullptr).ok());
+  EXPECT_FALSE(
+      DenseSum(DType::kF32, std::vector<const void*>(kMaxDenseSumInputs + 1, x.get()), x.get(), 4, nullptr).ok());
 }
 
 // Scale: the fp32 product x * s (the CPU's Mul by an fp32 scalar), rounded once to bf16.
