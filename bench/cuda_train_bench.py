@@ -102,7 +102,8 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--predict", action="store_true",
                    help="also profile the training graph on the GPU and record partition's predicted samples/s")
-    p.add_argument("--peers", nargs="+", default=["eager", "compile"], choices=["eager", "ckpt", "compile"])
+    p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "ckpt", "compile"],
+                   help="PyTorch sides to run in the same command (none: onnxpipe alone)")
     p.add_argument("--device-name", default="NVIDIA H200")
     p.add_argument("--tag", default="h200")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))

@@ -94,6 +94,15 @@ __global__ void MaskedScaleKernel(const T* __restrict__ in, const uint8_t* __res
   }
 }
 
+// keep ? x * scale : 0 (the backward from a saved mask), scaled as StoreScaled.
+struct MaskedScaleFn {
+  double scale;
+  template <typename C>
+  __device__ __forceinline__ C operator()(C x, uint8_t keep) const {
+    return keep ? x * static_cast<C>(scale) : C(0);
+  }
+};
+
 cpu::DropoutStream StreamOf(const DropoutParams& p) {
   return cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
 }
@@ -138,8 +147,10 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
     const double scale = Active(p) ? KeepScale(p) : 1.0;
-    if (mask != nullptr || !Active(p)) {
-      MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, mask, scale, pdx, nullptr, n);
+    if (mask != nullptr) {
+      return LaunchMap(n, MaskedScaleFn{scale}, stream, pdx, pdy, mask);
+    } else if (!Active(p)) {
+      MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, nullptr, scale, pdx, nullptr, n);
     } else {
       LaunchStream<T>(p, scale, pdy, pdx, nullptr, n, stream);
     }

@@ -10,9 +10,11 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// Elements per block: 16 per thread, so that one large tensor spreads over the whole GPU (a 4M
-// element weight is 1024 blocks, one launch).
+// Elements per block of an update: 16 per thread, so that one large tensor spreads over the whole
+// GPU (a 4M element weight is 1024 blocks, one launch). The gradient norm's blocks take more, so
+// that its single finishing block adds few partial sums.
 constexpr int64_t kChunk = 1 << 12;
+constexpr int64_t kNormChunk = 1 << 16;
 constexpr int kMaxTensors = 64;
 constexpr int kMaxBlocks = 1024;
 
@@ -22,9 +24,9 @@ struct Batch {
   int32_t block_chunk[kMaxBlocks];
 };
 
-// Fills batches covering every chunk of every tensor and calls launch(batch, num_blocks) for each.
+// Fills batches covering every `chunk` of every tensor and calls launch(batch, num_blocks) for each.
 template <typename L>
-cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, L&& launch) {
+cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, int64_t chunk, L&& launch) {
   Batch b;
   int nt = 0, nb = 0;
   auto flush = [&]() {
@@ -38,7 +40,7 @@ cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, L&& la
       if (cudaError_t e = flush(); e != cudaSuccess) return e;
     }
     b.t[nt++] = tensors[i];
-    const int64_t chunks = (tensors[i].n + kChunk - 1) / kChunk;
+    const int64_t chunks = (tensors[i].n + chunk - 1) / chunk;
     for (int64_t c = 0; c < chunks; ++c) {
       b.block_tensor[nb] = static_cast<int16_t>(nt - 1);
       b.block_chunk[nb] = static_cast<int32_t>(c);
@@ -49,6 +51,9 @@ cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, L&& la
   }
   return nb > 0 ? flush() : cudaSuccess;
 }
+
+// Where the values before the step are read from.
+__device__ __forceinline__ const float* Before(const float* in, const float* out) { return in != nullptr ? in : out; }
 
 __device__ __forceinline__ float ScaledGrad(const float* g, int64_t i, const float* scale) {
   return scale != nullptr ? __fmul_rn(g[i], *scale) : g[i];
@@ -64,13 +69,14 @@ __global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const fl
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0);
 #pragma unroll 4
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float p = t.param[i];
+    const float p = param_in[i];
     float d = ScaledGrad(t.grad, i, scale);
     if (s.use_weight_decay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p));
     if (s.use_momentum) {
-      const float nb = __fadd_rn(__fmul_rn(t.state0[i], s.momentum), d);
+      const float nb = __fadd_rn(__fmul_rn(state0_in[i], s.momentum), d);
       t.state0[i] = nb;
       d = s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, nb)) : nb;
     }
@@ -85,12 +91,14 @@ __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, co
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0),
+              *state1_in = Before(t.state1_in, t.state1);
 #pragma unroll 4
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = ScaledGrad(t.grad, i, scale);
-    const float pd = __fmul_rn(t.param[i], s.decay);
-    const float m = __fadd_rn(__fmul_rn(t.state0[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
-    const float v = __fadd_rn(__fmul_rn(t.state1[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    const float pd = __fmul_rn(param_in[i], s.decay);
+    const float m = __fadd_rn(__fmul_rn(state0_in[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
+    const float v = __fadd_rn(__fmul_rn(state1_in[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
     const float np = __fadd_rn(pd, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
     t.state0[i] = m;
@@ -104,8 +112,8 @@ __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, co
 __global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_partial) {
   __shared__ double red[kThreads];
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
-  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
-  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kNormChunk;
+  const int64_t end = begin + kNormChunk < t.n ? begin + kNormChunk : t.n;
   double sum = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const double g = t.grad[i];
@@ -140,9 +148,9 @@ __global__ void FinishNormKernel(const double* partials, int64_t num_partials, f
   }
 }
 
-int64_t NumChunks(const int64_t* sizes, int num_tensors) {
+int64_t NumNormChunks(const int64_t* sizes, int num_tensors) {
   int64_t chunks = 0;
-  for (int i = 0; i < num_tensors; ++i) chunks += (sizes[i] + kChunk - 1) / kChunk;
+  for (int i = 0; i < num_tensors; ++i) chunks += (sizes[i] + kNormChunk - 1) / kNormChunk;
   return chunks;
 }
 
@@ -150,7 +158,7 @@ int64_t NumChunks(const int64_t* sizes, int num_tensors) {
 
 cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
                           const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
-  return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
+  return ForEachBatch(tensors, num_tensors, kChunk, [&](const Batch& b, int blocks) {
     SgdKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
@@ -158,14 +166,14 @@ cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const
 
 cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
                             const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
-  return ForEachBatch(tensors, num_tensors, [&](const Batch& b, int blocks) {
+  return ForEachBatch(tensors, num_tensors, kChunk, [&](const Batch& b, int blocks) {
     AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
 }
 
 size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes) {
-  return static_cast<size_t>(std::max<int64_t>(1, NumChunks(sizes.data(), static_cast<int>(sizes.size())))) *
+  return static_cast<size_t>(std::max<int64_t>(1, NumNormChunks(sizes.data(), static_cast<int>(sizes.size())))) *
          sizeof(double);
 }
 
@@ -178,7 +186,7 @@ cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int 
   }
   auto* partials = static_cast<double*>(workspace);
   int64_t done = 0;
-  const cudaError_t err = ForEachBatch(tensors.data(), num_tensors, [&](const Batch& b, int blocks) {
+  const cudaError_t err = ForEachBatch(tensors.data(), num_tensors, kNormChunk, [&](const Batch& b, int blocks) {
     SumSquaresChunksKernel<<<blocks, kThreads, 0, stream>>>(b, partials, done);
     done += blocks;
     return cudaGetLastError();

@@ -35,6 +35,11 @@ struct OptimizerTensor {
   float* state0 = nullptr;      // (n) SGD momentum buffer (momentum != 0) | AdamW m
   float* state1 = nullptr;      // (n) AdamW v; unused by SGD
   void* param_bf16 = nullptr;   // (n) bf16 copy of the updated param, optional
+  // The values before the step when they are not in param / state0 / state1 (an optimizer node's
+  // inputs, its outputs in other buffers): read there, written to the above. Null: in place.
+  const float* param_in = nullptr;
+  const float* state0_in = nullptr;
+  const float* state1_in = nullptr;
   int64_t n = 0;
 };
 

@@ -18,14 +18,7 @@ absl::StatusOr<ir::Tensor> OnHost(const KernelContext& ctx, const ir::Tensor& t)
   return ctx.backend->ToHost(t, ctx.exec.stream);
 }
 
-// Output `index` of `node` holding a copy of `init` (same dtype and dims).
-absl::StatusOr<ir::Tensor> CopiedOutput(const KernelContext& ctx, const ir::Node& node, int index,
-                                        const ir::Tensor& init) {
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, index, init.dtype(), init.dims());
-  if (!out.ok()) return out.status();
-  if (absl::Status st = ctx.backend->Copy(init, *out, ctx.exec.stream); !st.ok()) return st;
-  return out;
-}
+const float* CF(const ir::Tensor& t) { return static_cast<const float*>(t.device_raw()); }
 
 bool SameAs(const ir::Tensor& a, const ir::Tensor& b) {
   return a.has_data() && b.has_data() && a.dtype() == b.dtype() && a.dims() == b.dims();
@@ -54,16 +47,16 @@ KernelResult SgdUpdate(const KernelContext& ctx, const ir::Node& node, const std
   absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[2]);
   if (!lr.ok()) return lr.status();
   std::vector<ir::Tensor> out(node.outputs.size() > 1 ? 2 : 1);
-  absl::StatusOr<ir::Tensor> p = CopiedOutput(ctx, node, 0, in[0]);
+  absl::StatusOr<ir::Tensor> p = ctx.FullOutput(node, 0, in[0].dtype(), in[0].dims());
   if (!p.ok()) return p.status();
   out[0] = *p;
   OptimizerTensor t;
-  t.param = MF(out[0]), t.grad = static_cast<const float*>(in[1].device_raw()), t.n = in[0].num_elements();
+  t.param = MF(out[0]), t.param_in = CF(in[0]), t.grad = CF(in[1]), t.n = in[0].num_elements();
   if (momentum != 0) {
-    absl::StatusOr<ir::Tensor> buf = CopiedOutput(ctx, node, 1, in[3]);
+    absl::StatusOr<ir::Tensor> buf = ctx.FullOutput(node, 1, in[3].dtype(), in[3].dims());
     if (!buf.ok()) return buf.status();
     out[1] = *buf;
-    t.state0 = MF(out[1]);
+    t.state0 = MF(out[1]), t.state0_in = CF(in[3]);
   }
   if (absl::Status st = SgdStep({t}, lr->GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream); !st.ok()) {
     return st;
@@ -86,13 +79,15 @@ KernelResult AdamWUpdate(const KernelContext& ctx, const ir::Node& node, const s
   if (step->GetAsInt(0) < 1) return std::nullopt;
   std::vector<ir::Tensor> out(3);
   for (int k = 0; k < 3; ++k) {
-    absl::StatusOr<ir::Tensor> o = CopiedOutput(ctx, node, k, in[k == 0 ? 0 : k + 1]);
+    absl::StatusOr<ir::Tensor> o =
+        ctx.FullOutput(node, k, in[k == 0 ? 0 : k + 1].dtype(), in[k == 0 ? 0 : k + 1].dims());
     if (!o.ok()) return o.status();
     out[k] = *o;
   }
   OptimizerTensor t;
-  t.param = MF(out[0]), t.grad = static_cast<const float*>(in[1].device_raw());
-  t.state0 = MF(out[1]), t.state1 = MF(out[2]), t.n = in[0].num_elements();
+  t.param = MF(out[0]), t.param_in = CF(in[0]), t.grad = CF(in[1]);
+  t.state0 = MF(out[1]), t.state0_in = CF(in[2]), t.state1 = MF(out[2]), t.state1_in = CF(in[3]);
+  t.n = in[0].num_elements();
   if (absl::Status st = AdamWStep({t}, lr->GetAsDouble(0), step->GetAsInt(0), node.attrs.Get<double>("beta1", 0.9),
                                   node.attrs.Get<double>("beta2", 0.999), node.attrs.Get<double>("eps", 1e-8),
                                   node.attrs.Get<double>("weight_decay", 0.01), scale, ctx.stream);

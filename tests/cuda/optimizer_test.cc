@@ -36,7 +36,12 @@ struct Param {
     dbf16 = std::make_unique<DeviceTensor>(DType::kBF16, std::vector<int64_t>{n});
   }
   OptimizerTensor View() const {
-    return {dp->as<float>(), dg->as<float>(), ds0->as<float>(), ds1->as<float>(), dbf16->get(), p.num_elements()};
+    return {.param = dp->as<float>(),
+            .grad = dg->as<float>(),
+            .state0 = ds0->as<float>(),
+            .state1 = ds1->as<float>(),
+            .param_bf16 = dbf16->get(),
+            .n = p.num_elements()};
   }
 };
 
@@ -103,6 +108,40 @@ TEST_F(OptimizerTest, AdamWStepsEqualCpu) {
     }
   }
   EXPECT_EQ(differ, 0) << "elements not bitwise equal to the CPU (within 1e-6 is the requirement)";
+}
+
+// An optimizer node's step reads its inputs and writes its outputs elsewhere: the same bits as the
+// step in place, the inputs untouched.
+TEST_F(OptimizerTest, OutOfPlaceStepEqualsInPlace) {
+  const Tensor s0 = Rand(DType::kF32, {5000}, 7, 0, 1), s1 = Rand(DType::kF32, {5000}, 8, 0, 1);
+  for (bool adamw : {false, true}) {
+    // Same param, gradient and states in `in_place` and `before`; `out` receives the step.
+    auto in_place = MakeParams({5000}), before = MakeParams({5000}), out = MakeParams({5000});
+    for (auto* ps : {&in_place, &before}) {
+      NewGrads(*ps, 1);
+      ASSERT_EQ(cudaMemcpy((*ps)[0]->ds0->get(), s0.raw(), s0.num_bytes(), cudaMemcpyHostToDevice), 0);
+      ASSERT_EQ(cudaMemcpy((*ps)[0]->ds1->get(), s1.raw(), s1.num_bytes(), cudaMemcpyHostToDevice), 0);
+    }
+    OptimizerTensor a = in_place[0]->View(), b = out[0]->View();
+    b.grad = before[0]->dg->as<float>();
+    b.param_in = before[0]->dp->as<float>();
+    b.state0_in = before[0]->ds0->as<float>();
+    b.state1_in = before[0]->ds1->as<float>();
+    for (const OptimizerTensor& t : {a, b}) {
+      const absl::Status st = adamw ? AdamWStep({t}, 1e-2, 1, 0.9, 0.99, 1e-8, 0.1, nullptr, nullptr)
+                                    : SgdStep({t}, 1e-2, 0.9, 0.01, true, nullptr, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    EXPECT_TRUE(out[0]->dp->ToHost().BitwiseEquals(in_place[0]->dp->ToHost())) << adamw;
+    EXPECT_TRUE(out[0]->ds0->ToHost().BitwiseEquals(in_place[0]->ds0->ToHost())) << adamw;
+    if (adamw) {
+      EXPECT_TRUE(out[0]->ds1->ToHost().BitwiseEquals(in_place[0]->ds1->ToHost()));
+    }
+    EXPECT_TRUE(out[0]->dbf16->ToHost().BitwiseEquals(in_place[0]->dbf16->ToHost())) << adamw;
+    EXPECT_FALSE(out[0]->dp->ToHost().BitwiseEquals(before[0]->p)) << "the step changed nothing";
+    EXPECT_TRUE(before[0]->dp->ToHost().BitwiseEquals(before[0]->p)) << "input param written";
+    EXPECT_TRUE(before[0]->ds0->ToHost().BitwiseEquals(s0)) << "input state written";
+  }
 }
 
 TEST_F(OptimizerTest, SgdStepsEqualCpu) {
