@@ -1,14 +1,14 @@
 // onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
 // per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
 // --device-out, a device profile calibrated from them (partitioner/calibrate.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <map>
 #include <random>
-
-#include <unistd.h>
 
 #include "executor/backend/backend.h"
 #include "frontend/ir/status.h"
@@ -31,14 +31,18 @@ struct Flags {
   std::string dtype = "fp32";
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
+  std::string cuda_attention = "auto";
   double momentum = 0;
 };
 
 const char* PhaseName(ir::Phase p) {
   switch (p) {
-    case ir::Phase::kForward: return "forward";
-    case ir::Phase::kBackward: return "backward";
-    case ir::Phase::kOptimizer: return "optimizer";
+    case ir::Phase::kForward:
+      return "forward";
+    case ir::Phase::kBackward:
+      return "backward";
+    case ir::Phase::kOptimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -160,7 +164,8 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     for (ir::ValueId v : g.node(order[t]).inputs)
       if (v != ir::kNoValue) last_use[v] = t;
 
-  ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device, f.tf32));
+  ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be,
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
   const std::unique_ptr<backend::Stream> stream = be->CreateStream();
   backend::ExecContext ctx;
   ctx.training = true;
@@ -192,8 +197,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::vector<std::pair<std::shared_ptr<backend::Event>, std::shared_ptr<backend::Event>>> marks(order.size());
   const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
-    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n", static_cast<long long>(rep + 1),
-                static_cast<long long>(f.warmup + f.repeats), rep < f.warmup ? " (warm-up)" : "");
+    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n",
+                static_cast<long long>(rep + 1), static_cast<long long>(f.warmup + f.repeats),
+                rep < f.warmup ? " (warm-up)" : "");
     std::fflush(stdout);
     std::vector<ir::Tensor> values(g.num_values());
     for (size_t i = 0; i < g.inputs().size(); ++i) values[g.inputs()[i]] = feeds[i];
@@ -253,10 +259,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
   RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
-  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n",
-              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
-              f.backend.c_str());
-  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty()) std::printf("%s\n", fallbacks.c_str());
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n", times.model.c_str(),
+              order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats), f.backend.c_str());
+  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty())
+    std::printf("%s\n", fallbacks.c_str());
+  if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
               part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
   std::vector<std::pair<double, std::string>> top;
@@ -275,12 +282,13 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     base.memory_bytes = static_cast<int64_t>(pages) * page;
   }
   const part::Calibration c = part::CalibrateDevice(g, median_s, base);
-  std::printf("calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
-              "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
-              c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
-              c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes),
-              static_cast<long long>(c.memory_nodes), static_cast<long long>(c.vector_nodes),
-              part::FormatMs(c.predicted_s * 1e3).c_str(), part::FormatMs(c.measured_s * 1e3).c_str());
+  std::printf(
+      "calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
+      "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
+      c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
+      c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes), static_cast<long long>(c.memory_nodes),
+      static_cast<long long>(c.vector_nodes), part::FormatMs(c.predicted_s * 1e3).c_str(),
+      part::FormatMs(c.measured_s * 1e3).c_str());
   if (!f.device_out.empty()) {
     nlohmann::ordered_json j = part::DeviceToJson(c.device);
     j.erase("source");  // (not a key of the device file format)
@@ -296,7 +304,8 @@ int RunProfile(const Args& args) {
   Flags f;
   FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] [--dtype fp32|bf16] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
-             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes every node's median time (format\n"
+             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes "
+             "every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
              "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
@@ -318,6 +327,7 @@ int RunProfile(const Args& args) {
   fs.String("backend", &f.backend, "cpu | cuda | checked: where the nodes run");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.Bool("tf32", &f.tf32, "--backend cuda: fp32 GEMMs on TF32 tensor cores");
+  DeclareCudaAttentionFlag(fs, &f.cuda_attention);
   fs.String("device-out", &f.device_out,
             "also write a device profile (JSON) whose roofline reproduces the measured times");
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);
@@ -328,7 +338,8 @@ int RunProfile(const Args& args) {
   if (fs.positional().size() != 1) return Fail("profile", "expected exactly one MODEL.onnx (see --help)", 2);
   if (f.out.empty()) return Fail("profile", "--out times.json is required", 2);
   if (f.batch < 1) return Fail("profile", "--batch must be >= 1", 2);
-  if (f.dtype != "fp32" && f.dtype != "bf16") return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
+  if (f.dtype != "fp32" && f.dtype != "bf16")
+    return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
   if (f.repeats < 1 || f.warmup < 0) return Fail("profile", "--repeats must be >= 1 and --warmup >= 0", 2);
   if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("profile", std::string(st.message()));
   return 0;
