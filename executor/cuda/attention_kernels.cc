@@ -14,7 +14,7 @@
 // leading 1s), K and V with H or 1 heads; no mask, causal, a bool key-padding mask (B, 1, 1, Sk)
 // read as per-batch lengths (a right-padded prefix of trues: attention.h), or an additive bias
 // (1|B, 1|H, Sq, Sk). `auto` takes it when the config maps and cuDNN builds its graphs (forward
-// with and without dropout, and backward), else flash; `cudnn` makes a config it cannot take an
+// and backward, with and without dropout), else flash; `cudnn` makes a config it cannot take an
 // error naming the node. The decision is made once per config, when the plan sizes the node's
 // workspace (or at its first evaluation unplanned), and cached with the built graphs: both the
 // Attention node and its AttentionGrad map to the same config, so they take the same path, which
@@ -37,7 +37,9 @@
 // first row; the offset is 0. A recompute and a resumed run (same ExecContext) replay the mask; a
 // different micro-batch split draws different masks (the CPU's counter base keeps its masks
 // split-invariant; cuDNN's element counter is its own). The two int64s are the first 16 bytes of
-// the node's planned workspace, written by a one-thread kernel each evaluation (graph-capturable).
+// the node's planned workspace, written by a one-thread kernel each evaluation. A captured CUDA
+// graph would replay the captured seed every step: once the backend captures steps, the step must
+// reach the seed through device memory, as flash's DropoutParams::device_offset.
 //
 // The cuDNN graphs (AttentionGraphs, one cuDNN handle) are owned by the table's entries, one per
 // backend, and shared by its streams under a mutex held while building and while enqueuing
@@ -305,8 +307,8 @@ absl::StatusOr<AttentionConfig> CudnnConfigFor(const ir::Node& node, const Atten
   return c.Resolved();
 }
 
-// The graphs' bytes of cuDNN workspace for a config: its forward (with or without dropout,
-// whichever is more) and its backward.
+// The graphs' bytes of cuDNN workspace for a config: its forward and its backward, each the larger
+// of the graphs with and without dropout.
 struct CudnnSizes {
   int64_t forward = 0, backward = 0;
 };
@@ -351,13 +353,17 @@ class CudnnAttention {
     AttentionGraphs& g = **graphs_;
     CudnnSizes sizes;
     ASSIGN_OR_RETURN(sizes.forward, g.ForwardWorkspaceBytes(c));
-    if (c.dropout > 0) {
-      AttentionConfig eval = c;  // the same node outside training
-      eval.dropout = 0;
-      ASSIGN_OR_RETURN(const int64_t bytes, g.ForwardWorkspaceBytes(eval));
-      sizes.forward = std::max(sizes.forward, bytes);
-    }
     ASSIGN_OR_RETURN(sizes.backward, g.BackwardWorkspaceBytes(c));
+    if (c.dropout > 0) {
+      // The same node outside training (ExecContext::training false: inference, --no-dropout),
+      // where AttentionGrad may still run.
+      AttentionConfig off = c;
+      off.dropout = 0;
+      ASSIGN_OR_RETURN(const int64_t forward, g.ForwardWorkspaceBytes(off));
+      ASSIGN_OR_RETURN(const int64_t backward, g.BackwardWorkspaceBytes(off));
+      sizes.forward = std::max(sizes.forward, forward);
+      sizes.backward = std::max(sizes.backward, backward);
+    }
     return sizes;
   }
 
