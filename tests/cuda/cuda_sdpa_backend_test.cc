@@ -203,7 +203,7 @@ Case Shape(std::string name, std::vector<int64_t> q, std::vector<int64_t> k, std
 INSTANTIATE_TEST_SUITE_P(Shapes, SdpaMatchesTheCpuTest,
                          ::testing::Values(
                              Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
-                             Shape("d128_dv64", {2, 2, 64, 128}, {2, 2, 80, 128}, {2, 2, 80, 64}),
+                             Shape("d128", {2, 2, 64, 128}, {2, 2, 80, 128}, {2, 2, 80, 128}),
                              [] {
                                Case c = Shape("causal", {2, 3, 128, 64}, {2, 3, 128, 64}, {2, 3, 128, 64});
                                c.causal = true;
@@ -215,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SdpaMatchesTheCpuTest,
                                return c;
                              }(),
                              [] {
-                               Case c = Shape("causal_key_padding", {3, 2, 100, 32}, {3, 2, 100, 32}, {3, 2, 100, 32});
+                               Case c = Shape("causal_key_padding", {3, 2, 100, 64}, {3, 2, 100, 64}, {3, 2, 100, 64});
                                c.causal = true;
                                c.key_lengths = {100, 64, 31};
                                return c;
@@ -239,9 +239,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SdpaMatchesTheCpuTest,
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // --- Dropout --------------------------------------------------------------------------------------
-// B 2, H 2, Sq = Sk = Dv = 64, Dh 32, ratio 0.1: with V = I, O = dropout(P) (one row per query).
+// B 2, H 2, Sq = Sk = Dh = Dv = 64, ratio 0.1: with V = I, O = dropout(P) (one row per query).
 
-constexpr int64_t kB = 2, kH = 2, kS = 64, kDh = 32;
+constexpr int64_t kB = 2, kH = 2, kS = 64, kDh = 64;
 constexpr double kRatio = 0.1;
 
 ir::Attrs DropoutAttrs() {
