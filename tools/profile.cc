@@ -1,14 +1,14 @@
 // onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
 // per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
 // --device-out, a device profile calibrated from them (partitioner/calibrate.h).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <map>
 #include <random>
+
+#include <unistd.h>
 
 #include "executor/backend/backend.h"
 #include "frontend/ir/status.h"
@@ -37,12 +37,9 @@ struct Flags {
 
 const char* PhaseName(ir::Phase p) {
   switch (p) {
-    case ir::Phase::kForward:
-      return "forward";
-    case ir::Phase::kBackward:
-      return "backward";
-    case ir::Phase::kOptimizer:
-      return "optimizer";
+    case ir::Phase::kForward: return "forward";
+    case ir::Phase::kBackward: return "backward";
+    case ir::Phase::kOptimizer: return "optimizer";
   }
   return "?";
 }
@@ -197,9 +194,8 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::vector<std::pair<std::shared_ptr<backend::Event>, std::shared_ptr<backend::Event>>> marks(order.size());
   const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
-    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n",
-                static_cast<long long>(rep + 1), static_cast<long long>(f.warmup + f.repeats),
-                rep < f.warmup ? " (warm-up)" : "");
+    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n", static_cast<long long>(rep + 1),
+                static_cast<long long>(f.warmup + f.repeats), rep < f.warmup ? " (warm-up)" : "");
     std::fflush(stdout);
     std::vector<ir::Tensor> values(g.num_values());
     for (size_t i = 0; i < g.inputs().size(); ++i) values[g.inputs()[i]] = feeds[i];
@@ -259,10 +255,10 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
   RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
-  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n", times.model.c_str(),
-              order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats), f.backend.c_str());
-  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty())
-    std::printf("%s\n", fallbacks.c_str());
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n",
+              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
+              f.backend.c_str());
+  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty()) std::printf("%s\n", fallbacks.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
               part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
@@ -282,13 +278,12 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     base.memory_bytes = static_cast<int64_t>(pages) * page;
   }
   const part::Calibration c = part::CalibrateDevice(g, median_s, base);
-  std::printf(
-      "calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
-      "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
-      c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
-      c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes), static_cast<long long>(c.memory_nodes),
-      static_cast<long long>(c.vector_nodes), part::FormatMs(c.predicted_s * 1e3).c_str(),
-      part::FormatMs(c.measured_s * 1e3).c_str());
+  std::printf("calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
+              "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
+              c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
+              c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes),
+              static_cast<long long>(c.memory_nodes), static_cast<long long>(c.vector_nodes),
+              part::FormatMs(c.predicted_s * 1e3).c_str(), part::FormatMs(c.measured_s * 1e3).c_str());
   if (!f.device_out.empty()) {
     nlohmann::ordered_json j = part::DeviceToJson(c.device);
     j.erase("source");  // (not a key of the device file format)
@@ -304,8 +299,7 @@ int RunProfile(const Args& args) {
   Flags f;
   FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] [--dtype fp32|bf16] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
-             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes "
-             "every node's median time (format\n"
+             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
              "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
@@ -338,8 +332,7 @@ int RunProfile(const Args& args) {
   if (fs.positional().size() != 1) return Fail("profile", "expected exactly one MODEL.onnx (see --help)", 2);
   if (f.out.empty()) return Fail("profile", "--out times.json is required", 2);
   if (f.batch < 1) return Fail("profile", "--batch must be >= 1", 2);
-  if (f.dtype != "fp32" && f.dtype != "bf16")
-    return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
+  if (f.dtype != "fp32" && f.dtype != "bf16") return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
   if (f.repeats < 1 || f.warmup < 0) return Fail("profile", "--repeats must be >= 1 and --warmup >= 0", 2);
   if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("profile", std::string(st.message()));
   return 0;

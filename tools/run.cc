@@ -79,13 +79,11 @@ int RunRun(const Args& args) {
                 "<input name>.npy per graph input; writes <output name>.npy into --out.");
   flags.String("inputs", &inputs_dir, "folder with the input tensors");
   flags.String("out", &out_dir, "folder for the outputs (created)");
-  flags.String("backend", &backend,
-               "cpu | cuda | checked: where the nodes run (cuda and checked: node by node "
+  flags.String("backend", &backend, "cpu | cuda | checked: where the nodes run (cuda and checked: node by node "
                "through the backend, every value copied in and out; a conformance path, not a fast one)");
   flags.Int("device", &device, "the GPU --backend cuda runs on");
   DeclareCudaAttentionFlag(flags, &cuda_attention);
-  flags.String("dtype", &dtype,
-               "fp32 | fp64 | bf16: float precision to compute in (bf16: the mixed precision of "
+  flags.String("dtype", &dtype, "fp32 | fp64 | bf16: float precision to compute in (bf16: the mixed precision of "
                "`train --dtype bf16`, bf16 activations and f32 weights cast per use; float outputs come out f32)");
   flags.Bool("check-numerics", &check_numerics, "stop at the first node producing NaN/Inf");
   if (absl::Status st = flags.Parse(args); !st.ok()) return Fail("run", std::string(st.message()), 2);
@@ -123,8 +121,8 @@ int RunRun(const Args& args) {
   // Bind the symbolic dims to the feeds' sizes, then fold and fuse for those shapes.
   ModelOptions options;
   for (size_t i = 0; i < feeds->size(); ++i) {
-    absl::Status st =
-        runtime::CheckInput(*model->imported, model->imported->inputs()[i], (*feeds)[i], &options.extra_dims);
+    absl::Status st = runtime::CheckInput(*model->imported, model->imported->inputs()[i], (*feeds)[i],
+                                          &options.extra_dims);
     if (!st.ok()) return Fail("run", std::string(st.message()));
   }
   if (absl::Status st = PrepareModel(*model, options); !st.ok()) return Fail("run", std::string(st.message()));

@@ -258,75 +258,77 @@ Case Dropout(Case c, double ratio = 0.1) {
 
 INSTANTIATE_TEST_SUITE_P(
     HeadDims, FlashAttentionTest,
-    ::
-        testing::
-            Values(Shape("d8", {2, 3, 37, 8}, {2, 3, 45, 8}, {2, 3, 45, 8}),
-                   Shape("d16", {2, 2, 70, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
-                   Shape("d32", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
-                   Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
-                   Shape("d80", {1, 3, 65, 80}, {1, 3, 77, 80}, {1, 3, 77, 80}),
-                   Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
-                   Shape("d32_dv48", {2, 2, 50, 32}, {2, 2, 70, 32}, {2, 2, 70, 48}),
-                   Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
-                   Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
-                   Shape("d3_single_row", {1, 1, 1, 3}, {1, 1, 5, 3}, {1, 1, 5, 3}),
-                   Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}), Shape("rank2", {40, 16}, {70, 16}, {70, 16}),
-                   [] {
-                     Case c = Shape("scale_attr", {2, 2, 40, 32}, {2, 2, 40, 32}, {2, 2, 40, 32});
-                     c.scale = 0.37;
-                     return c;
-                   }()),
+    ::testing::Values(Shape("d8", {2, 3, 37, 8}, {2, 3, 45, 8}, {2, 3, 45, 8}),
+                      Shape("d16", {2, 2, 70, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
+                      Shape("d32", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+                      Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+                      Shape("d80", {1, 3, 65, 80}, {1, 3, 77, 80}, {1, 3, 77, 80}),
+                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+                      Shape("d32_dv48", {2, 2, 50, 32}, {2, 2, 70, 32}, {2, 2, 70, 48}),
+                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+                      Shape("d3_single_row", {1, 1, 1, 3}, {1, 1, 5, 3}, {1, 1, 5, 3}),
+                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
+                      Shape("rank2", {40, 16}, {70, 16}, {70, 16}),
+                      [] {
+                        Case c = Shape("scale_attr", {2, 2, 40, 32}, {2, 2, 40, 32}, {2, 2, 40, 32});
+                        c.scale = 0.37;
+                        return c;
+                      }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-INSTANTIATE_TEST_SUITE_P(Broadcast, FlashAttentionTest,
-                         ::testing::Values(
-                             Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
-                             Shape("kv_batch1", {3, 2, 40, 16}, {1, 2, 50, 16}, {1, 2, 50, 16}),
-                             Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
-                             Shape("q_broadcast", {1, 2, 30, 16}, {3, 2, 40, 16}, {3, 2, 40, 16}),
-                             Shape("k_and_v_differ", {2, 2, 30, 16}, {2, 1, 40, 16}, {1, 2, 40, 24}),
-                             Shape("leading_ones", {1, 2, 30, 16}, {2, 30, 16}, {2, 30, 16}),
-                             [] {
-                               Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
-                               c.absent_grads = {0};
-                               return c;
-                             }(),
-                             [] {
-                               Case c = Shape("kv_head1_only_dq", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
-                               c.absent_grads = {1, 2};
-                               return c;
-                             }(),
-                             [] {
-                               Case c = Shape("only_dv", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
-                               c.absent_grads = {0, 1};
-                               return c;
-                             }()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Broadcast, FlashAttentionTest,
+    ::testing::Values(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
+                      Shape("kv_batch1", {3, 2, 40, 16}, {1, 2, 50, 16}, {1, 2, 50, 16}),
+                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+                      Shape("q_broadcast", {1, 2, 30, 16}, {3, 2, 40, 16}, {3, 2, 40, 16}),
+                      Shape("k_and_v_differ", {2, 2, 30, 16}, {2, 1, 40, 16}, {1, 2, 40, 24}),
+                      Shape("leading_ones", {1, 2, 30, 16}, {2, 30, 16}, {2, 30, 16}),
+                      [] {
+                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                        c.absent_grads = {0};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("kv_head1_only_dq", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                        c.absent_grads = {1, 2};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("only_dv", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
+                        c.absent_grads = {0, 1};
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Masks, FlashAttentionTest,
-    ::testing::Values(
-        WithMask(Shape("additive_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}), {3, 1, 1, 90},
-                 DType::kF32),
-        WithMask(Shape("additive_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kF32),
-        WithMask(Shape("additive_full", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}), {2, 2, 70, 90}, DType::kF32),
-        WithMask(Shape("additive_2d", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {33, 65}, DType::kF32),
-        WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {2, 1, 33, 1},
-                 DType::kF32, /*masked_row=*/false),
-        WithMask(Shape("bool_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}), {3, 1, 1, 90},
-                 DType::kBool),
-        WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kBool),
-        WithMask(Shape("bool_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}), {2, 2, 70, 90},
-                 DType::kBool),
-        [] {
-          // A bool mask under the default mask_kind ("additive"): read as bool, as the CPU does.
-          Case c = WithMask(Shape("bool_default_kind", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), {2, 1, 1, 50},
-                            DType::kBool);
-          c.mask_kind = "";
-          return c;
-        }(),
-        WithMask(Shape("kv_head1_masked", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}), {2, 1, 70, 90},
-                 DType::kF32)),
+    ::testing::Values(WithMask(Shape("additive_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
+                               {3, 1, 1, 90}, DType::kF32),
+                      WithMask(Shape("additive_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}),
+                               {1, 1, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_full", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
+                               {2, 2, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_2d", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {33, 65},
+                               DType::kF32),
+                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
+                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
+                      WithMask(Shape("bool_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
+                               {3, 1, 1, 90}, DType::kBool),
+                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
+                               DType::kBool),
+                      WithMask(Shape("bool_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
+                               {2, 2, 70, 90}, DType::kBool),
+                      [] {
+                        // A bool mask under the default mask_kind ("additive"): read as bool, as the CPU does.
+                        Case c = WithMask(Shape("bool_default_kind", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}),
+                                          {2, 1, 1, 50}, DType::kBool);
+                        c.mask_kind = "";
+                        return c;
+                      }(),
+                      WithMask(Shape("kv_head1_masked", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
+                               {2, 1, 70, 90}, DType::kF32)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -342,27 +344,26 @@ INSTANTIATE_TEST_SUITE_P(
 
 INSTANTIATE_TEST_SUITE_P(
     Dropout, FlashAttentionTest,
-    ::testing::Values(
-        Dropout(Shape("plain", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
-        Dropout(Shape("d64_s256", {2, 4, 256, 64}, {2, 4, 256, 64}, {2, 4, 256, 64})),
-        Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
-                                {2, 1, 1, 100}, DType::kBool))),
-        Dropout(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32})),
-        Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
-        Dropout(Shape("ratio_half", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 0.5),
-        Dropout(Shape("ratio_one", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 1.0),
-        [] {
-          // Micro-batch 2 of 4 rows: counters start at 2 * Sq * Sk * heads.
-          Case c = Dropout(Shape("micro_batch", {2, 2, 45, 16}, {2, 2, 51, 16}, {2, 2, 51, 16}));
-          c.ctx.row_offset = 2;
-          c.ctx.rows = 2;
-          return c;
-        }(),
-        [] {
-          Case c = Dropout(Shape("inference", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}));
-          c.ctx.training = false;
-          return c;
-        }()),
+    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
+                      Dropout(Shape("d64_s256", {2, 4, 256, 64}, {2, 4, 256, 64}, {2, 4, 256, 64})),
+                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
+                                              {2, 1, 1, 100}, DType::kBool))),
+                      Dropout(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32})),
+                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+                      Dropout(Shape("ratio_half", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 0.5),
+                      Dropout(Shape("ratio_one", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 1.0),
+                      [] {
+                        // Micro-batch 2 of 4 rows: counters start at 2 * Sq * Sk * heads.
+                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 16}, {2, 2, 51, 16}, {2, 2, 51, 16}));
+                        c.ctx.row_offset = 2;
+                        c.ctx.rows = 2;
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Dropout(Shape("inference", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}));
+                        c.ctx.training = false;
+                        return c;
+                      }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // The bench shape's forward+backward in one test that exercises many tiles (GEMM-sized work).
@@ -425,70 +426,70 @@ TEST_P(FlashAttentionBf16Test, ForwardAndBackwardMatchTheCpuInFp32) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashAttentionBf16Test,
-    ::testing::Values(
-        Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
-        Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
-        Shape("d32_in_tile64", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
-        Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
-        Shape("d64_dv128", {1, 2, 70, 64}, {1, 2, 80, 64}, {1, 2, 80, 128}),
-        Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
-        Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
-        Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
-        Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
-        [] {
-          Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64});
-          c.absent_grads = {0};
-          return c;
-        }(),
-        [] {
-          Case c = Shape("only_dq", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128});
-          c.absent_grads = {1, 2};
-          return c;
-        }(),
-        WithMask(Shape("additive_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}), {3, 1, 1, 90},
-                 DType::kF32),
-        WithMask(Shape("additive_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}), {2, 2, 70, 90},
-                 DType::kF32),
-        WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {2, 1, 33, 1},
-                 DType::kF32, /*masked_row=*/false),
-        WithMask(Shape("bool_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}), {3, 1, 1, 90},
-                 DType::kBool),
-        WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kBool),
-        Causal(Shape("causal_square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
-        Causal(Shape("causal_more_queries", {2, 2, 150, 128}, {2, 2, 70, 128}, {2, 2, 70, 128})),
-        Causal(Shape("causal_more_keys", {2, 2, 70, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
-        Causal(WithMask(Shape("causal_additive", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}), {2, 1, 1, 100},
-                        DType::kF32))),
+    ::testing::Values(Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+                      Shape("d32_in_tile64", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+                      Shape("d64_dv128", {1, 2, 70, 64}, {1, 2, 80, 64}, {1, 2, 80, 128}),
+                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
+                      Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
+                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+                      [] {
+                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64});
+                        c.absent_grads = {0};
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Shape("only_dq", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128});
+                        c.absent_grads = {1, 2};
+                        return c;
+                      }(),
+                      WithMask(Shape("additive_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
+                               {3, 1, 1, 90}, DType::kF32),
+                      WithMask(Shape("additive_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
+                               {2, 2, 70, 90}, DType::kF32),
+                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
+                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
+                      WithMask(Shape("bool_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
+                               {3, 1, 1, 90}, DType::kBool),
+                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
+                               DType::kBool),
+                      Causal(Shape("causal_square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+                      Causal(Shape("causal_more_queries", {2, 2, 150, 128}, {2, 2, 70, 128}, {2, 2, 70, 128})),
+                      Causal(Shape("causal_more_keys", {2, 2, 70, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+                      Causal(WithMask(Shape("causal_additive", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
+                                      {2, 1, 1, 100}, DType::kF32))),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Dropout, FlashAttentionBf16Test,
-    ::testing::Values(
-        Dropout(Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
-        Dropout(Shape("d128_s256", {2, 2, 256, 128}, {2, 2, 256, 128}, {2, 2, 256, 128})),
-        Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
-                                {2, 1, 1, 100}, DType::kBool))),
-        Dropout(Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64})),
-        Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
-        Dropout(Shape("ratio_one", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}), 1.0),
-        [] {
-          Case c = Dropout(Shape("micro_batch", {2, 2, 45, 64}, {2, 2, 51, 64}, {2, 2, 51, 64}));
-          c.ctx.row_offset = 2;
-          c.ctx.rows = 2;
-          return c;
-        }(),
-        [] {
-          Case c = Dropout(Shape("inference", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}));
-          c.ctx.training = false;
-          return c;
-        }()),
+    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
+                      Dropout(Shape("d128_s256", {2, 2, 256, 128}, {2, 2, 256, 128}, {2, 2, 256, 128})),
+                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
+                                              {2, 1, 1, 100}, DType::kBool))),
+                      Dropout(Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64})),
+                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+                      Dropout(Shape("ratio_one", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}), 1.0),
+                      [] {
+                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 64}, {2, 2, 51, 64}, {2, 2, 51, 64}));
+                        c.ctx.row_offset = 2;
+                        c.ctx.rows = 2;
+                        return c;
+                      }(),
+                      [] {
+                        Case c = Dropout(Shape("inference", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}));
+                        c.ctx.training = false;
+                        return c;
+                      }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-INSTANTIATE_TEST_SUITE_P(
-    Large, FlashAttentionBf16Test,
-    ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64}, {4, 8, 384, 64})),
-                      Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128}, {4, 8, 320, 128})),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Large, FlashAttentionBf16Test,
+                         ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64},
+                                                        {4, 8, 384, 64})),
+                                           Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128},
+                                                 {4, 8, 320, 128})),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Elements where exactly one of got and want is zero (none: success), with the first few named.
 ::testing::AssertionResult SameZeros(const Tensor& got, const Tensor& want) {
@@ -645,8 +646,8 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
   absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(bc);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, false, false), 0);
-  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);        // 3 x 2 x 4 floats
-  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);  // + 2 x 5 x 8 floats
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);          // 3 x 2 x 4 floats
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);    // + 2 x 5 x 8 floats
 }
 
 TEST(FlashAttentionPlanTest, Bf16TakesTileWidths64And128AndFp32Statistics) {

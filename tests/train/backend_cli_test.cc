@@ -190,9 +190,9 @@ TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
 TEST_F(BackendCliTest, ProfileRunsTheTrainingGraphOnTheBackend) {
   auto profile = [&](const std::string& backend, nlohmann::json* times) {
     const fs::path out = dir_ / ("times_" + backend + ".json");
-    CommandResult r =
-        RunCommand(Onnxpipe() + " profile " + SourcePath("models/tiny_gpt.onnx") +
-                   " --batch 2 --repeats 2 --optimizer adamw --out " + out.string() + " --backend " + backend);
+    CommandResult r = RunCommand(Onnxpipe() + " profile " + SourcePath("models/tiny_gpt.onnx") +
+                                 " --batch 2 --repeats 2 --optimizer adamw --out " + out.string() + " --backend " +
+                                 backend);
     if (r.exit_code == 0) *times = nlohmann::json::parse(testing::ReadAll(out.string()));
     return r;
   };
