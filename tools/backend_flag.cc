@@ -1,6 +1,7 @@
 #include "tools/backend_flag.h"
 
 #include <cstdio>
+#include <map>
 
 #include "executor/backend/checked_backend.h"
 #include "frontend/ir/status.h"
@@ -10,15 +11,37 @@
 
 namespace onnxpipe::tools {
 
+void DeclareCudaAttentionFlag(FlagSet& fs, std::string* out) {
+  fs.String("cuda-attention", out,
+            "--backend cuda: the fused attention of Attention nodes. auto: cuDNN's SDPA for bf16/fp16 nodes whose "
+            "shapes and mask it takes (none, causal, bool key padding, full additive bias), where onnxpipe was "
+            "built with cuDNN, else onnxpipe's flash kernels; cudnn: cuDNN for every node, an error naming a node "
+            "it cannot run; flash: the flash kernels only. Dropout masks: flash's are the CPU backend's element "
+            "for element, cuDNN's its own (the same distribution)");
+}
+
 absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
-                                                                         bool tf32) {
+                                                                         const BackendOptions& options) {
   if (device < 0) return INVALID_ARGUMENT() << "--device must be >= 0, got " << device;
-  if (tf32 && name != "cuda") return INVALID_ARGUMENT() << "--tf32 applies to --backend cuda, not '" << name << "'";
+  const std::string& attention = options.cuda_attention;
+  if (attention != "auto" && attention != "cudnn" && attention != "flash") {
+    return INVALID_ARGUMENT() << "--cuda-attention expects auto, cudnn or flash, got '" << attention << "'";
+  }
+  if (options.tf32 && name != "cuda") {
+    return INVALID_ARGUMENT() << "--tf32 applies to --backend cuda, not '" << name << "'";
+  }
+  if (attention != "auto" && name != "cuda") {
+    return INVALID_ARGUMENT() << "--cuda-attention applies to --backend cuda, not '" << name << "'";
+  }
   if (name == "cpu") return backend::MakeCpuBackend();
   if (name == "checked") return backend::MakeCheckedBackend();
   if (name == "cuda") {
 #ifdef ONNXPIPE_HAVE_CUDA
-    ASSIGN_OR_RETURN(std::shared_ptr<cuda::CudaBackend> be, cuda::CudaBackend::Create(static_cast<int>(device), {.allow_tf32 = tf32}));
+    cuda::CudaOptions cuda_options{.allow_tf32 = options.tf32};
+    if (attention == "cudnn") cuda_options.attention = cuda::AttentionImpl::kCudnn;
+    if (attention == "flash") cuda_options.attention = cuda::AttentionImpl::kFlash;
+    ASSIGN_OR_RETURN(std::shared_ptr<cuda::CudaBackend> be,
+                     cuda::CudaBackend::Create(static_cast<int>(device), cuda_options));
     return std::shared_ptr<const backend::Backend>(std::move(be));
 #else
     return FAILED_PRECONDITION() << "--backend cuda: this onnxpipe was built without the CUDA backend (no nvcc at "
@@ -34,6 +57,18 @@ std::string BackendFallbackSummary(const backend::Backend& be) {
     std::string ops;
     for (const auto& [op, n] : c->HostFallbacks()) ops += (ops.empty() ? "" : ", ") + op + " x" + std::to_string(n);
     return ops.empty() ? "" : "cuda: ran on the host (no CUDA kernel yet): " + ops;
+  }
+#endif
+  return "";
+}
+
+std::string BackendAttentionSummary(const backend::Backend& be) {
+#ifdef ONNXPIPE_HAVE_CUDA
+  if (const auto* c = dynamic_cast<const cuda::CudaBackend*>(&be)) {
+    const std::map<std::string, int64_t> runs = c->AttentionRuns();
+    const int64_t cudnn = runs.at("cudnn"), flash = runs.at("flash");
+    if (cudnn + flash == 0) return "";
+    return "cuda attention: cudnn ran " + std::to_string(cudnn) + ", flash ran " + std::to_string(flash);
   }
 #endif
   return "";

@@ -4,6 +4,8 @@
 //            the machine no usable GPU;
 //   checked  the CPU kernels over memory the host must not touch (executor/backend/checked_backend.h),
 //            for tests of the driver.
+// Options of --backend cuda (an error naming the flag with any other backend): --tf32, and
+// --cuda-attention auto|cudnn|flash (executor/cuda/cuda_backend.h's AttentionImpl).
 #pragma once
 
 #include <cstdint>
@@ -12,14 +14,27 @@
 
 #include "absl/status/statusor.h"
 #include "executor/backend/backend.h"
+#include "tools/flags.h"
 
 namespace onnxpipe::tools {
 
-// tf32: --tf32 (cuda only: fp32 GEMMs on TF32 tensor cores).
+struct BackendOptions {
+  bool tf32 = false;                    // --tf32: fp32 GEMMs on TF32 tensor cores
+  std::string cuda_attention = "auto";  // --cuda-attention
+};
+
+// Declares --cuda-attention into `out` (its one help text, shared by every command that has it).
+void DeclareCudaAttentionFlag(FlagSet& fs, std::string* out);
+
+// An error naming the flag for a bad --backend, --device or --cuda-attention value, and for
+// --tf32 or a --cuda-attention other than auto with a backend other than cuda.
 absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
-                                                                         bool tf32);
+                                                                         const BackendOptions& options = {});
 // A line saying which ops ran on the host instead of the device backend ("" when none or not cuda).
 std::string BackendFallbackSummary(const backend::Backend& be);
+// Which fused attention ran Attention/AttentionGrad on the cuda backend, e.g.
+// "cuda attention: cudnn ran 12, flash ran 0" ("" for other backends or when none ran).
+std::string BackendAttentionSummary(const backend::Backend& be);
 // The cuda backend's memory: peak bytes in its buffers, the GPU's use ("" for other backends).
 std::string BackendMemorySummary(const backend::Backend& be);
 

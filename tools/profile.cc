@@ -31,6 +31,7 @@ struct Flags {
   std::string dtype = "fp32";
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
+  std::string cuda_attention = "auto";
   double momentum = 0;
 };
 
@@ -160,7 +161,8 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     for (ir::ValueId v : g.node(order[t]).inputs)
       if (v != ir::kNoValue) last_use[v] = t;
 
-  ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device, f.tf32));
+  ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be,
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
   const std::unique_ptr<backend::Stream> stream = be->CreateStream();
   backend::ExecContext ctx;
   ctx.training = true;
@@ -257,6 +259,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
               times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
               f.backend.c_str());
   if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty()) std::printf("%s\n", fallbacks.c_str());
+  if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
               part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
   std::vector<std::pair<double, std::string>> top;
@@ -318,6 +321,7 @@ int RunProfile(const Args& args) {
   fs.String("backend", &f.backend, "cpu | cuda | checked: where the nodes run");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.Bool("tf32", &f.tf32, "--backend cuda: fp32 GEMMs on TF32 tensor cores");
+  DeclareCudaAttentionFlag(fs, &f.cuda_attention);
   fs.String("device-out", &f.device_out,
             "also write a device profile (JSON) whose roofline reproduces the measured times");
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);

@@ -46,6 +46,7 @@ struct Flags {
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
   bool tf32 = false;
+  std::string cuda_attention = "auto";
   std::string recompute, plan, report;
 };
 
@@ -100,6 +101,7 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.Bool("tf32", &f.tf32, "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
+  DeclareCudaAttentionFlag(fs, &f.cuda_attention);
   fs.String("dtype", &f.dtype, "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
   fs.String("freeze", &f.freeze,
@@ -307,7 +309,8 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   // Another backend than the CPU reference runs through the stage executor (one stage unless asked).
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu";
-  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be, BackendFromFlags(f.backend, f.device, f.tf32));
+  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be,
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
   std::unique_ptr<train::StepTrainer> trainer;
   pipeline::PipelineTrainer* piped = nullptr;  // pipelined: its description and --report
   const train::Trainer* plain = nullptr;       // unpartitioned: its memory plan
@@ -401,6 +404,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   }
   if (plain) PrintMemory(*plain);
   if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
+  if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   if (const std::string mem = BackendMemorySummary(*be); !mem.empty()) std::printf("%s\n", mem.c_str());
   if (piped && !f.report.empty()) {
     RETURN_IF_ERROR(piped->WriteReport());

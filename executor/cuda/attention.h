@@ -66,6 +66,9 @@ cudaError_t LaunchFillLengths(int32_t* lengths, int64_t batch, int32_t value, cu
 cudaError_t LaunchZeroPaddedRows(void* x, const int32_t* lengths, int64_t batch, int64_t heads, int64_t seq,
                                  int64_t dim, int elem_bytes, cudaStream_t stream);
 
+// out[0] = first, out[1] = second (the dropout seed and offset, device int64s, 16-byte aligned).
+cudaError_t LaunchWriteInt64Pair(int64_t* out, int64_t first, int64_t second, cudaStream_t stream);
+
 #ifndef __CUDACC__
 
 enum class AttentionMask { kNone, kKeyLengths, kKeyMask, kBias };

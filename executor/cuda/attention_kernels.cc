@@ -1,17 +1,67 @@
-// Attention and AttentionGrad (fp32 and bf16) in the CUDA backend's kernel table, through the fused
-// kernels of flash_attention.h, with the CPU kernels' attributes and random stream: the dropout mask
-// is the CPU's bit for bit (same node key, step offset and micro-batch counter base). AttentionGrad's
-// scratch (row statistics, full-batch gradients of broadcast operands) is its planned workspace.
-// Cases the kernels do not cover (fp16, which cuDNN's attention.h serves to its own callers; head
-// dims over 128) and inputs the CPU kernel rejects run the CPU kernel on the host, which reports
-// the error. fp64 (the gradient-check dtype) runs the CPU kernel: the fused kernels take
-// fp64 through flash_attention.h, but cannot yet sum the gradient of a broadcast operand in fp64.
+// Attention and AttentionGrad in the CUDA backend's kernel table, by one of two fused
+// implementations chosen per node config (CudaOptions::attention):
+//
+// flash (flash_attention.h), fp32 and bf16: the CPU kernels' attributes and random stream, so the
+// dropout mask is the CPU's bit for bit (same node key, step offset and micro-batch counter base).
+// AttentionGrad's scratch (row statistics, full-batch gradients of broadcast operands) is its
+// planned workspace. Cases the kernels do not cover (fp16; head dims over 128) and inputs the CPU
+// kernel rejects run the CPU kernel on the host, which reports the error. fp64 (the gradient-check
+// dtype) runs the CPU kernel: the fused kernels take fp64 through flash_attention.h, but cannot yet
+// sum the gradient of a broadcast operand in fp64.
+//
+// cuDNN SDPA (attention.h; compiled in where cuDNN and its frontend were found,
+// ONNXPIPE_CUDNN_ATTENTION), bf16 and fp16: Q, K, V of dims (B, H, S, D) (ranks 2 and 3 read with
+// leading 1s), K and V with H or 1 heads; no mask, causal, a bool key-padding mask (B, 1, 1, Sk)
+// read as per-batch lengths (a right-padded prefix of trues: attention.h), or an additive bias
+// (1|B, 1|H, Sq, Sk). `auto` takes it when the config maps and cuDNN builds its graphs (forward
+// and backward, with and without dropout), else flash; `cudnn` makes a config it cannot take an
+// error naming the node. The decision is made once per config, when the plan sizes the node's
+// workspace (or at its first evaluation unplanned), and cached with the built graphs: both the
+// Attention node and its AttentionGrad map to the same config, so they take the same path, which
+// a dropout mask needs (the backward regenerates the forward's). `auto` leaves a bias with dropout
+// to flash: its gradient dMask (a learned bias) runs on the host with the CPU's stream, which
+// cannot replay cuDNN's mask.
+//
+// Statistics. The Attention op has one output, O, and AttentionGrad reads (dO, Q, K, V, mask): no
+// softmax statistic crosses nodes, so flash's (row maximum, 1 / sum, D_i, internal to its
+// backward) and cuDNN's (the fp32 natural-log log-sum-exp, (B, H, Sq)) never meet. Both backwards
+// recompute: under cuDNN, AttentionGrad reruns cuDNN's forward into its workspace (O and the
+// stats, with the forward's dropout seed, so the same O) and runs cuDNN's backward on them. That
+// costs one forward per backward (0.2 of 1.33 ms at the benchmark shape) and O's bytes of
+// workspace; the forward's stats go to its own workspace and are dropped.
+//
+// Dropout under cuDNN: cuDNN draws its own Philox numbers from a device int64 seed and offset, so
+// its mask is NOT the CPU's stream (same distribution, different elements; compare with the CPU at
+// dropout 0). The seed mixes the run's seed, the node's random-stream key (cpu::NodeRngKey: the
+// forward's rng_key or name, which AttentionGrad carries), the step offset and the micro-batch's
+// first row; the offset is 0. A recompute and a resumed run (same ExecContext) replay the mask; a
+// different micro-batch split draws different masks (the CPU's counter base keeps its masks
+// split-invariant; cuDNN's element counter is its own). The two int64s are the first 16 bytes of
+// the node's planned workspace, written by a one-thread kernel each evaluation. A captured CUDA
+// graph would replay the captured seed every step: once the backend captures steps, the step must
+// reach the seed through device memory, as flash's DropoutParams::device_offset.
+//
+// The cuDNN graphs (AttentionGraphs, one cuDNN handle) are owned by the table's entries, one per
+// backend, and shared by its streams under a mutex held while building and while enqueuing
+// (AttentionGraphs is not thread-safe): a graph built when the plan is sized serves every stage's
+// stream, with no build in the step loop.
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cuda/cuda_kernels.h"
+#include "executor/cuda/cuda_status.h"
 #include "executor/cuda/flash_attention.h"
+#include "frontend/ir/status.h"
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+#include "executor/cuda/attention.h"
+#endif
 
 namespace onnxpipe::cuda {
 namespace {
@@ -83,12 +133,12 @@ ir::DType MaskDType(const std::vector<ir::Tensor>& in, size_t i) {
   return HasInput(in, i) ? in[i].dtype() : ir::DType::kBool;
 }
 
-// O = Attention(Q, K, V, mask?).
-KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+// O = Attention(Q, K, V, mask?) through the flash kernels.
+KernelResult FlashForward(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::DType dtype = in[0].dtype();
   if (!AllOfDType(in, {0, 1, 2}, dtype)) return std::nullopt;
-  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, dtype, in[0].dims(), in[1].dims(),
-                                                in[2].dims(), MaskDims(in, 3), MaskDType(in, 3));
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, dtype, in[0].dims(), in[1].dims(), in[2].dims(),
+                                                MaskDims(in, 3), MaskDType(in, 3));
   if (!p || !AddDropout(ctx, node, *p)) return std::nullopt;
   absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, dtype, p->out_dims);
   if (!o.ok()) return o.status();
@@ -100,8 +150,8 @@ KernelResult Attention(const KernelContext& ctx, const ir::Node& node, const std
   return std::vector<ir::Tensor>{*o};
 }
 
-// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) (dMask? runs on the host).
-KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) through the flash kernels (dMask? runs on the host).
+KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // dMask (a learned additive bias, T5's) is not computed by the fused kernels yet: the host runs it.
   if (WantsOutput(node, 3)) return std::nullopt;
   const ir::DType dtype = in[1].dtype();
@@ -134,8 +184,8 @@ KernelResult AttentionGrad(const KernelContext& ctx, const ir::Node& node, const
   return out;
 }
 
-// The scratch AttentionGrad takes for `node`, from the graph's shapes (0 where the host runs it).
-int64_t AttentionGradWorkspace(const ir::Graph& g, const ir::Node& node) {
+// The scratch FlashBackward takes for `node`, from the graph's shapes (0 where the host runs it).
+int64_t FlashBackwardWorkspace(const ir::Graph& g, const ir::Node& node) {
   if (WantsOutput(node, 3)) return 0;
   std::optional<std::vector<int64_t>> dims[3];
   for (int i = 0; i < 3; ++i) {
@@ -157,11 +207,440 @@ int64_t AttentionGradWorkspace(const ir::Graph& g, const ir::Node& node) {
   return FlashAttentionBackwardWorkspaceBytes(*p, wants_elements(0), wants_elements(1), wants_elements(2));
 }
 
+// --- Selection ------------------------------------------------------------------------------------
+
+// A node's Q, K, V (and mask) dtypes and dims, from its input tensors or from the graph.
+struct AttentionShapes {
+  ir::DType dtype = ir::DType::kF32;
+  std::vector<int64_t> q, k, v;
+  std::optional<std::vector<int64_t>> mask;
+  ir::DType mask_dtype = ir::DType::kBool;
+};
+
+// Q, K, V at inputs first..first+2, the mask at first+3; nullopt when Q, K, V differ in dtype.
+std::optional<AttentionShapes> ShapesOf(const std::vector<ir::Tensor>& in, size_t first) {
+  if (in.size() < first + 3) return std::nullopt;
+  AttentionShapes s;
+  s.dtype = in[first].dtype();
+  if (!AllOfDType(in, {first, first + 1, first + 2}, s.dtype)) return std::nullopt;
+  s.q = in[first].dims(), s.k = in[first + 1].dims(), s.v = in[first + 2].dims();
+  if (HasInput(in, first + 3)) s.mask = in[first + 3].dims(), s.mask_dtype = in[first + 3].dtype();
+  return s;
+}
+
+// As above from the graph's (bound, concrete) shapes; nullopt where one is not known.
+std::optional<AttentionShapes> ShapesOf(const ir::Graph& g, const ir::Node& node, size_t first) {
+  std::optional<std::vector<int64_t>> dims[3];
+  AttentionShapes s;
+  for (size_t i = 0; i < 3; ++i) {
+    dims[i] = InputDims(g, node, first + i);
+    if (!dims[i]) return std::nullopt;
+    const ir::DType t = g.value(node.inputs[first + i]).dtype;
+    if (i == 0) s.dtype = t;
+    if (t != s.dtype) return std::nullopt;
+  }
+  s.q = *dims[0], s.k = *dims[1], s.v = *dims[2];
+  if (node.inputs.size() > first + 3 && node.inputs[first + 3] != ir::kNoValue) {
+    s.mask = InputDims(g, node, first + 3);
+    if (!s.mask) return std::nullopt;
+    s.mask_dtype = g.value(node.inputs[first + 3]).dtype;
+  }
+  return s;
+}
+
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+
+std::string DimsString(const std::vector<int64_t>& d) { return absl::StrCat("(", absl::StrJoin(d, ", "), ")"); }
+
+// The cuDNN config of `node` on shapes `s` with dropout ratio `ratio` (the node's attribute: the
+// graphs with and without it are built together), or an Unimplemented error saying why SDPA does
+// not take it.
+absl::StatusOr<AttentionConfig> CudnnConfigFor(const ir::Node& node, const AttentionShapes& s, double ratio) {
+  auto refuse = [](auto&&... why) { return absl::UnimplementedError(absl::StrCat(why...)); };
+  if (s.dtype != ir::DType::kBF16 && s.dtype != ir::DType::kF16) {
+    return refuse("dtype ", std::string(ir::DTypeName(s.dtype)), " (cuDNN SDPA runs bf16 and fp16)");
+  }
+  const size_t rank = s.q.size();
+  if (rank < 2 || rank > 4 || s.k.size() != rank || s.v.size() != rank) {
+    return refuse("Q ", DimsString(s.q), ", K ", DimsString(s.k), ", V ", DimsString(s.v),
+                  " (cuDNN SDPA takes Q, K, V of one rank, 2 to 4: (B, H, S, D))");
+  }
+  auto four = [](std::vector<int64_t> d) {
+    d.insert(d.begin(), 4 - d.size(), 1);
+    return d;
+  };
+  const std::vector<int64_t> q = four(s.q), k = four(s.k), v = four(s.v);
+  AttentionConfig c;
+  c.batch = q[0], c.heads = q[1], c.seq_q = q[2], c.head_dim = q[3];
+  c.kv_heads = k[1], c.seq_kv = k[2], c.value_dim = v[3];
+  if (k[0] != c.batch || v[0] != c.batch || v[1] != k[1] || (k[1] != c.heads && k[1] != 1) || k[3] != c.head_dim ||
+      v[2] != c.seq_kv) {
+    return refuse("Q ", DimsString(s.q), ", K ", DimsString(s.k), ", V ", DimsString(s.v),
+                  " (cuDNN SDPA takes K (B, H or 1, Sk, Dh) and V (B, H or 1, Sk, Dv) for Q (B, H, Sq, Dh))");
+  }
+  c.dtype = s.dtype;
+  const int64_t dh = s.q.back();
+  c.scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
+  c.causal = node.attrs.Get<int64_t>("causal", 0) != 0;
+  c.dropout = ratio;
+  if (s.mask) {
+    if (s.mask->size() > 4) return refuse("a mask of dims ", DimsString(*s.mask), " (rank over 4)");
+    const std::vector<int64_t> m = four(*s.mask);
+    const std::string kind = node.attrs.Get<std::string>("mask_kind", "additive");
+    if (s.mask_dtype == ir::DType::kBool) {
+      if (m[0] != c.batch || m[1] != 1 || m[2] != 1 || m[3] != c.seq_kv) {
+        return refuse("a bool mask of dims ", DimsString(*s.mask),
+                      " (cuDNN SDPA takes a key-padding mask (B, 1, 1, Sk), read as lengths)");
+      }
+      c.mask = AttentionMask::kKeyMask;
+    } else if (s.mask_dtype == s.dtype && kind == "additive") {
+      if ((m[0] != 1 && m[0] != c.batch) || (m[1] != 1 && m[1] != c.heads) || m[2] != c.seq_q || m[3] != c.seq_kv) {
+        return refuse("an additive mask of dims ", DimsString(*s.mask),
+                      " (cuDNN SDPA takes a bias (1 or B, 1 or H, Sq, Sk))");
+      }
+      c.mask = AttentionMask::kBias;
+      c.bias_batch = m[0], c.bias_heads = m[1], c.bias_rows = m[2];
+    } else {
+      return refuse("a ", std::string(ir::DTypeName(s.mask_dtype)), " mask with mask_kind '", kind, "'");
+    }
+  }
+  return c.Resolved();
+}
+
+// The graphs' bytes of cuDNN workspace for a config: its forward and its backward, each the larger
+// of the graphs with and without dropout.
+struct CudnnSizes {
+  int64_t forward = 0, backward = 0;
+};
+
+// One backend's cuDNN SDPA graphs and the per-config decisions; every method is thread-safe.
+class CudnnAttention {
+ public:
+  explicit CudnnAttention(int device) : device_(device) {}
+
+  // Builds the graphs config `c` (dropout as the node's attribute) needs, once: OK with their
+  // workspace sizes, or why cuDNN cannot run it (remembered too).
+  absl::StatusOr<CudnnSizes> Prepare(const AttentionConfig& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string key = c.ToString();
+    if (auto it = prepared_.find(key); it != prepared_.end()) return it->second;
+    absl::StatusOr<CudnnSizes> sizes = Build(c);
+    prepared_.emplace(key, sizes);
+    return sizes;
+  }
+
+  absl::Status Forward(const AttentionConfig& c, const AttentionForwardArgs& a, void* ws, int64_t bytes,
+                       cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(graphs_.status());
+    return (*graphs_)->Forward(c, a, ws, bytes, stream);
+  }
+  absl::Status Backward(const AttentionConfig& c, const AttentionBackwardArgs& a, void* ws, int64_t bytes,
+                        cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(graphs_.status());
+    return (*graphs_)->Backward(c, a, ws, bytes, stream);
+  }
+
+ private:
+  absl::StatusOr<CudnnSizes> Build(const AttentionConfig& c) {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (!created_) {
+      graphs_ = AttentionGraphs::Create();
+      created_ = true;
+    }
+    RETURN_IF_ERROR(graphs_.status());
+    AttentionGraphs& g = **graphs_;
+    CudnnSizes sizes;
+    ASSIGN_OR_RETURN(sizes.forward, g.ForwardWorkspaceBytes(c));
+    ASSIGN_OR_RETURN(sizes.backward, g.BackwardWorkspaceBytes(c));
+    if (c.dropout > 0) {
+      // The same node outside training (ExecContext::training false: inference, --no-dropout),
+      // where AttentionGrad may still run.
+      AttentionConfig off = c;
+      off.dropout = 0;
+      ASSIGN_OR_RETURN(const int64_t forward, g.ForwardWorkspaceBytes(off));
+      ASSIGN_OR_RETURN(const int64_t backward, g.BackwardWorkspaceBytes(off));
+      sizes.forward = std::max(sizes.forward, forward);
+      sizes.backward = std::max(sizes.backward, backward);
+    }
+    return sizes;
+  }
+
+  const int device_;
+  std::mutex mu_;
+  bool created_ = false;
+  absl::StatusOr<std::unique_ptr<AttentionGraphs>> graphs_ = absl::FailedPreconditionError("not created");
+  std::map<std::string, absl::StatusOr<CudnnSizes>> prepared_;
+};
+
+// A node cuDNN runs: its config (dropout as the attribute) and the graphs' workspace sizes.
+struct CudnnPlan {
+  AttentionConfig config;
+  CudnnSizes sizes;
+};
+
+#endif  // ONNXPIPE_CUDNN_ATTENTION
+
+// The attention entries' shared state: one per kernel table, so per backend.
+struct AttentionState {
+  AttentionImpl mode = AttentionImpl::kAuto;
+  std::shared_ptr<AttentionRunCounts> counts;
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  std::unique_ptr<CudnnAttention> cudnn;
+#endif
+};
+
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+using MaybeCudnn = std::optional<CudnnPlan>;
+#else
+struct CudnnPlan {};
+using MaybeCudnn = std::optional<CudnnPlan>;
+#endif
+
+// The implementation of `node` on shapes `s` (nullopt: not known, e.g. Q, K, V dtypes differ):
+// cuDNN (its plan) or the flash path (nullopt); an error under AttentionImpl::kCudnn when cuDNN
+// cannot run it.
+absl::StatusOr<MaybeCudnn> Select(AttentionState& state, const ir::Node& node,
+                                  const std::optional<AttentionShapes>& s) {
+  if (state.mode == AttentionImpl::kFlash) return MaybeCudnn();
+  const bool required = state.mode == AttentionImpl::kCudnn;
+  auto cannot = [&](const absl::Status& why) -> absl::StatusOr<MaybeCudnn> {
+    if (!required) return MaybeCudnn();
+    return absl::FailedPreconditionError(
+        absl::StrCat(std::string(ir::OpName(node.op)), " node '", node.name,
+                     "': --cuda-attention cudnn, but cuDNN SDPA cannot run it: ", std::string(why.message())));
+  };
+#ifndef ONNXPIPE_CUDNN_ATTENTION
+  (void)s;
+  return cannot(absl::UnimplementedError("this onnxpipe was built without cuDNN or its frontend (scripts/setup.sh)"));
+#else
+  if (!s) return cannot(absl::UnimplementedError("Q, K and V differ in dtype"));
+  // Empty operands: nothing to compute, whichever path.
+  if (Product(s->q) == 0 || Product(s->k) == 0 || Product(s->v) == 0) return MaybeCudnn();
+  const double ratio = node.attrs.Get<double>("dropout", 0.0);
+  absl::StatusOr<AttentionConfig> c = CudnnConfigFor(node, *s, ratio);
+  if (!c.ok()) return cannot(c.status());
+  if (!required && c->mask == AttentionMask::kBias && c->dropout > 0) return MaybeCudnn();  // file comment
+  absl::StatusOr<CudnnSizes> sizes = state.cudnn->Prepare(*c);
+  if (!sizes.ok()) return cannot(sizes.status());
+  return MaybeCudnn(CudnnPlan{*std::move(c), *sizes});
+#endif
+}
+
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+
+// --- cuDNN evaluation ---------------------------------------------------------------------------
+
+constexpr int64_t kAlign = 256;
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets into a cuDNN node's planned workspace (-1: absent), each part 256-byte aligned:
+// [dropout seed, offset (int64 each) | backward: O (B, H, Sq, Dv) | stats (B, H, Sq) fp32 |
+//  backward: dQ, dK, dV scratch for gradients the node does not want | cuDNN's workspace].
+struct CudnnWorkspace {
+  int64_t seed = 0, o = -1, stats = 0, grad[3] = {-1, -1, -1}, cudnn = 0, cudnn_bytes = 0, total = 0;
+
+  CudnnWorkspace(const CudnnPlan& p, const ir::Node* backward_node) {
+    const AttentionConfig& c = p.config;
+    const int64_t elem = 2;  // bf16 / fp16
+    int64_t at = kAlign;
+    if (backward_node != nullptr) {
+      o = at;
+      at += AlignUp(c.batch * c.heads * c.seq_q * c.value_dim * elem);
+    }
+    stats = at;
+    at += AlignUp(c.batch * c.heads * c.seq_q * 4);
+    if (backward_node != nullptr) {
+      const int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
+                                        c.batch * c.kv_heads * c.seq_kv * c.head_dim,
+                                        c.batch * c.kv_heads * c.seq_kv * c.value_dim};
+      for (int i = 0; i < 3; ++i) {
+        if (WantsOutput(*backward_node, i)) continue;
+        grad[i] = at;
+        at += AlignUp(grad_elements[i] * elem);
+      }
+    }
+    cudnn = at;
+    cudnn_bytes = backward_node != nullptr ? std::max(p.sizes.forward, p.sizes.backward) : p.sizes.forward;
+    total = at + cudnn_bytes;
+  }
+};
+
+uint64_t Mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// cuDNN's dropout seed for `node` under `ctx` (file comment): the same for the forward, its
+// recompute and its AttentionGrad, different per node, step and micro-batch.
+int64_t CudnnDropoutSeed(const KernelContext& ctx, const ir::Node& node) {
+  uint64_t h = Mix64(ctx.exec.seed);
+  h = Mix64(h ^ cpu::NodeRngKey(node));
+  h = Mix64(h ^ ctx.exec.offset);
+  h = Mix64(h ^ static_cast<uint64_t>(ctx.exec.row_offset));
+  return static_cast<int64_t>(h);
+}
+
+// The config this evaluation runs (dropout only while training), its workspace, with the dropout
+// seed and offset written into its first bytes.
+struct CudnnCall {
+  AttentionConfig config;
+  char* workspace = nullptr;
+  const int64_t* seed = nullptr;
+  const int64_t* offset = nullptr;
+};
+absl::StatusOr<CudnnCall> StartCudnnCall(const KernelContext& ctx, const ir::Node& node, const CudnnPlan& p,
+                                         const CudnnWorkspace& layout) {
+  CudnnCall call;
+  call.config = p.config;
+  if (!ctx.exec.training) call.config.dropout = 0;
+  ASSIGN_OR_RETURN(void* ws, ctx.Workspace(node, layout.total));
+  call.workspace = static_cast<char*>(ws);
+  if (call.config.dropout > 0) {
+    auto* seed = reinterpret_cast<int64_t*>(call.workspace + layout.seed);
+    CUDA_RETURN_IF_ERROR(LaunchWriteInt64Pair(seed, CudnnDropoutSeed(ctx, node), /*second=*/0, ctx.stream));
+    call.seed = seed;
+    call.offset = seed + 1;
+  }
+  return call;
+}
+
+// The mask pointer cuDNN reads: the bool key mask or the bias, as the node's input.
+const void* MaskPointer(const std::vector<ir::Tensor>& in, size_t i) {
+  return HasInput(in, i) ? in[i].device_raw() : nullptr;
+}
+
+KernelResult CudnnForward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
+                          const std::vector<ir::Tensor>& in) {
+  const CudnnWorkspace layout(p, /*backward_node=*/nullptr);
+  std::vector<int64_t> o_dims = in[0].dims();
+  o_dims.back() = in[2].dims().back();
+  ASSIGN_OR_RETURN(ir::Tensor o, ctx.FullOutput(node, 0, in[0].dtype(), o_dims));
+  ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));
+  AttentionForwardArgs a;
+  a.q = in[0].device_raw(), a.k = in[1].device_raw(), a.v = in[2].device_raw();
+  a.mask = MaskPointer(in, 3);
+  a.dropout_seed = call.seed, a.dropout_offset = call.offset;
+  a.o = o.device_raw();
+  a.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
+  RETURN_IF_ERROR(state.cudnn->Forward(call.config, a, call.workspace + layout.cudnn, layout.cudnn_bytes, ctx.stream));
+  ++state.counts->cudnn;
+  return std::vector<ir::Tensor>{o};
+}
+
+KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
+                           const std::vector<ir::Tensor>& in) {
+  const CudnnWorkspace layout(p, &node);
+  std::vector<ir::Tensor> out(3);
+  void* grads[3] = {};
+  ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));
+  for (int i = 0; i < 3; ++i) {
+    if (!WantsOutput(node, i)) {
+      grads[i] = call.workspace + layout.grad[i];
+      continue;
+    }
+    ASSIGN_OR_RETURN(out[i], ctx.FullOutput(node, i, in[1].dtype(), in[i + 1].dims()));
+    grads[i] = out[i].device_raw();
+  }
+  // The forward again (file comment): O and the stats cuDNN's backward reads.
+  AttentionForwardArgs f;
+  f.q = in[1].device_raw(), f.k = in[2].device_raw(), f.v = in[3].device_raw();
+  f.mask = MaskPointer(in, 4);
+  f.dropout_seed = call.seed, f.dropout_offset = call.offset;
+  f.o = call.workspace + layout.o;
+  f.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
+  char* cudnn_ws = call.workspace + layout.cudnn;
+  RETURN_IF_ERROR(state.cudnn->Forward(call.config, f, cudnn_ws, layout.cudnn_bytes, ctx.stream));
+  AttentionBackwardArgs b;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.stats = f.stats;
+  b.d_o = in[0].device_raw();
+  b.mask = f.mask;
+  b.dropout_seed = call.seed, b.dropout_offset = call.offset;
+  b.dq = grads[0], b.dk = grads[1], b.dv = grads[2];
+  RETURN_IF_ERROR(state.cudnn->Backward(call.config, b, cudnn_ws, layout.cudnn_bytes, ctx.stream));
+  ++state.counts->cudnn;
+  return out;
+}
+
+#endif  // ONNXPIPE_CUDNN_ATTENTION
+
+// --- Table entries ------------------------------------------------------------------------------
+
+KernelResult Attention(AttentionState& state, const KernelContext& ctx, const ir::Node& node,
+                       const std::vector<ir::Tensor>& in) {
+  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(in, 0)));
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  if (cudnn) return CudnnForward(state, *cudnn, ctx, node, in);
+#endif
+  KernelResult r = FlashForward(ctx, node, in);
+  if (r && r->ok()) ++state.counts->flash;
+  return r;
+}
+
+KernelResult AttentionGrad(AttentionState& state, const KernelContext& ctx, const ir::Node& node,
+                           const std::vector<ir::Tensor>& in) {
+  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(in, 1)));
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  if (cudnn) {
+    // dMask (a learned bias) runs on the host, with the CPU's dropout stream: exact without dropout.
+    if (!WantsOutput(node, 3)) return CudnnBackward(state, *cudnn, ctx, node, in);
+    if (ctx.exec.training && cudnn->config.dropout > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "AttentionGrad node '", node.name,
+          "': --cuda-attention cudnn cannot give a learned bias's gradient (dMask) with dropout: it runs on the "
+          "host, whose dropout mask is not cuDNN's; use --cuda-attention auto or flash"));
+    }
+    return std::nullopt;
+  }
+#endif
+  KernelResult r = FlashBackward(ctx, node, in);
+  if (r && r->ok()) ++state.counts->flash;
+  return r;
+}
+
+// Workspaces: a config's errors are reported when the node runs; here they size nothing.
+int64_t AttentionWorkspace(AttentionState& state, const ir::Graph& g, const ir::Node& node) {
+  absl::StatusOr<MaybeCudnn> cudnn = Select(state, node, ShapesOf(g, node, 0));
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  if (cudnn.ok() && *cudnn) return CudnnWorkspace(**cudnn, /*backward_node=*/nullptr).total;
+#endif
+  return 0;  // the flash forward takes none
+}
+
+int64_t AttentionGradWorkspace(AttentionState& state, const ir::Graph& g, const ir::Node& node) {
+  absl::StatusOr<MaybeCudnn> cudnn = Select(state, node, ShapesOf(g, node, 1));
+  if (!cudnn.ok()) return 0;
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  if (*cudnn) return WantsOutput(node, 3) ? 0 : CudnnWorkspace(**cudnn, &node).total;
+#endif
+  return FlashBackwardWorkspace(g, node);
+}
+
 }  // namespace
 
-void RegisterAttentionKernels(KernelTable& table) {
-  table[ir::OpKind::kAttention].run = Attention;
-  table[ir::OpKind::kAttentionGrad] = {AttentionGrad, AttentionGradWorkspace};
+void RegisterAttentionKernels(KernelTable& table, const CudaOptions& options, int device,
+                              std::shared_ptr<AttentionRunCounts> counts) {
+  auto state = std::make_shared<AttentionState>();
+  state->mode = options.attention;
+  state->counts = counts != nullptr ? std::move(counts) : std::make_shared<AttentionRunCounts>();
+#ifdef ONNXPIPE_CUDNN_ATTENTION
+  state->cudnn = std::make_unique<CudnnAttention>(device);
+#else
+  (void)device;
+#endif
+  table[ir::OpKind::kAttention] = {
+      [state](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+        return Attention(*state, ctx, node, in);
+      },
+      [state](const ir::Graph& g, const ir::Node& node) { return AttentionWorkspace(*state, g, node); }};
+  table[ir::OpKind::kAttentionGrad] = {
+      [state](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+        return AttentionGrad(*state, ctx, node, in);
+      },
+      [state](const ir::Graph& g, const ir::Node& node) { return AttentionGradWorkspace(*state, g, node); }};
 }
 
 }  // namespace onnxpipe::cuda

@@ -1,5 +1,7 @@
 // Small kernels around cuDNN's SDPA (attention.h): key-padding masks to per-batch lengths, the
-// all-Sq query lengths its padding mode needs, and zeroing the gradient rows of padded keys.
+// all-Sq query lengths its padding mode needs, zeroing the gradient rows of padded keys, and the
+// device dropout seed and offset (written by a kernel, so the values travel as launch arguments:
+// nothing on the host has to outlive the call, and a captured CUDA graph holds them).
 #include "executor/cuda/attention.h"
 
 namespace onnxpipe::cuda {
@@ -46,7 +48,17 @@ __global__ void ZeroPaddedRowsKernel(uint32_t* x, const int32_t* __restrict__ le
   }
 }
 
+__global__ void WriteInt64PairKernel(int64_t* out, int64_t first, int64_t second) {
+  out[0] = first;
+  out[1] = second;
+}
+
 }  // namespace
+
+cudaError_t LaunchWriteInt64Pair(int64_t* out, int64_t first, int64_t second, cudaStream_t stream) {
+  WriteInt64PairKernel<<<1, 1, 0, stream>>>(out, first, second);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchKeyMaskToLengths(const bool* key_mask, int32_t* lengths, int64_t batch, int64_t seq_kv,
                                    cudaStream_t stream) {

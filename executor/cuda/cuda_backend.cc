@@ -76,7 +76,10 @@ absl::StatusOr<std::unique_ptr<CudaStream>> NewStream(int device) {
 class CudaBackendImpl : public CudaBackend {
  public:
   CudaBackendImpl(int device, CudaOptions options, std::unique_ptr<CudaStream> default_stream)
-      : device_(device), options_(options), default_stream_(std::move(default_stream)), table_(RegisterAllKernels()) {}
+      : device_(device),
+        options_(options),
+        default_stream_(std::move(default_stream)),
+        table_(RegisterAllKernels(options, device, attention_runs_)) {}
 
   std::string name() const override { return "cuda"; }
   ir::Placement placement() const override { return ir::Placement::Device(device_); }
@@ -214,6 +217,9 @@ class CudaBackendImpl : public CudaBackend {
     std::lock_guard<std::mutex> lock(mu_);
     return fallbacks_;
   }
+  std::map<std::string, int64_t> AttentionRuns() const override {
+    return {{"cudnn", attention_runs_->cudnn.load()}, {"flash", attention_runs_->flash.load()}};
+  }
 
  private:
   cudaStream_t Raw(backend::Stream* s) const {
@@ -286,6 +292,8 @@ class CudaBackendImpl : public CudaBackend {
   const int device_;
   const CudaOptions options_;
   const std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
+  // Before table_, whose attention entries count into it.
+  const std::shared_ptr<AttentionRunCounts> attention_runs_ = std::make_shared<AttentionRunCounts>();
   std::unique_ptr<CudaStream> default_stream_;
   const KernelTable table_;
   std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();

@@ -19,8 +19,22 @@
 
 namespace onnxpipe::cuda {
 
+// Which fused attention runs Attention and AttentionGrad (attention_kernels.cc).
+enum class AttentionImpl {
+  // cuDNN's SDPA (attention.h) for a bf16/fp16 node whose config it accepts (key-padding, causal or
+  // full-bias masks; decided once per config when the plan sizes the workspace), where onnxpipe
+  // was built with cuDNN; the flash kernels otherwise.
+  kAuto,
+  // cuDNN's SDPA for every Attention/AttentionGrad node; one it cannot run is an error naming it.
+  kCudnn,
+  // The flash kernels only (flash_attention.h): dropout masks are the CPU backend's, element for
+  // element (the CPU-parity tests use this).
+  kFlash,
+};
+
 struct CudaOptions {
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); else exact fp32
+  AttentionImpl attention = AttentionImpl::kAuto;
 };
 
 class CudaBackend : public backend::Backend {
@@ -28,12 +42,15 @@ class CudaBackend : public backend::Backend {
   // The backend of GPU `device`: an error naming the device when there is no usable GPU.
   static absl::StatusOr<std::shared_ptr<CudaBackend>> Create(int device, CudaOptions options = {});
   struct MemoryStats {
-    int64_t allocated = 0, peak_allocated = 0;  // bytes in the backend's buffers (Allocate): now, at most
+    int64_t allocated = 0, peak_allocated = 0;    // bytes in the backend's buffers (Allocate): now, at most
     int64_t device_used = -1, device_total = -1;  // the GPU's, every process and library included (-1: unknown)
   };
   virtual MemoryStats Memory() const = 0;
   // Op name -> evaluations that ran on the host so far.
   virtual std::map<std::string, int64_t> HostFallbacks() const = 0;
+  // Attention and AttentionGrad evaluations so far per fused implementation: "cudnn", "flash"
+  // (host fallbacks are in HostFallbacks).
+  virtual std::map<std::string, int64_t> AttentionRuns() const = 0;
 };
 
 }  // namespace onnxpipe::cuda

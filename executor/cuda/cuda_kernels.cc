@@ -42,7 +42,8 @@ std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node
   return ir::ToInts(v.shape);
 }
 
-KernelTable RegisterAllKernels() {
+KernelTable RegisterAllKernels(const CudaOptions& options, int device,
+                               std::shared_ptr<AttentionRunCounts> attention_counts) {
   KernelTable table;
   RegisterGeluKernels(table);
   RegisterGemmKernels(table);
@@ -54,7 +55,7 @@ KernelTable RegisterAllKernels() {
   RegisterDropoutKernels(table);
   RegisterOptimizerKernels(table);
   RegisterLayoutKernels(table);
-  RegisterAttentionKernels(table);
+  RegisterAttentionKernels(table, options, device, std::move(attention_counts));
   return table;
 }
 

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -20,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/backend/backend.h"
+#include "executor/cuda/cuda_backend.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::cuda {
@@ -108,7 +110,15 @@ void RegisterEmbeddingKernels(KernelTable& table);
 void RegisterDropoutKernels(KernelTable& table);
 void RegisterOptimizerKernels(KernelTable& table);
 void RegisterLayoutKernels(KernelTable& table);
-void RegisterAttentionKernels(KernelTable& table);
-KernelTable RegisterAllKernels();
+// Attention/AttentionGrad evaluations per implementation (CudaBackend::AttentionRuns).
+struct AttentionRunCounts {
+  std::atomic<int64_t> cudnn{0}, flash{0};
+};
+// `options.attention` picks the implementation; the cuDNN graphs live on GPU `device` and are
+// owned by the registered entries (one cache per table, so per backend). `counts` may be null.
+void RegisterAttentionKernels(KernelTable& table, const CudaOptions& options = {}, int device = 0,
+                              std::shared_ptr<AttentionRunCounts> counts = nullptr);
+KernelTable RegisterAllKernels(const CudaOptions& options = {}, int device = 0,
+                               std::shared_ptr<AttentionRunCounts> attention_counts = nullptr);
 
 }  // namespace onnxpipe::cuda

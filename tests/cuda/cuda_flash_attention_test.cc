@@ -92,7 +92,7 @@ class FlashAttentionBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    absl::StatusOr<std::shared_ptr<CudaBackend>> be = CudaBackend::Create(0);
+    absl::StatusOr<std::shared_ptr<CudaBackend>> be = CudaBackend::Create(0, {.attention = AttentionImpl::kFlash});
     ASSERT_TRUE(be.ok()) << be.status();
     be_ = *be;
   }

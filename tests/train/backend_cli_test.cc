@@ -108,6 +108,58 @@ TEST_F(BackendCliTest, PipelinesOnOneGpuTrainAsItsOneStageRun) {
   }
 }
 
+// bf16 tiny_gpt (2 causal Attention layers) with attention through cuDNN's SDPA trains as with the
+// flash kernels (dropout off: their masks differ by design), and --cuda-attention auto picks cuDNN.
+TEST_F(BackendCliTest, Bf16CudnnAttentionTrainsAsTheFlashKernels) {
+  const std::string common = "--backend cuda --dtype bf16 --no-dropout --cuda-attention ";
+  std::vector<double> flash_loss, flash_norm;
+  CommandResult flash = Train(common + "flash", "flash", &flash_loss, &flash_norm);
+  if (flash.exit_code != 0) GTEST_SKIP() << "no GPU here: " << flash.err;
+  ASSERT_EQ(flash_loss.size(), 3u);
+  EXPECT_THAT(flash.out, HasSubstr("cuda attention: cudnn ran 0, flash ran "));
+  EXPECT_THAT(flash.out, ::testing::Not(HasSubstr("flash ran 0")));
+  for (const std::string mode : {"cudnn", "auto"}) {
+    std::vector<double> loss, norm;
+    CommandResult r = Train(common + mode, mode, &loss, &norm);
+    if (r.exit_code != 0 && r.err.find("built without cuDNN") != std::string::npos) GTEST_SKIP() << r.err;
+    ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.err;
+    EXPECT_THAT(r.out, HasSubstr("cuda attention: cudnn ran ")) << mode;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("cudnn ran 0,"))) << mode;
+    EXPECT_THAT(r.out, HasSubstr(", flash ran 0")) << mode;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("Attention x"))) << mode << ": on the host";
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("AttentionGrad x"))) << mode << ": on the host";
+    ASSERT_EQ(loss.size(), flash_loss.size()) << mode;
+    for (size_t i = 0; i < loss.size(); ++i) {
+      EXPECT_NEAR(loss[i], flash_loss[i], 2e-2 * std::abs(flash_loss[i])) << mode << " step " << i;
+    }
+  }
+}
+
+TEST_F(BackendCliTest, CudaAttentionFlagIsCheckedByEveryCommand) {
+  std::vector<double> l, n;
+  CommandResult r = Train("--cuda-attention fast", "bad", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-attention expects auto, cudnn or flash, got 'fast'"));
+  r = Train("--cuda-attention cudnn", "bad2", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-attention applies to --backend cuda, not 'cpu'"));
+  r = RunCommand(Onnxpipe() + " profile " + SourcePath("models/tiny_gpt.onnx") + " --batch 2 --out " +
+                 (dir_ / "t.json").string() + " --backend checked --cuda-attention flash");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-attention applies to --backend cuda, not 'checked'"));
+  r = RunCommand(Onnxpipe() + " run " + SourcePath("models/tiny_classifier.onnx") + " --inputs " +
+                 SourcePath("models/golden/tiny_classifier/data") + " --out " + (dir_ / "o").string() +
+                 " --cuda-attention sometimes");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-attention expects auto, cudnn or flash, got 'sometimes'"));
+  for (const std::string command : {"train", "profile", "run"}) {
+    r = RunCommand(Onnxpipe() + " " + command + " --help");
+    EXPECT_EQ(r.exit_code, 0) << command;
+    EXPECT_THAT(r.out, HasSubstr("--cuda-attention")) << command;
+    EXPECT_THAT(r.out, HasSubstr("auto: cuDNN's SDPA for bf16/fp16 nodes")) << command;
+  }
+}
+
 // `onnxpipe run` node by node through the checked backend writes the CPU's outputs byte for byte.
 TEST_F(BackendCliTest, RunThroughTheCheckedBackendEqualsTheCpu) {
   for (const std::string backend : {"cpu", "checked"}) {
