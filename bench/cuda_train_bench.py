@@ -45,15 +45,33 @@ def onnxpipe_run(a, model, batch, dtype, work):
     cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
            "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 or dtype != "fp32" else ["--tf32"])]
+    plan = {}
+    if a.memory_budget:
+        plan_dir = os.path.join(work, f"plan_budget_b{batch}")
+        pcmd = [a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--microbatches",
+                str(a.microbatches), "--recompute", "auto", "--device", "h200", "--device-memory", a.memory_budget,
+                "--dtype", dtype, "--no-onnx", "--out", plan_dir]
+        r = subprocess.run(pcmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *pcmd[1:]]))
+        pj = json.load(open(os.path.join(plan_dir, "plan.json")))
+        plan = dict(memory_budget=a.memory_budget, microbatches=a.microbatches, recompute="auto",
+                    predicted_samples_s=pj["predicted"]["samples_per_s"],
+                    predicted_memory_gib=round(pj["stages"][0]["memory"]["total"] / 2**30, 3),
+                    command=" ".join(["onnxpipe", *pcmd[1:]]).replace(model, os.path.basename(model))
+                    .replace(work, "WORK"))
+        cmd += ["--plan", plan_dir, "--microbatches", str(a.microbatches)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *cmd[1:]]))
     steps = [json.loads(l) for l in open(metrics)]
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
     memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
+    attention = [l for l in r.stdout.splitlines() if l.startswith("cuda attention:")]
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
-                memory=memory[0] if memory else "",
+                memory=memory[0] if memory else "", attention=attention[0] if attention else "",
+                **({"plan": plan} if plan else {}),
                 command=" ".join(["onnxpipe", *cmd[1:]]).replace(model, os.path.basename(model)).replace(work, "WORK"))
 
 
@@ -100,8 +118,12 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--predict", action="store_true",
-                   help="also profile the training graph on the GPU and record partition's predicted samples/s")
+    p.add_argument("--memory-budget", help="train under this GPU memory (e.g. 10.7GiB): `partition --recompute auto "
+                   "--device-memory BUDGET --microbatches M` plans what to recompute, `train --plan` runs it")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step with --memory-budget")
+    p.add_argument("--predict", nargs="*", type=int, metavar="B",
+                   help="also profile the training graph on the GPU and record partition's predicted samples/s "
+                   "(at these batches; none given: every --batch)")
     p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "ckpt", "compile"],
                    help="PyTorch sides to run in the same command (none: onnxpipe alone)")
     p.add_argument("--device-name", default="NVIDIA H200")
@@ -113,8 +135,8 @@ def main():
         export = [{k: os.path.basename(v) if k in ("exported", "sidecar") else v for k, v in e.items()}
                   for e in ([] if a.model else peer_lines(a, ["--export-onnx", model]))]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
-        if a.predict:
-            for b in a.batch:
+        if a.predict is not None:
+            for b in [b for b in a.predict or a.batch if b in onnxpipe]:
                 onnxpipe[b]["predicted"] = predicted(a, model, b, a.dtype, work)
     peer_flags = {"eager": [], "ckpt": ["--ckpt", "on"], "compile": ["--compile"]}
     peers = {}

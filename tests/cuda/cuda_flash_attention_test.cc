@@ -111,9 +111,9 @@ class FlashAttentionBackendTest : public ::testing::Test {
                               const backend::ExecContext& ctx, bool expect_device = true, double tol = 1e-5,
                               const std::vector<Tensor>* reference_inputs = nullptr) {
     ir::Graph g, ref_g;
-    const ir::Node& node = AddNode(g, op, name, inputs, attrs, num_outputs, absent);
+    const ir::Node& node = AddTypedNode(g, op, name, inputs, attrs, num_outputs, absent);
     const ir::Node& ref_node =
-        AddNode(ref_g, op, name, reference_inputs ? *reference_inputs : inputs, attrs, num_outputs, absent);
+        AddTypedNode(ref_g, op, name, reference_inputs ? *reference_inputs : inputs, attrs, num_outputs, absent);
     absl::StatusOr<std::vector<Tensor>> want =
         backend::MakeCpuBackend()->Run(ref_node, reference_inputs ? *reference_inputs : inputs, ctx);
     EXPECT_TRUE(want.ok()) << want.status();
@@ -152,27 +152,6 @@ class FlashAttentionBackendTest : public ::testing::Test {
       }
     }
     return *want;
-  }
-
-  // Adds `op` on values typed as `inputs` (absent ones skipped) to `g`.
-  static const ir::Node& AddNode(ir::Graph& g, ir::OpKind op, const std::string& name,
-                                 const std::vector<Tensor>& inputs, const ir::Attrs& attrs, int num_outputs,
-                                 const std::vector<int>& absent) {
-    std::vector<ir::ValueId> in_ids, out_ids;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].defined()) {
-        in_ids.push_back(ir::kNoValue);
-        continue;
-      }
-      const Tensor& t = inputs[i];
-      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
-    }
-    for (int k = 0; k < num_outputs; ++k) {
-      const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
-      out_ids.push_back(gone ? ir::kNoValue
-                             : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
-    }
-    return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
   }
 
   // `node`'s outputs from the GPU (unplanned, no host fallback) as fp32 host tensors.
@@ -258,77 +237,75 @@ Case Dropout(Case c, double ratio = 0.1) {
 
 INSTANTIATE_TEST_SUITE_P(
     HeadDims, FlashAttentionTest,
-    ::testing::Values(Shape("d8", {2, 3, 37, 8}, {2, 3, 45, 8}, {2, 3, 45, 8}),
-                      Shape("d16", {2, 2, 70, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
-                      Shape("d32", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
-                      Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
-                      Shape("d80", {1, 3, 65, 80}, {1, 3, 77, 80}, {1, 3, 77, 80}),
-                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
-                      Shape("d32_dv48", {2, 2, 50, 32}, {2, 2, 70, 32}, {2, 2, 70, 48}),
-                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
-                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
-                      Shape("d3_single_row", {1, 1, 1, 3}, {1, 1, 5, 3}, {1, 1, 5, 3}),
-                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
-                      Shape("rank2", {40, 16}, {70, 16}, {70, 16}),
-                      [] {
-                        Case c = Shape("scale_attr", {2, 2, 40, 32}, {2, 2, 40, 32}, {2, 2, 40, 32});
-                        c.scale = 0.37;
-                        return c;
-                      }()),
+    ::
+        testing::
+            Values(Shape("d8", {2, 3, 37, 8}, {2, 3, 45, 8}, {2, 3, 45, 8}),
+                   Shape("d16", {2, 2, 70, 16}, {2, 2, 130, 16}, {2, 2, 130, 16}),
+                   Shape("d32", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+                   Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+                   Shape("d80", {1, 3, 65, 80}, {1, 3, 77, 80}, {1, 3, 77, 80}),
+                   Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+                   Shape("d32_dv48", {2, 2, 50, 32}, {2, 2, 70, 32}, {2, 2, 70, 48}),
+                   Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+                   Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+                   Shape("d3_single_row", {1, 1, 1, 3}, {1, 1, 5, 3}, {1, 1, 5, 3}),
+                   Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}), Shape("rank2", {40, 16}, {70, 16}, {70, 16}),
+                   [] {
+                     Case c = Shape("scale_attr", {2, 2, 40, 32}, {2, 2, 40, 32}, {2, 2, 40, 32});
+                     c.scale = 0.37;
+                     return c;
+                   }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-INSTANTIATE_TEST_SUITE_P(
-    Broadcast, FlashAttentionTest,
-    ::testing::Values(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
-                      Shape("kv_batch1", {3, 2, 40, 16}, {1, 2, 50, 16}, {1, 2, 50, 16}),
-                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
-                      Shape("q_broadcast", {1, 2, 30, 16}, {3, 2, 40, 16}, {3, 2, 40, 16}),
-                      Shape("k_and_v_differ", {2, 2, 30, 16}, {2, 1, 40, 16}, {1, 2, 40, 24}),
-                      Shape("leading_ones", {1, 2, 30, 16}, {2, 30, 16}, {2, 30, 16}),
-                      [] {
-                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
-                        c.absent_grads = {0};
-                        return c;
-                      }(),
-                      [] {
-                        Case c = Shape("kv_head1_only_dq", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
-                        c.absent_grads = {1, 2};
-                        return c;
-                      }(),
-                      [] {
-                        Case c = Shape("only_dv", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
-                        c.absent_grads = {0, 1};
-                        return c;
-                      }()),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Broadcast, FlashAttentionTest,
+                         ::testing::Values(
+                             Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
+                             Shape("kv_batch1", {3, 2, 40, 16}, {1, 2, 50, 16}, {1, 2, 50, 16}),
+                             Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+                             Shape("q_broadcast", {1, 2, 30, 16}, {3, 2, 40, 16}, {3, 2, 40, 16}),
+                             Shape("k_and_v_differ", {2, 2, 30, 16}, {2, 1, 40, 16}, {1, 2, 40, 24}),
+                             Shape("leading_ones", {1, 2, 30, 16}, {2, 30, 16}, {2, 30, 16}),
+                             [] {
+                               Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                               c.absent_grads = {0};
+                               return c;
+                             }(),
+                             [] {
+                               Case c = Shape("kv_head1_only_dq", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32});
+                               c.absent_grads = {1, 2};
+                               return c;
+                             }(),
+                             [] {
+                               Case c = Shape("only_dv", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
+                               c.absent_grads = {0, 1};
+                               return c;
+                             }()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Masks, FlashAttentionTest,
-    ::testing::Values(WithMask(Shape("additive_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
-                               {3, 1, 1, 90}, DType::kF32),
-                      WithMask(Shape("additive_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}),
-                               {1, 1, 70, 90}, DType::kF32),
-                      WithMask(Shape("additive_full", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
-                               {2, 2, 70, 90}, DType::kF32),
-                      WithMask(Shape("additive_2d", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {33, 65},
-                               DType::kF32),
-                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
-                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
-                      WithMask(Shape("bool_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}),
-                               {3, 1, 1, 90}, DType::kBool),
-                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
-                               DType::kBool),
-                      WithMask(Shape("bool_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
-                               {2, 2, 70, 90}, DType::kBool),
-                      [] {
-                        // A bool mask under the default mask_kind ("additive"): read as bool, as the CPU does.
-                        Case c = WithMask(Shape("bool_default_kind", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}),
-                                          {2, 1, 1, 50}, DType::kBool);
-                        c.mask_kind = "";
-                        return c;
-                      }(),
-                      WithMask(Shape("kv_head1_masked", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}),
-                               {2, 1, 70, 90}, DType::kF32)),
+    ::testing::Values(
+        WithMask(Shape("additive_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}), {3, 1, 1, 90},
+                 DType::kF32),
+        WithMask(Shape("additive_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kF32),
+        WithMask(Shape("additive_full", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}), {2, 2, 70, 90}, DType::kF32),
+        WithMask(Shape("additive_2d", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {33, 65}, DType::kF32),
+        WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {2, 1, 33, 1},
+                 DType::kF32, /*masked_row=*/false),
+        WithMask(Shape("bool_key_padding", {3, 2, 70, 32}, {3, 2, 90, 32}, {3, 2, 90, 32}), {3, 1, 1, 90},
+                 DType::kBool),
+        WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kBool),
+        WithMask(Shape("bool_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}), {2, 2, 70, 90},
+                 DType::kBool),
+        [] {
+          // A bool mask under the default mask_kind ("additive"): read as bool, as the CPU does.
+          Case c = WithMask(Shape("bool_default_kind", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), {2, 1, 1, 50},
+                            DType::kBool);
+          c.mask_kind = "";
+          return c;
+        }(),
+        WithMask(Shape("kv_head1_masked", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32}), {2, 1, 70, 90},
+                 DType::kF32)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -344,26 +321,27 @@ INSTANTIATE_TEST_SUITE_P(
 
 INSTANTIATE_TEST_SUITE_P(
     Dropout, FlashAttentionTest,
-    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
-                      Dropout(Shape("d64_s256", {2, 4, 256, 64}, {2, 4, 256, 64}, {2, 4, 256, 64})),
-                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
-                                              {2, 1, 1, 100}, DType::kBool))),
-                      Dropout(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32})),
-                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
-                      Dropout(Shape("ratio_half", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 0.5),
-                      Dropout(Shape("ratio_one", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 1.0),
-                      [] {
-                        // Micro-batch 2 of 4 rows: counters start at 2 * Sq * Sk * heads.
-                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 16}, {2, 2, 51, 16}, {2, 2, 51, 16}));
-                        c.ctx.row_offset = 2;
-                        c.ctx.rows = 2;
-                        return c;
-                      }(),
-                      [] {
-                        Case c = Dropout(Shape("inference", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}));
-                        c.ctx.training = false;
-                        return c;
-                      }()),
+    ::testing::Values(
+        Dropout(Shape("plain", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
+        Dropout(Shape("d64_s256", {2, 4, 256, 64}, {2, 4, 256, 64}, {2, 4, 256, 64})),
+        Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 32}, {2, 2, 100, 32}, {2, 2, 100, 32}),
+                                {2, 1, 1, 100}, DType::kBool))),
+        Dropout(Shape("kv_head1", {2, 4, 70, 32}, {2, 1, 90, 32}, {2, 1, 90, 32})),
+        Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+        Dropout(Shape("ratio_half", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 0.5),
+        Dropout(Shape("ratio_one", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}), 1.0),
+        [] {
+          // Micro-batch 2 of 4 rows: counters start at 2 * Sq * Sk * heads.
+          Case c = Dropout(Shape("micro_batch", {2, 2, 45, 16}, {2, 2, 51, 16}, {2, 2, 51, 16}));
+          c.ctx.row_offset = 2;
+          c.ctx.rows = 2;
+          return c;
+        }(),
+        [] {
+          Case c = Dropout(Shape("inference", {2, 2, 40, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}));
+          c.ctx.training = false;
+          return c;
+        }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // The bench shape's forward+backward in one test that exercises many tiles (GEMM-sized work).
@@ -426,70 +404,70 @@ TEST_P(FlashAttentionBf16Test, ForwardAndBackwardMatchTheCpuInFp32) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashAttentionBf16Test,
-    ::testing::Values(Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
-                      Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
-                      Shape("d32_in_tile64", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
-                      Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
-                      Shape("d64_dv128", {1, 2, 70, 64}, {1, 2, 80, 64}, {1, 2, 80, 128}),
-                      Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
-                      Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
-                      Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
-                      Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
-                      [] {
-                        Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64});
-                        c.absent_grads = {0};
-                        return c;
-                      }(),
-                      [] {
-                        Case c = Shape("only_dq", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128});
-                        c.absent_grads = {1, 2};
-                        return c;
-                      }(),
-                      WithMask(Shape("additive_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
-                               {3, 1, 1, 90}, DType::kF32),
-                      WithMask(Shape("additive_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}),
-                               {2, 2, 70, 90}, DType::kF32),
-                      WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}),
-                               {2, 1, 33, 1}, DType::kF32, /*masked_row=*/false),
-                      WithMask(Shape("bool_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
-                               {3, 1, 1, 90}, DType::kBool),
-                      WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90},
-                               DType::kBool),
-                      Causal(Shape("causal_square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
-                      Causal(Shape("causal_more_queries", {2, 2, 150, 128}, {2, 2, 70, 128}, {2, 2, 70, 128})),
-                      Causal(Shape("causal_more_keys", {2, 2, 70, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
-                      Causal(WithMask(Shape("causal_additive", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
-                                      {2, 1, 1, 100}, DType::kF32))),
+    ::testing::Values(
+        Shape("d64", {2, 2, 100, 64}, {2, 2, 190, 64}, {2, 2, 190, 64}),
+        Shape("d128", {2, 1, 90, 128}, {2, 1, 150, 128}, {2, 1, 150, 128}),
+        Shape("d32_in_tile64", {1, 2, 129, 32}, {1, 2, 64, 32}, {1, 2, 64, 32}),
+        Shape("d80_dv24", {2, 2, 66, 80}, {2, 2, 40, 80}, {2, 2, 40, 24}),
+        Shape("d64_dv128", {1, 2, 70, 64}, {1, 2, 80, 64}, {1, 2, 80, 128}),
+        Shape("d10_dv7_unvectorised", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7}),
+        Shape("rank3", {4, 50, 24}, {4, 60, 24}, {4, 60, 24}),
+        Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
+        Shape("kv_rank2", {2, 3, 30, 16}, {45, 16}, {45, 16}),
+        [] {
+          Case c = Shape("kv_head1_only_dkdv", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64});
+          c.absent_grads = {0};
+          return c;
+        }(),
+        [] {
+          Case c = Shape("only_dq", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128});
+          c.absent_grads = {1, 2};
+          return c;
+        }(),
+        WithMask(Shape("additive_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}), {3, 1, 1, 90},
+                 DType::kF32),
+        WithMask(Shape("additive_full_d128", {2, 2, 70, 128}, {2, 2, 90, 128}, {2, 2, 90, 128}), {2, 2, 70, 90},
+                 DType::kF32),
+        WithMask(Shape("additive_row_broadcast", {2, 2, 33, 16}, {2, 2, 65, 16}, {2, 2, 65, 16}), {2, 1, 33, 1},
+                 DType::kF32, /*masked_row=*/false),
+        WithMask(Shape("bool_key_padding", {3, 2, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}), {3, 1, 1, 90},
+                 DType::kBool),
+        WithMask(Shape("bool_shared", {2, 2, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}), {1, 1, 70, 90}, DType::kBool),
+        Causal(Shape("causal_square", {2, 2, 150, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+        Causal(Shape("causal_more_queries", {2, 2, 150, 128}, {2, 2, 70, 128}, {2, 2, 70, 128})),
+        Causal(Shape("causal_more_keys", {2, 2, 70, 64}, {2, 2, 150, 64}, {2, 2, 150, 64})),
+        Causal(WithMask(Shape("causal_additive", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}), {2, 1, 1, 100},
+                        DType::kF32))),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Dropout, FlashAttentionBf16Test,
-    ::testing::Values(Dropout(Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
-                      Dropout(Shape("d128_s256", {2, 2, 256, 128}, {2, 2, 256, 128}, {2, 2, 256, 128})),
-                      Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
-                                              {2, 1, 1, 100}, DType::kBool))),
-                      Dropout(Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64})),
-                      Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
-                      Dropout(Shape("ratio_one", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}), 1.0),
-                      [] {
-                        Case c = Dropout(Shape("micro_batch", {2, 2, 45, 64}, {2, 2, 51, 64}, {2, 2, 51, 64}));
-                        c.ctx.row_offset = 2;
-                        c.ctx.rows = 2;
-                        return c;
-                      }(),
-                      [] {
-                        Case c = Dropout(Shape("inference", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}));
-                        c.ctx.training = false;
-                        return c;
-                      }()),
+    ::testing::Values(
+        Dropout(Shape("plain", {2, 2, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
+        Dropout(Shape("d128_s256", {2, 2, 256, 128}, {2, 2, 256, 128}, {2, 2, 256, 128})),
+        Dropout(Causal(WithMask(Shape("causal_masked", {2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}),
+                                {2, 1, 1, 100}, DType::kBool))),
+        Dropout(Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64})),
+        Dropout(Shape("odd_sk_off_blocks", {2, 2, 33, 10}, {2, 2, 29, 10}, {2, 2, 29, 7})),
+        Dropout(Shape("ratio_one", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}), 1.0),
+        [] {
+          Case c = Dropout(Shape("micro_batch", {2, 2, 45, 64}, {2, 2, 51, 64}, {2, 2, 51, 64}));
+          c.ctx.row_offset = 2;
+          c.ctx.rows = 2;
+          return c;
+        }(),
+        [] {
+          Case c = Dropout(Shape("inference", {2, 2, 40, 64}, {2, 2, 50, 64}, {2, 2, 50, 64}));
+          c.ctx.training = false;
+          return c;
+        }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-INSTANTIATE_TEST_SUITE_P(Large, FlashAttentionBf16Test,
-                         ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64},
-                                                        {4, 8, 384, 64})),
-                                           Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128},
-                                                 {4, 8, 320, 128})),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Large, FlashAttentionBf16Test,
+    ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64}, {4, 8, 384, 64})),
+                      Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128}, {4, 8, 320, 128})),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Elements where exactly one of got and want is zero (none: success), with the first few named.
 ::testing::AssertionResult SameZeros(const Tensor& got, const Tensor& want) {
@@ -523,7 +501,7 @@ TEST_F(FlashAttentionBackendTest, Bf16DropoutDropsTheCpusElements) {
       if (causal) attrs.Set("causal", int64_t{1});
       const backend::ExecContext ctx = {.training = true, .seed = 7, .offset = 2};
       ir::Graph g, grad_g;
-      const ir::Node& node = AddNode(g, ir::OpKind::kAttention, "attn", in, attrs, 1, {});
+      const ir::Node& node = AddTypedNode(g, ir::OpKind::kAttention, "attn", in, attrs, 1, {});
       absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, ToF32(in), ctx);
       ASSERT_TRUE(want.ok()) << want.status();
       const std::vector<Tensor> got = RunOnDevice(node, in, ctx);
@@ -533,7 +511,7 @@ TEST_F(FlashAttentionBackendTest, Bf16DropoutDropsTheCpusElements) {
       ir::Attrs grad_attrs = attrs;
       grad_attrs.Set("rng_key", std::string("attn"));
       const std::vector<Tensor> grad_in = ToBf16({eye, zeros, zeros, eye});
-      const ir::Node& grad = AddNode(grad_g, ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, {});
+      const ir::Node& grad = AddTypedNode(grad_g, ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, {});
       absl::StatusOr<std::vector<Tensor>> grad_want = backend::MakeCpuBackend()->Run(grad, ToF32(grad_in), ctx);
       ASSERT_TRUE(grad_want.ok()) << grad_want.status();
       const std::vector<Tensor> grad_got = RunOnDevice(grad, grad_in, ctx);
@@ -646,8 +624,8 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
   absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(bc);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, false, false), 0);
-  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);          // 3 x 2 x 4 floats
-  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);    // + 2 x 5 x 8 floats
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);        // 3 x 2 x 4 floats
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);  // + 2 x 5 x 8 floats
 }
 
 TEST(FlashAttentionPlanTest, Bf16TakesTileWidths64And128AndFp32Statistics) {

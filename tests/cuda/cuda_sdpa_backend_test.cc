@@ -64,27 +64,6 @@ class SdpaBackendTest : public ::testing::Test {
     be_ = *be;
   }
 
-  // `op` on values typed as `inputs` (absent ones skipped), outputs absent at `absent`.
-  static const ir::Node& AddNode(ir::Graph& g, ir::OpKind op, const std::string& name,
-                                 const std::vector<Tensor>& inputs, const ir::Attrs& attrs, int num_outputs,
-                                 const std::vector<int>& absent = {}) {
-    std::vector<ir::ValueId> in_ids, out_ids;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!inputs[i].defined()) {
-        in_ids.push_back(ir::kNoValue);
-        continue;
-      }
-      const Tensor& t = inputs[i];
-      in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
-    }
-    for (int k = 0; k < num_outputs; ++k) {
-      const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
-      out_ids.push_back(gone ? ir::kNoValue
-                             : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
-    }
-    return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
-  }
-
   // `op` on the GPU, on the device and through cuDNN (one more cuDNN run, no host fallback):
   // outputs as fp32 host tensors (undefined where absent). Planned: a workspace of exactly what
   // WorkspaceBytes reports.
@@ -92,7 +71,7 @@ class SdpaBackendTest : public ::testing::Test {
                                   const ir::Attrs& attrs, int num_outputs, const backend::ExecContext& ctx,
                                   bool planned, const std::vector<int>& absent = {}) {
     ir::Graph g;
-    const ir::Node& node = AddNode(g, op, name, inputs, attrs, num_outputs, absent);
+    const ir::Node& node = AddTypedNode(g, op, name, inputs, attrs, num_outputs, absent);
     std::vector<Tensor> dev_in;
     for (const Tensor& t : inputs) {
       if (!t.defined()) {
@@ -162,7 +141,7 @@ TEST_P(SdpaMatchesTheCpuTest, ForwardAndBackwardInBf16MatchTheCpuInFp32) {
   const backend::ExecContext ctx = {.training = true, .seed = 7, .offset = 2};
   ir::Graph ref_fwd;
   absl::StatusOr<std::vector<Tensor>> want_o =
-      backend::MakeCpuBackend()->Run(AddNode(ref_fwd, ir::OpKind::kAttention, "attn", ref, attrs, 1), ref, ctx);
+      backend::MakeCpuBackend()->Run(AddTypedNode(ref_fwd, ir::OpKind::kAttention, "attn", ref, attrs, 1), ref, ctx);
   ASSERT_TRUE(want_o.ok()) << want_o.status();
 
   ir::Attrs grad_attrs = attrs;
@@ -172,7 +151,8 @@ TEST_P(SdpaMatchesTheCpuTest, ForwardAndBackwardInBf16MatchTheCpuInFp32) {
   const std::vector<Tensor> grad_ref = Cast(grad_in, DType::kBF16, DType::kF32);
   ir::Graph ref_g;
   absl::StatusOr<std::vector<Tensor>> want_grads = backend::MakeCpuBackend()->Run(
-      AddNode(ref_g, ir::OpKind::kAttentionGrad, "attn_grad", grad_ref, grad_attrs, 3, c.absent_grads), grad_ref, ctx);
+      AddTypedNode(ref_g, ir::OpKind::kAttentionGrad, "attn_grad", grad_ref, grad_attrs, 3, c.absent_grads), grad_ref,
+      ctx);
   ASSERT_TRUE(want_grads.ok()) << want_grads.status();
 
   for (bool planned : {false, true}) {
@@ -401,7 +381,7 @@ TEST(SdpaSelectionTest, AutoTakesCudnnForBf16AndFlashForFp32) {
     std::vector<Tensor> in;
     for (uint32_t s = 1; s <= 3; ++s) in.push_back(Rand(DType::kF32, {2, 2, 64, 64}, s, -1, 1).CastTo(dtype));
     ir::Graph g;
-    const ir::Node& node = SdpaBackendTest::AddNode(g, ir::OpKind::kAttention, "attn", in, {}, 1);
+    const ir::Node& node = AddTypedNode(g, ir::OpKind::kAttention, "attn", in, {}, 1);
     std::vector<Tensor> dev;
     for (const Tensor& t : in) dev.push_back(*(*be)->Upload(t));
     const std::map<std::string, int64_t> before = (*be)->AttentionRuns();
@@ -418,7 +398,7 @@ TEST_F(SdpaBackendTest, CudnnNamesANodeItCannotRun) {
   std::vector<Tensor> in;
   for (uint32_t s = 1; s <= 3; ++s) in.push_back(Rand(DType::kF32, {1, 2, 16, 16}, s, -1, 1));
   ir::Graph g;
-  const ir::Node& node = AddNode(g, ir::OpKind::kAttention, "layer3_attn", in, {}, 1);
+  const ir::Node& node = AddTypedNode(g, ir::OpKind::kAttention, "layer3_attn", in, {}, 1);
   std::vector<Tensor> dev;
   for (const Tensor& t : in) dev.push_back(*be_->Upload(t));
   absl::StatusOr<std::vector<Tensor>> o = be_->Run(node, dev, {.training = true}, nullptr);

@@ -1,16 +1,18 @@
-// A planned executor's allocator for the CUDA kernel tests: outputs from the backend, a workspace of
-// exactly `reserved` bytes (asking for more is the error a real plan gives), views when `share` is
-// set. Memory a kernel must write before reading is poisoned with 0xFF bytes (NaN in every float
-// dtype): the workspace, unzeroed outputs (AllocateUninitialized), and with `poison_outputs` every
-// output, so an element the kernel forgets shows.
+// Graph-level helpers of the CUDA backend tests. A planned executor's allocator for the CUDA kernel tests: outputs from
+// the backend, a workspace of exactly `reserved` bytes (asking for more is the error a real plan gives), views when
+// `share` is set. Memory a kernel must write before reading is poisoned with 0xFF bytes (NaN in every float dtype): the
+// workspace, unzeroed outputs (AllocateUninitialized), and with `poison_outputs` every output, so an element the kernel
+// forgets shows.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "executor/backend/backend.h"
+#include "frontend/ir/graph.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda::testing {
@@ -52,5 +54,27 @@ class PlannedOutputs : public ir::OutputAllocator {
   const bool share_, poison_outputs_;
   std::shared_ptr<uint8_t> buffer_;
 };
+
+// Adds `op` to `g` on fresh values typed as `inputs` (undefined inputs become absent ones), with
+// `num_outputs` outputs of inputs[1]'s dtype and unknown shape, absent at the indices in `absent`.
+inline const ir::Node& AddTypedNode(ir::Graph& g, ir::OpKind op, const std::string& name,
+                                    const std::vector<ir::Tensor>& inputs, const ir::Attrs& attrs, int num_outputs,
+                                    const std::vector<int>& absent = {}) {
+  std::vector<ir::ValueId> in_ids, out_ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      in_ids.push_back(ir::kNoValue);
+      continue;
+    }
+    const ir::Tensor& t = inputs[i];
+    in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
+  }
+  for (int k = 0; k < num_outputs; ++k) {
+    const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
+    out_ids.push_back(gone ? ir::kNoValue
+                           : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
+  }
+  return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
+}
 
 }  // namespace onnxpipe::cuda::testing
