@@ -122,10 +122,9 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
   fs.Int("stages", &f.stages,
-         "pipeline stages K (threads over the in-process comm), cut by the partitioner at "
-         "fixed K (what `onnxpipe partition --stages K` would write); 0: one stage, not pipelined. Every other flag "
-         "(--eval, "
-         "--tensorboard, --checkpoint-dir, --resume, ...) works pipelined too");
+         "pipeline stages K (threads over the in-process comm), cut by the partitioner at fixed K (what `onnxpipe "
+         "partition --stages K` would write); 0: one stage, not pipelined. Every other flag (--eval, --tensorboard, "
+         "--checkpoint-dir, --resume, ...) works pipelined too");
   fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
   fs.String("schedule", &f.schedule, "pipeline schedule: gpipe | 1f1b (with --stages/--plan)");
   fs.String("recompute", &f.recompute, "none | full | selective | auto (the partitioner's rule for each)");
