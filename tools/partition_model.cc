@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<TrainingGraphs>> TrainingGraphs::Open(const std::
 }
 
 absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
-  if (auto it = trainers_.find(microbatch); it != trainers_.end()) return &it->second->graph();
-  trainers_.clear();
+  if (auto it = graphs_.find(microbatch); it != graphs_.end()) return &it->second.graph;
+  graphs_.clear();
   // Bind the batch (and sequence) dims, fold and fuse: a fresh copy of the imported graph.
   Model m;
   m.imported = model_.imported;
@@ -37,8 +37,6 @@ absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
 
   train::TrainOptions to;
   to.batch = microbatch;
-  to.steps = 1;
-  to.lr = 1e-3;  // the partitioner never runs the step; the schedule only needs a valid rate
   ASSIGN_OR_RETURN(to.optimizer.kind, autodiff::ParseOptimizerKind(options_.optimizer));
   to.optimizer.momentum = options_.momentum;
   to.optimizer.clip_norm = options_.clip_norm;
@@ -53,11 +51,8 @@ absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
   to.labels = options_.labels;
   to.freeze_regex = options_.freeze;
   to.dtype = options_.dtype;
-  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, to));
-  auto owned = std::make_unique<train::Trainer>(std::move(trainer));
-  const ir::Graph* g = &owned->graph();
-  trainers_.emplace(microbatch, std::move(owned));
-  return g;
+  ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, to));
+  return &graphs_.emplace(microbatch, std::move(tg)).first->second.graph;
 }
 
 }  // namespace onnxpipe::tools

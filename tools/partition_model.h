@@ -1,5 +1,5 @@
 // What `onnxpipe partition` and `onnxpipe profile` share: the training graph of one micro-batch,
-// built the way `onnxpipe train` builds it (executor/train's Trainer: mixed precision for bf16, loss,
+// built the way `onnxpipe train` builds it (executor/train's BuildTrainingGraph: mixed precision for bf16, loss,
 // gradients, global norm, optimizer update) from a model imported once and bound to the micro-batch size.
 #pragma once
 
@@ -10,21 +10,21 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 #include "frontend/ir/graph.h"
 #include "tools/model.h"
 
 namespace onnxpipe::tools {
 
 struct TrainingGraphOptions {
-  int64_t seq = 0;                  // 0: leave the sequence dim as exported
-  std::string optimizer = "sgd";    // sgd | adamw
-  double momentum = 0;              // SGD momentum (adds a momentum buffer per parameter)
-  double clip_norm = 0;             // global-norm clipping
-  std::string logits;               // default: the model's only output
+  int64_t seq = 0;                // 0: leave the sequence dim as exported
+  std::string optimizer = "sgd";  // sgd | adamw
+  double momentum = 0;            // SGD momentum (adds a momentum buffer per parameter)
+  double clip_norm = 0;           // global-norm clipping
+  std::string logits;             // default: the model's only output
   std::string labels = "labels";
-  std::string freeze;               // regex of initializers not trained
-  std::string train_only;           // regex of the only initializers trained (autodiff/trainable.h)
+  std::string freeze;                 // regex of initializers not trained
+  std::string train_only;             // regex of the only initializers trained (autodiff/trainable.h)
   ir::DType dtype = ir::DType::kF32;  // kF32 | kBF16: the training graph `train --dtype` builds
 };
 
@@ -45,7 +45,7 @@ class TrainingGraphs {
   std::string path_;
   TrainingGraphOptions options_;
   Model model_;
-  std::map<int64_t, std::unique_ptr<train::Trainer>> trainers_;
+  std::map<int64_t, train::TrainingGraph> graphs_;
 };
 
 }  // namespace onnxpipe::tools

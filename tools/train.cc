@@ -1,6 +1,6 @@
-// onnxpipe train: trains a model from its ONNX file on the CPU backend (executor/train), or pipelined over stages
-// (executor/pipeline). This file owns the flags and the order of the run: data, trainer, resume, loop
-// (tools/train_loop.h), evaluation, --save.
+// onnxpipe train: trains a model from its ONNX file through the stage executor (executor/pipeline): one stage on
+// the CPU backend by default, or pipelined over stages. This file owns the flags and the order of the run: data,
+// trainer, resume, loop (tools/train_loop.h), evaluation, --save.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -15,7 +15,7 @@
 #include "executor/train/evaluate.h"
 #include "executor/train/metrics.h"
 #include "executor/train/train_checkpoint.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 #include "frontend/autodiff/trainable.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/writer.h"
@@ -42,7 +42,7 @@ struct Flags {
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
   bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
-  bool shuffle_given = false;  // --shuffle or --no-shuffle on the command line (else the data format decides)
+  bool shuffle_given = false;            // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
   bool tf32 = false;
@@ -80,11 +80,14 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Double("label-smoothing", &f.label_smoothing, "cross-entropy label smoothing in [0, 1]");
   fs.Int("ignore-index", &f.ignore_index, "label value that contributes no loss");
   fs.String("metrics", &f.metrics, "write one JSON line per step here (and the --eval line)");
-  fs.Int("log-every", &f.log_every, "without a terminal, print a progress line every N steps (a terminal gets "
+  fs.Int("log-every", &f.log_every,
+         "without a terminal, print a progress line every N steps (a terminal gets "
          "one line rewritten every step)");
-  fs.String("tensorboard", &f.tensorboard, "also write loss, lr, grad_norm, samples_per_s (and --eval) as "
+  fs.String("tensorboard", &f.tensorboard,
+            "also write loss, lr, grad_norm, samples_per_s (and --eval) as "
             "TensorBoard scalars into this folder");
-  fs.Bool("eval", &f.eval, "after training, evaluate the test split (dropout off) and report "
+  fs.Bool("eval", &f.eval,
+          "after training, evaluate the test split (dropout off) and report "
           "{\"split\": \"test\", \"accuracy\": A, \"loss\": L}");
   fs.String("save", &f.save, "write the trained model to this .onnx file at the end (the model's dtypes)");
   fs.String("save-external-data", &f.save_external,
@@ -95,14 +98,17 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Int("checkpoint-every", &f.checkpoint_every, "checkpoint every N steps (and always at the end and on SIGINT)");
   fs.Int("keep-checkpoints", &f.keep_checkpoints, "keep the newest N checkpoints (0: all)");
   fs.Bool("resume", &f.resume, "continue from --checkpoint-dir's latest checkpoint");
-  fs.String("backend", &f.backend, "cpu | cuda | checked. cuda: GPU --device through the stage executor (ops "
+  fs.String("backend", &f.backend,
+            "cpu | cuda | checked. cuda: GPU --device through the stage executor (ops "
             "without a CUDA kernel yet run on the host and are listed at the end); checked: the CPU kernels over "
             "memory the host must not touch (tests)");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
-  fs.Bool("tf32", &f.tf32, "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
+  fs.Bool("tf32", &f.tf32,
+          "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
   DeclareCudaAttentionFlag(fs, &f.cuda_attention);
-  fs.String("dtype", &f.dtype, "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
+  fs.String("dtype", &f.dtype,
+            "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
   fs.String("freeze", &f.freeze,
             "regex of initializer names not to train, besides the buffers and exporter constants found by the rule "
@@ -111,18 +117,21 @@ void Declare(FlagSet& fs, Flags& f) {
             "regex of the initializer names to train, overriding the rule: every other initializer is frozen "
             "(--freeze still wins)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
-  fs.Bool("shuffle", &f.shuffle, "visit the rows in a seeded random order per epoch (default: on for text data, "
+  fs.Bool("shuffle", &f.shuffle,
+          "visit the rows in a seeded random order per epoch (default: on for text data, "
           "aclimdb and tsv, which are often grouped by class; off for npy, rows in file order); --no-shuffle: file "
           "order");
   fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
-  fs.Int("stages", &f.stages, "pipeline stages K (threads over the in-process comm), cut by the partitioner at "
-         "fixed K (what `onnxpipe partition --stages K` would write); 0: not pipelined. Every other flag (--eval, "
-         "--tensorboard, --checkpoint-dir, --resume, ...) works pipelined too");
+  fs.Int("stages", &f.stages,
+         "pipeline stages K (threads over the in-process comm), cut by the partitioner at fixed K (what `onnxpipe "
+         "partition --stages K` would write); 0: one stage, not pipelined. Every other flag (--eval, --tensorboard, "
+         "--checkpoint-dir, --resume, ...) works pipelined too");
   fs.Int("microbatches", &f.microbatches, "micro-batches M per step (--batch divisible by M)");
   fs.String("schedule", &f.schedule, "pipeline schedule: gpipe | 1f1b (with --stages/--plan)");
   fs.String("recompute", &f.recompute, "none | full | selective | auto (the partitioner's rule for each)");
-  fs.String("plan", &f.plan, "run the plan `onnxpipe partition --out DIR` wrote, as written (stages, node order, "
+  fs.String("plan", &f.plan,
+            "run the plan `onnxpipe partition --out DIR` wrote, as written (stages, node order, "
             "recompute regions, actions); a plan that cannot run is an error naming the problem");
   fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
 }
@@ -168,7 +177,8 @@ int64_t ExternalThreshold(const std::string& mode, const std::map<std::string, i
   if (mode == "always") return 0;
   int64_t total = 0;
   for (int32_t v = 0; v < imported.num_values(); ++v) {
-    if (imported.value(v).is_initializer && imported.value(v).constant) total += imported.value(v).constant->num_bytes();
+    if (imported.value(v).is_initializer && imported.value(v).constant)
+      total += imported.value(v).constant->num_bytes();
   }
   return total >= (int64_t{1} << 30) ? 1024 : -1;
 }
@@ -193,8 +203,8 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
 }
 
 absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer, const TrainData& data,
-                      const train::TrainOptions& options, train::MetricsWriter* metrics,
-                      io::TensorBoardWriter* tensorboard) {
+                           const train::TrainOptions& options, train::MetricsWriter* metrics,
+                           io::TensorBoardWriter* tensorboard) {
   train::EvalOptions eo;
   eo.logits = options.logits;
   eo.labels = options.labels;
@@ -207,23 +217,33 @@ absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer
   if (metrics) RETURN_IF_ERROR(metrics->WriteLine(line));
   if (tensorboard) {
     RETURN_IF_ERROR(tensorboard->AddScalars(trainer.step(), {{"test/accuracy", static_cast<float>(r.accuracy)},
-                                                            {"test/loss", static_cast<float>(r.loss)}}));
+                                                             {"test/loss", static_cast<float>(r.loss)}}));
   }
   return absl::OkStatus();
 }
 
-// Returns the process exit code on success: 0, or 130 when SIGINT stopped the run.
-// The static plan against what the steps measured (the arena executor hands out planned slots only).
-void PrintMemory(const train::Trainer& trainer) {
-  if (!trainer.memory_plan()) return;
-  const partitioner::MemoryPlan& p = *trainer.memory_plan();
-  const runtime::ArenaStats& m = trainer.measured_memory();
-  std::printf("memory: arena %lld bytes planned, high-water %lld; workspace %lld planned, high-water %lld; "
-              "parameters %lld, gradients %lld, optimizer state %lld; off-plan allocations %lld\n",
-              static_cast<long long>(p.arena_bytes), static_cast<long long>(m.arena_high_water),
-              static_cast<long long>(p.workspace_bytes), static_cast<long long>(m.workspace_high_water),
-              static_cast<long long>(p.parameter_bytes), static_cast<long long>(p.gradient_bytes),
-              static_cast<long long>(p.optimizer_state_bytes), static_cast<long long>(m.off_plan_allocations));
+// A one-stage run's memory: the stage's static layout (what `onnxpipe partition --stages 1` predicts) against the
+// high-water marks the steps measured. Every kernel writes into its planned slot, so they are equal.
+void PrintMemory(const pipeline::PipelineTrainer& trainer) {
+  const pipeline::PipelineExecutor& ex = trainer.executor();
+  if (ex.program().num_stages != 1 || trainer.results().empty()) return;
+  const pipeline::StageMemoryPrediction p = pipeline::PredictStageMemory(ex.program().stages[0], ex.layout(0));
+  pipeline::StageMeasure m;
+  for (const pipeline::PipelineStepResult& r : trainer.results()) {
+    const pipeline::StageMeasure& s = r.stages[0];
+    m.arena_bytes = std::max(m.arena_bytes, s.arena_bytes);
+    m.workspace_bytes = std::max(m.workspace_bytes, s.workspace_bytes);
+    m.accumulator_bytes = std::max(m.accumulator_bytes, s.accumulator_bytes);
+    m.optimizer_scratch_bytes = std::max(m.optimizer_scratch_bytes, s.optimizer_scratch_bytes);
+  }
+  std::printf(
+      "memory: arena %lld bytes planned, high-water %lld; workspace %lld planned, high-water %lld; "
+      "gradients %lld planned, high-water %lld; parameters %lld, optimizer state %lld; optimizer scratch "
+      "%lld\n",
+      static_cast<long long>(p.arena), static_cast<long long>(m.arena_bytes), static_cast<long long>(p.workspace),
+      static_cast<long long>(m.workspace_bytes), static_cast<long long>(p.accumulators),
+      static_cast<long long>(m.accumulator_bytes), static_cast<long long>(p.parameters),
+      static_cast<long long>(p.optimizer_state), static_cast<long long>(m.optimizer_scratch_bytes));
 }
 
 // From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
@@ -307,35 +327,22 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   ModelOptions mo;
   mo.batch = f.batch;
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
-  // Another backend than the CPU reference runs through the stage executor (one stage unless asked).
+  // Every run goes through the stage executor: one stage unless pipelining is asked for.
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu";
   ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be,
                    BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
-  std::unique_ptr<train::StepTrainer> trainer;
-  pipeline::PipelineTrainer* piped = nullptr;  // pipelined: its description and --report
-  const train::Trainer* plain = nullptr;       // unpartitioned: its memory plan
-  if (pipelined) {
-    pipeline::PipelineTrainOptions po;
-    po.schedule = f.schedule;
-    po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
-    po.microbatches = static_cast<int32_t>(f.microbatches);
-    po.recompute = f.recompute;
-    po.plan_dir = f.plan;
-    po.report_dir = f.report;
-    po.backend = be;
-    ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> p,
-                     pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
-    piped = p.get();
-    trainer = std::move(p);
-  }
-  // --eval runs the whole forward graph (batch B) with the trained parameters, whichever trainer made them.
-  if (!pipelined || f.eval) RETURN_IF_ERROR(PrepareModel(model, mo));
-  if (!pipelined) {
-    ASSIGN_OR_RETURN(train::Trainer t, train::Trainer::Create(*model.graph, options));
-    auto u = std::make_unique<train::Trainer>(std::move(t));
-    plain = u.get();
-    trainer = std::move(u);
-  }
+  pipeline::PipelineTrainOptions po;
+  po.schedule = f.schedule;
+  po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
+  po.microbatches = static_cast<int32_t>(f.microbatches);
+  po.recompute = f.recompute;
+  po.plan_dir = f.plan;
+  po.report_dir = f.report;
+  po.backend = be;
+  ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> trainer,
+                   pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
+  // --eval runs the whole forward graph (batch B) with the trained parameters.
+  if (f.eval) RETURN_IF_ERROR(PrepareModel(model, mo));
   if (!trainer->unreachable_parameters().empty()) {
     std::string names;
     for (const std::string& n : trainer->unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
@@ -366,8 +373,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   if (resume_from) {
     ASSIGN_OR_RETURN(std::vector<std::string> warnings, train::RestoreCheckpoint(*resume_from, run, *trainer));
     for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-    std::printf("resumed from %s at step %lld\n", resume_from->path.c_str(),
-                static_cast<long long>(trainer->step()));
+    std::printf("resumed from %s at step %lld\n", resume_from->path.c_str(), static_cast<long long>(trainer->step()));
   }
 
   std::optional<train::MetricsWriter> metrics;
@@ -386,7 +392,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps, %s%s\n", model_path.c_str(),
               static_cast<long long>(trainer->num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
               static_cast<long long>(f.batch), static_cast<long long>(f.steps), order.c_str(),
-              piped ? (", pipelined: " + piped->Describe()).c_str() : "");
+              pipelined ? (", pipelined: " + trainer->Describe()).c_str() : "");
   std::fflush(stdout);
   TrainLoop loop;
   loop.steps = f.steps;
@@ -402,12 +408,12 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
                             : "stopped; nothing saved (no --checkpoint-dir)\n");
     return 130;
   }
-  if (plain) PrintMemory(*plain);
+  PrintMemory(*trainer);
   if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   if (const std::string mem = BackendMemorySummary(*be); !mem.empty()) std::printf("%s\n", mem.c_str());
-  if (piped && !f.report.empty()) {
-    RETURN_IF_ERROR(piped->WriteReport());
+  if (!f.report.empty()) {
+    RETURN_IF_ERROR(trainer->WriteReport());
     std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
                 f.report.c_str());
   }
@@ -456,8 +462,7 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
 
 int RunTrain(const Args& args) {
   Flags f;
-  FlagSet fs("train",
-             "MODEL.onnx --data DIR --batch B --steps N --optimizer sgd|adamw --lr X [flags]",
+  FlagSet fs("train", "MODEL.onnx --data DIR --batch B --steps N --optimizer sgd|adamw --lr X [flags]",
              "Trains the model on the CPU backend (or --backend cuda): forward, mean cross-entropy between\n"
              "--logits and the labels, backward, optional global-norm clipping, then an SGD or AdamW update per\n"
              "step. Step k uses data rows (k*B + j) mod N, j = 0..B-1: in file order (npy data's default,\n"

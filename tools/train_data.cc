@@ -6,7 +6,7 @@
 
 #include "executor/text/datasets.h"
 #include "executor/train/text_data.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 #include "frontend/ir/status.h"
 #include "tools/model.h"
 

@@ -105,9 +105,12 @@ std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std
 
 const char* StepPhaseName(StepPhase p) {
   switch (p) {
-    case StepPhase::kForward: return "forward";
-    case StepPhase::kBackward: return "backward";
-    case StepPhase::kPost: return "optimizer";
+    case StepPhase::kForward:
+      return "forward";
+    case StepPhase::kBackward:
+      return "backward";
+    case StepPhase::kPost:
+      return "optimizer";
   }
   return "?";
 }
@@ -189,13 +192,19 @@ class PipelineExecutor::StageRun {
         case ActionKind::kRecvGradient:
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_backward.at(a.peer), "B"));
           break;
-        case ActionKind::kForward: RETURN_IF_ERROR(Forward(a.microbatch)); break;
+        case ActionKind::kForward:
+          RETURN_IF_ERROR(Forward(a.microbatch));
+          break;
         case ActionKind::kBackward:
-        case ActionKind::kRecompute: RETURN_IF_ERROR(Backward(a.microbatch, a.part)); break;
+        case ActionKind::kRecompute:
+          RETURN_IF_ERROR(Backward(a.microbatch, a.part));
+          break;
         case ActionKind::kSendActivation:
         case ActionKind::kSendGradient:
           break;  // sent eagerly by the compute action (see the file comment)
-        case ActionKind::kOptimizerStep: RETURN_IF_ERROR(Post()); break;
+        case ActionKind::kOptimizerStep:
+          RETURN_IF_ERROR(Post());
+          break;
       }
     }
     const StageArenaStats& st = arena_.stats();
@@ -226,8 +235,12 @@ class PipelineExecutor::StageRun {
   backend::ExecContext Context(int32_t m) const {
     // The trainer's stream (offset = step) at the micro-batch's rows: masks are the full batch's.
     const int64_t rows = ex_.microbatch_size_;
-    return backend::ExecContext{ex_.options_.dropout, ex_.options_.seed, static_cast<uint64_t>(feeds_.step),
-                                m >= 0 ? m * rows : 0, rows, stream_};
+    return backend::ExecContext{ex_.options_.dropout,
+                                ex_.options_.seed,
+                                static_cast<uint64_t>(feeds_.step),
+                                m >= 0 ? m * rows : 0,
+                                rows,
+                                stream_};
   }
   std::string Where(int32_t m, StepPhase ph) const {
     std::string s = "stage " + std::to_string(sp_.stage);
@@ -257,7 +270,7 @@ class PipelineExecutor::StageRun {
       t.values[v] = ir::Tensor::DimsOnly(x.dtype(), x.dims());
       return absl::OkStatus();
     }
-    if (x.address() != nullptr && x.address() == arena_.Address(v, m)) {
+    if (x.address() != nullptr && x.address() == Planned(v, m)) {
       t.values[v] = x;
       return absl::OkStatus();
     }
@@ -265,6 +278,13 @@ class PipelineExecutor::StageRun {
     if (x.num_bytes() > 0) RETURN_IF_ERROR(x.on_host() ? be_.FromHost(x, slot, stream_) : be_.Copy(x, slot, stream_));
     t.values[v] = std::move(slot);
     return absl::OkStatus();
+  }
+  // Where micro-batch m's value v lives: its arena slot, or, for a view the plan makes of a constant (a parameter
+  // reshaped, say), the constant's storage; null when the plan gives it neither.
+  const void* Planned(ir::ValueId v, int32_t m) const {
+    if (const uint8_t* at = arena_.Address(v, m)) return at;
+    const ir::ValueId root = arena_.layout().plan(m).values[v].buffer;
+    return root != v && sp_.graph.value(root).constant ? sp_.graph.value(root).constant->address() : nullptr;
   }
   // One use of v is done; `shape_only`: the use read only its dims.
   void Release(Table& t, ir::ValueId v, bool shape_only = false) {
@@ -312,9 +332,9 @@ class PipelineExecutor::StageRun {
     for (ir::ValueId v : values) {
       const ir::Value& val = sp_.graph.value(v);
       ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(val));
-      absl::StatusOr<ir::Tensor> buffer =
-          arena_.Address(v, m) != nullptr ? arena_.Slot(v, m, val.dtype, dims, "received value", /*zero=*/false)
-                                          : be_.Zeros(val.dtype, dims, stream_);
+      absl::StatusOr<ir::Tensor> buffer = arena_.Address(v, m) != nullptr
+                                              ? arena_.Slot(v, m, val.dtype, dims, "received value", /*zero=*/false)
+                                              : be_.Zeros(val.dtype, dims, stream_);
       if (!buffer.ok()) return Annotate(buffer.status(), where + ": receiving '" + val.name + "'");
       into.push_back(*std::move(buffer));
     }
@@ -382,7 +402,8 @@ class PipelineExecutor::StageRun {
         if (n.outputs[k] == ir::kNoValue || !(*out)[k].has_data()) continue;
         ASSIGN_OR_RETURN(const bool finite, be_.AllFinite((*out)[k], stream_));
         if (!finite) {
-          return FAILED_PRECONDITION() << Where(m, ph) << " " << NodeDesc(n) << " produced a non-finite value in output '"
+          return FAILED_PRECONDITION() << Where(m, ph) << " " << NodeDesc(n)
+                                       << " produced a non-finite value in output '"
                                        << sp_.graph.value(n.outputs[k]).name << "'";
         }
       }
@@ -398,10 +419,11 @@ class PipelineExecutor::StageRun {
       const ir::ValueId v = n.outputs[k];
       if (v == ir::kNoValue) continue;
       // Where the plan puts v: its own slot, or its buffer owner's (a view).
-      const uint8_t* want = arena_.Address(v, m);
+      const void* want = Planned(v, m);
       if (out[k].num_bytes() > 0 && (want == nullptr || out[k].address() != want)) {
-        return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + " returned output '" + sp_.graph.value(v).name +
-                                   "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
+        return absl::InternalError(
+            Where(m, ph) + " " + NodeDesc(n) + " returned output '" + sp_.graph.value(v).name +
+            "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
       }
       RETURN_IF_ERROR(Put(t, m, v, out[k]));
       if (v == sp_.loss) {  // its slot is reused right after
@@ -411,7 +433,9 @@ class PipelineExecutor::StageRun {
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
         absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k], stream_);
-        if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
+        if (!st.ok())
+          return comm::IsAbortedByPeer(st) ? st
+                                           : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
         Release(t, v);
       }
     }
@@ -429,10 +453,13 @@ class PipelineExecutor::StageRun {
   // itself (the layout's plan `first`); later ones wrote into the transient region.
   absl::Status Accumulate(Table& t, ir::ValueId v, int32_t m) {
     const ir::Tensor& g = t.values[v];
-    if (!g.has_data()) return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name + "' is not held");
+    if (!g.has_data())
+      return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name +
+                                 "' is not held");
     if (m > 0) {
       absl::Status st = be_.Accumulate(arena_.Accumulator(v), g, stream_);
-      if (!st.ok()) return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
+      if (!st.ok())
+        return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
     }
     ++accumulated_count_[v];
     Release(t, v);
@@ -467,7 +494,8 @@ class PipelineExecutor::StageRun {
     const partitioner::BackwardPart& p = sp_.parts[part];
     const bool recompute = p.kind == ActionKind::kRecompute;
     const double start = Now();
-    for (int32_t i = p.begin; i < p.end; ++i) RETURN_IF_ERROR(RunMicrobatchNode(sp_.backward[i], m, StepPhase::kBackward, t));
+    for (int32_t i = p.begin; i < p.end; ++i)
+      RETURN_IF_ERROR(RunMicrobatchNode(sp_.backward[i], m, StepPhase::kBackward, t));
     const double end = Now();
     measure.backward_s += (end - start) * 1e-6;
     if (recompute) measure.recompute_s += (end - start) * 1e-6;
@@ -529,8 +557,8 @@ class PipelineExecutor::StageRun {
       return Annotate(st, Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
     };
     auto recv = [&](int32_t peer, uint64_t kind, ir::ValueId v) -> absl::StatusOr<ir::Tensor> {
-      const std::string what = Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " +
-                               std::to_string(peer);
+      const std::string what =
+          Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " + std::to_string(peer);
       absl::StatusOr<std::vector<int64_t>> dims = ConcreteDims(sg.value(v));
       // A buffer of the plan's boundary memory (a value received once per step), not the phase's scratch.
       absl::StatusOr<ir::Tensor> into = dims.ok() ? be_.Zeros(sg.value(v).dtype, *dims, stream_) : dims.status();
@@ -609,17 +637,16 @@ class PipelineExecutor::StageRun {
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<bool> accumulated_;
   std::vector<int32_t> accumulated_count_;
-  ir::Tensor lr_, step_;                // host scalars
-  ir::Tensor lr_device_, step_device_;  // the same on the backend
+  ir::Tensor lr_, step_;                    // host scalars
+  ir::Tensor lr_device_, step_device_;      // the same on the backend
   std::set<ir::ValueId> host_step_inputs_;  // step inputs the optimizer's kernels read on the host
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
 
-absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const ir::Graph& training_graph,
-                                                                           partitioner::CompiledPlan plan,
-                                                                           const ExecutorOptions& options,
-                                                                           std::shared_ptr<const backend::Backend> backend) {
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
+    std::shared_ptr<const backend::Backend> backend) {
   const int32_t M = plan.microbatches;
   if (M < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << M;
   if (static_cast<int32_t>(plan.actions.size()) != plan.program.num_stages) {
@@ -676,9 +703,8 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(const
     ex->microbatch_size_ = val.shape[0].value();
     ex->data_inputs_.push_back(val.name);
   }
-  if (!ex->loss_rule_.labels_input.empty() &&
-      std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(), ex->loss_rule_.labels_input) ==
-          ex->data_inputs_.end()) {
+  if (!ex->loss_rule_.labels_input.empty() && std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(),
+                                                        ex->loss_rule_.labels_input) == ex->data_inputs_.end()) {
     return absl::InternalError("the loss's labels '" + ex->loss_rule_.labels_input + "' are read by no stage");
   }
   return ex;
@@ -695,7 +721,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   std::map<std::string, std::vector<ir::Tensor>> by_name;
   for (const std::string& name : data_inputs_) {
     auto it = feeds.batch.find(name);
-    if (it == feeds.batch.end()) return INVALID_ARGUMENT() << "step " << feeds.step << ": no data for input '" << name << "'";
+    if (it == feeds.batch.end())
+      return INVALID_ARGUMENT() << "step " << feeds.step << ": no data for input '" << name << "'";
     const ir::Tensor& t = it->second;
     const ir::ValueId v = g0.FindValue(name);
     if (t.rank() < 1 || t.dims()[0] != b * M) {
@@ -720,7 +747,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     shares = *s;
   }
   std::vector<ir::Tensor> scales;
-  for (double s : shares) scales.push_back(ir::Tensor::Scalar<double>(s).CastTo(seed_like_.dtype()).Reshaped(seed_like_.dims()));
+  for (double s : shares)
+    scales.push_back(ir::Tensor::Scalar<double>(s).CastTo(seed_like_.dtype()).Reshaped(seed_like_.dims()));
 
   // The optimizer phase updates each stage's states in place: give every state storage of its own
   // (the training graph's initializers, or tensors another holder or caller shares, are copied).
@@ -738,8 +766,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   const Clock::time_point t0 = Clock::now();
   for (int32_t s = 0; s < K; ++s) {
     comms.push_back(group->Endpoint(s));
-    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], streams_[s].get(), *comms[s], feeds,
-                                              slices, scales, t0));
+    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], streams_[s].get(), *comms[s],
+                                              feeds, slices, scales, t0));
   }
   std::vector<absl::Status> status(K);
   std::vector<std::thread> threads;
@@ -793,7 +821,8 @@ ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
     if (s != nullptr && synced.ok()) synced = s->Synchronize();
   absl::StatusOr<ir::Tensor> h = synced.ok() ? backend_->ToHost(t) : absl::StatusOr<ir::Tensor>(synced);
   if (!h.ok()) {  // the device failed: no state can be trusted any more
-    std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n", std::string(h.status().message()).c_str());
+    std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n",
+                 std::string(h.status().message()).c_str());
     std::abort();
   }
   return *std::move(h);

@@ -1,7 +1,7 @@
 // The trainer around PipelineExecutor (tools/train_loop.h runs its steps). The training graph comes
-// from train::Trainer so that a pipelined run trains exactly the graph the unpartitioned one does (and
-// the graph a partition plan was made for); the trainer is dropped once its graph is copied, so the
-// initial parameters are not held twice.
+// from train::BuildTrainingGraph, so that a pipelined run trains exactly the graph the CPU reference
+// does (and the graph a partition plan was made for); the executor's stages then own its parameters
+// and optimizer state, and nothing else keeps them, so they are held once.
 #include "executor/pipeline/pipeline_trainer.h"
 
 #include <cmath>
@@ -15,12 +15,10 @@
 
 namespace onnxpipe::pipeline {
 
-absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(const ir::Graph& g, int32_t num_stages, int64_t batch,
-                                                                  int32_t microbatches, partitioner::ScheduleKind schedule,
-                                                                  partitioner::RecomputePolicy recompute,
-                                                                  const std::string& device,
-                                                                  const std::string& model_name,
-                                                                  partitioner::Precision precision) {
+absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
+    const ir::Graph& g, int32_t num_stages, int64_t batch, int32_t microbatches, partitioner::ScheduleKind schedule,
+    partitioner::RecomputePolicy recompute, const std::string& device, const std::string& model_name,
+    partitioner::Precision precision) {
   partitioner::Cluster cluster;
   ASSIGN_OR_RETURN(cluster.device, partitioner::ResolveDevice(device));
   partitioner::PartitionOptions o;
@@ -65,8 +63,8 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
                                 << partitioner::RecomputePolicyName(plan.recompute) << "'";
     }
     if (!p.schedule.empty() && p.schedule != partitioner::ScheduleName(plan.schedule)) {
-      return INVALID_ARGUMENT() << "--schedule " << p.schedule << " but the plan in " << p.plan_dir
-                                << " was made for " << partitioner::ScheduleName(plan.schedule)
+      return INVALID_ARGUMENT() << "--schedule " << p.schedule << " but the plan in " << p.plan_dir << " was made for "
+                                << partitioner::ScheduleName(plan.schedule)
                                 << " (its memory and action lists are the schedule's; re-run onnxpipe partition)";
     }
     // A bf16 training graph has other nodes (its Casts) than an fp32 one: the plan must be its own.
@@ -78,8 +76,10 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
                                 << "the same --dtype)";
     }
     if (options.dtype == ir::DType::kF64) {
-      std::fprintf(stderr, "warning: the plan in %s was made for fp32 and this run trains in fp64: its memory "
-                   "predictions do not apply\n", p.plan_dir.c_str());
+      std::fprintf(stderr,
+                   "warning: the plan in %s was made for fp32 and this run trains in fp64: its memory "
+                   "predictions do not apply\n",
+                   p.plan_dir.c_str());
     }
     p.stages = static_cast<int32_t>(plan.num_stages);
     p.microbatches = static_cast<int32_t>(plan.microbatches);
@@ -107,17 +107,11 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   mo.batch = b;
   ir::Graph g;
   {
-    ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, mo));
-    g = trainer.graph();
-    t->unreachable_ = trainer.unreachable_parameters();
-    t->num_trainable_ = trainer.num_trainable_parameters();
-  }
-  if (!options.logits.empty()) {
-    const ir::ValueId lv = forward.FindValue(options.logits);
-    if (lv != ir::kNoValue && forward.value(lv).shape_known && !forward.value(lv).shape.empty() &&
-        forward.value(lv).shape.back().is_concrete()) {
-      t->num_classes_ = forward.value(lv).shape.back().value();
-    }
+    ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, mo));
+    t->unreachable_ = tg.unreachable;
+    t->num_trainable_ = tg.num_trainable_parameters();
+    t->num_classes_ = tg.num_classes;
+    g = std::move(tg.graph);
   }
   for (ir::ValueId v : g.inputs()) t->input_dtypes_[g.value(v).name] = g.value(v).dtype;
 
@@ -126,10 +120,10 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   if (t->plan_) {
     plan = *t->plan_;
   } else {
-    ASSIGN_OR_RETURN(plan, PartitionAtFixedStages(g, p.stages, B, p.microbatches, schedule, recompute, p.device,
-                                                  model_name, options.dtype == ir::DType::kBF16
-                                                                  ? partitioner::Precision::kBF16
-                                                                  : partitioner::Precision::kFP32));
+    ASSIGN_OR_RETURN(
+        plan, PartitionAtFixedStages(
+                  g, p.stages, B, p.microbatches, schedule, recompute, p.device, model_name,
+                  options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32));
     if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
   }
   ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));
@@ -139,8 +133,8 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
   ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
-  ASSIGN_OR_RETURN(t->schedule_, autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps,
-                                                          options.steps));
+  ASSIGN_OR_RETURN(t->schedule_,
+                   autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));
   return t;
 }
 
@@ -158,8 +152,8 @@ int64_t PipelineTrainer::num_trainable_parameters() const { return num_trainable
 std::string PipelineTrainer::Describe() const {
   return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(executor_->microbatches()) +
          " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " +
-         partitioner::ScheduleName(executor_->schedule()) +
-         ", recompute " + recompute_name_ + (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
+         partitioner::ScheduleName(executor_->schedule()) + ", recompute " + recompute_name_ +
+         (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
          (executor_->backend().name() == "cpu" ? "" : ", backend " + executor_->backend().name());
 }
 

@@ -1,9 +1,10 @@
-// Pipelined training from a model: what `onnxpipe train --stages K | --plan DIR` runs. It mirrors
-// train::Trainer (same training graph, data order, learning-rate schedule, metrics, state names) with
-// the step run by PipelineExecutor over M micro-batches, behind the same train::StepTrainer interface
-// (so tools/train_loop.h drives it and its checkpoints are the unpartitioned trainer's):
-//   imported forward graph --PrepareMicrobatchForward(B / M)--> train::Trainer's training graph of
-//   one micro-batch --plan (plan.json as written, or the partitioner at fixed K for --stages K)-->
+// Training from a model: what `onnxpipe train` runs, on one stage by default, pipelined with
+// --stages K | --plan DIR. It trains what the CPU reference train::Trainer does (same training graph,
+// data order, learning-rate schedule, metrics, state names) with the step run by PipelineExecutor over
+// M micro-batches, behind the same train::StepTrainer interface (so tools/train_loop.h drives it and
+// checkpoints are interchangeable):
+//   imported forward graph --PrepareMicrobatchForward(B / M)--> train::BuildTrainingGraph of one
+//   micro-batch --plan (plan.json as written, or the partitioner at fixed K for --stages K)-->
 //   partitioner::CompilePlan --> PipelineExecutor.
 #pragma once
 
@@ -20,7 +21,7 @@
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
 #include "executor/train/step_trainer.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 #include "frontend/autodiff/lr_schedule.h"
 #include "partitioner/partitioner.h"
 
@@ -35,12 +36,12 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
     const std::string& model_name, partitioner::Precision precision = partitioner::Precision::kFP32);
 
 struct PipelineTrainOptions {
-  int32_t stages = 0;        // K; 0: the plan's
-  int32_t microbatches = 0;  // M; 0: the plan's, or 1
-  std::string schedule;      // gpipe | 1f1b; "": the plan's, or 1f1b
-  std::string recompute;     // none | full | selective | auto; "": the plan's, or none
-  std::string plan_dir;      // `onnxpipe partition --out DIR`
-  std::string report_dir;    // --report DIR
+  int32_t stages = 0;          // K; 0: the plan's
+  int32_t microbatches = 0;    // M; 0: the plan's, or 1
+  std::string schedule;        // gpipe | 1f1b; "": the plan's, or 1f1b
+  std::string recompute;       // none | full | selective | auto; "": the plan's, or none
+  std::string plan_dir;        // `onnxpipe partition --out DIR`
+  std::string report_dir;      // --report DIR
   std::string device = "cpu";  // device profile for --recompute auto without a plan
   double recv_timeout_s = 0;
   std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
@@ -56,7 +57,7 @@ class PipelineTrainer : public train::StepTrainer {
                                                                  const train::TrainOptions& options,
                                                                  const PipelineTrainOptions& pipeline,
                                                                  const std::string& model_name);
-  // Checks the labels against the classes (as Trainer::SetData) and keeps the data.
+  // Checks the labels against the classes (as train::Trainer::SetData) and keeps the data.
   absl::Status SetData(train::Dataset data) override;
   absl::StatusOr<train::StepMetrics> Step() override;
   int64_t step() const override { return step_; }

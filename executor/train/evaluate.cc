@@ -8,7 +8,7 @@
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/runtime/interpreter.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::train {

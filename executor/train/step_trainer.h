@@ -1,7 +1,7 @@
 // What the step loop of `onnxpipe train` (tools/train_loop.h), its checkpoints (train_checkpoint.h), --eval and
-// --save need from a trainer. train::Trainer (the training graph on the CPU) and pipeline::PipelineTrainer (the same
-// graph as K stages over M micro-batches) both implement it, so one loop drives either and a checkpoint of one
-// resumes the other.
+// --save need from a trainer. pipeline::PipelineTrainer (the training graph as K stages over M micro-batches; one
+// stage by default: what `onnxpipe train` runs) and train::Trainer (the CPU reference, interpreting the same graph)
+// both implement it, so one loop drives either and a checkpoint of one resumes the other.
 #pragma once
 
 #include <cstdint>

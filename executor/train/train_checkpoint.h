@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "executor/io/checkpoint.h"
 #include "executor/train/step_trainer.h"
-#include "executor/train/trainer.h"
+#include "executor/train/training_graph.h"
 
 namespace onnxpipe::train {
 

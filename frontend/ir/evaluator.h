@@ -9,7 +9,7 @@
 
 namespace onnxpipe::ir {
 
-// An executor's storage for node outputs (runtime/arena_executor implements it over a memory
+// An executor's storage for node outputs (pipeline/stage_arena implements it over a stage's
 // plan). Called by kernels on the evaluating thread only.
 class OutputAllocator {
  public:

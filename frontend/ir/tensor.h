@@ -12,7 +12,7 @@
 // counted by num_allocations()) or is a view into a buffer that someone else allocated (View: an
 // executor's arena slot). Both hold a shared reference to the whole allocation, so a view keeps its
 // buffer alive and can never dangle; whoever allocated the buffer decides when it may be reused
-// (an executor reuses a buffer only while it holds the only reference, see runtime/arena_executor).
+// (the stage executor gives a state storage of its own before updating it while another holds it).
 #pragma once
 
 #include <cstdint>

@@ -4,9 +4,9 @@
 // 1F1B's activations below GPipe's.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <cmath>
 #include <stdexcept>
 #include <thread>
 
@@ -103,9 +103,25 @@ TEST(PipelineFaults, CheckNumericsNamesTheNodeProducingANaN) {
   };
   absl::StatusOr<RunResult> r = f.Pipeline(c);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("stage 1, micro-batch 3, forward node '" + target + "'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("stage 1, micro-batch 3, forward node '" + target + "'"));
   EXPECT_THAT(r.status().message(), HasSubstr("produced a non-finite value"));
+}
+
+// A kernel that returns an output it allocated itself, outside the arena (here: a copy of what it wrote), is an
+// error naming the node, not memory behind the plan's back. One stage, as `onnxpipe train` runs by default.
+TEST(PipelineFaults, AnOutputOutsideItsPlannedSlotIsAnError) {
+  const ModelFixture& f = Fixture("tiny_classifier");
+  RunConfig c;
+  c.stages = 1;
+  const std::string target = FirstForwardNodeOf(f, c, 0);
+  c.hook = [&](const NodeEvent& e, std::vector<ir::Tensor>* out) -> absl::Status {
+    if (e.node->name == target && e.phase == StepPhase::kForward) (*out)[0] = (*out)[0].Clone();
+    return absl::OkStatus();
+  };
+  absl::StatusOr<RunResult> r = f.Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("stage 0, micro-batch 0, forward node '" + target + "'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("outside its planned slot"));
 }
 
 TEST(PipelineFaults, WithoutCheckNumericsANaNLossFailsTheStepAndSaysHowToFindIt) {
@@ -141,7 +157,8 @@ TEST(PipelineFaults, AFailedStepLeavesTheExecutorUnusable) {
   eo.dropout = false;
   bool fail = true;
   eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
-    return fail && e.stage == 0 && e.phase == StepPhase::kPost ? absl::InternalError("optimizer fault") : absl::OkStatus();
+    return fail && e.stage == 0 && e.phase == StepPhase::kPost ? absl::InternalError("optimizer fault")
+                                                               : absl::OkStatus();
   };
   absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
   ASSERT_TRUE(ex.ok()) << ex.status();
@@ -174,7 +191,8 @@ TEST(PipelineFaults, AFailureWakesTheOtherHolderBlockedInTheTiedAllReduce) {
   std::vector<std::string> ran_post;  // stage 1's post nodes, in order (its thread alone writes)
   eo.node_hook = [&](const NodeEvent& e, std::vector<ir::Tensor>*) -> absl::Status {
     if (e.stage == 1 && e.phase == StepPhase::kPost) ran_post.push_back(e.node->name);
-    if (e.stage == 0 && e.phase == StepPhase::kBackward && e.microbatch == c.microbatches - 1 && !failed.exchange(true)) {
+    if (e.stage == 0 && e.phase == StepPhase::kBackward && e.microbatch == c.microbatches - 1 &&
+        !failed.exchange(true)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       return absl::InternalError("injected backward fault");
     }
@@ -302,7 +320,8 @@ TEST(PipelineDropout, RecomputeReplaysTheMasksBitForBit) {
       absl::StatusOr<RunResult> re = f.Pipeline(c, &*g);
       ASSERT_TRUE(re.ok()) << re.status();
       for (size_t k = 0; k < none->losses.size(); ++k) EXPECT_EQ(re->losses[k], none->losses[k]) << Describe(c);
-      for (const auto& [name, t] : none->params) EXPECT_TRUE(re->params.at(name).BitwiseEquals(t)) << Describe(c) << " " << name;
+      for (const auto& [name, t] : none->params)
+        EXPECT_TRUE(re->params.at(name).BitwiseEquals(t)) << Describe(c) << " " << name;
     }
     if (M == 1) {
       // With one micro-batch the random streams are the trainer's (offset = step).
@@ -348,14 +367,15 @@ TEST(PipelineMemory, MeasuredEqualsThePlannerPrediction) {
               // The layout the executor allocated is the partitioner's layout of the program.
               absl::StatusOr<StageLayout> fresh = partitioner::PlanStageLayout(
                   ex.program().stages[s], partitioner::InFlightMicrobatches(kind, c.stages, s, c.microbatches),
-                  c.microbatches, 64, [](const ir::Graph& g, const ir::Node& n) { return cpu::CpuWorkspaceBytes(g, n); });
+                  c.microbatches, 64,
+                  [](const ir::Graph& g, const ir::Node& n) { return cpu::CpuWorkspaceBytes(g, n); });
               ASSERT_TRUE(fresh.ok()) << fresh.status();
               const StageMemoryPrediction p = PredictStageMemory(ex.program().stages[s], ex.layout(s));
               EXPECT_EQ(fresh->arena(), p.arena);
               EXPECT_EQ(fresh->workspace, p.workspace);
               for (int32_t k = 0; k < c.steps; ++k) {
-                const std::string where =
-                    std::string(model) + " " + Describe(c) + " step " + std::to_string(k) + " stage " + std::to_string(s);
+                const std::string where = std::string(model) + " " + Describe(c) + " step " + std::to_string(k) +
+                                          " stage " + std::to_string(s);
                 const StageMeasure& m = r->steps[k].stages[s];
                 EXPECT_EQ(m.saved_bytes, p.saved) << where;
                 EXPECT_EQ(m.max_in_flight, p.in_flight) << where;
@@ -416,7 +436,6 @@ TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
   EXPECT_TRUE(ir::Tensor(ir::DType::kF32, {0}).has_data());
 }
 
-
 // The partitioner's plan run as is: its cuts and its recompute regions (none, full, selective,
 // auto). Results are bitwise those of one stage at the same M, and each stage's measured memory is
 // the plan's own prediction, byte for byte: saved bytes per micro-batch, micro-batches in flight,
@@ -434,11 +453,11 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
       absl::StatusOr<RunResult> one = f.Pipeline(c, &*g);
       ASSERT_TRUE(one.ok()) << one.status();
       for (int32_t K : {2, 3, 4}) {
-        for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective,
-                                   RecomputePolicy::kAuto}) {
+        for (RecomputePolicy rp :
+             {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective, RecomputePolicy::kAuto}) {
           for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
-            const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
-                                      " " + RecomputePolicyName(rp) + " " + ScheduleName(kind);
+            const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " " +
+                                      RecomputePolicyName(rp) + " " + ScheduleName(kind);
             absl::StatusOr<partitioner::PartitionPlan> plan =
                 PartitionAtFixedStages(*g, K, f.batch(), M, kind, rp, "cpu", model);
             ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
@@ -447,7 +466,8 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
             ExecutorOptions eo;
             eo.dropout = c.dropout;
             eo.seed = c.seed;
-            absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(*g, *std::move(compiled), eo);
+            absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex =
+                PipelineExecutor::Create(*g, *std::move(compiled), eo);
             ASSERT_TRUE(ex.ok()) << where << ": " << ex.status();
             for (int32_t k = 0; k < c.steps; ++k) {
               absl::StatusOr<PipelineStepResult> r = (*ex)->Step(f.Feeds(k, c.lr, c.dtype));
@@ -493,7 +513,8 @@ TEST(PipelineFixedBatch, ReDerivedBatchTrainsLikeTheDynamicExport) {
     const std::string cmd = std::string(ONNXPIPE_PYTHON) + " " + src +
                             "/models/export.py --family gpt --vocab 512 --d-model 64 --heads 4 --ffn 256 --layers 2 "
                             "--seq 32 --dropout 0.1 --norm-first --causal-mask tril --opset 17 --seed 0 "
-                            "--no-dynamic-axes --export-batch " + std::to_string(b) + " --out " + out + " > /dev/null";
+                            "--no-dynamic-axes --export-batch " +
+                            std::to_string(b) + " --out " + out + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   RunConfig c;
@@ -530,7 +551,8 @@ TEST(PipelineFixedBatch, OneMicrobatchOfTheExportBatchTrainsAsExported) {
   const std::string cmd = std::string(ONNXPIPE_PYTHON) + " " + src +
                           "/models/export.py --family classifier --vocab 100 --d-model 32 --heads 4 --ffn 64 "
                           "--layers 2 --seq 24 --classes 5 --dropout 0.1 --opset 14 --no-batch-first "
-                          "--no-norm-first --no-dynamic-axes --export-batch 6 --seed 0 --out " + onnx + " > /dev/null";
+                          "--no-norm-first --no-dynamic-axes --export-batch 6 --seed 0 --out " +
+                          onnx + " > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   // 12 rows: two steps of batch 6.
   std::vector<int64_t> tokens(12 * 24), labels(12);

@@ -109,8 +109,8 @@ absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig&
   const int64_t b = batch_ / c.microbatches;
   ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported_, "B", b, other_bindings_));
   ASSIGN_OR_RETURN(train::TrainOptions o, Options(c, b));
-  ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::Create(forward, o));
-  return trainer.graph();
+  ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, o));
+  return std::move(tg.graph);
 }
 
 absl::StatusOr<partitioner::PartitionPlan> ModelFixture::Plan(const RunConfig& c, const ir::Graph& g) const {

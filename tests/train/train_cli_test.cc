@@ -16,8 +16,8 @@ namespace onnxpipe {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::CommandResult;
+using ::testing::HasSubstr;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
@@ -35,8 +35,7 @@ class TrainCliTest : public ::testing::Test {
 
   // The golden's SGD setting on the classifier, plus `extra` flags.
   CommandResult Train(const std::string& extra) {
-    return RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
-                      " --data " + data_.string() +
+    return RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " + data_.string() +
                       " --batch 4 --optimizer sgd --lr 0.01 --momentum 0.9 --weight-decay 0.01"
                       " --logits logits --labels labels --no-dropout --freeze " +
                       kClassifierFreeze + " " + extra);
@@ -75,33 +74,49 @@ TEST_F(TrainCliTest, MetricsMatchTheGoldenAndProgressIsPlainWithoutTty) {
   EXPECT_EQ(k, 3);
 }
 
-// Dropout is on unless --no-dropout: it changes the losses, and --seed makes it reproducible.
-// The executor runs every kernel in its planned arena slot: the printed high-water marks equal the
-// plan and nothing is allocated outside it (dropout on, so its masks are planned too).
+// A run without --stages is the stage executor's one-stage case: every kernel writes into its planned slot, so the
+// printed high-water marks of the arena, the kernel scratch and the gradients equal the stage's layout to the byte
+// (dropout on, so its masks are planned too), and the layout is what `onnxpipe partition --stages 1` predicts.
 TEST_F(TrainCliTest, MemoryHighWaterEqualsThePlan) {
-  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
-                               data_.string() + " --batch 4 --steps 2 --optimizer adamw --lr 0.001 --freeze " +
-                               kClassifierFreeze);
+  CommandResult r =
+      RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " + data_.string() +
+                 " --batch 4 --steps 2 --optimizer adamw --lr 0.001 --freeze " + kClassifierFreeze);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m,
-                                std::regex("memory: arena (\\d+) bytes planned, high-water (\\d+); workspace (\\d+) "
-                                           "planned, high-water (\\d+);.*off-plan allocations (\\d+)")))
+  ASSERT_TRUE(std::regex_search(
+      r.out, m,
+      std::regex("memory: arena (\\d+) bytes planned, high-water (\\d+); workspace (\\d+) planned, high-water "
+                 "(\\d+); gradients (\\d+) planned, high-water (\\d+); parameters (\\d+), optimizer state (\\d+)")))
       << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("pipelined")));
   EXPECT_GT(std::stoll(m[1]), 0);
   EXPECT_EQ(m[1], m[2]);
   EXPECT_EQ(m[3], m[4]);
-  EXPECT_EQ(m[5], "0");
+  EXPECT_EQ(m[5], m[6]);
+  EXPECT_EQ(m[5], m[7]);                              // one gradient per parameter, same dtype and dims
+  EXPECT_EQ(std::stoll(m[8]), 2 * std::stoll(m[7]));  // AdamW's two moments
+
+  // The same numbers as the partitioner's plan for one stage.
+  const fs::path plan = dir_ / "plan";
+  CommandResult p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_classifier.onnx") +
+                               " --stages 1 --batch 4 --seq 64 --optimizer adamw --device cpu --freeze " +
+                               kClassifierFreeze + " --out " + plan.string());
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  std::ifstream in(plan / "plan.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const nlohmann::json& stage = j["stages"][0]["memory"];
+  EXPECT_EQ(stage["arena"].get<int64_t>(), std::stoll(m[1])) << stage.dump();
+  EXPECT_EQ(stage["gradients"].get<int64_t>(), std::stoll(m[5])) << stage.dump();
+  EXPECT_EQ(stage["parameters"].get<int64_t>(), std::stoll(m[7])) << stage.dump();
+  EXPECT_EQ(stage["optimizer_state"].get<int64_t>(), std::stoll(m[8])) << stage.dump();
 }
 
 TEST_F(TrainCliTest, DropoutFollowsTheSeed) {
   auto losses = [&](const std::string& seed) {
     const fs::path metrics = dir_ / ("m" + seed + ".jsonl");
-    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
-                                 " --data " + data_.string() +
-                                 " --batch 4 --steps 2 --optimizer sgd --lr 0.01 --freeze " +
-                                 kClassifierFreeze + " --seed " + seed + " --metrics " +
-                                 metrics.string());
+    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                                 data_.string() + " --batch 4 --steps 2 --optimizer sgd --lr 0.01 --freeze " +
+                                 kClassifierFreeze + " --seed " + seed + " --metrics " + metrics.string());
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::vector<double> out;
     std::ifstream in(metrics);
@@ -149,9 +164,8 @@ TEST_F(TrainCliTest, RunsRepeatBitwiseOnOneMachineAndAgreeToRoundingAcrossBlasKe
 // command a pseudo-terminal).
 TEST_F(TrainCliTest, ProgressLineOnATerminal) {
   if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1)";
-  const std::string cmd = Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
-                          " --data " + data_.string() +
-                          " --batch 4 --steps 3 --optimizer sgd --lr 0.01 --no-dropout";
+  const std::string cmd = Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                          data_.string() + " --batch 4 --steps 3 --optimizer sgd --lr 0.01 --no-dropout";
   CommandResult r = RunCommand("script -qec '" + cmd + "' /dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("\rstep 2/3  loss"));
@@ -192,9 +206,8 @@ TEST_F(TrainCliTest, LabelOutOfRangeNamesTheRow) {
 }
 
 TEST_F(TrainCliTest, FewerRowsThanTheBatch) {
-  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
-                               " --data " + data_.string() +
-                               " --batch 32 --steps 1 --optimizer sgd --lr 0.1");
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                               data_.string() + " --batch 32 --steps 1 --optimizer sgd --lr 0.1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("20 rows (samples), fewer than --batch 32"));
 }
@@ -203,7 +216,7 @@ TEST_F(TrainCliTest, DivergenceWithCheckNumericsNamesANode) {
   // A huge learning rate makes the second forward pass overflow.
   CommandResult r = Train("--steps 3 --lr 1e30 --check-numerics");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("step 1: node '"));
+  EXPECT_THAT(r.err, HasSubstr("step 1: stage 0, micro-batch 0, forward node '"));
   EXPECT_THAT(r.err, HasSubstr("produced a non-finite value"));
   // Without the flag the loss check stops the run and points at the flag.
   r = Train("--steps 3 --lr 1e30");
@@ -212,8 +225,8 @@ TEST_F(TrainCliTest, DivergenceWithCheckNumericsNamesANode) {
 }
 
 TEST_F(TrainCliTest, UsageErrors) {
-  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") +
-                               " --data " + data_.string() + " --batch 4 --steps 1");
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                               data_.string() + " --batch 4 --steps 1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--lr is required"));
   r = Train("--steps 1 --optimizer adam");
@@ -233,24 +246,52 @@ TEST_F(TrainCliTest, UsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("--resume needs --checkpoint-dir"));
   r = RunCommand(Onnxpipe() + " train --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag : {"--data", "--batch", "--steps", "--optimizer", "--lr", "--momentum",
-                           "--weight-decay", "--nesterov", "--beta1", "--beta2", "--eps",
-                           "--clip-norm", "--warmup-steps", "--lr-schedule", "--schedule", "--logits", "--labels",
-                           "--metrics", "--backend", "--dtype", "--freeze", "--seed", "--shuffle",
-                           "--dropout", "--check-numerics", "--label-smoothing", "--ignore-index",
-                           "--seq", "--data-format", "--vocab-size", "--eval", "--save",
-                           "--checkpoint-dir", "--checkpoint-every", "--resume", "--tensorboard"}) {
+  for (const char* flag : {"--data",
+                           "--batch",
+                           "--steps",
+                           "--optimizer",
+                           "--lr",
+                           "--momentum",
+                           "--weight-decay",
+                           "--nesterov",
+                           "--beta1",
+                           "--beta2",
+                           "--eps",
+                           "--clip-norm",
+                           "--warmup-steps",
+                           "--lr-schedule",
+                           "--schedule",
+                           "--logits",
+                           "--labels",
+                           "--metrics",
+                           "--backend",
+                           "--dtype",
+                           "--freeze",
+                           "--seed",
+                           "--shuffle",
+                           "--dropout",
+                           "--check-numerics",
+                           "--label-smoothing",
+                           "--ignore-index",
+                           "--seq",
+                           "--data-format",
+                           "--vocab-size",
+                           "--eval",
+                           "--save",
+                           "--checkpoint-dir",
+                           "--checkpoint-every",
+                           "--resume",
+                           "--tensorboard"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }
 
 TEST_F(TrainCliTest, AdamWWithScheduleClippingAndCheckpoint) {
   const fs::path metrics = dir_ / "m.jsonl", ckpt = dir_ / "trained.onnx";
-  CommandResult r = RunCommand(
-      Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
-      data_.string() + " --batch 4 --steps 4 --optimizer adamw --lr 0.002 --warmup-steps 2" +
-      " --lr-schedule linear --clip-norm 0.5 --shuffle --seed 3 --freeze " + kClassifierFreeze +
-      " --metrics " + metrics.string() + " --save " + ckpt.string());
+  CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                               data_.string() + " --batch 4 --steps 4 --optimizer adamw --lr 0.002 --warmup-steps 2" +
+                               " --lr-schedule linear --clip-norm 0.5 --shuffle --seed 3 --freeze " +
+                               kClassifierFreeze + " --metrics " + metrics.string() + " --save " + ckpt.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream in(metrics);
   std::vector<double> lrs;
