@@ -1,12 +1,12 @@
 // The model loader: parse, summarise, validate, import node by node, sort, verify.
 //
 // Order of the phases (each failure names the file):
-//  1. parse the protobuf; a model needs a graph and an ai.onnx opset in [13, 21];
+//  1. parse the protobuf; a model needs a graph and an ai.onnx opset in [13, 23];
 //  2. summary (producer, opsets, op histogram) and unsupported ops: an error naming every
 //     unsupported node, or (allow_unsupported) the summary without a graph;
 //  3. structural validation on the protobuf: SSA (each name defined once), no dangling inputs,
 //     graph outputs defined, declared dims sane. Done here rather than left to libonnx so that
-//     opsets 18-21, which libonnx 1.12 cannot check, get the same guarantees and messages;
+//     opsets 18-23, which libonnx 1.12 cannot check, get the same guarantees and messages;
 //  4. build the IR: graph inputs, initializers (data decoded and checked, external data
 //     resolved), node output values with declared types, then the importers (Constant nodes
 //     first, so constant operands are known whatever the node order);
