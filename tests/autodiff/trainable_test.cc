@@ -268,6 +268,13 @@ TEST(TrainableTest, BuffersOfTheExportSignatureAreFrozen) {
   const auto d = Decide(t.g());
   EXPECT_EQ(d.at("final_logits_bias"), FreezeReason::kExportedBuffer);
   EXPECT_EQ(d.at("lm_head"), FreezeReason::kNone);
+  // The user's flags come first: --train-only trains the buffer, --freeze freezes the weight.
+  TrainableOptions flags;
+  flags.train_only_regex = ".";
+  flags.freeze_regex = "^lm_head$";
+  const auto f = Decide(t.g(), flags);
+  EXPECT_EQ(f.at("final_logits_bias"), FreezeReason::kNone);
+  EXPECT_EQ(f.at("lm_head"), FreezeReason::kUserFreeze);
 }
 
 TEST(TrainableTest, ExporterMadeConstantsAreFrozenButTransposedWeightsTrained) {
