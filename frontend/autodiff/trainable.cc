@@ -9,6 +9,8 @@
 //   3. per remaining candidate, a walk over the values derived from it alone, in order, until they
 //      meet a value with another source (an activation): whether they were first multiplied by
 //      positions (kPositional).
+// What is left trained after that goes through the exporter's record (kExportedBuffer,
+// kExporterMade) and the zero-row check (kZeroRow), which look at the initializer's uses only.
 #include "frontend/autodiff/trainable.h"
 
 #include <cfloat>
@@ -141,6 +143,16 @@ bool IsProduct(const ir::Node& n, int input) {
   }
 }
 
+// True for a zero row: all zeros, shape (1, ..., 1, N) with rank >= 2 and N > 1.
+bool IsZeroRow(const ir::Tensor& t) {
+  if (!t.has_data() || t.rank() < 2 || t.dims().back() <= 1) return false;
+  for (int64_t a = 0; a + 1 < t.rank(); ++a)
+    if (t.dims()[a] != 1) return false;
+  for (int64_t i = 0; i < t.num_elements(); ++i)
+    if (t.GetAsDouble(i) != 0.0) return false;
+  return true;
+}
+
 class Analysis {
  public:
   Analysis(const ir::Graph& g, const GradRegistry& reg) : g_(g), reg_(reg), order_(g.LiveNodes()) {}
@@ -153,6 +165,12 @@ class Analysis {
   // kPositional when the candidate's own values are multiplied by positions before they meet an
   // activation, else kNone.
   FreezeReason PositionalCheck(ValueId w);
+  // kExportedBuffer, kExporterMade or kZeroRow for a candidate the graph rules left trained, else
+  // kNone.
+  FreezeReason ExporterCheck(ValueId w);
+  // The nodes that consume `v`'s values, seen through Casts and Identities, with the input index;
+  // false when one of those Casts or Identities makes a graph output or loss target.
+  bool EndUses(ValueId v, std::vector<std::pair<const ir::Node*, int>>* out) const;
 
   const ir::Graph& g_;
   const GradRegistry& reg_;
@@ -283,6 +301,53 @@ FreezeReason Analysis::PositionalCheck(ValueId w) {
   return positioned ? FreezeReason::kPositional : FreezeReason::kNone;
 }
 
+bool Analysis::EndUses(ValueId v, std::vector<std::pair<const ir::Node*, int>>* out) const {
+  std::vector<ValueId> stack = {v};
+  while (!stack.empty()) {
+    const ValueId cur = stack.back();
+    stack.pop_back();
+    if (cur != v && is_target_[cur]) return false;
+    for (ir::NodeId c : uses_[cur]) {
+      const ir::Node& n = g_.node(c);
+      const bool pass = n.op == ir::OpKind::kCast || n.op == ir::OpKind::kIdentity;
+      if (pass && !n.outputs.empty() && n.outputs[0] != ir::kNoValue) {
+        stack.push_back(n.outputs[0]);
+        continue;
+      }
+      for (int i = 0; i < static_cast<int>(n.inputs.size()); ++i)
+        if (n.inputs[i] == cur) out->push_back({&n, i});
+    }
+  }
+  return true;
+}
+
+FreezeReason Analysis::ExporterCheck(ValueId w) {
+  const ir::Value& val = g_.value(w);
+  if (val.exported_as == ir::ExportedAs::kBuffer) return FreezeReason::kExportedBuffer;
+  std::vector<std::pair<const ir::Node*, int>> uses;
+  const bool direct = EndUses(w, &uses) && !uses.empty();
+  if (val.exported_as == ir::ExportedAs::kExporterMade) {
+    // A Linear weight the exporter pre-transposed: the file's only copy of that parameter.
+    bool transposed_weight = val.constant->rank() == 2 && direct;
+    for (const auto& [n, i] : uses) {
+      transposed_weight = transposed_weight && (n->op == ir::OpKind::kMatMul || (n->op == ir::OpKind::kGemm && i < 2));
+    }
+    if (!transposed_weight) return FreezeReason::kExporterMade;
+  }
+  if (IsZeroRow(*val.constant) && direct) {
+    // Added to activations: the other operand derives from graph data or a parameter (a zero row
+    // added to a constant, e.g. a gate 1 + g, is a reparametrised parameter).
+    bool added = true;
+    for (const auto& [n, i] : uses) {
+      const ValueId other = n->inputs.size() == 2 ? n->inputs[1 - i] : ir::kNoValue;
+      added = added && (n->op == ir::OpKind::kAdd || n->op == ir::OpKind::kSub) && other != ir::kNoValue &&
+              source_[other] != kNoSource;
+    }
+    if (added) return FreezeReason::kZeroRow;
+  }
+  return FreezeReason::kNone;
+}
+
 absl::StatusOr<std::optional<std::regex>> CompileRegex(const std::string& pattern, const char* flag) {
   if (pattern.empty()) return std::optional<std::regex>();
   try {
@@ -349,6 +414,7 @@ absl::StatusOr<TrainableReport> Analysis::Run(const TrainableOptions& options) {
   for (size_t k : pending) {
     InitializerDecision& d = report.decisions[k];
     d.reason = PositionalCheck(d.value);
+    if (d.reason == FreezeReason::kNone) d.reason = ExporterCheck(d.value);
     d.trainable = d.reason == FreezeReason::kNone;
   }
   return report;
@@ -379,6 +445,13 @@ std::string_view FreezeReasonText(FreezeReason r) {
     case FreezeReason::kPositional:
       return "positional buffers (multiplied by positions before meeting activations: rotary inv_freq, ALiBi "
              "slopes)";
+    case FreezeReason::kExportedBuffer:
+      return "buffers by the file's torch.export signature (registered buffers, lifted tensor constants)";
+    case FreezeReason::kExporterMade:
+      return "exporter-made constants (the file's torch.export signature names no parameter for them: folded "
+             "module state, e.g. a position table gathered at fixed positions)";
+    case FreezeReason::kZeroRow:
+      return "all-zero (1, ..., 1, N) rows added to activations (zero buffers such as BART's final_logits_bias)";
   }
   return "?";
 }
@@ -405,6 +478,12 @@ std::string_view FreezeReasonKey(FreezeReason r) {
       return "sinusoidal";
     case FreezeReason::kPositional:
       return "positional";
+    case FreezeReason::kExportedBuffer:
+      return "exported_buffer";
+    case FreezeReason::kExporterMade:
+      return "exporter_made";
+    case FreezeReason::kZeroRow:
+      return "zero_row";
   }
   return "?";
 }

@@ -23,13 +23,28 @@
 //                  of several elements) in a product that broadcasts them over new positions: rotary
 //                  inv_freq x positions, ALiBi slopes x distances. A parameter meets activations
 //                  first (a Linear weight, a norm scale, an embedding table gathered by token ids
-//                  and added to other embeddings, T5's relative bias table added to the scores).
+//                  and added to other embeddings, T5's relative bias table added to the scores);
+//   kExportedBuffer the file records it as a registered buffer or lifted tensor constant (torch's
+//                  dynamo exporter stores torch.export's graph signature in the graph metadata,
+//                  ir::Value::exported_as): BART's final_logits_bias, rotary inv_freq;
+//   kExporterMade  the file has that signature and it names no parameter or buffer for this
+//                  initializer: the exporter made it, folding module state through a fixed
+//                  computation (a position embedding gathered at the positions 0..S-1 of a
+//                  fixed-shape export). Kept trained when every use, through Casts, is a MatMul or
+//                  Gemm operand and it is rank 2: that is a Linear weight the exporter
+//                  pre-transposed, the only copy of that parameter in the file;
+//   kZeroRow       all zeros, of shape (1, ..., 1, N) with N > 1, and every use (through Casts and
+//                  Identities) an operand of Add or Sub: a zero buffer added to activations
+//                  (BART's final_logits_bias in a TorchScript export, which records no signature).
+//                  A module's bias parameter is rank 1 (nn.Linear, Conv1D) and is not matched.
+// The rules up to kPositional look at the graph only; the last three come after them (only what
+// the graph rules leave trained is looked at) and use what the exporter recorded.
 // The gradient paths are the autodiff's own (GradRegistry's stop edges), from the graph outputs
 // (and TrainableOptions::targets). The user's regexes come first: --freeze freezes what it
 // matches; --train-only freezes every float initializer it does not match and trains the ones it
-// matches whatever the rule says. Exporter constants that are indistinguishable from parameters in
-// the graph (a parameter the exporter folded into a constant, a zero bias kept as a buffer such as
-// BART's final_logits_bias) stay trainable: --freeze names them.
+// matches whatever the rule says. What stays indistinguishable from a parameter (a non-zero buffer
+// added like a bias in a file without a signature, a parameter folded into a constant by an
+// exporter that records nothing) is trained: --freeze names it.
 //
 // Runs on the forward graph as imported (before folding: a Cast of positions must still be there),
 // in the forward pipeline's first pass (passes/freeze_buffers.h) and in `onnxpipe train`/`inspect`,
@@ -55,6 +70,9 @@ enum class FreezeReason {
   kScalar,
   kSinusoidal,
   kPositional,
+  kExportedBuffer,
+  kExporterMade,
+  kZeroRow,
   kNonFloat,  // integer/bool (reported, never a parameter)
 };
 

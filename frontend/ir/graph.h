@@ -33,6 +33,14 @@ enum class Phase : uint8_t { kForward, kBackward, kOptimizer };
 // autodiff. Meaningless for other values.
 enum class ParamState : uint8_t { kUndecided, kTrainable, kFrozen };
 
+// What the exporter recorded an initializer as, when the file records it: torch's dynamo exporter
+// stores torch.export's graph signature (which module state is a parameter, which a registered
+// buffer or lifted tensor constant) in the graph's metadata, and the loader copies it here.
+// kExporterMade: the file has a signature that names none of this initializer, so the exporter
+// made it (a lifted literal, or a value it folded, e.g. a weight's transpose or a table gathered at
+// fixed positions). kUnrecorded: the file has no signature (the TorchScript exporter, others).
+enum class ExportedAs : uint8_t { kUnrecorded, kParameter, kBuffer, kExporterMade };
+
 struct Value {
   std::string name;
   DType dtype = DType::kF32;
@@ -43,6 +51,7 @@ struct Value {
   std::optional<Tensor> constant;  // initializers and folded constants hold their data
   bool is_initializer = false;     // came from an ONNX initializer (parameter candidate)
   ParamState param_state = ParamState::kUndecided;  // float initializers: trained or frozen
+  ExportedAs exported_as = ExportedAs::kUnrecorded;  // initializers: the exporter's record
   std::string external_file;       // initializer loaded from this side file (for reports)
 };
 

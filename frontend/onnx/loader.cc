@@ -1,12 +1,12 @@
 // The model loader: parse, summarise, validate, import node by node, sort, verify.
 //
 // Order of the phases (each failure names the file):
-//  1. parse the protobuf; a model needs a graph and an ai.onnx opset in [13, 21];
+//  1. parse the protobuf; a model needs a graph and an ai.onnx opset in [13, 23];
 //  2. summary (producer, opsets, op histogram) and unsupported ops: an error naming every
 //     unsupported node, or (allow_unsupported) the summary without a graph;
 //  3. structural validation on the protobuf: SSA (each name defined once), no dangling inputs,
 //     graph outputs defined, declared dims sane. Done here rather than left to libonnx so that
-//     opsets 18-21, which libonnx 1.12 cannot check, get the same guarantees and messages;
+//     opsets 18-23, which libonnx 1.12 cannot check, get the same guarantees and messages;
 //  4. build the IR: graph inputs, initializers (data decoded and checked, external data
 //     resolved), node output values with declared types, then the importers (Constant nodes
 //     first, so constant operands are known whatever the node order);
@@ -24,10 +24,12 @@
 #include "absl/strings/str_join.h"
 #include "frontend/ir/status.h"
 #include "frontend/ir/verifier.h"
+#include "frontend/onnx/export_signature.h"
 #include "frontend/onnx/file_io.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/libonnx_guard.h"
 #include "frontend/onnx/tensor_proto.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "onnx/checker.h"
 #include "onnx/shape_inference/implementation.h"
 
@@ -48,6 +50,36 @@ std::string DescribeNode(const onnx::NodeProto& n, int index) {
   std::string op =
       domain.empty() ? n.op_type() : absl::StrCat(std::string(domain), "::", n.op_type());
   return absl::StrCat("node ", who, " (", op, ")");
+}
+
+// The value of the graph's metadata entry `key` (GraphProto.metadata_props, field 16, IR >= 10), or
+// "" when absent. libonnx 1.12's GraphProto predates the field, so protobuf keeps it among the
+// unknown fields, as length-delimited StringStringEntryProto messages; a newer libonnx that knows
+// the field is read through reflection.
+std::string GraphMetadata(const onnx::GraphProto& g, std::string_view key) {
+  constexpr int kMetadataPropsField = 16;
+  const google::protobuf::FieldDescriptor* field = g.GetDescriptor()->FindFieldByNumber(kMetadataPropsField);
+  if (field != nullptr) {
+    if (!field->is_repeated() || field->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE) return "";
+    const google::protobuf::Reflection* r = g.GetReflection();
+    for (int i = 0; i < r->FieldSize(g, field); ++i) {
+      onnx::StringStringEntryProto e;
+      if (e.ParseFromString(r->GetRepeatedMessage(g, field, i).SerializeAsString()) && e.key() == key) {
+        return e.value();
+      }
+    }
+    return "";
+  }
+  const google::protobuf::UnknownFieldSet& unknown = g.unknown_fields();
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = unknown.field(i);
+    if (f.number() != kMetadataPropsField || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+      continue;
+    }
+    onnx::StringStringEntryProto e;
+    if (e.ParseFromString(f.length_delimited()) && e.key() == key) return e.value();
+  }
+  return "";
 }
 
 // Where a value name is defined, for duplicate-definition messages.
@@ -351,6 +383,16 @@ class ModelImporter {
       if (release_proto_data) {
         init.clear_raw_data();
         init.clear_float_data();
+      }
+    }
+    // torch's dynamo exporter records which initializers are parameters and which buffers.
+    if (const std::string sig = GraphMetadata(g, kTorchExportSignatureKey); !sig.empty()) {
+      if (ApplyTorchExportSignature(sig, &graph_)) {
+        // LoadOptions::constant_inputs are graph inputs bound by the caller, not exporter-made.
+        for (const auto& entry : options_.constant_inputs) {
+          const ir::ValueId id = graph_.FindValue(entry.first);
+          if (id != ir::kNoValue) graph_.value(id).exported_as = ir::ExportedAs::kUnrecorded;
+        }
       }
     }
     // Types the file declares for intermediate values and outputs.

@@ -1,10 +1,10 @@
 // Imports ONNX models into the IR. No ONNX or protobuf type appears in this header.
 //
-// Accepted: ai.onnx opsets 13-21, tensors of f32, f64, f16, bf16, i64, i32, i8, u8, bool.
+// Accepted: ai.onnx opsets 13-23, tensors of f32, f64, f16, bf16, i64, i32, i8, u8, bool.
 // - Opsets 13-17 (IR version <= 8) go through libonnx 1.12's checker and shape inference; the
 //   inferred value_info shapes become IR value shapes (dim_value -> concrete, dim_param ->
 //   Dim::Symbol, missing -> Dim::Unknown()).
-// - Opsets 18-21 are unknown to libonnx 1.12: onnxpipe validates the structure itself, sets only
+// - Opsets 18-23 are unknown to libonnx 1.12: onnxpipe validates the structure itself, sets only
 //   the shapes the file declares (graph inputs, initializers, value_info, outputs) and adds a
 //   warning; ir::InferShapes (run by the pipeline after loading) infers the rest.
 // - Initializers become constant values (is_initializer); graph inputs that are also
@@ -73,7 +73,7 @@ absl::StatusOr<ir::Tensor> LoadTensorProtoFile(const std::string& path);
 
 // ai.onnx opset range the loader accepts.
 constexpr int64_t kMinOpset = 13;
-constexpr int64_t kMaxOpset = 21;
+constexpr int64_t kMaxOpset = 23;
 // Highest ai.onnx opset (and IR version) libonnx 1.12's checker and shape inference know.
 constexpr int64_t kMaxCheckedOpset = 17;
 constexpr int64_t kMaxCheckedIrVersion = 8;

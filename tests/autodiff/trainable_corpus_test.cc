@@ -3,7 +3,8 @@
 // (the sidecars' `freeze`/`buffers` lists: float initializers that are none of the module's
 // parameters). zoo_test.py checks the frozen set of every corpus model; these pin the reasons for
 // the families the issue names: Llama/Qwen2/Mistral rotary caches, GPT-2 causal masks and mask fill
-// values, BERT/RoBERTa position and token-type id buffers.
+// values, BERT/RoBERTa position and token-type id buffers, BART's final_logits_bias and the position
+// tables fixed-shape dynamo exports fold.
 #include <fstream>
 #include <map>
 #include <set>
@@ -145,6 +146,33 @@ TEST(TrainableCorpusTest, BertAndRobertaIdBuffersAreIntegers) {
   EXPECT_EQ(Keys(roberta.frozen), Names(roberta.sidecar["freeze"]));
   for (const auto& [name, reason] : roberta.frozen)
     EXPECT_TRUE(reason == FreezeReason::kScalar || reason == FreezeReason::kSentinel) << name;
+}
+
+TEST(TrainableCorpusTest, BuffersTheGraphCannotTellFromParametersComeFromTheExport) {
+  // These needed --freeze before the exporter rules: BART's final_logits_bias (a zero buffer added to the logits
+  // as a bias parameter is) and the position embedding a fixed-shape dynamo export folds into a constant.
+  const Imported bart_dynamo = Import("models/hf/bart_dynamo18_eager_dyn");
+  EXPECT_EQ(Keys(bart_dynamo.frozen), Names(bart_dynamo.sidecar["freeze"]));
+  ASSERT_TRUE(bart_dynamo.frozen.count("m.final_logits_bias"));
+  EXPECT_EQ(bart_dynamo.frozen.at("m.final_logits_bias"), FreezeReason::kExportedBuffer);
+  // The TorchScript export records no signature: the all-zero (1, V) row added to the logits.
+  const Imported bart_ts = Import("models/hf/bart_ts17_eager_dyn");
+  EXPECT_EQ(Keys(bart_ts.frozen), Names(bart_ts.sidecar["freeze"]));
+  ASSERT_TRUE(bart_ts.frozen.count("m.final_logits_bias"));
+  EXPECT_EQ(bart_ts.frozen.at("m.final_logits_bias"), FreezeReason::kZeroRow);
+  for (const char* dir : {"models/hf/gpt2_dynamo18_eager_fixed", "tests/data/zoo/bert_dynamo18_fixed"}) {
+    const Imported fixed = Import(dir);
+    EXPECT_EQ(Keys(fixed.frozen), Names(fixed.sidecar["freeze"])) << dir;
+    ASSERT_TRUE(fixed.frozen.count("embedding_1")) << dir;
+    EXPECT_EQ(fixed.frozen.at("embedding_1"), FreezeReason::kExporterMade) << dir;
+    // The Linear weights the exporter folded into their transposes (val_*, rank 2) are trained.
+    for (ir::ValueId v = 0; v < fixed.graph.num_values(); ++v) {
+      const ir::Value& val = fixed.graph.value(v);
+      if (val.exported_as == ir::ExportedAs::kExporterMade && val.constant && val.constant->rank() == 2) {
+        EXPECT_FALSE(fixed.frozen.count(val.name)) << dir << " " << val.name;
+      }
+    }
+  }
 }
 
 }  // namespace

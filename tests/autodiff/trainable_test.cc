@@ -251,6 +251,100 @@ TEST(TrainableTest, IntegerInitializersAreNeverParameters) {
   EXPECT_EQ(r->num_trainable(), 1);
 }
 
+// Marks `names` with what an export signature would record for them.
+void Record(RuleGraph& t, std::initializer_list<const char*> names, ir::ExportedAs as) {
+  for (const char* n : names) t.g().value(t.g().FindValue(n)).exported_as = as;
+}
+
+TEST(TrainableTest, BuffersOfTheExportSignatureAreFrozen) {
+  // BART's head: logits = x @ lm_head + final_logits_bias, the bias a registered buffer (non-zero
+  // here, so that only the signature tells it from a parameter).
+  RuleGraph t;
+  ValueId logits = t.Op1(OpKind::kMatMul, {t.x, t.Param("lm_head", {4, 6})});
+  t.Output(t.Op1(OpKind::kAdd, {logits, t.Param("final_logits_bias", {1, 6})}));
+  EXPECT_EQ(Decide(t.g()).at("final_logits_bias"), FreezeReason::kNone);  // no signature: a bias
+  Record(t, {"lm_head"}, ir::ExportedAs::kParameter);
+  Record(t, {"final_logits_bias"}, ir::ExportedAs::kBuffer);
+  const auto d = Decide(t.g());
+  EXPECT_EQ(d.at("final_logits_bias"), FreezeReason::kExportedBuffer);
+  EXPECT_EQ(d.at("lm_head"), FreezeReason::kNone);
+  // The user's flags come first: --train-only trains the buffer, --freeze freezes the weight.
+  TrainableOptions flags;
+  flags.train_only_regex = ".";
+  flags.freeze_regex = "^lm_head$";
+  const auto f = Decide(t.g(), flags);
+  EXPECT_EQ(f.at("final_logits_bias"), FreezeReason::kNone);
+  EXPECT_EQ(f.at("lm_head"), FreezeReason::kUserFreeze);
+}
+
+TEST(TrainableTest, ExporterMadeConstantsAreFrozenButTransposedWeightsTrained) {
+  // A fixed-shape dynamo export: the position embedding gathered at 0..S-1 folded into a (1, S, D)
+  // constant added to the token embeddings, and Linear weights folded into their transposes.
+  RuleGraph t;
+  ValueId emb = t.Op1(OpKind::kGather, {t.Param("wte", {5, 4}), t.ConstI("ids", {2, 3}, {1, 4, 1, 0, 2, 3})});
+  ValueId h = t.Op1(OpKind::kAdd, {t.Op1(OpKind::kAdd, {emb, t.Param("embedding_1", {1, 3, 4})}), t.x});
+  ValueId y = t.Op1(OpKind::kMatMul, {h, t.Param("val_50", {4, 4})});
+  // A transposed weight read through a Cast (a mixed-precision export) is still a weight.
+  ValueId w16 = t.Op1(OpKind::kCast, {t.Param("val_60", {4, 4})}, MakeAttrs({{"to", std::string("f64")}}));
+  y = t.Op1(OpKind::kMatMul, {y, w16});
+  // An exporter-made matrix that is also added somewhere is no Linear weight.
+  ValueId m = t.Param("val_70", {3, 4});
+  y = t.Op1(OpKind::kAdd, {y, m});
+  t.Output(
+      t.Op1(OpKind::kMatMul, {y, t.Op1(OpKind::kTranspose, {m}, MakeAttrs({{"perm", std::vector<int64_t>{1, 0}}}))}));
+  // Without a signature all of them look like parameters: a learned (1, S, D) table is one.
+  for (const auto& [name, reason] : Decide(t.g())) EXPECT_EQ(reason, FreezeReason::kNone) << name;
+  Record(t, {"wte"}, ir::ExportedAs::kParameter);
+  Record(t, {"embedding_1", "val_50", "val_60", "val_70"}, ir::ExportedAs::kExporterMade);
+  const auto d = Decide(t.g());
+  EXPECT_EQ(d.at("embedding_1"), FreezeReason::kExporterMade);
+  EXPECT_EQ(d.at("val_70"), FreezeReason::kExporterMade);
+  EXPECT_EQ(d.at("val_50"), FreezeReason::kNone);
+  EXPECT_EQ(d.at("val_60"), FreezeReason::kNone);
+  EXPECT_EQ(d.at("wte"), FreezeReason::kNone);
+}
+
+TEST(TrainableTest, ZeroRowsAddedToActivationsAreFrozen) {
+  // BART's final_logits_bias in a TorchScript export: zeros (1, V), Cast, added to the logits.
+  RuleGraph t;
+  auto zeros = [&](const std::string& name, std::vector<int64_t> dims) {
+    return t.g().AddConstant(name, ir::Tensor(ir::DType::kF64, std::move(dims)), /*is_initializer=*/true);
+  };
+  ValueId logits = t.Op1(OpKind::kMatMul, {t.x, t.Param("lm_head", {4, 6})});
+  ValueId cast = t.Op1(OpKind::kCast, {zeros("final_logits_bias", {1, 6})}, MakeAttrs({{"to", std::string("f64")}}));
+  ValueId y = t.Op1(OpKind::kAdd, {logits, cast});
+  y = t.Op1(OpKind::kSub, {y, zeros("zero_3d", {1, 1, 6})});
+  // Not zero rows: a zero-initialised bias parameter (rank 1), a zero row that scales, a zero
+  // (1, 1) entry, and a non-zero row.
+  y = t.Op1(OpKind::kAdd, {y, zeros("fc.bias", {6})});
+  y = t.Op1(OpKind::kMul, {y, t.Op1(OpKind::kAdd, {zeros("gate", {1, 6}), t.ConstF("one", {}, 1, 1)})});
+  y = t.Op1(OpKind::kAdd, {y, zeros("single", {1, 1})});
+  t.Output(t.Op1(OpKind::kAdd, {y, t.Param("row", {1, 6})}));
+  const auto d = Decide(t.g());
+  EXPECT_EQ(d.at("final_logits_bias"), FreezeReason::kZeroRow);
+  EXPECT_EQ(d.at("zero_3d"), FreezeReason::kZeroRow);
+  for (const char* p : {"lm_head", "fc.bias", "gate", "single", "row"}) EXPECT_EQ(d.at(p), FreezeReason::kNone) << p;
+}
+
+TEST(TrainableTest, AWeightInAMatMulStaysTrainedWhateverElseUsesIt) {
+  // A real weight also read by Shape (a reshape target) and compared with a threshold (a Where
+  // condition):
+  // the MatMul carries its gradient, so no rule freezes it, with or without a signature.
+  RuleGraph t;
+  ValueId w = t.Param("fc.weight", {4, 4});
+  ValueId y = t.Op1(OpKind::kMatMul, {t.x, w});
+  ValueId cols = t.Op1(OpKind::kShape, {w}, MakeAttrs({{"start", int64_t{1}}}));
+  ValueId flat =
+      t.Op1(OpKind::kReshape,
+            {y, t.Op1(OpKind::kConcat, {t.ConstI("lead", {1}, {-1}), cols}, MakeAttrs({{"axis", int64_t{0}}}))});
+  ValueId big = t.Op1(OpKind::kGreater, {w, t.ConstF("thr", {}, 0.5, 0.5)});
+  ValueId masked = t.Op1(OpKind::kWhere, {big, w, t.ConstF("zero", {}, 0, 0)});
+  t.Output(t.Op1(OpKind::kMatMul, {flat, masked}));
+  EXPECT_EQ(Decide(t.g()).at("fc.weight"), FreezeReason::kNone);
+  Record(t, {"fc.weight"}, ir::ExportedAs::kParameter);
+  EXPECT_EQ(Decide(t.g()).at("fc.weight"), FreezeReason::kNone);
+}
+
 // Layer with a weight, a bias, a rank-0 scale and a positional buffer.
 void BuildMixed(RuleGraph& t) {
   ValueId freqs = t.Op1(OpKind::kMul, {t.Positions(), t.Param("inv_freq", {4}, 0.01, 1)});

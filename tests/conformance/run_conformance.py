@@ -2,7 +2,7 @@
 """ONNX backend node tests through `onnxpipe run`.
 
 Selects every test under the libonnx-testdata node folder whose model uses only ops onnxpipe
-imports, at the opsets onnxpipe accepts (13-21; older models are refused by design, with an error
+imports, at the opsets onnxpipe accepts (13-23; older models are refused by design, with an error
 that says so), runs each test_data_set_* through `onnxpipe run`, and compares every output with the
 expected output_<i>.pb (numpy.testing tolerances of the ONNX backend runner: rtol 1e-3, atol 1e-7).
 Known failures are listed, with reasons, in expected_failures.txt; the run fails on an unexpected
@@ -22,7 +22,7 @@ from onnx import numpy_helper
 SUPPORTED = {
     "Gather", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg",
     "Exp", "Log", "Erf", "Tanh", "Relu", "Sigmoid", "Softmax", "LogSoftmax", "LayerNormalization",
-    "ReduceMean", "ReduceSum", "ReduceMax", "Transpose", "Reshape", "Flatten", "Squeeze",
+    "RMSNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Transpose", "Reshape", "Flatten", "Squeeze",
     "Unsqueeze", "Concat", "Split", "Slice", "Shape", "Constant", "ConstantOfShape", "Cast",
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
     "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",

@@ -25,9 +25,9 @@ std::vector<BadCase> BadCases() {
   return {
       {"truncated", kInvalid, {"not a valid ONNX model protobuf", "truncated"}},
       {"tensor_not_model", kInvalid, {"not an ONNX model", "no graph"}},
-      {"opset11", kInvalid, {"opset 11", "opsets 13 to 21"}},
-      {"opset22", kInvalid, {"opset 22", "opsets 13 to 21"}},
-      {"no_opset", kInvalid, {"no ai.onnx opset", "13 to 21"}},
+      {"opset11", kInvalid, {"opset 11", "opsets 13 to 23"}},
+      {"opset24", kInvalid, {"opset 24", "opsets 13 to 23"}},
+      {"no_opset", kInvalid, {"no ai.onnx opset", "13 to 23"}},
       {"unknown_op", kInvalid, {"2 node(s) with unsupported ops", "'my_fancy' (FancyOp)",
                                 "'my_tile' (Tile)"}},
       {"custom_domain", kInvalid, {"'custom_relu' (com.example::Relu)", "domain 'com.example'"}},

@@ -305,8 +305,8 @@ def bad_models():
     x = [vi("x", F, [3])]
     ms["opset11"] = model([helper.make_node("Relu", ["x"], ["y"])], x, [vi("y", F, None)],
                           opset=11, ir_version=6)
-    ms["opset22"] = model([helper.make_node("Relu", ["x"], ["y"])], x, [vi("y", F, None)],
-                          opset=22, ir_version=10)
+    ms["opset24"] = model([helper.make_node("Relu", ["x"], ["y"])], x, [vi("y", F, None)],
+                          opset=24, ir_version=11)
     ms["no_opset"] = model([helper.make_node("Relu", ["x"], ["y"])], x, [vi("y", F, None)])
     del ms["no_opset"].opset_import[:]
     ms["unknown_op"] = model(

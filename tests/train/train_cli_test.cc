@@ -379,5 +379,31 @@ TEST(TrainCliFreezeTest, PrintsWhatTheRuleFrozeAndTheFlagsOverrideIt) {
   EXPECT_THAT(r.err, HasSubstr("--train-only regex '('"));
 }
 
+// The exports that needed --freeze before the exporter rules: BART's final_logits_bias (a buffer by the dynamo
+// export's torch.export signature, an all-zero (1, V) row in the TorchScript export) and the position embedding a
+// fixed-shape dynamo export folds into a constant the signature does not name. `train` says which rule froze them.
+TEST(TrainCliFreezeTest, PrintsTheExporterRulesWithoutAFreezeFlag) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"bart_dynamo18_eager_dyn",
+       "buffers by the file's torch.export signature (registered buffers, lifted tensor "
+       "constants): 1 (m.final_logits_bias)\n"},
+      {"bart_ts17_eager_dyn",
+       "all-zero (1, ..., 1, N) rows added to activations (zero buffers such as BART's "
+       "final_logits_bias): 1 (m.final_logits_bias)\n"},
+      {"gpt2_dynamo18_eager_fixed",
+       "exporter-made constants (the file's torch.export signature names no parameter "
+       "for them: folded module state, e.g. a position table gathered at fixed "
+       "positions): 1 (embedding_1)\n"},
+  };
+  for (const auto& [model, line] : cases) {
+    const std::string dir = SourcePath(std::string("models/hf/") + model);
+    CommandResult r =
+        RunCommand(Onnxpipe() + " train " + dir + "/model.onnx --data " + dir +
+                   "/train --batch 4 --steps 1 --optimizer sgd --lr 0.01 --logits logits --labels labels");
+    ASSERT_EQ(r.exit_code, 0) << model << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr(line)) << model;
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe
