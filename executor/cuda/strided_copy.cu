@@ -1,6 +1,5 @@
-// Rows of the innermost dim per thread row (grid-stride): a row's linear index is split into the
-// row-major index of the outer `dims`, whose dot products with the two stride vectors locate the
-// source and destination; the threads of the row then step along it.
+// One thread per element (grid-stride): the linear index is split into the row-major index of
+// `dims`, whose dot products with the two stride vectors locate the source and destination.
 // Before launching, dims of extent 1 are dropped and neighbours both layouts keep contiguous are
 // merged (a Transpose that keeps the head dim moves rows, not elements), the innermost run is
 // moved in the widest of 16/8/4/2/1-byte units its alignment allows, and the index arithmetic is
@@ -13,31 +12,25 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// Threads (x) stride along rows of the innermost dim, blockDim.y rows per block at a time: a row's
-// source and destination offsets come from the outer dims once per row, so the divisions (dozens of
-// instructions each) are not paid per moved unit.
 template <typename U, typename Idx>
-__global__ void StridedCopyKernel(StridedCopy c, Idx rows, const U* __restrict__ src, U* __restrict__ dst) {
-  const int last = c.rank - 1;
+__global__ void StridedCopyKernel(StridedCopy c, Idx n, const U* __restrict__ src, U* __restrict__ dst) {
   Idx dims[kMaxCopyRank], ss[kMaxCopyRank], ds[kMaxCopyRank];
   for (int k = 0; k < c.rank; ++k) {
     dims[k] = static_cast<Idx>(c.dims[k]);
     ss[k] = static_cast<Idx>(c.src_strides[k]);
     ds[k] = static_cast<Idx>(c.dst_strides[k]);
   }
-  const Idx inner = dims[last], step = static_cast<Idx>(gridDim.x) * static_cast<Idx>(blockDim.y);
-  for (Idx row = static_cast<Idx>(blockIdx.x) * static_cast<Idx>(blockDim.y) + static_cast<Idx>(threadIdx.y);
-       row < rows; row += step) {
-    Idx rem = row, s = static_cast<Idx>(c.src_offset), d = static_cast<Idx>(c.dst_offset);
-    for (int k = last - 1; k >= 0; --k) {
+  const Idx step = static_cast<Idx>(gridDim.x) * static_cast<Idx>(blockDim.x);
+  for (Idx i = static_cast<Idx>(blockIdx.x) * static_cast<Idx>(blockDim.x) + static_cast<Idx>(threadIdx.x); i < n;
+       i += step) {
+    Idx rem = i, s = static_cast<Idx>(c.src_offset), d = static_cast<Idx>(c.dst_offset);
+    for (int k = c.rank - 1; k >= 0; --k) {
       const Idx idx = rem % dims[k];
       rem /= dims[k];
       s += idx * ss[k];
       d += idx * ds[k];
     }
-    for (Idx j = static_cast<Idx>(threadIdx.x); j < inner; j += static_cast<Idx>(blockDim.x)) {
-      dst[d + j * ds[last]] = src[s + j * ss[last]];
-    }
+    dst[d] = src[s];
   }
 }
 
@@ -98,18 +91,14 @@ cudaError_t Launch(const StridedCopy& c, const void* src, void* dst, cudaStream_
   constexpr int kThreads = 256;
   int64_t n = 1;
   for (int k = 0; k < c.rank; ++k) n *= c.dims[k];
-  const int64_t inner = c.dims[c.rank - 1], rows = n / inner;
-  int bx = 1;  // threads along a row: the power of two covering it, at most the block
-  while (bx < inner && bx < kThreads) bx *= 2;
-  const dim3 block(bx, kThreads / bx);
-  const int64_t blocks = std::min<int64_t>((rows + block.y - 1) / block.y, 65536);
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
   const auto* s = static_cast<const U*>(src);
   auto* d = static_cast<U*>(dst);
   if (std::max(n, Reach(c)) < (int64_t{1} << 30)) {  // (headroom for i + the grid's stride)
     StridedCopyKernel<U, int32_t>
-        <<<static_cast<unsigned>(blocks), block, 0, stream>>>(c, static_cast<int32_t>(rows), s, d);
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, static_cast<int32_t>(n), s, d);
   } else {
-    StridedCopyKernel<U, int64_t><<<static_cast<unsigned>(blocks), block, 0, stream>>>(c, rows, s, d);
+    StridedCopyKernel<U, int64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(c, n, s, d);
   }
   return cudaGetLastError();
 }
