@@ -1,14 +1,14 @@
 // onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
 // per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
 // --device-out, a device profile calibrated from them (partitioner/calibrate.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <map>
 #include <random>
-
-#include <unistd.h>
 
 #include "executor/backend/backend.h"
 #include "frontend/ir/status.h"
@@ -37,9 +37,12 @@ struct Flags {
 
 const char* PhaseName(ir::Phase p) {
   switch (p) {
-    case ir::Phase::kForward: return "forward";
-    case ir::Phase::kBackward: return "backward";
-    case ir::Phase::kOptimizer: return "optimizer";
+    case ir::Phase::kForward:
+      return "forward";
+    case ir::Phase::kBackward:
+      return "backward";
+    case ir::Phase::kOptimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -102,13 +105,18 @@ std::vector<ir::Tensor> Feeds(const ir::Graph& g, uint64_t seed) {
   return feeds;
 }
 
-// Every node output keeps its buffer across the runs (zero-filled on each use unless the kernel
-// writes every element, as a memory plan's slots are), views stay views (as the memory planner
-// aliases them), and one workspace serves every node: after the warm-up no allocation falls inside
-// a timed node (a device allocation costs more than most kernels).
+// Node outputs live where the memory plan of the profiled order puts them: the arena values in one
+// arena allocated up front (values whose lifetimes do not overlap share bytes, as in a training
+// step, so a batch that trains fits), the others (gradients, state updates) each in a buffer kept
+// across the runs. Outputs are zero-filled on each use unless the kernel writes every element, as
+// a plan's slots are; views stay views (as the memory planner aliases them); one workspace serves
+// every node: after the warm-up no allocation falls inside a timed node (a device allocation costs
+// more than most kernels).
 class KeptOutputs : public ir::OutputAllocator {
  public:
-  KeptOutputs(const backend::Backend& be, backend::Stream* stream) : be_(be), stream_(stream) {}
+  KeptOutputs(const backend::Backend& be, backend::Stream* stream, const part::MemoryPlan& plan,
+              std::shared_ptr<uint8_t> arena)
+      : be_(be), stream_(stream), plan_(plan), arena_(std::move(arena)) {}
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
                                       const std::vector<int64_t>& dims) override {
     ASSIGN_OR_RETURN(ir::Tensor kept, AllocateUninitialized(node, index, dtype, dims));
@@ -117,7 +125,14 @@ class KeptOutputs : public ir::OutputAllocator {
   }
   absl::StatusOr<ir::Tensor> AllocateUninitialized(const ir::Node& node, int index, ir::DType dtype,
                                                    const std::vector<int64_t>& dims) override {
-    ir::Tensor& kept = kept_[node.outputs.at(index)];
+    const ir::ValueId v = node.outputs.at(index);
+    int64_t bytes = ir::DTypeSize(dtype);
+    for (int64_t d : dims) bytes *= d;
+    if (v < static_cast<ir::ValueId>(plan_.values.size()) && plan_.values[v].region == part::MemoryRegion::kArena &&
+        bytes == plan_.values[v].bytes) {
+      return ir::Tensor::View(dtype, dims, arena_, plan_.values[v].offset, be_.placement());
+    }
+    ir::Tensor& kept = kept_[v];
     if (!kept.defined() || kept.dtype() != dtype || kept.dims() != dims) {
       ASSIGN_OR_RETURN(kept, be_.Zeros(dtype, dims, stream_));
     }
@@ -133,10 +148,18 @@ class KeptOutputs : public ir::OutputAllocator {
     }
     return static_cast<void*>(workspace_.get());
   }
+  // Bytes of the outputs held outside the arena.
+  int64_t kept_bytes() const {
+    int64_t n = 0;
+    for (const auto& [v, t] : kept_) n += t.num_bytes();
+    return n;
+  }
 
  private:
   const backend::Backend& be_;
   backend::Stream* stream_;
+  const part::MemoryPlan& plan_;
+  std::shared_ptr<uint8_t> arena_;
   std::map<ir::ValueId, ir::Tensor> kept_;
   std::shared_ptr<uint8_t> workspace_;
   int64_t workspace_bytes_ = 0;
@@ -180,7 +203,14 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
       ASSIGN_OR_RETURN(constants[v], be->Upload(c, stream.get()));
     }
   }
-  KeptOutputs kept(*be, stream.get());
+  part::MemoryPlanOptions plan_options;
+  plan_options.alignment = 256;  // the 16-byte vector loads of the device kernels, and then some
+  // A graph with symbolic dims left (no --seq for a sequence model) has no plan: each output then
+  // keeps a buffer of its own.
+  const absl::StatusOr<part::MemoryPlan> planned = part::PlanMemory(g, order, plan_options);
+  const part::MemoryPlan plan = planned.ok() ? *planned : part::MemoryPlan{};
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> arena, be->Allocate(std::max<int64_t>(plan.arena_bytes, 1)));
+  KeptOutputs kept(*be, stream.get(), plan, arena);
   std::vector<ir::Tensor> feeds = Feeds(g, static_cast<uint64_t>(f.seed));
   for (size_t i = 0; i < feeds.size(); ++i) {
     if (!backend::ReadOnlyOnHost(*be, g, uses, g.inputs()[i])) {
@@ -194,8 +224,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::vector<std::pair<std::shared_ptr<backend::Event>, std::shared_ptr<backend::Event>>> marks(order.size());
   const bool tty = isatty(fileno(stdout));
   for (int64_t rep = 0; rep < f.warmup + f.repeats; ++rep) {
-    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n", static_cast<long long>(rep + 1),
-                static_cast<long long>(f.warmup + f.repeats), rep < f.warmup ? " (warm-up)" : "");
+    std::printf(tty ? "\rprofile: run %lld/%lld%s\x1b[K" : "profile: run %lld/%lld%s\n",
+                static_cast<long long>(rep + 1), static_cast<long long>(f.warmup + f.repeats),
+                rep < f.warmup ? " (warm-up)" : "");
     std::fflush(stdout);
     std::vector<ir::Tensor> values(g.num_values());
     for (size_t i = 0; i < g.inputs().size(); ++i) values[g.inputs()[i]] = feeds[i];
@@ -227,6 +258,18 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     }
     RETURN_IF_ERROR(stream->Synchronize());
   }
+  int64_t output_bytes = 0;  // every arena value's own bytes: what keeping each output apart would take
+  for (const part::ValueMemory& vm : plan.values)
+    if (vm.region == part::MemoryRegion::kArena) output_bytes += vm.bytes;
+  if (planned.ok()) {
+    std::printf(
+        "%sprofile: node outputs in a %.1f MiB arena (the memory plan of this order) for %.1f MiB of arena "
+        "values, %.1f MiB in buffers of their own (gradients, updated states)\n",
+        tty ? "\n" : "", plan.arena_bytes / 1048576.0, output_bytes / 1048576.0, kept.kept_bytes() / 1048576.0);
+  } else {
+    std::printf("%sprofile: node outputs in buffers of their own, %.1f MiB (no memory plan: %s)\n", tty ? "\n" : "",
+                kept.kept_bytes() / 1048576.0, std::string(planned.status().message()).c_str());
+  }
 
   part::OpTimes times;
   times.model = std::filesystem::path(model_path).filename().string();
@@ -255,10 +298,10 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
   RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
-  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n",
-              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
-              f.backend.c_str());
-  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty()) std::printf("%s\n", fallbacks.c_str());
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n", times.model.c_str(),
+              order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats), f.backend.c_str());
+  if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty())
+    std::printf("%s\n", fallbacks.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   std::printf("forward %s, backward %s, optimizer %s per step\n", part::FormatMs(phase_ms[0]).c_str(),
               part::FormatMs(phase_ms[1]).c_str(), part::FormatMs(phase_ms[2]).c_str());
@@ -278,12 +321,13 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     base.memory_bytes = static_cast<int64_t>(pages) * page;
   }
   const part::Calibration c = part::CalibrateDevice(g, median_s, base);
-  std::printf("calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
-              "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
-              c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
-              c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes),
-              static_cast<long long>(c.memory_nodes), static_cast<long long>(c.vector_nodes),
-              part::FormatMs(c.predicted_s * 1e3).c_str(), part::FormatMs(c.measured_s * 1e3).c_str());
+  std::printf(
+      "calibrated roofline: GEMM %.2f GFLOP/s, other ops %.2f GFLOP/s, memory %.2f GB/s, overhead %.1f us "
+      "(%lld GEMM, %lld memory-bound, %lld compute-bound nodes); predicts %s for the measured %s\n",
+      c.device.gemm_flops_fp32 / 1e9, c.device.vector_flops / 1e9, c.device.memory_bandwidth / 1e9,
+      c.device.op_overhead_s * 1e6, static_cast<long long>(c.gemm_nodes), static_cast<long long>(c.memory_nodes),
+      static_cast<long long>(c.vector_nodes), part::FormatMs(c.predicted_s * 1e3).c_str(),
+      part::FormatMs(c.measured_s * 1e3).c_str());
   if (!f.device_out.empty()) {
     nlohmann::ordered_json j = part::DeviceToJson(c.device);
     j.erase("source");  // (not a key of the device file format)
@@ -299,7 +343,8 @@ int RunProfile(const Args& args) {
   Flags f;
   FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] [--dtype fp32|bf16] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
-             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes every node's median time (format\n"
+             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes "
+             "every node's median time (format\n"
              "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
              "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
@@ -332,7 +377,8 @@ int RunProfile(const Args& args) {
   if (fs.positional().size() != 1) return Fail("profile", "expected exactly one MODEL.onnx (see --help)", 2);
   if (f.out.empty()) return Fail("profile", "--out times.json is required", 2);
   if (f.batch < 1) return Fail("profile", "--batch must be >= 1", 2);
-  if (f.dtype != "fp32" && f.dtype != "bf16") return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
+  if (f.dtype != "fp32" && f.dtype != "bf16")
+    return Fail("profile", "--dtype expects fp32 or bf16, got '" + f.dtype + "'", 2);
   if (f.repeats < 1 || f.warmup < 0) return Fail("profile", "--repeats must be >= 1 and --warmup >= 0", 2);
   if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("profile", std::string(st.message()));
   return 0;

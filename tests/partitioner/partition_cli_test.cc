@@ -3,10 +3,11 @@
 // back by an independent reader (onnx.checker for the stage files, Graphviz for the DOT file,
 // headless Chromium and Pillow for the HTML), tied weights against what `train --plan` measures,
 // the sweep, the profile round trip, and the error contract.
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -38,8 +39,8 @@ class PartitionCli : public ::testing::Test {
     delete dir_;
   }
   static void Export(const std::string& name, const std::string& flags) {
-    const CommandResult r = RunCommand(Python() + " " + SourcePath("models/export.py") + " " + flags + " --out " +
-                                       Path(name + ".onnx"));
+    const CommandResult r =
+        RunCommand(Python() + " " + SourcePath("models/export.py") + " " + flags + " --out " + Path(name + ".onnx"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static std::string Path(const std::string& name) { return (*dir_ / name).string(); }
@@ -68,8 +69,10 @@ int WholeLayersOn(const json& plan, int k) {
 
 TEST_F(PartitionCli, Uniform24LayersSplitWithinFivePercentOfIdeal) {
   const std::string out = Path("u24");
-  const CommandResult r = Partition(Path("uniform24.onnx") + " --stages 4 --batch 32 --microbatches 8 --seq 16 "
-                                    "--device h100-80gb --no-onnx --out " + out);
+  const CommandResult r = Partition(Path("uniform24.onnx") +
+                                    " --stages 4 --batch 32 --microbatches 8 --seq 16 "
+                                    "--device h100-80gb --no-onnx --out " +
+                                    out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json plan = Plan(out);
   ASSERT_EQ(plan["stages"].size(), 4u);
@@ -91,8 +94,10 @@ TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
   // layers of 12.7 K parameters: with the device barely larger than a quarter of the model,
   // stage 0 must take fewer than its share of the 12 layers.
   const std::string loose = Path("embed_loose");
-  CommandResult r = Partition(Path("embed.onnx") + " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
-                              "--device h100-80gb --no-onnx --out " + loose);
+  CommandResult r = Partition(Path("embed.onnx") +
+                              " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
+                              "--device h100-80gb --no-onnx --out " +
+                              loose);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json base = Plan(loose);
   int64_t largest = 0;
@@ -101,12 +106,14 @@ TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
   // state (parameters, gradients, two moments: 4 embedding-sized buffers; with 4 micro-batches the
   // later ones' embedding gradient needs one more before it is added into its accumulator).
   const json& s0 = base["stages"][0]["memory"];
-  const int64_t persistent0 = s0["parameters"].get<int64_t>() + s0["gradients"].get<int64_t>() +
-                              s0["optimizer_state"].get<int64_t>();
+  const int64_t persistent0 =
+      s0["parameters"].get<int64_t>() + s0["gradients"].get<int64_t>() + s0["optimizer_state"].get<int64_t>();
   const int64_t device = persistent0 + persistent0 / 3 + (int64_t{1} << 30);  // + the 1 GiB reserve
   const std::string tight = Path("embed_tight");
-  r = Partition(Path("embed.onnx") + " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
-                "--device h100-80gb --device-memory " + std::to_string(device) + " --no-onnx --out " + tight);
+  r = Partition(Path("embed.onnx") +
+                " --stages 4 --batch 64 --microbatches 4 --seq 16 --optimizer adamw "
+                "--device h100-80gb --device-memory " +
+                std::to_string(device) + " --no-onnx --out " + tight);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const json plan = Plan(tight);
   EXPECT_LT(WholeLayersOn(plan, 0), 3) << r.out;
@@ -121,8 +128,10 @@ TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
 TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   const std::string out = Path("tiny");
   const std::string model = SourcePath("models/tiny_classifier.onnx");
-  const CommandResult r = Partition(model + " --stages 2 --batch 8 --microbatches 4 --seq 32 --recompute selective "
-                                    "--schedule 1f1b --device a100-40gb --out " + out);
+  const CommandResult r = Partition(model +
+                                    " --stages 2 --batch 8 --microbatches 4 --seq 32 --recompute selective "
+                                    "--schedule 1f1b --device a100-40gb --out " +
+                                    out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* f : {"plan.json", "report.txt", "report.html", "partition.dot", "schedule.trace.json",
                         "stage_0.onnx", "stage_1.onnx"}) {
@@ -131,7 +140,8 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   // plan.json: the fields issue 6 lists, by name, then the strict loader.
   const json pj = Plan(out);
   EXPECT_EQ(pj["schema_version"], 2);
-  for (const char* k : {"step_ms", "bubble_fraction", "samples_per_s"}) EXPECT_TRUE(pj["predicted"][k].is_number()) << k;
+  for (const char* k : {"step_ms", "bubble_fraction", "samples_per_s"})
+    EXPECT_TRUE(pj["predicted"][k].is_number()) << k;
   for (const json& st : pj["stages"]) {
     for (const char* k : {"index", "nodes", "parameters", "boundary_inputs", "boundary_outputs", "recompute_regions"}) {
       EXPECT_TRUE(st.contains(k)) << k;
@@ -139,7 +149,8 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
     for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "workspace", "total"}) {
       EXPECT_TRUE(st["memory"][k].is_number_integer()) << k;
     }
-    for (const char* k : {"forward_ms", "backward_ms", "recompute_ms"}) EXPECT_TRUE(st["predicted"][k].is_number()) << k;
+    for (const char* k : {"forward_ms", "backward_ms", "recompute_ms"})
+      EXPECT_TRUE(st["predicted"][k].is_number()) << k;
     for (const char* side : {"boundary_inputs", "boundary_outputs"}) {
       for (const json& b : st[side]) {
         EXPECT_TRUE(b["shape"].is_array()) << side;
@@ -192,9 +203,11 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   // stage_<k>.onnx: the ONNX checker (python onnx), full check with shape inference, and our loader.
   for (int k = 0; k < 2; ++k) {
     const std::string stage = out + "/stage_" + std::to_string(k) + ".onnx";
-    const CommandResult c = RunCommand(Python() + " -c \"import onnx,sys; m=onnx.load(sys.argv[1]); "
+    const CommandResult c = RunCommand(Python() +
+                                       " -c \"import onnx,sys; m=onnx.load(sys.argv[1]); "
                                        "onnx.checker.check_model(m, full_check=True); "
-                                       "print(len(m.graph.node), len(m.graph.initializer))\" " + stage);
+                                       "print(len(m.graph.node), len(m.graph.initializer))\" " +
+                                       stage);
     EXPECT_EQ(c.exit_code, 0) << c.err;
     absl::StatusOr<onnx_frontend::LoadedModel> loaded = onnx_frontend::LoadOnnxModel(stage);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
@@ -222,13 +235,17 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   }
   ASSERT_FALSE(browser.empty()) << "headless Chromium is missing (scripts/setup.sh installs chromium)";
   const std::string png = out + "/report.png";
-  const CommandResult c = RunCommand(browser + " --headless --no-sandbox --disable-gpu --hide-scrollbars "
-                                     "--window-size=1200,1600 --screenshot=" + png + " file://" + out + "/report.html");
+  const CommandResult c = RunCommand(browser +
+                                     " --headless --no-sandbox --disable-gpu --hide-scrollbars "
+                                     "--window-size=1200,1600 --screenshot=" +
+                                     png + " file://" + out + "/report.html");
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  const CommandResult px = RunCommand(
-      Python() + " -c \"import sys; from PIL import Image; im = Image.open(sys.argv[1]).convert('RGB'); "
-      "px = list(im.getdata()); ink = sum(1 for p in px if min(p) < 200); "
-      "print(im.size[0], im.size[1], len(set(px)), ink / len(px))\" " + png);
+  const CommandResult px =
+      RunCommand(Python() +
+                 " -c \"import sys; from PIL import Image; im = Image.open(sys.argv[1]).convert('RGB'); "
+                 "px = list(im.getdata()); ink = sum(1 for p in px if min(p) < 200); "
+                 "print(im.size[0], im.size[1], len(set(px)), ink / len(px))\" " +
+                 png);
   ASSERT_EQ(px.exit_code, 0) << px.err;
   std::istringstream in(px.out);
   int width = 0, height = 0, colours = 0;
@@ -283,6 +300,16 @@ TEST_F(PartitionCli, ProfileRoundTrip) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The calibrated device file: the device loader accepts it, and a plan can use it.
   EXPECT_THAT(r.out, HasSubstr("calibrated roofline: GEMM"));
+  // Node outputs share an arena laid out by the memory plan (a training step's reuse), not a buffer each.
+  double arena_mib = 0, values_mib = 0;
+  const size_t at = r.out.find("node outputs in a ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "node outputs in a %lf MiB arena (the memory plan of this order) for %lf",
+                        &arena_mib, &values_mib),
+            2)
+      << r.out.substr(at, 200);
+  EXPECT_GT(arena_mib, 0);
+  EXPECT_LT(arena_mib, 0.75 * values_mib) << "no reuse between values whose lifetimes do not overlap";
   absl::StatusOr<partitioner::DeviceProfile> d = partitioner::LoadDeviceFile(device);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->name, "cpu-calibrated");
@@ -318,8 +345,10 @@ TEST_F(PartitionCli, ProfileRoundTrip) {
 TEST_F(PartitionCli, SweepWritesTheTableWithOomMarked) {
   const std::string out = Path("sweep");
   const std::string model = SourcePath("models/tiny_classifier.onnx");
-  CommandResult r = Partition(model + " --seq 16 --sweep \"batch=8,64 microbatches=1,4,16 stages=1,2\" "
-                              "--schedule gpipe --device h100-80gb --device-memory 1030MiB --out " + out);
+  CommandResult r = Partition(model +
+                              " --seq 16 --sweep \"batch=8,64 microbatches=1,4,16 stages=1,2\" "
+                              "--schedule gpipe --device h100-80gb --device-memory 1030MiB --out " +
+                              out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream csv(out + "/sweep.csv");
   std::string line;
@@ -357,10 +386,12 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
     std::string name, flags;
   } cases[] = {
       {"bert_mask", "--family bert --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100"},
-      {"gpt_fixed14", "--family gpt --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100 --opset 14 "
-                      "--no-dynamic-axes --export-batch 4"},
-      {"cls_prenorm_ext", "--family classifier --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100 --norm-first "
-                          "--external-data"},
+      {"gpt_fixed14",
+       "--family gpt --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100 --opset 14 "
+       "--no-dynamic-axes --export-batch 4"},
+      {"cls_prenorm_ext",
+       "--family classifier --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100 --norm-first "
+       "--external-data"},
       {"cls_scopeless", "--family classifier --layers 3 --d-model 32 --heads 2 --seq 16 --vocab 100"},
   };
   for (const Case& c : cases) {
@@ -368,13 +399,15 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
     const std::string model = Path(c.name + ".onnx");
     const json sidecar = json::parse(ReadAll(Path(c.name + ".json")));
     if (c.name == "cls_scopeless") {  // rename every node and initializer (and their uses)
-      const CommandResult r = RunCommand(
-          Python() + " -c \"import onnx,sys; m=onnx.load(sys.argv[1]); g=m.graph; "
-          "ren={t.name: 'w%d' % i for i, t in enumerate(g.initializer)}; "
-          "[setattr(t, 'name', ren[t.name]) for t in g.initializer]; "
-          "[n.input.__setitem__(j, ren.get(x, x)) for n in g.node for j, x in enumerate(n.input)]; "
-          "[setattr(n, 'name', 'n%d' % i) for i, n in enumerate(g.node)]; "
-          "onnx.checker.check_model(m); onnx.save(m, sys.argv[1])\" " + model);
+      const CommandResult r =
+          RunCommand(Python() +
+                     " -c \"import onnx,sys; m=onnx.load(sys.argv[1]); g=m.graph; "
+                     "ren={t.name: 'w%d' % i for i, t in enumerate(g.initializer)}; "
+                     "[setattr(t, 'name', ren[t.name]) for t in g.initializer]; "
+                     "[n.input.__setitem__(j, ren.get(x, x)) for n in g.node for j, x in enumerate(n.input)]; "
+                     "[setattr(n, 'name', 'n%d' % i) for i, n in enumerate(g.node)]; "
+                     "onnx.checker.check_model(m); onnx.save(m, sys.argv[1])\" " +
+                     model);
       ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     // Random data: token ids, all-ones masks, labels per token (GPT) or per sample.
@@ -383,7 +416,8 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
     std::string inputs;
     for (const json& in : sidecar["inputs"]) inputs += in["name"].get<std::string>() + ",";
     CommandResult r = RunCommand(
-        Python() + " -c \"import numpy as np,os,sys; d=sys.argv[1]; os.makedirs(d); r=np.random.default_rng(0); "
+        Python() +
+        " -c \"import numpy as np,os,sys; d=sys.argv[1]; os.makedirs(d); r=np.random.default_rng(0); "
         "[np.save(d+'/'+n+'.npy', np.ones((8,16),np.int64) if 'mask' in n else r.integers(0,100,(8,16))) "
         "for n in sys.argv[2].split(',') if n]; "
         "np.save(d+'/labels.npy', r.integers(0, int(sys.argv[3]), (8,16) if sys.argv[4]=='1' else (8,)))\" " +
@@ -401,9 +435,10 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
     ASSERT_TRUE(plan.ok()) << c.name << ": " << plan.status();
     ASSERT_EQ(plan->stages.size(), 3u) << c.name;
     for (int k = 0; k < 3; ++k) {
-      const CommandResult check = RunCommand(Python() + " -c \"import onnx,sys; onnx.checker.check_model("
-                                             "onnx.load(sys.argv[1]), full_check=True)\" " + out + "/stage_" +
-                                             std::to_string(k) + ".onnx");
+      const CommandResult check = RunCommand(Python() +
+                                             " -c \"import onnx,sys; onnx.checker.check_model("
+                                             "onnx.load(sys.argv[1]), full_check=True)\" " +
+                                             out + "/stage_" + std::to_string(k) + ".onnx");
       EXPECT_EQ(check.exit_code, 0) << c.name << " stage " << k << ": " << check.err;
     }
     const std::string train = Onnxpipe() + " train " + model + " --data " + data +
@@ -416,15 +451,17 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
     std::istringstream pipe(ReadAll(Path(c.name + "_pipe.jsonl"))), ref(ReadAll(Path(c.name + "_ref.jsonl")));
     int steps = 0;
     for (std::string a, b; std::getline(pipe, a) && std::getline(ref, b); ++steps) {
-      EXPECT_EQ(json::parse(a)["loss"].get<double>(), json::parse(b)["loss"].get<double>()) << c.name << " step " << steps;
+      EXPECT_EQ(json::parse(a)["loss"].get<double>(), json::parse(b)["loss"].get<double>())
+          << c.name << " step " << steps;
     }
     EXPECT_EQ(steps, 2) << c.name;
     const json m = json::parse(ReadAll(report + "/measured.json"));
     for (int k = 0; k < 3; ++k) {
       EXPECT_EQ(m["stages"][k]["measured"]["memory"]["saved_per_microbatch"].get<int64_t>(),
-                plan->stages[k].memory.saved) << c.name << " stage " << k;
-      EXPECT_EQ(m["stages"][k]["measured"]["memory"]["accumulators"].get<int64_t>(),
-                plan->stages[k].memory.gradients) << c.name << " stage " << k;
+                plan->stages[k].memory.saved)
+          << c.name << " stage " << k;
+      EXPECT_EQ(m["stages"][k]["measured"]["memory"]["accumulators"].get<int64_t>(), plan->stages[k].memory.gradients)
+          << c.name << " stage " << k;
     }
   }
 }
