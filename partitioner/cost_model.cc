@@ -100,36 +100,31 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
     c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v));
   }
   auto in = [&](int i) -> const ir::Value& { return g.value(n.inputs[i]); };
+  c.gemm = ir::HasProp(n.op, ir::kOpGemm);
   switch (n.op) {
     case OpKind::kMatMul: {
-      c.gemm = true;
       c.flops = 2 * out_elems * Dim(in(0), -1);
       break;
     }
     case OpKind::kFusedMatMul: {
-      c.gemm = true;
       const bool trans_a = n.attrs.Get<int64_t>("trans_a", 0) != 0;
       c.flops = 2 * out_elems * (trans_a ? Dim(in(0), -2) : Dim(in(0), -1));
       break;
     }
     case OpKind::kGemm: {
-      c.gemm = true;
       const bool trans_a = n.attrs.Get<int64_t>("transA", 0) != 0;
       c.flops = 2 * out_elems * (trans_a ? Dim(in(0), 0) : Dim(in(0), 1)) + out_elems;
       break;
     }
     case OpKind::kLinear: {
-      c.gemm = true;
       c.flops = 2 * out_elems * Dim(in(0), -1) + out_elems;
       break;
     }
     case OpKind::kAttention:
     case OpKind::kAttentionGrad: {
-      c.gemm = true;
       // Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv); the first operand of the gradient is dO.
       const int q = n.op == OpKind::kAttention ? 0 : 1;
-      const double sq = Dim(in(q), -2), dh = Dim(in(q), -1), sk = Dim(in(q + 1), -2),
-                   dv = Dim(in(q + 2), -1);
+      const double sq = Dim(in(q), -2), dh = Dim(in(q), -1), sk = Dim(in(q + 1), -2), dv = Dim(in(q + 2), -1);
       const double heads = Numel(in(q)) / std::max(1.0, sq * dh);
       const double scores = heads * sq * sk;
       const double causal = n.attrs.Get<int64_t>("causal", 0) != 0 ? 0.5 : 1.0;
@@ -163,8 +158,7 @@ double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precis
 
 absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::string& what) {
   if (!j.is_object()) return INVALID_ARGUMENT() << what << ": a profile must be a JSON object";
-  if (!j.contains("format") || !j.at("format").is_string() ||
-      j.at("format").get<std::string>() != kOpTimesFormat) {
+  if (!j.contains("format") || !j.at("format").is_string() || j.at("format").get<std::string>() != kOpTimesFormat) {
     return INVALID_ARGUMENT() << what << ": \"format\" must be \"" << kOpTimesFormat
                               << "\" (write profiles with `onnxpipe profile`)";
   }

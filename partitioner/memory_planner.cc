@@ -16,9 +16,7 @@ namespace {
 
 using ir::AlignUp;
 
-bool IsUpdateOp(ir::OpKind op) {
-  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
-}
+bool IsUpdateOp(ir::OpKind op) { return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate; }
 
 struct Interval {
   int32_t begin = std::numeric_limits<int32_t>::max();
@@ -36,48 +34,25 @@ struct Placed {
 
 const char* MemoryRegionName(MemoryRegion r) {
   switch (r) {
-    case MemoryRegion::kNone: return "none";
-    case MemoryRegion::kArena: return "arena";
-    case MemoryRegion::kParameters: return "parameters";
-    case MemoryRegion::kGradients: return "gradients";
-    case MemoryRegion::kOptimizerState: return "optimizer_state";
-    case MemoryRegion::kConstants: return "constants";
+    case MemoryRegion::kNone:
+      return "none";
+    case MemoryRegion::kArena:
+      return "arena";
+    case MemoryRegion::kParameters:
+      return "parameters";
+    case MemoryRegion::kGradients:
+      return "gradients";
+    case MemoryRegion::kOptimizerState:
+      return "optimizer_state";
+    case MemoryRegion::kConstants:
+      return "constants";
   }
   return "?";
 }
 
-bool IsShapeOnlyOperand(const ir::Node& n, int i) {
-  switch (n.op) {
-    case ir::OpKind::kReduceToShapeOf:
-    case ir::OpKind::kExpandLike:
-    case ir::OpKind::kReshapeLike:
-    case ir::OpKind::kSliceGrad:
-      return i == 1;
-    case ir::OpKind::kZerosLike:
-    case ir::OpKind::kShape:
-      return i == 0;
-    case ir::OpKind::kGatherGrad:
-      return i == 2;
-    case ir::OpKind::kConcatGrad:
-      return i >= 1;
-    default:
-      return false;
-  }
-}
+bool IsShapeOnlyOperand(const ir::Node& n, int i) { return ir::IsShapeOnlyOperand(n.op, i); }
 
-bool IsAliasOp(ir::OpKind op) {
-  switch (op) {
-    case ir::OpKind::kReshape:
-    case ir::OpKind::kFlatten:
-    case ir::OpKind::kSqueeze:
-    case ir::OpKind::kUnsqueeze:
-    case ir::OpKind::kIdentity:
-    case ir::OpKind::kReshapeLike:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsAliasOp(ir::OpKind op) { return ir::HasProp(op, ir::kOpView); }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                                       const MemoryPlanOptions& options) {
@@ -104,9 +79,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
       for (ir::ValueId v : node.inputs) {
         if (v == ir::kNoValue || g.value(v).constant || is_input[v]) continue;
         if (produced_at[v] < 0) {
-          return INVALID_ARGUMENT() << "memory plan: node '" << node.name << "' ("
-                                    << ir::OpName(node.op) << ") reads '" << g.value(v).name
-                                    << "' before any scheduled node produces it";
+          return INVALID_ARGUMENT() << "memory plan: node '" << node.name << "' (" << ir::OpName(node.op) << ") reads '"
+                                    << g.value(v).name << "' before any scheduled node produces it";
         }
       }
       for (ir::ValueId v : node.outputs)
@@ -124,7 +98,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
       if (v != ir::kNoValue) used[v] = true;
   }
   for (ir::ValueId v : g.outputs()) used[v] = true;
-  for (ir::ValueId v : g.inputs()) used[v] = true;  // fed whether or not a node reads it
+  for (ir::ValueId v : g.inputs()) used[v] = true;      // fed whether or not a node reads it
   std::vector<ir::ValueId> state_of(nv, ir::kNoValue);  // new value -> the state it overwrites
   std::vector<bool> is_param(nv, false), is_opt_state(nv, false), is_grad(nv, false);
   for (const ir::Graph::StateUpdate& u : g.state_updates()) {
@@ -161,9 +135,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
     const ir::Node& node = g.node(order[t]);
     for (ir::ValueId v : node.inputs) {
       if (v != ir::kNoValue && updated_at[v] >= 0 && t > updated_at[v]) {
-        return INVALID_ARGUMENT() << "memory plan: node '" << node.name << "' reads state '"
-                                  << g.value(v).name << "' after the node updating it in place ('"
-                                  << g.node(order[updated_at[v]]).name << "')";
+        return INVALID_ARGUMENT() << "memory plan: node '" << node.name << "' reads state '" << g.value(v).name
+                                  << "' after the node updating it in place ('" << g.node(order[updated_at[v]]).name
+                                  << "')";
       }
     }
   }
@@ -209,8 +183,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
     if (!used[v]) continue;
     if (is_input[v]) live[v].begin = 0;
     if (produced_at[v] >= 0) live[v].begin = produced_at[v];
-    live[v].end = std::max(live[v].end, live[v].begin == std::numeric_limits<int32_t>::max()
-                                            ? -1 : live[v].begin);
+    live[v].end = std::max(live[v].end, live[v].begin == std::numeric_limits<int32_t>::max() ? -1 : live[v].begin);
   }
   for (int32_t t = 0; t < n; ++t) {
     const ir::Node& node = g.node(order[t]);
@@ -232,8 +205,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
   // Phase 6: arena placement, largest first, best fit among the buffers live at the same time.
   std::vector<ir::ValueId> roots;
   for (ir::ValueId v = 0; v < nv; ++v) {
-    if (used[v] && plan.values[v].buffer == v && region_of_root(v) == MemoryRegion::kArena &&
-        root_live[v].valid() && plan.values[v].bytes > 0) {
+    if (used[v] && plan.values[v].buffer == v && region_of_root(v) == MemoryRegion::kArena && root_live[v].valid() &&
+        plan.values[v].bytes > 0) {
       roots.push_back(v);
     }
   }
@@ -294,19 +267,27 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
   // Phase 7: the persistent regions, in value-id order; the workspace.
   if (options.workspace_bytes) {
     for (ir::NodeId id : order) {
-      plan.workspace_bytes =
-          std::max(plan.workspace_bytes, AlignUp(options.workspace_bytes(g, g.node(id)), align));
+      plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(options.workspace_bytes(g, g.node(id)), align));
     }
   }
   for (ir::ValueId v = 0; v < nv; ++v) {
     if (!used[v] || plan.values[v].buffer != v) continue;
     int64_t* region_bytes = nullptr;
     switch (region_of_root(v)) {
-      case MemoryRegion::kParameters: region_bytes = &plan.parameter_bytes; break;
-      case MemoryRegion::kGradients: region_bytes = &plan.gradient_bytes; break;
-      case MemoryRegion::kOptimizerState: region_bytes = &plan.optimizer_state_bytes; break;
-      case MemoryRegion::kConstants: region_bytes = &plan.constant_bytes; break;
-      default: continue;
+      case MemoryRegion::kParameters:
+        region_bytes = &plan.parameter_bytes;
+        break;
+      case MemoryRegion::kGradients:
+        region_bytes = &plan.gradient_bytes;
+        break;
+      case MemoryRegion::kOptimizerState:
+        region_bytes = &plan.optimizer_state_bytes;
+        break;
+      case MemoryRegion::kConstants:
+        region_bytes = &plan.constant_bytes;
+        break;
+      default:
+        continue;
     }
     root_offset[v] = *region_bytes;
     *region_bytes += AlignUp(plan.values[v].bytes, align);

@@ -64,17 +64,17 @@ const char* MemoryRegionName(MemoryRegion r);
 
 struct ValueMemory {
   MemoryRegion region = MemoryRegion::kNone;
-  int64_t offset = -1;  // within the region
-  int64_t bytes = 0;    // the value's own size (unaligned)
-  ir::ValueId buffer = ir::kNoValue;  // the value whose buffer this one uses (itself if none)
+  int64_t offset = -1;                     // within the region
+  int64_t bytes = 0;                       // the value's own size (unaligned)
+  ir::ValueId buffer = ir::kNoValue;       // the value whose buffer this one uses (itself if none)
   int32_t live_begin = -1, live_end = -1;  // arena values: positions in the order, inclusive
 };
 
 struct MemoryPlan {
   int64_t arena_bytes = 0;
-  int64_t peak_bytes = 0;     // liveness lower bound of arena_bytes
-  int32_t peak_position = -1; // a position where it is reached
-  int64_t split_bytes = 0;    // with a split: the arena buffers live across it, at [0, split_bytes)
+  int64_t peak_bytes = 0;      // liveness lower bound of arena_bytes
+  int32_t peak_position = -1;  // a position where it is reached
+  int64_t split_bytes = 0;     // with a split: the arena buffers live across it, at [0, split_bytes)
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;
   int64_t optimizer_state_bytes = 0;
@@ -83,8 +83,7 @@ struct MemoryPlan {
   std::vector<ValueMemory> values;  // indexed by ValueId
 
   int64_t total_bytes() const {
-    return arena_bytes + parameter_bytes + gradient_bytes + optimizer_state_bytes + constant_bytes +
-           workspace_bytes;
+    return arena_bytes + parameter_bytes + gradient_bytes + optimizer_state_bytes + constant_bytes + workspace_bytes;
   }
 };
 
@@ -101,9 +100,9 @@ struct MemoryPlanOptions {
 absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                                       const MemoryPlanOptions& options = {});
 
-// Operand `i` of `n` is read for its dims only (never its data).
+// Operand `i` of `n` is read for its dims only (never its data): op.h's OpShapeOnly column.
 bool IsShapeOnlyOperand(const ir::Node& n, int i);
-// The op's output 0 is a view of its input 0 (same bytes, other dims).
+// The op's output 0 is a view of its input 0 (same bytes, other dims): op.h's kOpView.
 bool IsAliasOp(ir::OpKind op);
 
 }  // namespace onnxpipe::partitioner

@@ -12,10 +12,14 @@ namespace onnxpipe::partitioner {
 
 const char* RecomputePolicyName(RecomputePolicy p) {
   switch (p) {
-    case RecomputePolicy::kNone: return "none";
-    case RecomputePolicy::kFull: return "full";
-    case RecomputePolicy::kSelective: return "selective";
-    case RecomputePolicy::kAuto: return "auto";
+    case RecomputePolicy::kNone:
+      return "none";
+    case RecomputePolicy::kFull:
+      return "full";
+    case RecomputePolicy::kSelective:
+      return "selective";
+    case RecomputePolicy::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -25,36 +29,27 @@ absl::StatusOr<RecomputePolicy> ParseRecomputePolicy(std::string_view s) {
   if (s == "full") return RecomputePolicy::kFull;
   if (s == "selective") return RecomputePolicy::kSelective;
   if (s == "auto") return RecomputePolicy::kAuto;
-  return INVALID_ARGUMENT() << "unknown recompute policy '" << s
-                            << "'; expected none, full, selective or auto";
+  return INVALID_ARGUMENT() << "unknown recompute policy '" << s << "'; expected none, full, selective or auto";
 }
 
 const char* UnitRecomputeName(UnitRecompute r) {
   switch (r) {
-    case UnitRecompute::kNone: return "none";
-    case UnitRecompute::kSelective: return "selective";
-    case UnitRecompute::kUnit: return "unit";
-    case UnitRecompute::kStage: return "full";
+    case UnitRecompute::kNone:
+      return "none";
+    case UnitRecompute::kSelective:
+      return "selective";
+    case UnitRecompute::kUnit:
+      return "unit";
+    case UnitRecompute::kStage:
+      return "full";
   }
   return "?";
 }
 
-bool IsCheapOp(ir::OpKind op) {
-  switch (op) {
-    case ir::OpKind::kMatMul:
-    case ir::OpKind::kGemm:
-    case ir::OpKind::kLinear:
-    case ir::OpKind::kFusedMatMul:
-    case ir::OpKind::kAttention:
-    case ir::OpKind::kSoftmaxCrossEntropyLoss:
-      return false;
-    default:
-      return true;
-  }
-}
+bool IsCheapOp(ir::OpKind op) { return !ir::HasProp(op, ir::kOpCostly); }
 
-std::vector<bool> RecomputeSet(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end,
-                               bool stage_full, const std::vector<UnitRecompute>& choice) {
+std::vector<bool> RecomputeSet(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end, bool stage_full,
+                               const std::vector<UnitRecompute>& choice) {
   const ir::Graph& g = *a.graph;
   std::vector<bool> candidate(g.num_node_slots(), false), needed(g.num_node_slots(), false);
   const int32_t p0 = a.unit_begin[unit_begin], p1 = a.unit_begin[unit_end];
@@ -141,9 +136,9 @@ std::vector<RecomputeRegion> BuildRegions(const GraphAnalysis& a, const std::vec
       if (r.before == ir::kNoNode) r.before = b;
     }
   }
-  regions.erase(std::remove_if(regions.begin(), regions.end(),
-                               [](const RecomputeRegion& r) { return r.before == ir::kNoNode; }),
-                regions.end());
+  regions.erase(
+      std::remove_if(regions.begin(), regions.end(), [](const RecomputeRegion& r) { return r.before == ir::kNoNode; }),
+      regions.end());
   return regions;
 }
 

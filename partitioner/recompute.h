@@ -42,17 +42,17 @@ absl::StatusOr<RecomputePolicy> ParseRecomputePolicy(std::string_view s);
 enum class UnitRecompute : uint8_t { kNone = 0, kSelective = 1, kUnit = 2, kStage = 3 };
 const char* UnitRecomputeName(UnitRecompute r);
 
-// GEMM-class ops and the loss are kept by selective recompute; everything else is cheap.
+// Ops without op.h's kOpCostly (GEMM-class ops and the loss have it): selective recompute redoes them.
 bool IsCheapOp(ir::OpKind op);
 
 // The forward nodes (per node id) to recompute for the units [unit_begin, unit_end): with
 // `stage_full` every forward node of the range (except those producing graph outputs), else per
 // unit as `choice[u - unit_begin]` says. Only nodes the backward needs are marked.
-std::vector<bool> RecomputeSet(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end,
-                               bool stage_full, const std::vector<UnitRecompute>& choice);
+std::vector<bool> RecomputeSet(const GraphAnalysis& a, int32_t unit_begin, int32_t unit_end, bool stage_full,
+                               const std::vector<UnitRecompute>& choice);
 
 struct RecomputeRegion {
-  std::vector<ir::NodeId> nodes;  // forward nodes, in graph order
+  std::vector<ir::NodeId> nodes;    // forward nodes, in graph order
   ir::NodeId before = ir::kNoNode;  // the first backward consumer in `backward_order`
 };
 

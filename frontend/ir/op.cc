@@ -6,7 +6,7 @@ namespace onnxpipe::ir {
 
 namespace {
 constexpr std::array<OpInfo, static_cast<size_t>(OpKind::kNumOps)> kOpInfos = {{
-#define V(e, name, min_in, max_in, min_out, max_out) {name, min_in, max_in, min_out, max_out},
+#define V(e, name, min_in, max_in, min_out, max_out, props) {name, min_in, max_in, min_out, max_out, props},
     ONNXPIPE_OP_LIST(V)
 #undef V
 }};

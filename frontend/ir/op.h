@@ -100,101 +100,111 @@ namespace onnxpipe::ir {
 
 constexpr int kVariadic = 1 << 20;
 
-#define ONNXPIPE_OP_LIST(V)                                  \
-  /* Primitive ONNX ops */                                   \
-  V(Gather, "Gather", 2, 2, 1, 1)                            \
-  V(MatMul, "MatMul", 2, 2, 1, 1)                            \
-  V(Gemm, "Gemm", 2, 3, 1, 1)                                \
-  V(Add, "Add", 2, 2, 1, 1)                                  \
-  V(Sub, "Sub", 2, 2, 1, 1)                                  \
-  V(Mul, "Mul", 2, 2, 1, 1)                                  \
-  V(Div, "Div", 2, 2, 1, 1)                                  \
-  V(Pow, "Pow", 2, 2, 1, 1)                                  \
-  V(Sqrt, "Sqrt", 1, 1, 1, 1)                                \
-  V(Reciprocal, "Reciprocal", 1, 1, 1, 1)                    \
-  V(Neg, "Neg", 1, 1, 1, 1)                                  \
-  V(Exp, "Exp", 1, 1, 1, 1)                                  \
-  V(Log, "Log", 1, 1, 1, 1)                                  \
-  V(Erf, "Erf", 1, 1, 1, 1)                                  \
-  V(Tanh, "Tanh", 1, 1, 1, 1)                                \
-  V(Relu, "Relu", 1, 1, 1, 1)                                \
-  V(Sigmoid, "Sigmoid", 1, 1, 1, 1)                          \
-  V(Sin, "Sin", 1, 1, 1, 1)                                  \
-  V(Cos, "Cos", 1, 1, 1, 1)                                  \
-  V(Abs, "Abs", 1, 1, 1, 1)                                  \
-  V(Min, "Min", 2, 2, 1, 1)                                  \
-  V(Max, "Max", 2, 2, 1, 1)                                  \
-  V(Softmax, "Softmax", 1, 1, 1, 1)                          \
-  V(LogSoftmax, "LogSoftmax", 1, 1, 1, 1)                    \
-  V(ReduceMean, "ReduceMean", 1, 1, 1, 1)                    \
-  V(ReduceSum, "ReduceSum", 1, 1, 1, 1)                      \
-  V(ReduceMax, "ReduceMax", 1, 1, 1, 1)                      \
-  V(Transpose, "Transpose", 1, 1, 1, 1)                      \
-  V(Reshape, "Reshape", 2, 2, 1, 1)                          \
-  V(Flatten, "Flatten", 1, 1, 1, 1)                          \
-  V(Squeeze, "Squeeze", 1, 1, 1, 1)                          \
-  V(Unsqueeze, "Unsqueeze", 1, 1, 1, 1)                      \
-  V(Concat, "Concat", 1, kVariadic, 1, 1)                    \
-  V(Split, "Split", 1, 1, 1, kVariadic)                      \
-  V(Slice, "Slice", 3, 5, 1, 1)                              \
-  V(Shape, "Shape", 1, 1, 1, 1)                              \
-  V(Constant, "Constant", 0, 0, 1, 1)                        \
-  V(ConstantOfShape, "ConstantOfShape", 1, 1, 1, 1)          \
-  V(Cast, "Cast", 1, 1, 1, 1)                                \
-  V(Where, "Where", 3, 3, 1, 1)                              \
-  V(Equal, "Equal", 2, 2, 1, 1)                              \
-  V(Less, "Less", 2, 2, 1, 1)                                \
-  V(Greater, "Greater", 2, 2, 1, 1)                          \
-  V(Not, "Not", 1, 1, 1, 1)                                  \
-  V(And, "And", 2, 2, 1, 1)                                  \
-  V(Mod, "Mod", 2, 2, 1, 1)                                  \
-  V(Expand, "Expand", 2, 2, 1, 1)                            \
-  V(Identity, "Identity", 1, 1, 1, 1)                        \
-  V(Dropout, "Dropout", 1, 1, 1, 2)                          \
-  V(Range, "Range", 3, 3, 1, 1)                              \
-  V(Trilu, "Trilu", 1, 2, 1, 1)                              \
-  V(GreaterOrEqual, "GreaterOrEqual", 2, 2, 1, 1)            \
-  V(LessOrEqual, "LessOrEqual", 2, 2, 1, 1)                  \
-  V(IsNaN, "IsNaN", 1, 1, 1, 1)                              \
-  V(CumSum, "CumSum", 1, 1, 1, 1)                            \
-  V(GatherElements, "GatherElements", 2, 2, 1, 1)            \
-  V(GatherND, "GatherND", 2, 2, 1, 1)                        \
-  V(ArgMax, "ArgMax", 1, 1, 1, 1)                            \
-  V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2) \
-  /* Fused ops */                                            \
-  V(Linear, "Linear", 2, 3, 1, 1)                            \
-  V(LayerNorm, "LayerNorm", 2, 3, 1, 3)                      \
-  V(RMSNorm, "RMSNorm", 2, 2, 1, 2)                          \
-  V(Gelu, "Gelu", 1, 1, 1, 1)                                \
-  V(Attention, "Attention", 3, 4, 1, 1)                      \
-  /* Gradient and training ops */                            \
-  V(Sum, "Sum", 1, kVariadic, 1, 1)                          \
-  V(FusedMatMul, "FusedMatMul", 2, 2, 1, 1)                  \
-  V(ReduceToShapeOf, "ReduceToShapeOf", 2, 2, 1, 1)          \
-  V(ExpandLike, "ExpandLike", 2, 2, 1, 1)                    \
-  V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1)                  \
-  V(ZerosLike, "ZerosLike", 1, 1, 1, 1)                      \
-  V(GatherGrad, "GatherGrad", 3, 3, 1, 1)                    \
-  V(GatherElementsGrad, "GatherElementsGrad", 3, 3, 1, 1)    \
-  V(GatherNDGrad, "GatherNDGrad", 3, 3, 1, 1)                \
-  V(SliceGrad, "SliceGrad", 4, 6, 1, 1)                      \
-  V(ConcatGrad, "ConcatGrad", 2, kVariadic, 1, kVariadic)    \
-  V(ReluGrad, "ReluGrad", 2, 2, 1, 1)                        \
-  V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1)                  \
-  V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1)            \
-  V(GeluGrad, "GeluGrad", 2, 2, 1, 1)                        \
-  V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3)              \
-  V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2)                  \
-  V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1)                  \
-  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4)              \
-  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1) \
-  V(SumSquares, "SumSquares", 1, kVariadic, 1, 1)            \
-  V(ClipScale, "ClipScale", 1, 1, 1, 1)                      \
-  V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2)                      \
-  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3)
+// Op properties, the last column of ONNXPIPE_OP_LIST (one place, read by the memory planner, the
+// cost model and the recompute rules):
+// - kOpView: output 0 may be a view of input 0's buffer (same bytes, other dims): the planner aliases it.
+// - kOpGemm: GEMM-class work (matrix products on the tensor cores): the roofline's GEMM peak.
+// - kOpCostly: not cheap to recompute: the selective rule keeps its outputs.
+// - OpShapeOnly(i): operand i is read for its dims only (never its data), so it does not keep the value
+//   alive; with kOpShapeOnlyRest every operand after the lowest ShapeOnly one is too (variadic ops).
+enum OpProp : uint32_t { kOpView = 1u << 0, kOpGemm = 1u << 1, kOpCostly = 1u << 2, kOpShapeOnlyRest = 1u << 3 };
+constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
+
+#define ONNXPIPE_OP_LIST(V)                                                                  \
+  /* Primitive ONNX ops */                                                                   \
+  V(Gather, "Gather", 2, 2, 1, 1, 0)                                                         \
+  V(MatMul, "MatMul", 2, 2, 1, 1, kOpGemm | kOpCostly)                                       \
+  V(Gemm, "Gemm", 2, 3, 1, 1, kOpGemm | kOpCostly)                                           \
+  V(Add, "Add", 2, 2, 1, 1, 0)                                                               \
+  V(Sub, "Sub", 2, 2, 1, 1, 0)                                                               \
+  V(Mul, "Mul", 2, 2, 1, 1, 0)                                                               \
+  V(Div, "Div", 2, 2, 1, 1, 0)                                                               \
+  V(Pow, "Pow", 2, 2, 1, 1, 0)                                                               \
+  V(Sqrt, "Sqrt", 1, 1, 1, 1, 0)                                                             \
+  V(Reciprocal, "Reciprocal", 1, 1, 1, 1, 0)                                                 \
+  V(Neg, "Neg", 1, 1, 1, 1, 0)                                                               \
+  V(Exp, "Exp", 1, 1, 1, 1, 0)                                                               \
+  V(Log, "Log", 1, 1, 1, 1, 0)                                                               \
+  V(Erf, "Erf", 1, 1, 1, 1, 0)                                                               \
+  V(Tanh, "Tanh", 1, 1, 1, 1, 0)                                                             \
+  V(Relu, "Relu", 1, 1, 1, 1, 0)                                                             \
+  V(Sigmoid, "Sigmoid", 1, 1, 1, 1, 0)                                                       \
+  V(Sin, "Sin", 1, 1, 1, 1, 0)                                                               \
+  V(Cos, "Cos", 1, 1, 1, 1, 0)                                                               \
+  V(Abs, "Abs", 1, 1, 1, 1, 0)                                                               \
+  V(Min, "Min", 2, 2, 1, 1, 0)                                                               \
+  V(Max, "Max", 2, 2, 1, 1, 0)                                                               \
+  V(Softmax, "Softmax", 1, 1, 1, 1, 0)                                                       \
+  V(LogSoftmax, "LogSoftmax", 1, 1, 1, 1, 0)                                                 \
+  V(ReduceMean, "ReduceMean", 1, 1, 1, 1, 0)                                                 \
+  V(ReduceSum, "ReduceSum", 1, 1, 1, 1, 0)                                                   \
+  V(ReduceMax, "ReduceMax", 1, 1, 1, 1, 0)                                                   \
+  V(Transpose, "Transpose", 1, 1, 1, 1, 0)                                                   \
+  V(Reshape, "Reshape", 2, 2, 1, 1, kOpView)                                                 \
+  V(Flatten, "Flatten", 1, 1, 1, 1, kOpView)                                                 \
+  V(Squeeze, "Squeeze", 1, 1, 1, 1, kOpView)                                                 \
+  V(Unsqueeze, "Unsqueeze", 1, 1, 1, 1, kOpView)                                             \
+  V(Concat, "Concat", 1, kVariadic, 1, 1, 0)                                                 \
+  V(Split, "Split", 1, 1, 1, kVariadic, 0)                                                   \
+  V(Slice, "Slice", 3, 5, 1, 1, 0)                                                           \
+  V(Shape, "Shape", 1, 1, 1, 1, OpShapeOnly(0))                                              \
+  V(Constant, "Constant", 0, 0, 1, 1, 0)                                                     \
+  V(ConstantOfShape, "ConstantOfShape", 1, 1, 1, 1, 0)                                       \
+  V(Cast, "Cast", 1, 1, 1, 1, 0)                                                             \
+  V(Where, "Where", 3, 3, 1, 1, 0)                                                           \
+  V(Equal, "Equal", 2, 2, 1, 1, 0)                                                           \
+  V(Less, "Less", 2, 2, 1, 1, 0)                                                             \
+  V(Greater, "Greater", 2, 2, 1, 1, 0)                                                       \
+  V(Not, "Not", 1, 1, 1, 1, 0)                                                               \
+  V(And, "And", 2, 2, 1, 1, 0)                                                               \
+  V(Mod, "Mod", 2, 2, 1, 1, 0)                                                               \
+  V(Expand, "Expand", 2, 2, 1, 1, 0)                                                         \
+  V(Identity, "Identity", 1, 1, 1, 1, kOpView)                                               \
+  V(Dropout, "Dropout", 1, 1, 1, 2, 0)                                                       \
+  V(Range, "Range", 3, 3, 1, 1, 0)                                                           \
+  V(Trilu, "Trilu", 1, 2, 1, 1, 0)                                                           \
+  V(GreaterOrEqual, "GreaterOrEqual", 2, 2, 1, 1, 0)                                         \
+  V(LessOrEqual, "LessOrEqual", 2, 2, 1, 1, 0)                                               \
+  V(IsNaN, "IsNaN", 1, 1, 1, 1, 0)                                                           \
+  V(CumSum, "CumSum", 1, 1, 1, 1, 0)                                                         \
+  V(GatherElements, "GatherElements", 2, 2, 1, 1, 0)                                         \
+  V(GatherND, "GatherND", 2, 2, 1, 1, 0)                                                     \
+  V(ArgMax, "ArgMax", 1, 1, 1, 1, 0)                                                         \
+  V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2, kOpCostly)               \
+  /* Fused ops */                                                                            \
+  V(Linear, "Linear", 2, 3, 1, 1, kOpGemm | kOpCostly)                                       \
+  V(LayerNorm, "LayerNorm", 2, 3, 1, 3, 0)                                                   \
+  V(RMSNorm, "RMSNorm", 2, 2, 1, 2, 0)                                                       \
+  V(Gelu, "Gelu", 1, 1, 1, 1, 0)                                                             \
+  V(Attention, "Attention", 3, 4, 1, 1, kOpGemm | kOpCostly)                                 \
+  /* Gradient and training ops */                                                            \
+  V(Sum, "Sum", 1, kVariadic, 1, 1, 0)                                                       \
+  V(FusedMatMul, "FusedMatMul", 2, 2, 1, 1, kOpGemm | kOpCostly)                             \
+  V(ReduceToShapeOf, "ReduceToShapeOf", 2, 2, 1, 1, OpShapeOnly(1))                          \
+  V(ExpandLike, "ExpandLike", 2, 2, 1, 1, OpShapeOnly(1))                                    \
+  V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1, kOpView | OpShapeOnly(1))                        \
+  V(ZerosLike, "ZerosLike", 1, 1, 1, 1, OpShapeOnly(0))                                      \
+  V(GatherGrad, "GatherGrad", 3, 3, 1, 1, OpShapeOnly(2))                                    \
+  V(GatherElementsGrad, "GatherElementsGrad", 3, 3, 1, 1, 0)                                 \
+  V(GatherNDGrad, "GatherNDGrad", 3, 3, 1, 1, 0)                                             \
+  V(SliceGrad, "SliceGrad", 4, 6, 1, 1, OpShapeOnly(1))                                      \
+  V(ConcatGrad, "ConcatGrad", 2, kVariadic, 1, kVariadic, OpShapeOnly(1) | kOpShapeOnlyRest) \
+  V(ReluGrad, "ReluGrad", 2, 2, 1, 1, 0)                                                     \
+  V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
+  V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
+  V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
+  V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3, 0)                                           \
+  V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2, 0)                                               \
+  V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1, 0)                                               \
+  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4, kOpGemm | kOpCostly)                         \
+  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1, 0)               \
+  V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \
+  V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \
+  V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2, 0)                                                   \
+  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)
 
 enum class OpKind : uint16_t {
-#define V(e, name, min_in, max_in, min_out, max_out) k##e,
+#define V(e, name, min_in, max_in, min_out, max_out, props) k##e,
   ONNXPIPE_OP_LIST(V)
 #undef V
       kNumOps
@@ -203,10 +213,21 @@ enum class OpKind : uint16_t {
 struct OpInfo {
   std::string_view name;
   int min_inputs, max_inputs, min_outputs, max_outputs;
+  uint32_t props;  // OpProp bits and ShapeOnly operands
 };
 
 const OpInfo& GetOpInfo(OpKind op);
 inline std::string_view OpName(OpKind op) { return GetOpInfo(op).name; }
+inline bool HasProp(OpKind op, OpProp p) { return (GetOpInfo(op).props & p) != 0; }
+// Operand `i` of an `op` node is read for its dims only.
+inline bool IsShapeOnlyOperand(OpKind op, int i) {
+  const uint32_t props = GetOpInfo(op).props;
+  if (i < 24 && (props & OpShapeOnly(i)) != 0) return true;
+  if ((props & kOpShapeOnlyRest) == 0) return false;
+  for (int j = 0; j < i && j < 24; ++j)
+    if ((props & OpShapeOnly(j)) != 0) return true;
+  return false;
+}
 std::optional<OpKind> ParseOpKind(std::string_view name);
 
 }  // namespace onnxpipe::ir
