@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
 #include "partitioner/memory_planner.h"
 
@@ -96,6 +97,8 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const ir::ValueId v = n.inputs[i];
     if (v == ir::kNoValue || IsShapeOnlyOperand(n, static_cast<int>(i))) continue;
+    // Attention's views read one packed buffer's parts: the buffer once.
+    if (ir::HasAttentionViews(n) && std::find(n.inputs.begin(), n.inputs.begin() + i, v) != n.inputs.begin() + i) continue;
     in_elems += Numel(g.value(v));
     c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v));
   }
@@ -123,9 +126,21 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
     case OpKind::kAttention:
     case OpKind::kAttentionGrad: {
       // Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv); the first operand of the gradient is dO.
+      // Read through the node's views when it has them (concrete shapes then).
       const int q = n.op == OpKind::kAttention ? 0 : 1;
-      const double sq = Dim(in(q), -2), dh = Dim(in(q), -1), sk = Dim(in(q + 1), -2), dv = Dim(in(q + 2), -1);
-      const double heads = Numel(in(q)) / std::max(1.0, sq * dh);
+      std::vector<double> d[3];
+      for (int i = 0; i < 3; ++i) {
+        const absl::StatusOr<ir::StridedView> v =
+            ir::HasAttentionView(n, i) && ir::IsConcrete(in(q + i).shape)
+                ? ir::AttentionOperandView(n, i, ir::ToInts(in(q + i).shape))
+                : absl::StatusOr<ir::StridedView>(absl::InvalidArgumentError("no view"));
+        for (int k = 0; k < static_cast<int>(in(q + i).shape.size()); ++k) d[i].push_back(Dim(in(q + i), k));
+        if (v.ok()) d[i].assign(v->dims.begin(), v->dims.end());
+        if (d[i].size() < 2) d[i].insert(d[i].begin(), 2 - d[i].size(), 1.0);
+      }
+      const double sq = d[0][d[0].size() - 2], dh = d[0].back(), sk = d[1][d[1].size() - 2], dv = d[2].back();
+      double heads = 1;
+      for (size_t k = 0; k + 2 < d[0].size(); ++k) heads *= d[0][k];
       const double scores = heads * sq * sk;
       const double causal = n.attrs.Get<int64_t>("causal", 0) != 0 ? 0.5 : 1.0;
       if (n.op == OpKind::kAttention) {

@@ -25,10 +25,6 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   const ir::Tensor& k = in[1];
   const ir::Tensor& v = in[2];
   for (int i = 0; i < 3; ++i) {
-    if (in[i].rank() < 2) {
-      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " must have rank >= 2, got "
-                                << DimsToString(in[i].dims());
-    }
     if (in[i].dtype() != q.dtype()) {
       return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
                                 << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(q.dtype());
@@ -38,9 +34,6 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   const int64_t sq = shape.sq, dh = shape.dh, sk = shape.sk, dv = shape.dv, nbatch = shape.nbatch;
   const std::vector<int64_t>& batch = shape.batch;
   const size_t br = batch.size();
-  const std::vector<int64_t>& qs = shape.qs;
-  const std::vector<int64_t>& ks = shape.ks;
-  const std::vector<int64_t>& vs = shape.vs;
   const double scale = shape.scale, ratio = shape.ratio;
   const bool causal = shape.causal;
   const std::string mask_kind = node.attrs.Get<std::string>("mask_kind", "additive");
@@ -80,10 +73,7 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
 
   return DispatchDType(FloatTypes{}, node, "input 0", q.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    std::vector<int64_t> out_dims = batch;
-    out_dims.push_back(sq);
-    out_dims.push_back(dv);
-    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, q.dtype(), out_dims));
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, q.dtype(), shape.out_dims));
     if (out.num_elements() == 0) return std::vector<ir::Tensor>{out};
     const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
     // The layout asks for the keep mask whenever the node has dropout, training or not, so the
@@ -93,19 +83,15 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     T* probs = ws.at<T>(layout.probs);
     uint8_t* keep_all = ws.at<uint8_t>(layout.keep);
     for (int64_t t = 0; t < nbatch; ++t) {
-      int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
-      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
-        const int64_t idx = rem % batch[d];
+      int64_t rem = t, mi = 0;
+      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0 && has_mask; --d) {
+        mi += (rem % batch[d]) * ms[d];
         rem /= batch[d];
-        qi += idx * qs[d];
-        ki += idx * ks[d];
-        vi += idx * vs[d];
-        if (has_mask) mi += idx * ms[d];
       }
       T* s = probs;
       if (dh > 0) {
-        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), q.data<T>() + qi * sq * dh, dh,
-                k.data<T>() + ki * sk * dh, dh, T(0), s, sk);
+        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), q.data<T>() + MatrixOffset(shape, shape.q, t),
+                shape.q.row, k.data<T>() + MatrixOffset(shape, shape.k, t), shape.k.row, T(0), s, sk);
       } else {
         std::fill(probs, probs + sq * sk, T(0));
       }
@@ -122,8 +108,8 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
           }
         }
       });
-      Gemm<T>(false, false, sq, dv, sk, T(1), s, sk, v.data<T>() + vi * sk * dv, dv, T(0),
-              out.mutable_data<T>() + t * sq * dv, dv);
+      Gemm<T>(false, false, sq, dv, sk, T(1), s, sk, v.data<T>() + MatrixOffset(shape, shape.v, t), shape.v.row, T(0),
+              out.mutable_data<T>() + MatrixOffset(shape, shape.o, t), shape.o.row);
     }
     return std::vector<ir::Tensor>{out};
   });

@@ -13,13 +13,25 @@
 
 namespace onnxpipe::cpu {
 
+// Where an operand's batch matrices lie in its buffer: matrix (idx over `batch`) starts at
+// offset + sum_d idx_d * batch_strides[d] (0 where the operand broadcasts), its rows `row`
+// elements apart, its columns adjacent. Contiguous operands have row = the matrix's columns.
+struct MatrixLayout {
+  int64_t offset = 0;
+  std::vector<int64_t> batch_strides;
+  int64_t row = 0;
+};
+
 // What Attention and AttentionGrad read alike from Q (..., Sq, Dh), K (..., Sk, Dh) and
-// V (..., Sk, Dv), whose batch dims broadcast, and from the node's attributes.
+// V (..., Sk, Dv), whose batch dims broadcast, and from the node's attributes. The operands are
+// read, and O written, through the node's views (frontend/ir/attention_views.h) when it has them.
 struct AttentionShape {
   int64_t sq = 0, dh = 0, sk = 0, dv = 0;
-  std::vector<int64_t> batch;       // the broadcast batch dims
-  int64_t nbatch = 1;               // batch matrices
-  std::vector<int64_t> qs, ks, vs;  // Q's, K's and V's batch strides over `batch`
+  std::vector<int64_t> batch;  // the broadcast batch dims
+  int64_t nbatch = 1;          // batch matrices
+  MatrixLayout q, k, v, o;     // in the Q, K, V buffers and in the output buffer
+  std::vector<int64_t> out_dims;  // the output buffer's dims (O's, or o_shape)
+  bool views = false;             // the node reads or writes through a view
   double scale = 1.0;               // attr scale, 1/sqrt(Dh) by default
   bool causal = false;
   double ratio = 0.0;  // attr dropout, in [0, 1]
@@ -28,6 +40,8 @@ struct AttentionShape {
 // checked ranks (>= 2) and dtypes.
 absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir::Tensor& q, const ir::Tensor& k,
                                                  const ir::Tensor& v);
+// The buffer offset of batch matrix t (row-major over `batch`) in `m`.
+int64_t MatrixOffset(const AttentionShape& a, const MatrixLayout& m, int64_t t);
 
 // Where one batch matrix's (Sq, Sk) scores read the optional mask: element (i, j) at
 // offset + i * row_stride + j * col_stride of `mask` (bool: attend where true; else added).

@@ -12,6 +12,7 @@
 // row, column), written straight into the output.
 
 #include "executor/cpu/attention_util.h"
+#include "frontend/ir/attention_views.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/grad_util.h"
 #include "executor/cpu/workspace.h"
@@ -21,34 +22,53 @@ namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
+// Under views every gradient is written, not accumulated, through its operand's view: the views
+// into one gradient output must cover it exactly, and no operand may broadcast.
+absl::Status CheckViewGradients(const ir::Node& node, const std::vector<ir::Tensor>& in, const AttentionShape& a) {
+  if (!a.views) return absl::OkStatus();
+  for (int slot = 0; slot < 3; ++slot) {
+    if (!WantsOutput(node, slot) || ir::AttentionGradSlot(node, slot) != slot) continue;
+    std::vector<ir::StridedView> views;
+    for (int i = slot; i < 3; ++i) {
+      if (ir::AttentionGradSlot(node, i) != slot) continue;
+      ASSIGN_OR_RETURN(ir::StridedView v, ir::AttentionOperandView(node, i, in[i + 1].dims()));
+      if (std::vector<int64_t>(v.dims.begin(), v.dims.end() - 2) != a.batch) {
+        return INVALID_ARGUMENT() << Describe(node) << ": operand " << i << " of dims " << DimsToString(v.dims)
+                                  << " is read through a view and broadcast; expected batch dims "
+                                  << DimsToString(a.batch);
+      }
+      views.push_back(std::move(v));
+    }
+    if (!ir::CoversExactly(in[slot + 1].num_elements(), views)) {
+      return INVALID_ARGUMENT() << Describe(node) << ": the views into gradient output " << slot
+                                << " do not cover its " << DimsToString(in[slot + 1].dims()) << " exactly once";
+    }
+  }
+  return absl::OkStatus();
+}
+
 Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dout = in[0];
   const ir::Tensor& q = in[1];
   const ir::Tensor& k = in[2];
   const ir::Tensor& v = in[3];
   for (int i = 0; i < 4; ++i) {
-    if (in[i].rank() < 2 || in[i].dtype() != q.dtype()) {
+    if (in[i].dtype() != q.dtype()) {
       return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is " << ir::DTypeName(in[i].dtype())
-                                << DimsToString(in[i].dims()) << ", expected " << ir::DTypeName(q.dtype())
-                                << " of rank >= 2";
+                                << DimsToString(in[i].dims()) << ", expected " << ir::DTypeName(q.dtype());
     }
   }
   ASSIGN_OR_RETURN(const AttentionShape shape, GetAttentionShape(node, q, k, v));
   const int64_t sq = shape.sq, dh = shape.dh, sk = shape.sk, dv = shape.dv, nbatch = shape.nbatch;
   const std::vector<int64_t>& batch = shape.batch;
   const size_t br = batch.size();
-  const std::vector<int64_t>& qs = shape.qs;
-  const std::vector<int64_t>& ks = shape.ks;
-  const std::vector<int64_t>& vs = shape.vs;
   const double scale = shape.scale, ratio = shape.ratio;
   const bool causal = shape.causal;
-  std::vector<int64_t> o_dims = batch;
-  o_dims.push_back(sq);
-  o_dims.push_back(dv);
-  if (dout.dims() != o_dims) {
+  if (dout.dims() != shape.out_dims) {
     return INVALID_ARGUMENT() << Describe(node) << ": dO has shape " << DimsToString(dout.dims())
-                              << ", expected the attention output's " << DimsToString(o_dims);
+                              << ", expected the attention output's " << DimsToString(shape.out_dims);
   }
+  RETURN_IF_ERROR(CheckViewGradients(node, in, shape));
   const bool has_mask = HasInput(in, 4);
   std::vector<int64_t> full = batch;
   full.push_back(sq);
@@ -87,49 +107,59 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       return d;
     };
     // dQ, dK, dV over the broadcast batch: the outputs themselves unless an input was broadcast
-    // (then a temporary, summed back into the output by ReduceToDims below).
+    // (then a temporary, summed back into the output by ReduceToDims below). Under views each is
+    // written through its operand's view into its gradient slot's output (CheckViewGradients).
     const std::vector<int64_t> full_dims[3] = {with_batch(sq, dh), with_batch(sk, dh), with_batch(sk, dv)};
+    const MatrixLayout contiguous[3] = {{0, {}, dh}, {0, {}, dh}, {0, {}, dv}};
     ir::Tensor fulls[3];
+    const MatrixLayout* at[3] = {&contiguous[0], &contiguous[1], &contiguous[2]};
     for (int i = 0; i < 3; ++i) {
-      if (!wants(i)) continue;
-      if (full_dims[i] == in[i + 1].dims()) {
+      const int slot = ir::AttentionGradSlot(node, i);
+      if (!wants(slot)) continue;
+      if (shape.views) {
+        if (slot == i) {
+          ASSIGN_OR_RETURN(fulls[i], AllocOutput(node, ctx, i, q.dtype(), in[i + 1].dims()));
+        }
+        fulls[i] = fulls[slot];
+        at[i] = i == 0 ? &shape.q : i == 1 ? &shape.k : &shape.v;
+      } else if (full_dims[i] == in[i + 1].dims()) {
         ASSIGN_OR_RETURN(fulls[i], AllocOutput(node, ctx, i, q.dtype(), full_dims[i]));
       } else {
         fulls[i] = ir::Tensor(q.dtype(), full_dims[i]);
       }
     }
+    auto grad_at = [&](int i, int64_t t) {
+      const MatrixLayout& m = *at[i];
+      const int64_t matrix = i == 0 ? sq * dh : i == 1 ? sk * dh : sk * dv;
+      return fulls[i].mutable_data<T>() + (m.batch_strides.empty() ? t * matrix : MatrixOffset(shape, m, t));
+    };
+    auto wants_grad = [&](int i) { return ir::AttentionGradWanted(node, i); };
     ir::Tensor dmask;
     if (wants(3)) {
       ASSIGN_OR_RETURN(dmask, AllocOutput(node, ctx, 3, q.dtype(), in[4].dims()));
       std::fill(dmask.mutable_data<T>(), dmask.mutable_data<T>() + dmask.num_elements(), T(0));
     }
-    ir::Tensor& dq = fulls[0];
-    ir::Tensor& dk = fulls[1];
-    ir::Tensor& dvt = fulls[2];
     const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
     // Planned scratch (workspace.h): asked with the node's dropout, training or not.
-    const AttentionWorkspace layout = AttentionWorkspace::Backward(sq, sk, sizeof(T), ratio > 0.0, wants(2));
+    const AttentionWorkspace layout = AttentionWorkspace::Backward(sq, sk, sizeof(T), ratio > 0.0, wants_grad(2));
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, layout.total));
     T* p = ws.at<T>(layout.probs);
     T* dp = ws.at<T>(layout.grad);
     uint8_t* keep = ws.at<uint8_t>(layout.keep);
     for (int64_t t = 0; t < nbatch; ++t) {
-      int64_t rem = t, qi = 0, ki = 0, vi = 0, mi = 0;
-      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0; --d) {
-        const int64_t idx = rem % batch[d];
+      int64_t rem = t, mi = 0;
+      for (int64_t d = static_cast<int64_t>(br) - 1; d >= 0 && has_mask; --d) {
+        mi += (rem % batch[d]) * ms[d];
         rem /= batch[d];
-        qi += idx * qs[d];
-        ki += idx * ks[d];
-        vi += idx * vs[d];
-        if (has_mask) mi += idx * ms[d];
       }
-      const T* qt = q.data<T>() + qi * sq * dh;
-      const T* kt = k.data<T>() + ki * sk * dh;
-      const T* vt = v.data<T>() + vi * sk * dv;
-      const T* dot = dout.data<T>() + t * sq * dv;
+      const T* qt = q.data<T>() + MatrixOffset(shape, shape.q, t);
+      const T* kt = k.data<T>() + MatrixOffset(shape, shape.k, t);
+      const T* vt = v.data<T>() + MatrixOffset(shape, shape.v, t);
+      const T* dot = dout.data<T>() + MatrixOffset(shape, shape.o, t);
+      const int64_t lq = shape.q.row, lk = shape.k.row, lv = shape.v.row, lo = shape.o.row;
       // P, recomputed exactly as the forward does.
       if (dh > 0) {
-        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), qt, dh, kt, dh, T(0), p, sk);
+        Gemm<T>(false, true, sq, sk, dh, static_cast<T>(scale), qt, lq, kt, lk, T(0), p, sk);
       } else {
         std::fill(p, p + sq * sk, T(0));
       }
@@ -145,16 +175,15 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         }
       });
       // dD = dO V^T (into dp).
-      Gemm<T>(false, true, sq, sk, dv, T(1), dot, dv, vt, dv, T(0), dp, sk);
-      if (wants(2)) {
+      Gemm<T>(false, true, sq, sk, dv, T(1), dot, lo, vt, lv, T(0), dp, sk);
+      if (wants_grad(2)) {
         // dV = D^T dO: form D in place of dp's partner buffer only when dropout changes P.
         if (dropout) {
           T* dmat = ws.at<T>(layout.dropped);
           for (int64_t x = 0; x < sq * sk; ++x) dmat[x] = keep[x] ? p[x] * drop_scale : T(0);
-          Gemm<T>(true, false, sk, dv, sq, T(1), dmat, sk, dot, dv, T(0),
-                  dvt.mutable_data<T>() + t * sk * dv, dv);
+          Gemm<T>(true, false, sk, dv, sq, T(1), dmat, sk, dot, lo, T(0), grad_at(2, t), at[2]->row);
         } else {
-          Gemm<T>(true, false, sk, dv, sq, T(1), p, sk, dot, dv, T(0), dvt.mutable_data<T>() + t * sk * dv, dv);
+          Gemm<T>(true, false, sk, dv, sq, T(1), p, sk, dot, lo, T(0), grad_at(2, t), at[2]->row);
         }
       }
       // dS = P * (dP - rowsum(dP * P)), dP = dD * keep * drop_scale (in place in dp).
@@ -177,20 +206,18 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         for (int64_t i = 0; i < sq; ++i)
           for (int64_t j = 0; j < sk; ++j) pm[mi + i * ms[br] + j * ms[br + 1]] += dp[i * sk + j];
       }
-      if (wants(0) && dh > 0) {
-        Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp, sk, kt, dh, T(0),
-                dq.mutable_data<T>() + t * sq * dh, dh);
+      if (wants_grad(0) && dh > 0) {
+        Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp, sk, kt, lk, T(0), grad_at(0, t), at[0]->row);
       }
-      if (wants(1) && dh > 0) {
-        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp, sk, qt, dh, T(0),
-                dk.mutable_data<T>() + t * sk * dh, dh);
+      if (wants_grad(1) && dh > 0) {
+        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp, sk, qt, lq, T(0), grad_at(1, t), at[1]->row);
       }
     }
     std::vector<ir::Tensor> outs(4);
     outs[3] = dmask;
     for (int i = 0; i < 3; ++i) {
       if (!wants(i)) continue;
-      if (full_dims[i] == in[i + 1].dims()) {
+      if (shape.views || full_dims[i] == in[i + 1].dims()) {
         outs[i] = fulls[i];
       } else {
         ASSIGN_OR_RETURN(outs[i], ReduceToDims(node, ctx, i, fulls[i], in[i + 1].dims()));

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/precision.h"
 
 namespace onnxpipe::cpu {
@@ -51,14 +52,18 @@ int64_t CpuWorkspaceBytes(const ir::Graph& g, const ir::Node& node) {
   };
   // Attention's q and k are inputs 0, 1 (forward) or 1, 2 (backward, after dO).
   auto attention = [&](size_t q_index, bool backward) -> int64_t {
-    const auto q = dims(q_index), k = dims(q_index + 1);
-    if (!q || !k || q->size() < 2 || k->size() < 2) return 0;
-    const int64_t sq = (*q)[q->size() - 2], sk = (*k)[k->size() - 2];
+    const auto qb = dims(q_index), kb = dims(q_index + 1);
+    if (!qb || !kb) return 0;
+    // Q and K as read, through their views when the node has them.
+    const absl::StatusOr<ir::StridedView> q = ir::AttentionOperandView(node, 0, *qb);
+    const absl::StatusOr<ir::StridedView> k = ir::AttentionOperandView(node, 1, *kb);
+    if (!q.ok() || !k.ok() || q->dims.size() < 2 || k->dims.size() < 2) return 0;
+    const int64_t sq = q->dims[q->dims.size() - 2], sk = k->dims[k->dims.size() - 2];
     // Half inputs are computed in f32 (cpu_evaluator.cc): the probabilities are f32 then.
     const ir::DType dt = g.value(node.inputs[q_index]).dtype;
     const int64_t elem = ir::DTypeSize(ir::IsHalf(dt) ? ir::DType::kF32 : dt);
     const bool dropout = node.attrs.Get<double>("dropout", 0.0) > 0.0;
-    return backward ? AttentionWorkspace::Backward(sq, sk, elem, dropout, WantsOutput(node, 2)).total
+    return backward ? AttentionWorkspace::Backward(sq, sk, elem, dropout, ir::AttentionGradWanted(node, 2)).total
                     : AttentionWorkspace::Forward(sq, sk, elem, dropout).total;
   };
   switch (node.op) {

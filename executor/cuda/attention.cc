@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/status.h"
 
@@ -114,6 +115,12 @@ absl::StatusOr<AttentionConfig> AttentionConfig::Resolved() const {
     c.bias_batch = c.bias_heads = c.bias_rows = 1;
   }
   if (c.seq_kv > INT32_MAX) return absl::InvalidArgumentError("Attention: seq_kv exceeds int32");
+  for (const std::vector<int64_t>* st : {&c.q_strides, &c.k_strides, &c.v_strides, &c.o_strides}) {
+    if (!st->empty() && (st->size() != 4 || st->back() != 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Attention: strides (", absl::StrJoin(*st, ", "), "), expected 4 with the last 1"));
+    }
+  }
   return c;
 }
 
@@ -125,6 +132,10 @@ std::string AttentionConfig::ToString() const {
                    causal ? " causal" : "", " mask ", kMaskNames[static_cast<int>(mask)]);
   if (mask == AttentionMask::kBias) absl::StrAppend(&s, " (", bias_batch, ",", bias_heads, ",", bias_rows, ",Sk)");
   if (dropout > 0) absl::StrAppend(&s, " dropout ", dropout);
+  const std::vector<int64_t>* strides[4] = {&q_strides, &k_strides, &v_strides, &o_strides};
+  static constexpr const char* kOperands[] = {"q", "k", "v", "o"};
+  for (int i = 0; i < 4; ++i)
+    if (!strides[i]->empty()) absl::StrAppend(&s, " ", kOperands[i], "_strides ", absl::StrJoin(*strides[i], ","));
   return s;
 }
 
@@ -170,13 +181,15 @@ struct CommonTensors {
 };
 
 // A tensor of `dims`, contiguous but for the last dim's rows, `row` elements apart (0 = dense).
+// `strides` (non-empty) override the layout.
 std::shared_ptr<fe::graph::Tensor_attributes> MakeTensor(fe::graph::Graph& g, const char* name, int64_t uid,
                                                          std::vector<int64_t> dims,
                                                          fe::DataType_t type = fe::DataType_t::NOT_SET,
-                                                         int64_t row = 0) {
+                                                         int64_t row = 0, const std::vector<int64_t>& strides = {}) {
   std::vector<int64_t> padded = dims;
   if (row != 0) padded.back() = row;
-  auto attrs = fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(Contiguous(padded));
+  auto attrs = fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+      strides.empty() ? Contiguous(padded) : strides);
   if (type != fe::DataType_t::NOT_SET) attrs.set_data_type(type);
   return g.tensor(attrs);
 }
@@ -185,9 +198,10 @@ CommonTensors AddInputs(fe::graph::Graph& g, const AttentionConfig& c, const Wor
   const fe::DataType_t io = c.dtype == ir::DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
   g.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
   CommonTensors t;
-  t.q = MakeTensor(g, "Q", kQ, {c.batch, c.heads, c.seq_q, c.head_dim});
-  t.k = MakeTensor(g, "K", kK, {c.batch, c.kv_heads, c.seq_kv, c.head_dim});
-  t.v = MakeTensor(g, "V", kV, {c.batch, c.kv_heads, c.seq_kv, c.value_dim});
+  const fe::DataType_t unset = fe::DataType_t::NOT_SET;
+  t.q = MakeTensor(g, "Q", kQ, {c.batch, c.heads, c.seq_q, c.head_dim}, unset, 0, c.q_strides);
+  t.k = MakeTensor(g, "K", kK, {c.batch, c.kv_heads, c.seq_kv, c.head_dim}, unset, 0, c.k_strides);
+  t.v = MakeTensor(g, "V", kV, {c.batch, c.kv_heads, c.seq_kv, c.value_dim}, unset, 0, c.v_strides);
   if (c.mask == AttentionMask::kBias) {
     t.bias = MakeTensor(g, "bias", kBias, {c.bias_batch, c.bias_heads, c.bias_rows, c.seq_kv}, io, layout.bias_row);
   }
@@ -219,7 +233,7 @@ std::shared_ptr<fe::graph::Graph> ForwardGraph(const AttentionConfig& c, const W
   SetOptions(options, c, t);
   auto [o, stats] = g->sdpa(t.q, t.k, t.v, options);
   const std::vector<int64_t> o_dims = {c.batch, c.heads, c.seq_q, c.value_dim};
-  o->set_output(true).set_uid(kO).set_dim(o_dims).set_stride(Contiguous(o_dims));
+  o->set_output(true).set_uid(kO).set_dim(o_dims).set_stride(c.o_strides.empty() ? Contiguous(o_dims) : c.o_strides);
   stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
   return g;
 }
@@ -227,8 +241,9 @@ std::shared_ptr<fe::graph::Graph> ForwardGraph(const AttentionConfig& c, const W
 std::shared_ptr<fe::graph::Graph> BackwardGraph(const AttentionConfig& c, const WorkspaceLayout& layout) {
   auto g = std::make_shared<fe::graph::Graph>();
   const CommonTensors t = AddInputs(*g, c, layout);
-  auto o = MakeTensor(*g, "O", kO, {c.batch, c.heads, c.seq_q, c.value_dim});
-  auto d_o = MakeTensor(*g, "dO", kDO, {c.batch, c.heads, c.seq_q, c.value_dim});
+  const fe::DataType_t unset = fe::DataType_t::NOT_SET;
+  auto o = MakeTensor(*g, "O", kO, {c.batch, c.heads, c.seq_q, c.value_dim}, unset, 0, c.o_strides);
+  auto d_o = MakeTensor(*g, "dO", kDO, {c.batch, c.heads, c.seq_q, c.value_dim}, unset, 0, c.o_strides);
   auto stats = MakeTensor(*g, "stats", kStats, {c.batch, c.heads, c.seq_q, 1}, fe::DataType_t::FLOAT);
   auto options = fe::graph::SDPA_backward_attributes().set_name("attention_backward");
   SetOptions(options, c, t);
@@ -236,9 +251,12 @@ std::shared_ptr<fe::graph::Graph> BackwardGraph(const AttentionConfig& c, const 
   const std::vector<int64_t> dq_dims = {c.batch, c.heads, c.seq_q, c.head_dim};
   const std::vector<int64_t> dk_dims = {c.batch, c.kv_heads, c.seq_kv, c.head_dim};
   const std::vector<int64_t> dv_dims = {c.batch, c.kv_heads, c.seq_kv, c.value_dim};
-  dq->set_output(true).set_uid(kDQ).set_dim(dq_dims).set_stride(Contiguous(dq_dims));
-  dk->set_output(true).set_uid(kDK).set_dim(dk_dims).set_stride(Contiguous(dk_dims));
-  dv->set_output(true).set_uid(kDV).set_dim(dv_dims).set_stride(Contiguous(dv_dims));
+  auto strides_of = [](const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+    return strides.empty() ? Contiguous(dims) : strides;
+  };
+  dq->set_output(true).set_uid(kDQ).set_dim(dq_dims).set_stride(strides_of(dq_dims, c.q_strides));
+  dk->set_output(true).set_uid(kDK).set_dim(dk_dims).set_stride(strides_of(dk_dims, c.k_strides));
+  dv->set_output(true).set_uid(kDV).set_dim(dv_dims).set_stride(strides_of(dv_dims, c.v_strides));
   return g;
 }
 

@@ -6,8 +6,8 @@
 //   stats[b, h, i] = log(sum_j exp(s_ij)),  s_ij = scale * q_i . k_j + mask_ij  over the visible j
 // (fp32, natural log), and the backward recomputes the probabilities from Q, K and stats.
 //
-// Layout: contiguous Q (B, H, Sq, Dh), K (B, Hkv, Sk, Dh), V (B, Hkv, Sk, Dv), O and dO (B, H, Sq, Dv),
-// stats (B, H, Sq); Hkv divides H (Hkv = 1 is the CPU op's head-broadcast K/V; dK and dV come back
+// Layout: Q (B, H, Sq, Dh), K (B, Hkv, Sk, Dh), V (B, Hkv, Sk, Dv), O and dO (B, H, Sq, Dv), contiguous
+// or with the config's strides, stats (B, H, Sq); Hkv divides H (Hkv = 1 is the CPU op's head-broadcast K/V; dK and dV come back
 // summed over the heads that share them, as the CPU op's ReduceToDims does).
 // Element types: bf16 or fp16 for Q, K, V, O and their gradients (fp32 accumulation and statistics).
 // cuDNN's SDPA has no fp32 path: fp32 configs are refused, and the backend casts to bf16 around it.
@@ -83,6 +83,10 @@ struct AttentionConfig {
   // kBias: dims (bias_batch, bias_heads, bias_rows, Sk); bias_rows Sq (0 = Sq); 1 is refused (above).
   int64_t bias_batch = 1, bias_heads = 1, bias_rows = 0;
   double dropout = 0.0;  // ratio; the caller passes 0 outside training
+  // Element strides of Q, K, V and O (O's also dO's; Q's, K's, V's also their gradients') over
+  // (B, H, S, D), the last 1; empty = contiguous. Strided operands are views into a packed buffer
+  // (frontend/ir/attention_views.h): the caller offsets the pointers.
+  std::vector<int64_t> q_strides, k_strides, v_strides, o_strides;
 
   // Checks the config and fills the defaults; errors name the field and what was expected.
   absl::StatusOr<AttentionConfig> Resolved() const;

@@ -4,8 +4,11 @@
 // flash (flash_attention.h), fp32 and bf16: the CPU kernels' attributes and random stream, so the
 // dropout mask is the CPU's bit for bit (same node key, step offset and micro-batch counter base).
 // AttentionGrad's scratch (row statistics, full-batch gradients of broadcast operands) is its
-// planned workspace. Cases the kernels do not cover (fp16; head dims over 128) and inputs the CPU
-// kernel rejects run the CPU kernel on the host, which reports the error. fp64 (the gradient-check
+// planned workspace. A node's views (q_view, k_view, v_view, o_view: frontend/ir/attention_views.h)
+// become the kernels' row and batch strides, so Q, K, V are read, and O, dO and the gradients
+// accessed, in place in the viewed buffers, as the CPU kernels do. Cases the kernels do not cover
+// (fp16; head dims over 128) and inputs the CPU kernel rejects run the CPU kernel on the host,
+// which reports the error. fp64 (the gradient-check
 // dtype) runs the CPU kernel: the fused kernels take fp64 through flash_attention.h, but cannot yet
 // sum the gradient of a broadcast operand in fp64.
 //
@@ -58,6 +61,7 @@
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/flash_attention.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
 #ifdef ONNXPIPE_CUDNN_ATTENTION
 #include "executor/cuda/attention.h"
@@ -72,35 +76,115 @@ int64_t Product(const std::vector<int64_t>& d) {
   return p;
 }
 
-// The plan of `node` on Q, K, V of these dims and an optional mask (`mask_dtype` kBool or the
-// inputs' dtype), without dropout; nullopt where the host should run it. `forward`: Attention
-// (which also checks the mask_kind attribute, as its CPU kernel does).
-std::optional<FlashAttentionPlan> PlanFor(const ir::Node& node, bool forward, ir::DType dtype,
-                                          const std::vector<int64_t>& q, const std::vector<int64_t>& k,
-                                          const std::vector<int64_t>& v, const std::vector<int64_t>* mask_dims,
-                                          ir::DType mask_dtype) {
-  if ((dtype != ir::DType::kF32 && dtype != ir::DType::kBF16) || q.size() < 2) return std::nullopt;
+// --- Shapes -------------------------------------------------------------------------------------
+
+// A node's Q, K, V (and mask) dtypes and dims as read (through its views), from its input tensors or
+// from the graph; for operands (and O) read through views, their strides and offsets.
+struct AttentionShapes {
+  ir::DType dtype = ir::DType::kF32;
+  std::vector<int64_t> q, k, v;
+  std::optional<std::vector<int64_t>> mask;
+  ir::DType mask_dtype = ir::DType::kBool;
+  std::vector<int64_t> strides[4];  // Q, K, V, O; empty = contiguous
+  int64_t offsets[4] = {0, 0, 0, 0};
+};
+
+// Replaces the buffers' dims in `s` by the dims the node reads through its views; false when a
+// view does not fit.
+bool ApplyViews(const ir::Node& node, AttentionShapes& s) {
+  if (!ir::HasAttentionViews(node)) return true;
+  std::vector<int64_t>* dims[3] = {&s.q, &s.k, &s.v};
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<ir::StridedView> v = ir::AttentionOperandView(node, i, *dims[i]);
+    if (!v.ok()) return false;
+    if (ir::HasAttentionView(node, i)) s.strides[i] = v->strides, s.offsets[i] = v->offset;
+    *dims[i] = v->dims;
+  }
+  if (ir::HasAttentionView(node, 3)) {
+    std::vector<int64_t> o = s.q;
+    o.back() = s.v.back();
+    absl::StatusOr<ir::StridedView> v = ir::AttentionOutputView(node, ir::AttentionOutputDims(node, o));
+    if (!v.ok() || v->dims != o) return false;
+    s.strides[3] = v->strides, s.offsets[3] = v->offset;
+  }
+  return true;
+}
+
+// Q, K, V at inputs first..first+2, the mask at first+3; nullopt when Q, K, V differ in dtype.
+std::optional<AttentionShapes> ShapesOf(const ir::Node& node, const std::vector<ir::Tensor>& in, size_t first) {
+  if (in.size() < first + 3) return std::nullopt;
+  AttentionShapes s;
+  s.dtype = in[first].dtype();
+  if (!AllOfDType(in, {first, first + 1, first + 2}, s.dtype)) return std::nullopt;
+  s.q = in[first].dims(), s.k = in[first + 1].dims(), s.v = in[first + 2].dims();
+  if (HasInput(in, first + 3)) s.mask = in[first + 3].dims(), s.mask_dtype = in[first + 3].dtype();
+  if (!ApplyViews(node, s)) return std::nullopt;
+  return s;
+}
+
+// As above from the graph's (bound, concrete) shapes; nullopt where one is not known.
+std::optional<AttentionShapes> ShapesOf(const ir::Graph& g, const ir::Node& node, size_t first) {
+  std::optional<std::vector<int64_t>> dims[3];
+  AttentionShapes s;
+  for (size_t i = 0; i < 3; ++i) {
+    dims[i] = InputDims(g, node, first + i);
+    if (!dims[i]) return std::nullopt;
+    const ir::DType t = g.value(node.inputs[first + i]).dtype;
+    if (i == 0) s.dtype = t;
+    if (t != s.dtype) return std::nullopt;
+  }
+  s.q = *dims[0], s.k = *dims[1], s.v = *dims[2];
+  if (node.inputs.size() > first + 3 && node.inputs[first + 3] != ir::kNoValue) {
+    s.mask = InputDims(g, node, first + 3);
+    if (!s.mask) return std::nullopt;
+    s.mask_dtype = g.value(node.inputs[first + 3]).dtype;
+  }
+  if (!ApplyViews(node, s)) return std::nullopt;
+  return s;
+}
+
+// Element `offset` of `t` (a view's start).
+void* At(const ir::Tensor& t, int64_t offset) {
+  return static_cast<char*>(const_cast<void*>(t.device_raw())) +
+         offset * static_cast<int64_t>(ir::DTypeSize(t.dtype()));
+}
+
+// --- Flash --------------------------------------------------------------------------------------
+
+// The plan of `node` on shapes `s` (Q, K, V and O through the node's views: their dims and strides),
+// without dropout; nullopt where the host should run it. `forward`: Attention (which also checks the
+// mask_kind attribute, as its CPU kernel does).
+std::optional<FlashAttentionPlan> PlanFor(const ir::Node& node, bool forward, const AttentionShapes& s) {
+  const ir::DType dtype = s.dtype;
+  if ((dtype != ir::DType::kF32 && dtype != ir::DType::kBF16) || s.q.size() < 2) return std::nullopt;
   FlashAttentionConfig c;
   c.dtype = dtype;
-  c.q_dims = q, c.k_dims = k, c.v_dims = v;
-  const int64_t dh = q.back();
+  c.q_dims = s.q, c.k_dims = s.k, c.v_dims = s.v;
+  c.q_strides = s.strides[0], c.k_strides = s.strides[1], c.v_strides = s.strides[2], c.o_strides = s.strides[3];
+  const int64_t dh = s.q.back();
   c.scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
   c.causal = node.attrs.Get<int64_t>("causal", 0) != 0;
   c.dropout.ratio = node.attrs.Get<double>("dropout", 0.0);
-  if (mask_dims != nullptr) {
+  if (s.mask) {
     const std::string kind = node.attrs.Get<std::string>("mask_kind", "additive");
     if (forward && kind != "additive" && kind != "bool") return std::nullopt;
-    if (mask_dtype == ir::DType::kBool) {
+    if (s.mask_dtype == ir::DType::kBool) {
       c.mask = FlashMask::kBool;
-    } else if (mask_dtype == dtype && !(forward && kind == "bool")) {
+    } else if (s.mask_dtype == dtype && !(forward && kind == "bool")) {
       c.mask = FlashMask::kAdditive;
     } else {
       return std::nullopt;
     }
-    c.mask_dims = *mask_dims;
+    c.mask_dims = *s.mask;
   }
   absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(c);
   if (!p.ok()) return std::nullopt;
+  // ApplyViews gave O Q's batch dims; the CPU kernel wants o_view over the broadcast batch.
+  if (ir::HasAttentionView(node, 3)) {
+    std::vector<int64_t> o = s.q;
+    o.back() = s.v.back();
+    if (o != p->out_dims) return std::nullopt;
+  }
   return *std::move(p);
 }
 
@@ -126,54 +210,83 @@ bool AddDropout(const KernelContext& ctx, const ir::Node& node, FlashAttentionPl
   return true;
 }
 
-const std::vector<int64_t>* MaskDims(const std::vector<ir::Tensor>& in, size_t i) {
-  return HasInput(in, i) ? &in[i].dims() : nullptr;
-}
-ir::DType MaskDType(const std::vector<ir::Tensor>& in, size_t i) {
-  return HasInput(in, i) ? in[i].dtype() : ir::DType::kBool;
+// Under views the kernels write each gradient through its operand's view, which is only the
+// gradient when, as the CPU kernel checks (CheckViewGradients), no operand whose gradient is wanted
+// broadcasts and the views into each gradient output cover it exactly. False: the host runs the node
+// (and reports the error).
+bool ViewGradientsFit(const ir::Node& node, const std::vector<ir::Tensor>& in, const FlashAttentionPlan& p) {
+  if (!ir::HasAttentionViews(node)) return true;
+  for (int slot = 0; slot < 3; ++slot) {
+    if (!WantsOutput(node, slot) || ir::AttentionGradSlot(node, slot) != slot) continue;
+    std::vector<ir::StridedView> views;
+    for (int i = slot; i < 3; ++i) {
+      if (ir::AttentionGradSlot(node, i) != slot) continue;
+      absl::StatusOr<ir::StridedView> v = ir::AttentionOperandView(node, i, in[i + 1].dims());
+      if (!v.ok() || std::vector<int64_t>(v->dims.begin(), v->dims.end() - 2) != p.batch) return false;
+      views.push_back(*std::move(v));
+    }
+    if (!ir::CoversExactly(in[slot + 1].num_elements(), views)) return false;
+  }
+  return true;
 }
 
-// O = Attention(Q, K, V, mask?) through the flash kernels.
+// Whether the backward computes operand i's gradient: its slot's output is wanted and it has elements.
+bool WantsGradient(const ir::Node& node, const AttentionShapes& s, int i) {
+  const std::vector<int64_t>* dims[3] = {&s.q, &s.k, &s.v};
+  return ir::AttentionGradWanted(node, i) && Product(*dims[i]) > 0;
+}
+
+// O = Attention(Q, K, V, mask?) through the flash kernels; Q, K, V read and O written through the
+// node's views.
 KernelResult FlashForward(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  const ir::DType dtype = in[0].dtype();
-  if (!AllOfDType(in, {0, 1, 2}, dtype)) return std::nullopt;
-  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, dtype, in[0].dims(), in[1].dims(), in[2].dims(),
-                                                MaskDims(in, 3), MaskDType(in, 3));
+  const std::optional<AttentionShapes> s = ShapesOf(node, in, 0);
+  if (!s) return std::nullopt;
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/true, *s);
   if (!p || !AddDropout(ctx, node, *p)) return std::nullopt;
-  absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, dtype, p->out_dims);
+  absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, s->dtype, ir::AttentionOutputDims(node, p->out_dims));
   if (!o.ok()) return o.status();
   if (o->num_elements() == 0) return std::vector<ir::Tensor>{*o};
   const void* mask = HasInput(in, 3) ? in[3].device_raw() : nullptr;
-  absl::Status st = FlashAttentionForward(*p, in[0].device_raw(), in[1].device_raw(), in[2].device_raw(), mask,
-                                          o->device_raw(), ctx.stream);
+  absl::Status st = FlashAttentionForward(*p, At(in[0], s->offsets[0]), At(in[1], s->offsets[1]),
+                                          At(in[2], s->offsets[2]), mask, At(*o, s->offsets[3]), ctx.stream);
   if (!st.ok()) return st;
   return std::vector<ir::Tensor>{*o};
 }
 
 // dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) through the flash kernels (dMask? runs on the host).
+// Under views dO is read through o_view and each gradient written through its operand's view into
+// its slot's output (ir::AttentionGradSlot), as the CPU kernel does.
 KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // dMask (a learned additive bias, T5's) is not computed by the fused kernels yet: the host runs it.
   if (WantsOutput(node, 3)) return std::nullopt;
-  const ir::DType dtype = in[1].dtype();
-  if (!AllOfDType(in, {0, 1, 2, 3}, dtype)) return std::nullopt;
-  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, dtype, in[1].dims(), in[2].dims(),
-                                                in[3].dims(), MaskDims(in, 4), MaskDType(in, 4));
-  if (!p || in[0].dims() != p->out_dims || !AddDropout(ctx, node, *p)) return std::nullopt;
-  std::vector<ir::Tensor> out(3);
-  FlashBackwardBuffers b;
-  void** grads[3] = {&b.dq, &b.dk, &b.dv};
-  for (int i = 0; i < 3; ++i) {
-    if (!WantsOutput(node, i)) continue;
-    absl::StatusOr<ir::Tensor> t = ctx.Output(node, i, dtype, in[i + 1].dims());
-    if (!t.ok()) return t.status();
-    out[i] = *t;
-    // An empty gradient needs no kernel; its buffer may be null.
-    if (t->num_elements() > 0) *grads[i] = t->device_raw();
+  const std::optional<AttentionShapes> s = ShapesOf(node, in, 1);
+  if (!s || in[0].dtype() != s->dtype) return std::nullopt;
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, *s);
+  if (!p || in[0].dims() != ir::AttentionOutputDims(node, p->out_dims) || !ViewGradientsFit(node, in, *p) ||
+      !AddDropout(ctx, node, *p)) {
+    return std::nullopt;
   }
-  b.d_o = in[0].device_raw();
-  b.q = in[1].device_raw();
-  b.k = in[2].device_raw();
-  b.v = in[3].device_raw();
+  std::vector<ir::Tensor> out(3);
+  void* grads[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    const int slot = ir::AttentionGradSlot(node, i);
+    if (!WantsOutput(node, slot)) continue;
+    if (slot == i) {
+      absl::StatusOr<ir::Tensor> t = ctx.Output(node, i, s->dtype, in[i + 1].dims());
+      if (!t.ok()) return t.status();
+      out[i] = *t;
+    } else if (WantsOutput(node, i)) {
+      out[i] = out[slot];  // one value read through several views: one gradient (as the CPU kernel)
+    }
+    // An empty gradient needs no kernel; its buffer may be null.
+    if (WantsGradient(node, *s, i)) grads[i] = At(out[slot], s->offsets[i]);
+  }
+  FlashBackwardBuffers b;
+  b.dq = grads[0], b.dk = grads[1], b.dv = grads[2];
+  b.d_o = At(in[0], s->offsets[3]);
+  b.q = At(in[1], s->offsets[0]);
+  b.k = At(in[2], s->offsets[1]);
+  b.v = At(in[3], s->offsets[2]);
   b.mask = HasInput(in, 4) ? in[4].device_raw() : nullptr;
   b.workspace_bytes = FlashAttentionBackwardWorkspaceBytes(*p, b.dq != nullptr, b.dk != nullptr, b.dv != nullptr);
   absl::StatusOr<void*> ws = ctx.Workspace(node, b.workspace_bytes);
@@ -187,66 +300,15 @@ KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const
 // The scratch FlashBackward takes for `node`, from the graph's shapes (0 where the host runs it).
 int64_t FlashBackwardWorkspace(const ir::Graph& g, const ir::Node& node) {
   if (WantsOutput(node, 3)) return 0;
-  std::optional<std::vector<int64_t>> dims[3];
-  for (int i = 0; i < 3; ++i) {
-    dims[i] = InputDims(g, node, i + 1);
-    if (!dims[i]) return 0;
-  }
-  const ir::DType dtype = g.value(node.inputs[1]).dtype;
-  std::optional<std::vector<int64_t>> mask;
-  ir::DType mask_dtype = ir::DType::kBool;
-  if (node.inputs.size() > 4 && node.inputs[4] != ir::kNoValue) {
-    mask = InputDims(g, node, 4);
-    if (!mask) return 0;
-    mask_dtype = g.value(node.inputs[4]).dtype;
-  }
-  std::optional<FlashAttentionPlan> p =
-      PlanFor(node, /*forward=*/false, dtype, *dims[0], *dims[1], *dims[2], mask ? &*mask : nullptr, mask_dtype);
+  const std::optional<AttentionShapes> s = ShapesOf(g, node, 1);
+  if (!s) return 0;
+  std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, *s);
   if (!p) return 0;
-  auto wants_elements = [&](int i) { return WantsOutput(node, i) && Product(*dims[i]) > 0; };
-  return FlashAttentionBackwardWorkspaceBytes(*p, wants_elements(0), wants_elements(1), wants_elements(2));
+  return FlashAttentionBackwardWorkspaceBytes(*p, WantsGradient(node, *s, 0), WantsGradient(node, *s, 1),
+                                              WantsGradient(node, *s, 2));
 }
 
 // --- Selection ------------------------------------------------------------------------------------
-
-// A node's Q, K, V (and mask) dtypes and dims, from its input tensors or from the graph.
-struct AttentionShapes {
-  ir::DType dtype = ir::DType::kF32;
-  std::vector<int64_t> q, k, v;
-  std::optional<std::vector<int64_t>> mask;
-  ir::DType mask_dtype = ir::DType::kBool;
-};
-
-// Q, K, V at inputs first..first+2, the mask at first+3; nullopt when Q, K, V differ in dtype.
-std::optional<AttentionShapes> ShapesOf(const std::vector<ir::Tensor>& in, size_t first) {
-  if (in.size() < first + 3) return std::nullopt;
-  AttentionShapes s;
-  s.dtype = in[first].dtype();
-  if (!AllOfDType(in, {first, first + 1, first + 2}, s.dtype)) return std::nullopt;
-  s.q = in[first].dims(), s.k = in[first + 1].dims(), s.v = in[first + 2].dims();
-  if (HasInput(in, first + 3)) s.mask = in[first + 3].dims(), s.mask_dtype = in[first + 3].dtype();
-  return s;
-}
-
-// As above from the graph's (bound, concrete) shapes; nullopt where one is not known.
-std::optional<AttentionShapes> ShapesOf(const ir::Graph& g, const ir::Node& node, size_t first) {
-  std::optional<std::vector<int64_t>> dims[3];
-  AttentionShapes s;
-  for (size_t i = 0; i < 3; ++i) {
-    dims[i] = InputDims(g, node, first + i);
-    if (!dims[i]) return std::nullopt;
-    const ir::DType t = g.value(node.inputs[first + i]).dtype;
-    if (i == 0) s.dtype = t;
-    if (t != s.dtype) return std::nullopt;
-  }
-  s.q = *dims[0], s.k = *dims[1], s.v = *dims[2];
-  if (node.inputs.size() > first + 3 && node.inputs[first + 3] != ir::kNoValue) {
-    s.mask = InputDims(g, node, first + 3);
-    if (!s.mask) return std::nullopt;
-    s.mask_dtype = g.value(node.inputs[first + 3]).dtype;
-  }
-  return s;
-}
 
 #ifdef ONNXPIPE_CUDNN_ATTENTION
 
@@ -278,6 +340,18 @@ absl::StatusOr<AttentionConfig> CudnnConfigFor(const ir::Node& node, const Atten
     return refuse("Q ", DimsString(s.q), ", K ", DimsString(s.k), ", V ", DimsString(s.v),
                   " (cuDNN SDPA takes K (B, H or 1, Sk, Dh) and V (B, H or 1, Sk, Dv) for Q (B, H, Sq, Dh))");
   }
+  // Strides over (B, H, S, D): a missing leading dim (extent 1) steps over the whole operand.
+  auto four_strides = [](const std::vector<int64_t>& dims, std::vector<int64_t> st) {
+    if (st.empty()) return st;
+    const int64_t outer = st.front() * dims.front();
+    st.insert(st.begin(), 4 - st.size(), outer);
+    return st;
+  };
+  c.q_strides = four_strides(s.q, s.strides[0]), c.k_strides = four_strides(s.k, s.strides[1]);
+  c.v_strides = four_strides(s.v, s.strides[2]);
+  std::vector<int64_t> o_dims = s.q;
+  o_dims.back() = s.v.back();
+  c.o_strides = four_strides(o_dims, s.strides[3]);
   c.dtype = s.dtype;
   const int64_t dh = s.q.back();
   c.scale = node.attrs.Get<double>("scale", dh > 0 ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0);
@@ -452,11 +526,19 @@ struct CudnnWorkspace {
     stats = at;
     at += AlignUp(c.batch * c.heads * c.seq_q * 4);
     if (backward_node != nullptr) {
-      const int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
-                                        c.batch * c.kv_heads * c.seq_kv * c.head_dim,
-                                        c.batch * c.kv_heads * c.seq_kv * c.value_dim};
+      int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
+                                  c.batch * c.kv_heads * c.seq_kv * c.head_dim,
+                                  c.batch * c.kv_heads * c.seq_kv * c.value_dim};
+      const std::vector<int64_t>* strides[3] = {&c.q_strides, &c.k_strides, &c.v_strides};
+      const int64_t dims[3][4] = {{c.batch, c.heads, c.seq_q, c.head_dim},
+                                  {c.batch, c.kv_heads, c.seq_kv, c.head_dim},
+                                  {c.batch, c.kv_heads, c.seq_kv, c.value_dim}};
       for (int i = 0; i < 3; ++i) {
-        if (WantsOutput(*backward_node, i)) continue;
+        if (ir::AttentionGradWanted(*backward_node, i)) continue;
+        if (!strides[i]->empty()) {  // written through its strides: as far as they reach
+          grad_elements[i] = 1;
+          for (int d = 0; d < 4; ++d) grad_elements[i] += (dims[i][d] - 1) * (*strides[i])[d];
+        }
         grad[i] = at;
         at += AlignUp(grad_elements[i] * elem);
       }
@@ -516,15 +598,16 @@ const void* MaskPointer(const std::vector<ir::Tensor>& in, size_t i) {
 KernelResult CudnnForward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const CudnnWorkspace layout(p, /*backward_node=*/nullptr);
-  std::vector<int64_t> o_dims = in[0].dims();
-  o_dims.back() = in[2].dims().back();
-  ASSIGN_OR_RETURN(ir::Tensor o, ctx.FullOutput(node, 0, in[0].dtype(), o_dims));
+  const AttentionShapes s = *ShapesOf(node, in, 0);
+  std::vector<int64_t> o_dims = s.q;
+  o_dims.back() = s.v.back();
+  ASSIGN_OR_RETURN(ir::Tensor o, ctx.FullOutput(node, 0, in[0].dtype(), ir::AttentionOutputDims(node, o_dims)));
   ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));
   AttentionForwardArgs a;
-  a.q = in[0].device_raw(), a.k = in[1].device_raw(), a.v = in[2].device_raw();
+  a.q = At(in[0], s.offsets[0]), a.k = At(in[1], s.offsets[1]), a.v = At(in[2], s.offsets[2]);
   a.mask = MaskPointer(in, 3);
   a.dropout_seed = call.seed, a.dropout_offset = call.offset;
-  a.o = o.device_raw();
+  a.o = At(o, s.offsets[3]);
   a.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
   RETURN_IF_ERROR(state.cudnn->Forward(call.config, a, call.workspace + layout.cudnn, layout.cudnn_bytes, ctx.stream));
   ++state.counts->cudnn;
@@ -534,20 +617,25 @@ KernelResult CudnnForward(AttentionState& state, const CudnnPlan& p, const Kerne
 KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
                            const std::vector<ir::Tensor>& in) {
   const CudnnWorkspace layout(p, &node);
+  const AttentionShapes s = *ShapesOf(node, in, 1);
   std::vector<ir::Tensor> out(3);
   void* grads[3] = {};
   ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));
   for (int i = 0; i < 3; ++i) {
-    if (!WantsOutput(node, i)) {
+    // Operands read through views of one value write their gradients into its slot's output.
+    const int slot = ir::AttentionGradSlot(node, i);
+    if (!WantsOutput(node, slot)) {
       grads[i] = call.workspace + layout.grad[i];
       continue;
     }
-    ASSIGN_OR_RETURN(out[i], ctx.FullOutput(node, i, in[1].dtype(), in[i + 1].dims()));
-    grads[i] = out[i].device_raw();
+    if (slot == i) {
+      ASSIGN_OR_RETURN(out[i], ctx.FullOutput(node, i, in[1].dtype(), in[i + 1].dims()));
+    }
+    grads[i] = At(out[slot], s.offsets[i]);
   }
   // The forward again (file comment): O and the stats cuDNN's backward reads.
   AttentionForwardArgs f;
-  f.q = in[1].device_raw(), f.k = in[2].device_raw(), f.v = in[3].device_raw();
+  f.q = At(in[1], s.offsets[0]), f.k = At(in[2], s.offsets[1]), f.v = At(in[3], s.offsets[2]);
   f.mask = MaskPointer(in, 4);
   f.dropout_seed = call.seed, f.dropout_offset = call.offset;
   f.o = call.workspace + layout.o;
@@ -556,7 +644,7 @@ KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const Kern
   RETURN_IF_ERROR(state.cudnn->Forward(call.config, f, cudnn_ws, layout.cudnn_bytes, ctx.stream));
   AttentionBackwardArgs b;
   b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.stats = f.stats;
-  b.d_o = in[0].device_raw();
+  b.d_o = At(in[0], s.offsets[3]);
   b.mask = f.mask;
   b.dropout_seed = call.seed, b.dropout_offset = call.offset;
   b.dq = grads[0], b.dk = grads[1], b.dv = grads[2];
@@ -571,7 +659,7 @@ KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const Kern
 
 KernelResult Attention(AttentionState& state, const KernelContext& ctx, const ir::Node& node,
                        const std::vector<ir::Tensor>& in) {
-  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(in, 0)));
+  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(node, in, 0)));
 #ifdef ONNXPIPE_CUDNN_ATTENTION
   if (cudnn) return CudnnForward(state, *cudnn, ctx, node, in);
 #endif
@@ -582,7 +670,7 @@ KernelResult Attention(AttentionState& state, const KernelContext& ctx, const ir
 
 KernelResult AttentionGrad(AttentionState& state, const KernelContext& ctx, const ir::Node& node,
                            const std::vector<ir::Tensor>& in) {
-  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(in, 1)));
+  ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(node, in, 1)));
 #ifdef ONNXPIPE_CUDNN_ATTENTION
   if (cudnn) {
     // dMask (a learned bias) runs on the host, with the CPU's dropout stream: exact without dropout.

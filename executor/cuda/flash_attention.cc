@@ -1,6 +1,7 @@
-// Host side of the fused attention: shape checks and broadcast strides (the same rules and
-// messages as the CPU kernels), the backward's workspace layout, and the summing of broadcast
-// operands' gradients (Reduce over the full-batch gradient the kernels write into the workspace).
+// Host side of the fused attention: shape checks and the operands' batch and row strides (broadcast
+// by the same rules and messages as the CPU kernels, or given as views' strides), the backward's
+// workspace layout, and the summing of broadcast operands' gradients (Reduce over the full-batch
+// gradient the kernels write into the workspace).
 #include "executor/cuda/flash_attention.h"
 
 #include <cmath>
@@ -38,6 +39,56 @@ std::vector<int64_t> BroadcastStrides(const std::vector<int64_t>& dims, size_t r
   return strides;
 }
 
+// Where an operand's batch matrices and their rows lie in its buffer: the element step along each
+// of the `br` broadcast batch dims (0 where the operand broadcasts) and between rows.
+struct MatrixLayout {
+  std::vector<int64_t> batch;
+  int64_t ld = 0;
+};
+
+// A tensor of `dims` (rank >= 2), dense row-major when `strides` is empty, else read with them.
+MatrixLayout MatrixLayoutOf(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, size_t br) {
+  const size_t r = dims.size();
+  MatrixLayout m;
+  if (strides.empty()) {
+    m.batch = BroadcastStrides(std::vector<int64_t>(dims.begin(), dims.end() - 2), br);
+    for (int64_t& s : m.batch) s *= dims[r - 2] * dims[r - 1];
+    m.ld = dims[r - 1];
+    return m;
+  }
+  m.batch.assign(br, 0);
+  for (size_t d = 0; d + 2 < r; ++d) {
+    if (dims[d] != 1) m.batch[br - (r - 2) + d] = strides[d];
+  }
+  m.ld = strides[r - 2];
+  return m;
+}
+
+// Stores `m` into a geometry's batch strides (kFlashMaxBatchRank entries) and row stride.
+void SetLayout(const MatrixLayout& m, int64_t* batch, int64_t& ld) {
+  for (size_t d = 0; d < m.batch.size(); ++d) batch[d] = m.batch[d];
+  ld = m.ld;
+}
+
+// Strides of `what` (empty: dense) fit `dims`: one per dim, none negative, the last 1.
+absl::Status CheckStrides(const char* what, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+  if (strides.empty()) return absl::OkStatus();
+  if (strides.size() != dims.size()) {
+    return INVALID_ARGUMENT() << "flash attention: " << what << " strides " << Dims(strides) << " for dims "
+                              << Dims(dims) << ", expected one per dim";
+  }
+  if (strides.back() != 1) {
+    return INVALID_ARGUMENT() << "flash attention: " << what << " strides " << Dims(strides)
+                              << ": the last stride must be 1";
+  }
+  for (int64_t s : strides) {
+    if (s < 0) {
+      return INVALID_ARGUMENT() << "flash attention: " << what << " strides " << Dims(strides) << " are negative";
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A null pointer for a buffer that has elements.
 bool Missing(const void* p, const std::vector<int64_t>& dims) { return p == nullptr && Product(dims) > 0; }
 
@@ -65,7 +116,8 @@ BackwardLayout LayoutOf(const FlashAttentionPlan& p, const bool (&want)[3]) {
   }
   for (int i = 0; i < 3; ++i) {
     const int64_t n = Product(p.full_grad_dims[i]);
-    if (!want[i] || n == Product(*dims[i])) continue;  // same elements: the kernel writes the output
+    // Same elements, or strides (never summed): the kernel writes the output.
+    if (!want[i] || p.strided_grad[i] || n == Product(*dims[i])) continue;
     l.full[i] = l.total;
     l.total += Part(n * esize);
   }
@@ -79,10 +131,13 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
     return INVALID_ARGUMENT() << "flash attention: dtype " << ir::DTypeName(c.dtype) << " is not f32, f64 or bf16";
   }
   const std::vector<int64_t>* in[3] = {&c.q_dims, &c.k_dims, &c.v_dims};
+  const std::vector<int64_t>* in_strides[3] = {&c.q_strides, &c.k_strides, &c.v_strides};
+  const char* const names[3] = {"Q", "K", "V"};
   for (int i = 0; i < 3; ++i) {
     if (in[i]->size() < 2) {
       return INVALID_ARGUMENT() << "flash attention: input " << i << " must have rank >= 2, got " << Dims(*in[i]);
     }
+    RETURN_IF_ERROR(CheckStrides(names[i], *in[i], *in_strides[i]));
   }
   const int64_t sq = c.q_dims.end()[-2], dh = c.q_dims.back();
   const int64_t sk = c.k_dims.end()[-2], dv = c.v_dims.back();
@@ -107,6 +162,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   p.full_grad_dims[0] = with_batch(sq, dh);
   p.full_grad_dims[1] = with_batch(sk, dh);
   p.full_grad_dims[2] = with_batch(sk, dv);
+  RETURN_IF_ERROR(CheckStrides("O", p.out_dims, c.o_strides));
 
   const int64_t head = std::max(dh, dv);
   const int64_t max_head = c.dtype == ir::DType::kF64 ? 64 : 128;
@@ -123,14 +179,20 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   g.sq = sq, g.sk = sk, g.dh = dh, g.dv = dv;
   g.nbatch = Product(p.batch);
   g.batch_rank = static_cast<int>(br);
-  const std::vector<int64_t> qs = BroadcastStrides(BatchOf(c.q_dims), br), ks = BroadcastStrides(BatchOf(c.k_dims), br),
-                             vs = BroadcastStrides(BatchOf(c.v_dims), br);
-  for (size_t d = 0; d < br; ++d) {
-    g.batch_dims[d] = p.batch[d];
-    g.q_stride[d] = qs[d] * sq * dh;
-    g.k_stride[d] = ks[d] * sk * dh;
-    g.v_stride[d] = vs[d] * sk * dv;
+  for (size_t d = 0; d < br; ++d) g.batch_dims[d] = p.batch[d];
+  int64_t* operand_strides[3] = {g.q_stride, g.k_stride, g.v_stride};
+  int64_t* grad_strides[3] = {g.dq_stride, g.dk_stride, g.dv_stride};
+  int64_t* operand_ld[3] = {&g.q_ld, &g.k_ld, &g.v_ld};
+  int64_t* grad_ld[3] = {&g.dq_ld, &g.dk_ld, &g.dv_ld};
+  for (int i = 0; i < 3; ++i) {
+    const MatrixLayout m = MatrixLayoutOf(*in[i], *in_strides[i], br);
+    SetLayout(m, operand_strides[i], *operand_ld[i]);
+    // A strided operand's gradient goes where the operand came from; a dense one's over the full
+    // batch (summed afterwards where the operand broadcasts).
+    p.strided_grad[i] = !in_strides[i]->empty();
+    SetLayout(p.strided_grad[i] ? m : MatrixLayoutOf(p.full_grad_dims[i], {}, br), grad_strides[i], *grad_ld[i]);
   }
+  SetLayout(MatrixLayoutOf(p.out_dims, c.o_strides, br), g.o_stride, g.o_ld);
   g.mask = c.mask;
   if (c.mask != FlashMask::kNone) {
     const std::vector<int64_t> full = with_batch(sq, sk);
@@ -188,6 +250,15 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
       (g.mask != FlashMask::kNone && Missing(b.mask, c.mask_dims))) {
     return INVALID_ARGUMENT() << "FlashAttentionBackward: null device pointer";
   }
+  const std::vector<int64_t>* dims[3] = {&c.q_dims, &c.k_dims, &c.v_dims};
+  for (int i = 0; i < 3; ++i) {
+    // Written through the operand's strides, a broadcast operand's matrices would overwrite each other.
+    if (want[i] && plan.strided_grad[i] && Product(plan.full_grad_dims[i]) != Product(*dims[i])) {
+      return INVALID_ARGUMENT() << "FlashAttentionBackward: input " << i << " of dims " << Dims(*dims[i])
+                                << " has strides and is broadcast to " << Dims(plan.full_grad_dims[i])
+                                << ": its gradient cannot be written in place";
+    }
+  }
   uint8_t* ws = static_cast<uint8_t*>(b.workspace);
   void* out[3] = {b.dq, b.dk, b.dv};
   void* full[3];
@@ -203,7 +274,6 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
   void* stats = layout.stats >= 0 ? ws + layout.stats : nullptr;
   CUDA_RETURN_IF_ERROR(LaunchFlashAttentionBackward(plan.config.dtype, g, b.d_o, b.q, b.k, b.v, b.mask, full[0],
                                                     full[1], full[2], stats, stream));
-  const std::vector<int64_t>* dims[3] = {&plan.config.q_dims, &plan.config.k_dims, &plan.config.v_dims};
   for (int i = 0; i < 3; ++i) {
     const int64_t n = Product(*dims[i]);
     if (layout.full[i] < 0 || n == 0) continue;

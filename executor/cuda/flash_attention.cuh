@@ -105,12 +105,14 @@ struct QuadSwizzle {
   static __device__ __forceinline__ int Offset(int r, int c) { return SwizzledOffset<D>(r, c); }
 };
 
-// Starts copying rows [row0, row0 + kRows) x columns [0, D) of the row-major (rows, cols) matrix at
-// g into `tile`, element (r, c) at Layout::Offset(r, c); rows >= rows and columns >= cols read as
-// zero. vec: 16-byte copies (cols a multiple of 16 / sizeof(T), g 16-byte aligned; Layout keeps
-// 16-byte chunks whole); else element copies (asynchronous for 4- and 8-byte elements).
+// Starts copying rows [row0, row0 + kRows) x columns [0, D) of the (rows, cols) matrix at g, whose
+// rows are ld elements apart, into `tile`, element (r, c) at Layout::Offset(r, c); rows >= rows and
+// columns >= cols read as zero. vec: 16-byte copies (cols and ld multiples of 16 / sizeof(T), g
+// 16-byte aligned; Layout keeps 16-byte chunks whole); else element copies (asynchronous for 4- and
+// 8-byte elements).
 template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
-__device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int64_t rows, int64_t cols, bool vec) {
+__device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int64_t rows, int64_t cols, int64_t ld,
+                                         bool vec) {
   if (vec) {
     constexpr int kChunk = 16 / sizeof(T);
     constexpr int kPerRow = D / kChunk;
@@ -118,7 +120,7 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
       const int r = c / kPerRow, e = (c % kPerRow) * kChunk;
       T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
-        CpAsync16(dst, g + (row0 + r) * cols + e);
+        CpAsync16(dst, g + (row0 + r) * ld + e);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
@@ -129,9 +131,9 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
       T* dst = tile + Layout::Offset(r, e);
       if (row0 + r < rows && e < cols) {
         if constexpr (sizeof(T) >= 4) {
-          CpAsyncElement(dst, g + (row0 + r) * cols + e);
+          CpAsyncElement(dst, g + (row0 + r) * ld + e);
         } else {
-          *dst = g[(row0 + r) * cols + e];
+          *dst = g[(row0 + r) * ld + e];
         }
       } else {
         *dst = T(0);
@@ -140,13 +142,21 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* g, int64_t row0, int6
   }
 }
 
-// The tile pair every kernel streams: rows [row0, row0 + kRows) of a (rows, a_cols) and of b (rows,
-// b_cols) into the consecutive (kRows, D) tiles at dst (a's, then b's).
+// One operand of a tile load: its batch matrix, columns, row stride and whether it takes 16-byte copies.
+template <typename T>
+struct TileSource {
+  const T* g;
+  int64_t cols, ld;
+  bool vec;
+};
+
+// The tile pair every kernel streams: rows [row0, row0 + kRows) of a (rows, a.cols) and of b (rows,
+// b.cols) into the consecutive (kRows, D) tiles at dst (a's, then b's).
 template <typename T, int D, typename Layout = QuadSwizzle<D>, int kRows = kTile>
-__device__ __forceinline__ void LoadTilePair(T* dst, const T* a, int64_t a_cols, bool a_vec, const T* b, int64_t b_cols,
-                                             bool b_vec, int64_t row0, int64_t rows) {
-  LoadTile<T, D, Layout, kRows>(dst, a, row0, rows, a_cols, a_vec);
-  LoadTile<T, D, Layout, kRows>(dst + kRows * D, b, row0, rows, b_cols, b_vec);
+__device__ __forceinline__ void LoadTilePair(T* dst, const TileSource<T>& a, const TileSource<T>& b, int64_t row0,
+                                             int64_t rows) {
+  LoadTile<T, D, Layout, kRows>(dst, a.g, row0, rows, a.cols, a.ld, a.vec);
+  LoadTile<T, D, Layout, kRows>(dst + kRows * D, b.g, row0, rows, b.cols, b.ld, b.vec);
 }
 
 // The bf16 tensor-core kernels (flash_attention_bf16_fwd.cu, flash_attention_bf16_bwd.cu) behind
@@ -221,16 +231,16 @@ __device__ __forceinline__ void StoreTile(T* p, int prow, int cg, const T (&v)[4
   }
 }
 
-// Writes the thread's 4 rows of D / 8 accumulator columns (quads cg, cg + 8, ...) into the row-major
-// (rows, cols) matrix g at rows row + m; rows >= rows and columns >= cols are skipped. vec: quad
-// stores (cols a multiple of 4, g aligned to a quad).
+// Writes the thread's 4 rows of D / 8 accumulator columns (quads cg, cg + 8, ...) into the (rows,
+// cols) matrix g, whose rows are ld elements apart, at rows row + m; rows >= rows and columns >= cols
+// are skipped. vec: quad stores (cols and ld multiples of 4, g aligned to a quad).
 template <typename T, int D>
-__device__ __forceinline__ void StoreRows(T* g, int64_t row, int64_t rows, int64_t cols, int cg, bool vec,
+__device__ __forceinline__ void StoreRows(T* g, int64_t row, int64_t rows, int64_t cols, int64_t ld, int cg, bool vec,
                                           const T (&acc)[4][D / 8]) {
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     if (row + m >= rows) continue;
-    T* dst = g + (row + m) * cols;
+    T* dst = g + (row + m) * ld;
 #pragma unroll
     for (int q = 0; q < D / 32; ++q) {
       const int64_t c0 = 4 * (cg + 8 * q);
@@ -258,16 +268,37 @@ struct VecFlags {
 
 inline bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// Whether every row of every batch matrix of a (batch..., rows, cols) operand at p, rows ld and
+// batch matrices batch_strides[d] elements apart, starts `align`-byte aligned and splits into whole
+// chunks of `chunk` elements: p aligned, cols, ld and the batch strides multiples of chunk.
+inline bool Vectorisable(const FlashGeometry& g, const void* p, size_t align, int64_t chunk, int64_t cols,
+                         int64_t ld, const int64_t* batch_strides) {
+  if (!Aligned(p, align) || cols % chunk != 0 || ld % chunk != 0) return false;
+  for (int d = 0; d < g.batch_rank; ++d) {
+    if (batch_strides[d] % chunk != 0) return false;
+  }
+  return true;
+}
+
 // The load flags of q, k, v, d_o (any may be null) for elements of `esize` bytes.
 inline VecFlags LoadVecFlags(const FlashGeometry& g, size_t esize, const void* q, const void* k, const void* v,
                              const void* d_o) {
   const int64_t chunk = 16 / static_cast<int64_t>(esize);
   VecFlags vec;
-  vec.q = g.dh % chunk == 0 && Aligned(q, 16);
-  vec.k = g.dh % chunk == 0 && Aligned(k, 16);
-  vec.v = g.dv % chunk == 0 && Aligned(v, 16);
-  vec.d_o = g.dv % chunk == 0 && Aligned(d_o, 16);
+  vec.q = Vectorisable(g, q, 16, chunk, g.dh, g.q_ld, g.q_stride);
+  vec.k = Vectorisable(g, k, 16, chunk, g.dh, g.k_ld, g.k_stride);
+  vec.v = Vectorisable(g, v, 16, chunk, g.dv, g.v_ld, g.v_stride);
+  vec.d_o = Vectorisable(g, d_o, 16, chunk, g.dv, g.o_ld, g.o_stride);
   return vec;
+}
+
+// The store flags of o, dq, dk, dv (any may be null): stores of `chunk` elements, `align` bytes.
+inline void SetStoreVecFlags(VecFlags& vec, const FlashGeometry& g, size_t align, int64_t chunk, const void* o,
+                             const void* dq, const void* dk, const void* dv) {
+  vec.o = Vectorisable(g, o, align, chunk, g.dv, g.o_ld, g.o_stride);
+  vec.dq = Vectorisable(g, dq, align, chunk, g.dh, g.dq_ld, g.dq_stride);
+  vec.dk = Vectorisable(g, dk, align, chunk, g.dh, g.dk_ld, g.dk_stride);
+  vec.dv = Vectorisable(g, dv, align, chunk, g.dv, g.dv_ld, g.dv_stride);
 }
 
 // --- geometry, masking, dropout ------------------------------------------------------------------
@@ -276,6 +307,7 @@ struct BatchOffsets {
   int64_t q = 0, k = 0, v = 0, mask = 0;
 };
 
+// The element offsets of batch matrix b (row-major over batch_dims) in Q, K, V and the mask.
 __device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_t b) {
   BatchOffsets o;
   for (int d = g.batch_rank - 1; d >= 0; --d) {
@@ -287,6 +319,22 @@ __device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_
     o.mask += idx * g.mask_stride[d];
   }
   return o;
+}
+
+// The element offset of batch matrix b in a buffer with these batch strides (O, dO, dQ, dK, dV's).
+// Computed where it is used, not kept in registers through the kernels' loops; at the kernels' ends
+// the accumulators are live, so the index arithmetic is 32-bit (inline, where 64-bit division is a
+// called routine that needs registers): b and the batch dims fit, as the launches keep the grid
+// (nbatch tiles or more) under 2^31.
+__device__ __forceinline__ int64_t OffsetOf(const FlashGeometry& g, const int64_t* batch_strides, int64_t b) {
+  int64_t at = 0;
+  uint32_t rest = static_cast<uint32_t>(b);
+  for (int d = g.batch_rank - 1; d >= 0; --d) {
+    const uint32_t n = static_cast<uint32_t>(g.batch_dims[d]);
+    at += static_cast<int64_t>(rest % n) * batch_strides[d];
+    rest /= n;
+  }
+  return at;
 }
 
 // The masked score of query i, key j from the scaled product s: -inf when the key is out of range,

@@ -3,7 +3,9 @@
 // AttentionGrad (executor/cpu/attention.cc, grad_attention.cc, frontend/ir/op.h):
 //   O = dropout(softmax(scale * Q K^T + mask [causal: key j visible from query i iff j <= i])) V
 // - Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv): dense row-major, batch dims broadcast among
-//   them (numpy rules); O and dO are (batch..., Sq, Dv) over the broadcast batch.
+//   them (numpy rules); O and dO are (batch..., Sq, Dv) over the broadcast batch. Each of Q, K, V
+//   and O (dO with O's) may instead have element strides (FlashAttentionConfig::q_strides, ...):
+//   a strided view of a larger buffer (a packed QKV projection), the last stride 1.
 // - mask (optional) broadcasts to (batch..., Sq, Sk): additive (the inputs' dtype) or bool (one
 //   byte, nonzero = attend). scale defaults to 1/sqrt(Dh). A row whose keys are all masked gives
 //   zeros (O, and no gradient), not NaN.
@@ -11,7 +13,8 @@
 //   counter_base + (b * Sq + i) * Sk + j (b the flat batch index), scaled by 1 / (1 - ratio)
 //   rounded to the dtype, active only while training with ratio > 0 (dropout.h's DropoutParams).
 // - dQ, dK, dV have the shapes of Q, K, V: gradients of broadcast operands are summed over the
-//   broadcast dims (the CPU's ReduceToDims), through Reduce (reduce.h) on the device.
+//   broadcast dims (the CPU's ReduceToDims), through Reduce (reduce.h) on the device. The gradient
+//   of an operand with strides is written with that operand's strides (it may not broadcast).
 // Arithmetic: fp32 FMAs with fp32 accumulation (no TF32); online softmax with the running row
 // maximum, exponentials through exp2. Deterministic: no atomics, fixed summation order.
 // bf16 (flash_attention_bf16_*.cu): Q, K, V, dO, an additive mask, O, dQ, dK, dV in bf16; the
@@ -57,9 +60,14 @@ struct FlashGeometry {
   int64_t nbatch = 1;  // product of batch_dims
   int batch_rank = 0;
   int64_t batch_dims[kFlashMaxBatchRank] = {};
-  // Element offset of one step along batch dim d in each operand (0 where it broadcasts).
+  // Element offset of one step along batch dim d in each operand (0 where it broadcasts), in O and
+  // dO, and in the gradients dQ, dK, dV as the kernels write them.
   int64_t q_stride[kFlashMaxBatchRank] = {}, k_stride[kFlashMaxBatchRank] = {}, v_stride[kFlashMaxBatchRank] = {},
-          mask_stride[kFlashMaxBatchRank] = {};
+          mask_stride[kFlashMaxBatchRank] = {}, o_stride[kFlashMaxBatchRank] = {};
+  int64_t dq_stride[kFlashMaxBatchRank] = {}, dk_stride[kFlashMaxBatchRank] = {}, dv_stride[kFlashMaxBatchRank] = {};
+  // Row strides (leading dimensions): elements between consecutive rows, along Sq for Q, O, dO and
+  // dQ, along Sk for K, V, dK and dV. Dense: Dh or Dv (PlanFlashAttention sets them).
+  int64_t q_ld = 0, k_ld = 0, v_ld = 0, o_ld = 0, dq_ld = 0, dk_ld = 0, dv_ld = 0;
   FlashMask mask = FlashMask::kNone;
   int64_t mask_row_stride = 0, mask_col_stride = 0;  // along Sq and Sk (0 where the mask broadcasts)
   bool causal = false;
@@ -76,12 +84,13 @@ struct FlashGeometry {
 };
 
 // Raw launches (callable from .cu code): dtype f32, f64 or bf16, cudaErrorInvalidValue for anything
-// the kernels do not cover. Pointers to dense buffers as described above; o, d_o (batch..., Sq, Dv).
+// the kernels do not cover. Pointers to the buffers laid out as the geometry says; o, d_o
+// (batch..., Sq, Dv) with O's strides.
 cudaError_t LaunchFlashAttentionForward(ir::DType dtype, const FlashGeometry& g, const void* q, const void* k,
                                         const void* v, const void* mask, void* o, cudaStream_t stream);
-// dq, dk, dv over the FULL batch ((batch..., Sq, Dh), (batch..., Sk, Dh), (batch..., Sk, Dv)), each
-// null when not wanted. stats: 3 * nbatch * Sq elements of the dtype (fp32 for bf16), needed (else
-// null) when dk or dv is wanted.
+// dq, dk, dv over the FULL batch ((batch..., Sq, Dh), (batch..., Sk, Dh), (batch..., Sk, Dv)) with
+// the geometry's gradient strides, each null when not wanted. stats: 3 * nbatch * Sq elements of
+// the dtype (fp32 for bf16), needed (else null) when dk or dv is wanted.
 cudaError_t LaunchFlashAttentionBackward(ir::DType dtype, const FlashGeometry& g, const void* d_o, const void* q,
                                          const void* k, const void* v, const void* mask, void* dq, void* dk, void* dv,
                                          void* stats, cudaStream_t stream);
@@ -96,6 +105,9 @@ struct FlashAttentionConfig {
   std::optional<double> scale;  // default 1/sqrt(Dh) (1 when Dh = 0), as the CPU op
   bool causal = false;
   DropoutParams dropout = {.ratio = 0.0};  // training && ratio > 0: active
+  // Element strides of Q, K, V (over q_dims, k_dims, v_dims) and of O and dO (over the plan's
+  // out_dims); empty: dense row-major. Non-negative, the last 1.
+  std::vector<int64_t> q_strides, k_strides, v_strides, o_strides;
 };
 
 // A validated config with its derived shapes.
@@ -105,26 +117,31 @@ struct FlashAttentionPlan {
   std::vector<int64_t> out_dims;  // O: (batch..., Sq, Dv)
   // dQ, dK, dV over the full batch; an operand whose dims differ was broadcast.
   std::vector<int64_t> full_grad_dims[3];
+  // dQ, dK, dV written with their operand's strides (the config gave them): in place, never summed.
+  bool strided_grad[3] = {false, false, false};
   FlashGeometry geometry;
 };
 
 // An error naming the problem for shapes that do not fit together (as the CPU op), a mask that does
-// not broadcast, dropout ratio outside [0, 1], a dtype other than f32/f64/bf16, or the limits above.
+// not broadcast, dropout ratio outside [0, 1], a dtype other than f32/f64/bf16, strides of the wrong
+// rank, negative or with a last stride other than 1, or the limits above.
 absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig& config);
 
 // Scratch bytes FlashAttentionBackward takes for these wanted gradients: the row statistics (when
-// dK or dV is wanted) and full-batch copies of the gradients of broadcast operands, in 256-byte
-// aligned parts.
+// dK or dV is wanted) and full-batch copies of the gradients of broadcast (dense) operands, in
+// 256-byte aligned parts.
 int64_t FlashAttentionBackwardWorkspaceBytes(const FlashAttentionPlan& plan, bool want_dq, bool want_dk,
                                              bool want_dv);
 
-// o: (batch..., Sq, Dv). mask: null iff config.mask is kNone.
+// o: (batch..., Sq, Dv) with o_strides. mask: null iff config.mask is kNone.
 absl::Status FlashAttentionForward(const FlashAttentionPlan& plan, const void* q, const void* k, const void* v,
                                    const void* mask, void* o, cudaStream_t stream);
 
+// d_o with o_strides. A wanted gradient of an operand with strides must not be broadcast (an error).
 struct FlashBackwardBuffers {
   const void *d_o = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr;
-  void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // the operands' dims; null: not wanted
+  // The operands' dims (and strides, where they have them); null: not wanted.
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;
   void* workspace = nullptr;                         // FlashAttentionBackwardWorkspaceBytes bytes
   int64_t workspace_bytes = 0;
 };

@@ -67,11 +67,12 @@ __global__ void __launch_bounds__(kThreads, kQMinBlocks<D>)
   if (g.causal) nkt = min(nkt, (min(i0 + kRows, g.sq) - 1) / kTile + 1);
   // Steps: the key tiles once for the statistics, once more for dQ.
   const int64_t steps = nkt * (dq != nullptr ? 2 : 1);
+  const TileSource<bf16> k_src{kg, g.dh, g.k_ld, vec.k}, v_src{vg, g.dv, g.v_ld, vec.v};
   auto load_kv = [&](int64_t step) {
-    LoadTilePair<bf16, D, Swizzle<D>>(kv + (step & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v,
-                                      (step % nkt) * kTile, g.sk);
+    LoadTilePair<bf16, D, Swizzle<D>>(kv + (step & 1) * 2 * kTile * D, k_src, v_src, (step % nkt) * kTile, g.sk);
   };
-  LoadTilePair<bf16, D, Swizzle<D>, kRows>(qs, q + off.q, g.dh, vec.q, d_o + b * g.sq * g.dv, g.dv, vec.d_o, i0, g.sq);
+  LoadTilePair<bf16, D, Swizzle<D>, kRows>(qs, {q + off.q, g.dh, g.q_ld, vec.q},
+                                           {d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o}, i0, g.sq);
   if (steps > 0) load_kv(0);
   CpAsyncCommit();
   if (steps == 0) CpAsyncWaitAll();  // no step waits for the copies: none may outlive the CTA
@@ -203,7 +204,8 @@ __global__ void __launch_bounds__(kThreads, kQMinBlocks<D>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][n][e] *= scale;
     }
-    mma::StoreRows<D>(dq + b * g.sq * g.dh, i0 + row0 + 16 * m, g.sq, g.dh, vec.dq, acc[m], lane);
+    mma::StoreRows<D>(dq + OffsetOf(g, g.dq_stride, b), i0 + row0 + 16 * m, g.sq, g.dh, g.dq_ld, vec.dq, acc[m],
+                      lane);
   }
 }
 
@@ -237,18 +239,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t b = blockIdx.x / nkt;
   const int64_t j0 = (blockIdx.x % nkt) * kTile;
   const BatchOffsets off = OffsetsOf(g, b);
-  const bf16* qg = q + off.q;
-  const bf16* dog = d_o + b * g.sq * g.dv;
+  const TileSource<bf16> q_src{q + off.q, g.dh, g.q_ld, vec.q};
+  const TileSource<bf16> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
   const int64_t n_rows = g.nbatch * g.sq;
   const float* st_max = stats + b * g.sq;
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
   auto load_qd = [&](int64_t qt) {
-    LoadTilePair<bf16, D, Swizzle<D>>(qd + (qt & 1) * 2 * kTile * D, qg, g.dh, vec.q, dog, g.dv, vec.d_o, qt * kTile,
-                                      g.sq);
+    LoadTilePair<bf16, D, Swizzle<D>>(qd + (qt & 1) * 2 * kTile * D, q_src, do_src, qt * kTile, g.sq);
     LoadStats(st + (qt & 1) * 3 * kTile, st_max, n_rows, qt * kTile, g.sq);
   };
-  LoadTilePair<bf16, D, Swizzle<D>>(ks, k + off.k, g.dh, vec.k, v + off.v, g.dv, vec.v, j0, g.sk);  // K, V
+  LoadTilePair<bf16, D, Swizzle<D>>(ks, {k + off.k, g.dh, g.k_ld, vec.k}, {v + off.v, g.dv, g.v_ld, vec.v}, j0,
+                                    g.sk);  // K, V
   if (qt_begin < nqt) load_qd(qt_begin);
   CpAsyncCommit();
   if (qt_begin >= nqt) CpAsyncWaitAll();  // no query tile: dK = dV = 0
@@ -310,8 +312,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[0][n][e] *= scale;
   }
-  if (dk != nullptr) mma::StoreRows<D>(dk + b * g.sk * g.dh, j0 + row0, g.sk, g.dh, vec.dk, dk_acc[0], lane);
-  if (dv != nullptr) mma::StoreRows<D>(dv + b * g.sk * g.dv, j0 + row0, g.sk, g.dv, vec.dv, dv_acc[0], lane);
+  if (dk != nullptr) {
+    mma::StoreRows<D>(dk + OffsetOf(g, g.dk_stride, b), j0 + row0, g.sk, g.dh, g.dk_ld, vec.dk, dk_acc[0], lane);
+  }
+  if (dv != nullptr) {
+    mma::StoreRows<D>(dv + OffsetOf(g, g.dv_stride, b), j0 + row0, g.sk, g.dv, g.dv_ld, vec.dv, dv_acc[0], lane);
+  }
 }
 
 template <int D, int kM = kQBlocks<D>>
@@ -324,9 +330,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const
   const bool want_kv = dk != nullptr || dv != nullptr;
   if (want_kv && stats == nullptr) return cudaErrorInvalidValue;
   VecFlags vec = LoadVecFlags(g, sizeof(bf16), q, k, v, d_o);
-  vec.dq = g.dh % 2 == 0 && Aligned(dq, 4);
-  vec.dk = g.dh % 2 == 0 && Aligned(dk, 4);
-  vec.dv = g.dv % 2 == 0 && Aligned(dv, 4);
+  SetStoreVecFlags(vec, g, /*align=*/4, /*chunk=*/2, nullptr, dq, dk, dv);
   constexpr int kQRows = kM * kTile;
   const int64_t q_blocks = (g.sq + kQRows - 1) / kQRows * g.nbatch;
   if (q_blocks > INT_MAX) return cudaErrorInvalidValue;

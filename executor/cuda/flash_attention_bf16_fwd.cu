@@ -55,8 +55,9 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>)
   int64_t nkt = (g.sk + kTile - 1) / kTile;
   if (g.causal) nkt = min(nkt, (min(i0 + kRows, g.sq) - 1) / kTile + 1);
 
-  LoadTile<bf16, D, Swizzle<D>, kRows>(qs, q + off.q, i0, g.sq, g.dh, vec.q);
-  if (nkt > 0) LoadTilePair<bf16, D, Swizzle<D>>(kv, kg, g.dh, vec.k, vg, g.dv, vec.v, 0, g.sk);
+  const TileSource<bf16> k_src{kg, g.dh, g.k_ld, vec.k}, v_src{vg, g.dv, g.v_ld, vec.v};
+  LoadTile<bf16, D, Swizzle<D>, kRows>(qs, q + off.q, i0, g.sq, g.dh, g.q_ld, vec.q);
+  if (nkt > 0) LoadTilePair<bf16, D, Swizzle<D>>(kv, k_src, v_src, 0, g.sk);
   CpAsyncCommit();
   if (nkt == 0) CpAsyncWaitAll();  // no key tile (every key masked): O = 0
 
@@ -74,8 +75,7 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>)
     CpAsyncWaitAll();
     __syncthreads();  // tile kt landed; every warp is done with tile kt - 1
     if (kt + 1 < nkt) {
-      LoadTilePair<bf16, D, Swizzle<D>>(kv + ((kt + 1) & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v,
-                                        (kt + 1) * kTile, g.sk);
+      LoadTilePair<bf16, D, Swizzle<D>>(kv + ((kt + 1) & 1) * 2 * kTile * D, k_src, v_src, (kt + 1) * kTile, g.sk);
       CpAsyncCommit();
     }
     const bf16* ks = kv + (kt & 1) * 2 * kTile * D;
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>)
         acc[m][n][2 * h + 1] *= f;
       }
     }
-    mma::StoreRows<D>(o + b * g.sq * g.dv, i0 + row0 + 16 * m, g.sq, g.dv, vec.o, acc[m], lane);
+    mma::StoreRows<D>(o + OffsetOf(g, g.o_stride, b), i0 + row0 + 16 * m, g.sq, g.dv, g.o_ld, vec.o, acc[m], lane);
   }
 }
 
@@ -171,7 +171,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* q, const void* k, const v
   if (blocks == 0 || g.dv == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   VecFlags vec = LoadVecFlags(g, sizeof(bf16), q, k, v, nullptr);
-  vec.o = g.dv % 2 == 0 && Aligned(o, 4);
+  SetStoreVecFlags(vec, g, /*align=*/4, /*chunk=*/2, o, nullptr, nullptr, nullptr);
   constexpr size_t smem = ForwardSmemBytes<D, kM>();
   if (cudaError_t e = mma::SetSharedMemory(ForwardKernel<D, kM>, smem); e != cudaSuccess) return e;
   ForwardKernel<D, kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(

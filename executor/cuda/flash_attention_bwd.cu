@@ -61,11 +61,13 @@ __global__ void __launch_bounds__(kThreads)
   if (g.causal) nkt = min(nkt, (min(i0 + kTile, g.sq) - 1) / kTile + 1);
   // Steps: the key tiles once for the statistics, once more for dQ.
   const int64_t steps = nkt * (dq != nullptr ? 2 : 1);
+  const TileSource<T> k_src{kg, g.dh, g.k_ld, vec.k}, v_src{vg, g.dv, g.v_ld, vec.v};
   auto load_kv = [&](int64_t step) {
     const int64_t j0 = (step % nkt) * kTile;
-    LoadTilePair<T, D>(kv + (step & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, j0, g.sk);
+    LoadTilePair<T, D>(kv + (step & 1) * 2 * kTile * D, k_src, v_src, j0, g.sk);
   };
-  LoadTilePair<T, D>(qs, q + off.q, g.dh, vec.q, d_o + b * g.sq * g.dv, g.dv, vec.d_o, i0, g.sq);  // Q, dO
+  LoadTilePair<T, D>(qs, {q + off.q, g.dh, g.q_ld, vec.q}, {d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o},
+                     i0, g.sq);  // Q, dO
   if (steps > 0) load_kv(0);
   CpAsyncCommit();
   if (steps == 0) CpAsyncWaitAll();  // no step waits for the copies: none may outlive the CTA
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < D / 8; ++e) acc[m][e] *= scale;
   }
-  StoreRows<T, D>(dq + b * g.sq * g.dh, i0 + arow, g.sq, g.dh, cg, vec.dq, acc);
+  StoreRows<T, D>(dq + OffsetOf(g, g.dq_stride, b), i0 + arow, g.sq, g.dh, g.dq_ld, cg, vec.dq, acc);
 }
 
 template <typename T, int D>
@@ -216,14 +218,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / nkt;
   const int64_t j0 = (blockIdx.x % nkt) * kTile;
   const BatchOffsets off = OffsetsOf(g, b);
-  const T* qg = q + off.q;
-  const T* dog = d_o + b * g.sq * g.dv;
+  const TileSource<T> q_src{q + off.q, g.dh, g.q_ld, vec.q};
+  const TileSource<T> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
   auto load_qd = [&](int64_t qt) {
-    LoadTilePair<T, D>(qd + (qt & 1) * 2 * kTile * D, qg, g.dh, vec.q, dog, g.dv, vec.d_o, qt * kTile, g.sq);
+    LoadTilePair<T, D>(qd + (qt & 1) * 2 * kTile * D, q_src, do_src, qt * kTile, g.sq);
   };
-  LoadTilePair<T, D>(ks, k + off.k, g.dh, vec.k, v + off.v, g.dv, vec.v, j0, g.sk);  // K, V
+  LoadTilePair<T, D>(ks, {k + off.k, g.dh, g.k_ld, vec.k}, {v + off.v, g.dv, g.v_ld, vec.v}, j0, g.sk);  // K, V
   if (qt_begin < nqt) load_qd(qt_begin);
   CpAsyncCommit();
   if (qt_begin >= nqt) CpAsyncWaitAll();  // no query tile: dK = dV = 0
@@ -300,8 +302,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < D / 8; ++e) dk_acc[m][e] *= scale;
   }
-  if (dk != nullptr) StoreRows<T, D>(dk + b * g.sk * g.dh, j0 + arow, g.sk, g.dh, cg, vec.dk, dk_acc);
-  if (dv != nullptr) StoreRows<T, D>(dv + b * g.sk * g.dv, j0 + arow, g.sk, g.dv, cg, vec.dv, dv_acc);
+  if (dk != nullptr) {
+    StoreRows<T, D>(dk + OffsetOf(g, g.dk_stride, b), j0 + arow, g.sk, g.dh, g.dk_ld, cg, vec.dk, dk_acc);
+  }
+  if (dv != nullptr) {
+    StoreRows<T, D>(dv + OffsetOf(g, g.dv_stride, b), j0 + arow, g.sk, g.dv, g.dv_ld, cg, vec.dv, dv_acc);
+  }
 }
 
 template <typename T, int D>
@@ -310,9 +316,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const
   const bool want_kv = dk != nullptr || dv != nullptr;
   if (want_kv && stats == nullptr) return cudaErrorInvalidValue;
   VecFlags vec = LoadVecFlags(g, sizeof(T), q, k, v, d_o);
-  vec.dq = g.dh % 4 == 0 && Aligned(dq, 4 * sizeof(T));
-  vec.dk = g.dh % 4 == 0 && Aligned(dk, 4 * sizeof(T));
-  vec.dv = g.dv % 4 == 0 && Aligned(dv, 4 * sizeof(T));
+  SetStoreVecFlags(vec, g, 4 * sizeof(T), 4, nullptr, dq, dk, dv);
   constexpr size_t smem = BackwardSmemBytes<T, D>();
   const int64_t q_blocks = (g.sq + kTile - 1) / kTile * g.nbatch;
   if (q_blocks > INT_MAX) return cudaErrorInvalidValue;

@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(kThreads)
   int64_t nkt = (g.sk + kTile - 1) / kTile;
   if (g.causal) nkt = min(nkt, (min(i0 + kTile, g.sq) - 1) / kTile + 1);
 
-  LoadTile<T, D>(qs, qg, i0, g.sq, g.dh, vec.q);
+  const TileSource<T> k_src{kg, g.dh, g.k_ld, vec.k}, v_src{vg, g.dv, g.v_ld, vec.v};
+  LoadTile<T, D>(qs, qg, i0, g.sq, g.dh, g.q_ld, vec.q);
   if (nkt > 0) {
-    LoadTilePair<T, D>(kv, kg, g.dh, vec.k, vg, g.dv, vec.v, 0, g.sk);
+    LoadTilePair<T, D>(kv, k_src, v_src, 0, g.sk);
   }
   CpAsyncCommit();
   if (nkt == 0) CpAsyncWaitAll();  // no key tile (every key masked): O = 0
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncWaitAll();
     __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage and P)
     if (kt + 1 < nkt) {
-      LoadTilePair<T, D>(kv + ((kt + 1) & 1) * 2 * kTile * D, kg, g.dh, vec.k, vg, g.dv, vec.v, (kt + 1) * kTile, g.sk);
+      LoadTilePair<T, D>(kv + ((kt + 1) & 1) * 2 * kTile * D, k_src, v_src, (kt + 1) * kTile, g.sk);
       CpAsyncCommit();
     }
     const T* ks = kv + (kt & 1) * 2 * kTile * D;
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < D / 8; ++e) acc[m][e] *= f;
   }
-  StoreRows<T, D>(o + b * g.sq * g.dv, i0 + arow, g.sq, g.dv, cg, vec.o, acc);
+  StoreRows<T, D>(o + OffsetOf(g, g.o_stride, b), i0 + arow, g.sq, g.dv, g.o_ld, cg, vec.o, acc);
 }
 
 template <typename T, int D>
@@ -147,7 +148,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* q, const void* k, const v
   if (blocks == 0 || g.dv == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   VecFlags vec = LoadVecFlags(g, sizeof(T), q, k, v, nullptr);
-  vec.o = g.dv % 4 == 0 && Aligned(o, 4 * sizeof(T));
+  SetStoreVecFlags(vec, g, 4 * sizeof(T), 4, o, nullptr, nullptr, nullptr);
   constexpr size_t smem = ForwardSmemBytes<T, D>();
   if (cudaError_t e = cudaFuncSetAttribute(ForwardKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess) {

@@ -143,18 +143,18 @@ __device__ __forceinline__ void ProductPB(float (&acc)[kM][D / 8][4], const uint
   }
 }
 
-// Writes a warp's (16, D) fp32 accumulator rows row0 .. row0 + 15 as bf16 into the row-major
-// (rows, cols) matrix g; rows >= rows and columns >= cols are skipped. pairs: cols even and g
-// 4-byte aligned (bf16 pair stores).
+// Writes a warp's (16, D) fp32 accumulator rows row0 .. row0 + 15 as bf16 into the (rows, cols)
+// matrix g, whose rows are ld elements apart; rows >= rows and columns >= cols are skipped. pairs:
+// cols and ld even and g 4-byte aligned (bf16 pair stores).
 template <int D>
-__device__ __forceinline__ void StoreRows(bf16* g, int64_t row0, int64_t rows, int64_t cols, bool pairs,
+__device__ __forceinline__ void StoreRows(bf16* g, int64_t row0, int64_t rows, int64_t cols, int64_t ld, bool pairs,
                                           const float (&acc)[D / 8][4], int lane) {
   const int r = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + r + 8 * h;
     if (row >= rows) continue;
-    bf16* dst = g + row * cols;
+    bf16* dst = g + row * ld;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int64_t c = 8 * n + 2 * t;

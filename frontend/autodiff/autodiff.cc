@@ -183,7 +183,7 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
     if (!st.ok()) return Annotate(st, "building the gradient of " + NodeDesc(fwd));
     refs_.resize(g_->num_values(), 0);
     for (int i = 0; i < static_cast<int>(fwd.inputs.size()); ++i) {
-      if (!needs[i]) continue;
+      if (!needs[i] || b.GIIncluded(i)) continue;
       ValueId gi = b.input_grads()[i];
       const ir::Value& in = g_->value(fwd.inputs[i]);
       if (gi == ir::kNoValue) {

@@ -59,6 +59,12 @@ void GradBuilder::SetGI(int i, ValueId grad) {
   if (i >= 0 && i < num_inputs() && NeedsGI(i)) gi_[i] = grad;
 }
 
+void GradBuilder::SetGIIncludedIn(int i, int j) {
+  if (i < 0 || i >= num_inputs() || j < 0 || j >= num_inputs() || node_.inputs[i] != node_.inputs[j]) return;
+  included_.resize(node_.inputs.size(), false);
+  included_[i] = true;
+}
+
 absl::Status GradBuilder::Error(const std::string& what) const {
   return INVALID_ARGUMENT() << "gradient of node '" << node_.name << "' (" << ir::OpName(node_.op)
                             << "): " << what;

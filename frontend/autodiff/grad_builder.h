@@ -54,6 +54,10 @@ class GradBuilder {
   // Hands back the gradient of input i (ignored when NeedsGI(i) is false). Its dtype and shape
   // must be those of the input.
   void SetGI(int i, ir::ValueId grad);
+  // Input i is the same value as input j, and the gradient handed back for j already holds i's
+  // contribution (a fused op writing the gradients of both uses into one buffer).
+  void SetGIIncludedIn(int i, int j);
+  bool GIIncluded(int i) const { return i < static_cast<int>(included_.size()) && included_[i]; }
   const std::vector<ir::ValueId>& input_grads() const { return gi_; }
 
   // An error naming the forward node and op.
@@ -106,6 +110,7 @@ class GradBuilder {
   std::vector<ir::ValueId> go_;
   std::vector<bool> needs_;
   std::vector<ir::ValueId> gi_;
+  std::vector<bool> included_;
   int emitted_ = 0;
 };
 

@@ -5,6 +5,7 @@
 // than in a kernel.
 #include <algorithm>
 
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/infer_rules.h"
 
 namespace onnxpipe::ir::infer_internal {
@@ -182,10 +183,14 @@ absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
 
 absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
-  // dO has O's shape: Q's with the last dim replaced by V's.
-  Shape o = ctx.shape(1);
-  if (o.empty() || ctx.rank(3) < 2) return ctx.Error() << "Q and V must have rank >= 2";
-  o.back() = ctx.shape(3).back();
+  // dO has O's shape: Q's with the last dim replaced by V's (o_shape when O is written through a view).
+  ASSIGN_OR_RETURN(const std::vector<Shape> operands, AttentionOperandShapes(ctx, 1));
+  Shape o = operands[0];
+  o.back() = operands[2].back();
+  if (HasAttentionView(ctx.node(), 3)) {
+    if (!IsConcrete(o)) return ctx.Error() << "o_view needs concrete operand shapes";
+    o = FromInts(AttentionOutputDims(ctx.node(), ToInts(o)));
+  }
   bool ok = o.size() == ctx.shape(0).size();
   for (size_t k = 0; ok && k < o.size(); ++k) ok = UnifyDims(o[k], ctx.shape(0)[k]).has_value();
   if (!ok) {

@@ -2,6 +2,7 @@
 // Softmax/LogSoftmax, SoftmaxCrossEntropyLoss, and the fused Linear, LayerNorm and Attention.
 #include <algorithm>
 
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/infer_rules.h"
 
 namespace onnxpipe::ir::infer_internal {
@@ -222,9 +223,9 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(ctx.ExpectFloat(i));
     RETURN_IF_ERROR(ctx.ExpectSameDType(0, i));
-    RETURN_IF_ERROR(ctx.ExpectRankAtLeast(i, 2));
   }
-  const Shape &q = ctx.shape(0), &k = ctx.shape(1), &v = ctx.shape(2);
+  ASSIGN_OR_RETURN(const std::vector<Shape> operands, AttentionOperandShapes(ctx, 0));
+  const Shape &q = operands[0], &k = operands[1], &v = operands[2];
   const Dim sq = q[q.size() - 2], sk = k[k.size() - 2], dv = v.back();
   ASSIGN_OR_RETURN(Dim dh, Agree(ctx, q.back(), k.back(), "head dims of Q and K", 0, 1));
   (void)dh;
@@ -255,10 +256,38 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
   Shape out = *batch;
   out.push_back(sq);
   out.push_back(dv);
-  return One(ctx.dtype(0), std::move(out));
+  if (!HasAttentionView(ctx.node(), 3)) return One(ctx.dtype(0), std::move(out));
+  // O written in place into an output of dims o_shape, which its view must cover exactly.
+  const std::vector<int64_t> o_shape = ctx.attrs().Get<std::vector<int64_t>>("o_shape", {});
+  ASSIGN_OR_RETURN(const StridedView o, AttentionOutputView(ctx.node(), o_shape));
+  int64_t numel = 1;
+  for (int64_t d : o_shape) numel *= d;
+  if (!IsConcrete(out) || o.dims != ToInts(out) || !CoversExactly(numel, {o})) {
+    return ctx.Error() << "o_view " << ShapeToString(FromInts(o.dims)) << " must be the output "
+                       << ShapeToString(out) << " and cover o_shape " << ShapeToString(FromInts(o_shape))
+                       << " exactly";
+  }
+  return One(ctx.dtype(0), FromInts(o_shape));
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<Shape>> AttentionOperandShapes(const InferContext& ctx, int first) {
+  std::vector<Shape> out;
+  for (int i = 0; i < 3; ++i) {
+    if (!HasAttentionView(ctx.node(), i)) {
+      RETURN_IF_ERROR(ctx.ExpectRankAtLeast(first + i, 2));
+      out.push_back(ctx.shape(first + i));
+      continue;
+    }
+    if (!IsConcrete(ctx.shape(first + i))) {
+      return ctx.Error() << AttentionViewAttr(i) << " needs a concrete input shape, got " << ctx.Describe(first + i);
+    }
+    ASSIGN_OR_RETURN(const StridedView v, AttentionOperandView(ctx.node(), i, ToInts(ctx.shape(first + i))));
+    out.push_back(FromInts(v.dims));
+  }
+  return out;
+}
 
 void RegisterNnRules(RuleTable& t) {
   SetRule(t, OpKind::kMatMul, MatMulRule);

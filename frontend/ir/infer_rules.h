@@ -121,6 +121,11 @@ class InferContext {
 // numpy broadcasting of several shapes; fails naming the node and the shapes.
 absl::StatusOr<Shape> BroadcastShapes(const InferContext& ctx, const std::vector<Shape>& shapes);
 
+// The shapes of an Attention / AttentionGrad node's Q, K, V (inputs first..first+2) as the kernels
+// read them: through their views (frontend/ir/attention_views.h; the input's shape must then be
+// concrete), else the inputs' shapes.
+absl::StatusOr<std::vector<Shape>> AttentionOperandShapes(const InferContext& ctx, int first);
+
 // ---------------------------------------------------------------------------------------------
 // Rules and their registration.
 

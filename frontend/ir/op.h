@@ -31,7 +31,11 @@
 // - Attention(Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), mask?) attrs scale (float),
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
 //   softmax(scale * Q K^T + mask [causal: -inf above the diagonal]) then dropout, times V.
-//   The mask broadcasts to (..., Sq, Sk).
+//   The mask broadcasts to (..., Sq, Sk). Optional strided views (frontend/ir/strided_view.h,
+//   attribute form [offset, dim, stride, ...]; the last stride 1): q_view, k_view, v_view read that
+//   operand in place from the input's buffer with the view's dims (Q, K, V may then be one value: a
+//   packed projection); o_view writes O in place into an output of dims o_shape (required with
+//   o_view), which the view covers exactly. The attention-layout pass sets them.
 // Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
 // Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
 // so once symbols are bound a memory planner need not keep their buffers alive for them.
@@ -72,6 +76,9 @@
 //   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
 //   dMask (an additive mask's gradient, in the mask's shape: the scores' gradient summed over the
 //   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
+//   Views as the forward's: dO is read through o_view; each gradient has its input's dims and is
+//   written through that input's view. Inputs that are one value, each through a view, share one
+//   gradient: the first of them (ir::AttentionGradSlot) carries it, the views covering it exactly.
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/file_io.h"
 #include "frontend/onnx/libonnx_guard.h"
@@ -28,6 +29,12 @@ void check_model(const ModelProto& model, CheckerContext& ctx);
 
 namespace onnxpipe::onnx_frontend {
 namespace {
+
+int64_t Product(const std::vector<int64_t>& d) {
+  int64_t p = 1;
+  for (int64_t x : d) p *= x;
+  return p;
+}
 
 constexpr int64_t kOpset = 17;
 constexpr int64_t kIrVersion = 8;
@@ -332,13 +339,66 @@ class Exporter {
     return absl::OkStatus();
   }
 
-  absl::Status Attention(const ir::Node& n, const std::vector<std::string>& ins, const std::string& out) {
+  // Value `in` (dims `buffer`) read through view `v`: Reshape to the nested form's fine dims, Slice,
+  // Reshape, Transpose, Reshape (strided_view.h). Returns the read value's name.
+  absl::StatusOr<std::string> ViewRead(const ir::Node& n, const std::string& in, const std::vector<int64_t>& buffer,
+                                       const ir::StridedView& v, const std::string& hint) {
+    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, Product(buffer));
+    if (!f) return INVALID_ARGUMENT() << "node '" << n.name << "': its " << hint << " view does not nest";
+    const std::string base = n.name + "/" + hint;
+    std::vector<int64_t> ends, axes;
+    for (size_t j = 0; j < f->fine.size(); ++j) {
+      ends.push_back(f->starts[j] + f->lengths[j]);
+      axes.push_back(static_cast<int64_t>(j));
+    }
+    const std::string fine = Fresh(base + "_fine"), taken = Fresh(base + "_taken"), picked = Fresh(base + "_picked"),
+                      moved = Fresh(base + "_moved"), out = Fresh(base);
+    Emit("Reshape", base + "/Reshape_fine", {in, IntsConst(base + "/fine", f->fine)}, {fine});
+    Emit("Slice", base + "/Slice",
+         {fine, IntsConst(base + "/starts", f->starts), IntsConst(base + "/ends", ends), IntsConst(base + "/axes", axes)},
+         {taken});
+    Emit("Reshape", base + "/Reshape_picked", {taken, IntsConst(base + "/picked", f->picked)}, {picked});
+    SetInts(Emit("Transpose", base + "/Transpose", {picked}, {moved}), "perm", f->perm);
+    Emit("Reshape", base + "/Reshape", {moved, IntsConst(base + "/dims", v.dims)}, {out});
+    return out;
+  }
+
+  // Writes `o` (the view's dims) into `out` of dims `buffer`, which view `v` covers exactly.
+  absl::Status ViewWrite(const ir::Node& n, const std::string& o, const std::vector<int64_t>& buffer,
+                         const ir::StridedView& v, const std::string& out) {
+    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, Product(buffer));
+    if (!f) return INVALID_ARGUMENT() << "node '" << n.name << "': its o_view does not nest";
+    std::vector<int64_t> inverse(f->perm.size());
+    for (size_t d = 0; d < f->perm.size(); ++d) inverse[f->perm[d]] = static_cast<int64_t>(d);
+    std::vector<int64_t> proper;  // the view's dims other than 1, in its order
+    for (int64_t d : v.dims)
+      if (d != 1) proper.push_back(d);
+    const std::string base = n.name + "/O", flat = Fresh(base + "_proper"), moved = Fresh(base + "_moved");
+    Emit("Reshape", base + "/Reshape_proper", {o, IntsConst(base + "/proper", proper)}, {flat});
+    SetInts(Emit("Transpose", base + "/Transpose", {flat}, {moved}), "perm", inverse);
+    Emit("Reshape", base + "/Reshape", {moved, IntsConst(base + "/dims", buffer)}, {out});
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const ir::Node& n, std::vector<std::string> ins, const std::string& result) {
     const ir::Value& q = g_.value(n.inputs[0]);
-    const ir::Value& k = g_.value(n.inputs[1]);
-    const int r = static_cast<int>(q.shape.size());
-    if (r < 2 || k.shape.size() != q.shape.size()) {
+    std::vector<int64_t> dims[3];  // Q, K, V as read
+    for (int i = 0; i < 3; ++i) {
+      const ir::Value& x = g_.value(n.inputs[i]);
+      if (!ir::HasAttentionView(n, i)) {
+        for (const ir::Dim& d : x.shape) dims[i].push_back(d.is_concrete() ? d.value() : -1);
+        continue;
+      }
+      const std::vector<int64_t> buffer = ir::ToInts(x.shape);
+      ASSIGN_OR_RETURN(const ir::StridedView v, ir::AttentionOperandView(n, i, buffer));
+      ASSIGN_OR_RETURN(ins[i], ViewRead(n, ins[i], buffer, v, i == 0 ? "Q" : i == 1 ? "K" : "V"));
+      dims[i] = v.dims;
+    }
+    const int r = static_cast<int>(dims[0].size());
+    if (r < 2 || dims[1].size() != dims[0].size()) {
       return INVALID_ARGUMENT() << "node '" << n.name << "': Attention needs Q and K of equal rank >= 2";
     }
+    const std::string out = ir::HasAttentionView(n, 3) ? Fresh(n.name + "/O") : result;
     const ir::DType dt = q.dtype;
     std::vector<int64_t> perm;
     for (int i = 0; i < r - 2; ++i) perm.push_back(i);
@@ -349,7 +409,7 @@ class Exporter {
     SetInts(Emit("Transpose", n.name + "/Transpose_K", {ins[1]}, {kt}), "perm", perm);
     Emit("MatMul", n.name + "/MatMul_QK", {ins[0], kt}, {s});
     std::string cur = s;
-    const double dh = q.shape.back().is_concrete() ? static_cast<double>(q.shape.back().value()) : 1.0;
+    const double dh = dims[0].back() > 0 ? static_cast<double>(dims[0].back()) : 1.0;
     const double scale = n.attrs.Get<double>("scale", 1.0 / std::sqrt(dh));
     if (scale != 1.0) {
       const std::string scaled = tmp("scaled");
@@ -368,10 +428,10 @@ class Exporter {
       cur = masked;
     }
     if (n.attrs.Get<int64_t>("causal", 0) != 0) {
-      if (!q.shape[r - 2].is_concrete() || !k.shape[r - 2].is_concrete()) {
+      const int64_t sq = dims[0][r - 2], sk = dims[1][r - 2];
+      if (sq < 0 || sk < 0) {
         return INVALID_ARGUMENT() << "node '" << n.name << "': causal Attention needs concrete sequence lengths";
       }
-      const int64_t sq = q.shape[r - 2].value(), sk = k.shape[r - 2].value();
       ir::Tensor tri(ir::DType::kF32, {sq, sk});
       for (int64_t i = 0; i < sq; ++i)
         for (int64_t j = 0; j < sk; ++j)
@@ -394,7 +454,10 @@ class Exporter {
       cur = dropped;
     }
     Emit("MatMul", n.name, {cur, ins[2]}, {out});
-    return absl::OkStatus();
+    if (!ir::HasAttentionView(n, 3)) return absl::OkStatus();
+    const std::vector<int64_t> y = ir::ToInts(g_.value(n.outputs[0]).shape);
+    ASSIGN_OR_RETURN(const ir::StridedView o, ir::AttentionOutputView(n, y));
+    return ViewWrite(n, out, y, o, result);
   }
 
   const ir::Graph& g_;

@@ -3,6 +3,7 @@
 #include "frontend/ir/status.h"
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_fusion.h"
+#include "frontend/passes/attention_layout.h"
 #include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/freeze_buffers.h"
 #include "frontend/passes/gathers_to_split.h"
@@ -36,6 +37,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
     pipeline.AddPass<GathersToSplit>();
+    pipeline.AddPass<AttentionLayout>();
   }
   pipeline.AddPass<DeadCodeElimination>();
   RETURN_IF_ERROR(pipeline.Run(g).status());

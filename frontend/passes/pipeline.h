@@ -6,7 +6,9 @@
 //   1. fixpoint { constant-folding, dce }   shape arithmetic, no-op Cast/Identity/Reshape/Expand
 //   2. linear, layer-norm, rms-norm, gelu, attention fusion (attention after the others; it only looks at
 //      the attention core, between the Q/K/V projections and the output projection)
-//   3. dce
+//   3. gathers-to-split, attention-layout (Attention reads and writes through strided views where
+//      exported layout ops would copy; concrete shapes only)
+//   4. dce
 // with ir::Verify after every pass. The caller (tools/model.cc) does:
 //   load -> InferShapes -> [BindSymbols + InferShapes] -> RunForwardPipeline.
 // Folding only removes shape arithmetic once dims are concrete, so the fused histogram of an

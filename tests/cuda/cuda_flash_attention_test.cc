@@ -8,7 +8,8 @@
 // and planned (a workspace of exactly what CudaBackend::WorkspaceBytes reported) and must not fall
 // back to the host. fp64 through the kernel API against the CPU's fp64 to 1e-12. bf16 (the
 // tensor-core kernels) against the CPU's fp32 on the bf16 values to a normalised 1e-2, and its
-// dropout's zeros element for element. Skips without a GPU.
+// dropout's zeros element for element. Nodes with views (a packed QKV buffer read and O written
+// through strides, AttentionGrad's one packed gradient) in fp32 and bf16. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,7 +20,9 @@
 
 #include "executor/cuda/cuda_backend.h"
 #include "executor/cuda/flash_attention.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
+#include "frontend/ir/strided_view.h"
 #include "gmock/gmock.h"
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
@@ -114,21 +117,26 @@ class FlashAttentionBackendTest : public ::testing::Test {
     const ir::Node& node = AddTypedNode(g, op, name, inputs, attrs, num_outputs, absent);
     const ir::Node& ref_node =
         AddTypedNode(ref_g, op, name, reference_inputs ? *reference_inputs : inputs, attrs, num_outputs, absent);
-    absl::StatusOr<std::vector<Tensor>> want =
-        backend::MakeCpuBackend()->Run(ref_node, reference_inputs ? *reference_inputs : inputs, ctx);
+    std::vector<Tensor> dev_in;
+    for (const Tensor& t : inputs) dev_in.push_back(t.defined() ? Upload(t) : t);
+    return RunNodes(g, node, ref_node, reference_inputs ? *reference_inputs : inputs, dev_in, ctx, expect_device, tol);
+  }
+
+  Tensor Upload(const Tensor& t) {
+    absl::StatusOr<Tensor> d = be_->Upload(t);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *d : Tensor();
+  }
+
+  // RunBoth's comparison: `node` of `g` on the device inputs `dev_in` against `ref_node` on the host
+  // inputs `ref_in` on the CPU.
+  std::vector<Tensor> RunNodes(const ir::Graph& g, const ir::Node& node, const ir::Node& ref_node,
+                               const std::vector<Tensor>& ref_in, const std::vector<Tensor>& dev_in,
+                               const backend::ExecContext& ctx, bool expect_device, double tol) {
+    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(ref_node, ref_in, ctx);
     EXPECT_TRUE(want.ok()) << want.status();
     if (!want.ok()) return {};
-    std::vector<Tensor> dev_in;
-    for (const Tensor& t : inputs) {
-      if (!t.defined()) {
-        dev_in.push_back(t);
-        continue;
-      }
-      absl::StatusOr<Tensor> d = be_->Upload(t);
-      EXPECT_TRUE(d.ok()) << d.status();
-      dev_in.push_back(*d);
-    }
-    const std::string op_name(ir::OpName(op));
+    const std::string op_name(ir::OpName(node.op));
     for (bool planned : {false, true}) {
       SCOPED_TRACE(op_name + (planned ? " planned" : " unplanned"));
       PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node), /*share=*/false, /*poison_outputs=*/true);
@@ -142,7 +150,7 @@ class FlashAttentionBackendTest : public ::testing::Test {
         SCOPED_TRACE("output " + std::to_string(k));
         EXPECT_EQ((*got)[k].defined(), (*want)[k].defined());
         if (!(*want)[k].defined() || !(*got)[k].defined()) continue;
-        EXPECT_EQ((*got)[k].dtype(), inputs[1].dtype());
+        EXPECT_EQ((*got)[k].dtype(), dev_in[1].dtype());
         absl::StatusOr<Tensor> h = be_->ToHost((*got)[k]);
         EXPECT_TRUE(h.ok()) << h.status();
         if (h.ok()) {
@@ -469,6 +477,152 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape("b4_h8_s320_d128", {4, 8, 320, 128}, {4, 8, 320, 128}, {4, 8, 320, 128})),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// --- views: a packed QKV projection read and O written in place ------------------------------------
+// Attention and AttentionGrad as the attention-layout pass leaves nn.MultiheadAttention: q_view,
+// k_view, v_view read Q, K, V (B, H, S, Dh) from one packed (B, S, 3, H, Dh) value (rows 3 H Dh
+// apart) and o_view writes O (B, H, S, Dh) into (B, S, H, Dh); AttentionGrad reads dO through o_view
+// and writes the packed value's one gradient through the three views. On the device (no host
+// fallback, every element written: outputs are poisoned) against the CPU kernels on the same node,
+// fp32 to 1e-5 and bf16 to kBf16Tolerance (normalised). `packed` false: separate dense Q, K, V and
+// only O (and dO) through a view.
+
+struct ViewCase {
+  std::string name;
+  DType dtype = DType::kF32;
+  int64_t b = 2, s = 70, h = 2, dh = 32;
+  bool packed = true;
+  bool causal = false;
+  double dropout = 0.0;
+};
+
+std::ostream& operator<<(std::ostream& os, const ViewCase& c) { return os << c.name; }
+
+// Piece `piece` (0 Q, 1 K, 2 V) of the packed buffer: operand[b, h, s, d] = packed[b, s, piece, h, d].
+ir::StridedView PackedPiece(const ViewCase& c, int piece) {
+  const int64_t row = 3 * c.h * c.dh;
+  return {.offset = piece * c.h * c.dh, .dims = {c.b, c.h, c.s, c.dh}, .strides = {c.s * row, c.dh, row, 1}};
+}
+
+// O[b, h, s, d] at out[b, s, h, d].
+ir::StridedView HeadsInterleaved(const ViewCase& c) {
+  return {.offset = 0, .dims = {c.b, c.h, c.s, c.dh}, .strides = {c.s * c.h * c.dh, c.dh, c.h * c.dh, 1}};
+}
+
+ir::Attrs ViewAttrs(const ViewCase& c) {
+  ir::Attrs a;
+  if (c.causal) a.Set("causal", int64_t{1});
+  if (c.dropout > 0) a.Set("dropout", c.dropout);
+  if (c.packed) {
+    for (int i = 0; i < 3; ++i) a.Set(ir::AttentionViewAttr(i), ir::ViewToInts(PackedPiece(c, i)));
+  }
+  a.Set("o_view", ir::ViewToInts(HeadsInterleaved(c)));
+  a.Set("o_shape", std::vector<int64_t>{c.b, c.s, c.h, c.dh});
+  return a;
+}
+
+// `op` on fresh values typed as `inputs`, input i reading the value of input same_as[i] (<= i: one
+// value for the packed operands), with outputs as AddTypedNode's.
+const ir::Node& AddNodeOnValues(ir::Graph& g, ir::OpKind op, const std::string& name, const std::vector<Tensor>& inputs,
+                                const std::vector<int>& same_as, const ir::Attrs& attrs, int num_outputs,
+                                const std::vector<int>& absent) {
+  std::vector<ir::ValueId> in_ids, out_ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (same_as[i] != static_cast<int>(i)) {
+      in_ids.push_back(in_ids[same_as[i]]);
+      continue;
+    }
+    const Tensor& t = inputs[i];
+    in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
+  }
+  for (int k = 0; k < num_outputs; ++k) {
+    const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
+    out_ids.push_back(gone ? ir::kNoValue
+                           : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
+  }
+  return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
+}
+
+class FlashAttentionViewsTest : public FlashAttentionBackendTest, public ::testing::WithParamInterface<ViewCase> {
+ protected:
+  // `op` on `inputs` (fp32 values; cast to the case's dtype for the device, each value uploaded
+  // once) on the GPU against the CPU on the fp32 values. Returns the CPU's outputs.
+  std::vector<Tensor> Compare(ir::OpKind op, const std::string& name, const std::vector<Tensor>& inputs,
+                              const std::vector<int>& same_as, const ir::Attrs& attrs, int num_outputs,
+                              const std::vector<int>& absent) {
+    const ViewCase& c = GetParam();
+    const std::vector<Tensor> typed = c.dtype == DType::kBF16 ? ToBf16(inputs) : inputs;
+    const std::vector<Tensor> ref = ToF32(typed);
+    std::vector<Tensor> dev_in;
+    for (size_t i = 0; i < typed.size(); ++i) {
+      dev_in.push_back(same_as[i] == static_cast<int>(i) ? Upload(typed[i]) : dev_in[same_as[i]]);
+    }
+    ir::Graph g, ref_g;
+    const ir::Node& node = AddNodeOnValues(g, op, name, typed, same_as, attrs, num_outputs, absent);
+    const ir::Node& ref_node = AddNodeOnValues(ref_g, op, name, ref, same_as, attrs, num_outputs, absent);
+    const double tol = c.dtype == DType::kBF16 ? kBf16Tolerance : 1e-5;
+    return RunNodes(g, node, ref_node, ref, dev_in, {.training = true, .seed = 11, .offset = 3},
+                    /*expect_device=*/true, tol);
+  }
+};
+
+TEST_P(FlashAttentionViewsTest, ForwardAndBackwardThroughViewsMatchTheCpu) {
+  const ViewCase& c = GetParam();
+  std::vector<Tensor> in;
+  if (c.packed) {
+    const Tensor packed = Rand(DType::kF32, {c.b, c.s, 3, c.h, c.dh}, 1, -1, 1);
+    in = {packed, packed, packed};
+  } else {
+    for (uint32_t i = 0; i < 3; ++i) in.push_back(Rand(DType::kF32, {c.b, c.h, c.s, c.dh}, 1 + i, -1, 1));
+  }
+  const std::vector<int> same_as = c.packed ? std::vector<int>{0, 0, 0} : std::vector<int>{0, 1, 2};
+  const ir::Attrs attrs = ViewAttrs(c);
+  const std::vector<Tensor> o = Compare(ir::OpKind::kAttention, "attn", in, same_as, attrs, 1, {});
+  ASSERT_EQ(o.size(), 1u);
+  ASSERT_EQ(o[0].dims(), (std::vector<int64_t>{c.b, c.s, c.h, c.dh}));
+
+  ir::Attrs grad_attrs = attrs;
+  grad_attrs.Set("rng_key", std::string("attn"));  // replays the forward's dropout
+  std::vector<Tensor> grad_in = {Rand(DType::kF32, o[0].dims(), 5, -1, 1)};
+  grad_in.insert(grad_in.end(), in.begin(), in.end());
+  // Packed: input 1's gradient output carries the value's gradient; outputs 1 and 2 are absent, as
+  // autodiff leaves them.
+  const std::vector<int> grad_same_as = c.packed ? std::vector<int>{0, 1, 1, 1} : std::vector<int>{0, 1, 2, 3};
+  const std::vector<int> absent = c.packed ? std::vector<int>{1, 2} : std::vector<int>{};
+  const std::vector<Tensor> grads =
+      Compare(ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_same_as, grad_attrs, 3, absent);
+  ASSERT_GE(grads.size(), 1u);
+  EXPECT_EQ(grads[0].dims(), in[0].dims());
+}
+
+ViewCase View(std::string name, DType dtype, int64_t s, int64_t h, int64_t dh) {
+  ViewCase c;
+  c.name = std::move(name);
+  c.dtype = dtype;
+  c.s = s, c.h = h, c.dh = dh;
+  return c;
+}
+ViewCase Unpacked(ViewCase c) {
+  c.packed = false;
+  return c;
+}
+ViewCase CausalDropout(ViewCase c) {
+  c.causal = true;
+  c.dropout = 0.1;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Packed, FlashAttentionViewsTest,
+    ::testing::Values(View("f32_d32", DType::kF32, 70, 2, 32), View("f32_d64_h3", DType::kF32, 130, 3, 64),
+                      View("f32_d128", DType::kF32, 65, 2, 128), View("f32_d10_unvectorised", DType::kF32, 45, 2, 10),
+                      CausalDropout(View("f32_causal_dropout", DType::kF32, 100, 2, 32)),
+                      Unpacked(View("f32_o_view_only", DType::kF32, 70, 2, 32)),
+                      View("bf16_d64", DType::kBF16, 70, 2, 64), View("bf16_d128_h3", DType::kBF16, 130, 3, 128),
+                      View("bf16_d24", DType::kBF16, 45, 2, 24), View("bf16_d20_unvectorised", DType::kBF16, 45, 2, 20),
+                      CausalDropout(View("bf16_causal_dropout", DType::kBF16, 100, 2, 64)),
+                      Unpacked(View("bf16_o_view_only", DType::kBF16, 70, 2, 64))),
+    [](const ::testing::TestParamInfo<ViewCase>& info) { return info.param.name; });
+
 // Elements where exactly one of got and want is zero (none: success), with the first few named.
 ::testing::AssertionResult SameZeros(const Tensor& got, const Tensor& want) {
   if (got.dims() != want.dims()) return ::testing::AssertionFailure() << "dims differ";
@@ -626,6 +780,61 @@ TEST(FlashAttentionPlanTest, RejectsWhatTheKernelsDoNotCover) {
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, false, false), 0);
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, false, true), 256);        // 3 x 2 x 4 floats
   EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 256 + 512);  // + 2 x 5 x 8 floats
+}
+
+TEST(FlashAttentionPlanTest, StridesSetTheGeometryAndAreChecked) {
+  // Q, K, V (B 2, H 3, S 5, Dh 8) read from a packed (2, 5, 3, 3, 8) buffer, O written into (2, 5, 3, 8).
+  FlashAttentionConfig c;
+  c.q_dims = c.k_dims = c.v_dims = {2, 3, 5, 8};
+  FlashAttentionConfig dense = c;
+  c.q_strides = c.k_strides = c.v_strides = {5 * 72, 8, 72, 1};
+  c.o_strides = {5 * 24, 8, 24, 1};
+  absl::StatusOr<FlashAttentionPlan> p = PlanFlashAttention(c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const FlashGeometry& g = p->geometry;
+  EXPECT_EQ(g.q_ld, 72);
+  EXPECT_EQ(g.v_ld, 72);
+  EXPECT_EQ(g.o_ld, 24);
+  EXPECT_EQ(g.k_stride[0], 360);
+  EXPECT_EQ(g.k_stride[1], 8);
+  EXPECT_EQ(g.o_stride[0], 120);
+  EXPECT_EQ(g.o_stride[1], 8);
+  // The gradients go where their operands came from.
+  EXPECT_EQ(g.dk_ld, 72);
+  EXPECT_EQ(g.dk_stride[0], 360);
+  EXPECT_EQ(g.dk_stride[1], 8);
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, true, true, true), 512);  // statistics only: 3 x 6 x 5 floats
+
+  // No strides: dense, as before.
+  p = PlanFlashAttention(dense);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->geometry.q_ld, 8);
+  EXPECT_EQ(p->geometry.o_ld, 8);
+  EXPECT_EQ(p->geometry.dv_ld, 8);
+  EXPECT_EQ(p->geometry.q_stride[0], 120);
+  EXPECT_EQ(p->geometry.o_stride[1], 40);
+  EXPECT_EQ(p->geometry.dq_stride[1], 40);
+
+  // A strided operand that broadcasts (one head) reads with stride 0 and is never summed.
+  FlashAttentionConfig bc = c;
+  bc.k_dims = {2, 1, 5, 8};
+  p = PlanFlashAttention(bc);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->geometry.k_stride[1], 0);
+  EXPECT_EQ(FlashAttentionBackwardWorkspaceBytes(*p, false, true, false), 512);
+
+  FlashAttentionConfig bad = c;
+  bad.q_strides = {5 * 72, 8, 72, 2};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("last stride must be 1"));
+  bad = c;
+  bad.k_strides = {8, 72, 1};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("one per dim"));
+  bad = c;
+  bad.v_strides = {5 * 72, -8, 72, 1};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("negative"));
+  bad = c;
+  bad.o_strides = {24, 1};
+  EXPECT_THAT(std::string(PlanFlashAttention(bad).status().message()), ::testing::HasSubstr("O strides"));
 }
 
 TEST(FlashAttentionPlanTest, Bf16TakesTileWidths64And128AndFp32Statistics) {

@@ -1,0 +1,74 @@
+#include "frontend/ir/attention_views.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace onnxpipe::ir {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& d) {
+  int64_t p = 1;
+  for (int64_t x : d) p *= x;
+  return p;
+}
+
+// The value id of operand i (0 Q, 1 K, 2 V): AttentionGrad's inputs start with dO.
+ValueId OperandValue(const Node& node, int operand) {
+  const size_t at = static_cast<size_t>(operand) + (node.op == OpKind::kAttentionGrad ? 1 : 0);
+  return at < node.inputs.size() ? node.inputs[at] : kNoValue;
+}
+
+absl::StatusOr<StridedView> ViewOf(const Node& node, int operand, const std::vector<int64_t>& buffer_dims) {
+  const char* attr = AttentionViewAttr(operand);
+  if (!node.attrs.Has(attr)) return ContiguousView(buffer_dims);
+  const std::string what = absl::StrCat(std::string(OpName(node.op)), " node '", node.name, "' attribute ", attr);
+  absl::StatusOr<StridedView> v = ViewFromInts(node.attrs.Get<std::vector<int64_t>>(attr), Product(buffer_dims), what);
+  if (!v.ok()) return v.status();
+  if (v->dims.size() < 2 || v->strides.back() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected rank >= 2 with the last stride 1"));
+  }
+  return v;
+}
+
+}  // namespace
+
+const char* AttentionViewAttr(int operand) {
+  static const char* const kNames[] = {"q_view", "k_view", "v_view", "o_view"};
+  return kNames[operand];
+}
+
+bool HasAttentionView(const Node& node, int operand) { return node.attrs.Has(AttentionViewAttr(operand)); }
+
+bool HasAttentionViews(const Node& node) {
+  for (int i = 0; i < 4; ++i)
+    if (HasAttentionView(node, i)) return true;
+  return false;
+}
+
+absl::StatusOr<StridedView> AttentionOperandView(const Node& node, int operand,
+                                                 const std::vector<int64_t>& buffer_dims) {
+  return ViewOf(node, operand, buffer_dims);
+}
+
+absl::StatusOr<StridedView> AttentionOutputView(const Node& node, const std::vector<int64_t>& output_dims) {
+  return ViewOf(node, 3, output_dims);
+}
+
+std::vector<int64_t> AttentionOutputDims(const Node& node, const std::vector<int64_t>& o_dims) {
+  if (!HasAttentionView(node, 3)) return o_dims;
+  return node.attrs.Get<std::vector<int64_t>>("o_shape", o_dims);
+}
+
+int AttentionGradSlot(const Node& node, int operand) {
+  if (!HasAttentionView(node, operand)) return operand;
+  const ValueId v = OperandValue(node, operand);
+  for (int j = 0; j < operand; ++j)
+    if (HasAttentionView(node, j) && OperandValue(node, j) == v) return j;
+  return operand;
+}
+
+bool AttentionGradWanted(const Node& node, int operand) {
+  const size_t slot = static_cast<size_t>(AttentionGradSlot(node, operand));
+  return slot < node.outputs.size() && node.outputs[slot] != kNoValue;
+}
+
+}  // namespace onnxpipe::ir
