@@ -131,9 +131,12 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="cuda_train_bench_") as work:
+        # Exported at a small batch (the export traces on the host: batch 256 runs out of its memory); onnxpipe
+        # re-derives the batch.
         model = a.model or os.path.join(work, "enc.onnx")
         export = [{k: os.path.basename(v) if k in ("exported", "sidecar") else v for k, v in e.items()}
-                  for e in ([] if a.model else peer_lines(a, ["--export-onnx", model]))]
+                  for e in ([] if a.model else peer_lines(argparse.Namespace(**{**vars(a), "batch": [min(*a.batch, 32)]}),
+                                                          ["--export-onnx", model]))]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
         if a.predict is not None:
             for b in [b for b in a.predict or a.batch if b in onnxpipe]:
