@@ -35,8 +35,7 @@ absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
   RETURN_IF_ERROR(PrepareModel(m, mo));
   const ir::Graph& forward = *m.graph;
 
-  train::TrainOptions to;
-  to.batch = microbatch;
+  autodiff::TrainingGraphSpec to;
   ASSIGN_OR_RETURN(to.optimizer.kind, autodiff::ParseOptimizerKind(options_.optimizer));
   to.optimizer.momentum = options_.momentum;
   to.optimizer.clip_norm = options_.clip_norm;
@@ -51,7 +50,7 @@ absl::StatusOr<const ir::Graph*> TrainingGraphs::Get(int64_t microbatch) {
   to.labels = options_.labels;
   to.freeze_regex = options_.freeze;
   to.dtype = options_.dtype;
-  ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, to));
+  ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, to));
   return &graphs_.emplace(microbatch, std::move(tg)).first->second.graph;
 }
 

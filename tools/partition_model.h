@@ -1,5 +1,5 @@
 // What `onnxpipe partition` and `onnxpipe profile` share: the training graph of one micro-batch,
-// built the way `onnxpipe train` builds it (executor/train's BuildTrainingGraph: mixed precision for bf16, loss,
+// built the way `onnxpipe train` builds it (autodiff::BuildTrainingGraph: mixed precision for bf16, loss,
 // gradients, global norm, optimizer update) from a model imported once and bound to the micro-batch size.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "executor/train/training_graph.h"
+#include "frontend/autodiff/training_graph.h"
 #include "frontend/ir/graph.h"
 #include "tools/model.h"
 
@@ -45,7 +45,7 @@ class TrainingGraphs {
   std::string path_;
   TrainingGraphOptions options_;
   Model model_;
-  std::map<int64_t, train::TrainingGraph> graphs_;
+  std::map<int64_t, autodiff::TrainingGraph> graphs_;
 };
 
 }  // namespace onnxpipe::tools

@@ -1,5 +1,5 @@
 // The trainer around PipelineExecutor (tools/train_loop.h runs its steps). The training graph comes
-// from train::BuildTrainingGraph, so that a pipelined run trains exactly the graph the CPU reference
+// from autodiff::BuildTrainingGraph, so that a pipelined run trains exactly the graph the CPU reference
 // does (and the graph a partition plan was made for); the executor's stages then own its parameters
 // and optimizer state, and nothing else keeps them, so they are held once.
 #include "executor/pipeline/pipeline_trainer.h"
@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   mo.batch = b;
   ir::Graph g;
   {
-    ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, mo));
+    ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, mo));
     t->unreachable_ = tg.unreachable;
     t->num_trainable_ = tg.num_trainable_parameters();
     t->num_classes_ = tg.num_classes;

@@ -3,7 +3,7 @@
 // data order, learning-rate schedule, metrics, state names) with the step run by PipelineExecutor over
 // M micro-batches, behind the same train::StepTrainer interface (so tools/train_loop.h drives it and
 // checkpoints are interchangeable):
-//   imported forward graph --PrepareMicrobatchForward(B / M)--> train::BuildTrainingGraph of one
+//   imported forward graph --PrepareMicrobatchForward(B / M)--> autodiff::BuildTrainingGraph of one
 //   micro-batch --plan (plan.json as written, or the partitioner at fixed K for --stages K)-->
 //   partitioner::CompilePlan --> PipelineExecutor.
 #pragma once

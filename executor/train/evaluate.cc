@@ -31,7 +31,7 @@ absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std
                                     const Dataset& data, const EvalOptions& options) {
   RET_CHECK(options.batch >= 1) << "evaluation batch must be >= 1";
   ir::Graph g = forward;
-  RETURN_IF_ERROR(SetTrainingDType(g, options.dtype, /*freeze_regex=*/""));
+  RETURN_IF_ERROR(autodiff::SetTrainingDType(g, options.dtype, /*freeze_regex=*/""));
   for (const auto& [name, t] : params) {
     const ir::ValueId v = g.FindValue(name);
     if (v == ir::kNoValue || !g.value(v).constant) {

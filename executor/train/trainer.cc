@@ -14,7 +14,8 @@ absl::StatusOr<Trainer> Trainer::Create(const ir::Graph& forward, const TrainOpt
   t.options_ = options;
   ASSIGN_OR_RETURN(t.schedule_,
                    autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));
-  ASSIGN_OR_RETURN(t.tg_, BuildTrainingGraph(forward, options));
+  if (options.batch < 1) return INVALID_ARGUMENT() << "--batch must be >= 1, got " << options.batch;
+  ASSIGN_OR_RETURN(t.tg_, autodiff::BuildTrainingGraph(forward, options));
   return t;
 }
 

@@ -67,7 +67,7 @@ class Trainer : public StepTrainer {
   absl::StatusOr<runtime::StepResult> Run(const ir::Graph& g, double lr);
 
   TrainOptions options_;
-  TrainingGraph tg_;
+  autodiff::TrainingGraph tg_;
   autodiff::LrSchedule schedule_;
   std::optional<Dataset> data_;
   cpu::CpuEvaluator evaluator_;

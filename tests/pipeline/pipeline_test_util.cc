@@ -109,7 +109,7 @@ absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig&
   const int64_t b = batch_ / c.microbatches;
   ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported_, "B", b, other_bindings_));
   ASSIGN_OR_RETURN(train::TrainOptions o, Options(c, b));
-  ASSIGN_OR_RETURN(train::TrainingGraph tg, train::BuildTrainingGraph(forward, o));
+  ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, o));
   return std::move(tg.graph);
 }
 

@@ -32,7 +32,7 @@ TEST(TrainingPlan, TinyGptAdamW) {
   o.optimizer.kind = autodiff::OptimizerKind::kAdamW;
   o.logits = "logits";
   o.freeze_regex = "^(blocks\\.0\\.attn\\.mask|blocks\\.1\\.attn\\.mask)$";
-  absl::StatusOr<train::TrainingGraph> tg = train::BuildTrainingGraph(*model->graph, o);
+  absl::StatusOr<autodiff::TrainingGraph> tg = autodiff::BuildTrainingGraph(*model->graph, o);
   ASSERT_TRUE(tg.ok()) << tg.status();
   const ir::Graph& g = tg->graph;
   partitioner::MemoryPlanOptions popts;
