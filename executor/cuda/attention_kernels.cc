@@ -70,12 +70,6 @@
 namespace onnxpipe::cuda {
 namespace {
 
-int64_t Product(const std::vector<int64_t>& d) {
-  int64_t p = 1;
-  for (int64_t x : d) p *= x;
-  return p;
-}
-
 // --- Shapes -------------------------------------------------------------------------------------
 
 // A node's Q, K, V (and mask) dtypes and dims as read (through its views), from its input tensors or
@@ -233,7 +227,7 @@ bool ViewGradientsFit(const ir::Node& node, const std::vector<ir::Tensor>& in, c
 // Whether the backward computes operand i's gradient: its slot's output is wanted and it has elements.
 bool WantsGradient(const ir::Node& node, const AttentionShapes& s, int i) {
   const std::vector<int64_t>* dims[3] = {&s.q, &s.k, &s.v};
-  return ir::AttentionGradWanted(node, i) && Product(*dims[i]) > 0;
+  return ir::AttentionGradWanted(node, i) && ir::ElementCount(*dims[i]) > 0;
 }
 
 // O = Attention(Q, K, V, mask?) through the flash kernels; Q, K, V read and O written through the
@@ -491,7 +485,7 @@ absl::StatusOr<MaybeCudnn> Select(AttentionState& state, const ir::Node& node,
 #else
   if (!s) return cannot(absl::UnimplementedError("Q, K and V differ in dtype"));
   // Empty operands: nothing to compute, whichever path.
-  if (Product(s->q) == 0 || Product(s->k) == 0 || Product(s->v) == 0) return MaybeCudnn();
+  if (ir::ElementCount(s->q) == 0 || ir::ElementCount(s->k) == 0 || ir::ElementCount(s->v) == 0) return MaybeCudnn();
   const double ratio = node.attrs.Get<double>("dropout", 0.0);
   absl::StatusOr<AttentionConfig> c = CudnnConfigFor(node, *s, ratio);
   if (!c.ok()) return cannot(c.status());

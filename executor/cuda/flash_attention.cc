@@ -20,12 +20,6 @@ std::string Dims(const std::vector<int64_t>& d) {
   return s + ")";
 }
 
-int64_t Product(const std::vector<int64_t>& d) {
-  int64_t p = 1;
-  for (int64_t x : d) p *= x;
-  return p;
-}
-
 // Element strides of a dense tensor of `dims` read as broadcast to `rank` dims (right-aligned):
 // 0 along dims it does not have or has as 1.
 std::vector<int64_t> BroadcastStrides(const std::vector<int64_t>& dims, size_t rank) {
@@ -90,7 +84,7 @@ absl::Status CheckStrides(const char* what, const std::vector<int64_t>& dims, co
 }
 
 // A null pointer for a buffer that has elements.
-bool Missing(const void* p, const std::vector<int64_t>& dims) { return p == nullptr && Product(dims) > 0; }
+bool Missing(const void* p, const std::vector<int64_t>& dims) { return p == nullptr && ir::ElementCount(dims) > 0; }
 
 std::vector<int64_t> BatchOf(const std::vector<int64_t>& d) { return std::vector<int64_t>(d.begin(), d.end() - 2); }
 
@@ -115,9 +109,9 @@ BackwardLayout LayoutOf(const FlashAttentionPlan& p, const bool (&want)[3]) {
     l.total += Part(3 * p.geometry.nbatch * p.geometry.sq * stat_size);
   }
   for (int i = 0; i < 3; ++i) {
-    const int64_t n = Product(p.full_grad_dims[i]);
+    const int64_t n = ir::ElementCount(p.full_grad_dims[i]);
     // Same elements, or strides (never summed): the kernel writes the output.
-    if (!want[i] || p.strided_grad[i] || n == Product(*dims[i])) continue;
+    if (!want[i] || p.strided_grad[i] || n == ir::ElementCount(*dims[i])) continue;
     l.full[i] = l.total;
     l.total += Part(n * esize);
   }
@@ -177,7 +171,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
 
   FlashGeometry& g = p.geometry;
   g.sq = sq, g.sk = sk, g.dh = dh, g.dv = dv;
-  g.nbatch = Product(p.batch);
+  g.nbatch = ir::ElementCount(p.batch);
   g.batch_rank = static_cast<int>(br);
   for (size_t d = 0; d < br; ++d) g.batch_dims[d] = p.batch[d];
   int64_t* operand_strides[3] = {g.q_stride, g.k_stride, g.v_stride};
@@ -227,7 +221,7 @@ absl::Status FlashAttentionForward(const FlashAttentionPlan& plan, const void* q
                                    const void* mask, void* o, cudaStream_t stream) {
   const FlashGeometry& g = plan.geometry;
   const FlashAttentionConfig& c = plan.config;
-  if (Product(plan.out_dims) == 0) return absl::OkStatus();
+  if (ir::ElementCount(plan.out_dims) == 0) return absl::OkStatus();
   if (Missing(q, c.q_dims) || Missing(k, c.k_dims) || Missing(v, c.v_dims) || o == nullptr ||
       (g.mask != FlashMask::kNone && Missing(mask, c.mask_dims))) {
     return INVALID_ARGUMENT() << "FlashAttentionForward: null device pointer";
@@ -253,7 +247,7 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
   const std::vector<int64_t>* dims[3] = {&c.q_dims, &c.k_dims, &c.v_dims};
   for (int i = 0; i < 3; ++i) {
     // Written through the operand's strides, a broadcast operand's matrices would overwrite each other.
-    if (want[i] && plan.strided_grad[i] && Product(plan.full_grad_dims[i]) != Product(*dims[i])) {
+    if (want[i] && plan.strided_grad[i] && ir::ElementCount(plan.full_grad_dims[i]) != ir::ElementCount(*dims[i])) {
       return INVALID_ARGUMENT() << "FlashAttentionBackward: input " << i << " of dims " << Dims(*dims[i])
                                 << " has strides and is broadcast to " << Dims(plan.full_grad_dims[i])
                                 << ": its gradient cannot be written in place";
@@ -269,15 +263,15 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
   }
   // A gradient with no elements needs no kernel (its pointer may be null).
   for (int i = 0; i < 3; ++i) {
-    if (Product(plan.full_grad_dims[i]) == 0) full[i] = nullptr;
+    if (ir::ElementCount(plan.full_grad_dims[i]) == 0) full[i] = nullptr;
   }
   void* stats = layout.stats >= 0 ? ws + layout.stats : nullptr;
   CUDA_RETURN_IF_ERROR(LaunchFlashAttentionBackward(plan.config.dtype, g, b.d_o, b.q, b.k, b.v, b.mask, full[0],
                                                     full[1], full[2], stats, stream));
   for (int i = 0; i < 3; ++i) {
-    const int64_t n = Product(*dims[i]);
+    const int64_t n = ir::ElementCount(*dims[i]);
     if (layout.full[i] < 0 || n == 0) continue;
-    if (Product(plan.full_grad_dims[i]) == 0) {  // broadcast against an empty batch: nothing to sum
+    if (ir::ElementCount(plan.full_grad_dims[i]) == 0) {  // broadcast against an empty batch: nothing to sum
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out[i], 0, n * ir::DTypeSize(plan.config.dtype), stream));
       continue;
     }

@@ -146,18 +146,12 @@ KernelResult SliceGrad(const KernelContext& ctx, const ir::Node& node, const std
   return Copied(ctx, c, dy, *out);
 }
 
-int64_t Product(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 // Copies the `dims` region of src starting at element src_offset with src_strides into dst's dense
 // layout `dst_dims` at element dst_offset (nothing for an empty region).
 absl::Status CopyRegion(const KernelContext& ctx, const ir::Tensor& src, const std::vector<int64_t>& dims,
                         const std::vector<int64_t>& src_strides, int64_t src_offset, const ir::Tensor& dst,
                         const std::vector<int64_t>& dst_dims, int64_t dst_offset) {
-  if (Product(dims) == 0) return absl::OkStatus();
+  if (ir::ElementCount(dims) == 0) return absl::OkStatus();
   StridedCopy c;
   c.rank = static_cast<int>(dims.size());
   c.src_offset = src_offset, c.dst_offset = dst_offset;

@@ -5,12 +5,6 @@
 namespace onnxpipe::ir {
 namespace {
 
-int64_t Product(const std::vector<int64_t>& d) {
-  int64_t p = 1;
-  for (int64_t x : d) p *= x;
-  return p;
-}
-
 // The value id of operand i (0 Q, 1 K, 2 V): AttentionGrad's inputs start with dO.
 ValueId OperandValue(const Node& node, int operand) {
   const size_t at = static_cast<size_t>(operand) + (node.op == OpKind::kAttentionGrad ? 1 : 0);
@@ -21,7 +15,7 @@ absl::StatusOr<StridedView> ViewOf(const Node& node, int operand, const std::vec
   const char* attr = AttentionViewAttr(operand);
   if (!node.attrs.Has(attr)) return ContiguousView(buffer_dims);
   const std::string what = absl::StrCat(std::string(OpName(node.op)), " node '", node.name, "' attribute ", attr);
-  absl::StatusOr<StridedView> v = ViewFromInts(node.attrs.Get<std::vector<int64_t>>(attr), Product(buffer_dims), what);
+  absl::StatusOr<StridedView> v = ViewFromInts(node.attrs.Get<std::vector<int64_t>>(attr), ElementCount(buffer_dims), what);
   if (!v.ok()) return v.status();
   if (v->dims.size() < 2 || v->strides.back() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected rank >= 2 with the last stride 1"));

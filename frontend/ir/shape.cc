@@ -69,6 +69,12 @@ bool IsConcrete(const Shape& s) {
   return std::all_of(s.begin(), s.end(), [](const Dim& d) { return d.is_concrete(); });
 }
 
+int64_t ElementCount(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
 Dim NumElements(const Shape& s) {
   Dim n(1);
   for (const Dim& d : s) n = n * d;

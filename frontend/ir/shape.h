@@ -45,6 +45,7 @@ using Shape = std::vector<Dim>;
 bool IsConcrete(const Shape& s);
 // Product of all dims (the element count).
 Dim NumElements(const Shape& s);
+int64_t ElementCount(const std::vector<int64_t>& dims);  // of concrete dims; 1 for none
 
 // ONNX Slice on one axis of concrete size `dim` (step != 0): negative start and end count from the
 // end, then they are clamped to [0, dim] (step > 0) or to [0, dim-1] / [-1, dim-1] (step < 0).

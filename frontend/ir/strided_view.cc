@@ -4,15 +4,10 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "frontend/ir/shape.h"
 
 namespace onnxpipe::ir {
 namespace {
-
-int64_t Product(const std::vector<int64_t>& d) {
-  int64_t p = 1;
-  for (int64_t x : d) p *= x;
-  return p;
-}
 
 // The dims of `v` other than 1, as (dim, stride), in order.
 std::vector<std::pair<int64_t, int64_t>> Proper(const StridedView& v) {
@@ -37,7 +32,7 @@ bool Dense(const StridedView& v, int64_t n) {
 
 }  // namespace
 
-int64_t StridedView::NumElements() const { return Product(dims); }
+int64_t StridedView::NumElements() const { return ElementCount(dims); }
 
 StridedView ContiguousView(const std::vector<int64_t>& dims) {
   StridedView v;
@@ -91,8 +86,8 @@ FactoredView ViewTranspose(const FactoredView& v, const std::vector<int64_t>& pe
 }
 
 std::optional<FactoredView> ViewReshape(const FactoredView& v, const std::vector<int64_t>& dims) {
-  if (Product(dims) != Product(v.Dims())) return std::nullopt;
-  if (Product(dims) == 0) {
+  if (ElementCount(dims) != ElementCount(v.Dims())) return std::nullopt;
+  if (ElementCount(dims) == 0) {
     FactoredView out = FactoredView::Of(ContiguousView(dims));
     out.offset = v.offset;
     return out;

@@ -30,12 +30,6 @@ void check_model(const ModelProto& model, CheckerContext& ctx);
 namespace onnxpipe::onnx_frontend {
 namespace {
 
-int64_t Product(const std::vector<int64_t>& d) {
-  int64_t p = 1;
-  for (int64_t x : d) p *= x;
-  return p;
-}
-
 constexpr int64_t kOpset = 17;
 constexpr int64_t kIrVersion = 8;
 
@@ -343,7 +337,7 @@ class Exporter {
   // Reshape, Transpose, Reshape (strided_view.h). Returns the read value's name.
   absl::StatusOr<std::string> ViewRead(const ir::Node& n, const std::string& in, const std::vector<int64_t>& buffer,
                                        const ir::StridedView& v, const std::string& hint) {
-    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, Product(buffer));
+    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, ir::ElementCount(buffer));
     if (!f) return INVALID_ARGUMENT() << "node '" << n.name << "': its " << hint << " view does not nest";
     const std::string base = n.name + "/" + hint;
     std::vector<int64_t> ends, axes;
@@ -366,7 +360,7 @@ class Exporter {
   // Writes `o` (the view's dims) into `out` of dims `buffer`, which view `v` covers exactly.
   absl::Status ViewWrite(const ir::Node& n, const std::string& o, const std::vector<int64_t>& buffer,
                          const ir::StridedView& v, const std::string& out) {
-    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, Product(buffer));
+    const std::optional<ir::NestedForm> f = ir::ToNestedForm(v, ir::ElementCount(buffer));
     if (!f) return INVALID_ARGUMENT() << "node '" << n.name << "': its o_view does not nest";
     std::vector<int64_t> inverse(f->perm.size());
     for (size_t d = 0; d < f->perm.size(); ++d) inverse[f->perm[d]] = static_cast<int64_t>(d);

@@ -520,28 +520,6 @@ ir::Attrs ViewAttrs(const ViewCase& c) {
   return a;
 }
 
-// `op` on fresh values typed as `inputs`, input i reading the value of input same_as[i] (<= i: one
-// value for the packed operands), with outputs as AddTypedNode's.
-const ir::Node& AddNodeOnValues(ir::Graph& g, ir::OpKind op, const std::string& name, const std::vector<Tensor>& inputs,
-                                const std::vector<int>& same_as, const ir::Attrs& attrs, int num_outputs,
-                                const std::vector<int>& absent) {
-  std::vector<ir::ValueId> in_ids, out_ids;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (same_as[i] != static_cast<int>(i)) {
-      in_ids.push_back(in_ids[same_as[i]]);
-      continue;
-    }
-    const Tensor& t = inputs[i];
-    in_ids.push_back(g.AddValue("in" + std::to_string(i), t.dtype(), ir::Shape(t.dims().begin(), t.dims().end())));
-  }
-  for (int k = 0; k < num_outputs; ++k) {
-    const bool gone = std::find(absent.begin(), absent.end(), k) != absent.end();
-    out_ids.push_back(gone ? ir::kNoValue
-                           : g.AddValue("out" + std::to_string(k), inputs[1].dtype(), {}, /*shape_known=*/false));
-  }
-  return g.node(g.AddNode(op, name, in_ids, out_ids, attrs));
-}
-
 class FlashAttentionViewsTest : public FlashAttentionBackendTest, public ::testing::WithParamInterface<ViewCase> {
  protected:
   // `op` on `inputs` (fp32 values; cast to the case's dtype for the device, each value uploaded
@@ -557,8 +535,8 @@ class FlashAttentionViewsTest : public FlashAttentionBackendTest, public ::testi
       dev_in.push_back(same_as[i] == static_cast<int>(i) ? Upload(typed[i]) : dev_in[same_as[i]]);
     }
     ir::Graph g, ref_g;
-    const ir::Node& node = AddNodeOnValues(g, op, name, typed, same_as, attrs, num_outputs, absent);
-    const ir::Node& ref_node = AddNodeOnValues(ref_g, op, name, ref, same_as, attrs, num_outputs, absent);
+    const ir::Node& node = AddTypedNode(g, op, name, typed, attrs, num_outputs, absent, same_as);
+    const ir::Node& ref_node = AddTypedNode(ref_g, op, name, ref, attrs, num_outputs, absent, same_as);
     const double tol = c.dtype == DType::kBF16 ? kBf16Tolerance : 1e-5;
     return RunNodes(g, node, ref_node, ref, dev_in, {.training = true, .seed = 11, .offset = 3},
                     /*expect_device=*/true, tol);

@@ -57,11 +57,17 @@ class PlannedOutputs : public ir::OutputAllocator {
 
 // Adds `op` to `g` on fresh values typed as `inputs` (undefined inputs become absent ones), with
 // `num_outputs` outputs of inputs[1]'s dtype and unknown shape, absent at the indices in `absent`.
+// same_as (empty or one entry per input): input i reads the value of input same_as[i] <= i (the
+// packed operands of an attention node reading one value through views).
 inline const ir::Node& AddTypedNode(ir::Graph& g, ir::OpKind op, const std::string& name,
                                     const std::vector<ir::Tensor>& inputs, const ir::Attrs& attrs, int num_outputs,
-                                    const std::vector<int>& absent = {}) {
+                                    const std::vector<int>& absent = {}, const std::vector<int>& same_as = {}) {
   std::vector<ir::ValueId> in_ids, out_ids;
   for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!same_as.empty() && same_as[i] != static_cast<int>(i)) {
+      in_ids.push_back(in_ids[same_as[i]]);
+      continue;
+    }
     if (!inputs[i].defined()) {
       in_ids.push_back(ir::kNoValue);
       continue;
