@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "executor/cuda/cuda_status.h"
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
@@ -29,7 +30,6 @@ namespace {
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias, kSeqQ, kSeqKV, kSeed, kOffset };
 
 constexpr int64_t kAlign = 256;
-int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 std::vector<int64_t> Contiguous(const std::vector<int64_t>& dims) {
   std::vector<int64_t> s(dims.size(), 1);
@@ -149,16 +149,16 @@ struct WorkspaceLayout {
   int64_t bias_row = 0;  // elements between bias rows (Sk, or Sk rounded up to 8)
   int64_t total = 0;
 
-  WorkspaceLayout(const AttentionConfig& c, int64_t cudnn) : cudnn_bytes(cudnn), total(AlignUp(cudnn)) {
+  WorkspaceLayout(const AttentionConfig& c, int64_t cudnn) : cudnn_bytes(cudnn), total(ir::AlignUp(cudnn, kAlign)) {
     if (UsesLengths(c.mask)) {
       seq_q = total;
-      seq_kv = seq_q + AlignUp(4 * c.batch);
-      total = seq_kv + AlignUp(4 * c.batch);
+      seq_kv = seq_q + ir::AlignUp(4 * c.batch, kAlign);
+      total = seq_kv + ir::AlignUp(4 * c.batch, kAlign);
     }
     bias_row = (c.seq_kv + 7) / 8 * 8;
     if (c.mask == AttentionMask::kBias && bias_row != c.seq_kv) {
       bias = total;
-      total += AlignUp(c.bias_batch * c.bias_heads * c.bias_rows * bias_row * 2);
+      total += ir::AlignUp(c.bias_batch * c.bias_heads * c.bias_rows * bias_row * 2, kAlign);
     } else {
       bias_row = c.seq_kv;
     }

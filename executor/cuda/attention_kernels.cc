@@ -61,6 +61,7 @@
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/flash_attention.h"
+#include "frontend/ir/align.h"
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
 #ifdef ONNXPIPE_CUDNN_ATTENTION
@@ -501,7 +502,6 @@ absl::StatusOr<MaybeCudnn> Select(AttentionState& state, const ir::Node& node,
 // --- cuDNN evaluation ---------------------------------------------------------------------------
 
 constexpr int64_t kAlign = 256;
-int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets into a cuDNN node's planned workspace (-1: absent), each part 256-byte aligned:
 // [dropout seed, offset (int64 each) | backward: O (B, H, Sq, Dv) | stats (B, H, Sq) fp32 |
@@ -515,10 +515,10 @@ struct CudnnWorkspace {
     int64_t at = kAlign;
     if (backward_node != nullptr) {
       o = at;
-      at += AlignUp(c.batch * c.heads * c.seq_q * c.value_dim * elem);
+      at += ir::AlignUp(c.batch * c.heads * c.seq_q * c.value_dim * elem, kAlign);
     }
     stats = at;
-    at += AlignUp(c.batch * c.heads * c.seq_q * 4);
+    at += ir::AlignUp(c.batch * c.heads * c.seq_q * 4, kAlign);
     if (backward_node != nullptr) {
       int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
                                   c.batch * c.kv_heads * c.seq_kv * c.head_dim,
@@ -534,7 +534,7 @@ struct CudnnWorkspace {
           for (int d = 0; d < 4; ++d) grad_elements[i] += (dims[i][d] - 1) * (*strides[i])[d];
         }
         grad[i] = at;
-        at += AlignUp(grad_elements[i] * elem);
+        at += ir::AlignUp(grad_elements[i] * elem, kAlign);
       }
     }
     cudnn = at;

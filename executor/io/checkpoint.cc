@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "executor/io/atomic_file.h"
 #include "executor/io/crc32c.h"
+#include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::io {
@@ -27,8 +28,6 @@ constexpr uint32_t kFormatVersion = 1;
 constexpr uint64_t kHeaderSize = 64;
 constexpr uint64_t kTrailerSize = 8;
 constexpr uint64_t kAlign = 64;
-
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 void PutU8(std::string* out, uint8_t v) { out->push_back(static_cast<char>(v)); }
 void PutU32(std::string* out, uint32_t v) {
@@ -197,7 +196,7 @@ absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoin
   std::vector<uint64_t> offsets;
   uint64_t pos = prefix_end + 4;
   for (const NamedTensor& t : checkpoint.tensors) {
-    pos = AlignUp(pos);
+    pos = static_cast<uint64_t>(ir::AlignUp(static_cast<int64_t>(pos), kAlign));
     offsets.push_back(pos);
     pos += static_cast<uint64_t>(t.tensor.num_bytes());
   }
