@@ -53,6 +53,20 @@ absl::Status DivGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+absl::Status ModGrad(GradBuilder& b) {
+  // y = a - b q with q = trunc(a / b) (fmod = 1, the only form ONNX allows for floats), constant
+  // between its jumps: da = dy, db = -dy q, and q = (a - y) / b (to rounding) wherever b != 0.
+  ValueId dy = b.GO(0);
+  if (b.NeedsGI(0)) b.SetGI(0, b.ReduceToShapeOf(dy, b.I(0)));
+  if (b.NeedsGI(1)) {
+    ASSIGN_OR_RETURN(ValueId a_minus_y, b.Sub(b.I(0), b.O(0)));
+    ASSIGN_OR_RETURN(ValueId q, b.Div(a_minus_y, b.I(1)));
+    ASSIGN_OR_RETURN(ValueId t, b.Mul(dy, q));
+    b.SetGI(1, b.Unary(OpKind::kNeg, b.ReduceToShapeOf(t, b.I(1))));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PowGrad(GradBuilder& b) {
   // y = a^e: da = dy * e * a^(e-1); de = dy * y * ln(a) (only when the exponent is a float that
   // depends on a parameter; a constant exponent gets no gradient request).
@@ -161,6 +175,7 @@ void RegisterElementwiseGradients(GradRegistry& r) {
   r.Register(OpKind::kSub, SubGrad);
   r.Register(OpKind::kMul, MulGrad);
   r.Register(OpKind::kDiv, DivGrad);
+  r.Register(OpKind::kMod, ModGrad);
   r.Register(OpKind::kPow, PowGrad);
   r.Register(OpKind::kSqrt, SqrtGrad);
   r.Register(OpKind::kReciprocal, ReciprocalGrad);

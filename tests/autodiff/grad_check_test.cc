@@ -51,6 +51,10 @@ std::vector<GradCase> ElementwiseCases() {
       {"Mul_square", [](TestGraph& t) { ValueId a = t.Param("a", {3, 4}); return V{t.Op1(OpKind::kMul, {a, a})}; }},
       {"Div_bcast", [](TestGraph& t) { return V{t.Op1(OpKind::kDiv, {t.Param("a", {3, 4}), t.ParamAway("b", {4}, 0.5, 2)})}; }},
       {"Div_scalar_param", [](TestGraph& t) { return V{t.Op1(OpKind::kDiv, {t.ParamAway("a", {}, 0.5, 2), t.ParamAway("b", {2, 3}, 0.5, 2)})}; }},
+      {"Mod_fmod_bcast", [](TestGraph& t) {
+         ir::Attrs fmod;
+         fmod.Set("fmod", int64_t{1});
+         return V{t.Op1(OpKind::kMod, {t.ParamAway("a", {3, 4}, 0.5, 3), t.ParamAway("b", {4}, 0.3, 0.7)}, fmod)}; }},
       {"Pow_const_exponent", [](TestGraph& t) {
          return V{t.Op1(OpKind::kPow, {t.Param("a", {3, 4}, 0.5, 2), t.g().AddConstant("e", ir::Tensor::Scalar<double>(2.5))})}; }},
       {"Pow_both", [](TestGraph& t) { return V{t.Op1(OpKind::kPow, {t.Param("a", {3, 4}, 0.5, 2), t.Param("e", {4}, -1, 2)})}; }},
