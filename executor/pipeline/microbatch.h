@@ -1,5 +1,6 @@
 // Micro-batching: splitting a step's batch into M micro-batches and making the loss of the M
-// micro-batches add up to the batch's.
+// micro-batches add up to the batch's. A fixed-batch export is made batch-polymorphic first
+// (frontend/passes/batch_symbolic.h).
 //
 // Loss shares. The training loss is a mean over the batch (SoftmaxCrossEntropyLoss, reduction
 // "mean": over the samples, or over the non-ignored tokens for a per-token loss). A micro-batch's
@@ -8,15 +9,6 @@
 // instead of 1 (the backward is linear in its seed). With equal micro-batches and no ignored
 // labels the share is 1/M, a power of two for M = 1, 2, 4, ..., so seeding with it scales every
 // gradient exactly. reduction "sum": every share is 1.
-//
-// Fixed-batch exports. PyTorch's exporter without dynamic axes bakes the export batch into
-// Reshape/Expand shape constants (`x.view(b, s, h, dh)` becomes the constant [b, s, h, dh]).
-// MakeBatchSymbolic re-derives a symbolic batch dim: the inputs' leading dim becomes the symbol,
-// and each Reshape/Expand shape constant holding the export batch is rewritten where shape
-// inference proves which entry is the batch (Reshape: exactly one entry equal to the export batch
-// makes the element counts agree once replaced by -1; Expand: the entry faces the input's batch dim
-// and becomes 1). When two entries could be the batch (batch 4 with 4 heads) it refuses, naming the
-// node, and says to re-export with dynamic axes.
 #pragma once
 
 #include <cstdint>
@@ -50,14 +42,6 @@ absl::StatusOr<std::vector<double>> LossShares(const LossShareRule& rule, const 
 
 // Rows [begin, end) of `t` along dim 0, as a new tensor.
 absl::StatusOr<ir::Tensor> SliceRows(const ir::Tensor& t, int64_t begin, int64_t end);
-
-// See the header comment. `g` is an imported, shape-inferred forward graph whose inputs all have the
-// same concrete leading dim (returned in *export_batch). Replaces it by `symbol` and re-infers every
-// shape; afterwards the graph is polymorphic in the batch and BindSymbols can bind it.
-absl::Status MakeBatchSymbolic(ir::Graph* g, const std::string& symbol, int64_t* export_batch);
-
-// True when no graph input has a symbolic leading dim (a fixed-batch export).
-bool HasFixedBatch(const ir::Graph& g);
 
 // Binds `bindings` (the batch symbol to the micro-batch size, the sequence, ...), re-infers shapes
 // and runs the forward pipeline (folding and fusion), as tools/model.h's PrepareModel does: the

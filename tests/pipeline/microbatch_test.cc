@@ -1,6 +1,7 @@
 // Micro-batching helpers: loss shares (hand-counted), row slicing, and the fixed-batch re-derivation
 // on small hand-built graphs (unique batch entry patched, ambiguous entries refused, Expand).
 #include "executor/pipeline/microbatch.h"
+#include "frontend/passes/batch_symbolic.h"
 
 #include "frontend/ir/infer.h"
 #include "gmock/gmock.h"
@@ -67,7 +68,7 @@ ir::Graph ReshapeGraph(int64_t b0, std::vector<int64_t> shape) {
 TEST(MakeBatchSymbolic, PatchesTheOnlyEntryThatCanBeTheBatch) {
   ir::Graph g = ReshapeGraph(6, {6, 4, 2, 4});
   int64_t b0 = 0;
-  absl::Status st = MakeBatchSymbolic(&g, "B", &b0);
+  absl::Status st = passes::MakeBatchSymbolic(&g, "B", &b0);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(b0, 6);
   const ir::Value& y = g.value(g.FindValue("y"));
@@ -82,7 +83,7 @@ TEST(MakeBatchSymbolic, RefusesWhenTwoEntriesCouldBeTheBatch) {
   // Export batch 4 with 4 "heads": [4, 4, 2, 4] reshaped from (4, 4, 8) could keep the batch first
   // or second.
   ir::Graph g = ReshapeGraph(4, {4, 4, 2, 4});
-  absl::Status st = MakeBatchSymbolic(&g, "B", nullptr);
+  absl::Status st = passes::MakeBatchSymbolic(&g, "B", nullptr);
   ASSERT_FALSE(st.ok());
   EXPECT_THAT(st.message(), HasSubstr("node 'heads' (Reshape)"));
   EXPECT_THAT(st.message(), HasSubstr("ambiguous"));
@@ -99,7 +100,7 @@ TEST(MakeBatchSymbolic, ExpandKeepsTheBatchAndRefusesABroadcastToIt) {
     g.AddNode(ir::OpKind::kExpand, "expand", {x, s}, {y});
     g.outputs().push_back(y);
     ASSERT_TRUE(ir::InferShapes(g).ok());
-    absl::Status st = MakeBatchSymbolic(&g, "B", nullptr);
+    absl::Status st = passes::MakeBatchSymbolic(&g, "B", nullptr);
     if (ambiguous) {
       EXPECT_THAT(st.message(), HasSubstr("broadcasts a size-1 dim to 6, the export batch"));
     } else {
@@ -113,8 +114,8 @@ TEST(MakeBatchSymbolic, InputsWithDifferentLeadingDimsAreAmbiguous) {
   ir::Graph g;
   g.inputs().push_back(g.AddValue("a", ir::DType::kF32, ir::FromInts({2, 3})));
   g.inputs().push_back(g.AddValue("b", ir::DType::kF32, ir::FromInts({3, 3})));
-  EXPECT_THAT(MakeBatchSymbolic(&g, "B", nullptr).message(), HasSubstr("leading dims differ"));
-  EXPECT_TRUE(HasFixedBatch(g));
+  EXPECT_THAT(passes::MakeBatchSymbolic(&g, "B", nullptr).message(), HasSubstr("leading dims differ"));
+  EXPECT_TRUE(passes::HasFixedBatch(g));
 }
 
 }  // namespace

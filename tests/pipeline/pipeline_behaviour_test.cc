@@ -14,6 +14,7 @@
 #include "executor/cpu/workspace.h"
 #include "executor/data/npy.h"
 #include "executor/pipeline/memory.h"
+#include "frontend/passes/batch_symbolic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/pipeline/pipeline_test_util.h"
@@ -525,7 +526,7 @@ TEST(PipelineFixedBatch, ReDerivedBatchTrainsLikeTheDynamicExport) {
   absl::StatusOr<std::unique_ptr<ModelFixture>> fixed =
       ModelFixture::FromFile(dir + "/gpt_b6.onnx", dir + "/gpt_b6.json", src + "/models/golden/tiny_gpt/data", 4);
   ASSERT_TRUE(fixed.ok()) << fixed.status();
-  EXPECT_TRUE(HasFixedBatch((*fixed)->imported()));
+  EXPECT_TRUE(passes::HasFixedBatch((*fixed)->imported()));
   absl::StatusOr<RunResult> r = (*fixed)->Pipeline(c);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->losses, dynamic->losses);
@@ -563,7 +564,7 @@ TEST(PipelineFixedBatch, OneMicrobatchOfTheExportBatchTrainsAsExported) {
   absl::StatusOr<std::unique_ptr<ModelFixture>> fixed =
       ModelFixture::FromFile(onnx, dir + "/encoder_b6.json", dir + "/data", /*batch=*/6);
   ASSERT_TRUE(fixed.ok()) << fixed.status();
-  ASSERT_TRUE(HasFixedBatch((*fixed)->imported()));
+  ASSERT_TRUE(passes::HasFixedBatch((*fixed)->imported()));
 
   RunConfig c;
   c.stages = 2;
