@@ -80,6 +80,7 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
   PartitionPlan plan;
   plan.model = o.model;
   plan.optimizer = o.optimizer;
+  plan.kernel_scratch_counted = o.workspace != nullptr;
   plan.device = ctx.cluster().device;
   plan.capacity_bytes = (o.memory_bytes > 0 ? o.memory_bytes : plan.device.memory_bytes) -
                         plan.device.reserved_bytes;
@@ -153,7 +154,7 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     s.recompute = RecomputePolicyName(o.recompute);
     s.unit_recompute = unit_recompute[k];
     const int64_t in_flight = InFlightMicrobatches(o.schedule, K, k, o.microbatches);
-    ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, o.microbatches, ctx.alignment()));
+    ASSIGN_OR_RETURN(s.memory, PlanStageMemory(a, sp, in_flight, o.microbatches, ctx.alignment(), o.workspace));
     if (s.memory.total > plan.capacity_bytes) all_fit = false;
 
     const StageNodes& sn = placement[k];

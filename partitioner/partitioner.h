@@ -72,6 +72,9 @@ struct PartitionOptions {
   int max_verify_rounds = 64;
   std::string model;  // for the reports
   std::string optimizer;  // for the reports ("sgd", "adamw")
+  // The backend's kernel scratch per node, counted in every stage's memory; null: not counted (a GPU
+  // target, whose cuBLASLt/cuDNN scratch sizes need the device), which plan.json says.
+  WorkspaceFn workspace;
 };
 
 struct BoundaryTensor {
@@ -126,7 +129,8 @@ struct SearchStats {
 };
 
 struct PartitionPlan {
-  int schema_version = 2;  // plan_io.h's kPlanSchemaVersion
+  int schema_version = 3;        // plan_io.h's kPlanSchemaVersion
+  bool kernel_scratch_counted = false;  // stages' memory.kernel_scratch from the backend (PartitionOptions::workspace)
   std::string model, optimizer;
   DeviceProfile device;
   int64_t capacity_bytes = 0;  // usable per device

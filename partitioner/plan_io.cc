@@ -113,7 +113,8 @@ ordered_json PlanToJson(const PartitionPlan& p) {
                  {"schedule", ScheduleName(p.schedule)},
                  {"recompute", RecomputePolicyName(p.recompute)},
                  {"dtype", PrecisionName(p.precision)},
-                 {"optimizer", p.optimizer}};
+                 {"optimizer", p.optimizer},
+                 {"kernel_scratch_counted", p.kernel_scratch_counted}};
   j["predicted"] = {{"step_ms", p.step_ms},
                     {"bubble_fraction", p.bubble_fraction},
                     {"samples_per_s", p.samples_per_s},
@@ -149,7 +150,8 @@ ordered_json PlanToJson(const PartitionPlan& p) {
                     {"gradients", m.gradients},
                     {"optimizer_state", m.optimizer_state},
                     {"activations", m.activations},
-                    {"workspace", m.workspace},
+                    {"transient", m.transient},
+                    {"kernel_scratch", m.kernel_scratch},
                     {"total", m.total},
                     {"constants", m.constants},
                     {"boundary", m.boundary},
@@ -203,6 +205,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
                                      "gradient Sums, the schedule's actions); re-run onnxpipe partition to write "
                                      "version " + std::to_string(kPlanSchemaVersion));
   }
+  if (version == 2) {
+    return r.Error("schema_version", "is 2: that plan's memory has no kernel scratch (its \"workspace\" is the "
+                                     "arena's transient region); re-run onnxpipe partition to write version " +
+                                         std::to_string(kPlanSchemaVersion));
+  }
   if (version != kPlanSchemaVersion) {
     return r.Error("schema_version", "is " + std::to_string(version) + "; this onnxpipe reads version " +
                                          std::to_string(kPlanSchemaVersion) + " (re-run onnxpipe partition)");
@@ -236,6 +243,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   if (!pr.ok()) return r.Error("config.dtype", std::string(pr.status().message()));
   p.precision = *pr;
   ASSIGN_OR_RETURN(p.optimizer, r.String(*cfg, "config", "optimizer"));
+  const json* counted = cfg->contains("kernel_scratch_counted") ? &(*cfg)["kernel_scratch_counted"] : nullptr;
+  if (counted == nullptr || !counted->is_boolean()) {
+    return r.Error("config.kernel_scratch_counted", "must be true or false");
+  }
+  p.kernel_scratch_counted = counted->get<bool>();
 
   ASSIGN_OR_RETURN(const json* pred, r.Field(j, "", "predicted"));
   ASSIGN_OR_RETURN(p.step_ms, r.Number(*pred, "predicted", "step_ms"));
@@ -351,7 +363,8 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     ASSIGN_OR_RETURN(m.gradients, r.Int(*mem, mp, "gradients"));
     ASSIGN_OR_RETURN(m.optimizer_state, r.Int(*mem, mp, "optimizer_state"));
     ASSIGN_OR_RETURN(m.activations, r.Int(*mem, mp, "activations"));
-    ASSIGN_OR_RETURN(m.workspace, r.Int(*mem, mp, "workspace"));
+    ASSIGN_OR_RETURN(m.transient, r.Int(*mem, mp, "transient"));
+    ASSIGN_OR_RETURN(m.kernel_scratch, r.Int(*mem, mp, "kernel_scratch"));
     ASSIGN_OR_RETURN(m.total, r.Int(*mem, mp, "total"));
     ASSIGN_OR_RETURN(m.constants, r.Int(*mem, mp, "constants"));
     ASSIGN_OR_RETURN(m.boundary, r.Int(*mem, mp, "boundary"));
@@ -361,8 +374,8 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     if (m.activations != m.saved * m.in_flight) {
       return r.Error(mp + ".activations", "must equal saved_per_microbatch x in_flight");
     }
-    if (m.total != m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations +
-                       m.workspace + m.boundary) {
+    if (m.total != m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.transient +
+                       m.kernel_scratch + m.boundary) {
       return r.Error(mp + ".total", "is not the sum of its parts");
     }
     ASSIGN_OR_RETURN(const json* sp, r.Field(sj, path, "predicted"));

@@ -1,12 +1,12 @@
 // plan.json: the partition plan that `onnxpipe partition` writes and `onnxpipe train --plan DIR`
-// runs as written. Schema version 2 (keys in this order; sizes in bytes, times in milliseconds):
+// runs as written. Schema version 3 (keys in this order; sizes in bytes, times in milliseconds):
 //   {
-//     "schema_version": 2,
+//     "schema_version": 3,
 //     "generator": "onnxpipe partition",
 //     "model": "m.onnx",
 //     "device": {name, source, memory, reserved, peak_tflops{fp32,bf16}, ..., "capacity"},
 //     "config": {batch, microbatches, microbatch_size, num_stages, stages_auto, objective,
-//                schedule, recompute, dtype, optimizer},
+//                schedule, recompute, dtype, optimizer, kernel_scratch_counted},
 //     "predicted": {step_ms, bubble_fraction, samples_per_s, analytic_step_ms, cost_source,
 //                   measured_nodes, roofline_nodes},
 //     "stages": [ {
@@ -29,7 +29,7 @@
 //        "recompute_regions": [{nodes: [...], before: "<backward node>", ms}],
 //        "actions": ["F0", "SEND_ACT0>1", "RECV_GRAD0<1", "R0", "B0.1", ..., "O"],  the stage's
 //            schedule (schedule.h's ActionToString), what the executor runs
-//        "memory": {parameters, gradients, optimizer_state, activations, workspace, total,
+//        "memory": {parameters, gradients, optimizer_state, activations, transient, kernel_scratch, total,
 //                   constants, boundary, saved_per_microbatch, in_flight,
 //                   arena, capacity},
 //        "predicted": {forward_ms, backward_ms, recompute_ms, optimizer_ms, send_forward_ms,
@@ -40,10 +40,15 @@
 //     "layers": [{name, stages, forward_ms, backward_ms, parameter_bytes}],
 //     "search": {...}, "warnings": [...]
 //   }
-// memory.total = parameters + gradients + optimizer_state + constants + activations + workspace
-// + boundary; activations = saved_per_microbatch * in_flight.
-// Version 1 (which listed the post-step gradient Sums under "backward" and had no "actions") is
-// refused with a message to re-run onnxpipe partition: it does not say what runs.
+// memory.total = parameters + gradients + optimizer_state + constants + activations + transient
+// + kernel_scratch + boundary; activations = saved_per_microbatch * in_flight; transient = arena -
+// activations (the region one forward or backward shares); kernel_scratch = the largest scratch one
+// forward or backward kernel of the stage takes, from the backend's WorkspaceBytes when
+// config.kernel_scratch_counted (the CPU device), else 0 (a GPU target: cuBLASLt and cuDNN sizes
+// need the device).
+// Version 1 (which listed the post-step gradient Sums under "backward" and had no "actions") and
+// version 2 (no kernel scratch; "workspace" was the transient region) are refused with a message to
+// re-run onnxpipe partition.
 #pragma once
 
 #include <string>
@@ -55,7 +60,7 @@
 
 namespace onnxpipe::partitioner {
 
-inline constexpr int kPlanSchemaVersion = 2;
+inline constexpr int kPlanSchemaVersion = 3;
 
 nlohmann::ordered_json PlanToJson(const PartitionPlan& plan);
 // Validates while parsing: schema version, required keys and types, stage indices 0..K-1 in

@@ -48,7 +48,8 @@ std::string MemorySvg(const PartitionPlan& p) {
       {"optimizer state", "#e15759", &StageMemory::optimizer_state},
       {"constants", "#bab0ac", &StageMemory::constants},
       {"activations", "#59a14f", &StageMemory::activations},
-      {"workspace", "#76b7b2", &StageMemory::workspace},
+      {"transient", "#76b7b2", &StageMemory::transient},
+      {"kernel scratch", "#edc948", &StageMemory::kernel_scratch},
       {"boundary buffers", "#b07aa1", &StageMemory::boundary},
   };
   const int left = 70, width = 760, bar = 24, gap = 12, top = 30;
@@ -223,7 +224,7 @@ std::string ReportHtml(const PartitionPlan& p) {
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>layers</th><th>forward</th><th>backward</th>"
         "<th>recompute</th><th>parameters</th><th>gradients</th><th>optimizer</th><th>activations</th>"
-        "<th>in flight</th><th>workspace</th><th>total</th><th>use</th></tr>\n";
+        "<th>in flight</th><th>transient</th><th>kernel scratch</th><th>total</th><th>use</th></tr>\n";
   for (const StagePlan& s : p.stages) {
     const StageMemory& m = s.memory;
     os << "<tr><td>" << s.index << "</td><td class=\"l\">" << HtmlEscape(CompressLayers(s.layers)) << "</td><td>"
@@ -231,7 +232,8 @@ std::string ReportHtml(const PartitionPlan& p) {
        << HtmlEscape(FormatMs(s.recompute_ms)) << "</td><td>" << HtmlEscape(FormatBytes(m.parameters)) << "</td><td>"
        << HtmlEscape(FormatBytes(m.gradients)) << "</td><td>" << HtmlEscape(FormatBytes(m.optimizer_state))
        << "</td><td>" << HtmlEscape(FormatBytes(m.activations)) << "</td><td>" << m.in_flight << "</td><td>"
-       << HtmlEscape(FormatBytes(m.workspace)) << "</td><td>" << HtmlEscape(FormatBytes(m.total)) << "</td><td>"
+       << HtmlEscape(FormatBytes(m.transient)) << "</td><td>" << HtmlEscape(FormatBytes(m.kernel_scratch))
+       << "</td><td>" << HtmlEscape(FormatBytes(m.total)) << "</td><td>"
        << Pct(static_cast<double>(m.total) / p.capacity_bytes) << "</td></tr>\n";
   }
   os << "</table>\n";

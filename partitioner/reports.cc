@@ -129,13 +129,13 @@ std::string ReportText(const PartitionPlan& p) {
     os << Pad(std::to_string(s.index), 5) << " " << Pad(FormatMs(s.forward_ms), 10) << Pad(FormatMs(s.backward_ms), 10)
        << Pad(FormatMs(s.recompute_ms), 10) << Pad(FormatBytes(m.parameters), 11) << Pad(FormatBytes(m.gradients), 11)
        << Pad(FormatBytes(m.optimizer_state), 11) << Pad(FormatBytes(m.activations), 11)
-       << Pad(std::to_string(m.in_flight), 4) << Pad(FormatBytes(m.workspace + m.boundary + m.constants), 11)
+       << Pad(std::to_string(m.in_flight), 4) << Pad(FormatBytes(m.transient + m.kernel_scratch + m.boundary + m.constants), 11)
        << Pad(FormatBytes(m.total), 11)
        << Pad(Percent(static_cast<double>(m.total) / static_cast<double>(std::max<int64_t>(1, p.capacity_bytes))), 8)
        << "  " << CompressLayers(s.layers) << "\n";
   }
   os << "\n(per micro-batch: fwd, bwd, recomp; activ = saved activations x in-flight micro-batches (x); "
-        "work = workspace + constants + boundary buffers)\n";
+        "work = transient + kernel scratch + constants + boundary buffers)\n";
   const StagePlan& w = p.stages[worst];
   os << "memory     all " << p.stages.size() << " stages fit; the largest is stage " << w.index << " with "
      << FormatBytes(w.memory.total) << " (" << Percent(static_cast<double>(w.memory.total) / p.capacity_bytes)

@@ -338,13 +338,13 @@ absl::StatusOr<const ExactStage*> Searcher::Exact(int32_t i, int32_t j,
   const std::vector<StageNodes> placement = PlaceStages(a_, bounds, rec);
   const int32_t k = p0 > 0 ? 1 : 0;
   ASSIGN_OR_RETURN(const StageProgram sp, BuildStageProgram(a_, placement, k));
-  ASSIGN_OR_RETURN(StageMemory m, PlanStageMemory(a_, sp, /*in_flight=*/1, o_.microbatches, ctx_.alignment()));
+  ASSIGN_OR_RETURN(StageMemory m, PlanStageMemory(a_, sp, /*in_flight=*/1, o_.microbatches, ctx_.alignment(), o_.workspace));
   ++stats_->stages_planned;
   ExactStage e;
   e.saved = m.saved;
   e.fixed = e.fixed_split = m.total - m.activations;
   if (o_.microbatches > 1) {
-    ASSIGN_OR_RETURN(StageMemory m2, PlanStageMemory(a_, sp, /*in_flight=*/2, o_.microbatches, ctx_.alignment()));
+    ASSIGN_OR_RETURN(StageMemory m2, PlanStageMemory(a_, sp, /*in_flight=*/2, o_.microbatches, ctx_.alignment(), o_.workspace));
     RET_CHECK(m2.saved == m.saved) << "the saved bytes depend on the in-flight count";
     e.fixed_split = m2.total - m2.activations;
   }

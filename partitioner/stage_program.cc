@@ -734,7 +734,7 @@ absl::StatusOr<MicrobatchLayout> PlanStageLayout(const StageProgram& sp, int64_t
 }
 
 absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& sp, int64_t in_flight,
-                                            int64_t microbatches, int64_t alignment) {
+                                            int64_t microbatches, int64_t alignment, const WorkspaceFn& workspace) {
   const ir::Graph& graph = sp.graph;
   // The persistent regions (parameters, optimizer state, constants) from the whole program.
   std::vector<ir::NodeId> order = sp.forward;
@@ -744,7 +744,7 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   options.alignment = alignment;
   ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(graph, order, options));
   absl::StatusOr<MicrobatchLayout> layout =
-      PlanMicrobatchLayout(MicrobatchOf(graph, sp, in_flight, microbatches, alignment, nullptr));
+      PlanMicrobatchLayout(MicrobatchOf(graph, sp, in_flight, microbatches, alignment, workspace));
   if (!layout.ok()) return Annotate(layout.status(), "planning the memory of stage " + std::to_string(sp.stage));
 
   StageMemory m;
@@ -756,7 +756,8 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.constants = plan.constant_bytes;
   m.arena = layout->arena();
   m.activations = layout->activations();
-  m.workspace = m.arena - m.activations;
+  m.transient = m.arena - m.activations;
+  m.kernel_scratch = layout->workspace;
   // Boundary buffers: every value sent per micro-batch (the transport's copy in flight), and the
   // shared parameters' contributions received once per step. Values received per micro-batch land
   // in their planned slots of the arena and are counted there.
@@ -773,7 +774,8 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
     }
   }
   for (ir::ValueId v : boundary) m.boundary += AlignUp(a.value_bytes[v], alignment);
-  m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.workspace + m.boundary;
+  m.total = m.parameters + m.gradients + m.optimizer_state + m.constants + m.activations + m.transient +
+            m.kernel_scratch + m.boundary;
   return m;
 }
 

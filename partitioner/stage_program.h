@@ -170,12 +170,16 @@ absl::StatusOr<MicrobatchLayout> PlanStageLayout(const StageProgram& sp, int64_t
 
 struct StageMemory {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0, constants = 0;
-  int64_t saved = 0, activations = 0, workspace = 0, boundary = 0, total = 0;
+  int64_t saved = 0, activations = 0, boundary = 0, total = 0;
+  int64_t transient = 0;       // the arena's shared region beside the saved activations (arena - activations)
+  int64_t kernel_scratch = 0;  // the largest scratch one forward/backward kernel takes (0 when not counted)
   int64_t arena = 0;  // the planner's arena for one micro-batch
   int64_t in_flight = 0;
 };
 
+// `workspace`: the backend's kernel scratch per node (null: kernel_scratch stays 0).
 absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageProgram& program, int64_t in_flight,
-                                            int64_t microbatches, int64_t alignment);
+                                            int64_t microbatches, int64_t alignment,
+                                            const WorkspaceFn& workspace = nullptr);
 
 }  // namespace onnxpipe::partitioner

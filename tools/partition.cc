@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "executor/backend/backend.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/stage_export.h"
 #include "partitioner/partitioner.h"
@@ -116,6 +117,12 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   const double load_s = Since(t0);
   part::Cluster cluster{device};
+  // The CPU device's kernel scratch is the CPU backend's; a GPU target's needs the device (not counted).
+  if (device.name == "cpu") {
+    o.workspace = [be = backend::MakeCpuBackend()](const ir::Graph& g, const ir::Node& n) {
+      return be->WorkspaceBytes(g, n);
+    };
+  }
   std::error_code ec;
   std::filesystem::create_directories(f.out, ec);
   if (ec) return INVALID_ARGUMENT() << f.out << ": cannot create the output folder: " << ec.message();

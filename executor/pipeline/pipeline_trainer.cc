@@ -18,7 +18,7 @@ namespace onnxpipe::pipeline {
 absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
     const ir::Graph& g, int32_t num_stages, int64_t batch, int32_t microbatches, partitioner::ScheduleKind schedule,
     partitioner::RecomputePolicy recompute, const std::string& device, const std::string& model_name,
-    partitioner::Precision precision) {
+    partitioner::Precision precision, std::shared_ptr<const backend::Backend> backend) {
   partitioner::Cluster cluster;
   ASSIGN_OR_RETURN(cluster.device, partitioner::ResolveDevice(device));
   partitioner::PartitionOptions o;
@@ -29,6 +29,9 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
   o.recompute = recompute;
   o.precision = precision;
   o.model = model_name;
+  if (backend) {
+    o.workspace = [backend](const ir::Graph& graph, const ir::Node& n) { return backend->WorkspaceBytes(graph, n); };
+  }
   // K is given: the profile chooses the cuts, and the run holds what the plan needs (no memory budget
   // to fit, as without a plan), except for --recompute auto, which trades recompute for the device's memory.
   if (recompute != partitioner::RecomputePolicy::kAuto) o.memory_bytes = int64_t{1} << 60;
@@ -123,7 +126,8 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     ASSIGN_OR_RETURN(
         plan, PartitionAtFixedStages(
                   g, p.stages, B, p.microbatches, schedule, recompute, p.device, model_name,
-                  options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32));
+                  options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32,
+                  p.backend ? p.backend : backend::MakeCpuBackend()));
     if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
   }
   ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));

@@ -29,11 +29,13 @@ namespace onnxpipe::pipeline {
 
 // `--stages K` without a plan: the partitioner at fixed K on a device profile (a built-in name or a
 // JSON file, partitioner/device.h), what `onnxpipe partition --stages K` would write (with no memory
-// budget but for --recompute auto). `precision` is the training graph's (bf16 for a mixed-precision one).
+// budget but for --recompute auto). `precision` is the training graph's (bf16 for a mixed-precision one);
+// `backend`, when given, is the run's: its kernel scratch is counted in the stages' memory.
 absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
     const ir::Graph& training_graph, int32_t num_stages, int64_t batch, int32_t microbatches,
     partitioner::ScheduleKind schedule, partitioner::RecomputePolicy recompute, const std::string& device,
-    const std::string& model_name, partitioner::Precision precision = partitioner::Precision::kFP32);
+    const std::string& model_name, partitioner::Precision precision = partitioner::Precision::kFP32,
+    std::shared_ptr<const backend::Backend> backend = nullptr);
 
 struct PipelineTrainOptions {
   int32_t stages = 0;          // K; 0: the plan's

@@ -151,7 +151,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
       const partitioner::StagePlan& ps = ctx.plan->stages[s];
       st["plan"] = {{"memory", {{"saved_per_microbatch", ps.memory.saved}, {"activations", ps.memory.activations},
                                 {"in_flight", ps.memory.in_flight}, {"arena", ps.memory.arena},
-                                {"workspace", ps.memory.workspace}, {"gradients", ps.memory.gradients},
+                                {"transient", ps.memory.transient}, {"kernel_scratch", ps.memory.kernel_scratch},
+                                {"gradients", ps.memory.gradients},
                                 {"total", ps.memory.total}}},
                     {"forward_ms", ps.forward_ms}, {"backward_ms", ps.backward_ms}, {"recompute_ms", ps.recompute_ms},
                     {"optimizer_ms", ps.optimizer_ms}};

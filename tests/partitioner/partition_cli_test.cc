@@ -139,14 +139,17 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
   }
   // plan.json: the fields issue 6 lists, by name, then the strict loader.
   const json pj = Plan(out);
-  EXPECT_EQ(pj["schema_version"], 2);
+  EXPECT_EQ(pj["schema_version"], 3);
+  // A GPU target: its kernel scratch needs the device, and the plan says it did not count it.
+  EXPECT_FALSE(pj["config"]["kernel_scratch_counted"].get<bool>());
+  for (const json& st : pj["stages"]) EXPECT_EQ(st["memory"]["kernel_scratch"], 0);
   for (const char* k : {"step_ms", "bubble_fraction", "samples_per_s"})
     EXPECT_TRUE(pj["predicted"][k].is_number()) << k;
   for (const json& st : pj["stages"]) {
     for (const char* k : {"index", "nodes", "parameters", "boundary_inputs", "boundary_outputs", "recompute_regions"}) {
       EXPECT_TRUE(st.contains(k)) << k;
     }
-    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "workspace", "total"}) {
+    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "transient", "kernel_scratch", "total"}) {
       EXPECT_TRUE(st["memory"][k].is_number_integer()) << k;
     }
     for (const char* k : {"forward_ms", "backward_ms", "recompute_ms"})

@@ -267,7 +267,7 @@ TEST(Memory, EqualsThePlannerAndHandSizes) {
     // The micro-batch memory is the executor's layout (checked against runs in tests/pipeline):
     // in-flight saved slots plus the transient part.
     EXPECT_EQ(s.memory.activations, s.memory.saved * s.memory.in_flight);
-    EXPECT_EQ(s.memory.activations + s.memory.workspace, s.memory.arena);
+    EXPECT_EQ(s.memory.activations + s.memory.transient, s.memory.arena);
     EXPECT_GT(s.memory.saved, 0);
     EXPECT_EQ(s.memory.in_flight, InFlightMicrobatches(ScheduleKind::k1F1B, 2, s.index, 4));
     // By hand: each owned Linear (k, n) has k*n + n floats; AdamW keeps two more copies.
@@ -585,8 +585,12 @@ TEST(Plan, JsonRoundTripAndValidation) {
     edit(c);
     return PlanFromJson(c, "plan.json").status();
   };
-  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 3; }).message()),
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 4; }).message()),
               HasSubstr("schema_version"));
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 2; }).message()),
+              HasSubstr("no kernel scratch"));
+  EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["config"].erase("kernel_scratch_counted"); }).message()),
+              HasSubstr("config.kernel_scratch_counted"));
   EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["schema_version"] = 1; }).message()),
               HasSubstr("re-run onnxpipe partition"));
   EXPECT_THAT(std::string(broken([](nlohmann::json& c) { c["stages"][0]["actions"][0] = "F"; }).message()),

@@ -440,7 +440,8 @@ TEST(PipelineMemory, DimsOnlyTensorsCarryShapesWithoutStorage) {
 // The partitioner's plan run as is: its cuts and its recompute regions (none, full, selective,
 // auto). Results are bitwise those of one stage at the same M, and each stage's measured memory is
 // the plan's own prediction, byte for byte: saved bytes per micro-batch, micro-batches in flight,
-// activations, the whole arena and its transient part, gradients, parameters, optimizer state.
+// activations, the whole arena and its transient part, kernel scratch, gradients, parameters,
+// optimizer state.
 TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
   for (const char* model : {"tiny_gpt", "tiny_bert", "tiny_classifier"}) {
     const ModelFixture& f = Fixture(model);
@@ -460,7 +461,8 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
             const std::string where = std::string(model) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " " +
                                       RecomputePolicyName(rp) + " " + ScheduleName(kind);
             absl::StatusOr<partitioner::PartitionPlan> plan =
-                PartitionAtFixedStages(*g, K, f.batch(), M, kind, rp, "cpu", model);
+                PartitionAtFixedStages(*g, K, f.batch(), M, kind, rp, "cpu", model, partitioner::Precision::kFP32,
+                                       backend::MakeCpuBackend());
             ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
             absl::StatusOr<partitioner::CompiledPlan> compiled = partitioner::CompilePlan(*g, *plan);
             ASSERT_TRUE(compiled.ok()) << compiled.status();
@@ -489,7 +491,9 @@ TEST(PipelinePlan, RunsThePartitionersPlanWithItsPredictedMemory) {
                 EXPECT_EQ(m.accumulator_bytes, pm.gradients) << where << " stage " << s;
                 // And the arena itself: the plan's per-stage prediction is the executor's layout.
                 EXPECT_EQ(m.arena_bytes, pm.arena) << where << " stage " << s;
-                EXPECT_EQ(m.transient_bytes, pm.workspace) << where << " stage " << s;
+                EXPECT_EQ(m.transient_bytes, pm.transient) << where << " stage " << s;
+                // Kernel scratch, counted by the partitioner from the same backend.
+                EXPECT_EQ(m.workspace_bytes, pm.kernel_scratch) << where << " stage " << s;
               }
             }
             for (const auto& [name, t] : (*ex)->Parameters()) {

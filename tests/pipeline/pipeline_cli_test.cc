@@ -128,6 +128,11 @@ TEST_F(PipelineCliTest, PlanRunReportsMeasuredMemoryEqualToThePlan) {
     EXPECT_EQ(ms["saved_per_microbatch"], ps["saved_per_microbatch"]) << s;
     EXPECT_EQ(ms["in_flight"], ps["in_flight"]) << s;
     EXPECT_EQ(ms["activations"], ps["activations"]) << s;
+    EXPECT_EQ(ms["transient"], ps["transient"]) << s;
+    // --device cpu: the partitioner counted the CPU backend's kernel scratch, which the run measures.
+    EXPECT_TRUE(pj["config"]["kernel_scratch_counted"].get<bool>());
+    EXPECT_GT(ps["kernel_scratch"].get<int64_t>(), 0) << s;
+    EXPECT_EQ(ms["kernel_scratch"], ps["kernel_scratch"]) << s;
     EXPECT_GT(m["stages"][s]["measured"]["forward_ms"].get<double>(), 0);
   }
   // Stage 0 of 1F1B with K = 2 holds two micro-batches, the last stage one.
