@@ -730,6 +730,13 @@ absl::StatusOr<MicrobatchLayout> PlanStageLayout(const StageProgram& sp, int64_t
   absl::StatusOr<MicrobatchLayout> layout =
       PlanMicrobatchLayout(MicrobatchOf(sp.graph, sp, in_flight, microbatches, alignment, workspace));
   if (!layout.ok()) return Annotate(layout.status(), "planning the memory of stage " + std::to_string(sp.stage));
+  // The micro-batch layout counts the forward and backward kernels' scratch; the optimizer's run from
+  // the same buffer once per step, so the stage's scratch is the largest need of all of them.
+  if (workspace) {
+    for (ir::NodeId id : sp.post) {
+      layout->workspace = std::max(layout->workspace, AlignUp(workspace(sp.graph, sp.graph.node(id)), alignment));
+    }
+  }
   return layout;
 }
 
@@ -743,21 +750,20 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   MemoryPlanOptions options;
   options.alignment = alignment;
   ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(graph, order, options));
-  absl::StatusOr<MicrobatchLayout> layout =
-      PlanMicrobatchLayout(MicrobatchOf(graph, sp, in_flight, microbatches, alignment, workspace));
-  if (!layout.ok()) return Annotate(layout.status(), "planning the memory of stage " + std::to_string(sp.stage));
+  // The layout the executor allocates, so the planned kernel scratch is what it reserves.
+  ASSIGN_OR_RETURN(const MicrobatchLayout layout, PlanStageLayout(sp, in_flight, microbatches, alignment, workspace));
 
   StageMemory m;
   m.in_flight = in_flight;
-  m.saved = layout->saved;
+  m.saved = layout.saved;
   m.parameters = plan.parameter_bytes;
   m.gradients = plan.gradient_bytes;
   m.optimizer_state = plan.optimizer_state_bytes;
   m.constants = plan.constant_bytes;
-  m.arena = layout->arena();
-  m.activations = layout->activations();
+  m.arena = layout.arena();
+  m.activations = layout.activations();
   m.transient = m.arena - m.activations;
-  m.kernel_scratch = layout->workspace;
+  m.kernel_scratch = layout.workspace;
   // Boundary buffers: every value sent per micro-batch (the transport's copy in flight), and the
   // shared parameters' contributions received once per step. Values received per micro-batch land
   // in their planned slots of the arena and are counted there.

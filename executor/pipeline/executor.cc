@@ -49,8 +49,8 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
 class PostSlots : public ir::OutputAllocator {
  public:
   PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates, const backend::Backend& be,
-            backend::Stream* stream)
-      : g_(g), backend_(be), stream_(stream) {
+            backend::Stream* stream, StageArena& scratch)
+      : g_(g), backend_(be), stream_(stream), scratch_(scratch) {
     for (const ir::Graph::StateUpdate& u : updates) state_of_[u.new_value] = u.state;
   }
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
@@ -68,12 +68,9 @@ class PostSlots : public ir::OutputAllocator {
     return t;
   }
   bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
-  absl::StatusOr<void*> Workspace(const ir::Node&, int64_t bytes) override {
-    if (bytes > workspace_bytes_) {
-      ASSIGN_OR_RETURN(workspace_, backend_.Allocate(bytes));
-      workspace_bytes_ = bytes;
-    }
-    return static_cast<void*>(workspace_.get());
+  // The optimizer's kernels take the stage's planned kernel scratch (PlanStageLayout counts them).
+  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
+    return scratch_.Workspace(node, bytes);
   }
   int64_t scratch_bytes() const { return scratch_bytes_; }
 
@@ -81,9 +78,8 @@ class PostSlots : public ir::OutputAllocator {
   const ir::Graph& g_;
   const backend::Backend& backend_;
   backend::Stream* stream_;
+  StageArena& scratch_;
   std::map<ir::ValueId, ir::ValueId> state_of_;
-  std::shared_ptr<uint8_t> workspace_;
-  int64_t workspace_bytes_ = 0;
   int64_t scratch_bytes_ = 0;
 };
 
@@ -154,7 +150,7 @@ class PipelineExecutor::StageRun {
         sp_(sp),
         uses_(ex.uses_[sp.stage]),
         arena_(arena),
-        post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream),
+        post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream, arena),
         comm_(comm),
         feeds_(feeds),
         slices_(slices),
