@@ -13,6 +13,7 @@
 
 #include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
+#include "frontend/passes/recompute_clones.h"
 
 namespace onnxpipe::partitioner {
 namespace {
@@ -372,50 +373,13 @@ StageProgram MakeStage(const GraphAnalysis& a, const StageNodes& sn, const Index
   sp.graph = g;
   ir::Graph& sg = sp.graph;
   sp.regions = sn.regions;
-  // Clones: a region's nodes read the clones of the region's earlier nodes; the backward nodes read
-  // the clones instead of the forward values.
-  std::vector<ir::ValueId> clone_of(g.num_values(), ir::kNoValue);
-  int32_t region = -1;
-  std::vector<ir::ValueId> region_clone(g.num_values(), ir::kNoValue);
-  for (const Item& it : w.backward[k]) {
-    if (it.region < 0) {
-      for (ir::ValueId& v : sg.node(it.node).inputs)
-        if (v != ir::kNoValue && clone_of[v] != ir::kNoValue) v = clone_of[v];
-      sp.backward.push_back(it.node);
-      continue;
-    }
-    if (it.region != region) {
-      region = it.region;
-      std::fill(region_clone.begin(), region_clone.end(), ir::kNoValue);
-    }
-    const ir::Node src = g.node(it.node);
-    std::vector<ir::ValueId> inputs = src.inputs;
-    for (ir::ValueId& v : inputs)
-      if (v != ir::kNoValue && region_clone[v] != ir::kNoValue) v = region_clone[v];
-    std::vector<ir::ValueId> outputs;
-    for (ir::ValueId v : src.outputs) {
-      if (v == ir::kNoValue) {
-        outputs.push_back(ir::kNoValue);
-        continue;
-      }
-      const ir::Value& val = g.value(v);
-      const ir::ValueId c = sg.AddValue(sg.UniqueName("recompute/" + val.name), val.dtype, val.shape, val.shape_known);
-      clone_of[v] = region_clone[v] = c;
-      outputs.push_back(c);
-    }
-    ir::Attrs attrs = src.attrs;
-    if ((src.op == ir::OpKind::kDropout || src.op == ir::OpKind::kAttention) && !attrs.Has("rng_key")) {
-      attrs.Set("rng_key", src.name);  // replay the forward's random stream
-    }
-    const ir::NodeId c =
-        sg.AddNode(src.op, "recompute/" + src.name, std::move(inputs), std::move(outputs), std::move(attrs));
-    sg.node(c).phase = ir::Phase::kBackward;
-    sg.node(c).origin = src.name;
-    sg.node(c).scope = src.scope;
-    sp.backward.push_back(c);
-    sp.recompute_clones.push_back(c);
-    sp.cloned_from.push_back(it.node);
-  }
+  // Recompute regions: clones of their forward nodes in the backward, which reads them.
+  std::vector<passes::BackwardStep> steps;
+  for (const Item& it : w.backward[k]) steps.push_back({it.node, it.region});
+  passes::ClonedBackward cloned = passes::CloneRecomputeRegions(sg, steps);
+  sp.backward = std::move(cloned.order);
+  sp.recompute_clones = std::move(cloned.clones);
+  sp.cloned_from = std::move(cloned.cloned_from);
   sp.parts = w.parts[k];
   sp.forward = sn.forward;
   sp.post = sn.post;
