@@ -98,7 +98,8 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
     const ir::ValueId v = n.inputs[i];
     if (v == ir::kNoValue || IsShapeOnlyOperand(n, static_cast<int>(i))) continue;
     // Attention's views read one packed buffer's parts: the buffer once.
-    if (ir::HasAttentionViews(n) && std::find(n.inputs.begin(), n.inputs.begin() + i, v) != n.inputs.begin() + i) continue;
+    const bool read_before = std::find(n.inputs.begin(), n.inputs.begin() + i, v) != n.inputs.begin() + i;
+    if (ir::HasAttentionViews(n) && read_before) continue;
     in_elems += Numel(g.value(v));
     c.bytes += Numel(g.value(v)) * ElemBytes(g.value(v));
   }
@@ -130,12 +131,14 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
       const int q = n.op == OpKind::kAttention ? 0 : 1;
       std::vector<double> d[3];
       for (int i = 0; i < 3; ++i) {
-        const absl::StatusOr<ir::StridedView> v =
-            ir::HasAttentionView(n, i) && ir::IsConcrete(in(q + i).shape)
-                ? ir::AttentionOperandView(n, i, ir::ToInts(in(q + i).shape))
-                : absl::StatusOr<ir::StridedView>(absl::InvalidArgumentError("no view"));
-        for (int k = 0; k < static_cast<int>(in(q + i).shape.size()); ++k) d[i].push_back(Dim(in(q + i), k));
-        if (v.ok()) d[i].assign(v->dims.begin(), v->dims.end());
+        const ir::Value& val = in(q + i);
+        if (ir::HasAttentionView(n, i) && ir::IsConcrete(val.shape)) {
+          const absl::StatusOr<ir::StridedView> v = ir::AttentionOperandView(n, i, ir::ToInts(val.shape));
+          if (v.ok()) d[i].assign(v->dims.begin(), v->dims.end());
+        }
+        if (d[i].empty()) {
+          for (int k = 0; k < static_cast<int>(val.shape.size()); ++k) d[i].push_back(Dim(val, k));
+        }
         if (d[i].size() < 2) d[i].insert(d[i].begin(), 2 - d[i].size(), 1.0);
       }
       const double sq = d[0][d[0].size() - 2], dh = d[0].back(), sk = d[1][d[1].size() - 2], dv = d[2].back();

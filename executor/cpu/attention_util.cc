@@ -64,6 +64,18 @@ absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir:
   return a;
 }
 
+MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols) {
+  MatrixLayout m;
+  m.row = cols;
+  m.batch_strides.assign(a.batch.size(), 0);
+  int64_t stride = rows * cols;
+  for (size_t d = a.batch.size(); d-- > 0;) {
+    m.batch_strides[d] = stride;
+    stride *= a.batch[d];
+  }
+  return m;
+}
+
 int64_t MatrixOffset(const AttentionShape& a, const MatrixLayout& m, int64_t t) {
   int64_t at = m.offset;
   for (size_t d = a.batch.size(); d-- > 0;) {

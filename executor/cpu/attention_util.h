@@ -40,6 +40,8 @@ struct AttentionShape {
 // checked ranks (>= 2) and dtypes.
 absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir::Tensor& q, const ir::Tensor& k,
                                                  const ir::Tensor& v);
+// A dense (batch..., rows, cols) buffer over the broadcast batch.
+MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols);
 // The buffer offset of batch matrix t (row-major over `batch`) in `m`.
 int64_t MatrixOffset(const AttentionShape& a, const MatrixLayout& m, int64_t t);
 

@@ -12,40 +12,15 @@
 // row, column), written straight into the output.
 
 #include "executor/cpu/attention_util.h"
-#include "frontend/ir/attention_views.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/grad_util.h"
 #include "executor/cpu/workspace.h"
+#include "frontend/ir/attention_views.h"
 
 namespace onnxpipe::cpu {
 namespace {
 
 using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
-
-// Under views every gradient is written, not accumulated, through its operand's view: the views
-// into one gradient output must cover it exactly, and no operand may broadcast.
-absl::Status CheckViewGradients(const ir::Node& node, const std::vector<ir::Tensor>& in, const AttentionShape& a) {
-  if (!a.views) return absl::OkStatus();
-  for (int slot = 0; slot < 3; ++slot) {
-    if (!WantsOutput(node, slot) || ir::AttentionGradSlot(node, slot) != slot) continue;
-    std::vector<ir::StridedView> views;
-    for (int i = slot; i < 3; ++i) {
-      if (ir::AttentionGradSlot(node, i) != slot) continue;
-      ASSIGN_OR_RETURN(ir::StridedView v, ir::AttentionOperandView(node, i, in[i + 1].dims()));
-      if (std::vector<int64_t>(v.dims.begin(), v.dims.end() - 2) != a.batch) {
-        return INVALID_ARGUMENT() << Describe(node) << ": operand " << i << " of dims " << DimsToString(v.dims)
-                                  << " is read through a view and broadcast; expected batch dims "
-                                  << DimsToString(a.batch);
-      }
-      views.push_back(std::move(v));
-    }
-    if (!ir::CoversExactly(in[slot + 1].num_elements(), views)) {
-      return INVALID_ARGUMENT() << Describe(node) << ": the views into gradient output " << slot
-                                << " do not cover its " << DimsToString(in[slot + 1].dims()) << " exactly once";
-    }
-  }
-  return absl::OkStatus();
-}
 
 Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dout = in[0];
@@ -68,7 +43,8 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     return INVALID_ARGUMENT() << Describe(node) << ": dO has shape " << DimsToString(dout.dims())
                               << ", expected the attention output's " << DimsToString(shape.out_dims);
   }
-  RETURN_IF_ERROR(CheckViewGradients(node, in, shape));
+  const std::vector<int64_t>* const buffers[3] = {&q.dims(), &k.dims(), &v.dims()};
+  RETURN_IF_ERROR(ir::CheckAttentionViewGradients(node, buffers, batch));
   const bool has_mask = HasInput(in, 4);
   std::vector<int64_t> full = batch;
   full.push_back(sq);
@@ -108,11 +84,11 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     };
     // dQ, dK, dV over the broadcast batch: the outputs themselves unless an input was broadcast
     // (then a temporary, summed back into the output by ReduceToDims below). Under views each is
-    // written through its operand's view into its gradient slot's output (CheckViewGradients).
+    // written through its operand's view into its gradient slot's output (ir::CheckAttentionViewGradients).
     const std::vector<int64_t> full_dims[3] = {with_batch(sq, dh), with_batch(sk, dh), with_batch(sk, dv)};
-    const MatrixLayout contiguous[3] = {{0, {}, dh}, {0, {}, dh}, {0, {}, dv}};
+    const MatrixLayout dense[3] = {DenseLayout(shape, sq, dh), DenseLayout(shape, sk, dh), DenseLayout(shape, sk, dv)};
     ir::Tensor fulls[3];
-    const MatrixLayout* at[3] = {&contiguous[0], &contiguous[1], &contiguous[2]};
+    const MatrixLayout* at[3] = {&dense[0], &dense[1], &dense[2]};
     for (int i = 0; i < 3; ++i) {
       const int slot = ir::AttentionGradSlot(node, i);
       if (!wants(slot)) continue;
@@ -128,11 +104,7 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         fulls[i] = ir::Tensor(q.dtype(), full_dims[i]);
       }
     }
-    auto grad_at = [&](int i, int64_t t) {
-      const MatrixLayout& m = *at[i];
-      const int64_t matrix = i == 0 ? sq * dh : i == 1 ? sk * dh : sk * dv;
-      return fulls[i].mutable_data<T>() + (m.batch_strides.empty() ? t * matrix : MatrixOffset(shape, m, t));
-    };
+    auto grad_at = [&](int i, int64_t t) { return fulls[i].mutable_data<T>() + MatrixOffset(shape, *at[i], t); };
     auto wants_grad = [&](int i) { return ir::AttentionGradWanted(node, i); };
     ir::Tensor dmask;
     if (wants(3)) {

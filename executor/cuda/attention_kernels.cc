@@ -205,24 +205,11 @@ bool AddDropout(const KernelContext& ctx, const ir::Node& node, FlashAttentionPl
   return true;
 }
 
-// Under views the kernels write each gradient through its operand's view, which is only the
-// gradient when, as the CPU kernel checks (CheckViewGradients), no operand whose gradient is wanted
-// broadcasts and the views into each gradient output cover it exactly. False: the host runs the node
-// (and reports the error).
-bool ViewGradientsFit(const ir::Node& node, const std::vector<ir::Tensor>& in, const FlashAttentionPlan& p) {
-  if (!ir::HasAttentionViews(node)) return true;
-  for (int slot = 0; slot < 3; ++slot) {
-    if (!WantsOutput(node, slot) || ir::AttentionGradSlot(node, slot) != slot) continue;
-    std::vector<ir::StridedView> views;
-    for (int i = slot; i < 3; ++i) {
-      if (ir::AttentionGradSlot(node, i) != slot) continue;
-      absl::StatusOr<ir::StridedView> v = ir::AttentionOperandView(node, i, in[i + 1].dims());
-      if (!v.ok() || std::vector<int64_t>(v->dims.begin(), v->dims.end() - 2) != p.batch) return false;
-      views.push_back(*std::move(v));
-    }
-    if (!ir::CoversExactly(in[slot + 1].num_elements(), views)) return false;
-  }
-  return true;
+// Whether the kernels may write the gradients through the node's views (ir::CheckAttentionViewGradients);
+// false: the host runs the node and reports the error.
+bool ViewGradientsFit(const ir::Node& node, const std::vector<ir::Tensor>& in, const std::vector<int64_t>& batch) {
+  const std::vector<int64_t>* const buffers[3] = {&in[1].dims(), &in[2].dims(), &in[3].dims()};
+  return ir::CheckAttentionViewGradients(node, buffers, batch).ok();
 }
 
 // Whether the backward computes operand i's gradient: its slot's output is wanted and it has elements.
@@ -257,7 +244,7 @@ KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const
   const std::optional<AttentionShapes> s = ShapesOf(node, in, 1);
   if (!s || in[0].dtype() != s->dtype) return std::nullopt;
   std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, *s);
-  if (!p || in[0].dims() != ir::AttentionOutputDims(node, p->out_dims) || !ViewGradientsFit(node, in, *p) ||
+  if (!p || in[0].dims() != ir::AttentionOutputDims(node, p->out_dims) || !ViewGradientsFit(node, in, p->batch) ||
       !AddDropout(ctx, node, *p)) {
     return std::nullopt;
   }

@@ -15,7 +15,8 @@ absl::StatusOr<StridedView> ViewOf(const Node& node, int operand, const std::vec
   const char* attr = AttentionViewAttr(operand);
   if (!node.attrs.Has(attr)) return ContiguousView(buffer_dims);
   const std::string what = absl::StrCat(std::string(OpName(node.op)), " node '", node.name, "' attribute ", attr);
-  absl::StatusOr<StridedView> v = ViewFromInts(node.attrs.Get<std::vector<int64_t>>(attr), ElementCount(buffer_dims), what);
+  absl::StatusOr<StridedView> v =
+      ViewFromInts(node.attrs.Get<std::vector<int64_t>>(attr), ElementCount(buffer_dims), what);
   if (!v.ok()) return v.status();
   if (v->dims.size() < 2 || v->strides.back() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected rank >= 2 with the last stride 1"));
@@ -63,6 +64,32 @@ int AttentionGradSlot(const Node& node, int operand) {
 bool AttentionGradWanted(const Node& node, int operand) {
   const size_t slot = static_cast<size_t>(AttentionGradSlot(node, operand));
   return slot < node.outputs.size() && node.outputs[slot] != kNoValue;
+}
+
+absl::Status CheckAttentionViewGradients(const Node& node, const std::vector<int64_t>* const buffers[3],
+                                         const std::vector<int64_t>& batch) {
+  if (!HasAttentionViews(node)) return absl::OkStatus();
+  for (int slot = 0; slot < 3; ++slot) {
+    if (AttentionGradSlot(node, slot) != slot || !AttentionGradWanted(node, slot)) continue;
+    std::vector<StridedView> views;
+    for (int i = slot; i < 3; ++i) {
+      if (AttentionGradSlot(node, i) != slot) continue;
+      absl::StatusOr<StridedView> v = AttentionOperandView(node, i, *buffers[i]);
+      if (!v.ok()) return v.status();
+      if (std::vector<int64_t>(v->dims.begin(), v->dims.end() - 2) != batch) {
+        return absl::InvalidArgumentError(absl::StrCat(std::string(OpName(node.op)), " node '", node.name,
+                                                       "': operand ", i, " is read through a view and broadcast; ",
+                                                       "its gradient would be written, not summed, over the batch"));
+      }
+      views.push_back(*std::move(v));
+    }
+    if (!CoversExactly(ElementCount(*buffers[slot]), views)) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(OpName(node.op)), " node '", node.name,
+                                                     "': the views into gradient output ", slot,
+                                                     " do not cover it exactly once"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::ir
