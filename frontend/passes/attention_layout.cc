@@ -6,6 +6,7 @@
 
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/strided_view.h"
+#include "frontend/passes/layout_ops.h"
 #include "frontend/passes/pattern.h"
 
 namespace onnxpipe::passes {
@@ -17,33 +18,16 @@ using ir::OpKind;
 using ir::StridedView;
 using ir::ValueId;
 
-std::optional<std::vector<int64_t>> Dims(const ir::Graph& g, ValueId v) {
-  if (v == ir::kNoValue || !g.value(v).shape_known || !ir::IsConcrete(g.value(v).shape)) return std::nullopt;
-  return ir::ToInts(g.value(v).shape);
-}
-
-bool ReshapesData(OpKind op) {
-  return op == OpKind::kReshape || op == OpKind::kFlatten || op == OpKind::kSqueeze || op == OpKind::kUnsqueeze ||
-         op == OpKind::kIdentity;
-}
-
-std::vector<int64_t> PermOf(const ir::Node& n, size_t rank) {
-  std::vector<int64_t> perm = n.attrs.Get<std::vector<int64_t>>("perm", {});
-  if (perm.empty())
-    for (size_t d = rank; d-- > 0;) perm.push_back(static_cast<int64_t>(d));
-  return perm;
-}
-
 // `out` (an output of node n) as a view of n's data input, given that input's view `in`.
 std::optional<FactoredView> Forward(const ir::Graph& g, const ir::Node& n, ValueId out, const FactoredView& in) {
-  const std::optional<std::vector<int64_t>> dims = Dims(g, out);
+  const std::optional<std::vector<int64_t>> dims = ConcreteDims(g, out);
   if (!dims) return std::nullopt;
   if (ReshapesData(n.op)) return ir::ViewReshape(in, *dims);
   const int64_t rank = static_cast<int64_t>(in.dims.size());
   const std::vector<int64_t> in_dims = in.Dims();
   auto axis_of = [&](int64_t a) { return a < 0 ? a + rank : a; };
   if (n.op == OpKind::kTranspose) {
-    const std::vector<int64_t> perm = PermOf(n, in.dims.size());
+    const std::vector<int64_t> perm = TransposePerm(n, in.dims.size());
     if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
     return ir::ViewTranspose(in, perm);
   }
@@ -52,7 +36,7 @@ std::optional<FactoredView> Forward(const ir::Graph& g, const ir::Node& n, Value
     if (axis < 0 || axis >= rank) return std::nullopt;
     int64_t start = 0;
     for (ValueId o : n.outputs) {
-      const std::optional<std::vector<int64_t>> d = Dims(g, o);
+      const std::optional<std::vector<int64_t>> d = ConcreteDims(g, o);
       if (!d || static_cast<int64_t>(d->size()) != rank) return std::nullopt;
       if (o == out) return ir::ViewNarrow(in, static_cast<int>(axis), start, (*d)[axis]);
       start += (*d)[axis];
@@ -82,10 +66,10 @@ struct Traced {
 };
 
 Traced TraceUp(const ir::Graph& g, ValueId v) {
-  const std::optional<std::vector<int64_t>> dims = Dims(g, v);
+  const std::optional<std::vector<int64_t>> dims = ConcreteDims(g, v);
   Traced here{v, FactoredView::Of(ir::ContiguousView(dims ? *dims : std::vector<int64_t>{})), false};
   const ir::Node* p = ProducerOf(g, v);
-  if (!dims || p == nullptr || p->inputs.empty() || !Dims(g, p->inputs[0])) return here;
+  if (!dims || p == nullptr || p->inputs.empty() || !ConcreteDims(g, p->inputs[0])) return here;
   const Traced up = TraceUp(g, p->inputs[0]);
   const std::optional<FactoredView> view = Forward(g, *p, v, up.view);
   if (!view) return here;
@@ -99,7 +83,7 @@ bool AbsorbInputs(ir::Graph* g, NodeId id) {
   Traced t[3];
   StridedView views[3];
   bool take[3] = {false, false, false};
-  const std::optional<std::vector<int64_t>> q = Dims(*g, n.inputs[0]);
+  const std::optional<std::vector<int64_t>> q = ConcreteDims(*g, n.inputs[0]);
   if (!q || q->size() < 2) return false;
   const std::vector<int64_t> batch(q->begin(), q->end() - 2);
   for (int i = 0; i < 3; ++i) {
@@ -118,7 +102,7 @@ bool AbsorbInputs(ir::Graph* g, NodeId id) {
   for (const auto& [source, operands] : by_source) {
     std::vector<StridedView> pieces;
     for (int i : operands) pieces.push_back(views[i]);
-    const std::vector<int64_t> source_dims = *Dims(*g, source);
+    const std::vector<int64_t> source_dims = *ConcreteDims(*g, source);
     int64_t numel = 1;
     for (int64_t d : source_dims) numel *= d;
     if (!ir::CoversExactly(numel, pieces)) continue;
@@ -139,7 +123,8 @@ bool AbsorbOutput(ir::Graph* g, NodeId id, const UseInfo& uses) {
     const NodeId c = uses.Consumers(cur)[0];
     const ir::Node& cn = g->node(c);
     if ((!ReshapesData(cn.op) && cn.op != OpKind::kTranspose) || cn.inputs[0] != cur || cn.outputs.size() != 1 ||
-        !Dims(*g, cn.outputs[0]) || (cn.op == OpKind::kReshape && cn.inputs.size() > 1 && cn.inputs[1] == cur)) {
+        !ConcreteDims(*g, cn.outputs[0]) ||
+        (cn.op == OpKind::kReshape && cn.inputs.size() > 1 && cn.inputs[1] == cur)) {
       break;
     }
     chain.push_back(c);
@@ -148,15 +133,15 @@ bool AbsorbOutput(ir::Graph* g, NodeId id, const UseInfo& uses) {
   // The longest prefix of the chain that is a view of its last value and contains a Transpose.
   for (; !chain.empty(); chain.pop_back()) {
     const ValueId y = g->node(chain.back()).outputs[0];
-    std::optional<FactoredView> view = FactoredView::Of(ir::ContiguousView(*Dims(*g, y)));
+    std::optional<FactoredView> view = FactoredView::Of(ir::ContiguousView(*ConcreteDims(*g, y)));
     bool transposes = false;
     for (size_t k = chain.size(); k-- > 0 && view;) {
       const ir::Node& c = g->node(chain[k]);
-      const std::optional<std::vector<int64_t>> in = Dims(*g, c.inputs[0]);
+      const std::optional<std::vector<int64_t>> in = ConcreteDims(*g, c.inputs[0]);
       if (!in) {
         view.reset();
       } else if (c.op == OpKind::kTranspose) {
-        const std::vector<int64_t> perm = PermOf(c, in->size());
+        const std::vector<int64_t> perm = TransposePerm(c, in->size());
         std::vector<int64_t> inverse(perm.size());
         for (size_t d = 0; d < perm.size(); ++d) inverse[perm[d]] = static_cast<int64_t>(d);
         view = ir::ViewTranspose(*view, inverse);
@@ -167,7 +152,7 @@ bool AbsorbOutput(ir::Graph* g, NodeId id, const UseInfo& uses) {
     }
     const std::optional<StridedView> o = view ? view->ToView() : std::nullopt;
     if (!o || !transposes || o->dims.size() < 2 || o->strides.back() != 1) continue;
-    const std::vector<int64_t> y_dims = *Dims(*g, y);
+    const std::vector<int64_t> y_dims = *ConcreteDims(*g, y);
     for (NodeId c : chain) g->RemoveNode(c);
     ir::Node& n = g->node(id);
     g->value(n.outputs[0]).producer = ir::kNoNode;  // O stays behind, unused

@@ -12,6 +12,7 @@
 #include "frontend/onnx/stage_export.h"
 #include "frontend/passes/attention_layout.h"
 #include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/row_layout_motion.h"
 #include "gtest/gtest.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_util.h"
@@ -30,10 +31,17 @@ constexpr int64_t kS = 5, kB = 2, kH = 2, kDh = 4, kE = kH * kDh;
 // x (S, B, E) -> packed projection (S, B, 3E) -> q, k, v through the exporter's chain
 // (Reshape, Unsqueeze, Transpose, Squeeze, Split, Squeeze, Reshape, Transpose, Reshape) ->
 // Attention -> Transpose, Reshape (S*B, E) -> output projection -> sum of squares (the loss).
-// `pieces` < 3 feeds V from its own projection instead of the packed one.
-ir::Graph Mha(int pieces = 3) {
+// `pieces` < 3 feeds V from its own projection instead of the packed one. `batch_first`: as
+// nn.MultiheadAttention(batch_first=True) exports, x is (B, S, E), transposed to (S, B, E) before the
+// input projection, and the output projection's (S*B, E) rows go back to (B, S, E) through a
+// Reshape and a Transpose.
+ir::Graph Mha(int pieces = 3, bool batch_first = false) {
   GraphBuilder b;
-  const ValueId x = b.Input("x", {Dim(kS), Dim(kB), Dim(kE)});
+  ValueId x = b.Input("x", batch_first ? ir::Shape{Dim(kB), Dim(kS), Dim(kE)} : ir::Shape{Dim(kS), Dim(kB), Dim(kE)});
+  if (batch_first) {
+    x = b.Op(OpKind::kTranspose, {x}, {Dim(kS), Dim(kB), Dim(kE)},
+             MakeAttrs({{"perm", std::vector<int64_t>{1, 0, 2}}}));
+  }
   const ValueId w = b.Param("w_in", {kE, 3 * kE});
   const ValueId packed = b.Op(OpKind::kMatMul, {x, w}, {Dim(kS), Dim(kB), Dim(3 * kE)});
   const ValueId r = b.Op(OpKind::kReshape, {packed, b.IntVec({kS, kB, 3, kE})}, {Dim(kS), Dim(kB), Dim(3), Dim(kE)});
@@ -63,14 +71,23 @@ ir::Graph Mha(int pieces = 3) {
   const ValueId ot = b.Op(OpKind::kTranspose, {o}, {Dim(kS), Dim(kB), Dim(kH), Dim(kDh)},
                           MakeAttrs({{"perm", std::vector<int64_t>{2, 0, 1, 3}}}));
   const ValueId flat = b.Op(OpKind::kReshape, {ot, b.IntVec({kS * kB, kE})}, {Dim(kS * kB), Dim(kE)});
-  const ValueId y = b.Op(OpKind::kMatMul, {flat, b.Param("w_out", {kE, kE})}, {Dim(kS * kB), Dim(kE)});
-  const ValueId sq2 = b.Op(OpKind::kMul, {y, y}, {Dim(kS * kB), Dim(kE)});
+  ValueId y = b.Op(OpKind::kMatMul, {flat, b.Param("w_out", {kE, kE})}, {Dim(kS * kB), Dim(kE)});
+  if (batch_first) {
+    y = b.Op(OpKind::kReshape, {y, b.IntVec({kS, kB, kE})}, {Dim(kS), Dim(kB), Dim(kE)});
+    y = b.Op(OpKind::kTranspose, {y}, {Dim(kB), Dim(kS), Dim(kE)},
+             MakeAttrs({{"perm", std::vector<int64_t>{1, 0, 2}}}));
+  }
+  // A position-dependent loss, so that a wrong row order shows.
+  y = b.Op(OpKind::kMul, {y, b.Param("w_pos", ir::ToInts(b.graph().value(y).shape))}, b.graph().value(y).shape);
+  const ValueId sq2 = b.Op(OpKind::kMul, {y, y}, b.graph().value(y).shape);
   b.Output(b.Op(OpKind::kReduceSum, {sq2}, {}, MakeAttrs({{"keepdims", int64_t{0}}})));
   return g;
 }
 
 ir::Graph Rewritten(const ir::Graph& g) {
   ir::Graph out = g;
+  absl::StatusOr<bool> moved = RowLayoutMotion().Run(&out);
+  EXPECT_TRUE(moved.ok()) << moved.status();
   absl::StatusOr<bool> changed = AttentionLayout().Run(&out);
   EXPECT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(DeadCodeElimination().Run(&out).ok());
@@ -123,27 +140,72 @@ TEST(AttentionLayoutTest, PackedProjectionIsReadAndWrittenInPlace) {
 
   // One gradient for the packed value, written through the three views.
   const std::vector<ir::Tensor> grads_want = LossAndGradients(g), grads_got = LossAndGradients(after);
-  ASSERT_EQ(grads_want.size(), 3u);  // the loss, dW_in, dW_out
+  ASSERT_EQ(grads_want.size(), 4u);  // the loss, dW_in, dW_out, dW_pos
   absl::StatusOr<double> diff = testing::MaxAbsDiff(grads_want, grads_got);
   ASSERT_TRUE(diff.ok()) << diff.status();
   EXPECT_LE(*diff, 1e-5);
 }
 
-TEST(AttentionLayoutTest, StageOnnxOfTheViewsComputesTheSame) {
-  const ir::Graph g = Mha();
+TEST(AttentionLayoutTest, BatchFirstTransposesMoveAcrossTheProjectionsIntoTheViews) {
+  const ir::Graph g = Mha(3, /*batch_first=*/true);
   const ir::Graph after = Rewritten(g);
-  const std::string path = (std::filesystem::temp_directory_path() / "attention_layout_stage.onnx").string();
-  ASSERT_TRUE(onnx_frontend::ExportStageOnnx(after, path).ok()) << onnx_frontend::ExportStageOnnx(after, path);
-  absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(path);
-  ASSERT_TRUE(m.ok()) << m.status();
-  ir::Graph back = *m->graph;
-  ASSERT_TRUE(ir::InferShapes(back).ok());
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 5);
+  const std::map<std::string, int> hist = testing::Histogram(after);
+  EXPECT_EQ(hist.count("Transpose"), 0u) << testing::HistogramString(after);
+  EXPECT_EQ(hist.count("Split"), 0u) << testing::HistogramString(after);
+  const ir::Node& att = OnlyAttention(after);
+  // Q[b, h, s, d] = packed[b, s, h * Dh + d] of the (B, S, 3E) projection of x as given.
+  EXPECT_EQ(att.attrs.Get<std::vector<int64_t>>("q_view"),
+            (std::vector<int64_t>{0, kB, kS * 3 * kE, kH, kDh, kS, 3 * kE, kDh, 1}));
+  // O[b, h, s, d] lands at (b, s, h * Dh + d) of the (B, S, E) value the output projection reads.
+  EXPECT_EQ(att.attrs.Get<std::vector<int64_t>>("o_view"),
+            (std::vector<int64_t>{0, kB, kS * kE, kH, kDh, kS, kE, kDh, 1}));
+  EXPECT_EQ(att.attrs.Get<std::vector<int64_t>>("o_shape"), (std::vector<int64_t>{kB, kS, kE}));
+
+  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 3);
+  ASSERT_TRUE(feeds.ok()) << feeds.status();
   absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, *feeds);
-  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(back, *feeds);
+  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(after, *feeds);
   ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-  EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
-  std::filesystem::remove(path);
+  EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-6);
+  const std::vector<ir::Tensor> grads_want = LossAndGradients(g), grads_got = LossAndGradients(after);
+  ASSERT_EQ(grads_want.size(), 4u);
+  absl::StatusOr<double> diff = testing::MaxAbsDiff(grads_want, grads_got);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_LE(*diff, 1e-5);
+}
+
+TEST(AttentionLayoutTest, RowTransposesAwayFromAttentionStay) {
+  // x (B, S, E) -> Transpose -> MatMul -> loss: moving the Transpose below the MatMul saves nothing.
+  GraphBuilder b;
+  const ValueId x = b.Input("x", {Dim(kB), Dim(kS), Dim(kE)});
+  const ValueId t =
+      b.Op(OpKind::kTranspose, {x}, {Dim(kS), Dim(kB), Dim(kE)}, MakeAttrs({{"perm", std::vector<int64_t>{1, 0, 2}}}));
+  const ValueId y = b.Op(OpKind::kMatMul, {t, b.Param("w", {kE, 3 * kE})}, {Dim(kS), Dim(kB), Dim(3 * kE)});
+  b.Output(b.Op(OpKind::kReduceSum, {y}, {}, MakeAttrs({{"keepdims", int64_t{0}}})));
+  ir::Graph g = b.graph();
+  absl::StatusOr<bool> changed = RowLayoutMotion().Run(&g);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_FALSE(*changed);
+}
+
+TEST(AttentionLayoutTest, StageOnnxOfTheViewsComputesTheSame) {
+  for (bool batch_first : {false, true}) {
+    SCOPED_TRACE(batch_first);
+    const ir::Graph g = Mha(3, batch_first);
+    const ir::Graph after = Rewritten(g);
+    const std::string path = (std::filesystem::temp_directory_path() / "attention_layout_stage.onnx").string();
+    ASSERT_TRUE(onnx_frontend::ExportStageOnnx(after, path).ok()) << onnx_frontend::ExportStageOnnx(after, path);
+    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(path);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ir::Graph back = *m->graph;
+    ASSERT_TRUE(ir::InferShapes(back).ok());
+    absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 5);
+    absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, *feeds);
+    absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(back, *feeds);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
+    std::filesystem::remove(path);
+  }
 }
 
 TEST(AttentionLayoutTest, ViewsThatLeaveAPieceUnreadAreNotTaken) {
