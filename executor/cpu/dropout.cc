@@ -17,8 +17,8 @@ uint64_t NodeRngKey(const ir::Node& node) {
 absl::StatusOr<int64_t> RandomCounterBase(const ir::Node& node, const EvalContext& ctx, int64_t numel) {
   if (ctx.rows <= 0 || ctx.row_offset == 0) return int64_t{0};
   if (numel % ctx.rows != 0) {
-    return INVALID_ARGUMENT() << Describe(node) << ": its random stream is indexed by batch row, but "
-                              << numel << " elements do not split into the micro-batch's " << ctx.rows
+    return INVALID_ARGUMENT() << Describe(node) << ": its random stream is indexed by batch row, but " << numel
+                              << " elements do not split into the micro-batch's " << ctx.rows
                               << " rows (the batch must be the outermost dim)";
   }
   return ctx.row_offset * (numel / ctx.rows);
@@ -35,6 +35,22 @@ void FillDropoutKeepMask(const DropoutStream& stream, int64_t begin, int64_t end
       }
     }
   });
+}
+
+absl::StatusOr<FusedDropout> DropoutOf(const ir::Node& node, const EvalContext& ctx, int64_t numel) {
+  const bool own = node.op == ir::OpKind::kDropout || node.op == ir::OpKind::kDropoutGrad;
+  const char* attr = own ? "ratio" : "dropout";
+  const double ratio = node.attrs.Get<double>(attr, own ? 0.5 : 0.0);
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": " << attr << " is " << ratio << ", expected a ratio in [0, 1]";
+  }
+  FusedDropout d;
+  if (!ctx.training || ratio == 0.0) return d;
+  d.active = true;
+  d.stream = MakeDropoutStream(node, ctx, ratio);
+  ASSIGN_OR_RETURN(d.base, RandomCounterBase(node, ctx, numel));
+  d.scale = ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - ratio);
+  return d;
 }
 
 namespace {

@@ -9,10 +9,13 @@
 // `rng_key`. ONNX's `seed` attribute is ignored; the run's seed governs.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 
-#include "executor/cpu/kernel.h"
 #include "absl/status/statusor.h"
+#include "executor/cpu/kernel.h"
+#include "executor/cpu/kernel_util.h"
 #include "executor/cpu/philox.h"
 
 namespace onnxpipe::cpu {
@@ -28,6 +31,32 @@ absl::StatusOr<int64_t> RandomCounterBase(const ir::Node& node, const EvalContex
 
 inline DropoutStream MakeDropoutStream(const ir::Node& node, const EvalContext& ctx, double ratio) {
   return DropoutStream::Make(ctx.seed, NodeRngKey(node), ctx.offset, ratio);
+}
+
+// The dropout a node applies over `numel` elements on its random stream: a Dropout's or DropoutGrad's
+// (attribute `ratio`, default 0.5), or an op's fused one (attribute `dropout`, default 0; op.h).
+// Active while training with a ratio over 0.
+struct FusedDropout {
+  bool active = false;
+  DropoutStream stream{};
+  int64_t base = 0;    // counter of element 0
+  double scale = 1.0;  // 1 / (1 - ratio); 0 when everything drops
+};
+// An error naming the node for a ratio outside [0, 1] or a micro-batch split the stream cannot take.
+absl::StatusOr<FusedDropout> DropoutOf(const ir::Node& node, const EvalContext& ctx, int64_t numel);
+
+// Calls f(i, keep) for every element i in [0, n) in parallel blocks (keep: always, when inactive).
+template <typename F>
+void ForEachKept(const FusedDropout& d, int64_t n, F&& f) {
+  constexpr int64_t kBlock = 1 << 14;
+  ParallelFor(n, kBlock, [&](int64_t b, int64_t e) {
+    std::array<uint8_t, kBlock> keep;
+    for (int64_t lo = b; lo < e; lo += kBlock) {
+      const int64_t hi = std::min(e, lo + kBlock);
+      if (d.active) FillDropoutKeepMask(d.stream, d.base + lo, d.base + hi, keep.data());
+      for (int64_t i = lo; i < hi; ++i) f(i, !d.active || keep[i - lo] != 0);
+    }
+  });
 }
 
 }  // namespace onnxpipe::cpu

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "executor/cpu/dropout.h"
 #include "executor/cpu/half.h"
 #include "executor/cpu/kernel_util.h"
 #include "frontend/ir/precision.h"
@@ -16,8 +17,8 @@ constexpr int64_t kGrain = 1 << 14;
 
 // The node's output: op applied to every element of x.
 template <typename T, typename Op>
-absl::StatusOr<std::vector<ir::Tensor>> MapUnary(const ir::Node& node, const EvalContext& ctx,
-                                                 const ir::Tensor& x, Op op) {
+absl::StatusOr<std::vector<ir::Tensor>> MapUnary(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& x,
+                                                 Op op) {
   ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
   const T* in = x.data<T>();
   T* o = out.mutable_data<T>();
@@ -29,28 +30,33 @@ absl::StatusOr<std::vector<ir::Tensor>> MapUnary(const ir::Node& node, const Eva
 
 // Kernel for `Op::Apply<T>` over the dtypes of `Types`.
 template <typename Types, typename Op>
-absl::StatusOr<std::vector<ir::Tensor>> UnaryKernel(const ir::Node& node,
-                                                    const std::vector<ir::Tensor>& in,
+absl::StatusOr<std::vector<ir::Tensor>> UnaryKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                     const EvalContext& ctx) {
   return DispatchDType(Types{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
                          using T = typename decltype(tag)::type;
-                         return MapUnary<T>(node, ctx, in[0],
-                                            [](T v) { return Op::template Apply<T>(v); });
+                         return MapUnary<T>(node, ctx, in[0], [](T v) { return Op::template Apply<T>(v); });
                        });
 }
 
 using SignedTypes = TypeList<float, double, int64_t, int32_t, int8_t>;
 
 struct SqrtOp {
-  template <typename T> static T Apply(T x) { return std::sqrt(x); }
+  template <typename T>
+  static T Apply(T x) {
+    return std::sqrt(x);
+  }
 };
 struct ReciprocalOp {
-  template <typename T> static T Apply(T x) { return T(1) / x; }
+  template <typename T>
+  static T Apply(T x) {
+    return T(1) / x;
+  }
 };
 struct NegOp {
   // Through the unsigned type so that negating the most negative integer wraps instead of UB.
-  template <typename T> static T Apply(T x) {
+  template <typename T>
+  static T Apply(T x) {
     if constexpr (std::is_integral_v<T>) {
       return static_cast<T>(-static_cast<std::make_unsigned_t<T>>(x));
     } else {
@@ -59,24 +65,40 @@ struct NegOp {
   }
 };
 struct ExpOp {
-  template <typename T> static T Apply(T x) { return std::exp(x); }
+  template <typename T>
+  static T Apply(T x) {
+    return std::exp(x);
+  }
 };
 struct LogOp {
-  template <typename T> static T Apply(T x) { return std::log(x); }
+  template <typename T>
+  static T Apply(T x) {
+    return std::log(x);
+  }
 };
 struct ErfOp {
-  template <typename T> static T Apply(T x) { return std::erf(x); }
+  template <typename T>
+  static T Apply(T x) {
+    return std::erf(x);
+  }
 };
 struct TanhOp {
-  template <typename T> static T Apply(T x) { return std::tanh(x); }
+  template <typename T>
+  static T Apply(T x) {
+    return std::tanh(x);
+  }
 };
 struct ReluOp {
   // `x < 0 ? 0 : x` keeps NaN, as numpy's clip and PyTorch's relu do.
-  template <typename T> static T Apply(T x) { return x < T(0) ? T(0) : x; }
+  template <typename T>
+  static T Apply(T x) {
+    return x < T(0) ? T(0) : x;
+  }
 };
 struct SigmoidOp {
   // Split on the sign so exp never overflows.
-  template <typename T> static T Apply(T x) {
+  template <typename T>
+  static T Apply(T x) {
     if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
     T e = std::exp(x);
     return e / (T(1) + e);
@@ -93,8 +115,7 @@ REGISTER_CPU_KERNEL(kTanh, (UnaryKernel<FloatTypes, TanhOp>));
 REGISTER_CPU_KERNEL(kRelu, (UnaryKernel<SignedTypes, ReluOp>));
 REGISTER_CPU_KERNEL(kSigmoid, (UnaryKernel<FloatTypes, SigmoidOp>));
 
-absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node,
-                                                  const std::vector<ir::Tensor>& in,
+absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                   const EvalContext& ctx) {
   if (in[0].dtype() != ir::DType::kBool) {
     return UnsupportedDType(node, "input 0", in[0].dtype(), {ir::DType::kBool});
@@ -104,27 +125,26 @@ absl::StatusOr<std::vector<ir::Tensor>> NotKernel(const ir::Node& node,
 REGISTER_CPU_KERNEL(kNot, NotKernel);
 
 // IsNaN: float in, bool out (SDPA exports guard fully masked rows with Where(IsNaN(p), 0, p)).
-absl::StatusOr<std::vector<ir::Tensor>> IsNaNKernel(const ir::Node& node,
-                                                    const std::vector<ir::Tensor>& in,
+absl::StatusOr<std::vector<ir::Tensor>> IsNaNKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                     const EvalContext& ctx) {
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
-    using T = typename decltype(tag)::type;
-    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DType::kBool, in[0].dims()));
-    const T* x = in[0].data<T>();
-    bool* o = out.mutable_data<bool>();
-    ParallelFor(in[0].num_elements(), kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) o[i] = std::isnan(x[i]);
-    });
-    return std::vector<ir::Tensor>{out};
-  });
+                         using T = typename decltype(tag)::type;
+                         ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, ir::DType::kBool, in[0].dims()));
+                         const T* x = in[0].data<T>();
+                         bool* o = out.mutable_data<bool>();
+                         ParallelFor(in[0].num_elements(), kGrain, [&](int64_t b, int64_t e) {
+                           for (int64_t i = b; i < e; ++i) o[i] = std::isnan(x[i]);
+                         });
+                         return std::vector<ir::Tensor>{out};
+                       });
 }
 REGISTER_CPU_KERNEL(kIsNaN, IsNaNKernel);
 
 // Gelu: x * Phi(x) exactly (approximate = "none") or with the tanh approximation, as
-// torch.nn.functional.gelu.
-absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node,
-                                                   const std::vector<ir::Tensor>& in,
+// torch.nn.functional.gelu; with a fused dropout (attribute `dropout`) each result is then kept
+// and scaled, or zeroed, as a Dropout node keyed by its rng_key would (dropout.h).
+absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                    const EvalContext& ctx) {
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
   if (approx != "none" && approx != "tanh") {
@@ -132,25 +152,29 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node,
                               << "', expected 'none' or 'tanh'";
   }
   const bool tanh_form = approx == "tanh";
+  ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, in[0].num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(),
                        [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
                          using T = typename decltype(tag)::type;
-                         if (tanh_form) {
-                           const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-                           return MapUnary<T>(node, ctx, in[0], [c](T x) {
-                             return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
-                           });
-                         }
+                         const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
                          const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
-                         return MapUnary<T>(node, ctx, in[0], [r](T x) {
+                         auto gelu = [=](T x) {
+                           if (tanh_form) return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
                            return T(0.5) * x * (T(1) + std::erf(x * r));
-                         });
+                         };
+                         if (!drop.active) return MapUnary<T>(node, ctx, in[0], gelu);
+                         ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+                         const T* px = in[0].data<T>();
+                         T* po = out.mutable_data<T>();
+                         const T scale = static_cast<T>(drop.scale);
+                         ForEachKept(drop, in[0].num_elements(),
+                                     [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); });
+                         return std::vector<ir::Tensor>{out};
                        });
 }
 REGISTER_CPU_KERNEL(kGelu, GeluKernel);
 
-absl::StatusOr<std::vector<ir::Tensor>> IdentityKernel(const ir::Node& node,
-                                                       const std::vector<ir::Tensor>& in,
+absl::StatusOr<std::vector<ir::Tensor>> IdentityKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                        const EvalContext& ctx) {
   ASSIGN_OR_RETURN(ir::Tensor out, ViewOutput(node, ctx, 0, in[0], in[0].dims()));
   return std::vector<ir::Tensor>{out};
@@ -211,8 +235,7 @@ absl::StatusOr<std::vector<ir::Tensor>> CastHalf(const ir::Node& node, const ir:
   return std::vector<ir::Tensor>{out};
 }
 
-absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
-                                                   const std::vector<ir::Tensor>& in,
+absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                                    const EvalContext& ctx) {
   const std::string to_name = node.attrs.Get<std::string>("to", "");
   std::optional<ir::DType> to = ir::ParseDType(to_name);
@@ -227,21 +250,21 @@ absl::StatusOr<std::vector<ir::Tensor>> CastKernel(const ir::Node& node,
     return std::vector<ir::Tensor>{out};
   }
   if (ir::IsHalf(*to) || ir::IsHalf(x.dtype())) return CastHalf(node, x, *to, ctx);
-  return DispatchDType(CastTypes{}, node, "input 0", x.dtype(),
-                       [&](auto from_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
-    using From = typename decltype(from_tag)::type;
-    return DispatchDType(CastTypes{}, node, "attribute 'to'", *to,
-                         [&](auto to_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
-      using To = typename decltype(to_tag)::type;
-      ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, *to, x.dims()));
-      const From* s = x.data<From>();
-      To* d = out.mutable_data<To>();
-      ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) d[i] = ConvertValue<To, From>(s[i]);
+  return DispatchDType(
+      CastTypes{}, node, "input 0", x.dtype(), [&](auto from_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+        using From = typename decltype(from_tag)::type;
+        return DispatchDType(CastTypes{}, node, "attribute 'to'", *to,
+                             [&](auto to_tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+                               using To = typename decltype(to_tag)::type;
+                               ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, *to, x.dims()));
+                               const From* s = x.data<From>();
+                               To* d = out.mutable_data<To>();
+                               ParallelFor(x.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+                                 for (int64_t i = b; i < e; ++i) d[i] = ConvertValue<To, From>(s[i]);
+                               });
+                               return std::vector<ir::Tensor>{out};
+                             });
       });
-      return std::vector<ir::Tensor>{out};
-    });
-  });
 }
 REGISTER_CPU_KERNEL(kCast, CastKernel);
 

@@ -4,6 +4,7 @@
 // rows column-block by column-block in row order, so nothing depends on the thread count.
 #include <cmath>
 
+#include "executor/cpu/dropout.h"
 #include "executor/cpu/grad_util.h"
 #include "executor/cpu/norm_util.h"
 #include "executor/cpu/workspace.h"
@@ -24,8 +25,7 @@ absl::Status ExpectSame(const ir::Node& node, const ir::Tensor& a, const ir::Ten
 
 // The node's output: out[i] = f(dy[i], x[i]) over the thread pool.
 template <typename T, typename F>
-Outputs Pointwise(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& dy,
-                  const ir::Tensor& x, F f) {
+Outputs Pointwise(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& dy, const ir::Tensor& x, F f) {
   ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
   const T* pg = dy.data<T>();
   const T* px = x.data<T>();
@@ -45,6 +45,8 @@ Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
 }
 REGISTER_CPU_KERNEL(kReluGrad, ReluGradKernel);
 
+// dX = dY' * Gelu'(X), dY' = dY, or with the forward's fused dropout (attributes dropout, rng_key)
+// dY kept and scaled as DropoutGrad would, from the regenerated mask.
 Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "X"));
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
@@ -52,52 +54,59 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
     return INVALID_ARGUMENT() << Describe(node) << ": approximate is '" << approx << "', expected none|tanh";
   }
   const bool tanh_form = approx == "tanh";
+  ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, in[0].num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    if (tanh_form) {
-      // gelu = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3).
-      const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
-      return Pointwise<T>(node, ctx, in[0], in[1], [c](T g, T x) {
+    // tanh: gelu = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3); erf: gelu = x Phi(x), whose
+    // derivative is Phi(x) + x phi(x).
+    const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
+    const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    auto derivative = [=](T x) {
+      if (tanh_form) {
         const T t = std::tanh(c * (x + T(0.044715) * x * x * x));
         const T du = c * (T(1) + T(3) * T(0.044715) * x * x);
-        return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
-      });
-    }
-    // gelu = x Phi(x): derivative Phi(x) + x phi(x).
-    const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
-    return Pointwise<T>(node, ctx, in[0], in[1], [=](T g, T x) {
+        return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+      }
       const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
       const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
-      return g * (cdf + x * pdf);
+      return cdf + x * pdf;
+    };
+    if (!drop.active) return Pointwise<T>(node, ctx, in[0], in[1], [&](T g, T x) { return g * derivative(x); });
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+    const T* pg = in[0].data<T>();
+    const T* px = in[1].data<T>();
+    T* po = out.mutable_data<T>();
+    const T scale = static_cast<T>(drop.scale);
+    ForEachKept(drop, in[0].num_elements(), [&](int64_t i, bool keep) {
+      const T g = keep ? pg[i] * scale : T(0);
+      po[i] = g * derivative(px[i]);
     });
+    return std::vector<ir::Tensor>{out};
   });
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
 
 // Outside training the forward Dropout is the identity (mask all true, no 1/(1-ratio) scale), so
-// the backward is too.
+// the backward is too. Without the mask input the forward's mask is regenerated from its stream.
 Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
-  const ir::Tensor& mask = in[1];
-  if (mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims()) {
-    return INVALID_ARGUMENT() << Describe(node) << ": mask " << ir::DTypeName(mask.dtype())
-                              << DimsToString(mask.dims()) << " must be bool with dY's shape "
+  const bool has_mask = in.size() > 1 && in[1].defined();
+  if (has_mask && (in[1].dtype() != ir::DType::kBool || in[1].dims() != dy.dims())) {
+    return INVALID_ARGUMENT() << Describe(node) << ": mask " << ir::DTypeName(in[1].dtype())
+                              << DimsToString(in[1].dims()) << " must be bool with dY's shape "
                               << DimsToString(dy.dims());
   }
-  const double ratio = node.attrs.Get<double>("ratio", 0.5);
-  if (!(ratio >= 0.0 && ratio <= 1.0)) {
-    return INVALID_ARGUMENT() << Describe(node) << ": ratio " << ratio << " is outside [0, 1]";
-  }
+  ASSIGN_OR_RETURN(FusedDropout drop, DropoutOf(node, ctx, dy.num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
-    const T scale = !ctx.training || ratio == 0.0 ? T(1) : ratio < 1.0 ? static_cast<T>(1.0 / (1.0 - ratio)) : T(0);
+    const T scale = static_cast<T>(drop.scale);
     const T* pg = dy.data<T>();
-    const bool* pm = mask.data<bool>();
+    const bool* pm = has_mask ? in[1].data<bool>() : nullptr;
     T* po = out.mutable_data<T>();
-    ParallelFor(out.num_elements(), 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) po[i] = pm[i] ? pg[i] * scale : T(0);
-    });
+    if (pm != nullptr) drop.active = false;  // the mask decides
+    ForEachKept(drop, out.num_elements(),
+                [&](int64_t i, bool keep) { po[i] = (pm ? pm[i] : keep) ? pg[i] * scale : T(0); });
     return std::vector<ir::Tensor>{out};
   });
 }
@@ -177,8 +186,8 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   const ir::Tensor& s = g.scale;
   const int64_t rows = shape.rows, n = shape.n;
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
-  if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows ||
-                in[3].dtype() != x.dtype() || in[4].dtype() != x.dtype())) {
+  if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows || in[3].dtype() != x.dtype() ||
+                in[4].dtype() != x.dtype())) {
     return INVALID_ARGUMENT() << Describe(node) << ": mean/inv_std_dev must hold " << rows << " "
                               << ir::DTypeName(x.dtype()) << " values";
   }
@@ -276,8 +285,8 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   const int64_t rows = shape.rows, n = shape.n;
   const bool saved = HasInput(in, 3);
   if (saved && (in[3].num_elements() != rows || in[3].dtype() != x.dtype())) {
-    return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " "
-                              << ir::DTypeName(x.dtype()) << " values";
+    return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " " << ir::DTypeName(x.dtype())
+                              << " values";
   }
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;

@@ -30,9 +30,11 @@ absl::StatusOr<DropoutParams> DropoutParamsFor(const ir::Node& node, bool traini
                                                int64_t row_offset, int64_t rows, int64_t numel) {
   DropoutParams p;
   p.training = training;
-  p.ratio = node.attrs.Get<double>("ratio", 0.5);
+  const bool own = node.op == ir::OpKind::kDropout || node.op == ir::OpKind::kDropoutGrad;
+  const char* attr = own ? "ratio" : "dropout";
+  p.ratio = node.attrs.Get<double>(attr, own ? 0.5 : 0.0);
   if (!(p.ratio >= 0.0 && p.ratio <= 1.0)) {
-    return INVALID_ARGUMENT() << "node '" << node.name << "': ratio is " << p.ratio << ", expected [0, 1]";
+    return INVALID_ARGUMENT() << "node '" << node.name << "': " << attr << " is " << p.ratio << ", expected [0, 1]";
   }
   const std::string key = node.attrs.Get<std::string>("rng_key", node.name);
   p.node_key = cpu::Fnv1a64(key.data(), key.size());

@@ -41,7 +41,8 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
                                   void* dx, int64_t n, cudaStream_t stream);
 
 #ifndef __CUDACC__
-// The parameters the CPU backend uses for `node` (attrs ratio, rng_key) evaluated on a tensor of
+// The parameters the CPU backend uses for `node` (attrs rng_key and the ratio: a Dropout's or
+// DropoutGrad's `ratio`, the `dropout` of an op with a fused dropout, op.h) evaluated on a tensor of
 // `numel` elements under an EvalContext with these fields; an error naming the node when ratio is
 // outside [0, 1] or numel does not split into `rows` batch rows.
 absl::StatusOr<DropoutParams> DropoutParamsFor(const ir::Node& node, bool training, uint64_t seed, uint64_t offset,

@@ -33,24 +33,23 @@ KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::
   return out;
 }
 
-// dX = DropoutGrad(dY, mask): dY * mask * scale, scale 1 outside training or with ratio 0 (as
-// the CPU kernel).
+// dX = DropoutGrad(dY, mask?): dY * keep * scale, scale 1 outside training or with ratio 0 (as
+// the CPU kernel); keep from the mask, or regenerated from the forward's stream without it.
 KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const ir::Tensor& dy = in[0];
-  const ir::Tensor& mask = in[1];
-  const double ratio = node.attrs.Get<double>("ratio", 0.5);
-  if (!IsKernelFloat(dy.dtype()) || mask.dtype() != ir::DType::kBool || mask.dims() != dy.dims() ||
-      !(ratio >= 0.0 && ratio <= 1.0)) {
+  const bool has_mask = HasInput(in, 1);
+  if (!IsKernelFloat(dy.dtype()) || (has_mask && (in[1].dtype() != ir::DType::kBool || in[1].dims() != dy.dims()))) {
     return std::nullopt;
   }
-  DropoutParams p;
-  p.training = ctx.exec.training;
-  p.ratio = ratio;
+  absl::StatusOr<DropoutParams> p = DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset,
+                                                     ctx.exec.row_offset, ctx.exec.rows, dy.num_elements());
+  if (!p.ok()) return std::nullopt;  // the CPU kernel reports it
   absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, dy.dtype(), dy.dims());
   if (!dx.ok()) return dx.status();
   if (dy.num_elements() == 0) return std::vector<ir::Tensor>{*dx};
-  if (absl::Status st = DropoutBackward(p, dy.dtype(), dy.device_raw(), static_cast<const uint8_t*>(mask.device_raw()),
-                                        dx->device_raw(), dy.num_elements(), ctx.stream);
+  const uint8_t* mask = has_mask ? static_cast<const uint8_t*>(in[1].device_raw()) : nullptr;
+  if (absl::Status st =
+          DropoutBackward(*p, dy.dtype(), dy.device_raw(), mask, dx->device_raw(), dy.num_elements(), ctx.stream);
       !st.ok()) {
     return st;
   }

@@ -1,5 +1,6 @@
 // GELU kernels: dense maps (map.cuh) over a flat (n) buffer, computing in fp32.
 #include "executor/cuda/device_util.cuh"
+#include "executor/cuda/dropout_device.cuh"
 #include "executor/cuda/gelu.h"
 #include "executor/cuda/map.cuh"
 
@@ -37,23 +38,51 @@ struct GeluGradFn {
   __device__ __forceinline__ float operator()(float dy, float x) const { return dy * GeluDerivative(x, tanh_approx); }
 };
 
+// With the fused dropout: kept elements scaled (forward: the result; backward: dy), the others 0.
+struct GeluDropFn {
+  bool tanh_approx;
+  float scale;
+  __device__ __forceinline__ float operator()(bool keep, float x) const {
+    return keep ? GeluValue(x, tanh_approx) * scale : 0.f;
+  }
+};
+
+struct GeluGradDropFn {
+  bool tanh_approx;
+  float scale;
+  __device__ __forceinline__ float operator()(bool keep, float dy, float x) const {
+    return (keep ? dy * scale : 0.f) * GeluDerivative(x, tanh_approx);
+  }
+};
+
+bool Active(const DropoutParams* p) { return p != nullptr && p->training && p->ratio > 0.0; }
+float KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.f : static_cast<float>(1.0 / (1.0 - p.ratio)); }
+
 }  // namespace
 
 template <typename T>
-cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, cudaStream_t stream) {
+cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
+                              cudaStream_t stream) {
+  if (Active(dropout))
+    return LaunchMapWithKeep(*dropout, n, GeluDropFn{tanh_approx, KeepScale(*dropout)}, stream, y, x);
   return LaunchMap(n, GeluFn{tanh_approx}, stream, y, x);
 }
 
 template <typename T>
-cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx, cudaStream_t stream) {
+cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx,
+                               const DropoutParams* dropout, cudaStream_t stream) {
+  if (Active(dropout)) {
+    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn{tanh_approx, KeepScale(*dropout)}, stream, dx, dy, x);
+  }
   return LaunchMap(n, GeluGradFn{tanh_approx}, stream, dx, dy, x);
 }
 
-template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, cudaStream_t);
+template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, cudaStream_t);
 template cudaError_t LaunchGeluForward<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int64_t, bool,
-                                                      cudaStream_t);
-template cudaError_t LaunchGeluBackward<float>(const float*, const float*, float*, int64_t, bool, cudaStream_t);
+                                                      const DropoutParams*, cudaStream_t);
+template cudaError_t LaunchGeluBackward<float>(const float*, const float*, float*, int64_t, bool, const DropoutParams*,
+                                               cudaStream_t);
 template cudaError_t LaunchGeluBackward<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                       int64_t, bool, cudaStream_t);
+                                                       int64_t, bool, const DropoutParams*, cudaStream_t);
 
 }  // namespace onnxpipe::cuda

@@ -1,6 +1,6 @@
 // Gradient rules of Gather, GatherElements and GatherND (GatherGrad, GatherElementsGrad,
-// GatherNDGrad: deterministic scatter-adds into zeros shaped like the data), Dropout (DropoutGrad with the forward's bool mask, which the forward node is asked to
-// output) and SoftmaxCrossEntropyLoss (SoftmaxCrossEntropyLossGrad from the forward's saved
+// GatherNDGrad: deterministic scatter-adds into zeros shaped like the data), Dropout (DropoutGrad,
+// which regenerates the forward's mask) and SoftmaxCrossEntropyLoss (SoftmaxCrossEntropyLossGrad from the forward's saved
 // log-probabilities). Indices, labels and class weights are stop-gradient edges.
 #include "frontend/autodiff/grad_builder.h"
 #include "frontend/ir/status.h"
@@ -25,12 +25,13 @@ absl::Status ScatterBackGrad(GradBuilder& b) {
   return absl::OkStatus();
 }
 
+// The backward regenerates the forward's mask from its random stream (rng_key), so the forward
+// keeps none: one byte per element less of saved activations, written and read.
 absl::Status DropoutGrad(GradBuilder& b) {
-  const ValueType tx = b.TypeOf(b.I(0));
-  ValueId mask = b.EnsureForwardOutput(1, ValueType{ir::DType::kBool, tx.shape, tx.shape_known});
   ir::Attrs a;
   a.Set("ratio", b.node().attrs.Get<double>("ratio", 0.5));
-  b.SetGI(0, b.Emit(OpKind::kDropoutGrad, {b.GO(0), mask}, tx, std::move(a)));
+  a.Set("rng_key", b.node().attrs.Get<std::string>("rng_key", b.node().name));
+  b.SetGI(0, b.Emit(OpKind::kDropoutGrad, {b.GO(0)}, b.TypeOf(b.I(0)), std::move(a)));
   return absl::OkStatus();
 }
 

@@ -81,6 +81,11 @@ absl::Status RMSNormGrad(GradBuilder& b) {
 absl::Status GeluGrad(GradBuilder& b) {
   ir::Attrs a;
   a.Set("approximate", b.node().attrs.Get<std::string>("approximate", "none"));
+  // A fused dropout: the backward regenerates the forward's mask from its random stream.
+  if (const double ratio = b.node().attrs.Get<double>("dropout", 0.0); ratio != 0.0) {
+    a.Set("dropout", ratio);
+    a.Set("rng_key", b.node().attrs.Get<std::string>("rng_key", b.node().name));
+  }
   b.SetGI(0, b.Emit(OpKind::kGeluGrad, {b.GO(0), b.I(0)}, b.TypeOf(b.I(0)), std::move(a)));
   return absl::OkStatus();
 }

@@ -22,9 +22,7 @@ absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j) {
     else
       out[k] = *d;
   }
-  if (!ok)
-    return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j)
-                       << " must have the same shape";
+  if (!ok) return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j) << " must have the same shape";
   return out;
 }
 
@@ -60,11 +58,10 @@ absl::StatusOr<Outputs> FusedMatMulRule(const InferContext& ctx) {
   const Dim m = a[ta ? ra - 1 : ra - 2], ka = a[ta ? ra - 2 : ra - 1];
   const Dim kb = b[tb ? rb - 1 : rb - 2], n = b[tb ? rb - 2 : rb - 1];
   if (!UnifyDims(ka, kb)) {
-    return ctx.Error() << "inner dims differ: " << ka.ToString() << " vs " << kb.ToString()
-                       << " in " << ctx.Describe(0) << " and " << ctx.Describe(1);
+    return ctx.Error() << "inner dims differ: " << ka.ToString() << " vs " << kb.ToString() << " in " << ctx.Describe(0)
+                       << " and " << ctx.Describe(1);
   }
-  ASSIGN_OR_RETURN(Shape out, BroadcastShapes(ctx, {Shape(a.begin(), a.end() - 2),
-                                                    Shape(b.begin(), b.end() - 2)}));
+  ASSIGN_OR_RETURN(Shape out, BroadcastShapes(ctx, {Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2)}));
   out.push_back(m);
   out.push_back(n);
   return One(ctx.dtype(0), std::move(out));
@@ -93,8 +90,8 @@ absl::StatusOr<Outputs> ExpandLikeRule(const InferContext& ctx) {
     x = std::move(u);
   }
   if (!BroadcastsTo(x, ctx.shape(1))) {
-    return ctx.Error() << ctx.Describe(0) << " (as " << ShapeToString(x)
-                       << ") does not broadcast to " << ctx.Describe(1);
+    return ctx.Error() << ctx.Describe(0) << " (as " << ShapeToString(x) << ") does not broadcast to "
+                       << ctx.Describe(1);
   }
   return One(ctx.dtype(0), ctx.shape(1));
 }
@@ -102,15 +99,12 @@ absl::StatusOr<Outputs> ExpandLikeRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> ReshapeLikeRule(const InferContext& ctx) {
   const Dim a = NumElements(ctx.shape(0)), b = NumElements(ctx.shape(1));
   if (a.symbols() == b.symbols() && a.factor() != b.factor()) {
-    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1)
-                       << " have different element counts";
+    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1) << " have different element counts";
   }
   return One(ctx.dtype(0), ctx.shape(1));
 }
 
-absl::StatusOr<Outputs> ZerosLikeRule(const InferContext& ctx) {
-  return One(ctx.dtype(0), ctx.shape(0));
-}
+absl::StatusOr<Outputs> ZerosLikeRule(const InferContext& ctx) { return One(ctx.dtype(0), ctx.shape(0)); }
 
 // GatherElementsGrad / GatherNDGrad (dY, indices, like): like's shape, dY's dtype.
 absl::StatusOr<Outputs> ScatterBackRule(const InferContext& ctx) {
@@ -123,20 +117,18 @@ absl::StatusOr<Outputs> ScatterBackRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> GatherGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   RETURN_IF_ERROR(ctx.ExpectRankAtLeast(2, 1));
-  ASSIGN_OR_RETURN(int64_t axis,
-                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(2), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(2), "axis"));
   // dY = like[:axis] + indices + like[axis+1:].
   if (ctx.rank(0) != ctx.rank(2) - 1 + ctx.rank(1)) {
-    return ctx.Error() << ctx.Describe(0) << " is not a Gather output of " << ctx.Describe(2)
-                       << " with " << ctx.Describe(1) << " on axis " << axis;
+    return ctx.Error() << ctx.Describe(0) << " is not a Gather output of " << ctx.Describe(2) << " with "
+                       << ctx.Describe(1) << " on axis " << axis;
   }
   return One(ctx.dtype(0), ctx.shape(2));
 }
 
 absl::StatusOr<Outputs> SliceGradRule(const InferContext& ctx) {
   if (ctx.rank(0) != ctx.rank(1))
-    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1)
-                       << " must have the same rank";
+    return ctx.Error() << ctx.Describe(0) << " and " << ctx.Describe(1) << " must have the same rank";
   return One(ctx.dtype(0), ctx.shape(1));
 }
 
@@ -145,8 +137,7 @@ absl::StatusOr<Outputs> ConcatGradRule(const InferContext& ctx) {
   if (ctx.num_outputs() != n) {
     return ctx.Error() << "has " << ctx.num_outputs() << " outputs for " << n << " like inputs";
   }
-  ASSIGN_OR_RETURN(int64_t axis,
-                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", 0), ctx.rank(0), "axis"));
   (void)axis;
   Outputs out;
   for (int i = 1; i <= n; ++i) {
@@ -163,6 +154,13 @@ absl::StatusOr<Outputs> PointwiseGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
   return One(ctx.dtype(0), std::move(s));
+}
+
+// dY's shape, and the mask's when it is given.
+absl::StatusOr<Outputs> DropoutGradRule(const InferContext& ctx) {
+  if (ctx.has_input(1)) return PointwiseGradRule(ctx);
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  return One(ctx.dtype(0), ctx.shape(0));
 }
 
 absl::StatusOr<Outputs> SoftmaxGradRule(const InferContext& ctx) {
@@ -194,8 +192,7 @@ absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
   bool ok = o.size() == ctx.shape(0).size();
   for (size_t k = 0; ok && k < o.size(); ++k) ok = UnifyDims(o[k], ctx.shape(0)[k]).has_value();
   if (!ok) {
-    return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape "
-                       << ShapeToString(o);
+    return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape " << ShapeToString(o);
   }
   Outputs out = {{ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)}, {ctx.dtype(3), ctx.shape(3)}};
   if (ctx.num_outputs() > 3) {
@@ -211,8 +208,7 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx)
   RETURN_IF_ERROR(ctx.ExpectFloat(1));
   RETURN_IF_ERROR(ctx.ExpectInteger(2));
   if (ctx.rank(2) + 1 != ctx.rank(1)) {
-    return ctx.Error() << "labels " << ctx.Describe(2) << " do not match log_prob "
-                       << ctx.Describe(1);
+    return ctx.Error() << "labels " << ctx.Describe(2) << " do not match log_prob " << ctx.Describe(1);
   }
   return One(ctx.dtype(1), ctx.shape(1));
 }
@@ -231,8 +227,8 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kGatherNDGrad, ScatterBackRule);
   SetRule(t, OpKind::kSliceGrad, SliceGradRule);
   SetRule(t, OpKind::kConcatGrad, ConcatGradRule);
-  for (OpKind op : {OpKind::kReluGrad, OpKind::kGeluGrad, OpKind::kDropoutGrad})
-    SetRule(t, op, PointwiseGradRule);
+  for (OpKind op : {OpKind::kReluGrad, OpKind::kGeluGrad}) SetRule(t, op, PointwiseGradRule);
+  SetRule(t, OpKind::kDropoutGrad, DropoutGradRule);
   SetRule(t, OpKind::kSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLogSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLayerNormGrad, LayerNormGradRule);

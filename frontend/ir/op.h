@@ -27,7 +27,10 @@
 //   InvStdDev: over the dims [axis, rank), r = 1 / sqrt(mean(X^2) + epsilon), Y = X * r * scale
 //   (ONNX RMSNormalization, the Llama/T5 norm); scale broadcasts to the normalised dims as
 //   LayerNorm's; InvStdDev has X's dims with the normalised ones set to 1.
-// - Gelu(X) attr approximate: "none" (erf) | "tanh".
+// - Gelu(X) attr approximate: "none" (erf) | "tanh"; optional fused dropout (the dropout-fusion
+//   pass sets it for a Dropout that only reads the Gelu): attrs dropout (ratio, default 0) and
+//   rng_key (the Dropout node's random-stream key): while training, each result is kept and scaled
+//   by 1 / (1 - ratio) or zeroed exactly as that Dropout node would.
 // - Attention(Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), mask?) attrs scale (float),
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
 //   softmax(scale * Q K^T + mask [causal: -inf above the diagonal]) then dropout, times V.
@@ -63,14 +66,17 @@
 // - ReluGrad(dY, Y) -> dY * (Y > 0).
 // - SoftmaxGrad(dY, Y) attr axis -> Y * (dY - sum(dY * Y, axis)); Y = Softmax output.
 // - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
-// - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X).
+// - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the forward's
+//   dropout and rng_key, dY is first kept and scaled, or zeroed, by the regenerated mask.
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) attrs axis, epsilon -> dX, dScale?, dBias?.
 //   mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
 //   dScale and dBias both have scale's shape.
 // - RMSNormGrad(dY, X, scale, inv_std_dev?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
-// - DropoutGrad(dY, mask) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output.
+// - DropoutGrad(dY, mask?) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output,
+//   or without it the forward's mask regenerated from its random stream (attr rng_key = the
+//   forward's rng_key, else its name; as AttentionGrad), so the forward keeps no mask.
 // - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV, dMask?. Recomputes
 //   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
 //   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
@@ -202,7 +208,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
   V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2, 0)                                               \
-  V(DropoutGrad, "DropoutGrad", 2, 2, 1, 1, 0)                                               \
+  V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4, kOpGemm | kOpCostly)                         \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1, 0)               \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \

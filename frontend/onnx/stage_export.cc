@@ -215,7 +215,20 @@ class Exporter {
         return absl::OkStatus();
       }
       case ir::OpKind::kRMSNorm: return RMSNorm(n, ins, outs);
-      case ir::OpKind::kGelu: return Gelu(n, ins[0], outs[0]);
+      case ir::OpKind::kGelu: {
+        const double ratio = n.attrs.Get<double>("dropout", 0.0);
+        if (ratio == 0.0) return Gelu(n, ins[0], outs[0]);
+        // The fused dropout becomes the Dropout it was, named by its random-stream key so that
+        // the stage file, imported, draws the same mask.
+        const std::string gelu = Fresh(n.name + "/gelu");
+        RETURN_IF_ERROR(Gelu(n, ins[0], gelu));
+        const std::string key = n.attrs.Get<std::string>("rng_key", n.name + "/Dropout");
+        Emit("Dropout", key,
+             {gelu, Const(key + "/ratio", Scalar(ir::DType::kF32, ratio)),
+              Const(key + "/training_mode", ir::Tensor::Scalar<bool>(true))},
+             {outs[0]});
+        return absl::OkStatus();
+      }
       case ir::OpKind::kAttention: return Attention(n, ins, outs[0]);
       case ir::OpKind::kReduceSum:
       case ir::OpKind::kSqueeze:

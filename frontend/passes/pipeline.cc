@@ -5,20 +5,21 @@
 #include "frontend/passes/attention_fusion.h"
 #include "frontend/passes/attention_layout.h"
 #include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/dropout_fusion.h"
 #include "frontend/passes/freeze_buffers.h"
 #include "frontend/passes/gathers_to_split.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
-#include "frontend/passes/rms_norm_fusion.h"
 #include "frontend/passes/pass.h"
+#include "frontend/passes/rms_norm_fusion.h"
+#include "frontend/passes/row_layout_motion.h"
 #include "frontend/passes/tie_transposed_initializers.h"
 #include "frontend/passes/upcast_half_precision.h"
 
 namespace onnxpipe::passes {
 
-absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
-                                const PipelineOptions& options) {
+absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, const PipelineOptions& options) {
   if (options.verify) RETURN_IF_ERROR(Annotate(ir::Verify(*g), "graph invalid before the forward pipeline"));
   PassPipeline pipeline("forward");
   pipeline.set_verify(options.verify);
@@ -35,8 +36,10 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator,
     pipeline.AddPass<LayerNormFusion>();
     pipeline.AddPass<RMSNormFusion>();
     pipeline.AddPass<GeluFusion>();
+    pipeline.AddPass<DropoutFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
     pipeline.AddPass<GathersToSplit>();
+    pipeline.AddPass<RowLayoutMotion>();
     pipeline.AddPass<AttentionLayout>();
   }
   pipeline.AddPass<DeadCodeElimination>();

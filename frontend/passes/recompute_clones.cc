@@ -39,7 +39,7 @@ ClonedBackward CloneRecomputeRegions(ir::Graph& g, const std::vector<BackwardSte
       outputs.push_back(c);
     }
     ir::Attrs attrs = src.attrs;
-    if ((src.op == ir::OpKind::kDropout || src.op == ir::OpKind::kAttention) && !attrs.Has("rng_key")) {
+    if ((src.op == ir::OpKind::kDropout || attrs.Has("dropout")) && !attrs.Has("rng_key")) {
       attrs.Set("rng_key", src.name);  // replay the forward's random stream
     }
     const ir::NodeId c =

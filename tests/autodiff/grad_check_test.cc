@@ -233,6 +233,10 @@ std::vector<GradCase> ReduceNormCases() {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {3, 4}, -3, 3)}, MakeAttrs({{"approximate", std::string("none")}}))}; }},
       {"Gelu_tanh", [](TestGraph& t) {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {3, 4}, -3, 3)}, MakeAttrs({{"approximate", std::string("tanh")}}))}; }},
+      {"Gelu_fused_dropout", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGelu, {t.Param("x", {4, 8}, -3, 3)},
+                        MakeAttrs({{"approximate", std::string("none")}, {"dropout", 0.3},
+                                   {"rng_key", std::string("mlp_dropout")}}))}; }},
   };
 }
 

@@ -616,6 +616,17 @@ TEST_F(CudaOpsTest, DropoutMasksAreTheCpusBitForBit) {
   Check(c);
   backend::ExecContext eval;
   Check({ir::OpKind::kDropout, {Rand({4, 6}, 2)}, Attrs({{"ratio", 0.3}}), 2, {}, 0, eval});
+  // Without the mask the gradient regenerates the forward's (the stream of its rng_key).
+  Case regen{ir::OpKind::kDropoutGrad,
+             {Rand({4, 6, 40}, 3)},
+             Attrs({{"ratio", 0.5}, {"rng_key", std::string("attn_dropout")}}),
+             1,
+             {},
+             0,
+             train};
+  Check(regen);
+  regen.ctx.row_offset = 4, regen.ctx.rows = 4;
+  Check(regen);
   // The gradient scales by 1 / (1 - ratio) while training, by 1 outside it; the mask applies either way.
   for (const backend::ExecContext& ctx : {train, eval}) {
     Check({ir::OpKind::kDropoutGrad,
@@ -767,6 +778,31 @@ TEST_F(CudaOpsTest, Bf16SoftmaxGeluAndDropout) {
              0,
              train},
             {kB});
+}
+
+TEST_F(CudaOpsTest, GeluWithAFusedDropoutIsTheCpus) {
+  backend::ExecContext train;
+  train.training = true;
+  train.seed = 11;
+  train.offset = 3;
+  backend::ExecContext eval;
+  for (const char* form : {"none", "tanh"}) {
+    const ir::Attrs a =
+        Attrs({{"approximate", std::string(form)}, {"dropout", 0.3}, {"rng_key", std::string("/mlp/dropout/Dropout")}});
+    // 4 * 6 * 41 elements: runs of four and a tail; a micro-batch's rows shift the counters.
+    Case fwd{ir::OpKind::kGelu, {Rand({4, 6, 41}, 1, -5, 5)}, a, 1, {}, 1e-5, train};
+    Case bwd{ir::OpKind::kGeluGrad, {Rand({4, 6, 41}, 2), Rand({4, 6, 41}, 3, -5, 5)}, a, 1, {}, 1e-5, train};
+    for (Case* c : {&fwd, &bwd}) {
+      Check(*c);
+      c->ctx.row_offset = 3, c->ctx.rows = 4;  // rows [3, 7) of the batch: counters not a multiple of 4
+      Check(*c);
+      c->ctx = eval;
+      Check(*c);
+    }
+    CheckBf16({ir::OpKind::kGelu, {RandB({3, 7, 64}, 6, -5, 5)}, a, 1, {}, 1e-5, train}, {kB});
+    CheckBf16({ir::OpKind::kGeluGrad, {RandB({3, 7, 64}, 7), RandB({3, 7, 64}, 8, -5, 5)}, a, 1, {}, 1e-5, train},
+              {kB});
+  }
 }
 
 TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {

@@ -3,6 +3,7 @@
 // back by an independent reader (onnx.checker for the stage files, Graphviz for the DOT file,
 // headless Chromium and Pillow for the HTML), tied weights against what `train --plan` measures,
 // the sweep, the profile round trip, and the error contract.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -117,9 +118,14 @@ TEST_F(PartitionCli, EmbeddingHeavyModelGivesStageZeroFewerLayers) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const json plan = Plan(tight);
   EXPECT_LT(WholeLayersOn(plan, 0), 3) << r.out;
+  // The later stages take the rest: at least 10 layers touch no part of stage 0 (cuts inside a
+  // layer between later stages are fine).
   int later = 0;
-  for (int k = 1; k < 4; ++k) later += WholeLayersOn(plan, k);
-  EXPECT_GE(later, 9) << r.out;
+  for (const json& l : plan["layers"]) {
+    if (!std::regex_match(l["name"].get<std::string>(), std::regex(R"(.*layers\.\d+$)"))) continue;
+    if (std::none_of(l["stages"].begin(), l["stages"].end(), [](const json& k) { return k == 0; })) ++later;
+  }
+  EXPECT_GE(later, 10) << r.out;
   for (const json& s : plan["stages"]) {
     EXPECT_LE(s["memory"]["total"].get<int64_t>(), plan["device"]["capacity"].get<int64_t>());
   }
@@ -149,7 +155,8 @@ TEST_F(PartitionCli, EveryReportFileIsWrittenAndReadsBack) {
     for (const char* k : {"index", "nodes", "parameters", "boundary_inputs", "boundary_outputs", "recompute_regions"}) {
       EXPECT_TRUE(st.contains(k)) << k;
     }
-    for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "transient", "kernel_scratch", "total"}) {
+    for (const char* k :
+         {"parameters", "gradients", "optimizer_state", "activations", "transient", "kernel_scratch", "total"}) {
       EXPECT_TRUE(st["memory"][k].is_number_integer()) << k;
     }
     for (const char* k : {"forward_ms", "backward_ms", "recompute_ms"})

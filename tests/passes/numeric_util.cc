@@ -41,8 +41,9 @@ absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g,
   return feeds;
 }
 
-absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds) {
-  cpu::CpuEvaluator ev;
+absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds,
+                                                 bool training) {
+  cpu::CpuEvaluator ev(cpu::EvalContext{.training = training, .seed = 1});
   return runtime::Interpret(g, ev, feeds);
 }
 

@@ -18,8 +18,9 @@ absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g,
                                                     const std::map<std::string, int64_t>& dims,
                                                     uint32_t seed, int64_t int_high = 4);
 
-// Evaluates the graph on the CPU backend (inference mode).
-absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds);
+// Evaluates the graph on the CPU backend (inference mode; `training`: random ops active, seed 1).
+absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds,
+                                                 bool training = false);
 
 // Largest |a - b| over all outputs (as double); fails when dtypes/dims differ or a value is NaN
 // in one and not the other.
