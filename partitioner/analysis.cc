@@ -11,13 +11,6 @@
 #include "partitioner/memory_planner.h"
 
 namespace onnxpipe::partitioner {
-namespace {
-
-bool IsUpdateOp(ir::OpKind op) {
-  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
-}
-
-}  // namespace
 
 std::string LayerKey(const std::string& scope) {
   static const std::regex indexed(R"(.*[._]\d+$)");

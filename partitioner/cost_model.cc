@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 
 #include "frontend/ir/attention_views.h"
@@ -236,16 +234,8 @@ absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::stri
 }
 
 absl::StatusOr<OpTimes> LoadOpTimes(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return NOT_FOUND() << path << ": profile file not found";
-  std::stringstream ss;
-  ss << f.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    return INVALID_ARGUMENT() << path << ": malformed profile: not valid JSON: " << e.what();
-  }
+  ASSIGN_OR_RETURN(const nlohmann::json j,
+                   ReadJsonFile(path, "profile file not found", "malformed profile: not valid JSON"));
   absl::StatusOr<OpTimes> t = OpTimesFromJson(j, path);
   if (!t.ok()) return Annotate(t.status(), "malformed profile");
   return t;

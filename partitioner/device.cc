@@ -235,17 +235,21 @@ absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std:
   return d;
 }
 
-absl::StatusOr<DeviceProfile> LoadDeviceFile(const std::string& path) {
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& missing,
+                                            const std::string& invalid) {
   std::ifstream f(path);
-  if (!f) return NOT_FOUND() << path << ": device file not found";
+  if (!f) return NOT_FOUND() << path << ": " << missing;
   std::stringstream ss;
   ss << f.rdbuf();
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::exception& e) {
-    return INVALID_ARGUMENT() << path << ": not valid JSON: " << e.what();
+    return INVALID_ARGUMENT() << path << ": " << invalid << ": " << e.what();
   }
+}
+
+absl::StatusOr<DeviceProfile> LoadDeviceFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, "device file not found"));
   return DeviceFromJson(j, path);
 }
 

@@ -78,4 +78,9 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view s);
 // Human-readable, binary units: "12.3 GiB", "512 B".
 std::string FormatBytes(int64_t bytes);
 
+// Parses the JSON file at `path`: NotFound "<path>: <missing>" when it cannot be opened, InvalidArgument
+// "<path>: <invalid>: <parser's reason>" when it is not JSON.
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, const std::string& missing,
+                                            const std::string& invalid = "not valid JSON");
+
 }  // namespace onnxpipe::partitioner

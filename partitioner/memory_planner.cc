@@ -5,6 +5,7 @@
 #include "partitioner/memory_planner.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <set>
 
@@ -15,8 +16,6 @@ namespace onnxpipe::partitioner {
 namespace {
 
 using ir::AlignUp;
-
-bool IsUpdateOp(ir::OpKind op) { return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate; }
 
 struct Interval {
   int32_t begin = std::numeric_limits<int32_t>::max();
@@ -33,26 +32,14 @@ struct Placed {
 }  // namespace
 
 const char* MemoryRegionName(MemoryRegion r) {
-  switch (r) {
-    case MemoryRegion::kNone:
-      return "none";
-    case MemoryRegion::kArena:
-      return "arena";
-    case MemoryRegion::kParameters:
-      return "parameters";
-    case MemoryRegion::kGradients:
-      return "gradients";
-    case MemoryRegion::kOptimizerState:
-      return "optimizer_state";
-    case MemoryRegion::kConstants:
-      return "constants";
-  }
-  return "?";
+  return std::array{"none", "arena", "parameters", "gradients", "optimizer_state", "constants"}[static_cast<int>(r)];
 }
 
 bool IsShapeOnlyOperand(const ir::Node& n, int i) { return ir::IsShapeOnlyOperand(n.op, i); }
 
 bool IsAliasOp(ir::OpKind op) { return ir::HasProp(op, ir::kOpView); }
+
+bool IsUpdateOp(ir::OpKind op) { return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate; }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::NodeId>& order,
                                       const MemoryPlanOptions& options) {

@@ -81,10 +81,6 @@ struct MemoryPlan {
   int64_t constant_bytes = 0;
   int64_t workspace_bytes = 0;
   std::vector<ValueMemory> values;  // indexed by ValueId
-
-  int64_t total_bytes() const {
-    return arena_bytes + parameter_bytes + gradient_bytes + optimizer_state_bytes + constant_bytes + workspace_bytes;
-  }
 };
 
 struct MemoryPlanOptions {
@@ -104,5 +100,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ir::Graph& g, const std::vector<ir::
 bool IsShapeOnlyOperand(const ir::Node& n, int i);
 // The op's output 0 is a view of its input 0 (same bytes, other dims): op.h's kOpView.
 bool IsAliasOp(ir::OpKind op);
+// The op applies an optimizer update to a parameter (input 1: its gradient).
+bool IsUpdateOp(ir::OpKind op);
 
 }  // namespace onnxpipe::partitioner

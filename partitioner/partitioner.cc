@@ -226,13 +226,12 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
       }
     };
     boundary({&sp.recv_forward, &sp.recv_backward}, true, &s.boundary_inputs);
-    for (ir::ValueId v : sp.data_inputs) {
-      s.boundary_inputs.push_back({g.value(v).name, std::string(ir::DTypeName(g.value(v).dtype)), Dims(g.value(v)),
-                                   a.value_bytes[v], "data", {}});
-    }
-    for (ir::ValueId v : sp.step_inputs) {
-      s.boundary_inputs.push_back({g.value(v).name, std::string(ir::DTypeName(g.value(v).dtype)), Dims(g.value(v)),
-                                   a.value_bytes[v], "step", {}});
+    for (const auto& [inputs, kind] : {std::pair{&sp.data_inputs, "data"}, std::pair{&sp.step_inputs, "step"}}) {
+      for (ir::ValueId v : *inputs) {
+        const ir::Value& val = g.value(v);
+        s.boundary_inputs.push_back(
+            {val.name, std::string(ir::DTypeName(val.dtype)), Dims(val), a.value_bytes[v], kind, {}});
+      }
     }
     boundary({&sp.recv_post}, false, &s.boundary_inputs);
     boundary({&sp.send_forward, &sp.send_backward}, true, &s.boundary_outputs);

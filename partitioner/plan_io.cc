@@ -3,10 +3,8 @@
 // with wrong numbers.
 #include "partitioner/plan_io.h"
 
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 
 #include "frontend/ir/status.h"
@@ -31,6 +29,25 @@ ordered_json Tensors(const std::vector<BoundaryTensor>& list, const char* peer_k
   }
   return out;
 }
+
+// A stage's memory and predicted times, in plan.json's order (the memory's "capacity" follows: the plan's).
+constexpr std::pair<const char*, int64_t StageMemory::*> kMemoryFields[] = {
+    {"parameters", &StageMemory::parameters},
+    {"gradients", &StageMemory::gradients},
+    {"optimizer_state", &StageMemory::optimizer_state},
+    {"activations", &StageMemory::activations},
+    {"transient", &StageMemory::transient},
+    {"kernel_scratch", &StageMemory::kernel_scratch},
+    {"total", &StageMemory::total},
+    {"constants", &StageMemory::constants},
+    {"boundary", &StageMemory::boundary},
+    {"saved_per_microbatch", &StageMemory::saved},
+    {"in_flight", &StageMemory::in_flight},
+    {"arena", &StageMemory::arena}};
+constexpr std::pair<const char*, double StagePlan::*> kStageTimes[] = {
+    {"forward_ms", &StagePlan::forward_ms},           {"backward_ms", &StagePlan::backward_ms},
+    {"recompute_ms", &StagePlan::recompute_ms},       {"optimizer_ms", &StagePlan::optimizer_ms},
+    {"send_forward_ms", &StagePlan::send_forward_ms}, {"send_backward_ms", &StagePlan::send_backward_ms}};
 
 const char* ObjectiveName(Objective o) { return o == Objective::kThroughput ? "throughput" : "fewest-stages"; }
 
@@ -145,26 +162,11 @@ ordered_json PlanToJson(const PartitionPlan& p) {
     std::vector<std::string> actions;
     for (const Action& a : s.actions) actions.push_back(ActionToString(a));
     st["actions"] = actions;
-    const StageMemory& m = s.memory;
-    st["memory"] = {{"parameters", m.parameters},
-                    {"gradients", m.gradients},
-                    {"optimizer_state", m.optimizer_state},
-                    {"activations", m.activations},
-                    {"transient", m.transient},
-                    {"kernel_scratch", m.kernel_scratch},
-                    {"total", m.total},
-                    {"constants", m.constants},
-                    {"boundary", m.boundary},
-                    {"saved_per_microbatch", m.saved},
-                    {"in_flight", m.in_flight},
-                    {"arena", m.arena},
-                    {"capacity", p.capacity_bytes}};
-    st["predicted"] = {{"forward_ms", s.forward_ms},
-                       {"backward_ms", s.backward_ms},
-                       {"recompute_ms", s.recompute_ms},
-                       {"optimizer_ms", s.optimizer_ms},
-                       {"send_forward_ms", s.send_forward_ms},
-                       {"send_backward_ms", s.send_backward_ms}};
+    ordered_json& memory = st["memory"];
+    for (const auto& [key, field] : kMemoryFields) memory[key] = s.memory.*field;
+    memory["capacity"] = p.capacity_bytes;
+    ordered_json& predicted = st["predicted"];
+    for (const auto& [key, field] : kStageTimes) predicted[key] = s.*field;
     stages.push_back(std::move(st));
   }
   j["stages"] = std::move(stages);
@@ -359,18 +361,9 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     ASSIGN_OR_RETURN(const json* mem, r.Field(sj, path, "memory"));
     const std::string mp = path + ".memory";
     StageMemory& m = s.memory;
-    ASSIGN_OR_RETURN(m.parameters, r.Int(*mem, mp, "parameters"));
-    ASSIGN_OR_RETURN(m.gradients, r.Int(*mem, mp, "gradients"));
-    ASSIGN_OR_RETURN(m.optimizer_state, r.Int(*mem, mp, "optimizer_state"));
-    ASSIGN_OR_RETURN(m.activations, r.Int(*mem, mp, "activations"));
-    ASSIGN_OR_RETURN(m.transient, r.Int(*mem, mp, "transient"));
-    ASSIGN_OR_RETURN(m.kernel_scratch, r.Int(*mem, mp, "kernel_scratch"));
-    ASSIGN_OR_RETURN(m.total, r.Int(*mem, mp, "total"));
-    ASSIGN_OR_RETURN(m.constants, r.Int(*mem, mp, "constants"));
-    ASSIGN_OR_RETURN(m.boundary, r.Int(*mem, mp, "boundary"));
-    ASSIGN_OR_RETURN(m.saved, r.Int(*mem, mp, "saved_per_microbatch"));
-    ASSIGN_OR_RETURN(m.in_flight, r.Int(*mem, mp, "in_flight", 1));
-    ASSIGN_OR_RETURN(m.arena, r.Int(*mem, mp, "arena"));
+    for (const auto& [key, field] : kMemoryFields) {
+      ASSIGN_OR_RETURN(m.*field, r.Int(*mem, mp, key, /*min=*/field == &StageMemory::in_flight ? 1 : 0));
+    }
     if (m.activations != m.saved * m.in_flight) {
       return r.Error(mp + ".activations", "must equal saved_per_microbatch x in_flight");
     }
@@ -380,12 +373,9 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     }
     ASSIGN_OR_RETURN(const json* sp, r.Field(sj, path, "predicted"));
     const std::string pp = path + ".predicted";
-    ASSIGN_OR_RETURN(s.forward_ms, r.Number(*sp, pp, "forward_ms"));
-    ASSIGN_OR_RETURN(s.backward_ms, r.Number(*sp, pp, "backward_ms"));
-    ASSIGN_OR_RETURN(s.recompute_ms, r.Number(*sp, pp, "recompute_ms"));
-    ASSIGN_OR_RETURN(s.optimizer_ms, r.Number(*sp, pp, "optimizer_ms"));
-    ASSIGN_OR_RETURN(s.send_forward_ms, r.Number(*sp, pp, "send_forward_ms"));
-    ASSIGN_OR_RETURN(s.send_backward_ms, r.Number(*sp, pp, "send_backward_ms"));
+    for (const auto& [key, field] : kStageTimes) {
+      ASSIGN_OR_RETURN(s.*field, r.Number(*sp, pp, key));
+    }
     p.stages.push_back(std::move(s));
   }
   ASSIGN_OR_RETURN(p.global_nodes, r.Strings(j, "", "global_nodes"));
@@ -411,16 +401,8 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
 
 absl::StatusOr<PartitionPlan> LoadPlan(const std::string& dir) {
   const std::string path = dir + "/plan.json";
-  std::ifstream f(path);
-  if (!f) return NOT_FOUND() << path << ": no plan here (write one with onnxpipe partition --out " << dir << ")";
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    return INVALID_ARGUMENT() << path << ": not valid JSON: " << e.what();
-  }
+  ASSIGN_OR_RETURN(const json j,
+                   ReadJsonFile(path, "no plan here (write one with onnxpipe partition --out " + dir + ")"));
   return PlanFromJson(j, path);
 }
 

@@ -4,6 +4,7 @@
 #include "partitioner/recompute.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "frontend/ir/status.h"
@@ -11,39 +12,19 @@
 namespace onnxpipe::partitioner {
 
 const char* RecomputePolicyName(RecomputePolicy p) {
-  switch (p) {
-    case RecomputePolicy::kNone:
-      return "none";
-    case RecomputePolicy::kFull:
-      return "full";
-    case RecomputePolicy::kSelective:
-      return "selective";
-    case RecomputePolicy::kAuto:
-      return "auto";
-  }
-  return "?";
+  return std::array{"none", "full", "selective", "auto"}[static_cast<int>(p)];
 }
 
 absl::StatusOr<RecomputePolicy> ParseRecomputePolicy(std::string_view s) {
-  if (s == "none") return RecomputePolicy::kNone;
-  if (s == "full") return RecomputePolicy::kFull;
-  if (s == "selective") return RecomputePolicy::kSelective;
-  if (s == "auto") return RecomputePolicy::kAuto;
+  for (RecomputePolicy p :
+       {RecomputePolicy::kNone, RecomputePolicy::kFull, RecomputePolicy::kSelective, RecomputePolicy::kAuto}) {
+    if (s == RecomputePolicyName(p)) return p;
+  }
   return INVALID_ARGUMENT() << "unknown recompute policy '" << s << "'; expected none, full, selective or auto";
 }
 
 const char* UnitRecomputeName(UnitRecompute r) {
-  switch (r) {
-    case UnitRecompute::kNone:
-      return "none";
-    case UnitRecompute::kSelective:
-      return "selective";
-    case UnitRecompute::kUnit:
-      return "unit";
-    case UnitRecompute::kStage:
-      return "full";
-  }
-  return "?";
+  return std::array{"none", "selective", "unit", "full"}[static_cast<int>(r)];
 }
 
 bool IsCheapOp(ir::OpKind op) { return !ir::HasProp(op, ir::kOpCostly); }

@@ -232,15 +232,34 @@ std::string PartitionDot(const PartitionPlan& p) {
   return os.str();
 }
 
-std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages, nlohmann::ordered_json other_data) {
+std::string ChromeTraceJson(int32_t num_stages, const std::string& lane1, nlohmann::ordered_json spans,
+                            nlohmann::ordered_json other_data) {
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
   for (int32_t s = 0; s < num_stages; ++s) {
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
                       {"args", {{"name", "stage " + std::to_string(s)}}}});
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"sort_index", s}}}});
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 1}, {"args", {{"name", "transfers"}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 1}, {"args", {{"name", lane1}}}});
   }
+  for (nlohmann::ordered_json& e : spans) events.push_back(std::move(e));
+  nlohmann::ordered_json j;
+  j["traceEvents"] = std::move(events);
+  j["displayTimeUnit"] = "ms";
+  j["otherData"] = std::move(other_data);
+  return j.dump(1) + "\n";
+}
+
+nlohmann::ordered_json ChromeSpan(const std::string& name, const std::string& category, double start_us, double dur_us,
+                                  int32_t stage, int32_t lane, int32_t microbatch) {
+  nlohmann::ordered_json ev = {{"name", name},  {"cat", category}, {"ph", "X"},  {"ts", start_us},
+                               {"dur", dur_us}, {"pid", stage},    {"tid", lane}};
+  if (microbatch >= 0) ev["args"] = {{"microbatch", microbatch}};
+  return ev;
+}
+
+std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages, nlohmann::ordered_json other_data) {
+  nlohmann::ordered_json spans = nlohmann::ordered_json::array();
   for (const ScheduleEvent& e : timeline.events) {
     std::string name, cat;
     int tid = 0;
@@ -258,16 +277,9 @@ std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages
         tid = 1;
         break;
     }
-    nlohmann::ordered_json ev = {{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", e.start_s * 1e6},
-                                 {"dur", (e.end_s - e.start_s) * 1e6}, {"pid", e.stage}, {"tid", tid}};
-    if (e.microbatch >= 0) ev["args"] = {{"microbatch", e.microbatch}};
-    events.push_back(std::move(ev));
+    spans.push_back(ChromeSpan(name, cat, e.start_s * 1e6, (e.end_s - e.start_s) * 1e6, e.stage, tid, e.microbatch));
   }
-  nlohmann::ordered_json j;
-  j["traceEvents"] = std::move(events);
-  j["displayTimeUnit"] = "ms";
-  j["otherData"] = std::move(other_data);
-  return j.dump(1) + "\n";
+  return ChromeTraceJson(num_stages, "transfers", std::move(spans), std::move(other_data));
 }
 
 std::string ScheduleTraceJson(const PartitionPlan& p) {
@@ -277,19 +289,15 @@ std::string ScheduleTraceJson(const PartitionPlan& p) {
                             {"bubble_fraction", p.bubble_fraction}});
 }
 
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  return io::WriteFileAtomically(path, contents);
-}
-
 absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return INVALID_ARGUMENT() << dir << ": cannot create the output folder: " << ec.message();
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/plan.json", PlanToJson(plan).dump(2) + "\n"));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.txt", ReportText(plan)));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.html", ReportHtml(plan)));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/partition.dot", PartitionDot(plan)));
-  RETURN_IF_ERROR(WriteFileAtomic(dir + "/schedule.trace.json", ScheduleTraceJson(plan)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/plan.json", PlanToJson(plan).dump(2) + "\n"));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/report.txt", ReportText(plan)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/report.html", ReportHtml(plan)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/partition.dot", PartitionDot(plan)));
+  RETURN_IF_ERROR(io::WriteFileAtomically(dir + "/schedule.trace.json", ScheduleTraceJson(plan)));
   return absl::OkStatus();
 }
 

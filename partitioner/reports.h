@@ -26,13 +26,17 @@ std::string PartitionDot(const PartitionPlan& plan);
 std::string ScheduleTraceJson(const PartitionPlan& plan);
 // The Chrome trace of a simulated step (schedule.h's events), `other_data` as its "otherData".
 std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages, nlohmann::ordered_json other_data);
+// A Chrome trace of `num_stages` stages (pid = stage; tid 0 named "compute", tid 1 `lane1`) holding
+// `spans` (ChromeSpan), times in microseconds.
+std::string ChromeTraceJson(int32_t num_stages, const std::string& lane1, nlohmann::ordered_json spans,
+                            nlohmann::ordered_json other_data);
+// One complete ("X") event; a micro-batch >= 0 goes into its args.
+nlohmann::ordered_json ChromeSpan(const std::string& name, const std::string& category, double start_us, double dur_us,
+                                  int32_t stage, int32_t lane, int32_t microbatch);
 
 // Writes plan.json, report.txt, report.html, partition.dot and schedule.trace.json into `dir`
 // (created if missing).
 absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir);
-
-// Atomic write of one file (the folder must exist).
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
 // "12.5 ms", "1.23 s"
 std::string FormatMs(double ms);

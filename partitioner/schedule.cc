@@ -5,6 +5,7 @@
 #include "partitioner/schedule.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -26,29 +27,10 @@ int64_t InFlightMicrobatches(ScheduleKind kind, int64_t num_stages, int64_t stag
   return std::max<int64_t>(1, std::min(microbatches, num_stages - stage));
 }
 
-const char* ActionKindName(ActionKind k) {
-  switch (k) {
-    case ActionKind::kForward:
-      return "F";
-    case ActionKind::kBackward:
-      return "B";
-    case ActionKind::kRecompute:
-      return "R";
-    case ActionKind::kRecvActivation:
-      return "RECV_ACT";
-    case ActionKind::kSendActivation:
-      return "SEND_ACT";
-    case ActionKind::kRecvGradient:
-      return "RECV_GRAD";
-    case ActionKind::kSendGradient:
-      return "SEND_GRAD";
-    case ActionKind::kOptimizerStep:
-      return "O";
-  }
-  return "?";
-}
-
 namespace {
+
+// By ActionKind.
+constexpr const char* kActionKindNames[] = {"F", "B", "R", "RECV_ACT", "SEND_ACT", "RECV_GRAD", "SEND_GRAD", "O"};
 
 bool IsCompute(ActionKind k) {
   return k == ActionKind::kForward || k == ActionKind::kBackward || k == ActionKind::kRecompute;
@@ -57,6 +39,8 @@ bool IsRecv(ActionKind k) { return k == ActionKind::kRecvActivation || k == Acti
 bool IsSend(ActionKind k) { return k == ActionKind::kSendActivation || k == ActionKind::kSendGradient; }
 
 }  // namespace
+
+const char* ActionKindName(ActionKind k) { return kActionKindNames[static_cast<int>(k)]; }
 
 std::string ActionToString(const Action& a) {
   std::string s = ActionKindName(a.kind);
@@ -79,19 +63,13 @@ absl::StatusOr<Action> ParseAction(std::string_view s) {
     a.kind = ActionKind::kOptimizerStep;
     return a;
   }
-  static const std::pair<const char*, ActionKind> kNames[] = {{"RECV_ACT", ActionKind::kRecvActivation},
-                                                              {"SEND_ACT", ActionKind::kSendActivation},
-                                                              {"RECV_GRAD", ActionKind::kRecvGradient},
-                                                              {"SEND_GRAD", ActionKind::kSendGradient},
-                                                              {"F", ActionKind::kForward},
-                                                              {"B", ActionKind::kBackward},
-                                                              {"R", ActionKind::kRecompute}};
+  // The longest name that prefixes s ("RECV_ACT" before "R"; "O" takes no micro-batch and fails below).
   size_t at = std::string_view::npos;
-  for (const auto& [name, kind] : kNames) {
-    if (s.substr(0, std::string_view(name).size()) == name) {
-      a.kind = kind;
-      at = std::string_view(name).size();
-      break;
+  for (int k = 0; k < static_cast<int>(std::size(kActionKindNames)); ++k) {
+    const std::string_view name = kActionKindNames[k];
+    if (s.substr(0, name.size()) == name && (at == std::string_view::npos || name.size() > at)) {
+      a.kind = static_cast<ActionKind>(k);
+      at = name.size();
     }
   }
   if (at == std::string_view::npos) return bad();

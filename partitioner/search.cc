@@ -139,7 +139,7 @@ class Searcher {
   Prefix<double> Rfull_;
   Prefix<double> R_[3];
   Prefix<int64_t> S_[3];
-  std::vector<int64_t> Remat_;
+  Prefix<int64_t> Remat_;
   int64_t capacity_ = 0;
   std::vector<Move> moves_;
   std::vector<double> cost_;  // [k][i][j]
@@ -217,11 +217,8 @@ double Searcher::SegmentCost(int32_t i, int32_t j, int32_t k, std::vector<UnitRe
         return fits(base + n * S_[0].Range(i, j)) ? fb : kInf;
       case RecomputePolicy::kSelective:
         return fits(base + n * S_[1].Range(i, j) + t_.rematerialised[1][j - 1]) ? fb + R_[1].Range(i, j) : kInf;
-      default: {
-        int64_t remat = 0;
-        for (int32_t u = i; u < j; ++u) remat += Remat_[u];
-        return fits(base + n * t_.in_forward[i] + remat) ? fb + Rfull_.Range(i, j) : kInf;
-      }
+      default:
+        return fits(base + n * t_.in_forward[i] + Remat_.Range(i, j)) ? fb + Rfull_.Range(i, j) : kInf;
     }
   }
   // auto
@@ -235,9 +232,7 @@ double Searcher::SegmentCost(int32_t i, int32_t j, int32_t k, std::vector<UnitRe
   // Cheapest per-unit recompute that fits, else the whole stage.
   const int64_t most = base + margin + n * S_[2].Range(i, j);
   if (!fits(most)) {
-    int64_t remat = 0;
-    for (int32_t u = i; u < j; ++u) remat += Remat_[u];
-    if (fits(base + margin + n * t_.in_forward[i] + remat)) {
+    if (fits(base + margin + n * t_.in_forward[i] + Remat_.Range(i, j))) {
       fixed_choice(UnitRecompute::kStage);
       return fb + Rfull_.Range(i, j);
     }
@@ -552,9 +547,8 @@ absl::StatusOr<int64_t> Searcher::SmallestPeakMemory() {
       for (int32_t j = i + 1; j <= U_ - (K_ - 1 - k); ++j) {
         int64_t mem = 0;
         if (policy_ == RecomputePolicy::kAuto) {  // its most frugal choice: recompute the whole stage
-          int64_t remat = 0;
-          for (int32_t u = i; u < j; ++u) remat += Remat_[u];
-          mem = P_.Range(i, j) + Boundary(i, j) + t_.in_backward[j] + InFlight(k) * t_.in_forward[i] + remat;
+          mem =
+              P_.Range(i, j) + Boundary(i, j) + t_.in_backward[j] + InFlight(k) * t_.in_forward[i] + Remat_.Range(i, j);
         } else {
           SegmentCost(i, j, k, nullptr, &mem);
         }

@@ -8,6 +8,7 @@
 #include "partitioner/stage_program.h"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <set>
 
@@ -22,19 +23,8 @@ using ir::AlignUp;
 
 enum class Phase : uint8_t { kNone, kForward, kBackward, kPost };
 
-const char* ListName(Phase p) {
-  switch (p) {
-    case Phase::kForward:
-      return "forward";
-    case Phase::kBackward:
-      return "backward";
-    case Phase::kPost:
-      return "optimizer";
-    case Phase::kNone:
-      break;
-  }
-  return "?";
-}
+// plan.json's name of the list a phase's nodes are under.
+const char* ListName(Phase p) { return std::array{"?", "forward", "backward", "optimizer"}[static_cast<int>(p)]; }
 
 bool Contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 

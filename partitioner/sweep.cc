@@ -77,11 +77,7 @@ SweepRow SweepPoint(const PartitionContext& ctx, const PartitionOptions& base, i
   o.batch = batch;
   o.microbatches = microbatches;
   o.num_stages = stages;
-  SweepRow r;
-  r.batch = batch;
-  r.microbatches = microbatches;
-  r.stages = stages;
-  r.microbatch_size = batch / microbatches;
+  SweepRow r = InvalidSweepRow(batch, microbatches, stages, /*why=*/"");
   auto fill = [&](const PartitionPlan& p) {
     r.step_ms = p.step_ms;
     r.samples_per_s = p.samples_per_s;
@@ -98,7 +94,6 @@ SweepRow SweepPoint(const PartitionContext& ctx, const PartitionOptions& base, i
     return r;
   }
   if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
-    r.status = "invalid";
     r.note = std::string(plan.status().message());
     return r;
   }

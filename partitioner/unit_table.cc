@@ -12,15 +12,7 @@
 #include "partitioner/memory_planner.h"
 
 namespace onnxpipe::partitioner {
-namespace {
-
 using ir::AlignUp;
-
-bool IsUpdateOp(ir::OpKind op) {
-  return op == ir::OpKind::kSGDUpdate || op == ir::OpKind::kAdamWUpdate;
-}
-
-}  // namespace
 
 UnitTable BuildUnitTable(const GraphAnalysis& a, const std::vector<double>& node_seconds,
                          const DeviceProfile& device, int64_t alignment) {

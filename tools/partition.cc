@@ -1,13 +1,14 @@
 // onnxpipe partition: cut a model's training graph into pipeline stages that fit the devices and
 // write the plan with its reports (partitioner/). Offline: no GPU needed.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 
-#include <unistd.h>
-
 #include "executor/backend/backend.h"
+#include "executor/io/atomic_file.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/stage_export.h"
 #include "partitioner/partitioner.h"
@@ -164,9 +165,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     const std::string config = std::string(part::ScheduleName(o.schedule)) + ", recompute " +
                                part::RecomputePolicyName(o.recompute) + ", " + part::PrecisionName(o.precision) +
                                ", " + f.optimizer;
-    RETURN_IF_ERROR(part::WriteFileAtomic(f.out + "/sweep.csv", part::SweepCsv(rows, capacity)));
-    RETURN_IF_ERROR(part::WriteFileAtomic(f.out + "/sweep.html",
-                                          part::SweepHtml(rows, o.model, device, capacity, config)));
+    RETURN_IF_ERROR(io::WriteFileAtomically(f.out + "/sweep.csv", part::SweepCsv(rows, capacity)));
+    RETURN_IF_ERROR(
+        io::WriteFileAtomically(f.out + "/sweep.html", part::SweepHtml(rows, o.model, device, capacity, config)));
     std::printf("wrote %s/sweep.csv and %s/sweep.html (%.2f s)\n", f.out.c_str(), f.out.c_str(), Since(t0));
     return absl::OkStatus();
   }

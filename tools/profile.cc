@@ -11,6 +11,7 @@
 #include <random>
 
 #include "executor/backend/backend.h"
+#include "executor/io/atomic_file.h"
 #include "frontend/ir/status.h"
 #include "partitioner/calibrate.h"
 #include "partitioner/cost_model.h"
@@ -297,7 +298,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     per_op[std::string(ir::OpName(n.op))] += ms;
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
-  RETURN_IF_ERROR(part::WriteFileAtomic(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
+  RETURN_IF_ERROR(io::WriteFileAtomically(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
   std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n", times.model.c_str(),
               order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats), f.backend.c_str());
   if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty())
@@ -331,7 +332,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   if (!f.device_out.empty()) {
     nlohmann::ordered_json j = part::DeviceToJson(c.device);
     j.erase("source");  // (not a key of the device file format)
-    RETURN_IF_ERROR(part::WriteFileAtomic(f.device_out, j.dump(1) + "\n"));
+    RETURN_IF_ERROR(io::WriteFileAtomically(f.device_out, j.dump(1) + "\n"));
     std::printf("wrote %s (use it as --device %s)\n", f.device_out.c_str(), f.device_out.c_str());
   }
   return absl::OkStatus();

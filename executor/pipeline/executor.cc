@@ -12,6 +12,7 @@
 #include "executor/pipeline/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -95,21 +96,16 @@ absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
   return dims;
 }
 
+// A comm failure annotated with what was being done; a peer's abort passes as it is (the root cause is the peer's).
+absl::Status CommError(const absl::Status& st, const std::string& what) {
+  return st.ok() || comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
+}
+
 std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
 
 }  // namespace
 
-const char* StepPhaseName(StepPhase p) {
-  switch (p) {
-    case StepPhase::kForward:
-      return "forward";
-    case StepPhase::kBackward:
-      return "backward";
-    case StepPhase::kPost:
-      return "optimizer";
-  }
-  return "?";
-}
+const char* StepPhaseName(StepPhase p) { return std::array{"forward", "backward", "optimizer"}[static_cast<int>(p)]; }
 
 PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
   Uses u;
@@ -228,6 +224,12 @@ class PipelineExecutor::StageRun {
   };
 
   double Now() const { return std::chrono::duration<double, std::micro>(Clock::now() - t0_).count(); }
+  // Ends an action that began at Now() == `start`: traces it and returns its seconds.
+  double Traced(double start, int32_t lane, std::string name, const char* category, int32_t m) {
+    const double end = Now();
+    trace.push_back({sp_.stage, lane, std::move(name), category, m, start, end - start});
+    return (end - start) * 1e-6;
+  }
   backend::ExecContext Context(int32_t m) const {
     // The trainer's stream (offset = step) at the micro-batch's rows: masks are the full batch's.
     const int64_t rows = ex_.microbatch_size_;
@@ -340,16 +342,13 @@ class PipelineExecutor::StageRun {
     }
     if (absl::Status end = comm_.GroupEnd(); st.ok()) st = end;
     if (!st.ok()) {
-      if (comm::IsAbortedByPeer(st)) return st;
       std::string names;
       for (ir::ValueId v : values) names += (names.empty() ? "'" : ", '") + sp_.graph.value(v).name + "'";
-      return Annotate(st, where + ": receiving " + names + " from stage " + std::to_string(peer));
+      return CommError(st, where + ": receiving " + names + " from stage " + std::to_string(peer));
     }
     for (size_t i = 0; i < values.size(); ++i) RETURN_IF_ERROR(Put(t, m, values[i], into[i]));
-    const double end = Now();
-    measure.recv_wait_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 1, std::string("recv ") + phase + std::to_string(m) + " from " + std::to_string(peer),
-                     "recv", m, start, end - start});
+    measure.recv_wait_s +=
+        Traced(start, 1, std::string("recv ") + phase + std::to_string(m) + " from " + std::to_string(peer), "recv", m);
     return absl::OkStatus();
   }
 
@@ -428,10 +427,8 @@ class PipelineExecutor::StageRun {
       }
       if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
       for (int32_t peer : sends[v]) {
-        absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k], stream_);
-        if (!st.ok())
-          return comm::IsAbortedByPeer(st) ? st
-                                           : Annotate(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'");
+        const absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k], stream_);
+        RETURN_IF_ERROR(CommError(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'"));
         Release(t, v);
       }
     }
@@ -473,9 +470,7 @@ class PipelineExecutor::StageRun {
     measure.saved_bytes = std::max(measure.saved_bytes, t.footprint);
     ++measure.microbatches_forwarded;
     SampleInFlight();
-    const double end = Now();
-    measure.forward_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 0, "F" + std::to_string(m), "forward", m, start, end - start});
+    measure.forward_s += Traced(start, 0, "F" + std::to_string(m), "forward", m);
     return absl::OkStatus();
   }
 
@@ -492,11 +487,10 @@ class PipelineExecutor::StageRun {
     const double start = Now();
     for (int32_t i = p.begin; i < p.end; ++i)
       RETURN_IF_ERROR(RunMicrobatchNode(sp_.backward[i], m, StepPhase::kBackward, t));
-    const double end = Now();
-    measure.backward_s += (end - start) * 1e-6;
-    if (recompute) measure.recompute_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 0, (recompute ? "R" : "B") + std::to_string(m), recompute ? "recompute" : "backward", m,
-                     start, end - start});
+    const double seconds =
+        Traced(start, 0, (recompute ? "R" : "B") + std::to_string(m), recompute ? "recompute" : "backward", m);
+    measure.backward_s += seconds;
+    if (recompute) measure.recompute_s += seconds;
     if (part + 1 < static_cast<int32_t>(sp_.parts.size())) return absl::OkStatus();
     for (ir::ValueId v : sp_.accumulate) {
       if (accumulated_count_[v] != m + 1) {
@@ -526,11 +520,9 @@ class PipelineExecutor::StageRun {
     const std::string what = Where(-1, StepPhase::kPost) + " " + NodeDesc(n) + ": all-reducing the gradient of '" +
                              n.origin + "' over stages {" + stages + "}";
     const double start = Now();
-    absl::Status st = comm_.AllReduce(mine, group, stream_);
-    const double end = Now();
-    measure.recv_wait_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 1, "all-reduce " + n.origin, "recv", -1, start, end - start});
-    if (!st.ok()) return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
+    const absl::Status st = comm_.AllReduce(mine, group, stream_);
+    measure.recv_wait_s += Traced(start, 1, "all-reduce " + n.origin, "recv", -1);
+    RETURN_IF_ERROR(CommError(st, what));
     if (ex_.options_.check_numerics) {
       ASSIGN_OR_RETURN(const bool finite, be_.AllFinite(mine, stream_));
       if (!finite) return FAILED_PRECONDITION() << what << " produced a non-finite value";
@@ -548,9 +540,8 @@ class PipelineExecutor::StageRun {
       pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? lr_device_ : step_device_);
     }
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
-      absl::Status st = comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x, stream_);
-      if (st.ok() || comm::IsAbortedByPeer(st)) return st;
-      return Annotate(st, Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
+      return CommError(comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x, stream_),
+                       Where(-1, StepPhase::kPost) + " sending '" + sg.value(v).name + "'");
     };
     auto recv = [&](int32_t peer, uint64_t kind, ir::ValueId v) -> absl::StatusOr<ir::Tensor> {
       const std::string what =
@@ -562,8 +553,8 @@ class PipelineExecutor::StageRun {
       const double r0 = Now();
       absl::Status st = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v), *into, stream_);
       measure.recv_wait_s += (Now() - r0) * 1e-6;
-      if (st.ok()) return into;
-      return comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
+      RETURN_IF_ERROR(CommError(st, what));
+      return into;
     };
     const std::map<ir::NodeId, std::vector<int>>& reduced = ex_.all_reduced_[sp_.stage];
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
@@ -611,9 +602,7 @@ class PipelineExecutor::StageRun {
       }
     }
     measure.optimizer_scratch_bytes = post_slots_.scratch_bytes();
-    const double end = Now();
-    measure.post_s += (end - start) * 1e-6;
-    trace.push_back({sp_.stage, 0, "O", "optimizer", -1, start, end - start});
+    measure.post_s += Traced(start, 0, "O", "optimizer", -1);
     return absl::OkStatus();
   }
 
@@ -858,32 +847,21 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
     for (const ir::Graph::StateUpdate& u : sp.state_updates) updated_somewhere |= sp.graph.value(u.state).name == name;
   }
   if (!updated_somewhere) return NOT_FOUND() << "no stage updates a state named '" << name << "'";
-  auto describe = [](const ir::Tensor& t) {
-    std::string out = std::string(ir::DTypeName(t.dtype())) + " (";
-    for (size_t i = 0; i < t.dims().size(); ++i) out += (i ? ", " : "") + std::to_string(t.dims()[i]);
-    return out + ")";
-  };
-  std::vector<ir::Value*> holders;
-  std::vector<backend::Stream*> holder_streams;
+  // A copy per holder (the optimizer phase updates each stage's states in place), set once all are made.
+  std::vector<std::pair<ir::Value*, ir::Tensor>> copies;
   for (size_t s = 0; s < program_.stages.size(); ++s) {
     StageProgram& sp = program_.stages[s];
     const ir::ValueId v = sp.graph.FindValue(name);
     if (v == ir::kNoValue || !sp.graph.value(v).constant) continue;
     const ir::Tensor& held = *sp.graph.value(v).constant;
     if (value.dtype() != held.dtype() || value.dims() != held.dims()) {
-      return INVALID_ARGUMENT() << "state '" << name << "' is " << describe(held) << " on stage " << sp.stage
-                                << ", not " << describe(value);
+      return INVALID_ARGUMENT() << "state '" << name << "' is " << comm::DescribeTensor(held) << " on stage "
+                                << sp.stage << ", not " << comm::DescribeTensor(value);
     }
-    holders.push_back(&sp.graph.value(v));
-    holder_streams.push_back(streams_[s].get());
+    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, streams_[s].get()));
+    copies.emplace_back(&sp.graph.value(v), std::move(c));
   }
-  // A copy per holder: the optimizer phase updates each stage's states in place.
-  std::vector<ir::Tensor> copies;
-  for (size_t i = 0; i < holders.size(); ++i) {
-    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, holder_streams[i]));
-    copies.push_back(std::move(c));
-  }
-  for (size_t i = 0; i < holders.size(); ++i) holders[i]->constant = std::move(copies[i]);
+  for (auto& [holder, c] : copies) holder->constant = std::move(c);
   return absl::OkStatus();
 }
 

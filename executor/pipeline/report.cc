@@ -32,14 +32,13 @@ std::vector<StageMeans> Means(const std::vector<PipelineStepResult>& steps, int3
     for (int32_t s = 0; s < K; ++s) {
       const StageMeasure& m = steps[k].stages[s];
       StageMeasure& w = out[s].worst;
-      w.saved_bytes = std::max(w.saved_bytes, m.saved_bytes);
-      w.activations_peak = std::max(w.activations_peak, m.activations_peak);
-      w.transient_bytes = std::max(w.transient_bytes, m.transient_bytes);
-      w.arena_bytes = std::max(w.arena_bytes, m.arena_bytes);
+      for (int64_t StageMeasure::*f :
+           {&StageMeasure::saved_bytes, &StageMeasure::activations_peak, &StageMeasure::transient_bytes,
+            &StageMeasure::arena_bytes, &StageMeasure::accumulator_bytes, &StageMeasure::workspace_bytes,
+            &StageMeasure::optimizer_scratch_bytes}) {
+        w.*f = std::max(w.*f, m.*f);
+      }
       w.max_in_flight = std::max(w.max_in_flight, m.max_in_flight);
-      w.accumulator_bytes = std::max(w.accumulator_bytes, m.accumulator_bytes);
-      w.workspace_bytes = std::max(w.workspace_bytes, m.workspace_bytes);
-      w.optimizer_scratch_bytes = std::max(w.optimizer_scratch_bytes, m.optimizer_scratch_bytes);
       w.bytes_sent = m.bytes_sent;
       w.bytes_received = m.bytes_received;
       if (k < first) continue;
@@ -68,25 +67,13 @@ std::string Bytes(int64_t b) {
 }  // namespace
 
 std::string MeasuredTraceJson(const PipelineStepResult& step, int32_t num_stages, const std::string& model) {
-  ojson events = ojson::array();
-  for (int32_t s = 0; s < num_stages; ++s) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
-                      {"args", {{"name", "stage " + std::to_string(s)}}}});
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"sort_index", s}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", s}, {"tid", 1}, {"args", {{"name", "receive waits"}}}});
-  }
+  ojson spans = ojson::array();
   for (const TraceEvent& e : step.trace) {
-    ojson ev = {{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"ts", e.start_us},
-                {"dur", e.dur_us}, {"pid", e.stage}, {"tid", e.lane}};
-    if (e.microbatch >= 0) ev["args"] = {{"microbatch", e.microbatch}};
-    events.push_back(std::move(ev));
+    spans.push_back(partitioner::ChromeSpan(e.name, e.category, e.start_us, e.dur_us, e.stage, e.lane, e.microbatch));
   }
-  ojson j;
-  j["traceEvents"] = std::move(events);
-  j["displayTimeUnit"] = "ms";
-  j["otherData"] = {{"generator", "onnxpipe train (measured)"}, {"model", model}, {"step_ms", step.seconds * 1e3}};
-  return j.dump(1) + "\n";
+  return partitioner::ChromeTraceJson(
+      num_stages, "receive waits", std::move(spans),
+      {{"generator", "onnxpipe train (measured)"}, {"model", model}, {"step_ms", step.seconds * 1e3}});
 }
 
 absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,

@@ -6,27 +6,18 @@
 
 #include "executor/pipeline/report.h"
 #include "nlohmann/json.hpp"
+#include "partitioner/reports.h"
 
 namespace onnxpipe::pipeline {
 namespace {
+
+using partitioner::HtmlEscape;
 
 struct Bar {
   int stage = 0, lane = 0;
   std::string name;
   double start = 0, dur = 0;
 };
-
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
-}
 
 // A JSON number with three decimals (integers as they are).
 std::string Num(const nlohmann::ordered_json& v) {
@@ -54,7 +45,7 @@ std::string Gantt(const std::string& title, const std::vector<Bar>& bars, int32_
   std::ostringstream os;
   char ms[32];
   std::snprintf(ms, sizeof(ms), "%.3f", end / 1000.0);
-  os << "<h3>" << Escape(title) << " — " << ms << " ms</h3>\n";
+  os << "<h3>" << HtmlEscape(title) << " — " << ms << " ms</h3>\n";
   os << "<svg width=\"" << width + left + 10 << "\" height=\"" << stages * row + 20 << "\" font-size=\"10\">\n";
   for (int32_t s = 0; s < stages; ++s) {
     os << "<text x=\"2\" y=\"" << s * row + 20 << "\">stage " << s << "</text>\n";
@@ -66,9 +57,9 @@ std::string Gantt(const std::string& title, const std::vector<Bar>& bars, int32_
     const char* fill = b.lane == 1 ? "#e06666" : b.name.rfind("F", 0) == 0 ? "#6fa8dc" : b.name.rfind("B", 0) == 0 ? "#93c47d" : "#999";
     const int y = b.stage * row + (b.lane == 1 ? 24 : 4), h = b.lane == 1 ? 6 : 18;
     os << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << h << "\" fill=\"" << fill
-       << "\"><title>" << Escape(b.name) << ": " << b.dur / 1000.0 << " ms</title></rect>\n";
+       << "\"><title>" << HtmlEscape(b.name) << ": " << b.dur / 1000.0 << " ms</title></rect>\n";
     if (b.lane == 0 && w > 14) {
-      os << "<text x=\"" << x + 2 << "\" y=\"" << y + 13 << "\" fill=\"white\">" << Escape(b.name) << "</text>\n";
+      os << "<text x=\"" << x + 2 << "\" y=\"" << y + 13 << "\" fill=\"white\">" << HtmlEscape(b.name) << "</text>\n";
     }
   }
   os << "</svg>\n";
@@ -84,9 +75,9 @@ std::string RunReportHtml(const nlohmann::ordered_json& measured, const std::str
   os << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>onnxpipe pipelined run</title>\n"
      << "<style>body{font-family:sans-serif;margin:20px}table{border-collapse:collapse}"
      << "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}</style></head><body>\n";
-  os << "<h2>Pipelined run: " << Escape(measured.value("model", "")) << "</h2>\n<p>" << K << " stages, "
+  os << "<h2>Pipelined run: " << HtmlEscape(measured.value("model", "")) << "</h2>\n<p>" << K << " stages, "
      << measured["config"]["microbatches"] << " micro-batches of " << measured["config"]["microbatch_size"] << ", "
-     << Escape(measured["config"]["schedule"].get<std::string>()) << "; measured step "
+     << HtmlEscape(measured["config"]["schedule"].get<std::string>()) << "; measured step "
      << Num(measured["measured"]["step_ms"]) << " ms (" << Num(measured["measured"]["samples_per_s"])
      << " samples/s, mean over the steps after the first).</p>\n";
   os << "<h3>Memory per stage (bytes): high-water measured | planned</h3>\n<table><tr><th>stage</th>"

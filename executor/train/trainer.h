@@ -48,10 +48,8 @@ class Trainer : public StepTrainer {
   // The trainable parameters (current values in the training dtype; f32 masters under bf16), by
   // initializer name.
   std::map<std::string, ir::Tensor> Parameters() const override;
-  // Float initializers the loss does not depend on (not trained; worth a warning) and those
-  // frozen by the regex.
+  // Float initializers the loss does not depend on (not trained; worth a warning).
   const std::vector<std::string>& unreachable_parameters() const override { return tg_.unreachable; }
-  const std::vector<std::string>& frozen_parameters() const { return tg_.frozen; }
   int64_t num_trainable_parameters() const override { return tg_.num_trainable_parameters(); }
   int64_t optimizer_state_bytes() const { return tg_.optimizer.state_bytes; }
 
