@@ -26,8 +26,8 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   const ir::Tensor& v = in[2];
   for (int i = 0; i < 3; ++i) {
     if (in[i].dtype() != q.dtype()) {
-      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
-                                << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(q.dtype());
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype " << ir::DTypeName(in[i].dtype())
+                                << ", expected " << ir::DTypeName(q.dtype());
     }
   }
   ASSIGN_OR_RETURN(const AttentionShape shape, GetAttentionShape(node, q, k, v));
@@ -74,7 +74,13 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   return DispatchDType(FloatTypes{}, node, "input 0", q.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, q.dtype(), shape.out_dims));
-    if (out.num_elements() == 0) return std::vector<ir::Tensor>{out};
+    ir::Tensor stats;  // (batch..., Sq) f32, when the node has the output
+    if (WantsOutput(node, 1)) {
+      std::vector<int64_t> dims = batch;
+      dims.push_back(sq);
+      ASSIGN_OR_RETURN(stats, AllocOutput(node, ctx, 1, ir::DType::kF32, dims));
+    }
+    if (out.num_elements() == 0) return std::vector<ir::Tensor>{out, stats};
     const T drop_scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
     // The layout asks for the keep mask whenever the node has dropout, training or not, so the
     // workspace used is the planned one (workspace.h).
@@ -99,7 +105,8 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       ParallelFor(sq, std::max<int64_t>(1, 4096 / std::max<int64_t>(sk, 1)), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           T* row = s + i * sk;
-          if (!SoftmaxScoreRow(row, i, sk, causal, smask)) continue;
+          float* lse = stats.defined() ? stats.mutable_data<float>() + t * sq + i : nullptr;
+          if (!SoftmaxScoreRow(row, i, sk, causal, smask, lse)) continue;
           if (dropout) {
             const int64_t base = counter_base + (t * sq + i) * sk;
             uint8_t* keep = keep_all + i * sk;
@@ -111,7 +118,7 @@ Outputs AttentionKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       Gemm<T>(false, false, sq, dv, sk, T(1), s, sk, v.data<T>() + MatrixOffset(shape, shape.v, t), shape.v.row, T(0),
               out.mutable_data<T>() + MatrixOffset(shape, shape.o, t), shape.o.row);
     }
-    return std::vector<ir::Tensor>{out};
+    return std::vector<ir::Tensor>{out, stats};
   });
 }
 REGISTER_CPU_KERNEL(kAttention, AttentionKernel);

@@ -27,12 +27,12 @@ struct MatrixLayout {
 // read, and O written, through the node's views (frontend/ir/attention_views.h) when it has them.
 struct AttentionShape {
   int64_t sq = 0, dh = 0, sk = 0, dv = 0;
-  std::vector<int64_t> batch;  // the broadcast batch dims
-  int64_t nbatch = 1;          // batch matrices
-  MatrixLayout q, k, v, o;     // in the Q, K, V buffers and in the output buffer
+  std::vector<int64_t> batch;     // the broadcast batch dims
+  int64_t nbatch = 1;             // batch matrices
+  MatrixLayout q, k, v, o;        // in the Q, K, V buffers and in the output buffer
   std::vector<int64_t> out_dims;  // the output buffer's dims (O's, or o_shape)
   bool views = false;             // the node reads or writes through a view
-  double scale = 1.0;               // attr scale, 1/sqrt(Dh) by default
+  double scale = 1.0;             // attr scale, 1/sqrt(Dh) by default
   bool causal = false;
   double ratio = 0.0;  // attr dropout, in [0, 1]
 };
@@ -57,9 +57,10 @@ struct ScoreMask {
 
 // Row i of the scaled scores (sk values, in place) -> the softmax over the keys that the causal
 // rule (key j visible from query i iff j <= i) and the mask leave, in double. False, with the row
-// zero-filled, when every key is masked.
+// zero-filled, when every key is masked. `lse` (optional): the log-sum-exp of the masked scores
+// (-inf when every key is masked), Attention's Stats.
 template <typename T>
-bool SoftmaxScoreRow(T* row, int64_t i, int64_t sk, bool causal, const ScoreMask& m) {
+bool SoftmaxScoreRow(T* row, int64_t i, int64_t sk, bool causal, const ScoreMask& m, float* lse = nullptr) {
   const int64_t visible = causal ? std::min(i + 1, sk) : sk;
   T mx = -std::numeric_limits<T>::infinity();
   for (int64_t j = 0; j < sk; ++j) {
@@ -79,6 +80,7 @@ bool SoftmaxScoreRow(T* row, int64_t i, int64_t sk, bool causal, const ScoreMask
   }
   if (mx == -std::numeric_limits<T>::infinity()) {
     std::fill(row, row + sk, T(0));
+    if (lse != nullptr) *lse = -std::numeric_limits<float>::infinity();
     return false;
   }
   double sum = 0;
@@ -86,6 +88,7 @@ bool SoftmaxScoreRow(T* row, int64_t i, int64_t sk, bool causal, const ScoreMask
     row[j] = std::exp(row[j] - mx);
     sum += row[j];
   }
+  if (lse != nullptr) *lse = static_cast<float>(static_cast<double>(mx) + std::log(sum));
   const double inv = 1.0 / sum;
   for (int64_t j = 0; j < sk; ++j) row[j] = static_cast<T>(row[j] * inv);
   return true;

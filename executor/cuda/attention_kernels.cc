@@ -25,13 +25,13 @@
 // to flash: its gradient dMask (a learned bias) runs on the host with the CPU's stream, which
 // cannot replay cuDNN's mask.
 //
-// Statistics. The Attention op has one output, O, and AttentionGrad reads (dO, Q, K, V, mask): no
-// softmax statistic crosses nodes, so flash's (row maximum, 1 / sum, D_i, internal to its
-// backward) and cuDNN's (the fp32 natural-log log-sum-exp, (B, H, Sq)) never meet. Both backwards
-// recompute: under cuDNN, AttentionGrad reruns cuDNN's forward into its workspace (O and the
-// stats, with the forward's dropout seed, so the same O) and runs cuDNN's backward on them. That
-// costs one forward per backward (0.2 of 1.33 ms at the benchmark shape) and O's bytes of
-// workspace; the forward's stats go to its own workspace and are dropped.
+// Statistics. Attention's optional output Stats is each row's fp32 natural-log log-sum-exp (op.h),
+// what cuDNN's forward computes; the flash forward writes it from its row maximum and sum. Autodiff
+// gives AttentionGrad the forward's O and Stats (inputs 5 and 6): cuDNN's backward reads them and
+// the forward is not run again. Without them (a graph built otherwise), AttentionGrad under cuDNN
+// re-runs cuDNN's forward into its workspace (O and the stats, with the forward's dropout seed, so
+// the same O): one forward per backward and O's bytes of workspace. The flash backward recomputes
+// its own statistics (row maximum, 1 / sum, D_i) either way.
 //
 // Dropout under cuDNN: cuDNN draws its own Philox numbers from a device int64 seed and offset, so
 // its mask is NOT the CPU's stream (same distribution, different elements; compare with the CPU at
@@ -138,6 +138,27 @@ std::optional<AttentionShapes> ShapesOf(const ir::Graph& g, const ir::Node& node
   return s;
 }
 
+// Attention's optional Stats output (f32, the attention's batch dims and Sq), allocated when the
+// node has it; an undefined tensor otherwise.
+absl::StatusOr<ir::Tensor> StatsOutput(const KernelContext& ctx, const ir::Node& node, std::vector<int64_t> batch,
+                                       int64_t sq) {
+  if (!WantsOutput(node, 1)) return ir::Tensor();
+  batch.push_back(sq);
+  return ctx.FullOutput(node, 1, ir::DType::kF32, batch);
+}
+
+// The forward's results as the node has outputs: O, and Stats when it has that output.
+std::vector<ir::Tensor> ForwardOutputs(const ir::Node& node, ir::Tensor o, ir::Tensor stats) {
+  std::vector<ir::Tensor> out = {std::move(o)};
+  if (node.outputs.size() > 1) out.push_back(std::move(stats));
+  return out;
+}
+
+// Whether an AttentionGrad node has the forward's O and Stats (inputs 5 and 6, op.h).
+bool HasForwardStats(const ir::Node& node) {
+  return node.inputs.size() > 6 && node.inputs[5] != ir::kNoValue && node.inputs[6] != ir::kNoValue;
+}
+
 // Element `offset` of `t` (a view's start).
 void* At(const ir::Tensor& t, int64_t offset) {
   return static_cast<char*>(const_cast<void*>(t.device_raw())) +
@@ -227,12 +248,15 @@ KernelResult FlashForward(const KernelContext& ctx, const ir::Node& node, const 
   if (!p || !AddDropout(ctx, node, *p)) return std::nullopt;
   absl::StatusOr<ir::Tensor> o = ctx.Output(node, 0, s->dtype, ir::AttentionOutputDims(node, p->out_dims));
   if (!o.ok()) return o.status();
-  if (o->num_elements() == 0) return std::vector<ir::Tensor>{*o};
+  absl::StatusOr<ir::Tensor> stats = StatsOutput(ctx, node, p->batch, p->geometry.sq);
+  if (!stats.ok()) return stats.status();
+  if (o->num_elements() == 0) return ForwardOutputs(node, *o, *stats);
+  if (stats->defined()) p->geometry.lse = static_cast<float*>(stats->device_raw());
   const void* mask = HasInput(in, 3) ? in[3].device_raw() : nullptr;
   absl::Status st = FlashAttentionForward(*p, At(in[0], s->offsets[0]), At(in[1], s->offsets[1]),
                                           At(in[2], s->offsets[2]), mask, At(*o, s->offsets[3]), ctx.stream);
   if (!st.ok()) return st;
-  return std::vector<ir::Tensor>{*o};
+  return ForwardOutputs(node, *o, *stats);
 }
 
 // dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) through the flash kernels (dMask? runs on the host).
@@ -491,21 +515,26 @@ absl::StatusOr<MaybeCudnn> Select(AttentionState& state, const ir::Node& node,
 constexpr int64_t kAlign = 256;
 
 // Byte offsets into a cuDNN node's planned workspace (-1: absent), each part 256-byte aligned:
-// [dropout seed, offset (int64 each) | backward: O (B, H, Sq, Dv) | stats (B, H, Sq) fp32 |
+// [dropout seed, offset (int64 each) | backward without the forward's O and Stats: O (B, H, Sq, Dv) |
+//  stats (B, H, Sq) fp32, unless the forward outputs them or the backward has them |
 //  backward: dQ, dK, dV scratch for gradients the node does not want | cuDNN's workspace].
 struct CudnnWorkspace {
-  int64_t seed = 0, o = -1, stats = 0, grad[3] = {-1, -1, -1}, cudnn = 0, cudnn_bytes = 0, total = 0;
+  int64_t seed = 0, o = -1, stats = -1, grad[3] = {-1, -1, -1}, cudnn = 0, cudnn_bytes = 0, total = 0;
 
-  CudnnWorkspace(const CudnnPlan& p, const ir::Node* backward_node) {
+  CudnnWorkspace(const CudnnPlan& p, const ir::Node& node, bool backward) {
     const AttentionConfig& c = p.config;
-    const int64_t elem = 2;  // bf16 / fp16
+    const int64_t elem = 2;                                 // bf16 / fp16
+    const bool rerun = backward && !HasForwardStats(node);  // the backward re-runs the forward
     int64_t at = kAlign;
-    if (backward_node != nullptr) {
+    if (rerun) {
       o = at;
       at += ir::AlignUp(c.batch * c.heads * c.seq_q * c.value_dim * elem, kAlign);
     }
-    stats = at;
-    at += ir::AlignUp(c.batch * c.heads * c.seq_q * 4, kAlign);
+    if (rerun || (!backward && !WantsOutput(node, 1))) {
+      stats = at;
+      at += ir::AlignUp(c.batch * c.heads * c.seq_q * 4, kAlign);
+    }
+    const ir::Node* backward_node = backward ? &node : nullptr;
     if (backward_node != nullptr) {
       int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
                                   c.batch * c.kv_heads * c.seq_kv * c.head_dim,
@@ -525,7 +554,7 @@ struct CudnnWorkspace {
       }
     }
     cudnn = at;
-    cudnn_bytes = backward_node != nullptr ? std::max(p.sizes.forward, p.sizes.backward) : p.sizes.forward;
+    cudnn_bytes = rerun ? std::max(p.sizes.forward, p.sizes.backward) : backward ? p.sizes.backward : p.sizes.forward;
     total = at + cudnn_bytes;
   }
 };
@@ -578,26 +607,30 @@ const void* MaskPointer(const std::vector<ir::Tensor>& in, size_t i) {
 
 KernelResult CudnnForward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
-  const CudnnWorkspace layout(p, /*backward_node=*/nullptr);
+  const CudnnWorkspace layout(p, node, /*backward=*/false);
   const AttentionShapes s = *ShapesOf(node, in, 0);
   std::vector<int64_t> o_dims = s.q;
   o_dims.back() = s.v.back();
   ASSIGN_OR_RETURN(ir::Tensor o, ctx.FullOutput(node, 0, in[0].dtype(), ir::AttentionOutputDims(node, o_dims)));
+  // cuDNN's Q has the attention's batch dims (K and V match them or have 1 head).
+  ASSIGN_OR_RETURN(ir::Tensor stats,
+                   StatsOutput(ctx, node, std::vector<int64_t>(s.q.begin(), s.q.end() - 2), s.q[s.q.size() - 2]));
   ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));
   AttentionForwardArgs a;
   a.q = At(in[0], s.offsets[0]), a.k = At(in[1], s.offsets[1]), a.v = At(in[2], s.offsets[2]);
   a.mask = MaskPointer(in, 3);
   a.dropout_seed = call.seed, a.dropout_offset = call.offset;
   a.o = At(o, s.offsets[3]);
-  a.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
+  a.stats = stats.defined() ? static_cast<float*>(stats.device_raw())
+                            : reinterpret_cast<float*>(call.workspace + layout.stats);
   RETURN_IF_ERROR(state.cudnn->Forward(call.config, a, call.workspace + layout.cudnn, layout.cudnn_bytes, ctx.stream));
   ++state.counts->cudnn;
-  return std::vector<ir::Tensor>{o};
+  return ForwardOutputs(node, o, stats);
 }
 
 KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const KernelContext& ctx, const ir::Node& node,
                            const std::vector<ir::Tensor>& in) {
-  const CudnnWorkspace layout(p, &node);
+  const CudnnWorkspace layout(p, node, /*backward=*/true);
   const AttentionShapes s = *ShapesOf(node, in, 1);
   std::vector<ir::Tensor> out(3);
   void* grads[3] = {};
@@ -614,15 +647,21 @@ KernelResult CudnnBackward(AttentionState& state, const CudnnPlan& p, const Kern
     }
     grads[i] = At(out[slot], s.offsets[i]);
   }
-  // The forward again (file comment): O and the stats cuDNN's backward reads.
+  // O and the stats cuDNN's backward reads: the forward's (inputs 5, 6), else the forward again
+  // (file comment).
   AttentionForwardArgs f;
   f.q = At(in[1], s.offsets[0]), f.k = At(in[2], s.offsets[1]), f.v = At(in[3], s.offsets[2]);
   f.mask = MaskPointer(in, 4);
   f.dropout_seed = call.seed, f.dropout_offset = call.offset;
-  f.o = call.workspace + layout.o;
-  f.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
   char* cudnn_ws = call.workspace + layout.cudnn;
-  RETURN_IF_ERROR(state.cudnn->Forward(call.config, f, cudnn_ws, layout.cudnn_bytes, ctx.stream));
+  if (HasForwardStats(node)) {
+    f.o = At(in[5], s.offsets[3]);
+    f.stats = static_cast<float*>(const_cast<void*>(in[6].device_raw()));
+  } else {
+    f.o = call.workspace + layout.o;
+    f.stats = reinterpret_cast<float*>(call.workspace + layout.stats);
+    RETURN_IF_ERROR(state.cudnn->Forward(call.config, f, cudnn_ws, layout.cudnn_bytes, ctx.stream));
+  }
   AttentionBackwardArgs b;
   b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.stats = f.stats;
   b.d_o = At(in[0], s.offsets[3]);
@@ -674,7 +713,7 @@ KernelResult AttentionGrad(AttentionState& state, const KernelContext& ctx, cons
 int64_t AttentionWorkspace(AttentionState& state, const ir::Graph& g, const ir::Node& node) {
   absl::StatusOr<MaybeCudnn> cudnn = Select(state, node, ShapesOf(g, node, 0));
 #ifdef ONNXPIPE_CUDNN_ATTENTION
-  if (cudnn.ok() && *cudnn) return CudnnWorkspace(**cudnn, /*backward_node=*/nullptr).total;
+  if (cudnn.ok() && *cudnn) return CudnnWorkspace(**cudnn, node, /*backward=*/false).total;
 #endif
   return 0;  // the flash forward takes none
 }
@@ -683,7 +722,7 @@ int64_t AttentionGradWorkspace(AttentionState& state, const ir::Graph& g, const 
   absl::StatusOr<MaybeCudnn> cudnn = Select(state, node, ShapesOf(g, node, 1));
   if (!cudnn.ok()) return 0;
 #ifdef ONNXPIPE_CUDNN_ATTENTION
-  if (*cudnn) return WantsOutput(node, 3) ? 0 : CudnnWorkspace(**cudnn, &node).total;
+  if (*cudnn) return WantsOutput(node, 3) ? 0 : CudnnWorkspace(**cudnn, node, /*backward=*/true).total;
 #endif
   return FlashBackwardWorkspace(g, node);
 }

@@ -81,6 +81,9 @@ struct FlashGeometry {
   uint64_t counter_base = 0;
   // Head dims padded to the kernels' tile width: 32, 64 or 128 (bf16: 64 or 128).
   int head_tile = 64;
+  // The forward's optional Stats output (nbatch, Sq) f32, contiguous: each row's natural-log
+  // log-sum-exp of its scaled, masked scores (-inf when every key is masked); null: not written.
+  float* lse = nullptr;
 };
 
 // Raw launches (callable from .cu code): dtype f32, f64 or bf16, cudaErrorInvalidValue for anything
@@ -130,8 +133,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
 // Scratch bytes FlashAttentionBackward takes for these wanted gradients: the row statistics (when
 // dK or dV is wanted) and full-batch copies of the gradients of broadcast (dense) operands, in
 // 256-byte aligned parts.
-int64_t FlashAttentionBackwardWorkspaceBytes(const FlashAttentionPlan& plan, bool want_dq, bool want_dk,
-                                             bool want_dv);
+int64_t FlashAttentionBackwardWorkspaceBytes(const FlashAttentionPlan& plan, bool want_dq, bool want_dk, bool want_dv);
 
 // o: (batch..., Sq, Dv) with o_strides. mask: null iff config.mask is kNone.
 absl::Status FlashAttentionForward(const FlashAttentionPlan& plan, const void* q, const void* k, const void* v,
@@ -142,11 +144,10 @@ struct FlashBackwardBuffers {
   const void *d_o = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr;
   // The operands' dims (and strides, where they have them); null: not wanted.
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  void* workspace = nullptr;                         // FlashAttentionBackwardWorkspaceBytes bytes
+  void* workspace = nullptr;  // FlashAttentionBackwardWorkspaceBytes bytes
   int64_t workspace_bytes = 0;
 };
-absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashBackwardBuffers& b,
-                                    cudaStream_t stream);
+absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashBackwardBuffers& b, cudaStream_t stream);
 
 #endif
 

@@ -204,8 +204,7 @@ __global__ void __launch_bounds__(kThreads, kQMinBlocks<D>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][n][e] *= scale;
     }
-    mma::StoreRows<D>(dq + OffsetOf(g, g.dq_stride, b), i0 + row0 + 16 * m, g.sq, g.dh, g.dq_ld, vec.dq, acc[m],
-                      lane);
+    mma::StoreRows<D>(dq + OffsetOf(g, g.dq_stride, b), i0 + row0 + 16 * m, g.sq, g.dh, g.dq_ld, vec.dq, acc[m], lane);
   }
 }
 

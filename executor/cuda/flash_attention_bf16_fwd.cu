@@ -149,6 +149,11 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<D>)
     for (int h = 0; h < 2; ++h) {
       const float total = mma::QuadSum(row_sum[2 * m + h]);
       const float f = total > 0.f ? drop_scale / total : 0.f;
+      // Scores are in log2 units (scale * log2 e): the natural log-sum-exp is ln 2 (max + log2 sum).
+      const int64_t i = i0 + row0 + 16 * m + r + 8 * h;
+      if (g.lse != nullptr && t == 0 && i < g.sq) {
+        g.lse[b * g.sq + i] = (row_max[2 * m + h] + log2f(total)) * 0.69314718055994531f;
+      }
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         acc[m][n][2 * h] *= f;

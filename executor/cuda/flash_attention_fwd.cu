@@ -135,6 +135,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int m = 0; m < 4; ++m) {
     const T total = GroupSum(row_sum[m]);
     const T f = total > T(0) ? drop_scale / total : T(0);
+    const int64_t i = i0 + arow + m;
+    if (g.lse != nullptr && cg == 0 && i < g.sq) {
+      g.lse[b * g.sq + i] = static_cast<float>(row_max[m] + log(static_cast<double>(total)));
+    }
 #pragma unroll
     for (int e = 0; e < D / 8; ++e) acc[m][e] *= f;
   }

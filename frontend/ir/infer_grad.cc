@@ -194,6 +194,11 @@ absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
   if (!ok) {
     return ctx.Error() << ctx.Describe(0) << " does not have the attention output's shape " << ShapeToString(o);
   }
+  // The forward's O (dO's shape) and Stats (f32), when given.
+  if (ctx.has_input(5)) RETURN_IF_ERROR(SameShape(ctx, 0, 5).status());
+  if (ctx.has_input(6) && ctx.dtype(6) != DType::kF32) {
+    return ctx.Error() << ctx.Describe(6) << ": the forward's Stats must be f32";
+  }
   Outputs out = {{ctx.dtype(1), ctx.shape(1)}, {ctx.dtype(2), ctx.shape(2)}, {ctx.dtype(3), ctx.shape(3)}};
   if (ctx.num_outputs() > 3) {
     if (!ctx.has_input(4) || !IsFloat(ctx.dtype(4))) {

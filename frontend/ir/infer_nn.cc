@@ -9,12 +9,11 @@ namespace onnxpipe::ir::infer_internal {
 namespace {
 
 // A dim two operands must agree on (a contraction dim); fails naming both operands.
-absl::StatusOr<Dim> Agree(const InferContext& ctx, const Dim& a, const Dim& b, const char* what,
-                          int ia, int ib) {
+absl::StatusOr<Dim> Agree(const InferContext& ctx, const Dim& a, const Dim& b, const char* what, int ia, int ib) {
   std::optional<Dim> d = UnifyDims(a, b);
   if (!d) {
-    return ctx.Error() << what << " differ: " << a.ToString() << " vs " << b.ToString() << " in "
-                       << ctx.Describe(ia) << " and " << ctx.Describe(ib);
+    return ctx.Error() << what << " differ: " << a.ToString() << " vs " << b.ToString() << " in " << ctx.Describe(ia)
+                       << " and " << ctx.Describe(ib);
   }
   return *d;
 }
@@ -34,8 +33,7 @@ absl::Status ExpectBroadcastsTo(const InferContext& ctx, int i, const Shape& to)
 absl::StatusOr<Outputs> MatMulRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
   if (ctx.rank(0) == 0 || ctx.rank(1) == 0)
-    return ctx.Error() << "operands must have rank >= 1: " << ctx.Describe(0) << ", "
-                       << ctx.Describe(1);
+    return ctx.Error() << "operands must have rank >= 1: " << ctx.Describe(0) << ", " << ctx.Describe(1);
   // numpy: a 1-D left operand is a row (1, K), a 1-D right operand a column (K, 1); the added dim
   // is dropped from the result.
   const bool a_vec = ctx.rank(0) == 1, b_vec = ctx.rank(1) == 1;
@@ -47,9 +45,8 @@ absl::StatusOr<Outputs> MatMulRule(const InferContext& ctx) {
   const Shape a_batch(a.begin(), a.end() - 2), b_batch(b.begin(), b.end() - 2);
   absl::StatusOr<Shape> batch = BroadcastShapes(ctx, {a_batch, b_batch});
   if (!batch.ok()) {
-    return ctx.Error() << "batch dims " << ShapeToString(a_batch) << " and "
-                       << ShapeToString(b_batch) << " do not broadcast: " << ctx.Describe(0) << ", "
-                       << ctx.Describe(1);
+    return ctx.Error() << "batch dims " << ShapeToString(a_batch) << " and " << ShapeToString(b_batch)
+                       << " do not broadcast: " << ctx.Describe(0) << ", " << ctx.Describe(1);
   }
   Shape out = *batch;
   if (!a_vec) out.push_back(a[a.size() - 2]);
@@ -132,8 +129,7 @@ absl::StatusOr<DType> StashType(const InferContext& ctx) {
     case 16:
       return DType::kBF16;
     default:
-      return ctx.Error() << "stash_type " << ctx.attrs().Get<int64_t>("stash_type", 1)
-                         << " is not a float type";
+      return ctx.Error() << "stash_type " << ctx.attrs().Get<int64_t>("stash_type", 1) << " is not a float type";
   }
 }
 
@@ -142,8 +138,7 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
   RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
   const Shape& x = ctx.shape(0);
-  ASSIGN_OR_RETURN(int64_t axis,
-                   ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
+  ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
   const Shape normalized(x.begin() + axis, x.end());
   RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 1, normalized));
   if (ctx.has_input(2)) {
@@ -182,11 +177,10 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
   const Shape &scores = ctx.shape(0), &labels = ctx.shape(1);
-  if (scores.size() < 2)
-    return ctx.Error() << "scores " << ctx.Describe(0) << " must be (N, C, ...)";
+  if (scores.size() < 2) return ctx.Error() << "scores " << ctx.Describe(0) << " must be (N, C, ...)";
   if (labels.size() + 1 != scores.size()) {
-    return ctx.Error() << "labels " << ctx.Describe(1) << " must have rank " << scores.size() - 1
-                       << " to match scores " << ctx.Describe(0);
+    return ctx.Error() << "labels " << ctx.Describe(1) << " must have rank " << scores.size() - 1 << " to match scores "
+                       << ctx.Describe(0);
   }
   // labels are (N, D1, ..., Dk) against scores (N, C, D1, ..., Dk).
   Shape per_item;
@@ -194,8 +188,7 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
     const Dim& s = scores[i == 0 ? 0 : i + 1];
     std::optional<Dim> d = UnifyDims(s, labels[i]);
     if (!d) {
-      return ctx.Error() << "labels " << ctx.Describe(1) << " do not match scores "
-                         << ctx.Describe(0)
+      return ctx.Error() << "labels " << ctx.Describe(1) << " do not match scores " << ctx.Describe(0)
                          << " (expected (N, D1, ..., Dk) of (N, C, D1, ..., Dk))";
     }
     per_item.push_back(*d);
@@ -203,8 +196,7 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   if (ctx.has_input(2)) {
     RETURN_IF_ERROR(ctx.ExpectSameDType(0, 2));
     if (ctx.rank(2) != 1 || !UnifyDims(ctx.shape(2)[0], scores[1]))
-      return ctx.Error() << "weights " << ctx.Describe(2)
-                         << " must be (C) with C = " << scores[1].ToString();
+      return ctx.Error() << "weights " << ctx.Describe(2) << " must be (C) with C = " << scores[1].ToString();
   }
   const std::string reduction = ctx.attrs().Get<std::string>("reduction", "mean");
   Outputs out;
@@ -233,12 +225,11 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
   const Shape qb(q.begin(), q.end() - 2), kb(k.begin(), k.end() - 2), vb(v.begin(), v.end() - 2);
   absl::StatusOr<Shape> batch = BroadcastShapes(ctx, {qb, kb, vb});
   if (!batch.ok()) {
-    return ctx.Error() << "batch dims of Q, K, V do not broadcast: " << ctx.Describe(0) << ", "
-                       << ctx.Describe(1) << ", " << ctx.Describe(2);
+    return ctx.Error() << "batch dims of Q, K, V do not broadcast: " << ctx.Describe(0) << ", " << ctx.Describe(1)
+                       << ", " << ctx.Describe(2);
   }
   const double dropout = ctx.attrs().Get<double>("dropout", 0.0);
-  if (!(dropout >= 0.0 && dropout < 1.0))
-    return ctx.Error() << "dropout " << dropout << " must be in [0, 1)";
+  if (!(dropout >= 0.0 && dropout < 1.0)) return ctx.Error() << "dropout " << dropout << " must be in [0, 1)";
   if (ctx.has_input(3)) {
     const std::string kind = ctx.attrs().Get<std::string>("mask_kind", "additive");
     if (kind == "bool") {
@@ -256,18 +247,24 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
   Shape out = *batch;
   out.push_back(sq);
   out.push_back(dv);
-  if (!HasAttentionView(ctx.node(), 3)) return One(ctx.dtype(0), std::move(out));
+  Shape stats = *batch;  // the optional output 1: f32 (..., Sq)
+  stats.push_back(sq);
+  auto with_stats = [&](Shape o) {
+    Outputs r = {{ctx.dtype(0), std::move(o)}};
+    if (ctx.num_outputs() > 1) r.push_back({DType::kF32, stats});
+    return r;
+  };
+  if (!HasAttentionView(ctx.node(), 3)) return with_stats(std::move(out));
   // O written in place into an output of dims o_shape, which its view must cover exactly.
   const std::vector<int64_t> o_shape = ctx.attrs().Get<std::vector<int64_t>>("o_shape", {});
   ASSIGN_OR_RETURN(const StridedView o, AttentionOutputView(ctx.node(), o_shape));
   int64_t numel = 1;
   for (int64_t d : o_shape) numel *= d;
   if (!IsConcrete(out) || o.dims != ToInts(out) || !CoversExactly(numel, {o})) {
-    return ctx.Error() << "o_view " << ShapeToString(FromInts(o.dims)) << " must be the output "
-                       << ShapeToString(out) << " and cover o_shape " << ShapeToString(FromInts(o_shape))
-                       << " exactly";
+    return ctx.Error() << "o_view " << ShapeToString(FromInts(o.dims)) << " must be the output " << ShapeToString(out)
+                       << " and cover o_shape " << ShapeToString(FromInts(o_shape)) << " exactly";
   }
-  return One(ctx.dtype(0), FromInts(o_shape));
+  return with_stats(FromInts(o_shape));
 }
 
 }  // namespace
@@ -293,8 +290,7 @@ void RegisterNnRules(RuleTable& t) {
   SetRule(t, OpKind::kMatMul, MatMulRule);
   SetRule(t, OpKind::kGemm, GemmRule);
   SetRule(t, OpKind::kLinear, LinearRule);
-  for (OpKind op : {OpKind::kReduceMean, OpKind::kReduceSum, OpKind::kReduceMax})
-    SetRule(t, op, ReduceRule);
+  for (OpKind op : {OpKind::kReduceMean, OpKind::kReduceSum, OpKind::kReduceMax}) SetRule(t, op, ReduceRule);
   SetRule(t, OpKind::kSoftmax, SoftmaxRule);
   SetRule(t, OpKind::kLogSoftmax, SoftmaxRule);
   SetRule(t, OpKind::kLayerNorm, LayerNormRule);

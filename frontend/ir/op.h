@@ -38,7 +38,10 @@
 //   attribute form [offset, dim, stride, ...]; the last stride 1): q_view, k_view, v_view read that
 //   operand in place from the input's buffer with the view's dims (Q, K, V may then be one value: a
 //   packed projection); o_view writes O in place into an output of dims o_shape (required with
-//   o_view), which the view covers exactly. The attention-layout pass sets them.
+//   o_view), which the view covers exactly. The attention-layout pass sets them. Optional output
+//   Stats: f32, O's dims through the views without the last ((..., Sq)), the natural-log
+//   log-sum-exp of each row's scaled, masked scores over its visible keys (-inf for a row with
+//   none); autodiff asks for it so that a backward may skip re-running the forward.
 // Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
 // Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
 // so once symbols are bound a memory planner need not keep their buffers alive for them.
@@ -77,8 +80,10 @@
 // - DropoutGrad(dY, mask?) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output,
 //   or without it the forward's mask regenerated from its random stream (attr rng_key = the
 //   forward's rng_key, else its name; as AttentionGrad), so the forward keeps no mask.
-// - AttentionGrad(dO, Q, K, V, mask?) attrs as the forward Attention -> dQ, dK, dV, dMask?. Recomputes
-//   the probabilities; with dropout > 0 it regenerates the forward's dropout mask from the same
+// - AttentionGrad(dO, Q, K, V, mask?, O?, Stats?) attrs as the forward Attention -> dQ, dK, dV,
+//   dMask?. O and Stats are the forward's outputs (O read through o_view, as dO): a kernel may take
+//   the probabilities from them (cuDNN's backward) or recompute them from Q, K and the mask (the
+//   CPU and flash kernels); with dropout > 0 it regenerates the forward's dropout mask from the same
 //   random stream: attr rng_key (string) = the forward's rng_key, else the forward node's name.
 //   dMask (an additive mask's gradient, in the mask's shape: the scores' gradient summed over the
 //   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
@@ -189,7 +194,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(LayerNorm, "LayerNorm", 2, 3, 1, 3, 0)                                                   \
   V(RMSNorm, "RMSNorm", 2, 2, 1, 2, 0)                                                       \
   V(Gelu, "Gelu", 1, 1, 1, 1, 0)                                                             \
-  V(Attention, "Attention", 3, 4, 1, 1, kOpGemm | kOpCostly)                                 \
+  V(Attention, "Attention", 3, 4, 1, 2, kOpGemm | kOpCostly)                                 \
   /* Gradient and training ops */                                                            \
   V(Sum, "Sum", 1, kVariadic, 1, 1, 0)                                                       \
   V(FusedMatMul, "FusedMatMul", 2, 2, 1, 1, kOpGemm | kOpCostly)                             \
@@ -209,7 +214,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
-  V(AttentionGrad, "AttentionGrad", 4, 5, 3, 4, kOpGemm | kOpCostly)                         \
+  V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1, 0)               \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \
   V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \

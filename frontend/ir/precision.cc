@@ -33,6 +33,7 @@ bool KeepsF32Output(OpKind op, int index) {
   switch (op) {
     case OpKind::kLayerNorm: return index == 1 || index == 2;
     case OpKind::kRMSNorm: return index == 1;
+    case OpKind::kAttention: return index == 1;  // Stats
     default: return false;
   }
 }

@@ -16,7 +16,7 @@ inline bool IsHalf(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 
 // Output `index` of `op` stays f32 when the op reads half-precision activations: the
 // normalisation statistics (ONNX's stash_type, float by default): LayerNorm's Mean and InvStdDev,
-// RMSNorm's InvStdDev. Every backend computing a half node keeps these outputs f32.
+// RMSNorm's InvStdDev, and Attention's Stats. Every backend computing a half node keeps these outputs f32.
 bool KeepsF32Output(OpKind op, int index);
 
 // The largest finite magnitude of a float dtype (65504 for f16, 3.3895e38 for bf16).

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "frontend/ir/attention_views.h"
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/file_io.h"
 #include "frontend/onnx/libonnx_guard.h"
@@ -43,10 +44,18 @@ void SetTensorData(onnx::TensorProto* t, const std::string& name, const ir::Tens
 ir::Tensor Scalar(ir::DType dtype, double x) {
   ir::Tensor t(dtype, {});
   switch (dtype) {
-    case ir::DType::kF64: t.mutable_data<double>()[0] = x; break;
-    case ir::DType::kBF16: t.mutable_data<uint16_t>()[0] = ir::FloatToBF16(static_cast<float>(x)); break;
-    case ir::DType::kF16: t.mutable_data<uint16_t>()[0] = ir::FloatToF16(static_cast<float>(x)); break;
-    default: t.mutable_data<float>()[0] = static_cast<float>(x); break;
+    case ir::DType::kF64:
+      t.mutable_data<double>()[0] = x;
+      break;
+    case ir::DType::kBF16:
+      t.mutable_data<uint16_t>()[0] = ir::FloatToBF16(static_cast<float>(x));
+      break;
+    case ir::DType::kF16:
+      t.mutable_data<uint16_t>()[0] = ir::FloatToF16(static_cast<float>(x));
+      break;
+    default:
+      t.mutable_data<float>()[0] = static_cast<float>(x);
+      break;
   }
   return t;
 }
@@ -207,14 +216,16 @@ class Exporter {
     for (ir::ValueId v : n.inputs) ins.push_back(In(v));
     for (ir::ValueId v : n.outputs) outs.push_back(Out(v));
     switch (n.op) {
-      case ir::OpKind::kLinear: return Linear(n, ins, outs);
+      case ir::OpKind::kLinear:
+        return Linear(n, ins, outs);
       case ir::OpKind::kLayerNorm: {
         onnx::NodeProto* p = Emit("LayerNormalization", n.name, ins, outs);
         SetInt(p, "axis", n.attrs.Get<int64_t>("axis", -1));
         SetFloat(p, "epsilon", n.attrs.Get<double>("epsilon", 1e-5));
         return absl::OkStatus();
       }
-      case ir::OpKind::kRMSNorm: return RMSNorm(n, ins, outs);
+      case ir::OpKind::kRMSNorm:
+        return RMSNorm(n, ins, outs);
       case ir::OpKind::kGelu: {
         const double ratio = n.attrs.Get<double>("dropout", 0.0);
         if (ratio == 0.0) return Gelu(n, ins[0], outs[0]);
@@ -229,7 +240,8 @@ class Exporter {
              {outs[0]});
         return absl::OkStatus();
       }
-      case ir::OpKind::kAttention: return Attention(n, ins, outs[0]);
+      case ir::OpKind::kAttention:
+        return Attention(n, ins, outs[0], outs.size() > 1 && !outs[1].empty() ? &outs[1] : nullptr);
       case ir::OpKind::kReduceSum:
       case ir::OpKind::kSqueeze:
       case ir::OpKind::kUnsqueeze:
@@ -304,8 +316,8 @@ class Exporter {
     onnx::NodeProto* mean = Emit("ReduceMean", n.name + "/ReduceMean", {sq}, {ms});
     SetInts(mean, "axes", axes);
     SetInt(mean, "keepdims", 1);
-    Emit("Add", n.name + "/Add_eps", {ms, Const(n.name + "/eps", Scalar(xv.dtype, n.attrs.Get<double>("epsilon", 1e-5)))},
-         {v});
+    Emit("Add", n.name + "/Add_eps",
+         {ms, Const(n.name + "/eps", Scalar(xv.dtype, n.attrs.Get<double>("epsilon", 1e-5)))}, {v});
     Emit("Sqrt", n.name + "/Sqrt", {v}, {rms});
     Emit("Reciprocal", n.name + "/Reciprocal", {rms}, {inv});
     Emit("Mul", n.name + "/Mul_inv", {ins[0], inv}, {xn});
@@ -362,7 +374,8 @@ class Exporter {
                       moved = Fresh(base + "_moved"), out = Fresh(base);
     Emit("Reshape", base + "/Reshape_fine", {in, IntsConst(base + "/fine", f->fine)}, {fine});
     Emit("Slice", base + "/Slice",
-         {fine, IntsConst(base + "/starts", f->starts), IntsConst(base + "/ends", ends), IntsConst(base + "/axes", axes)},
+         {fine, IntsConst(base + "/starts", f->starts), IntsConst(base + "/ends", ends),
+          IntsConst(base + "/axes", axes)},
          {taken});
     Emit("Reshape", base + "/Reshape_picked", {taken, IntsConst(base + "/picked", f->picked)}, {picked});
     SetInts(Emit("Transpose", base + "/Transpose", {picked}, {moved}), "perm", f->perm);
@@ -387,7 +400,8 @@ class Exporter {
     return absl::OkStatus();
   }
 
-  absl::Status Attention(const ir::Node& n, std::vector<std::string> ins, const std::string& result) {
+  absl::Status Attention(const ir::Node& n, std::vector<std::string> ins, const std::string& result,
+                         const std::string* stats) {
     const ir::Value& q = g_.value(n.inputs[0]);
     std::vector<int64_t> dims[3];  // Q, K, V as read
     for (int i = 0; i < 3; ++i) {
@@ -427,8 +441,7 @@ class Exporter {
       const std::string masked = tmp("masked");
       if (g_.value(n.inputs[3]).dtype == ir::DType::kBool) {
         Emit("Where", n.name + "/Where_mask",
-             {ins[3], cur, Const(n.name + "/neg_inf", Scalar(dt, -std::numeric_limits<double>::infinity()))},
-             {masked});
+             {ins[3], cur, Const(n.name + "/neg_inf", Scalar(dt, -std::numeric_limits<double>::infinity()))}, {masked});
       } else {
         Emit("Add", n.name + "/Add_mask", {cur, ins[3]}, {masked});
       }
@@ -447,6 +460,25 @@ class Exporter {
       const std::string causal = tmp("causal");
       Emit("Add", n.name + "/Add_causal", {cur, Const(n.name + "/causal_mask", std::move(tri))}, {causal});
       cur = causal;
+    }
+    if (stats != nullptr) {
+      // The optional Stats output, f32: m + log(sum(exp(s - m))) over the keys, m the row maximum
+      // clamped to the lowest finite value (a row with every key masked gives -inf, not NaN).
+      const std::string mx = tmp("row_max"), m = tmp("row_max_finite"), d = tmp("centred"), e = tmp("exp"),
+                        sum = tmp("sum"), lsum = tmp("log_sum"), mq = tmp("row_max_squeezed"),
+                        lse = dt == ir::DType::kF32 ? *stats : tmp("lse");
+      onnx::NodeProto* r = Emit("ReduceMax", n.name + "/Stats_ReduceMax", {cur}, {mx});
+      SetInts(r, "axes", {-1});
+      SetInt(r, "keepdims", 1);
+      Emit("Max", n.name + "/Stats_Max", {mx, Const(n.name + "/lowest", Scalar(dt, -ir::MaxFinite(dt)))}, {m});
+      Emit("Sub", n.name + "/Stats_Sub", {cur, m}, {d});
+      Emit("Exp", n.name + "/Stats_Exp", {d}, {e});
+      const std::string last = IntsConst(n.name + "/last_axis", {-1});
+      SetInt(Emit("ReduceSum", n.name + "/Stats_ReduceSum", {e, last}, {sum}), "keepdims", 0);
+      Emit("Log", n.name + "/Stats_Log", {sum}, {lsum});
+      Emit("Squeeze", n.name + "/Stats_Squeeze", {m, last}, {mq});
+      Emit("Add", n.name + "/Stats_Add", {lsum, mq}, {lse});
+      if (lse != *stats) SetInt(Emit("Cast", n.name + "/Stats_Cast", {lse}, {*stats}), "to", onnx::TensorProto::FLOAT);
     }
     const std::string probs = tmp("probs");
     SetInt(Emit("Softmax", n.name + "/Softmax", {cur}, {probs}), "axis", -1);

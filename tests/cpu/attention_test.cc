@@ -77,6 +77,39 @@ TEST(Attention, CausalIsTopLeftAlignedAndBoolMaskMarksVisibleKeys) {
   }
 }
 
+TEST(Attention, StatsAreEachRowsLogSumExpOfItsVisibleScores) {
+  // Q (2, 3, 2), K (2, 4, 2), causal with a bool key mask: lse_i = log sum_j exp(scale q_i . k_j)
+  // over the visible j, computed here in double; a row with no visible key gets -inf.
+  const Tensor q = Rand(DType::kF32, {2, 3, 2}, 21), k = Rand(DType::kF32, {2, 4, 2}, 22);
+  const Tensor v = Rand(DType::kF32, {2, 4, 3}, 23);
+  const Tensor mask = Tensor::FromVector<bool>({2, 1, 4}, {false, true, true, true, true, true, false, true});
+  ir::Node node = AttentionNode(4, 0.7, 1, "bool");
+  node.outputs.push_back(node.outputs[0] + 1);
+  absl::StatusOr<std::vector<Tensor>> out = Eval(node, {q, k, v, mask});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 2u);
+  const Tensor& stats = (*out)[1];
+  ASSERT_EQ(stats.dtype(), DType::kF32);
+  ASSERT_EQ(stats.dims(), (std::vector<int64_t>{2, 3}));
+  for (int b = 0; b < 2; ++b) {
+    for (int i = 0; i < 3; ++i) {
+      double sum = 0;
+      for (int j = 0; j <= i; ++j) {
+        if (!mask.data<bool>()[b * 4 + j]) continue;
+        double dot = 0;
+        for (int d = 0; d < 2; ++d) dot += q.data<float>()[(b * 3 + i) * 2 + d] * k.data<float>()[(b * 4 + j) * 2 + d];
+        sum += std::exp(0.7 * dot);
+      }
+      const float got = stats.data<float>()[b * 3 + i];
+      if (sum == 0) {
+        EXPECT_EQ(got, -std::numeric_limits<float>::infinity()) << b << " " << i;
+      } else {
+        EXPECT_NEAR(got, std::log(sum), 1e-5) << b << " " << i;
+      }
+    }
+  }
+}
+
 TEST(Attention, FullyMaskedRowsGiveZeros) {
   Tensor q = Rand(DType::kF32, {2, 3}, 8), k = Rand(DType::kF32, {4, 3}, 9), v = Rand(DType::kF32, {4, 2}, 10);
   Tensor mask = Tensor::FromVector<bool>({2, 4}, {false, false, false, false, true, true, false, true});

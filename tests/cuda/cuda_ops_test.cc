@@ -319,6 +319,24 @@ TEST_F(CudaOpsTest, RMSNormAndItsGradient) {
   Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1});  // no dScale
 }
 
+// The flash forward's Stats output (each row's log-sum-exp) is the CPU's; with the forward's O and
+// Stats as inputs the flash backward (which recomputes) gives the same gradients.
+TEST_F(CudaOpsTest, AttentionStatsAreTheCpusAndTheBackwardTakesThem) {
+  const Tensor q = Rand({2, 3, 9, 16}, 1), k = Rand({2, 3, 11, 16}, 2), v = Rand({2, 3, 11, 8}, 3);
+  for (int64_t causal : {0, 1}) {
+    const ir::Attrs a = Attrs({{"scale", 0.4}, {"causal", causal}});
+    Check({ir::OpKind::kAttention, {q, k, v}, a, 2});
+    ir::Graph g;
+    const std::vector<ir::ValueId> ids = {g.AddValue("q", DType::kF32, {}), g.AddValue("k", DType::kF32, {}),
+                                          g.AddValue("v", DType::kF32, {})};
+    const ir::ValueId o = g.AddValue("o", DType::kF32, {}), st = g.AddValue("st", DType::kF32, {});
+    absl::StatusOr<std::vector<Tensor>> fwd = backend::MakeCpuBackend()->Run(
+        g.node(g.AddNode(ir::OpKind::kAttention, "attn", ids, {o, st}, a)), {q, k, v}, {});
+    ASSERT_TRUE(fwd.ok()) << fwd.status();
+    Check({ir::OpKind::kAttentionGrad, {Rand({2, 3, 9, 8}, 5), q, k, v, Tensor(), (*fwd)[0], (*fwd)[1]}, a, 3});
+  }
+}
+
 // A learned additive bias (T5's) wants AttentionGrad's dMask, which the fused kernels do not compute: the host
 // runs the node and the device gets the CPU's dQ, dK, dV and dMask.
 TEST_F(CudaOpsTest, AttentionGradOfALearnedBiasRunsOnTheHost) {

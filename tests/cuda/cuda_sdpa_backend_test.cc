@@ -97,7 +97,9 @@ class SdpaBackendTest : public ::testing::Test {
         out.push_back(t);
         continue;
       }
-      EXPECT_EQ(t.dtype(), inputs[1].dtype());
+      // Attention's Stats (output 1) are f32; the rest has the operands' dtype.
+      const bool stats = op == ir::OpKind::kAttention && out.size() == 1;
+      EXPECT_EQ(t.dtype(), stats ? DType::kF32 : inputs[1].dtype());
       absl::StatusOr<Tensor> h = be_->ToHost(t);
       EXPECT_TRUE(h.ok()) << h.status();
       if (!h.ok()) return {};
@@ -141,7 +143,7 @@ TEST_P(SdpaMatchesTheCpuTest, ForwardAndBackwardInBf16MatchTheCpuInFp32) {
   const backend::ExecContext ctx = {.training = true, .seed = 7, .offset = 2};
   ir::Graph ref_fwd;
   absl::StatusOr<std::vector<Tensor>> want_o =
-      backend::MakeCpuBackend()->Run(AddTypedNode(ref_fwd, ir::OpKind::kAttention, "attn", ref, attrs, 1), ref, ctx);
+      backend::MakeCpuBackend()->Run(AddTypedNode(ref_fwd, ir::OpKind::kAttention, "attn", ref, attrs, 2), ref, ctx);
   ASSERT_TRUE(want_o.ok()) << want_o.status();
 
   ir::Attrs grad_attrs = attrs;
@@ -157,17 +159,28 @@ TEST_P(SdpaMatchesTheCpuTest, ForwardAndBackwardInBf16MatchTheCpuInFp32) {
 
   for (bool planned : {false, true}) {
     SCOPED_TRACE(planned ? "planned" : "unplanned");
-    const std::vector<Tensor> o = RunOnDevice(ir::OpKind::kAttention, "attn", in, attrs, 1, ctx, planned);
-    ASSERT_EQ(o.size(), 1u);
+    const std::vector<Tensor> o = RunOnDevice(ir::OpKind::kAttention, "attn", in, attrs, 2, ctx, planned);
+    ASSERT_EQ(o.size(), 2u);
     EXPECT_TRUE(Close(o[0], (*want_o)[0], kBf16Tolerance)) << "O";
-    const std::vector<Tensor> grads =
-        RunOnDevice(ir::OpKind::kAttentionGrad, "attn_grad", grad_in, grad_attrs, 3, ctx, planned, c.absent_grads);
-    ASSERT_EQ(grads.size(), 3u);
-    for (int i = 0; i < 3; ++i) {
-      const bool absent = std::find(c.absent_grads.begin(), c.absent_grads.end(), i) != c.absent_grads.end();
-      EXPECT_EQ(grads[i].defined(), !absent) << "gradient " << i;
-      if (grads[i].defined()) {
-        EXPECT_TRUE(Close(grads[i], (*want_grads)[i], kBf16Tolerance)) << "gradient " << i;
+    EXPECT_TRUE(Close(o[1], (*want_o)[1], kBf16Tolerance)) << "Stats";
+    // The backward re-running the forward, and from the forward's O and Stats (inputs 5, 6).
+    for (bool saved : {false, true}) {
+      SCOPED_TRACE(saved ? "from the forward's O and Stats" : "re-running the forward");
+      std::vector<Tensor> in_b = grad_in;
+      if (saved) {
+        in_b.resize(5);  // the mask, or absent
+        in_b.push_back(o[0].CastTo(DType::kBF16));
+        in_b.push_back(o[1]);
+      }
+      const std::vector<Tensor> grads =
+          RunOnDevice(ir::OpKind::kAttentionGrad, "attn_grad", in_b, grad_attrs, 3, ctx, planned, c.absent_grads);
+      ASSERT_EQ(grads.size(), 3u);
+      for (int i = 0; i < 3; ++i) {
+        const bool absent = std::find(c.absent_grads.begin(), c.absent_grads.end(), i) != c.absent_grads.end();
+        EXPECT_EQ(grads[i].defined(), !absent) << "gradient " << i;
+        if (grads[i].defined()) {
+          EXPECT_TRUE(Close(grads[i], (*want_grads)[i], kBf16Tolerance)) << "gradient " << i;
+        }
       }
     }
   }

@@ -2,14 +2,10 @@
 // copies disappear, the fused Attention reads and writes through views, and the forward, the
 // gradients (autodiff's AttentionGrad through the same views) and the stage ONNX written from the
 // rewritten graph all equal the graph with the copies on the CPU backend.
-#include <filesystem>
 
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/attention_views.h"
-#include "frontend/ir/infer.h"
 #include "frontend/ir/verifier.h"
-#include "frontend/onnx/loader.h"
-#include "frontend/onnx/stage_export.h"
 #include "frontend/passes/attention_layout.h"
 #include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/row_layout_motion.h"
@@ -193,18 +189,41 @@ TEST(AttentionLayoutTest, StageOnnxOfTheViewsComputesTheSame) {
     SCOPED_TRACE(batch_first);
     const ir::Graph g = Mha(3, batch_first);
     const ir::Graph after = Rewritten(g);
-    const std::string path = (std::filesystem::temp_directory_path() / "attention_layout_stage.onnx").string();
-    ASSERT_TRUE(onnx_frontend::ExportStageOnnx(after, path).ok()) << onnx_frontend::ExportStageOnnx(after, path);
-    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(path);
-    ASSERT_TRUE(m.ok()) << m.status();
-    ir::Graph back = *m->graph;
-    ASSERT_TRUE(ir::InferShapes(back).ok());
+    absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(after, "attention_layout_stage.onnx");
+    ASSERT_TRUE(back.ok()) << back.status();
     absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 5);
     absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, *feeds);
-    absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(back, *feeds);
+    absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, *feeds);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
-    std::filesystem::remove(path);
+  }
+}
+
+TEST(AttentionLayoutTest, StageOnnxWritesTheStatsOutput) {
+  // Attention's optional Stats (each row's log-sum-exp, f32) written with standard ops: the stage
+  // file computes what the CPU kernel does, for f32 and bf16 operands.
+  std::vector<ir::Tensor> f32_feeds;
+  for (ir::DType dt : {ir::DType::kF32, ir::DType::kBF16}) {
+    GraphBuilder b;
+    const ir::Shape qs = {Dim(kB), Dim(kH), Dim(kS), Dim(kDh)};
+    const ValueId q = b.Input("q", qs, dt), k = b.Input("k", qs, dt), v = b.Input("v", qs, dt);
+    ir::Graph& g = b.graph();
+    const ValueId o = g.AddValue("o", dt, qs);
+    const ValueId stats = g.AddValue("stats", ir::DType::kF32, {Dim(kB), Dim(kH), Dim(kS)});
+    g.AddNode(OpKind::kAttention, "attn", {q, k, v}, {o, stats}, MakeAttrs({{"scale", 0.5}, {"causal", int64_t{1}}}));
+    b.Output(o);
+    b.Output(stats);
+    absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(g, "attention_stats_stage.onnx");
+    ASSERT_TRUE(back.ok()) << back.status();
+    if (f32_feeds.empty()) f32_feeds = *testing::RandomFeeds(g, {}, 9);
+    std::vector<ir::Tensor> feeds;
+    for (const ir::Tensor& t : f32_feeds) feeds.push_back(t.CastTo(dt));
+    absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, feeds);
+    absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, feeds);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    ASSERT_EQ(got->size(), 2u);
+    EXPECT_EQ((*got)[1].dtype(), ir::DType::kF32);
+    EXPECT_LE(*testing::MaxAbsDiff(*want, *got), dt == ir::DType::kF32 ? 1e-5 : 2e-2) << ir::DTypeName(dt);
   }
 }
 

@@ -2,13 +2,9 @@
 // compute what the unfused one does while training (the same mask: the Gelu carries the Dropout's
 // random-stream key), forward and gradients (GeluGrad regenerates the mask DropoutGrad read), bit
 // for bit on the CPU backend; its stage ONNX (Gelu then Dropout again) must too.
-#include <filesystem>
 
 #include "frontend/autodiff/autodiff.h"
-#include "frontend/ir/infer.h"
 #include "frontend/ir/verifier.h"
-#include "frontend/onnx/loader.h"
-#include "frontend/onnx/stage_export.h"
 #include "frontend/passes/dropout_fusion.h"
 #include "gtest/gtest.h"
 #include "tests/passes/numeric_util.h"
@@ -102,19 +98,14 @@ TEST(DropoutFusionTest, DropoutsWhoseMaskOrInputIsReadElsewhereStay) {
 TEST(DropoutFusionTest, StageOnnxDrawsTheSameMask) {
   ir::Graph fused = Mlp("none");
   ASSERT_TRUE(Fused(&fused));
-  const std::string path = (std::filesystem::temp_directory_path() / "dropout_fusion_stage.onnx").string();
-  ASSERT_TRUE(onnx_frontend::ExportStageOnnx(fused, path).ok()) << onnx_frontend::ExportStageOnnx(fused, path);
-  absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(path);
-  ASSERT_TRUE(m.ok()) << m.status();
-  ir::Graph back = *m->graph;
-  ASSERT_TRUE(ir::InferShapes(back).ok());
-  EXPECT_EQ(testing::NodesOf(back, OpKind::kDropout).size(), 1u);
+  absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "dropout_fusion_stage.onnx");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(testing::NodesOf(*back, OpKind::kDropout).size(), 1u);
   absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(fused, {}, 5);
   absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(fused, *feeds, /*training=*/true);
-  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(back, *feeds, /*training=*/true);
+  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, *feeds, /*training=*/true);
   ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
   EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
-  std::filesystem::remove(path);
 }
 
 }  // namespace

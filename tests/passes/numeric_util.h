@@ -14,13 +14,16 @@ namespace onnxpipe::passes::testing {
 
 // One tensor per graph input: floats uniform in [-1, 1), bools true with probability 0.8,
 // integers in [0, int_high). Symbolic dims are taken from `dims` ("B" -> 2).
-absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g,
-                                                    const std::map<std::string, int64_t>& dims,
+absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g, const std::map<std::string, int64_t>& dims,
                                                     uint32_t seed, int64_t int_high = 4);
 
 // Evaluates the graph on the CPU backend (inference mode; `training`: random ops active, seed 1).
 absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds,
                                                  bool training = false);
+
+// `g` written as a stage ONNX file (onnx_frontend::ExportStageOnnx) under the temporary directory as
+// `name`, imported back and shape-inferred; the file is removed.
+absl::StatusOr<ir::Graph> StageOnnxRoundTrip(const ir::Graph& g, const std::string& name);
 
 // Largest |a - b| over all outputs (as double); fails when dtypes/dims differ or a value is NaN
 // in one and not the other.
