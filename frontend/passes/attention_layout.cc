@@ -154,13 +154,9 @@ bool AbsorbOutput(ir::Graph* g, NodeId id, const UseInfo& uses) {
     if (!o || !transposes || o->dims.size() < 2 || o->strides.back() != 1) continue;
     const std::vector<int64_t> y_dims = *ConcreteDims(*g, y);
     for (NodeId c : chain) g->RemoveNode(c);
-    ir::Node& n = g->node(id);
-    g->value(n.outputs[0]).producer = ir::kNoNode;  // O stays behind, unused
-    n.outputs[0] = y;
-    g->value(y).producer = id;
-    g->value(y).producer_output = 0;
-    n.attrs.Set("o_view", ir::ViewToInts(*o));
-    n.attrs.Set("o_shape", y_dims);
+    SetOutput(g, id, 0, y);  // O stays behind, unused
+    g->node(id).attrs.Set("o_view", ir::ViewToInts(*o));
+    g->node(id).attrs.Set("o_shape", y_dims);
     return true;
   }
   return false;

@@ -9,14 +9,14 @@ using ir::NodeId;
 using ir::OpKind;
 using ir::ValueId;
 
-bool MaskIsRead(const ir::Graph& g, const UseInfo& uses, const ir::Node& drop) {
+bool MaskIsRead(const UseInfo& uses, const ir::Node& drop) {
   return drop.outputs.size() > 1 && drop.outputs[1] != ir::kNoValue && uses.NumUses(drop.outputs[1]) > 0;
 }
 
 // Fuses Dropout `id` into the Gelu it reads; false where the pattern does not hold.
 bool Fuse(ir::Graph* g, const UseInfo& uses, NodeId id) {
   const ir::Node& drop = g->node(id);
-  if (drop.op != OpKind::kDropout || drop.inputs.size() != 1 || MaskIsRead(*g, uses, drop)) return false;
+  if (drop.op != OpKind::kDropout || drop.inputs.size() != 1 || MaskIsRead(uses, drop)) return false;
   const NodeId gelu_id = PatternProducer(*g, uses, drop.inputs[0]);
   if (gelu_id == ir::kNoNode || g->node(gelu_id).op != OpKind::kGelu ||
       g->node(gelu_id).attrs.Get<double>("dropout", 0.0) != 0.0) {
@@ -24,29 +24,16 @@ bool Fuse(ir::Graph* g, const UseInfo& uses, NodeId id) {
   }
   const double ratio = drop.attrs.Get<double>("ratio", 0.5);
   const std::string key = drop.attrs.Get<std::string>("rng_key", drop.name);
-  const ValueId y = drop.outputs[0], dead = drop.inputs[0];
+  const ValueId y = drop.outputs[0];
   g->RemoveNode(id);
-  ir::Node& gelu = g->node(gelu_id);
-  gelu.attrs.Set("dropout", ratio);
-  gelu.attrs.Set("rng_key", key);
-  gelu.outputs[0] = y;
-  g->value(y).producer = gelu_id;
-  g->value(y).producer_output = 0;
-  g->value(dead).producer = ir::kNoNode;
+  g->node(gelu_id).attrs.Set("dropout", ratio);
+  g->node(gelu_id).attrs.Set("rng_key", key);
+  SetOutput(g, gelu_id, 0, y);
   return true;
 }
 
 }  // namespace
 
-absl::StatusOr<bool> DropoutFusion::Run(ir::Graph* g) {
-  bool changed = false;
-  UseInfo uses(*g);
-  for (NodeId id : g->LiveNodes()) {
-    if (!Fuse(g, uses, id)) continue;
-    changed = true;
-    uses.Refresh();
-  }
-  return changed;
-}
+absl::StatusOr<bool> DropoutFusion::Run(ir::Graph* g) { return RewriteEachNode(g, Fuse); }
 
 }  // namespace onnxpipe::passes

@@ -31,6 +31,25 @@ ir::NodeId PatternProducer(const ir::Graph& g, const UseInfo& uses, ir::ValueId 
   return ProducerId(g, v);
 }
 
+void SetOutput(ir::Graph* g, ir::NodeId id, int k, ir::ValueId v) {
+  const ir::ValueId old = g->node(id).outputs[k];
+  if (old != ir::kNoValue && g->value(old).producer == id) g->value(old).producer = ir::kNoNode;
+  g->node(id).outputs[k] = v;
+  g->value(v).producer = id;
+  g->value(v).producer_output = k;
+}
+
+bool RewriteEachNode(ir::Graph* g, const std::function<bool(ir::Graph*, const UseInfo&, ir::NodeId)>& rewrite) {
+  bool changed = false;
+  UseInfo uses(*g);
+  for (ir::NodeId id : g->LiveNodes()) {
+    if (!rewrite(g, uses, id)) continue;
+    changed = true;
+    uses.Refresh();
+  }
+  return changed;
+}
+
 bool IsFloatCast(const ir::Graph& g, const ir::Node& n) {
   return n.op == ir::OpKind::kCast && ir::IsFloat(g.value(n.inputs[0]).dtype) &&
          ir::IsFloat(g.value(n.outputs[0]).dtype);
@@ -121,8 +140,8 @@ std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank) {
   return axis < 0 ? axis + rank : axis;
 }
 
-ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead,
-                            ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs) {
+ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead, ir::OpKind op,
+                            std::vector<ir::ValueId> inputs, ir::Attrs attrs) {
   const std::string name = g->node(root).name;
   const ir::ValueId out = g->node(root).outputs[0];
   for (ir::NodeId d : dead)
@@ -131,11 +150,9 @@ ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir:
   return g->AddNode(op, name, std::move(inputs), {out}, std::move(attrs));
 }
 
-ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name,
-                              std::vector<ir::ValueId> inputs, ir::Attrs attrs, ir::DType dtype,
-                              ir::Shape shape, bool shape_known) {
-  ir::ValueId out = g->AddValue(g->UniqueName(name + "_output_0"), dtype, std::move(shape),
-                                shape_known);
+ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name, std::vector<ir::ValueId> inputs,
+                              ir::Attrs attrs, ir::DType dtype, ir::Shape shape, bool shape_known) {
+  ir::ValueId out = g->AddValue(g->UniqueName(name + "_output_0"), dtype, std::move(shape), shape_known);
   g->AddNode(op, name, std::move(inputs), {out}, std::move(attrs));
   return out;
 }

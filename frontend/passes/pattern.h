@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <set>
@@ -29,9 +30,7 @@ class UseInfo {
   int NumUses(ir::ValueId v) const;
   // True when `v` is used by exactly one live node operand and is not a graph output: the value is
   // internal to a pattern and disappears with it.
-  bool HasSingleUse(ir::ValueId v) const {
-    return uses_[v].size() == 1 && !g_->IsGraphOutput(v);
-  }
+  bool HasSingleUse(ir::ValueId v) const { return uses_[v].size() == 1 && !g_->IsGraphOutput(v); }
   // Distinct live consumer nodes of `v`.
   std::vector<ir::NodeId> Consumers(ir::ValueId v) const;
 
@@ -48,6 +47,14 @@ ir::NodeId ProducerId(const ir::Graph& g, ir::ValueId v);
 // The producer of `v` when `v` is internal to a pattern (UseInfo::HasSingleUse), else kNoNode:
 // the node a matcher takes into its pattern.
 ir::NodeId PatternProducer(const ir::Graph& g, const UseInfo& uses, ir::ValueId v);
+
+// Makes `v` output `k` of node `id` (its producer); the value it replaces, if `id` still produced
+// it, is left without a producer.
+void SetOutput(ir::Graph* g, ir::NodeId id, int k, ir::ValueId v);
+
+// Calls `rewrite` on each node live when it starts, with the use lists refreshed after every
+// rewrite that changed the graph (it returns true then); whether any did.
+bool RewriteEachNode(ir::Graph* g, const std::function<bool(ir::Graph*, const UseInfo&, ir::NodeId)>& rewrite);
 
 // A Cast from a float dtype to a float dtype.
 bool IsFloatCast(const ir::Graph& g, const ir::Node& n);
@@ -99,8 +106,8 @@ std::optional<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
 // only inside the pattern), then adds `op` with `inputs` and `attrs` producing root's output
 // value, named after root. Returns the new node's id. The graph is left unsorted: call
 // ir::Graph::TopoSort() once the pass is done.
-ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead,
-                            ir::OpKind op, std::vector<ir::ValueId> inputs, ir::Attrs attrs);
+ir::NodeId ReplaceWithFused(ir::Graph* g, ir::NodeId root, const std::vector<ir::NodeId>& dead, ir::OpKind op,
+                            std::vector<ir::ValueId> inputs, ir::Attrs attrs);
 
 // The loop of a fusion pass: calls `try_at(id)` (true: fused there) at each live node whose op is
 // among `anchors`, in the graph's order, then sorts the graph topologically when anything fused.
@@ -117,8 +124,7 @@ absl::StatusOr<bool> FuseAtAnchors(ir::Graph* g, std::initializer_list<ir::OpKin
 }
 
 // Adds a node computing a new value; `shape_known` false when `shape` is a guess.
-ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name,
-                              std::vector<ir::ValueId> inputs, ir::Attrs attrs, ir::DType dtype,
-                              ir::Shape shape, bool shape_known);
+ir::ValueId AddNodeWithOutput(ir::Graph* g, ir::OpKind op, const std::string& name, std::vector<ir::ValueId> inputs,
+                              ir::Attrs attrs, ir::DType dtype, ir::Shape shape, bool shape_known);
 
 }  // namespace onnxpipe::passes

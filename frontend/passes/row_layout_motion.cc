@@ -92,11 +92,6 @@ void SetDims(ir::Graph* g, ValueId v, const std::vector<int64_t>& dims) {
   g->value(v).shape_known = true;
 }
 
-void SetProducer(ir::Graph* g, ValueId v, NodeId id) {
-  g->value(v).producer = id;
-  g->value(v).producer_output = 0;
-}
-
 // Makes layout node `id` produce `dims` (its rows as before, `dims`' width): a Reshape gets a shape
 // constant of its own.
 void Rewiden(ir::Graph* g, NodeId id, const std::vector<int64_t>& dims) {
@@ -117,17 +112,14 @@ bool MoveUp(ir::Graph* g, const UseInfo& uses, NodeId t_id) {
       !OnlyFeedsAttention(*g, uses, p.outputs[0])) {
     return false;
   }
-  const ValueId x = t.inputs[0], y = p.outputs[0], dead = t.outputs[0];
+  const ValueId x = t.inputs[0], y = p.outputs[0];
   const ir::Value& yv = g->value(y);
   const ValueId wide = g->AddValue(g->UniqueName(yv.name + "_rows"), yv.dtype, {});
   SetDims(g, wide, WithWidth(*ConcreteDims(*g, x), ConcreteDims(*g, y)->back()));
   g->node(p_id).inputs[0] = x;
-  g->node(p_id).outputs[0] = wide;
-  SetProducer(g, wide, p_id);
+  SetOutput(g, p_id, 0, wide);
   g->node(t_id).inputs[0] = wide;
-  g->node(t_id).outputs[0] = y;
-  SetProducer(g, y, t_id);
-  g->value(dead).producer = ir::kNoNode;
+  SetOutput(g, t_id, 0, y);
   return true;
 }
 
@@ -149,7 +141,7 @@ bool MoveDown(ir::Graph* g, const UseInfo& uses, NodeId p_id) {
   run.resize(keep);
   const int64_t width = ConcreteDims(*g, p.inputs[0])->back();
   if (run.empty() || width == 1) return false;
-  const ValueId a = p.inputs[0], z = p.outputs[0], w = g->node(run.back()).outputs[0];
+  const ValueId a = p.inputs[0], w = g->node(run.back()).outputs[0];
   const ir::Value& wv = g->value(w);
   const ValueId narrow = g->AddValue(g->UniqueName(wv.name + "_rows"), wv.dtype, {});
   ValueId prev = a;
@@ -157,31 +149,21 @@ bool MoveDown(ir::Graph* g, const UseInfo& uses, NodeId p_id) {
     ir::Node& cn = g->node(c);
     const std::vector<int64_t> dims = WithWidth(*ConcreteDims(*g, cn.outputs[0]), width);
     cn.inputs[0] = prev;
-    if (c == run.back()) {
-      cn.outputs[0] = narrow;
-      SetProducer(g, narrow, c);
-    }
+    if (c == run.back()) SetOutput(g, c, 0, narrow);
     SetDims(g, cn.outputs[0], dims);
     Rewiden(g, c, dims);
     prev = cn.outputs[0];
   }
   g->node(p_id).inputs[0] = narrow;
-  g->node(p_id).outputs[0] = w;
-  SetProducer(g, w, p_id);
-  g->value(z).producer = ir::kNoNode;
+  SetOutput(g, p_id, 0, w);
   return true;
 }
 
 }  // namespace
 
 absl::StatusOr<bool> RowLayoutMotion::Run(ir::Graph* g) {
-  bool changed = false;
-  UseInfo uses(*g);
-  for (NodeId id : g->LiveNodes()) {
-    if (!MoveUp(g, uses, id) && !MoveDown(g, uses, id)) continue;
-    changed = true;
-    uses.Refresh();
-  }
+  const bool changed = RewriteEachNode(
+      g, [](ir::Graph* g, const UseInfo& uses, NodeId id) { return MoveUp(g, uses, id) || MoveDown(g, uses, id); });
   if (changed) RETURN_IF_ERROR(g->TopoSort());
   return changed;
 }
