@@ -2,7 +2,6 @@
 // keep mask from the node's Philox stream (dropout.h).
 #include "executor/cpu/dropout.h"
 
-#include <array>
 #include <cmath>
 
 #include "executor/cpu/kernel_util.h"
@@ -59,40 +58,27 @@ using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 
 Outputs DropoutKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
-  const double ratio = node.attrs.Get<double>("ratio", 0.5);
-  if (!(ratio >= 0.0 && ratio <= 1.0)) {
-    return INVALID_ARGUMENT() << Describe(node) << ": ratio is " << ratio << ", expected [0, 1]";
-  }
+  ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, x.num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    const int64_t n = x.num_elements();
-    // The mask is an output only when the node has one; otherwise it lives on the stack, a
-    // block at a time, so that the kernel needs no workspace.
+    // The mask is an output only when the node has one.
     ir::Tensor mask;
     if (WantsOutput(node, 1)) {
       ASSIGN_OR_RETURN(mask, AllocOutput(node, ctx, 1, ir::DType::kBool, x.dims()));
     }
-    if (!ctx.training || ratio == 0.0) {
-      if (mask.defined()) std::fill_n(mask.mutable_data<uint8_t>(), n, uint8_t{1});
+    if (!drop.active) {
+      if (mask.defined()) std::fill_n(mask.mutable_data<uint8_t>(), x.num_elements(), uint8_t{1});
       ASSIGN_OR_RETURN(ir::Tensor y, ViewOutput(node, ctx, 0, x, x.dims()));
       return std::vector<ir::Tensor>{y, mask};
     }
-    const DropoutStream stream = MakeDropoutStream(node, ctx, ratio);
-    ASSIGN_OR_RETURN(const int64_t base, RandomCounterBase(node, ctx, n));
-    const T scale = ratio >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - ratio));
+    const T scale = static_cast<T>(drop.scale);
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     const T* px = x.data<T>();
     T* py = y.mutable_data<T>();
-    uint8_t* mask_data = mask.defined() ? mask.mutable_data<uint8_t>() : nullptr;
-    constexpr int64_t kBlock = 1 << 14;
-    ParallelFor(n, kBlock, [&](int64_t b, int64_t e) {
-      std::array<uint8_t, kBlock> local;
-      for (int64_t lo = b; lo < e; lo += kBlock) {
-        const int64_t hi = std::min(e, lo + kBlock);
-        uint8_t* keep = mask_data ? mask_data + lo : local.data();
-        FillDropoutKeepMask(stream, base + lo, base + hi, keep);
-        for (int64_t i = lo; i < hi; ++i) py[i] = keep[i - lo] ? px[i] * scale : T(0);
-      }
+    uint8_t* pm = mask.defined() ? mask.mutable_data<uint8_t>() : nullptr;
+    ForEachKept(drop, x.num_elements(), [&](int64_t i, bool keep) {
+      py[i] = keep ? px[i] * scale : T(0);
+      if (pm != nullptr) pm[i] = keep;
     });
     return std::vector<ir::Tensor>{y, mask};
   });

@@ -153,24 +153,27 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node, const s
   }
   const bool tanh_form = approx == "tanh";
   ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, in[0].num_elements()));
-  return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(),
-                       [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
-                         using T = typename decltype(tag)::type;
-                         const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-                         const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
-                         auto gelu = [=](T x) {
-                           if (tanh_form) return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
-                           return T(0.5) * x * (T(1) + std::erf(x * r));
-                         };
-                         if (!drop.active) return MapUnary<T>(node, ctx, in[0], gelu);
-                         ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
-                         const T* px = in[0].data<T>();
-                         T* po = out.mutable_data<T>();
-                         const T scale = static_cast<T>(drop.scale);
-                         ForEachKept(drop, in[0].num_elements(),
-                                     [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); });
-                         return std::vector<ir::Tensor>{out};
-                       });
+  return DispatchDType(
+      FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
+        using T = typename decltype(tag)::type;
+        const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
+        const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
+        // One loop per form, the form decided outside it.
+        auto run = [&](auto gelu) -> absl::StatusOr<std::vector<ir::Tensor>> {
+          if (!drop.active) return MapUnary<T>(node, ctx, in[0], gelu);
+          ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+          const T* px = in[0].data<T>();
+          T* po = out.mutable_data<T>();
+          const T scale = static_cast<T>(drop.scale);
+          ForEachKept(drop, in[0].num_elements(),
+                      [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); });
+          return std::vector<ir::Tensor>{out};
+        };
+        if (tanh_form) {
+          return run([c](T x) { return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x))); });
+        }
+        return run([r](T x) { return T(0.5) * x * (T(1) + std::erf(x * r)); });
+      });
 }
 REGISTER_CPU_KERNEL(kGelu, GeluKernel);
 

@@ -61,27 +61,32 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
     // derivative is Phi(x) + x phi(x).
     const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
     const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
-    auto derivative = [=](T x) {
-      if (tanh_form) {
+    // One loop per form, the form decided outside it.
+    auto run = [&](auto derivative) -> Outputs {
+      if (!drop.active) return Pointwise<T>(node, ctx, in[0], in[1], [&](T g, T x) { return g * derivative(x); });
+      ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
+      const T* pg = in[0].data<T>();
+      const T* px = in[1].data<T>();
+      T* po = out.mutable_data<T>();
+      const T scale = static_cast<T>(drop.scale);
+      ForEachKept(drop, in[0].num_elements(), [&](int64_t i, bool keep) {
+        const T g = keep ? pg[i] * scale : T(0);
+        po[i] = g * derivative(px[i]);
+      });
+      return std::vector<ir::Tensor>{out};
+    };
+    if (tanh_form) {
+      return run([c](T x) {
         const T t = std::tanh(c * (x + T(0.044715) * x * x * x));
         const T du = c * (T(1) + T(3) * T(0.044715) * x * x);
         return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
-      }
+      });
+    }
+    return run([=](T x) {
       const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
       const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
       return cdf + x * pdf;
-    };
-    if (!drop.active) return Pointwise<T>(node, ctx, in[0], in[1], [&](T g, T x) { return g * derivative(x); });
-    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
-    const T* pg = in[0].data<T>();
-    const T* px = in[1].data<T>();
-    T* po = out.mutable_data<T>();
-    const T scale = static_cast<T>(drop.scale);
-    ForEachKept(drop, in[0].num_elements(), [&](int64_t i, bool keep) {
-      const T g = keep ? pg[i] * scale : T(0);
-      po[i] = g * derivative(px[i]);
     });
-    return std::vector<ir::Tensor>{out};
   });
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);

@@ -534,8 +534,7 @@ struct CudnnWorkspace {
       stats = at;
       at += ir::AlignUp(c.batch * c.heads * c.seq_q * 4, kAlign);
     }
-    const ir::Node* backward_node = backward ? &node : nullptr;
-    if (backward_node != nullptr) {
+    if (backward) {
       int64_t grad_elements[3] = {c.batch * c.heads * c.seq_q * c.head_dim,
                                   c.batch * c.kv_heads * c.seq_kv * c.head_dim,
                                   c.batch * c.kv_heads * c.seq_kv * c.value_dim};
@@ -544,7 +543,7 @@ struct CudnnWorkspace {
                                   {c.batch, c.kv_heads, c.seq_kv, c.head_dim},
                                   {c.batch, c.kv_heads, c.seq_kv, c.value_dim}};
       for (int i = 0; i < 3; ++i) {
-        if (ir::AttentionGradWanted(*backward_node, i)) continue;
+        if (ir::AttentionGradWanted(node, i)) continue;
         if (!strides[i]->empty()) {  // written through its strides: as far as they reach
           grad_elements[i] = 1;
           for (int d = 0; d < 4; ++d) grad_elements[i] += (dims[i][d] - 1) * (*strides[i])[d];

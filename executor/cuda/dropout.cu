@@ -9,17 +9,12 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// Active dropout: the CPU backend's scale, 1 / (1 - ratio) (0 when everything drops), rounded to the
-// element type's compute precision in the kernels.
-double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
-
 // y = keep ? x * scale : 0 in the type the CPU backend scales in (Compute<T>: fp64 for fp64).
 template <typename T>
 __device__ __forceinline__ void StoreScaled(T* out, int64_t i, bool keep, const T* in, double scale) {
   using C = Compute<T>;
   Store(out, i, keep ? static_cast<C>(Load(in, i)) * static_cast<C>(scale) : C(0));
 }
-bool Active(const DropoutParams& p) { return p.training && p.ratio > 0.0; }
 
 // Grid over the Philox blocks covering counters [base, base + n).
 struct BlockRange {
@@ -130,7 +125,7 @@ cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const 
     using T = typename decltype(tag)::type;
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
-    if (!Active(p)) {
+    if (!DropoutActive(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.0, py, mask, n);
     } else {
       LaunchStream<T>(p, KeepScale(p), px, py, mask, n, stream);
@@ -146,10 +141,10 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
     using T = typename decltype(tag)::type;
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
-    const double scale = Active(p) ? KeepScale(p) : 1.0;
+    const double scale = DropoutActive(p) ? KeepScale(p) : 1.0;
     if (mask != nullptr) {
       return LaunchMap(n, MaskedScaleFn{scale}, stream, pdx, pdy, mask);
-    } else if (!Active(p)) {
+    } else if (!DropoutActive(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, nullptr, scale, pdx, nullptr, n);
     } else {
       LaunchStream<T>(p, scale, pdy, pdx, nullptr, n, stream);

@@ -42,6 +42,11 @@ __device__ __forceinline__ uint32_t KeepBits4(const cpu::DropoutStream& s, uint6
   return (bits >> lane) & 0xFu;
 }
 
+// Whether `p` drops anything: training with a ratio over 0.
+inline bool DropoutActive(const DropoutParams& p) { return p.training && p.ratio > 0.0; }
+// The CPU backend's scale of a kept element, 1 / (1 - ratio) (0 when everything drops).
+inline double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
+
 // out[i] = f(keep_i, in[i]...) for i < n, keep_i the dropout decision of element i (counter
 // base + i) of stream `s`: an elementwise op with a dropout fused into it. Each thread takes four
 // consecutive elements, one Philox block when base is a multiple of four, moved in single accesses

@@ -55,8 +55,7 @@ struct GeluGradDropFn {
   }
 };
 
-bool Active(const DropoutParams* p) { return p != nullptr && p->training && p->ratio > 0.0; }
-float KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.f : static_cast<float>(1.0 / (1.0 - p.ratio)); }
+bool Active(const DropoutParams* p) { return p != nullptr && DropoutActive(*p); }
 
 }  // namespace
 
@@ -64,7 +63,8 @@ template <typename T>
 cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
                               cudaStream_t stream) {
   if (Active(dropout))
-    return LaunchMapWithKeep(*dropout, n, GeluDropFn{tanh_approx, KeepScale(*dropout)}, stream, y, x);
+    return LaunchMapWithKeep(*dropout, n, GeluDropFn{tanh_approx, static_cast<float>(KeepScale(*dropout))}, stream, y,
+                             x);
   return LaunchMap(n, GeluFn{tanh_approx}, stream, y, x);
 }
 
@@ -72,7 +72,8 @@ template <typename T>
 cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx,
                                const DropoutParams* dropout, cudaStream_t stream) {
   if (Active(dropout)) {
-    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn{tanh_approx, KeepScale(*dropout)}, stream, dx, dy, x);
+    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn{tanh_approx, static_cast<float>(KeepScale(*dropout))}, stream,
+                             dx, dy, x);
   }
   return LaunchMap(n, GeluGradFn{tanh_approx}, stream, dx, dy, x);
 }
