@@ -12,6 +12,20 @@ absl::StatusOr<double> Stream::SecondsBetween(const Event&, const Event&) {
   return UNIMPLEMENTED() << "this stream has no timing events";
 }
 
+absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Backend::RunGroup(
+    const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& inputs,
+    const ExecContext& ctx, ir::OutputAllocator* outputs) const {
+  RET_CHECK(nodes.size() == inputs.size()) << nodes.size() << " nodes with " << inputs.size() << " input lists";
+  std::vector<std::vector<ir::Tensor>> out;
+  out.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    absl::StatusOr<std::vector<ir::Tensor>> r = Run(*nodes[i], inputs[i], ctx, outputs);
+    if (!r.ok()) return Annotate(r.status(), ir::NodeLabel(*nodes[i]));
+    out.push_back(*std::move(r));
+  }
+  return out;
+}
+
 absl::StatusOr<ir::Tensor> Backend::Zeros(ir::DType dtype, std::vector<int64_t> dims, Stream* stream) const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

@@ -88,6 +88,13 @@ class Backend {
   virtual absl::StatusOr<std::vector<ir::Tensor>> Run(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
                                                       const ExecContext& ctx,
                                                       ir::OutputAllocator* outputs = nullptr) const = 0;
+  // Runs independent nodes (none reads another's output), node i with inputs[i], as Run would one
+  // after the other, and returns each node's outputs; a backend with a kernel covering several
+  // such nodes at once (the multi-tensor optimizer updates) issues them together. An error names
+  // the node it concerns (or the first node of a fused group).
+  virtual absl::StatusOr<std::vector<std::vector<ir::Tensor>>> RunGroup(
+      const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& inputs,
+      const ExecContext& ctx, ir::OutputAllocator* outputs = nullptr) const;
   // Scratch bytes the kernel of `node` takes from OutputAllocator::Workspace (the memory plan's
   // workspace function).
   virtual int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const = 0;

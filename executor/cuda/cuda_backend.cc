@@ -143,17 +143,27 @@ class CudaBackendImpl : public CudaBackend {
                                               ir::OutputAllocator* outputs) const override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (auto it = table_.find(node.op); it != table_.end() && Placed(inputs, it->second.host_inputs)) {
-      std::vector<void*> temporaries;
-      const KernelContext kc{this, Raw(ctx.stream), ctx, outputs, options_.allow_tf32, &temporaries};
-      std::optional<absl::StatusOr<std::vector<ir::Tensor>>> r = it->second.run(kc, node, inputs);
-      // Stream-ordered frees: the memory returns to the pool once the kernel's work has finished.
-      for (void* p : temporaries) CUDA_RETURN_IF_ERROR(cudaFreeAsync(p, kc.stream));
-      if (r.has_value()) {
-        if (r->ok()) CUDA_RETURN_IF_ERROR(cudaGetLastError());
-        return *std::move(r);
-      }
+      KernelResult r = WithKernelContext<std::vector<ir::Tensor>>(
+          ctx, outputs, [&](const KernelContext& kc) { return it->second.run(kc, node, inputs); });
+      if (r.has_value()) return *std::move(r);
     }
     return HostFallback(node, inputs, ctx, outputs);
+  }
+  absl::StatusOr<std::vector<std::vector<ir::Tensor>>> RunGroup(const std::vector<const ir::Node*>& nodes,
+                                                                const std::vector<std::vector<ir::Tensor>>& inputs,
+                                                                const backend::ExecContext& ctx,
+                                                                ir::OutputAllocator* outputs) const override {
+    auto it = nodes.empty() || nodes.size() != inputs.size() ? table_.end() : table_.find(nodes[0]->op);
+    bool fits = it != table_.end() && it->second.group;
+    for (size_t i = 0; fits && i < nodes.size(); ++i)
+      fits = nodes[i]->op == nodes[0]->op && Placed(inputs[i], it->second.host_inputs);
+    if (fits) {
+      CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      GroupResult r = WithKernelContext<std::vector<std::vector<ir::Tensor>>>(
+          ctx, outputs, [&](const KernelContext& kc) { return it->second.group(kc, nodes, inputs); });
+      if (r.has_value()) return *std::move(r);
+    }
+    return Backend::RunGroup(nodes, inputs, ctx, outputs);
   }
   int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const override {
     // Host fallbacks use the host's scratch, not the plan's.
@@ -237,6 +247,19 @@ class CudaBackendImpl : public CudaBackend {
     return true;
   }
 
+  // f(kernel context of ctx): a kernel function's result (nullopt: no kernel for these inputs);
+  // its temporaries are freed stream-ordered after it, and a launch error is the result.
+  template <typename R, typename F>
+  std::optional<absl::StatusOr<R>> WithKernelContext(const backend::ExecContext& ctx, ir::OutputAllocator* outputs,
+                                                     F&& f) const {
+    std::vector<void*> temporaries;
+    const KernelContext kc{this, Raw(ctx.stream), ctx, outputs, options_.allow_tf32, &temporaries};
+    std::optional<absl::StatusOr<R>> r = f(kc);
+    // Stream-ordered frees: the memory returns to the pool once the kernel's work has finished.
+    for (void* p : temporaries) CUDA_RETURN_IF_ERROR(cudaFreeAsync(p, kc.stream));
+    if (r.has_value() && r->ok()) CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return r;
+  }
   absl::StatusOr<std::vector<ir::Tensor>> HostFallback(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
                                                        const backend::ExecContext& ctx,
                                                        ir::OutputAllocator* outputs) const {

@@ -57,12 +57,19 @@ using CudaKernelFn =
 // the node, never an overrun.
 using CudaWorkspaceFn = std::function<int64_t(const ir::Graph& g, const ir::Node& node)>;
 
+// Several independent nodes of the entry's op at once (Backend::RunGroup), node i with inputs[i]:
+// each node's outputs; nullopt when they cannot go together (the backend runs them one by one).
+using GroupResult = std::optional<absl::StatusOr<std::vector<std::vector<ir::Tensor>>>>;
+using CudaGroupFn = std::function<GroupResult(const KernelContext& ctx, const std::vector<const ir::Node*>& nodes,
+                                              const std::vector<std::vector<ir::Tensor>>& inputs)>;
+
 struct KernelEntry {
   CudaKernelFn run;
   CudaWorkspaceFn workspace;  // null: no scratch
   // Bit i set: input i may be a host tensor (a constant read as an attribute, e.g. Reshape's
   // shape); other inputs must be on the device or the op runs on the host.
   uint32_t host_inputs = 0;
+  CudaGroupFn group = {};  // null: a group runs node by node
 };
 using KernelTable = std::map<ir::OpKind, KernelEntry>;
 

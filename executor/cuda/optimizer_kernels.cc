@@ -1,12 +1,14 @@
 // SGDUpdate, AdamWUpdate, SumSquares and ClipScale (f32 parameters and gradients) in the CUDA
-// backend's kernel table (optimizer.h, elementwise.h). The update kernels work in place: the new
-// parameter and state start as copies of the old ones (no copy when the plan hands the update the
-// state's own storage, which the backend's Copy skips), then one fused step updates them. lr and
-// step are scalars read on the host (a small synchronising copy when they live on the device).
+// backend's kernel table (optimizer.h, elementwise.h). One update node, or a group of them (the
+// optimizer phase's updates of every parameter: Backend::RunGroup), is one multi-tensor step that
+// reads each old parameter and state and writes the new ones (in place when the plan hands the
+// update the state's own storage). lr and step are scalars read on the host (a small
+// synchronising copy when they live on the device), once per group.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/elementwise.h"
 #include "executor/cuda/optimizer.h"
+#include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
 namespace {
@@ -33,68 +35,121 @@ bool ScalePointer(const std::vector<ir::Tensor>& in, size_t i, const float** sca
   return true;
 }
 
-// param', momentum_buf'? = SGDUpdate(param, grad, lr, momentum_buf?, scale?).
-KernelResult SgdUpdate(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  const double momentum = node.attrs.Get<double>("momentum", 0.0);
-  const bool nesterov = node.attrs.Get<int64_t>("nesterov", 0) != 0;
-  const double wd = node.attrs.Get<double>("weight_decay", 0.0);
-  const float* scale = nullptr;
-  if (in[0].dtype() != ir::DType::kF32 || !SameAs(in[0], in[1]) || in[2].num_elements() != 1 ||
-      (momentum != 0) != HasInput(in, 3) || (HasInput(in, 3) && !SameAs(in[0], in[3])) || (nesterov && momentum == 0) ||
-      !ScalePointer(in, 4, &scale) || (momentum != 0 && !WantsOutput(node, 1))) {
-    return std::nullopt;  // the CPU kernel reports what is wrong (or keeps no new buffer)
+// The same tensor (a shared step scalar such as lr): one read serves every node of a group.
+bool SameTensor(const ir::Tensor& a, const ir::Tensor& b) {
+  return a.defined() == b.defined() && a.address() == b.address() && a.dtype() == b.dtype();
+}
+
+// Output k of an update node, shaped as its input `like`.
+absl::StatusOr<ir::Tensor> UpdateOutput(const KernelContext& ctx, const ir::Node& node, int k, const ir::Tensor& like) {
+  return ctx.FullOutput(node, k, like.dtype(), like.dims());
+}
+
+// Every node of a group through one kernel: `fits(node, inputs)` says a node can join (the same
+// attributes and step scalars as node 0's); `tensor(node, inputs, outputs)` sets up its outputs and
+// OptimizerTensor; `step(tensors)` issues the update of them all. A single node is a group of one.
+template <typename Fits, typename MakeTensor, typename Step>
+GroupResult UpdateGroup(const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& in,
+                        Fits&& fits, MakeTensor&& tensor, Step&& step) {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (!fits(*nodes[i], in[i])) return std::nullopt;  // the CPU kernel reports what is wrong
+  std::vector<OptimizerTensor> ts(nodes.size());
+  std::vector<std::vector<ir::Tensor>> out(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (absl::Status st = tensor(*nodes[i], in[i], &out[i], &ts[i]); !st.ok()) return st;
   }
-  absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[2]);
-  if (!lr.ok()) return lr.status();
-  std::vector<ir::Tensor> out(node.outputs.size() > 1 ? 2 : 1);
-  absl::StatusOr<ir::Tensor> p = ctx.FullOutput(node, 0, in[0].dtype(), in[0].dims());
-  if (!p.ok()) return p.status();
-  out[0] = *p;
-  OptimizerTensor t;
-  t.param = MF(out[0]), t.param_in = CF(in[0]), t.grad = CF(in[1]), t.n = in[0].num_elements();
-  if (momentum != 0) {
-    absl::StatusOr<ir::Tensor> buf = ctx.FullOutput(node, 1, in[3].dtype(), in[3].dims());
-    if (!buf.ok()) return buf.status();
-    out[1] = *buf;
-    t.state0 = MF(out[1]), t.state0_in = CF(in[3]);
-  }
-  if (absl::Status st = SgdStep({t}, lr->GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream); !st.ok()) {
-    return st;
-  }
+  if (absl::Status st = step(ts); !st.ok()) return st;
   return out;
 }
 
-// param', m', v' = AdamWUpdate(param, grad, m, v, lr, step, scale?).
-KernelResult AdamWUpdate(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+// A group function as the entry's single-node kernel.
+CudaKernelFn OneNode(CudaGroupFn group) {
+  return [group = std::move(group)](const KernelContext& ctx, const ir::Node& node,
+                                    const std::vector<ir::Tensor>& in) -> KernelResult {
+    GroupResult r = group(ctx, {&node}, {in});
+    if (!r.has_value()) return std::nullopt;
+    if (!r->ok()) return r->status();
+    return std::move((**r)[0]);
+  };
+}
+
+// param', momentum_buf'? = SGDUpdate(param, grad, lr, momentum_buf?, scale?), for every node.
+GroupResult SgdUpdates(const KernelContext& ctx, const std::vector<const ir::Node*>& nodes,
+                       const std::vector<std::vector<ir::Tensor>>& in) {
+  const ir::Node& first = *nodes[0];
+  const double momentum = first.attrs.Get<double>("momentum", 0.0);
+  const bool nesterov = first.attrs.Get<int64_t>("nesterov", 0) != 0;
+  const double wd = first.attrs.Get<double>("weight_decay", 0.0);
   const float* scale = nullptr;
-  if (in[0].dtype() != ir::DType::kF32 || !SameAs(in[0], in[1]) || !SameAs(in[0], in[2]) || !SameAs(in[0], in[3]) ||
-      !HasInput(in, 4) || !HasInput(in, 5) || in[4].num_elements() != 1 || in[5].num_elements() != 1 ||
-      !ScalePointer(in, 6, &scale) || !WantsOutput(node, 1) || !WantsOutput(node, 2)) {
+  if (!ScalePointer(in[0], 4, &scale) || in[0].size() < 3) return std::nullopt;
+  auto fits = [&](const ir::Node& node, const std::vector<ir::Tensor>& x) {
+    const float* s = nullptr;
+    return node.attrs.Get<double>("momentum", 0.0) == momentum &&
+           (node.attrs.Get<int64_t>("nesterov", 0) != 0) == nesterov &&
+           node.attrs.Get<double>("weight_decay", 0.0) == wd && x.size() >= 3 && x[0].dtype() == ir::DType::kF32 &&
+           SameAs(x[0], x[1]) && SameTensor(x[2], in[0][2]) && x[2].num_elements() == 1 &&
+           (momentum != 0) == HasInput(x, 3) && (!HasInput(x, 3) || SameAs(x[0], x[3])) &&
+           !(nesterov && momentum == 0) && ScalePointer(x, 4, &s) && s == scale &&
+           (momentum == 0 || WantsOutput(node, 1));
+  };
+  auto tensor = [&](const ir::Node& node, const std::vector<ir::Tensor>& x, std::vector<ir::Tensor>* out,
+                    OptimizerTensor* t) -> absl::Status {
+    out->resize(node.outputs.size() > 1 ? 2 : 1);
+    ASSIGN_OR_RETURN((*out)[0], UpdateOutput(ctx, node, 0, x[0]));
+    t->param = MF((*out)[0]), t->param_in = CF(x[0]), t->grad = CF(x[1]), t->n = x[0].num_elements();
+    if (momentum != 0) {
+      ASSIGN_OR_RETURN((*out)[1], UpdateOutput(ctx, node, 1, x[3]));
+      t->state0 = MF((*out)[1]), t->state0_in = CF(x[3]);
+    }
+    return absl::OkStatus();
+  };
+  auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
+    ASSIGN_OR_RETURN(const ir::Tensor lr, OnHost(ctx, in[0][2]));
+    return SgdStep(ts, lr.GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream);
+  };
+  return UpdateGroup(nodes, in, fits, tensor, step);
+}
+
+// param', m', v' = AdamWUpdate(param, grad, m, v, lr, step, scale?), for every node.
+GroupResult AdamWUpdates(const KernelContext& ctx, const std::vector<const ir::Node*>& nodes,
+                         const std::vector<std::vector<ir::Tensor>>& in) {
+  const ir::Attrs& a = nodes[0]->attrs;
+  const double beta1 = a.Get<double>("beta1", 0.9), beta2 = a.Get<double>("beta2", 0.999);
+  const double eps = a.Get<double>("eps", 1e-8), wd = a.Get<double>("weight_decay", 0.01);
+  const float* scale = nullptr;
+  if (!ScalePointer(in[0], 6, &scale) || !HasInput(in[0], 4) || !HasInput(in[0], 5) || in[0][5].num_elements() != 1) {
     return std::nullopt;
   }
-  absl::StatusOr<ir::Tensor> lr = OnHost(ctx, in[4]);
-  if (!lr.ok()) return lr.status();
-  absl::StatusOr<ir::Tensor> step = OnHost(ctx, in[5]);
-  if (!step.ok()) return step.status();
-  if (step->GetAsInt(0) < 1) return std::nullopt;
-  std::vector<ir::Tensor> out(3);
-  for (int k = 0; k < 3; ++k) {
-    absl::StatusOr<ir::Tensor> o =
-        ctx.FullOutput(node, k, in[k == 0 ? 0 : k + 1].dtype(), in[k == 0 ? 0 : k + 1].dims());
-    if (!o.ok()) return o.status();
-    out[k] = *o;
-  }
-  OptimizerTensor t;
-  t.param = MF(out[0]), t.param_in = CF(in[0]), t.grad = CF(in[1]);
-  t.state0 = MF(out[1]), t.state0_in = CF(in[2]), t.state1 = MF(out[2]), t.state1_in = CF(in[3]);
-  t.n = in[0].num_elements();
-  if (absl::Status st = AdamWStep({t}, lr->GetAsDouble(0), step->GetAsInt(0), node.attrs.Get<double>("beta1", 0.9),
-                                  node.attrs.Get<double>("beta2", 0.999), node.attrs.Get<double>("eps", 1e-8),
-                                  node.attrs.Get<double>("weight_decay", 0.01), scale, ctx.stream);
-      !st.ok()) {
-    return st;
-  }
-  return out;
+  auto fits = [&](const ir::Node& node, const std::vector<ir::Tensor>& x) {
+    const ir::Attrs& b = node.attrs;
+    const float* s = nullptr;
+    return b.Get<double>("beta1", 0.9) == beta1 && b.Get<double>("beta2", 0.999) == beta2 &&
+           b.Get<double>("eps", 1e-8) == eps && b.Get<double>("weight_decay", 0.01) == wd && x.size() >= 6 &&
+           x[0].dtype() == ir::DType::kF32 && SameAs(x[0], x[1]) && SameAs(x[0], x[2]) && SameAs(x[0], x[3]) &&
+           SameTensor(x[4], in[0][4]) && SameTensor(x[5], in[0][5]) && x[4].num_elements() == 1 &&
+           x[5].num_elements() == 1 && ScalePointer(x, 6, &s) && s == scale && WantsOutput(node, 1) &&
+           WantsOutput(node, 2);
+  };
+  auto tensor = [&](const ir::Node& node, const std::vector<ir::Tensor>& x, std::vector<ir::Tensor>* out,
+                    OptimizerTensor* t) -> absl::Status {
+    out->resize(3);
+    for (int k = 0; k < 3; ++k) {
+      ASSIGN_OR_RETURN((*out)[k], UpdateOutput(ctx, node, k, x[k == 0 ? 0 : k + 1]));
+    }
+    t->param = MF((*out)[0]), t->param_in = CF(x[0]), t->grad = CF(x[1]);
+    t->state0 = MF((*out)[1]), t->state0_in = CF(x[2]), t->state1 = MF((*out)[2]), t->state1_in = CF(x[3]);
+    t->n = x[0].num_elements();
+    return absl::OkStatus();
+  };
+  // The step count is read before any output is set up: a count below 1 goes to the CPU kernel's error.
+  absl::StatusOr<ir::Tensor> count = OnHost(ctx, in[0][5]);
+  if (!count.ok()) return count.status();
+  if (count->GetAsInt(0) < 1) return std::nullopt;
+  auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
+    ASSIGN_OR_RETURN(const ir::Tensor lr, OnHost(ctx, in[0][4]));
+    return AdamWStep(ts, lr.GetAsDouble(0), count->GetAsInt(0), beta1, beta2, eps, wd, scale, ctx.stream);
+  };
+  return UpdateGroup(nodes, in, fits, tensor, step);
 }
 
 // The f32 inputs of SumSquares with their sizes; false when one is not f32 on the device.
@@ -161,8 +216,9 @@ KernelResult ClipScale(const KernelContext& ctx, const ir::Node& node, const std
 }  // namespace
 
 void RegisterOptimizerKernels(KernelTable& table) {
-  table[ir::OpKind::kSGDUpdate] = {SgdUpdate, nullptr, /*host_inputs=*/1u << 2};
-  table[ir::OpKind::kAdamWUpdate] = {AdamWUpdate, nullptr, /*host_inputs=*/(1u << 4) | (1u << 5)};
+  table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), nullptr, /*host_inputs=*/1u << 2, SgdUpdates};
+  table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), nullptr, /*host_inputs=*/(1u << 4) | (1u << 5),
+                                     AdamWUpdates};
   table[ir::OpKind::kSumSquares] = {SumSquares, SumSquaresWorkspace};
   table[ir::OpKind::kClipScale] = {ClipScale, [](const ir::Graph&, const ir::Node&) -> int64_t { return 12; }};
 }

@@ -101,7 +101,17 @@ absl::Status CommError(const absl::Status& st, const std::string& what) {
   return st.ok() || comm::IsAbortedByPeer(st) ? st : Annotate(st, what);
 }
 
-std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
+// f(), a thrown exception becoming an Internal error (a kernel or a hook that throws fails its node).
+template <typename F>
+auto Guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("exception: ") + e.what());
+  } catch (...) {
+    return absl::InternalError("unknown exception");
+  }
+}
 
 }  // namespace
 
@@ -352,58 +362,80 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
-  // Runs node `id` of the stage graph with operands from `values`; returns its outputs.
-  absl::StatusOr<std::vector<ir::Tensor>> Eval(ir::NodeId id, const std::vector<ir::Tensor>& values, int32_t m,
-                                               StepPhase ph) {
-    const ir::Node& n = sp_.graph.node(id);
+  // Node n's operands from `values` (constants from the graph: on the backend since Create).
+  absl::StatusOr<std::vector<ir::Tensor>> Operands(const ir::Node& n, const std::vector<ir::Tensor>& values, int32_t m,
+                                                   StepPhase ph) const {
     std::vector<ir::Tensor> operands;
     operands.reserve(n.inputs.size());
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const ir::ValueId v = n.inputs[i];
       if (v == ir::kNoValue) {
         operands.emplace_back();
-      } else if (sp_.graph.value(v).constant) {  // on the backend since Create
+      } else if (sp_.graph.value(v).constant) {
         operands.push_back(*sp_.graph.value(v).constant);
       } else {
         if (!values[v].defined() ||
             (!values[v].has_data() && !partitioner::IsShapeOnlyOperand(n, static_cast<int>(i)))) {
-          return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + ": operand '" + sp_.graph.value(v).name +
+          return absl::InternalError(Where(m, ph) + " " + ir::NodeLabel(n) + ": operand '" + sp_.graph.value(v).name +
                                      "' is not available (a pipeline program bug)");
         }
         operands.push_back(values[v]);
       }
     }
-    absl::StatusOr<std::vector<ir::Tensor>> out;
-    try {
-      arena_.Select(m);
-      ir::OutputAllocator* slots = &arena_;
-      if (m < 0) slots = &post_slots_;
-      out = ex_.backend_->Run(n, operands, Context(m < 0 ? 0 : m), slots);
-      if (out.ok() && ex_.options_.node_hook) {
-        absl::Status st = ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, &*out);
-        if (!st.ok()) out = st;
-      }
-    } catch (const std::exception& e) {
-      out = absl::InternalError(std::string("exception: ") + e.what());
-    } catch (...) {
-      out = absl::InternalError("unknown exception");
+    return operands;
+  }
+
+  // Runs `nodes` (independent of each other) with their operands on the backend, as one group
+  // (Backend::RunGroup); then, per node, the hook, the output count and the numerics check.
+  absl::StatusOr<std::vector<std::vector<ir::Tensor>>> EvalGroup(const std::vector<const ir::Node*>& nodes,
+                                                                 const std::vector<ir::Tensor>& values, int32_t m,
+                                                                 StepPhase ph) {
+    std::vector<std::vector<ir::Tensor>> operands;
+    for (const ir::Node* n : nodes) {
+      ASSIGN_OR_RETURN(std::vector<ir::Tensor> o, Operands(*n, values, m, ph));
+      operands.push_back(std::move(o));
     }
-    if (!out.ok()) return Annotate(out.status(), Where(m, ph) + " " + NodeDesc(n));
-    if (out->size() < n.outputs.size()) {
-      return absl::InternalError(Where(m, ph) + " " + NodeDesc(n) + ": the backend returned too few outputs");
-    }
-    if (ex_.options_.check_numerics) {
-      for (size_t k = 0; k < n.outputs.size(); ++k) {
-        if (n.outputs[k] == ir::kNoValue || !(*out)[k].has_data()) continue;
-        ASSIGN_OR_RETURN(const bool finite, be_.AllFinite((*out)[k], stream_));
-        if (!finite) {
-          return FAILED_PRECONDITION() << Where(m, ph) << " " << NodeDesc(n)
-                                       << " produced a non-finite value in output '"
-                                       << sp_.graph.value(n.outputs[k]).name << "'";
-        }
-      }
-    }
+    const std::string where = Where(m, ph) + " " + ir::NodeLabel(*nodes[0]);
+    arena_.Select(m);
+    ir::OutputAllocator* slots = m < 0 ? static_cast<ir::OutputAllocator*>(&post_slots_) : &arena_;
+    const backend::ExecContext ctx = Context(m < 0 ? 0 : m);
+    absl::StatusOr<std::vector<std::vector<ir::Tensor>>> out = Guarded([&]() {
+      if (nodes.size() > 1) return ex_.backend_->RunGroup(nodes, operands, ctx, slots);
+      absl::StatusOr<std::vector<ir::Tensor>> one = ex_.backend_->Run(*nodes[0], operands[0], ctx, slots);
+      if (!one.ok()) return absl::StatusOr<std::vector<std::vector<ir::Tensor>>>(one.status());
+      return absl::StatusOr<std::vector<std::vector<ir::Tensor>>>(
+          std::vector<std::vector<ir::Tensor>>{*std::move(one)});
+    });
+    if (!out.ok()) return Annotate(out.status(), nodes.size() == 1 ? where : Where(m, ph));
+    for (size_t i = 0; i < nodes.size(); ++i) RETURN_IF_ERROR(Checked(*nodes[i], &(*out)[i], m, ph));
     return out;
+  }
+
+  // Runs node `id` of the stage graph with operands from `values`; returns its outputs.
+  absl::StatusOr<std::vector<ir::Tensor>> Eval(ir::NodeId id, const std::vector<ir::Tensor>& values, int32_t m,
+                                               StepPhase ph) {
+    ASSIGN_OR_RETURN(std::vector<std::vector<ir::Tensor>> out, EvalGroup({&sp_.graph.node(id)}, values, m, ph));
+    return std::move(out[0]);
+  }
+
+  // After node n ran: the node hook, then the checks of its outputs.
+  absl::Status Checked(const ir::Node& n, std::vector<ir::Tensor>* out, int32_t m, StepPhase ph) {
+    const std::string where = Where(m, ph) + " " + ir::NodeLabel(n);
+    if (ex_.options_.node_hook) {
+      const absl::Status st = Guarded([&] { return ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, out); });
+      if (!st.ok()) return Annotate(st, where);
+    }
+    if (out->size() < n.outputs.size()) return absl::InternalError(where + ": the backend returned too few outputs");
+    if (!ex_.options_.check_numerics) return absl::OkStatus();
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k] == ir::kNoValue || !(*out)[k].has_data()) continue;
+      ASSIGN_OR_RETURN(const bool finite, be_.AllFinite((*out)[k], stream_));
+      if (!finite) {
+        return FAILED_PRECONDITION() << where << " produced a non-finite value in output '"
+                                     << sp_.graph.value(n.outputs[k]).name << "'";
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::Status RunMicrobatchNode(ir::NodeId id, int32_t m, StepPhase ph, Table& t) {
@@ -417,7 +449,7 @@ class PipelineExecutor::StageRun {
       const void* want = Planned(v, m);
       if (out[k].num_bytes() > 0 && (want == nullptr || out[k].address() != want)) {
         return absl::InternalError(
-            Where(m, ph) + " " + NodeDesc(n) + " returned output '" + sp_.graph.value(v).name +
+            Where(m, ph) + " " + ir::NodeLabel(n) + " returned output '" + sp_.graph.value(v).name +
             "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
       }
       RETURN_IF_ERROR(Put(t, m, v, out[k]));
@@ -517,7 +549,7 @@ class PipelineExecutor::StageRun {
     const ir::Tensor& mine = pv[n.inputs[std::find(group.begin(), group.end(), sp_.stage) - group.begin()]];
     std::string stages;
     for (int s : group) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
-    const std::string what = Where(-1, StepPhase::kPost) + " " + NodeDesc(n) + ": all-reducing the gradient of '" +
+    const std::string what = Where(-1, StepPhase::kPost) + " " + ir::NodeLabel(n) + ": all-reducing the gradient of '" +
                              n.origin + "' over stages {" + stages + "}";
     const double start = Now();
     const absl::Status st = comm_.AllReduce(mine, group, stream_);
@@ -528,6 +560,25 @@ class PipelineExecutor::StageRun {
       if (!finite) return FAILED_PRECONDITION() << what << " produced a non-finite value";
     }
     return std::vector<ir::Tensor>{mine};
+  }
+
+  // The optimizer updates of one op from post node i on, consecutive and independent, whose
+  // operands are all at hand in `pv` (none to receive): run as one group (Backend::RunGroup: one
+  // multi-tensor kernel on a GPU instead of one launch per parameter).
+  std::vector<const ir::Node*> UpdateGroup(size_t i, const std::vector<ir::Tensor>& pv) const {
+    std::vector<const ir::Node*> group;
+    std::set<ir::ValueId> made;
+    for (; i < sp_.post.size(); ++i) {
+      const ir::Node& n = sp_.graph.node(sp_.post[i]);
+      if (!partitioner::IsUpdateOp(n.op) || (!group.empty() && n.op != group[0]->op)) break;
+      const bool ready = std::all_of(n.inputs.begin(), n.inputs.end(), [&](ir::ValueId v) {
+        return v == ir::kNoValue || sp_.graph.value(v).constant || (pv[v].defined() && !made.count(v));
+      });
+      if (!ready) break;
+      group.push_back(&n);
+      made.insert(n.outputs.begin(), n.outputs.end());
+    }
+    return group;
   }
 
   absl::Status Post() {
@@ -565,7 +616,24 @@ class PipelineExecutor::StageRun {
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
         if (accumulated.count(v) && !reduced_here.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
-    for (ir::NodeId id : sp_.post) {
+    auto publish = [&](const ir::Node& n, const std::vector<ir::Tensor>& out) -> absl::Status {
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const ir::ValueId o = n.outputs[k];
+        if (o == ir::kNoValue) continue;
+        pv[o] = out[k];
+        for (const auto& [peer, vs] : sp_.send_post)
+          if (std::binary_search(vs.begin(), vs.end(), o)) RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
+      }
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < sp_.post.size();) {
+      const ir::NodeId id = sp_.post[i];
+      if (std::vector<const ir::Node*> group = UpdateGroup(i, pv); group.size() > 1) {
+        ASSIGN_OR_RETURN(const std::vector<std::vector<ir::Tensor>> outs, EvalGroup(group, pv, -1, StepPhase::kPost));
+        for (size_t j = 0; j < group.size(); ++j) RETURN_IF_ERROR(publish(*group[j], outs[j]));
+        i += group.size();
+        continue;
+      }
       std::vector<ir::Tensor> out;
       if (auto it = reduced.find(id); it != reduced.end()) {
         ASSIGN_OR_RETURN(out, AllReduceSum(id, it->second, pv));
@@ -580,14 +648,8 @@ class PipelineExecutor::StageRun {
         }
         ASSIGN_OR_RETURN(out, Eval(id, pv, -1, StepPhase::kPost));
       }
-      const ir::Node& n = sg.node(id);
-      for (size_t k = 0; k < n.outputs.size(); ++k) {
-        const ir::ValueId o = n.outputs[k];
-        if (o == ir::kNoValue) continue;
-        pv[o] = out[k];
-        for (const auto& [peer, vs] : sp_.send_post)
-          if (std::binary_search(vs.begin(), vs.end(), o)) RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
-      }
+      RETURN_IF_ERROR(publish(sg.node(id), out));
+      ++i;
     }
     if (sp_.grad_norm != ir::kNoValue) {
       ASSIGN_OR_RETURN(const ir::Tensor norm, be_.ToHost(pv[sp_.grad_norm], stream_));

@@ -18,8 +18,6 @@ bool IsViewOp(ir::OpKind op) {
          op == ir::OpKind::kUnsqueeze || op == ir::OpKind::kIdentity;
 }
 
-std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
-
 std::string IntsToString(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -45,11 +43,11 @@ absl::StatusOr<LossShareRule> AnalyzeLoss(const ir::Graph& g, ir::ValueId loss, 
   rule.ignore_index = n.attrs.Get<int64_t>("ignore_index", 0);
   if (microbatches == 1) return rule;
   if (rule.reduction != "mean" && rule.reduction != "sum") {
-    return INVALID_ARGUMENT() << NodeDesc(n) << " has reduction '" << rule.reduction
+    return INVALID_ARGUMENT() << ir::NodeLabel(n) << " has reduction '" << rule.reduction
                               << "'; micro-batching needs a scalar loss (mean or sum)";
   }
   if (n.inputs.size() > 2 && n.inputs[2] != ir::kNoValue) {
-    return UNIMPLEMENTED() << NodeDesc(n) << " has class weights; micro-batch shares of a weighted mean "
+    return UNIMPLEMENTED() << ir::NodeLabel(n) << " has class weights; micro-batch shares of a weighted mean "
                            << "are not supported, train with --microbatches 1";
   }
   ir::ValueId labels = n.inputs[1];
@@ -58,7 +56,7 @@ absl::StatusOr<LossShareRule> AnalyzeLoss(const ir::Graph& g, ir::ValueId loss, 
   }
   if (g.value(labels).producer != ir::kNoNode ||
       std::find(g.inputs().begin(), g.inputs().end(), labels) == g.inputs().end()) {
-    return UNIMPLEMENTED() << "the labels of " << NodeDesc(n)
+    return UNIMPLEMENTED() << "the labels of " << ir::NodeLabel(n)
                            << " are computed in the graph, so the micro-batches' shares of the mean cannot be "
                               "counted; train with --microbatches 1";
   }
@@ -89,8 +87,8 @@ absl::StatusOr<std::vector<double>> LossShares(const LossShareRule& rule, const 
   std::vector<double> shares(M);
   for (size_t m = 0; m < M; ++m) {
     if (counts[m] == 0) {
-      return INVALID_ARGUMENT() << "micro-batch " << m << " has no label other than ignore_index "
-                                << rule.ignore_index << " (its mean loss is 0/0); use fewer micro-batches";
+      return INVALID_ARGUMENT() << "micro-batch " << m << " has no label other than ignore_index " << rule.ignore_index
+                                << " (its mean loss is 0/0); use fewer micro-batches";
     }
     shares[m] = static_cast<double>(counts[m]) / static_cast<double>(total);
   }
@@ -133,8 +131,7 @@ absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, co
   } else if (!as_exported) {
     for (ir::ValueId v : g.inputs()) {
       const ir::Value& val = g.value(v);
-      if (val.shape_known && !val.shape.empty() && val.shape[0].symbols().size() == 1 &&
-          val.shape[0].factor() == 1) {
+      if (val.shape_known && !val.shape.empty() && val.shape[0].symbols().size() == 1 && val.shape[0].factor() == 1) {
         symbol = val.shape[0].symbols()[0];
         break;
       }

@@ -28,9 +28,8 @@ absl::Status CheckInput(const ir::Graph& g, ir::ValueId input, const ir::Tensor&
     const int64_t got = t.dims()[i];
     if (d.is_concrete()) {
       if (d.value() != got) {
-        return INVALID_ARGUMENT() << "input '" << v.name << "' expects "
-                                  << ir::ShapeToString(v.shape) << " but got " << describe()
-                                  << " (dim " << i << ")";
+        return INVALID_ARGUMENT() << "input '" << v.name << "' expects " << ir::ShapeToString(v.shape) << " but got "
+                                  << describe() << " (dim " << i << ")";
       }
       continue;
     }
@@ -38,9 +37,8 @@ absl::Status CheckInput(const ir::Graph& g, ir::ValueId input, const ir::Tensor&
     const std::string& sym = d.symbols()[0];
     auto [it, inserted] = bindings->emplace(sym, got);
     if (!inserted && it->second != got) {
-      return INVALID_ARGUMENT() << "input '" << v.name << "' dim " << i << " ('" << sym
-                                << "') is " << got << " but another input bound it to "
-                                << it->second;
+      return INVALID_ARGUMENT() << "input '" << v.name << "' dim " << i << " ('" << sym << "') is " << got
+                                << " but another input bound it to " << it->second;
     }
   }
   return absl::OkStatus();
@@ -69,8 +67,8 @@ absl::StatusOr<std::vector<ir::Tensor>> InterpretImpl(const ir::Graph& g, const 
                                                       const InterpreterOptions& options,
                                                       const std::vector<ir::ValueId>& extra) {
   if (inputs.size() != g.inputs().size()) {
-    return INVALID_ARGUMENT() << "the model has " << g.inputs().size() << " inputs but "
-                              << inputs.size() << " were given";
+    return INVALID_ARGUMENT() << "the model has " << g.inputs().size() << " inputs but " << inputs.size()
+                              << " were given";
   }
   std::map<std::string, int64_t> bindings;
   std::vector<ir::Tensor> values(g.num_values());
@@ -97,24 +95,22 @@ absl::StatusOr<std::vector<ir::Tensor>> InterpretImpl(const ir::Graph& g, const 
       } else if (g.value(v).constant) {
         operands.push_back(*g.value(v).constant);
       } else {
-        RET_CHECK(values[v].defined()) << "value '" << g.value(v).name << "' used by node '"
-                                       << n.name << "' was never computed";
+        RET_CHECK(values[v].defined()) << "value '" << g.value(v).name << "' used by node '" << n.name
+                                       << "' was never computed";
         operands.push_back(values[v]);
       }
     }
     absl::StatusOr<std::vector<ir::Tensor>> out = ev.Evaluate(n, operands);
     if (!out.ok()) {
-      return Annotate(out.status(), "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")");
+      return Annotate(out.status(), ir::NodeLabel(n));
     }
-    RET_CHECK(out->size() >= n.outputs.size()) << "kernel for " << ir::OpName(n.op)
-                                               << " returned too few outputs";
+    RET_CHECK(out->size() >= n.outputs.size()) << "kernel for " << ir::OpName(n.op) << " returned too few outputs";
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       ir::ValueId v = n.outputs[k];
       if (v == ir::kNoValue) continue;
       if (options.check_numerics && !AllFinite((*out)[k])) {
         return FAILED_PRECONDITION() << "node '" << n.name << "' (" << ir::OpName(n.op)
-                                     << ") produced a non-finite value in output '"
-                                     << g.value(v).name << "'";
+                                     << ") produced a non-finite value in output '" << g.value(v).name << "'";
       }
       values[v] = std::move((*out)[k]);
     }
@@ -141,19 +137,16 @@ absl::StatusOr<std::vector<ir::Tensor>> Interpret(const ir::Graph& g, const ir::
 }
 
 absl::StatusOr<StepResult> InterpretStep(const ir::Graph& g, const ir::OpEvaluator& ev,
-                                         const std::vector<ir::Tensor>& inputs,
-                                         const InterpreterOptions& options) {
+                                         const std::vector<ir::Tensor>& inputs, const InterpreterOptions& options) {
   std::vector<ir::ValueId> extra;
   for (const ir::Graph::StateUpdate& u : g.state_updates()) {
-    RET_CHECK(u.state >= 0 && u.state < g.num_values() && u.new_value >= 0 &&
-              u.new_value < g.num_values());
+    RET_CHECK(u.state >= 0 && u.state < g.num_values() && u.new_value >= 0 && u.new_value < g.num_values());
     extra.push_back(u.new_value);
   }
   ASSIGN_OR_RETURN(std::vector<ir::Tensor> all, InterpretImpl(g, ev, inputs, options, extra));
   StepResult r;
   const size_t n_out = g.outputs().size();
-  r.outputs.assign(std::make_move_iterator(all.begin()),
-                   std::make_move_iterator(all.begin() + n_out));
+  r.outputs.assign(std::make_move_iterator(all.begin()), std::make_move_iterator(all.begin() + n_out));
   r.state.assign(std::make_move_iterator(all.begin() + n_out), std::make_move_iterator(all.end()));
   return r;
 }
@@ -166,10 +159,8 @@ absl::Status ApplyStateUpdates(ir::Graph& g, std::vector<ir::Tensor> state) {
     if (!s.constant) {
       return FAILED_PRECONDITION() << "state '" << s.name << "' is not a constant of the graph";
     }
-    if (!state[i].defined() || state[i].dtype() != s.constant->dtype() ||
-        state[i].dims() != s.constant->dims()) {
-      return FAILED_PRECONDITION() << "the new value of state '" << s.name
-                                   << "' does not match its dtype and dims";
+    if (!state[i].defined() || state[i].dtype() != s.constant->dtype() || state[i].dims() != s.constant->dims()) {
+      return FAILED_PRECONDITION() << "the new value of state '" << s.name << "' does not match its dtype and dims";
     }
     s.constant = std::move(state[i]);
   }

@@ -17,13 +17,9 @@ namespace {
 
 using ir::ValueId;
 
-std::string NodeDesc(const ir::Node& n) {
-  return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")";
-}
-
-#define INTERNAL_ERROR_IN(n)                                                       \
+#define INTERNAL_ERROR_IN(n)                                                   \
   ::onnxpipe::StatusBuilder(::absl::StatusCode::kInternal, __FILE__, __LINE__) \
-      << "gradient of " << NodeDesc(n) << ": "
+      << "gradient of " << ir::NodeLabel(n) << ": "
 
 class Driver {
  public:
@@ -151,7 +147,7 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
     const ir::Node& n = g_->node(id);
     const GradRuleInfo* rule = reg_.Find(n.op);
     if (!rule || !rule->rule) {
-      return UNIMPLEMENTED() << "no gradient rule for op " << ir::OpName(n.op) << " at " << NodeDesc(n)
+      return UNIMPLEMENTED() << "no gradient rule for op " << ir::OpName(n.op) << " at " << ir::NodeLabel(n)
                              << ", which lies on the path from a trainable parameter to the loss '"
                              << g_->value(loss).name << "' (freeze the parameters behind it with "
                              << "--freeze, or add a rule in frontend/autodiff)";
@@ -180,7 +176,7 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
       needs[i] = Differentiable(fwd, i) && flows[fwd.inputs[i]];
     GradBuilder b(g_, id, go, needs);
     absl::Status st = reg_.Find(fwd.op)->rule(b);
-    if (!st.ok()) return Annotate(st, "building the gradient of " + NodeDesc(fwd));
+    if (!st.ok()) return Annotate(st, "building the gradient of " + ir::NodeLabel(fwd));
     refs_.resize(g_->num_values(), 0);
     for (int i = 0; i < static_cast<int>(fwd.inputs.size()); ++i) {
       if (!needs[i] || b.GIIncluded(i)) continue;
@@ -190,12 +186,10 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
         return INTERNAL_ERROR_IN(fwd) << "rule gave no gradient for input " << i << " ('" << in.name << "')";
       }
       const ir::Value& gv = g_->value(gi);
-      if (gv.dtype != in.dtype ||
-          (gv.shape_known && in.shape_known && gv.shape != in.shape)) {
+      if (gv.dtype != in.dtype || (gv.shape_known && in.shape_known && gv.shape != in.shape)) {
         return INTERNAL_ERROR_IN(fwd) << "gradient of input " << i << " ('" << in.name << "') is "
-                                      << ir::DTypeName(gv.dtype) << ir::ShapeToString(gv.shape)
-                                      << ", expected " << ir::DTypeName(in.dtype)
-                                      << ir::ShapeToString(in.shape);
+                                      << ir::DTypeName(gv.dtype) << ir::ShapeToString(gv.shape) << ", expected "
+                                      << ir::DTypeName(in.dtype) << ir::ShapeToString(in.shape);
       }
       contrib_[fwd.inputs[i]].push_back(gi);
       ++refs_[gi];
@@ -212,11 +206,11 @@ absl::StatusOr<TrainingGraphInfo> Driver::Run(ValueId loss, const GradOptions& o
     if (g_->value(gv).name != want) {
       const ir::Value& val = g_->value(gv);
       const bool private_value = !val.constant && val.producer != ir::kNoNode &&
-                                 g_->node(val.producer).phase == ir::Phase::kBackward &&
-                                 refs_[gv] == 1 && !g_->IsGraphOutput(gv);
+                                 g_->node(val.producer).phase == ir::Phase::kBackward && refs_[gv] == 1 &&
+                                 !g_->IsGraphOutput(gv);
       if (g_->FindValue(want) != ir::kNoValue) {
-        return INVALID_ARGUMENT() << "cannot name the gradient of '" << pname << "': a value named '"
-                                  << want << "' already exists";
+        return INVALID_ARGUMENT() << "cannot name the gradient of '" << pname << "': a value named '" << want
+                                  << "' already exists";
       }
       if (private_value) {
         g_->RenameValue(gv, want);

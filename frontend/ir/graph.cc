@@ -7,6 +7,8 @@
 
 namespace onnxpipe::ir {
 
+std::string NodeLabel(const Node& n) { return "node '" + n.name + "' (" + std::string(OpName(n.op)) + ")"; }
+
 std::string ScopeOfName(const std::string& node_name) {
   size_t pos = node_name.rfind('/');
   if (pos == std::string::npos || pos == 0) return "";
@@ -36,8 +38,7 @@ std::string Attrs::ToString() const {
           using T = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<T, Tensor>) {
             os << x.DebugString();
-          } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
-                               std::is_same_v<T, std::vector<double>>) {
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<double>>) {
             os << "[";
             for (size_t i = 0; i < x.size(); ++i) os << (i ? "," : "") << x[i];
             os << "]";
@@ -89,8 +90,8 @@ void Graph::RenameValue(ValueId id, const std::string& name) {
   by_name_[name] = id;
 }
 
-NodeId Graph::AddNode(OpKind op, std::string name, std::vector<ValueId> inputs,
-                      std::vector<ValueId> outputs, Attrs attrs) {
+NodeId Graph::AddNode(OpKind op, std::string name, std::vector<ValueId> inputs, std::vector<ValueId> outputs,
+                      Attrs attrs) {
   NodeId id = static_cast<NodeId>(nodes_.size());
   Node n;
   n.op = op;
@@ -148,9 +149,7 @@ std::vector<std::vector<NodeId>> Graph::ComputeUses() const {
   return uses;
 }
 
-bool Graph::IsGraphOutput(ValueId v) const {
-  return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end();
-}
+bool Graph::IsGraphOutput(ValueId v) const { return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end(); }
 
 absl::Status Graph::TopoSort() {
   // Kahn's algorithm; ready nodes are taken in their current order so the sort is stable.

@@ -48,19 +48,19 @@ struct Value {
   bool shape_known = false;  // false until import or shape inference sets it
   NodeId producer = kNoNode;
   int producer_output = 0;
-  std::optional<Tensor> constant;  // initializers and folded constants hold their data
-  bool is_initializer = false;     // came from an ONNX initializer (parameter candidate)
-  ParamState param_state = ParamState::kUndecided;  // float initializers: trained or frozen
+  std::optional<Tensor> constant;                    // initializers and folded constants hold their data
+  bool is_initializer = false;                       // came from an ONNX initializer (parameter candidate)
+  ParamState param_state = ParamState::kUndecided;   // float initializers: trained or frozen
   ExportedAs exported_as = ExportedAs::kUnrecorded;  // initializers: the exporter's record
-  std::string external_file;       // initializer loaded from this side file (for reports)
+  std::string external_file;                         // initializer loaded from this side file (for reports)
 };
 
 struct Node {
   OpKind op = OpKind::kIdentity;
-  std::string name;   // ONNX node name, e.g. "/layers.3/self_attn/MatMul"
-  std::string scope;  // layer scope derived from the name, e.g. "/layers.3/self_attn"
-  std::vector<ValueId> inputs;  // kNoValue marks an absent optional input
-  std::vector<ValueId> outputs; // kNoValue marks an unused optional output
+  std::string name;              // ONNX node name, e.g. "/layers.3/self_attn/MatMul"
+  std::string scope;             // layer scope derived from the name, e.g. "/layers.3/self_attn"
+  std::vector<ValueId> inputs;   // kNoValue marks an absent optional input
+  std::vector<ValueId> outputs;  // kNoValue marks an unused optional output
   Attrs attrs;
   Phase phase = Phase::kForward;
   // Backward and optimizer nodes: the name of the forward node (or parameter value) they belong to,
@@ -69,6 +69,9 @@ struct Node {
   std::string origin;
   bool removed = false;
 };
+
+// "node 'NAME' (Op)": how an error names a node.
+std::string NodeLabel(const Node& n);
 
 // Scope of an ONNX node name: everything before the last '/', e.g.
 // "/layers.3/self_attn/MatMul_1" -> "/layers.3/self_attn"; "" when the name has none.
@@ -89,8 +92,8 @@ class Graph {
   void RenameValue(ValueId id, const std::string& name);
 
   // --- nodes ---
-  NodeId AddNode(OpKind op, std::string name, std::vector<ValueId> inputs,
-                 std::vector<ValueId> outputs, Attrs attrs = {});
+  NodeId AddNode(OpKind op, std::string name, std::vector<ValueId> inputs, std::vector<ValueId> outputs,
+                 Attrs attrs = {});
   Node& node(NodeId id) { return nodes_[id]; }
   const Node& node(NodeId id) const { return nodes_[id]; }
   int32_t num_node_slots() const { return static_cast<int32_t>(nodes_.size()); }
@@ -129,7 +132,7 @@ class Graph {
   std::string producer_name, producer_version;
   int64_t opset = 0;  // default-domain opset version the model was exported with
   int64_t ir_version = 0;
-  std::string source_path;  // the file this graph was imported from
+  std::string source_path;                         // the file this graph was imported from
   std::map<std::string, int64_t> symbol_bindings;  // bound symbolic dims ("B" -> 32)
 
  private:

@@ -19,8 +19,7 @@ StatusBuilder InferContext::Error() const {
   return b;
 }
 
-absl::StatusOr<int64_t> InferContext::Axis(int64_t axis, int64_t rank, std::string_view what,
-                                           bool allow_rank) const {
+absl::StatusOr<int64_t> InferContext::Axis(int64_t axis, int64_t rank, std::string_view what, bool allow_rank) const {
   const int64_t hi = allow_rank ? rank : rank - 1;
   const int64_t lo = allow_rank ? -rank - 1 : -rank;
   if (axis < lo || axis > hi) {
@@ -32,13 +31,12 @@ absl::StatusOr<int64_t> InferContext::Axis(int64_t axis, int64_t rank, std::stri
   return axis < 0 ? axis + (allow_rank ? rank + 1 : rank) : axis;
 }
 
-absl::StatusOr<std::vector<int64_t>> InferContext::Axes(const std::vector<int64_t>& axes,
-                                                        int64_t rank, std::string_view what) const {
+absl::StatusOr<std::vector<int64_t>> InferContext::Axes(const std::vector<int64_t>& axes, int64_t rank,
+                                                        std::string_view what) const {
   std::vector<int64_t> out;
   for (int64_t a : axes) {
     ASSIGN_OR_RETURN(int64_t n, Axis(a, rank, what));
-    if (std::find(out.begin(), out.end(), n) != out.end())
-      return Error() << what << " lists axis " << a << " twice";
+    if (std::find(out.begin(), out.end(), n) != out.end()) return Error() << what << " lists axis " << a << " twice";
     out.push_back(n);
   }
   return out;
@@ -46,8 +44,7 @@ absl::StatusOr<std::vector<int64_t>> InferContext::Axes(const std::vector<int64_
 
 std::string InferContext::Describe(int i) const {
   std::ostringstream os;
-  os << "input " << i << " '" << input(i).name << "' (" << DTypeName(dtype(i))
-     << ShapeToString(shape(i)) << ")";
+  os << "input " << i << " '" << input(i).name << "' (" << DTypeName(dtype(i)) << ShapeToString(shape(i)) << ")";
   return os.str();
 }
 
@@ -88,8 +85,7 @@ absl::StatusOr<Shape> BroadcastShapes(const InferContext& ctx, const std::vector
         StatusBuilder b = ctx.Error();
         b << "shapes";
         for (const Shape& t : shapes) b << " " << ShapeToString(t);
-        b << " do not broadcast (dim " << out[off + i].ToString() << " vs " << s[i].ToString()
-          << ")";
+        b << " do not broadcast (dim " << out[off + i].ToString() << " vs " << s[i].ToString() << ")";
         return b;
       }
       out[off + i] = *d;
@@ -119,10 +115,6 @@ const RuleTable& Rules() {
   return table;
 }
 
-std::string NodeLabel(const Node& n) {
-  return "node '" + n.name + "' (" + std::string(OpName(n.op)) + ")";
-}
-
 // Merges an inferred dim into one the file declared: the more specific wins (concrete over named
 // over unknown); between two named symbols the inferred one, which is consistent with the rest of
 // the graph; between two unknowns the existing one, so that re-running inference is stable.
@@ -138,18 +130,15 @@ bool HasShapeRule(OpKind op) { return Rules()[static_cast<size_t>(op)] != nullpt
 absl::StatusOr<std::vector<TypeAndShape>> InferNode(const Graph& g, const Node& n) {
   const OpInfo& info = GetOpInfo(n.op);
   const int nin = static_cast<int>(n.inputs.size()), nout = static_cast<int>(n.outputs.size());
-  if (nin < info.min_inputs || nin > info.max_inputs || nout < info.min_outputs ||
-      nout > info.max_outputs) {
-    return INVALID_ARGUMENT() << NodeLabel(n) << ": has " << nin << " inputs and " << nout
-                              << " outputs; expected " << info.min_inputs << ".." << info.max_inputs
-                              << " inputs and " << info.min_outputs << ".." << info.max_outputs
-                              << " outputs";
+  if (nin < info.min_inputs || nin > info.max_inputs || nout < info.min_outputs || nout > info.max_outputs) {
+    return INVALID_ARGUMENT() << NodeLabel(n) << ": has " << nin << " inputs and " << nout << " outputs; expected "
+                              << info.min_inputs << ".." << info.max_inputs << " inputs and " << info.min_outputs
+                              << ".." << info.max_outputs << " outputs";
   }
   for (int i = 0; i < nin; ++i) {
     const ValueId v = n.inputs[i];
     if (v == kNoValue) {
-      if (i < info.min_inputs)
-        return INVALID_ARGUMENT() << NodeLabel(n) << ": required input " << i << " is absent";
+      if (i < info.min_inputs) return INVALID_ARGUMENT() << NodeLabel(n) << ": required input " << i << " is absent";
       continue;
     }
     if (v < 0 || v >= g.num_values())
@@ -198,13 +187,12 @@ absl::Status InferShapes(Graph& g) {
           std::string bound;
           for (const auto& [sym, size] : g.symbol_bindings)
             bound += (bound.empty() ? "" : ", ") + sym + "=" + std::to_string(size);
-          return INVALID_ARGUMENT()
-                 << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
-                 << DTypeName(val.dtype) << ShapeToString(val.shape) << " but inferred "
-                 << DTypeName(ts.dtype) << ShapeToString(ts.shape)
-                 << (bound.empty()
-                         ? std::string()
-                         : " (with " + bound + " bound; does the model support these sizes?)");
+          return INVALID_ARGUMENT() << NodeLabel(n) << ": output " << i << " '" << val.name << "' is declared "
+                                    << DTypeName(val.dtype) << ShapeToString(val.shape) << " but inferred "
+                                    << DTypeName(ts.dtype) << ShapeToString(ts.shape)
+                                    << (bound.empty()
+                                            ? std::string()
+                                            : " (with " + bound + " bound; does the model support these sizes?)");
         }
         val.shape = std::move(merged);
       } else {
@@ -242,8 +230,7 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
     return out.empty() ? std::string("none") : out;
   };
   for (const auto& [sym, size] : bindings) {
-    if (sym.empty() || sym[0] == '?')
-      return INVALID_ARGUMENT() << "cannot bind '" << sym << "': not a named symbol";
+    if (sym.empty() || sym[0] == '?') return INVALID_ARGUMENT() << "cannot bind '" << sym << "': not a named symbol";
     if (used.count(sym)) continue;
     auto prev = g.symbol_bindings.find(sym);
     if (prev != g.symbol_bindings.end()) {
@@ -252,8 +239,7 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
                                 << "; cannot bind it to " << size;
     }
     return INVALID_ARGUMENT() << "symbol '" << sym
-                              << "' is not used by the model; its symbolic dims are: "
-                              << list(CollectSymbols(g));
+                              << "' is not used by the model; its symbolic dims are: " << list(CollectSymbols(g));
   }
   // Check every graph input before changing anything, so a failed bind leaves the graph intact.
   for (ValueId v : g.inputs()) {
@@ -271,20 +257,18 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
       }
       if (!changed) continue;
       if (overflow) {
-        return INVALID_ARGUMENT() << "graph input '" << val.name << "' dim " << k << " ("
-                                  << d.ToString() << ") overflows int64 after binding";
+        return INVALID_ARGUMENT() << "graph input '" << val.name << "' dim " << k << " (" << d.ToString()
+                                  << ") overflows int64 after binding";
       }
       if (size <= 0) {
-        return INVALID_ARGUMENT() << "graph input '" << val.name << "' dim " << k << " ("
-                                  << d.ToString() << ") would be " << size
-                                  << " after binding; dims must be >= 1";
+        return INVALID_ARGUMENT() << "graph input '" << val.name << "' dim " << k << " (" << d.ToString()
+                                  << ") would be " << size << " after binding; dims must be >= 1";
       }
     }
   }
   for (const auto& [sym, size] : bindings) {
     if (size <= 0) {
-      return INVALID_ARGUMENT() << "symbol '" << sym << "' bound to " << size
-                                << "; dims must be >= 1";
+      return INVALID_ARGUMENT() << "symbol '" << sym << "' bound to " << size << "; dims must be >= 1";
     }
   }
   for (ValueId v = 0; v < g.num_values(); ++v) {

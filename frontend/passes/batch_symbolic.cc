@@ -11,8 +11,6 @@
 namespace onnxpipe::passes {
 namespace {
 
-std::string NodeDesc(const ir::Node& n) { return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")"; }
-
 std::string IntsToString(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -88,11 +86,11 @@ absl::Status PatchReshape(ir::Graph* g, ir::NodeId id, const std::string& symbol
   }
   g->node(id).inputs[1] = n.inputs[1];
   if (good.empty()) {
-    return INVALID_ARGUMENT() << NodeDesc(n) << " reshapes " << ir::ShapeToString(in.shape) << " to the constant "
+    return INVALID_ARGUMENT() << ir::NodeLabel(n) << " reshapes " << ir::ShapeToString(in.shape) << " to the constant "
                               << IntsToString(shape) << ", which bakes in the export batch " << b0
                               << " in a way shape inference cannot undo" << ReExportHint();
   }
-  return INVALID_ARGUMENT() << NodeDesc(n) << " reshapes " << ir::ShapeToString(in.shape) << " to the constant "
+  return INVALID_ARGUMENT() << ir::NodeLabel(n) << " reshapes " << ir::ShapeToString(in.shape) << " to the constant "
                             << IntsToString(shape) << ": " << good.size() << " of its entries equal the export batch "
                             << b0 << " and each could be the batch dim, so it is ambiguous" << ReExportHint();
 }
@@ -116,7 +114,7 @@ absl::Status PatchExpand(ir::Graph* g, ir::NodeId id, const std::string& symbol,
       shape[i] = 1;
       changed = true;
     } else if (d == ir::Dim(1) && b0 != 1) {
-      return INVALID_ARGUMENT() << NodeDesc(n) << " expands " << ir::ShapeToString(in.shape) << " to the constant "
+      return INVALID_ARGUMENT() << ir::NodeLabel(n) << " expands " << ir::ShapeToString(in.shape) << " to the constant "
                                 << IntsToString(shape) << ": entry " << i << " broadcasts a size-1 dim to " << b0
                                 << ", the export batch, and may or may not be the batch dim" << ReExportHint();
     }
@@ -160,8 +158,8 @@ absl::Status MakeBatchSymbolic(ir::Graph* g, const std::string& symbol, int64_t*
     if (op == ir::OpKind::kExpand) RETURN_IF_ERROR(PatchExpand(g, id, symbol, b0));
     absl::StatusOr<std::vector<ir::TypeAndShape>> r = ir::InferNode(*g, g->node(id));
     if (!r.ok()) {
-      return Annotate(r.status(), "re-deriving the batch dim of a fixed-batch export (" + NodeDesc(g->node(id)) + ")" +
-                                      ReExportHint());
+      return Annotate(r.status(), "re-deriving the batch dim of a fixed-batch export (" + ir::NodeLabel(g->node(id)) +
+                                      ")" + ReExportHint());
     }
     const ir::Node& n = g->node(id);
     for (size_t k = 0; k < n.outputs.size() && k < r->size(); ++k) {

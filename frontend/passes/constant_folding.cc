@@ -45,13 +45,7 @@ class Folder {
   }
 
  private:
-  std::string Describe(const Node& n) const {
-    return "node '" + n.name + "' (" + std::string(ir::OpName(n.op)) + ")";
-  }
-
-  bool Frozen(ValueId v) const {
-    return v == ir::kNoValue || (!graph_inputs_.count(v) && IsFoldableConstant(*g_, v));
-  }
+  bool Frozen(ValueId v) const { return v == ir::kNoValue || (!graph_inputs_.count(v) && IsFoldableConstant(*g_, v)); }
 
   bool ProducesGraphOutput(const Node& n) const {
     return std::any_of(n.outputs.begin(), n.outputs.end(),
@@ -117,8 +111,7 @@ class Folder {
   }
 
   bool IsNoOp(const Node& n) const {
-    if (n.outputs.empty() || n.outputs[0] == ir::kNoValue || n.inputs.empty() ||
-        n.inputs[0] == ir::kNoValue) {
+    if (n.outputs.empty() || n.outputs[0] == ir::kNoValue || n.inputs.empty() || n.inputs[0] == ir::kNoValue) {
       return false;
     }
     const ValueId in = n.inputs[0], out = n.outputs[0];
@@ -144,8 +137,7 @@ class Folder {
     for (ValueId v : n.outputs) {
       if (v == ir::kNoValue) continue;
       const ir::Value& val = g_->value(v);
-      if (val.shape_known && ir::IsConcrete(val.shape) &&
-          ir::NumElements(val.shape).value() > options_.max_elements) {
+      if (val.shape_known && ir::IsConcrete(val.shape) && ir::NumElements(val.shape).value() > options_.max_elements) {
         return false;
       }
     }
@@ -188,12 +180,12 @@ class Folder {
     absl::StatusOr<std::vector<Tensor>> result = ev_.Evaluate(n, inputs);
     if (!result.ok()) {
       if (absl::IsUnimplemented(result.status())) return false;
-      return Annotate(result.status(), "folding " + Describe(n));
+      return Annotate(result.status(), "folding " + ir::NodeLabel(n));
     }
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       if (n.outputs[i] == ir::kNoValue) continue;
       if (i >= result->size() || !(*result)[i].defined()) {
-        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": the evaluator computed no output " << i;
+        return FAILED_PRECONDITION() << "folding " << ir::NodeLabel(n) << ": the evaluator computed no output " << i;
       }
       if ((*result)[i].num_elements() > options_.max_elements) return false;
     }
@@ -211,14 +203,12 @@ class Folder {
       const Tensor& t = results[i];
       const ir::Shape dims = ir::FromInts(t.dims());
       if (t.dtype() != val.dtype) {
-        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": output '" << val.name << "' is declared "
-                                     << ir::DTypeName(val.dtype) << " but evaluates to "
-                                     << ir::DTypeName(t.dtype());
+        return FAILED_PRECONDITION() << "folding " << ir::NodeLabel(n) << ": output '" << val.name << "' is declared "
+                                     << ir::DTypeName(val.dtype) << " but evaluates to " << ir::DTypeName(t.dtype());
       }
       if (val.shape_known && ir::IsConcrete(val.shape) && val.shape != dims) {
-        return FAILED_PRECONDITION() << "folding " << Describe(n) << ": output '" << val.name << "' is declared "
-                                     << ir::ShapeToString(val.shape) << " but evaluates to "
-                                     << ir::ShapeToString(dims);
+        return FAILED_PRECONDITION() << "folding " << ir::NodeLabel(n) << ": output '" << val.name << "' is declared "
+                                     << ir::ShapeToString(val.shape) << " but evaluates to " << ir::ShapeToString(dims);
       }
     }
     // Copy first: RemoveNode tombstones the node but keeps its outputs list.

@@ -689,6 +689,93 @@ TEST_F(CudaOpsTest, SgdAndAdamWUpdates) {
          /*host_inputs=*/(1u << 4) | (1u << 5)});
 }
 
+// Backend::RunGroup over many update nodes (one multi-tensor step on the GPU): each node's outputs
+// are what the CPU backend computes for that node alone (the kernels round as the CPU does).
+// `inputs[i]` are node i's host inputs; a tensor shared by every node (lr, step, the clipping
+// scale) is uploaded once, as the executor's step scalars are. `attrs[i]` may differ from node 0's:
+// such a group runs node by node, with the same results.
+void CheckUpdateGroup(const std::shared_ptr<CudaBackend>& be, ir::OpKind op, int outputs,
+                      const std::vector<std::vector<Tensor>>& inputs, const std::vector<ir::Attrs>& attrs,
+                      uint32_t host_inputs) {
+  ir::Graph g;
+  std::vector<const ir::Node*> nodes;
+  std::vector<std::vector<Tensor>> dev(inputs.size());
+  std::map<const void*, Tensor> uploaded;  // host buffer -> its device copy
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    std::vector<ir::ValueId> in_ids, out_ids;
+    for (size_t i = 0; i < inputs[n].size(); ++i) {
+      const Tensor& x = inputs[n][i];
+      in_ids.push_back(x.defined() ? g.AddValue("in" + std::to_string(n) + "_" + std::to_string(i), x.dtype(),
+                                                ir::Shape(x.dims().begin(), x.dims().end()))
+                                   : ir::kNoValue);
+      if (!x.defined() || (host_inputs >> i & 1u) != 0) {
+        dev[n].push_back(x);
+        continue;
+      }
+      auto it = uploaded.find(x.address());
+      if (it == uploaded.end()) {
+        absl::StatusOr<Tensor> d = be->Upload(x);
+        ASSERT_TRUE(d.ok()) << d.status();
+        it = uploaded.emplace(x.address(), *d).first;
+      }
+      dev[n].push_back(it->second);
+    }
+    for (int k = 0; k < outputs; ++k)
+      out_ids.push_back(g.AddValue("out" + std::to_string(n) + "_" + std::to_string(k), DType::kF32, {}, false));
+    g.AddNode(op, "update" + std::to_string(n), in_ids, out_ids, attrs[n]);
+  }
+  for (ir::NodeId id = 0; id < static_cast<ir::NodeId>(inputs.size()); ++id) nodes.push_back(&g.node(id));
+  absl::StatusOr<std::vector<std::vector<Tensor>>> got = be->RunGroup(nodes, dev, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(*nodes[n], inputs[n], {});
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ((*got)[n].size(), want->size()) << "node " << n;
+    for (size_t k = 0; k < want->size(); ++k) {
+      absl::StatusOr<Tensor> h = be->ToHost((*got)[n][k]);
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_TRUE(h->BitwiseEquals((*want)[k])) << ir::OpName(op) << " node " << n << " output " << k;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, UpdateGroupsEqualEachNodeOnTheCpu) {
+  const std::vector<std::vector<int64_t>> dims = {{1}, {7}, {33, 17}, {1000}, {70000}, {3, 65536 + 5}};
+  const Tensor lr = Tensor::FromVector<double>({}, {0.05});
+  const Tensor step = Tensor::FromVector<int64_t>({}, {4});
+  const Tensor scale = Tensor::FromVector<float>({}, {0.8f});
+  const ir::Attrs sgd_momentum = Attrs({{"momentum", 0.9}, {"nesterov", int64_t{1}}, {"weight_decay", 1e-2}});
+  const ir::Attrs adamw = Attrs({{"weight_decay", 0.1}, {"beta2", 0.95}});
+  std::vector<std::vector<Tensor>> sgd, sgd_buf, adam;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const Tensor p = Rand(dims[i], 10 + i), g = Rand(dims[i], 20 + i), b = Rand(dims[i], 30 + i);
+    const Tensor v = Rand(dims[i], 40 + i, 0, 0.1f);
+    sgd.push_back({p, g, lr, Tensor(), Tensor()});
+    sgd_buf.push_back({p, g, lr, b, scale});
+    adam.push_back({p, g, b, v, lr, step, scale});
+  }
+  const size_t n = dims.size();
+  {
+    SCOPED_TRACE("SGD, lr on the host");
+    CheckUpdateGroup(be_, ir::OpKind::kSGDUpdate, 1, sgd, std::vector<ir::Attrs>(n), 1u << 2);
+  }
+  {
+    SCOPED_TRACE("SGD with momentum, nesterov, weight decay and a clipping scale");
+    CheckUpdateGroup(be_, ir::OpKind::kSGDUpdate, 2, sgd_buf, std::vector<ir::Attrs>(n, sgd_momentum), 0);
+  }
+  {
+    SCOPED_TRACE("SGD, one node with another weight decay: node by node");
+    std::vector<ir::Attrs> mixed(n, sgd_momentum);
+    mixed[2] = Attrs({{"momentum", 0.9}, {"nesterov", int64_t{1}}, {"weight_decay", 0.5}});
+    CheckUpdateGroup(be_, ir::OpKind::kSGDUpdate, 2, sgd_buf, mixed, 0);
+  }
+  {
+    SCOPED_TRACE("AdamW with a clipping scale, lr and step on the device");
+    CheckUpdateGroup(be_, ir::OpKind::kAdamWUpdate, 3, adam, std::vector<ir::Attrs>(n, adamw), 0);
+  }
+}
+
 TEST_F(CudaOpsTest, GradientNormAndClipScale) {
   Check({ir::OpKind::kSumSquares, {Rand({100, 37}, 1), Rand({5}, 2), Rand({70000}, 3)}});
   for (float norm : {0.5f, 3.f, NAN}) {
