@@ -24,22 +24,29 @@ __device__ __forceinline__ cpu::DropoutStream WithOffset(cpu::DropoutStream s, c
   return s;
 }
 
+// Keep decisions of a Philox block's four draws (bit w: draw w >= the threshold), compared in 32
+// bits: a threshold of 2^32 keeps nothing.
+__device__ __forceinline__ uint32_t KeptBits(const cpu::DropoutStream& s, const cpu::Philox4x32& r) {
+  if (s.threshold > 0xFFFFFFFFull) return 0;
+  const uint32_t t = static_cast<uint32_t>(s.threshold);
+  return static_cast<uint32_t>(r.v[0] >= t) | static_cast<uint32_t>(r.v[1] >= t) << 1 |
+         static_cast<uint32_t>(r.v[2] >= t) << 2 | static_cast<uint32_t>(r.v[3] >= t) << 3;
+}
+
 // Keep decisions of the four consecutive elements with counters c0 .. c0 + 3 (bit m set: element
 // c0 + m is kept), exactly DropoutStream::Keep of each: one Philox block when c0 is a multiple of
 // four, else the two blocks the counters straddle.
 __device__ __forceinline__ uint32_t KeepBits4(const cpu::DropoutStream& s, uint64_t c0) {
   const uint64_t block = c0 >> 2;
   const int lane = static_cast<int>(c0 & 3);
-  const cpu::Philox4x32 r0 = s.Block(block);
-  uint32_t bits = 0;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) bits |= static_cast<uint32_t>(r0.v[w] >= s.threshold) << w;
-  if (lane != 0) {
-    const cpu::Philox4x32 r1 = s.Block(block + 1);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) bits |= static_cast<uint32_t>(r1.v[w] >= s.threshold) << (w + 4);
-  }
+  uint32_t bits = KeptBits(s, s.Block(block));
+  if (lane != 0) bits |= KeptBits(s, s.Block(block + 1)) << 4;
   return (bits >> lane) & 0xFu;
+}
+
+// The same for the eight elements c0 .. c0 + 7.
+__device__ __forceinline__ uint32_t KeepBits8(const cpu::DropoutStream& s, uint64_t c0) {
+  return KeepBits4(s, c0) | KeepBits4(s, c0 + 4) << 4;
 }
 
 // Whether `p` drops anything: training with a ratio over 0.
@@ -48,42 +55,65 @@ inline bool DropoutActive(const DropoutParams& p) { return p.training && p.ratio
 inline double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
 
 // out[i] = f(keep_i, in[i]...) for i < n, keep_i the dropout decision of element i (counter
-// base + i) of stream `s`: an elementwise op with a dropout fused into it. Each thread takes four
-// consecutive elements, one Philox block when base is a multiple of four, moved in single accesses
-// when `runs` (every pointer aligned for four elements).
-template <typename F, typename Out, typename... In>
-__global__ void MapWithKeepKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base, bool runs,
-                                  int64_t n, F f, Out* out, const In*... in) {
+// base + i) of stream `s`: an elementwise op with a dropout fused into it; keep_out (optional)
+// receives keep_i as a byte. Each thread takes eight consecutive elements. kRuns (base a multiple
+// of four, n of eight, every pointer 16-byte aligned): two whole Philox blocks and 16-byte
+// accesses per thread, nothing else in the loop (the draws cost more than the arithmetic, so the
+// loop's instruction count decides the speed); otherwise element by element.
+constexpr int kKeepRun = 8;
+template <bool kRuns, typename F, typename Out, typename... In>
+__global__ void MapWithKeepKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base, int64_t n, F f,
+                                  uint8_t* keep_out, Out* out, const In*... in) {
   s = WithOffset(s, device_offset);
-  const int64_t groups = (n + 3) / 4;
+  const int64_t groups = (n + kKeepRun - 1) / kKeepRun;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < groups; t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = t * 4;
-    const uint32_t keep = KeepBits4(s, base + static_cast<uint64_t>(i));
-    if (runs && i + 4 <= n) {
-      const ::cuda::std::tuple<Run<In, 4>...> args{LoadRun<4>(in, i)...};
-      Run<Out, 4> r;
+    const int64_t i = t * kKeepRun;
+    if constexpr (kRuns) {
+      const uint64_t block = (base + static_cast<uint64_t>(i)) >> 2;
+      const uint32_t keep = KeptBits(s, s.Block(block)) | KeptBits(s, s.Block(block + 1)) << 4;
+      const ::cuda::std::tuple<Run<In, kKeepRun>...> args{LoadRun<kKeepRun>(in, i)...};
+      Run<Out, kKeepRun> r;
+      Run<uint8_t, kKeepRun> m;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < kKeepRun; ++k) {
         const bool kept = (keep >> k) & 1u;
+        m.v[k] = kept;
         r.v[k] = Convert<Out>(::cuda::std::apply([&](const auto&... a) { return f(kept, a[k]...); }, args));
       }
-      StoreRun<4>(out, i, r);
+      StoreRun<kKeepRun>(out, i, r);
+      if (keep_out != nullptr) StoreRun<kKeepRun>(keep_out, i, m);
     } else {
-      for (int k = 0; k < 4 && i + k < n; ++k) Store(out, i + k, f(((keep >> k) & 1u) != 0, Load(in, i + k)...));
+      const uint32_t keep = KeepBits8(s, base + static_cast<uint64_t>(i));
+      for (int k = 0; k < kKeepRun && i + k < n; ++k) {
+        const bool kept = (keep >> k) & 1u;
+        Store(out, i + k, f(kept, Load(in, i + k)...));
+        if (keep_out != nullptr) keep_out[i + k] = kept;
+      }
     }
   }
 }
 
 // Launches MapWithKeepKernel with the stream of `p` (active: training, ratio > 0; the caller runs
-// the plain map otherwise).
+// the plain map otherwise): the whole runs of eight, then the tail. keep_out may be null.
 template <typename F, typename Out, typename... In>
-cudaError_t LaunchMapWithKeep(const DropoutParams& p, int64_t n, F f, cudaStream_t stream, Out* out, const In*... in) {
-  if (n == 0) return cudaSuccess;
-  auto aligned = [](const auto* q) { return reinterpret_cast<uintptr_t>(q) % (4 * sizeof(*q)) == 0; };
-  const bool runs = aligned(out) && (aligned(in) && ...);
+cudaError_t LaunchMapWithKeep(const DropoutParams& p, int64_t n, F f, cudaStream_t stream, uint8_t* keep_out, Out* out,
+                              const In*... in) {
+  auto aligned = [](const void* q) { return q == nullptr || Aligned16(q); };
   const cpu::DropoutStream s = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
-  MapWithKeepKernel<<<GridFor((n + 3) / 4), kThreads, 0, stream>>>(s, p.device_offset, p.counter_base, runs, n, f, out,
-                                                                   in...);
+  int64_t done = 0;
+  if (p.counter_base % 4 == 0 && aligned(keep_out) && aligned(out) && (aligned(in) && ...)) {
+    done = n / kKeepRun * kKeepRun;
+    if (done > 0) {
+      MapWithKeepKernel<true><<<GridFor(done / kKeepRun), kThreads, 0, stream>>>(s, p.device_offset, p.counter_base,
+                                                                                 done, f, keep_out, out, in...);
+    }
+  }
+  if (done < n) {
+    const int64_t rest = n - done;
+    MapWithKeepKernel<false><<<GridFor((rest + kKeepRun - 1) / kKeepRun), kThreads, 0, stream>>>(
+        s, p.device_offset, p.counter_base + static_cast<uint64_t>(done), rest, f,
+        keep_out == nullptr ? nullptr : keep_out + done, out + done, (in + done)...);
+  }
   return cudaGetLastError();
 }
 

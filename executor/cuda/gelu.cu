@@ -28,32 +28,39 @@ __device__ __forceinline__ float GeluDerivative(float x, bool tanh_approx) {
   return cdf + x * pdf;
 }
 
+// The functors take the form as a template argument: one kernel per form, no per-element branch.
+template <bool kTanh>
 struct GeluFn {
-  bool tanh_approx;
-  __device__ __forceinline__ float operator()(float x) const { return GeluValue(x, tanh_approx); }
+  __device__ __forceinline__ float operator()(float x) const { return GeluValue(x, kTanh); }
 };
 
+template <bool kTanh>
 struct GeluGradFn {
-  bool tanh_approx;
-  __device__ __forceinline__ float operator()(float dy, float x) const { return dy * GeluDerivative(x, tanh_approx); }
+  __device__ __forceinline__ float operator()(float dy, float x) const { return dy * GeluDerivative(x, kTanh); }
 };
 
 // With the fused dropout: kept elements scaled (forward: the result; backward: dy), the others 0.
+template <bool kTanh>
 struct GeluDropFn {
-  bool tanh_approx;
   float scale;
   __device__ __forceinline__ float operator()(bool keep, float x) const {
-    return keep ? GeluValue(x, tanh_approx) * scale : 0.f;
+    return keep ? GeluValue(x, kTanh) * scale : 0.f;
   }
 };
 
+template <bool kTanh>
 struct GeluGradDropFn {
-  bool tanh_approx;
   float scale;
   __device__ __forceinline__ float operator()(bool keep, float dy, float x) const {
-    return (keep ? dy * scale : 0.f) * GeluDerivative(x, tanh_approx);
+    return (keep ? dy * scale : 0.f) * GeluDerivative(x, kTanh);
   }
 };
+
+// f(integral_constant<bool, tanh_approx>).
+template <typename F>
+cudaError_t WithForm(bool tanh_approx, F&& f) {
+  return tanh_approx ? f(std::true_type{}) : f(std::false_type{});
+}
 
 bool Active(const DropoutParams* p) { return p != nullptr && DropoutActive(*p); }
 
@@ -62,20 +69,23 @@ bool Active(const DropoutParams* p) { return p != nullptr && DropoutActive(*p); 
 template <typename T>
 cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
                               cudaStream_t stream) {
-  if (Active(dropout))
-    return LaunchMapWithKeep(*dropout, n, GeluDropFn{tanh_approx, static_cast<float>(KeepScale(*dropout))}, stream, y,
-                             x);
-  return LaunchMap(n, GeluFn{tanh_approx}, stream, y, x);
+  return WithForm(tanh_approx, [&](auto form) {
+    constexpr bool kTanh = decltype(form)::value;
+    if (!Active(dropout)) return LaunchMap(n, GeluFn<kTanh>{}, stream, y, x);
+    const float scale = static_cast<float>(KeepScale(*dropout));
+    return LaunchMapWithKeep(*dropout, n, GeluDropFn<kTanh>{scale}, stream, nullptr, y, x);
+  });
 }
 
 template <typename T>
 cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx,
                                const DropoutParams* dropout, cudaStream_t stream) {
-  if (Active(dropout)) {
-    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn{tanh_approx, static_cast<float>(KeepScale(*dropout))}, stream,
-                             dx, dy, x);
-  }
-  return LaunchMap(n, GeluGradFn{tanh_approx}, stream, dx, dy, x);
+  return WithForm(tanh_approx, [&](auto form) {
+    constexpr bool kTanh = decltype(form)::value;
+    if (!Active(dropout)) return LaunchMap(n, GeluGradFn<kTanh>{}, stream, dx, dy, x);
+    const float scale = static_cast<float>(KeepScale(*dropout));
+    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn<kTanh>{scale}, stream, nullptr, dx, dy, x);
+  });
 }
 
 template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, cudaStream_t);

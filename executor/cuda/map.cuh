@@ -15,8 +15,13 @@
 
 namespace onnxpipe::cuda {
 
+// The bits of kBytes moved as one access (several 16-byte ones above 16 bytes).
 template <int kBytes>
-struct RawBits;
+struct RawBits {
+  struct alignas(16) type {
+    uint4 w[kBytes / 16];
+  };
+};
 template <>
 struct RawBits<1> {
   using type = uint8_t;
