@@ -90,6 +90,39 @@ TEST_P(BackendContract, RunsKernelsIntoItsOwnMemory) {
   EXPECT_TRUE(host->BitwiseEquals(ir::Tensor::FromVector<float>({3}, {11, 22, 33})));
 }
 
+// RunGroup: each node's outputs as its own Run gives them (hand-computed sums); a failing node is
+// named in the error.
+TEST_P(BackendContract, RunsAGroupAsItsNodesOneByOne) {
+  ir::Graph g;
+  const ir::ValueId x = g.AddValue("x", ir::DType::kF32, {ir::Dim(2)});
+  const ir::ValueId y = g.AddValue("y", ir::DType::kF32, {ir::Dim(2)});
+  const ir::ValueId s = g.AddValue("s", ir::DType::kF32, {ir::Dim(2)});
+  const ir::ValueId p = g.AddValue("p", ir::DType::kF32, {ir::Dim(2)});
+  const ir::NodeId add = g.AddNode(ir::OpKind::kAdd, "add", {x, y}, {s});
+  const ir::NodeId mul = g.AddNode(ir::OpKind::kMul, "mul", {x, y}, {p});
+  absl::StatusOr<ir::Tensor> a = be_->Upload(ir::Tensor::FromVector<float>({2}, {1.5f, -2}));
+  absl::StatusOr<ir::Tensor> b = be_->Upload(ir::Tensor::FromVector<float>({2}, {4, 3}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<std::vector<std::vector<ir::Tensor>>> out =
+      be_->RunGroup({&g.node(add), &g.node(mul)}, {{*a, *b}, {*a, *b}}, ExecContext{});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 2u);
+  const std::vector<std::vector<float>> want = {{5.5f, 1}, {6, -6}};
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ((*out)[i].size(), 1u);
+    absl::StatusOr<ir::Tensor> host = be_->ToHost((*out)[i][0]);
+    ASSERT_TRUE(host.ok());
+    EXPECT_TRUE(host->BitwiseEquals(ir::Tensor::FromVector<float>({2}, want[i]))) << i;
+  }
+  // The second node's operands do not broadcast: its error names it.
+  absl::StatusOr<ir::Tensor> c = be_->Upload(ir::Tensor::FromVector<float>({3}, {1, 2, 3}));
+  ASSERT_TRUE(c.ok());
+  out = be_->RunGroup({&g.node(add), &g.node(mul)}, {{*a, *b}, {*a, *c}}, ExecContext{});
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("node 'mul' (Mul)"));
+  EXPECT_FALSE(be_->RunGroup({&g.node(add)}, {}, ExecContext{}).ok()) << "one input list per node";
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuAndChecked, BackendContract, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "checked" : "cpu"; });
 
