@@ -94,8 +94,11 @@ def predicted(a, model, batch, dtype, work):
             out[name] = dict(error=(r.stderr or r.stdout).strip()[-2000:])
             continue
         plan = json.load(open(os.path.join(plan_dir, "plan.json")))
+        memory = plan["stages"][0]["memory"]
         out[name] = dict(samples_s=plan["predicted"]["samples_per_s"], step_ms=plan["predicted"]["step_ms"],
-                         memory_gib=round(plan["stages"][0]["memory"]["total"] / 2**30, 3))
+                         memory_gib=round(memory["total"] / 2**30, 3),
+                         kernel_scratch_counted=plan["config"]["kernel_scratch_counted"],
+                         kernel_scratch_mib=round(memory.get("kernel_scratch", 0) / 2**20, 1))
     return out
 
 
