@@ -223,6 +223,14 @@ absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::stri
     OpTimes::Entry entry;
     entry.node = e.at("node").get<std::string>();
     entry.ms = e.at("ms").get<double>();
+    if (e.contains("scratch_bytes")) {
+      const nlohmann::json& b = e.at("scratch_bytes");
+      if (!b.is_number_integer() || b.get<int64_t>() < 0) {
+        return INVALID_ARGUMENT() << where << " (node '" << entry.node
+                                  << "'): \"scratch_bytes\" must be an integer >= 0 (bytes), got " << b.dump();
+      }
+      entry.scratch_bytes = b.get<int64_t>();
+    }
     if (e.contains("op") && e.at("op").is_string()) entry.op = e.at("op").get<std::string>();
     if (e.contains("phase") && e.at("phase").is_string()) entry.phase = e.at("phase").get<std::string>();
     if (!seen.insert(entry.node).second) {
@@ -254,10 +262,52 @@ nlohmann::ordered_json OpTimesToJson(const OpTimes& t) {
   j["created"] = t.created;
   nlohmann::ordered_json ops = nlohmann::ordered_json::array();
   for (const OpTimes::Entry& e : t.ops) {
-    ops.push_back({{"node", e.node}, {"op", e.op}, {"phase", e.phase}, {"ms", e.ms}});
+    nlohmann::ordered_json op = {{"node", e.node}, {"op", e.op}, {"phase", e.phase}, {"ms", e.ms}};
+    if (e.scratch_bytes) op["scratch_bytes"] = *e.scratch_bytes;
+    ops.push_back(std::move(op));
   }
   j["ops"] = std::move(ops);
   return j;
+}
+
+bool OpTimes::has_scratch() const {
+  return std::any_of(ops.begin(), ops.end(), [](const Entry& e) { return e.scratch_bytes.has_value(); });
+}
+
+namespace {
+
+using ScratchByName = std::unordered_map<std::string, int64_t>;
+
+// The profile's scratch for `n`, or null: by name, a recompute clone by the node it clones (the
+// clone runs the same kernel on the same shapes).
+const int64_t* FindScratch(const ScratchByName& bytes, const ir::Node& n) {
+  auto it = bytes.find(n.name);
+  if (it == bytes.end() && !n.origin.empty() && n.name == "recompute/" + n.origin) it = bytes.find(n.origin);
+  return it == bytes.end() ? nullptr : &it->second;
+}
+
+ScratchByName ScratchOf(const OpTimes& t) {
+  ScratchByName bytes;
+  for (const OpTimes::Entry& e : t.ops)
+    if (e.scratch_bytes) bytes[e.node] = *e.scratch_bytes;
+  return bytes;
+}
+
+}  // namespace
+
+std::function<int64_t(const ir::Graph&, const ir::Node&)> ProfileScratch(std::shared_ptr<const OpTimes> t) {
+  auto bytes = std::make_shared<const ScratchByName>(t ? ScratchOf(*t) : ScratchByName{});
+  return [bytes](const ir::Graph&, const ir::Node& n) -> int64_t {
+    const int64_t* b = FindScratch(*bytes, n);
+    return b ? *b : 0;
+  };
+}
+
+int64_t NodesWithoutScratch(const ir::Graph& g, const OpTimes& t) {
+  const ScratchByName bytes = ScratchOf(t);
+  int64_t n = 0;
+  for (ir::NodeId id : g.LiveNodes()) n += FindScratch(bytes, g.node(id)) == nullptr;
+  return n;
 }
 
 std::vector<double> NodeSeconds(const ir::Graph& g, const DeviceProfile& device, Precision precision,

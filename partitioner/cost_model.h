@@ -20,17 +20,27 @@
 //     "repeats": 5,              each node's time is the median over this many runs
 //     "created": "2026-12-02T16:00:00Z",
 //     "ops": [ {"node": "<training-graph node name>", "op": "Linear", "phase": "forward",
-//               "ms": 0.123}, ... ]
+//               "ms": 0.123,
+//               "scratch_bytes": 4194304}, ... ]   optional: the kernel scratch the backend's
+//                                                   WorkspaceBytes gave for the node at this
+//                                                   micro-batch (an integer >= 0)
 //   }
 // Node names are those of the training graph onnxpipe builds (forward names come from the ONNX
 // file, backward and optimizer names from autodiff), so a profile fits every plan of the same
 // model, optimizer and sequence length. Forward and backward times are scaled linearly from the
 // profile's micro-batch to the plan's; optimizer times are per step and not scaled. Nodes the
 // profile does not name fall back to the roofline (the plan reports how many).
+// Kernel scratch: a profile measured on the backend of the plan's device kind (cuda for a GPU)
+// supplies PartitionOptions::workspace (ProfileScratch): a GPU's cuBLASLt and cuDNN scratch sizes
+// are only known on the device. The sizes are used as measured, whatever the plan's micro-batch;
+// nodes without "scratch_bytes" (profiles written before the field, or not named) count as 0.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,14 +72,24 @@ struct OpTimes {
   struct Entry {
     std::string node, op, phase;
     double ms = 0;
+    std::optional<int64_t> scratch_bytes = std::nullopt;  // absent: not measured
   };
   std::vector<Entry> ops;
+  // True when some entry has scratch_bytes.
+  bool has_scratch() const;
 };
 
 // Strict parse: every error names `what` and the offending field or entry.
 absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::string& what);
 absl::StatusOr<OpTimes> LoadOpTimes(const std::string& path);
 nlohmann::ordered_json OpTimesToJson(const OpTimes& t);
+
+// The profile's kernel scratch per node, as PartitionOptions::workspace: a node by its name, a
+// recompute clone ("recompute/<name>" with origin <name>) by the node it clones; 0 for the nodes
+// the profile gives no scratch_bytes.
+std::function<int64_t(const ir::Graph&, const ir::Node&)> ProfileScratch(std::shared_ptr<const OpTimes> t);
+// How many live nodes of `g` the profile gives no scratch_bytes (ProfileScratch's 0s).
+int64_t NodesWithoutScratch(const ir::Graph& g, const OpTimes& t);
 
 struct CostSummary {
   std::string source;  // "roofline" | "profile"

@@ -72,8 +72,9 @@ struct PartitionOptions {
   int max_verify_rounds = 64;
   std::string model;  // for the reports
   std::string optimizer;  // for the reports ("sgd", "adamw")
-  // The backend's kernel scratch per node, counted in every stage's memory; null: not counted (a GPU
-  // target, whose cuBLASLt/cuDNN scratch sizes need the device), which plan.json says.
+  // The backend's kernel scratch per node, counted in every stage's memory: the CPU backend's for the
+  // CPU device, a cuda profile's (ProfileScratch) for a GPU; null: not counted (a GPU target without
+  // one, whose cuBLASLt/cuDNN scratch sizes need the device), which plan.json says.
   WorkspaceFn workspace;
 };
 

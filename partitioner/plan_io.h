@@ -44,8 +44,9 @@
 // + kernel_scratch + boundary; activations = saved_per_microbatch * in_flight; transient = arena -
 // activations (the region one forward or backward shares); kernel_scratch = the largest scratch one
 // forward or backward kernel of the stage takes, from the backend's WorkspaceBytes when
-// config.kernel_scratch_counted (the CPU device), else 0 (a GPU target: cuBLASLt and cuDNN sizes
-// need the device).
+// config.kernel_scratch_counted (the CPU device; a GPU device with a profile measured on the cuda
+// backend, cost_model.h), else 0 (a GPU target without one: cuBLASLt and cuDNN sizes need the
+// device).
 // Version 1 (which listed the post-step gradient Sums under "backward" and had no "actions") and
 // version 2 (no kernel scratch; "workspace" was the transient region) are refused with a message to
 // re-run onnxpipe partition.

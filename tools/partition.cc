@@ -49,6 +49,48 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The kernel scratch counted in the plan's memory (PartitionOptions::workspace; null: not counted):
+// the CPU device's from the CPU backend; a GPU target's from a profile measured on the cuda backend
+// (its scratch_bytes: cuBLASLt and cuDNN sizes are only known on the device). Sets
+// *from_profile when the profile's sizes are the ones counted.
+part::WorkspaceFn KernelScratch(const part::DeviceProfile& device, const std::shared_ptr<const part::OpTimes>& profile,
+                                const std::string& profile_path, bool* from_profile) {
+  *from_profile = false;
+  if (device.name == "cpu") {
+    return [be = backend::MakeCpuBackend()](const ir::Graph& g, const ir::Node& n) { return be->WorkspaceBytes(g, n); };
+  }
+  if (!profile || !profile->has_scratch()) return nullptr;
+  if (profile->backend != "cuda") {
+    std::fprintf(stderr,
+                 "warning: %s: kernel scratch measured on the %s backend is not counted for device %s (a device "
+                 "other than cpu counts the scratch of a profile made with --backend cuda)\n",
+                 profile_path.c_str(), profile->backend.c_str(), device.name.c_str());
+    return nullptr;
+  }
+  *from_profile = true;
+  return part::ProfileScratch(profile);
+}
+
+// Notes on the profile's kernel scratch for training graph `g` at the given micro-batch sizes,
+// printed once to stderr (and added to the plan's warnings by the caller).
+std::vector<std::string> ProfileScratchNotes(const part::OpTimes& profile, const std::string& profile_path,
+                                             const ir::Graph& g, const std::vector<int64_t>& microbatches) {
+  std::vector<std::string> notes;
+  std::string other;
+  for (int64_t mb : microbatches)
+    if (mb != profile.microbatch) other += (other.empty() ? "" : ", ") + std::to_string(mb);
+  if (!other.empty()) {
+    notes.push_back("kernel scratch was measured at micro-batch " + std::to_string(profile.microbatch) + " (" +
+                    profile_path + "), used as measured for micro-batch " + other);
+  }
+  if (const int64_t unknown = part::NodesWithoutScratch(g, profile); unknown > 0) {
+    notes.push_back(std::to_string(unknown) + " nodes have no scratch_bytes in " + profile_path +
+                    ": their kernel scratch counts as 0");
+  }
+  for (const std::string& n : notes) std::fprintf(stderr, "warning: %s\n", n.c_str());
+  return notes;
+}
+
 absl::Status Run(const std::string& model_path, const Flags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   // Everything that can be checked without the model first.
@@ -118,12 +160,8 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   for (const std::string& w : graphs->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   const double load_s = Since(t0);
   part::Cluster cluster{device};
-  // The CPU device's kernel scratch is the CPU backend's; a GPU target's needs the device (not counted).
-  if (device.name == "cpu") {
-    o.workspace = [be = backend::MakeCpuBackend()](const ir::Graph& g, const ir::Node& n) {
-      return be->WorkspaceBytes(g, n);
-    };
-  }
+  bool scratch_from_profile = false;
+  o.workspace = KernelScratch(device, o.op_times, f.profile, &scratch_from_profile);
   std::error_code ec;
   std::filesystem::create_directories(f.out, ec);
   if (ec) return INVALID_ARGUMENT() << f.out << ": cannot create the output folder: " << ec.message();
@@ -148,6 +186,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
         }
     for (const auto& [mb, points] : by_microbatch) {
       ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
+      if (scratch_from_profile && mb == by_microbatch.begin()->first) {
+        std::vector<int64_t> sizes;
+        for (const auto& [size, unused] : by_microbatch) sizes.push_back(size);
+        ProfileScratchNotes(*o.op_times, f.profile, *g, sizes);
+      }
       ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
                        part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
       for (const auto& [b, m, k] : points) {
@@ -182,6 +225,11 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
                    part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
   ASSIGN_OR_RETURN(part::PartitionPlan plan, part::Partition(*ctx, o));
+  if (scratch_from_profile) {
+    for (const std::string& note : ProfileScratchNotes(*o.op_times, f.profile, *g, {mb})) {
+      plan.warnings.push_back(note);
+    }
+  }
   const double partition_s = Since(t2);
   const auto t3 = std::chrono::steady_clock::now();
   ShowProgress("writing " + f.out);
@@ -232,7 +280,9 @@ int RunPartition(const Args& args) {
             "GEMMs, fp32 master weights, gradients and optimizer state), and the device's GEMM peak for it");
   fs.String("device", &f.device, "built-in device name or a device JSON file");
   fs.String("device-memory", &f.device_memory, "override the device memory, e.g. 40GiB");
-  fs.String("profile", &f.profile, "measured per-op times (onnxpipe profile --out times.json)");
+  fs.String("profile", &f.profile,
+            "measured per-op times (onnxpipe profile --out times.json); a --backend cuda profile's kernel scratch "
+            "is counted in a GPU device's stage memory");
   fs.String("objective", &f.objective, "with --stages auto: fewest (stages that fit) | throughput");
   fs.Int("max-stages", &f.max_stages, "upper end of --stages auto");
   fs.String("sweep", &f.sweep, "\"batch=32,64 microbatches=1,2,4 stages=2,4\": predict a table instead");

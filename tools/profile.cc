@@ -1,6 +1,7 @@
-// onnxpipe profile: measure every node of a model's training graph on the CPU backend and write the
-// per-op times `onnxpipe partition --profile` reads (format: partitioner/cost_model.h), and, with
-// --device-out, a device profile calibrated from them (partitioner/calibrate.h).
+// onnxpipe profile: measure every node of a model's training graph on a backend and write the
+// per-op times and kernel scratch sizes `onnxpipe partition --profile` reads (format:
+// partitioner/cost_model.h), and, with --device-out, a device profile calibrated from them
+// (partitioner/calibrate.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -294,7 +295,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     const double ms = s.empty() ? 0.0 : s[s.size() / 2] * 1e3;
     median_s[id] = ms * 1e-3;
     const ir::Node& n = g.node(id);
-    times.ops.push_back({n.name, std::string(ir::OpName(n.op)), PhaseName(n.phase), ms});
+    // The node's kernel scratch on this bound graph, by the backend's own sizing (asked after the
+    // runs: the cuda backend's cuDNN graphs, whose workspace sizes need the device, are built by now).
+    times.ops.push_back({n.name, std::string(ir::OpName(n.op)), PhaseName(n.phase), ms, be->WorkspaceBytes(g, n)});
     per_op[std::string(ir::OpName(n.op))] += ms;
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
@@ -344,10 +347,10 @@ int RunProfile(const Args& args) {
   Flags f;
   FlagSet fs("profile", "MODEL.onnx --batch B [--seq S] [--optimizer sgd|adamw] [--dtype fp32|bf16] --out times.json",
              "Runs the model's training graph (forward, loss, backward, optimizer update) on the CPU\n"
-             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and writes "
-             "every node's median time (format\n"
-             "onnxpipe-op-times/1, documented in partitioner/cost_model.h) for\n"
-             "`onnxpipe partition --profile times.json`. --batch is the micro-batch to measure at.\n"
+             "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and\n"
+             "writes every node's median time and kernel scratch bytes (format onnxpipe-op-times/1, documented\n"
+             "in partitioner/cost_model.h) for `onnxpipe partition --profile times.json` (a cuda profile's\n"
+             "scratch is what a GPU plan counts as kernel scratch). --batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
              "memory bandwidth, per-op overhead); --device-out writes it as a device file\n"
              "(partitioner/device.h) for `onnxpipe partition --device FILE.json`.");

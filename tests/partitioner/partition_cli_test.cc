@@ -352,6 +352,113 @@ TEST_F(PartitionCli, ProfileRoundTrip) {
   EXPECT_NEAR(fwd, want, 1e-6 * want + 1e-9);
 }
 
+// The largest of `bytes` over the nodes plan.json lists on `stage` (forward, backward, optimizer,
+// replicated), 0 when it lists none of them.
+int64_t LargestOnStage(const json& stage, const std::map<std::string, int64_t>& bytes) {
+  int64_t largest = 0;
+  for (const char* list : {"forward", "backward", "optimizer", "replicated"}) {
+    for (const json& n : stage["nodes"][list]) {
+      auto it = bytes.find(n.get<std::string>());
+      if (it != bytes.end()) largest = std::max(largest, it->second);
+    }
+  }
+  return largest;
+}
+
+// A GPU plan counts the kernel scratch of a profile measured on the cuda backend. `onnxpipe profile`
+// on the CPU backend gives the training graph's node names; relabelled as a cuda profile, every fifth
+// node gets a size of the test's own (multiples of 4 KiB: no alignment rounding) and the others
+// none, so each stage's kernel_scratch must be the largest size among the nodes plan.json lists
+// there.
+TEST_F(PartitionCli, CudaProfileScratchIsCountedForAGpuDevice) {
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  const std::string cpu_times = Path("scratch_cpu_times.json");
+  CommandResult r =
+      RunCommand(Onnxpipe() + " profile " + model + " --batch 2 --seq 16 --repeats 1 --warmup 0 --out " + cpu_times);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json measured = json::parse(ReadAll(cpu_times));
+  ASSERT_EQ(measured["backend"], "cpu");
+  for (const json& op : measured["ops"]) {  // written for every node, on every backend
+    ASSERT_TRUE(op.contains("scratch_bytes") && op["scratch_bytes"].is_number_integer()) << op.dump();
+    EXPECT_GE(op["scratch_bytes"].get<int64_t>(), 0) << op.dump();
+  }
+  json cuda = measured;
+  cuda["backend"] = "cuda";
+  std::map<std::string, int64_t> chosen;
+  for (size_t i = 0; i < cuda["ops"].size(); ++i) {
+    json& op = cuda["ops"][i];
+    if (i % 5 == 2) {
+      const int64_t bytes = static_cast<int64_t>((i * 7919) % 997 + 1) * 4096;
+      op["scratch_bytes"] = bytes;
+      chosen[op["node"].get<std::string>()] = bytes;
+    } else {
+      op.erase("scratch_bytes");
+    }
+  }
+  const std::string cuda_times = Path("scratch_cuda_times.json");
+  std::ofstream(cuda_times) << cuda.dump(1);
+  const size_t unknown = cuda["ops"].size() - chosen.size();
+  const std::string gpu = " --stages 2 --batch 8 --seq 16 --device h200 --no-onnx --profile ";
+  auto expect_counted = [&](const std::string& out, const std::string& what) {
+    const json plan = Plan(out);
+    EXPECT_TRUE(plan["config"]["kernel_scratch_counted"].get<bool>()) << what;
+    for (const json& st : plan["stages"]) {
+      const int64_t want = LargestOnStage(st, chosen);
+      EXPECT_GT(want, 0) << what << " stage " << st["index"];
+      EXPECT_EQ(st["memory"]["kernel_scratch"].get<int64_t>(), want) << what << " stage " << st["index"];
+    }
+    const std::string note = std::to_string(unknown) + " nodes have no scratch_bytes in " + cuda_times;
+    EXPECT_THAT(plan["warnings"].dump(), HasSubstr(note)) << what;
+  };
+  // At the profile's micro-batch (8 / 4 = 2): no micro-batch warning.
+  r = Partition(model + gpu + cuda_times + " --microbatches 4 --out " + Path("scratch_mb2"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_counted(Path("scratch_mb2"), "micro-batch 2");
+  EXPECT_THAT(r.err, HasSubstr(std::to_string(unknown) + " nodes have no scratch_bytes"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("measured at micro-batch")));
+  // At micro-batch 4 the sizes are used as measured, with one warning saying so.
+  r = Partition(model + gpu + cuda_times + " --microbatches 2 --out " + Path("scratch_mb4"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_counted(Path("scratch_mb4"), "micro-batch 4");
+  const std::string mb_note = "kernel scratch was measured at micro-batch 2";
+  const size_t first = r.err.find(mb_note);
+  ASSERT_NE(first, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(mb_note, first + 1), std::string::npos) << r.err;
+  // Not counted for a GPU, as today: a profile without scratch_bytes, and one measured on the CPU.
+  json without = cuda;
+  for (json& op : without["ops"]) op.erase("scratch_bytes");
+  const std::string without_times = Path("scratch_none_times.json");
+  std::ofstream(without_times) << without.dump(1);
+  for (const std::string& times : {without_times, cpu_times}) {
+    const std::string out = Path("scratch_uncounted");
+    r = Partition(model + gpu + times + " --microbatches 4 --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json plan = Plan(out);
+    EXPECT_FALSE(plan["config"]["kernel_scratch_counted"].get<bool>()) << times;
+    for (const json& st : plan["stages"]) EXPECT_EQ(st["memory"]["kernel_scratch"], 0) << times;
+    if (times == cpu_times) {
+      EXPECT_THAT(r.err, HasSubstr("kernel scratch measured on the cpu backend is not counted for device h200"));
+    }
+  }
+  // The CPU device keeps the CPU backend's scratch, whatever a cuda profile says (same times, so
+  // the same cuts as with the CPU profile).
+  const std::string cpu = " --stages 2 --batch 8 --microbatches 4 --seq 16 --device cpu --no-onnx --profile ";
+  r = Partition(model + cpu + cpu_times + " --out " + Path("scratch_cpu_own"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Partition(model + cpu + cuda_times + " --out " + Path("scratch_cpu_cuda"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json own = Plan(Path("scratch_cpu_own")), with_cuda = Plan(Path("scratch_cpu_cuda"));
+  ASSERT_EQ(own["stages"].size(), with_cuda["stages"].size());
+  for (size_t k = 0; k < own["stages"].size(); ++k) {
+    EXPECT_EQ(with_cuda["stages"][k]["nodes"], own["stages"][k]["nodes"]) << "stage " << k;
+    EXPECT_EQ(with_cuda["stages"][k]["memory"]["kernel_scratch"], own["stages"][k]["memory"]["kernel_scratch"])
+        << "stage " << k;
+    EXPECT_NE(with_cuda["stages"][k]["memory"]["kernel_scratch"].get<int64_t>(),
+              LargestOnStage(with_cuda["stages"][k], chosen))
+        << "stage " << k;
+  }
+}
+
 TEST_F(PartitionCli, SweepWritesTheTableWithOomMarked) {
   const std::string out = Path("sweep");
   const std::string model = SourcePath("models/tiny_classifier.onnx");

@@ -2,6 +2,8 @@
 // REFERENCES.md section 1; device profiles, byte sizes and the measured-times format.
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -185,6 +187,67 @@ TEST(CostModel, ProfileFormat) {
   std::ofstream(path) << "{\"format\": \"onnxpipe-op-times/1\", ";
   absl::Status st = LoadOpTimes(path).status();
   EXPECT_THAT(std::string(st.message()), HasSubstr("malformed profile"));
+}
+
+TEST(CostModel, ProfileScratchBytes) {
+  // Optional per entry: kept through a round trip, absent stays absent (older profiles).
+  const nlohmann::json j = nlohmann::json::parse(R"({"format": "onnxpipe-op-times/1", "microbatch": 4,
+      "ops": [{"node": "a", "ms": 1, "scratch_bytes": 4096}, {"node": "b", "ms": 1, "scratch_bytes": 0},
+              {"node": "c", "ms": 1}]})");
+  absl::StatusOr<OpTimes> t = OpTimesFromJson(j, "t.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->has_scratch());
+  const nlohmann::ordered_json written = OpTimesToJson(*t);
+  EXPECT_FALSE(written["ops"][2].contains("scratch_bytes"));
+  absl::StatusOr<OpTimes> back = OpTimesFromJson(nlohmann::json::parse(written.dump()), "t2");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->ops.size(), 3u);
+  EXPECT_EQ(back->ops[0].scratch_bytes, std::optional<int64_t>(4096));
+  EXPECT_EQ(back->ops[1].scratch_bytes, std::optional<int64_t>(0));
+  EXPECT_EQ(back->ops[2].scratch_bytes, std::nullopt);
+  nlohmann::json old = j;
+  for (nlohmann::json& e : old["ops"]) e.erase("scratch_bytes");
+  absl::StatusOr<OpTimes> without = OpTimesFromJson(old, "old.json");
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_FALSE(without->has_scratch());
+  // Bad values: the error names the file, the entry, its node and the field.
+  for (const char* bad : {"-1", "1.5", "\"4096\"", "null", "18446744073709551615"}) {
+    nlohmann::json b = j;
+    b["ops"][1]["scratch_bytes"] = nlohmann::json::parse(bad);
+    const absl::Status st = OpTimesFromJson(b, "times.json").status();
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("times.json: ops[1] (node 'b'): \"scratch_bytes\" must be an integer >= 0"))
+        << bad;
+  }
+}
+
+TEST(CostModel, ProfileScratchPerNode) {
+  // a and its recompute clone take a's scratch; b the profile's; c (no scratch_bytes) and d (not
+  // named) count as 0 and as unknown; a backward node with origin a is not a's clone.
+  const nlohmann::json j = nlohmann::json::parse(R"({"format": "onnxpipe-op-times/1", "microbatch": 4,
+      "ops": [{"node": "a", "ms": 1, "scratch_bytes": 8192}, {"node": "b", "ms": 1, "scratch_bytes": 256},
+              {"node": "c", "ms": 1}]})");
+  absl::StatusOr<OpTimes> t = OpTimesFromJson(j, "t.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ir::Graph g;
+  const ir::ValueId x = g.AddValue("x", ir::DType::kF32, ir::FromInts({4}));
+  auto node = [&](const std::string& name, const std::string& origin) {
+    const ir::ValueId y = g.AddValue(name + "_out", ir::DType::kF32, ir::FromInts({4}));
+    const ir::NodeId id = g.AddNode(ir::OpKind::kRelu, name, {x}, {y});
+    g.node(id).origin = origin;
+    return id;
+  };
+  const ir::NodeId a = node("a", ""), clone = node("recompute/a", "a"), b = node("b", ""), c = node("c", "");
+  const ir::NodeId d = node("d", ""), grad = node("a_grad", "a");
+  const auto scratch = ProfileScratch(std::make_shared<const OpTimes>(*t));
+  EXPECT_EQ(scratch(g, g.node(a)), 8192);
+  EXPECT_EQ(scratch(g, g.node(clone)), 8192);
+  EXPECT_EQ(scratch(g, g.node(b)), 256);
+  EXPECT_EQ(scratch(g, g.node(c)), 0);
+  EXPECT_EQ(scratch(g, g.node(d)), 0);
+  EXPECT_EQ(scratch(g, g.node(grad)), 0);
+  EXPECT_EQ(NodesWithoutScratch(g, *t), 3);  // c, d, a_grad
 }
 
 }  // namespace
