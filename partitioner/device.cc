@@ -1,6 +1,6 @@
 // Built-in device profiles and the device JSON format. GPU peaks are the vendors' dense numbers
-// (REFERENCES.md section 6), the cpu profile is measured (below); the default efficiencies (0.8) come from the dense bf16 GEMM measured
-// on the H200 (~790 of 989 TFLOP/s, DESIGN.md), so a roofline time is what a good kernel reaches.
+// (REFERENCES.md section 6), the cpu profile is measured (below); the default efficiencies (0.8) come from the dense
+// bf16 GEMM measured on the H200 (~790 of 989 TFLOP/s, DESIGN.md), so a roofline time is what a good kernel reaches.
 #include "partitioner/device.h"
 
 #include <cctype>
@@ -18,8 +18,7 @@ namespace {
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-DeviceProfile Make(const char* name, int64_t memory, double fp32, double bf16, double vec,
-                   double bw, double link) {
+DeviceProfile Make(const char* name, int64_t memory, double fp32, double bf16, double vec, double bw, double link) {
   DeviceProfile d;
   d.name = name;
   d.memory_bytes = memory;
@@ -48,6 +47,7 @@ std::vector<DeviceProfile> Builtins() {
   // other models; on another machine, profile it and pass the file it writes as --device.
   DeviceProfile cpu = Make("cpu", 64 * kGiB, 8.7e9, 8.7e9, 1.3e9, 1.6e9, 1e10);
   cpu.reserved_bytes = 0;
+  cpu.backend = "cpu";
   cpu.op_overhead_s = 4.8e-6;
   cpu.link_latency_s = 1e-6;
   cpu.compute_efficiency = 1.0;
@@ -94,8 +94,7 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
   size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   size_t num_end = i;
-  while (num_end < s.size() && (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.'))
-    ++num_end;
+  while (num_end < s.size() && (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.')) ++num_end;
   if (num_end == i) {
     return INVALID_ARGUMENT() << "'" << text << "' is not a memory size; expected e.g. 80GiB, 40GB or a byte count";
   }
@@ -109,9 +108,9 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
   for (size_t k = num_end; k < s.size(); ++k)
     if (!std::isspace(static_cast<unsigned char>(s[k]))) unit += s[k];
   static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"B", 1},        {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},
-      {"TB", 1e12},     {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
+      {"", 1},       {"B", 1},         {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},  {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
   for (const auto& [name, scale] : kUnits) {
     if (unit == name) {
       const double bytes = value * scale;
@@ -144,10 +143,18 @@ std::string FormatBytes(int64_t bytes) {
 
 absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std::string& what) {
   if (!j.is_object()) return INVALID_ARGUMENT() << what << ": a device profile must be a JSON object";
-  static const std::set<std::string> kKeys = {
-      "name", "memory", "reserved", "peak_tflops", "vector_tflops", "memory_bandwidth_gbps",
-      "link_bandwidth_gbps", "link_latency_us", "op_overhead_us", "compute_efficiency",
-      "memory_efficiency"};
+  static const std::set<std::string> kKeys = {"name",
+                                              "memory",
+                                              "reserved",
+                                              "peak_tflops",
+                                              "vector_tflops",
+                                              "memory_bandwidth_gbps",
+                                              "link_bandwidth_gbps",
+                                              "link_latency_us",
+                                              "op_overhead_us",
+                                              "compute_efficiency",
+                                              "memory_efficiency",
+                                              "backend"};
   for (const auto& [key, unused] : j.items()) {
     if (!kKeys.count(key)) return INVALID_ARGUMENT() << what << ": unknown key '" << key << "'";
   }
@@ -181,6 +188,13 @@ absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std:
     return INVALID_ARGUMENT() << what << ": 'name' must be a non-empty string";
   }
   d.name = j.at("name").get<std::string>();
+  if (j.contains("backend")) {
+    const nlohmann::json& b = j.at("backend");
+    if (!b.is_string() || (b.get<std::string>() != "cpu" && b.get<std::string>() != "cuda")) {
+      return INVALID_ARGUMENT() << what << ": 'backend' must be \"cpu\" or \"cuda\", got " << b.dump();
+    }
+    d.backend = b.get<std::string>();
+  }
   ASSIGN_OR_RETURN(d.memory_bytes, size_of("memory"));
   d.reserved_bytes = 0;
   if (j.contains("reserved")) {
@@ -255,8 +269,7 @@ absl::StatusOr<DeviceProfile> LoadDeviceFile(const std::string& path) {
 
 absl::StatusOr<DeviceProfile> ResolveDevice(const std::string& name_or_path) {
   const bool looks_like_file = name_or_path.find('/') != std::string::npos ||
-                               (name_or_path.size() > 5 &&
-                                name_or_path.substr(name_or_path.size() - 5) == ".json");
+                               (name_or_path.size() > 5 && name_or_path.substr(name_or_path.size() - 5) == ".json");
   if (looks_like_file) return LoadDeviceFile(name_or_path);
   return BuiltinDevice(name_or_path);
 }

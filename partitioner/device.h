@@ -20,7 +20,9 @@
 //     "link_latency_us": 5,                  per transfer; default 5
 //     "op_overhead_us": 4,                   per kernel (launch, tails); default 4
 //     "compute_efficiency": 0.8,             achieved fraction of the GEMM peak; default 0.8
-//     "memory_efficiency": 0.8               achieved fraction of the bandwidth; default 0.8
+//     "memory_efficiency": 0.8,              achieved fraction of the bandwidth; default 0.8
+//     "backend": "cuda"                      the backend whose kernels run on it: "cpu" | "cuda"
+//                                            (whose kernel scratch a plan counts); default "cuda"
 //   }
 #pragma once
 
@@ -56,6 +58,7 @@ struct DeviceProfile {
   double compute_efficiency = 0.8;
   double memory_efficiency = 0.8;
   std::string source = "built-in";  // "built-in" or the JSON file's path
+  std::string backend = "cuda";     // "cpu" | "cuda": the backend whose kernels run on it
 
   int64_t usable_bytes() const { return memory_bytes - reserved_bytes; }
   double gemm_flops(Precision p) const {

@@ -50,20 +50,21 @@ double Since(std::chrono::steady_clock::time_point t) {
 }
 
 // The kernel scratch counted in the plan's memory (PartitionOptions::workspace; null: not counted):
-// the CPU device's from the CPU backend; a GPU target's from a profile measured on the cuda backend
-// (its scratch_bytes: cuBLASLt and cuDNN sizes are only known on the device). Sets
+// a CPU device's (DeviceProfile::backend "cpu") from the CPU backend; a GPU target's from a profile
+// measured on the cuda backend (its scratch_bytes: cuBLASLt and cuDNN sizes are only known on the
+// device). Sets
 // *from_profile when the profile's sizes are the ones counted.
 part::WorkspaceFn KernelScratch(const part::DeviceProfile& device, const std::shared_ptr<const part::OpTimes>& profile,
                                 const std::string& profile_path, bool* from_profile) {
   *from_profile = false;
-  if (device.name == "cpu") {
+  if (device.backend == "cpu") {
     return [be = backend::MakeCpuBackend()](const ir::Graph& g, const ir::Node& n) { return be->WorkspaceBytes(g, n); };
   }
   if (!profile || !profile->has_scratch()) return nullptr;
   if (profile->backend != "cuda") {
     std::fprintf(stderr,
                  "warning: %s: kernel scratch measured on the %s backend is not counted for device %s (a device "
-                 "other than cpu counts the scratch of a profile made with --backend cuda)\n",
+                 "whose backend is cuda counts the scratch of a profile made with --backend cuda)\n",
                  profile_path.c_str(), profile->backend.c_str(), device.name.c_str());
     return nullptr;
   }

@@ -335,6 +335,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   if (!f.device_out.empty()) {
     nlohmann::ordered_json j = part::DeviceToJson(c.device);
     j.erase("source");  // (not a key of the device file format)
+    j["backend"] = c.device.backend;
     RETURN_IF_ERROR(io::WriteFileAtomically(f.device_out, j.dump(1) + "\n"));
     std::printf("wrote %s (use it as --device %s)\n", f.device_out.c_str(), f.device_out.c_str());
   }

@@ -323,12 +323,14 @@ TEST_F(PartitionCli, ProfileRoundTrip) {
   absl::StatusOr<partitioner::DeviceProfile> d = partitioner::LoadDeviceFile(device);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->name, "cpu-calibrated");
+  EXPECT_EQ(d->backend, "cpu");  // so a plan for it counts the CPU backend's kernel scratch
   EXPECT_GT(d->gemm_flops_fp32, 0);
   EXPECT_GT(d->memory_bandwidth, 0);
   const CommandResult with_device = Partition(model + " --stages 2 --batch 8 --microbatches 4 --seq 16 --device " +
                                               device + " --no-onnx --out " + Path("calibrated_plan"));
   ASSERT_EQ(with_device.exit_code, 0) << with_device.err;
   EXPECT_EQ(Plan(Path("calibrated_plan"))["device"]["name"], "cpu-calibrated");
+  EXPECT_TRUE(Plan(Path("calibrated_plan"))["config"]["kernel_scratch_counted"].get<bool>());
   const json t = json::parse(ReadAll(times));
   EXPECT_EQ(t["format"], "onnxpipe-op-times/1");
   EXPECT_EQ(t["microbatch"], 2);

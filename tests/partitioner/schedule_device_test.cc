@@ -113,10 +113,24 @@ TEST(Device, JsonFile) {
   EXPECT_DOUBLE_EQ(d->gemm_flops_fp32, 50e12);  // derived from bf16 when absent
   EXPECT_DOUBLE_EQ(d->memory_bandwidth, 1e12);
   EXPECT_DOUBLE_EQ(d->op_overhead_s, 3e-6);
-  for (const char* bad : {R"({"name": "x"})",
-                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"fp8": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
-                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": -1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
-                          R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1, "colour": "red"})"}) {
+  EXPECT_EQ(d->backend, "cuda");  // the default
+  j["backend"] = "cpu";
+  d = DeviceFromJson(j, "dev.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->backend, "cpu");
+  EXPECT_EQ(BuiltinDevice("cpu")->backend, "cpu");
+  EXPECT_EQ(BuiltinDevice("h200")->backend, "cuda");
+  for (const char* backend : {R"("tpu")", "1"}) {
+    j["backend"] = nlohmann::json::parse(backend);
+    const absl::Status st = DeviceFromJson(j, "dev.json").status();
+    EXPECT_THAT(std::string(st.message()), HasSubstr("dev.json: 'backend' must be \"cpu\" or \"cuda\"")) << backend;
+  }
+  for (
+      const char* bad :
+      {R"({"name": "x"})",
+       R"({"name": "x", "memory": "1GiB", "peak_tflops": {"fp8": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
+       R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": -1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1})",
+       R"({"name": "x", "memory": "1GiB", "peak_tflops": {"bf16": 1}, "memory_bandwidth_gbps": 1, "link_bandwidth_gbps": 1, "colour": "red"})"}) {
     EXPECT_FALSE(DeviceFromJson(nlohmann::json::parse(bad), "dev.json").ok()) << bad;
   }
 }
