@@ -11,6 +11,7 @@
 
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
+#include "frontend/passes/recompute_clones.h"
 #include "partitioner/memory_planner.h"
 
 namespace onnxpipe::partitioner {
@@ -282,7 +283,7 @@ using ScratchByName = std::unordered_map<std::string, int64_t>;
 // clone runs the same kernel on the same shapes).
 const int64_t* FindScratch(const ScratchByName& bytes, const ir::Node& n) {
   auto it = bytes.find(n.name);
-  if (it == bytes.end() && !n.origin.empty() && n.name == "recompute/" + n.origin) it = bytes.find(n.origin);
+  if (it == bytes.end() && !n.origin.empty() && n.name == passes::RecomputeCloneName(n.origin)) it = bytes.find(n.origin);
   return it == bytes.end() ? nullptr : &it->second;
 }
 

@@ -34,7 +34,7 @@ ClonedBackward CloneRecomputeRegions(ir::Graph& g, const std::vector<BackwardSte
         continue;
       }
       const ir::Value val = g.value(v);
-      const ir::ValueId c = g.AddValue(g.UniqueName("recompute/" + val.name), val.dtype, val.shape, val.shape_known);
+      const ir::ValueId c = g.AddValue(g.UniqueName(RecomputeCloneName(val.name)), val.dtype, val.shape, val.shape_known);
       clone_of[v] = region_clone[v] = c;
       outputs.push_back(c);
     }
@@ -43,7 +43,7 @@ ClonedBackward CloneRecomputeRegions(ir::Graph& g, const std::vector<BackwardSte
       attrs.Set("rng_key", src.name);  // replay the forward's random stream
     }
     const ir::NodeId c =
-        g.AddNode(src.op, "recompute/" + src.name, std::move(inputs), std::move(outputs), std::move(attrs));
+        g.AddNode(src.op, RecomputeCloneName(src.name), std::move(inputs), std::move(outputs), std::move(attrs));
     g.node(c).phase = ir::Phase::kBackward;
     g.node(c).origin = src.name;
     g.node(c).scope = src.scope;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "frontend/ir/graph.h"
@@ -23,6 +24,9 @@ struct ClonedBackward {
   std::vector<ir::NodeId> clones;       // the clones, in run order
   std::vector<ir::NodeId> cloned_from;  // per clone: the forward node it recomputes
 };
+
+// The name a clone of the forward node (or value) `name` gets; a node clone's origin is `name`.
+inline std::string RecomputeCloneName(const std::string& name) { return "recompute/" + name; }
 
 // Rewrites `g` (node and value ids kept; clones appended) for `steps`; see the file comment.
 ClonedBackward CloneRecomputeRegions(ir::Graph& g, const std::vector<BackwardStep>& steps);
