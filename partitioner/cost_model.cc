@@ -109,9 +109,9 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
       c.flops = 2 * out_elems * Dim(in(0), -1);
       break;
     }
-    case OpKind::kFusedMatMul: {
+    case OpKind::kFusedMatMul: {  // the product (output 0); KSum's additions ride in its epilogue
       const bool trans_a = n.attrs.Get<int64_t>("trans_a", 0) != 0;
-      c.flops = 2 * out_elems * (trans_a ? Dim(in(0), -2) : Dim(in(0), -1));
+      c.flops = 2 * Numel(g.value(n.outputs[0])) * (trans_a ? Dim(in(0), -2) : Dim(in(0), -1));
       break;
     }
     case OpKind::kGemm: {
@@ -283,7 +283,8 @@ using ScratchByName = std::unordered_map<std::string, int64_t>;
 // clone runs the same kernel on the same shapes).
 const int64_t* FindScratch(const ScratchByName& bytes, const ir::Node& n) {
   auto it = bytes.find(n.name);
-  if (it == bytes.end() && !n.origin.empty() && n.name == passes::RecomputeCloneName(n.origin)) it = bytes.find(n.origin);
+  if (it == bytes.end() && !n.origin.empty() && n.name == passes::RecomputeCloneName(n.origin))
+    it = bytes.find(n.origin);
   return it == bytes.end() ? nullptr : &it->second;
 }
 

@@ -54,7 +54,7 @@ bool HalfNative(ir::OpKind op) {
 
 // Whether the kernel's output `index` of `dtype` is an f32 stand-in for a half output.
 bool RoundsToHalf(const ir::Node& node, int index, ir::DType dtype) {
-  return dtype == ir::DType::kF32 && !ir::KeepsF32Output(node.op, index);
+  return dtype == ir::DType::kF32 && !ir::KeepsF32Output(node, index);
 }
 
 // What a kernel computing a half node in f32 allocates through under a planned executor: the

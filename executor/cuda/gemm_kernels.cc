@@ -2,7 +2,8 @@
 // TF32 under CudaOptions::allow_tf32), or bf16 operands and output with fp32 accumulation and one rounding of the
 // result (Linear's bias and Gemm's C are bf16 then too). Batch dims broadcast as in the CPU kernels (matmul.cc): a
 // batch-free B under an untransposed A is one tall GEMM, equal or single-sided batches one strided
-// batched GEMM, anything else one GEMM per output matrix.
+// batched GEMM, anything else one GEMM per output matrix. FusedMatMul's KSum output (a bias gradient) comes from the
+// GEMM's BGRADA/BGRADB epilogue, or from a reduction where cuBLASLt has no such algorithm.
 #include <map>
 #include <mutex>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/elementwise.h"
 #include "executor/cuda/gemm.h"
+#include "executor/cuda/reduce.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
@@ -45,6 +47,9 @@ int64_t WorkspaceForThisDevice() {
   return GemmWorkspaceBytes(major);
 }
 
+// The outputs' dtype of `node` over operands of `dtype`: FusedMatMul's `to` (f32) when set.
+ir::DType OutputDType(const ir::Node& node, ir::DType dtype) { return node.attrs.Has("to") ? ir::DType::kF32 : dtype; }
+
 struct Gemms {
   std::shared_ptr<GemmContexts> contexts = std::make_shared<GemmContexts>();
   int64_t workspace_bytes = WorkspaceForThisDevice();
@@ -58,11 +63,12 @@ struct Gemms {
     return absl::OkStatus();
   }
 
-  // Runs `desc` with operands and output of `dtype` over `buffers`, taking the node's workspace unless `buffers`
-  // holds it.
+  // Runs `desc` with operands of `dtype` and outputs of OutputDType over `buffers`, taking the node's workspace
+  // unless `buffers` holds it.
   absl::Status Run(const KernelContext& ctx, const ir::Node& node, ir::DType dtype, GemmDesc desc,
                    GemmBuffers buffers) const {
-    desc.input_type = desc.output_type = dtype;
+    desc.input_type = dtype;
+    desc.output_type = OutputDType(node, dtype);
     desc.allow_tf32 = dtype == ir::DType::kF32 && ctx.allow_tf32;
     if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
     absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
@@ -79,9 +85,7 @@ std::optional<ir::DType> GemmDType(const std::vector<ir::Tensor>& in, std::initi
 }
 
 // Element `i` of a device tensor's buffer.
-void* At(const ir::Tensor& t, int64_t i) {
-  return static_cast<char*>(t.device_raw()) + i * ir::DTypeSize(t.dtype());
-}
+void* At(const ir::Tensor& t, int64_t i) { return static_cast<char*>(t.device_raw()) + i * ir::DTypeSize(t.dtype()); }
 
 int64_t Product(const std::vector<int64_t>& d, size_t begin, size_t end) {
   int64_t p = 1;
@@ -109,7 +113,8 @@ KernelResult BatchedMatMul(const Gemms& gemms, const KernelContext& ctx, const i
   if (!promoted_b) out_dims.push_back(n);
   const int64_t nbatch = Product(*batch, 0, batch->size());
   const int64_t a_count = Product(a_batch, 0, a_batch.size()), b_count = Product(b_batch, 0, b_batch.size());
-  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, t, out_dims) : ctx.FullOutput(node, 0, t, out_dims);
+  const ir::DType ot = OutputDType(node, t);
+  absl::StatusOr<ir::Tensor> out = k == 0 ? ctx.Output(node, 0, ot, out_dims) : ctx.FullOutput(node, 0, ot, out_dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0 || k == 0) return std::vector<ir::Tensor>{*out};  // zero-filled
   GemmDesc d;
@@ -165,9 +170,45 @@ KernelResult MatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node
   return BatchedMatMul(gemms, ctx, node, in[0], in[1], ad, bd, false, false, 1.f, a_vec, b_vec);
 }
 
+// FusedMatMul of rank-2 operands with its KSum output: sums over k of op(A) (k_sum 'a') or op(B) ('b').
+KernelResult FusedMatMulWithKSum(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
+                                 const std::vector<ir::Tensor>& in, ir::DType t) {
+  const bool ta = node.attrs.Get<int64_t>("trans_a", 0) != 0, tb = node.attrs.Get<int64_t>("trans_b", 0) != 0;
+  const bool of_a = node.attrs.Get<std::string>("k_sum", "") == "a";
+  const float alpha = static_cast<float>(node.attrs.Get<double>("alpha", 1.0));
+  const std::vector<int64_t>&ad = in[0].dims(), &bd = in[1].dims();
+  const int64_t m = ta ? ad[1] : ad[0], k = ta ? ad[0] : ad[1], n = tb ? bd[0] : bd[1];
+  if (in[0].rank() != 2 || in[1].rank() != 2 || (tb ? bd[1] : bd[0]) != k) return std::nullopt;  // the CPU says why
+  const bool full = k > 0 && m > 0 && n > 0;
+  const ir::DType ot = OutputDType(node, t);
+  absl::StatusOr<ir::Tensor> out = full ? ctx.FullOutput(node, 0, ot, {m, n}) : ctx.Output(node, 0, ot, {m, n});
+  if (!out.ok()) return out.status();
+  absl::StatusOr<ir::Tensor> sums =
+      full ? ctx.FullOutput(node, 1, ot, {of_a ? m : n}) : ctx.Output(node, 1, ot, {of_a ? m : n});
+  if (!sums.ok()) return sums.status();
+  if (k == 0) return std::vector<ir::Tensor>{*out, *sums};  // zero-filled
+  GemmDesc d;
+  d.m = m, d.n = n, d.k = k, d.trans_a = ta, d.trans_b = tb, d.alpha = alpha;
+  d.epilogue = of_a ? GemmEpilogue::kBGradA : GemmEpilogue::kBGradB;
+  GemmBuffers buf;
+  buf.a = in[0].device_raw(), buf.b = in[1].device_raw(), buf.c = out->device_raw(), buf.bias_grad = sums->device_raw();
+  absl::Status st = full && alpha == 1.f ? gemms.Run(ctx, node, t, d, buf) : absl::UnimplementedError("");
+  if (absl::IsUnimplemented(st)) {  // the plain GEMM, then the operand's sums over its k axis
+    d.epilogue = GemmEpilogue::kNone;
+    st = full ? gemms.Run(ctx, node, t, d, buf) : absl::OkStatus();
+    const bool k_is_row = of_a ? ta : !tb;  // k indexes the stored operand's rows
+    absl::StatusOr<ReducePlan> plan = MakeReducePlan(of_a ? ad : bd, {k_is_row ? 0 : 1});
+    if (st.ok()) st = plan.status();
+    if (st.ok()) st = Reduce(ReduceKind::kSum, *plan, t, of_a ? buf.a : buf.b, ot, buf.bias_grad, ctx.stream);
+  }
+  if (!st.ok()) return st;
+  return std::vector<ir::Tensor>{*out, *sums};
+}
+
 KernelResult FusedMatMul(const Gemms& gemms, const KernelContext& ctx, const ir::Node& node,
                          const std::vector<ir::Tensor>& in) {
   if (!GemmDType(in, {0, 1}) || in[0].rank() < 2 || in[1].rank() < 2) return std::nullopt;
+  if (WantsOutput(node, 1)) return FusedMatMulWithKSum(gemms, ctx, node, in, in[0].dtype());
   return BatchedMatMul(gemms, ctx, node, in[0], in[1], in[0].dims(), in[1].dims(),
                        node.attrs.Get<int64_t>("trans_a", 0) != 0, node.attrs.Get<int64_t>("trans_b", 0) != 0,
                        static_cast<float>(node.attrs.Get<double>("alpha", 1.0)), false, false);

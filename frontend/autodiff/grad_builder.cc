@@ -27,8 +27,8 @@ absl::StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
     } else if (*da == ir::Dim(1)) {
       out[i] = *db;
     } else {
-      return INVALID_ARGUMENT() << "shapes " << ir::ShapeToString(a) << " and "
-                                << ir::ShapeToString(b) << " do not broadcast";
+      return INVALID_ARGUMENT() << "shapes " << ir::ShapeToString(a) << " and " << ir::ShapeToString(b)
+                                << " do not broadcast";
     }
   }
   return out;
@@ -66,8 +66,7 @@ void GradBuilder::SetGIIncludedIn(int i, int j) {
 }
 
 absl::Status GradBuilder::Error(const std::string& what) const {
-  return INVALID_ARGUMENT() << "gradient of node '" << node_.name << "' (" << ir::OpName(node_.op)
-                            << "): " << what;
+  return INVALID_ARGUMENT() << "gradient of node '" << node_.name << "' (" << ir::OpName(node_.op) << "): " << what;
 }
 
 std::string GradBuilder::NextNodeName(ir::OpKind op) {
@@ -76,8 +75,7 @@ std::string GradBuilder::NextNodeName(ir::OpKind op) {
 }
 
 std::vector<ValueId> GradBuilder::EmitMulti(ir::OpKind op, std::vector<ValueId> inputs,
-                                            const std::vector<std::optional<ValueType>>& outs,
-                                            ir::Attrs attrs) {
+                                            const std::vector<std::optional<ValueType>>& outs, ir::Attrs attrs) {
   // Trailing absent optional inputs are dropped so the arity matches the op list.
   while (!inputs.empty() && inputs.back() == ir::kNoValue) inputs.pop_back();
   const std::string name = NextNodeName(op);
@@ -88,9 +86,8 @@ std::vector<ValueId> GradBuilder::EmitMulti(ir::OpKind op, std::vector<ValueId> 
       continue;
     }
     const std::string vname = g_->UniqueName(name + (outs.size() > 1 ? ":" + std::to_string(k) : ""));
-    out_ids.push_back(g_->AddValue(vname, outs[k]->dtype,
-                                   outs[k]->shape_known ? outs[k]->shape : Shape{},
-                                   outs[k]->shape_known));
+    out_ids.push_back(
+        g_->AddValue(vname, outs[k]->dtype, outs[k]->shape_known ? outs[k]->shape : Shape{}, outs[k]->shape_known));
   }
   ir::NodeId id = g_->AddNode(op, name, std::move(inputs), out_ids, std::move(attrs));
   ir::Node& n = g_->node(id);
@@ -100,8 +97,7 @@ std::vector<ValueId> GradBuilder::EmitMulti(ir::OpKind op, std::vector<ValueId> 
   return out_ids;
 }
 
-ValueId GradBuilder::Emit(ir::OpKind op, std::vector<ValueId> inputs, const ValueType& out,
-                          ir::Attrs attrs) {
+ValueId GradBuilder::Emit(ir::OpKind op, std::vector<ValueId> inputs, const ValueType& out, ir::Attrs attrs) {
   return EmitMulti(op, std::move(inputs), {out}, std::move(attrs))[0];
 }
 
@@ -115,8 +111,7 @@ ValueId GradBuilder::EnsureForwardOutput(int i, const ValueType& t) {
   if (static_cast<int>(n.outputs.size()) <= i) n.outputs.resize(i + 1, ir::kNoValue);
   if (n.outputs[i] == ir::kNoValue) {
     const std::string base = (node_.name.empty() ? "node" : node_.name) + "_saved_" + std::to_string(i);
-    ValueId v = g_->AddValue(g_->UniqueName(base), t.dtype, t.shape_known ? t.shape : Shape{},
-                             t.shape_known);
+    ValueId v = g_->AddValue(g_->UniqueName(base), t.dtype, t.shape_known ? t.shape : Shape{}, t.shape_known);
     g_->node(fwd_id_).outputs[i] = v;
     g_->value(v).producer = fwd_id_;
     g_->value(v).producer_output = i;
@@ -128,8 +123,8 @@ ValueId GradBuilder::EnsureForwardOutput(int i, const ValueType& t) {
 absl::StatusOr<ValueId> GradBuilder::Binary(ir::OpKind op, ValueId a, ValueId b) {
   ValueType ta = TypeOf(a), tb = TypeOf(b);
   if (ta.dtype != tb.dtype) {
-    return Error("internal: " + std::string(ir::OpName(op)) + " of " +
-                 std::string(ir::DTypeName(ta.dtype)) + " and " + std::string(ir::DTypeName(tb.dtype)));
+    return Error("internal: " + std::string(ir::OpName(op)) + " of " + std::string(ir::DTypeName(ta.dtype)) + " and " +
+                 std::string(ir::DTypeName(tb.dtype)));
   }
   ValueType out{ta.dtype, {}, ta.shape_known && tb.shape_known};
   if (out.shape_known) {
@@ -176,8 +171,7 @@ ValueId GradBuilder::ExpandLike(ValueId x, ValueId like, const std::vector<int64
   ir::Attrs a;
   if (!axes.empty()) a.Set("axes", axes);
   if (mean) a.Set("mean", int64_t{1});
-  return Emit(ir::OpKind::kExpandLike, {x, like}, ValueType{tx.dtype, tl.shape, tl.shape_known},
-              std::move(a));
+  return Emit(ir::OpKind::kExpandLike, {x, like}, ValueType{tx.dtype, tl.shape, tl.shape_known}, std::move(a));
 }
 
 ValueId GradBuilder::Unsqueeze(ValueId x, const std::vector<int64_t>& axes) {
@@ -213,8 +207,8 @@ ValueId GradBuilder::Flatten(ValueId x, int64_t axis) {
   return Emit(ir::OpKind::kFlatten, {x}, t, std::move(a));
 }
 
-absl::StatusOr<ValueId> GradBuilder::FusedMatMul(ValueId a, ValueId b, bool trans_a, bool trans_b,
-                                                 double alpha) {
+absl::StatusOr<std::vector<ValueId>> GradBuilder::EmitFusedMatMul(ValueId a, ValueId b, bool trans_a, bool trans_b,
+                                                                  double alpha, char k_sum) {
   ValueType ta = TypeOf(a), tb = TypeOf(b);
   ValueType out{ta.dtype, {}, ta.shape_known && tb.shape_known};
   if (out.shape_known) {
@@ -231,7 +225,28 @@ absl::StatusOr<ValueId> GradBuilder::FusedMatMul(ValueId a, ValueId b, bool tran
   if (trans_a) attrs.Set("trans_a", int64_t{1});
   if (trans_b) attrs.Set("trans_b", int64_t{1});
   if (alpha != 1.0) attrs.Set("alpha", alpha);
-  return Emit(ir::OpKind::kFusedMatMul, {a, b}, out, std::move(attrs));
+  std::vector<std::optional<ValueType>> outs = {out};
+  if (k_sum != 0) {
+    if (out.shape_known && (ta.shape.size() != 2 || tb.shape.size() != 2)) {
+      return Error("internal: FusedMatMul's KSum of operands of rank != 2");
+    }
+    attrs.Set("k_sum", std::string(1, k_sum));
+    ValueType sums{ta.dtype, {}, out.shape_known};
+    if (out.shape_known) sums.shape = {out.shape[k_sum == 'a' ? 0 : 1]};
+    outs.push_back(sums);
+  }
+  return EmitMulti(ir::OpKind::kFusedMatMul, {a, b}, outs, std::move(attrs));
+}
+
+absl::StatusOr<ValueId> GradBuilder::FusedMatMul(ValueId a, ValueId b, bool trans_a, bool trans_b, double alpha) {
+  ASSIGN_OR_RETURN(std::vector<ValueId> out, EmitFusedMatMul(a, b, trans_a, trans_b, alpha, 0));
+  return out[0];
+}
+
+absl::StatusOr<std::pair<ValueId, ValueId>> GradBuilder::FusedMatMulWithKSum(ValueId a, ValueId b, bool trans_a,
+                                                                             bool trans_b, char k_sum) {
+  ASSIGN_OR_RETURN(std::vector<ValueId> out, EmitFusedMatMul(a, b, trans_a, trans_b, 1.0, k_sum));
+  return std::pair{out[0], out[1]};
 }
 
 // --- registry ---

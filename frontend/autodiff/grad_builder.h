@@ -34,8 +34,7 @@ absl::StatusOr<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
 
 class GradBuilder {
  public:
-  GradBuilder(ir::Graph* g, ir::NodeId fwd, std::vector<ir::ValueId> output_grads,
-              std::vector<bool> needs_input_grad);
+  GradBuilder(ir::Graph* g, ir::NodeId fwd, std::vector<ir::ValueId> output_grads, std::vector<bool> needs_input_grad);
 
   // --- the forward node (a copy: emitting nodes may move the graph's node storage) ---
   const ir::Node& node() const { return node_; }
@@ -65,12 +64,10 @@ class GradBuilder {
 
   // --- emission ---
   // Adds a backward node with one output of type `out`; returns the output.
-  ir::ValueId Emit(ir::OpKind op, std::vector<ir::ValueId> inputs, const ValueType& out,
-                   ir::Attrs attrs = {});
+  ir::ValueId Emit(ir::OpKind op, std::vector<ir::ValueId> inputs, const ValueType& out, ir::Attrs attrs = {});
   // Adds a backward node with several outputs; an output whose type is nullopt is left absent.
   std::vector<ir::ValueId> EmitMulti(ir::OpKind op, std::vector<ir::ValueId> inputs,
-                                     const std::vector<std::optional<ValueType>>& outs,
-                                     ir::Attrs attrs = {});
+                                     const std::vector<std::optional<ValueType>>& outs, ir::Attrs attrs = {});
   // A scalar constant of the given dtype.
   ir::ValueId Scalar(double v, ir::DType dtype);
   // Makes forward output i exist (creating it with type `t` when the node had it absent), so a
@@ -91,17 +88,21 @@ class GradBuilder {
   ir::ValueId ReshapeLike(ir::ValueId x, ir::ValueId like);
   ir::ValueId ZerosLike(ir::ValueId like);
   // x unsqueezed at `axes` (sorted, non-negative, in output positions) and broadcast to like.
-  ir::ValueId ExpandLike(ir::ValueId x, ir::ValueId like, const std::vector<int64_t>& axes,
-                         bool mean);
+  ir::ValueId ExpandLike(ir::ValueId x, ir::ValueId like, const std::vector<int64_t>& axes, bool mean);
   ir::ValueId Unsqueeze(ir::ValueId x, const std::vector<int64_t>& axes);
   // Flatten(x, axis): (prod(d[:axis]), prod(d[axis:])).
   ir::ValueId Flatten(ir::ValueId x, int64_t axis);
   // Rank >= 2 operands.
-  absl::StatusOr<ir::ValueId> FusedMatMul(ir::ValueId a, ir::ValueId b, bool trans_a, bool trans_b,
-                                          double alpha = 1.0);
+  absl::StatusOr<ir::ValueId> FusedMatMul(ir::ValueId a, ir::ValueId b, bool trans_a, bool trans_b, double alpha = 1.0);
+  // FusedMatMul of rank-2 operands with its KSum output (op.h): {product, sums over k of op(A) when
+  // k_sum is 'a', of op(B) when 'b'}.
+  absl::StatusOr<std::pair<ir::ValueId, ir::ValueId>> FusedMatMulWithKSum(ir::ValueId a, ir::ValueId b, bool trans_a,
+                                                                          bool trans_b, char k_sum);
 
  private:
   std::string NextNodeName(ir::OpKind op);
+  absl::StatusOr<std::vector<ir::ValueId>> EmitFusedMatMul(ir::ValueId a, ir::ValueId b, bool trans_a, bool trans_b,
+                                                           double alpha, char k_sum);
   absl::StatusOr<ir::ValueId> Binary(ir::OpKind op, ir::ValueId a, ir::ValueId b);
 
   ir::Graph* g_;

@@ -6,6 +6,7 @@
 #include "frontend/autodiff/loss.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
+#include "frontend/passes/cast_into_gemm.h"
 #include "frontend/passes/mixed_precision.h"
 
 namespace onnxpipe::autodiff {
@@ -84,6 +85,8 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(const ir::Graph& forward, const
   GradOptions go;
   go.freeze_regex = spec.freeze_regex;
   ASSIGN_OR_RETURN(TrainingGraphInfo grads, BuildGradients(&g, t.loss, go));
+  // Under mixed precision the weight-gradient GEMMs write their f32 masters' gradients themselves.
+  if (spec.dtype == ir::DType::kBF16) RETURN_IF_ERROR(passes::CastIntoGemm().Run(&g).status());
   for (ir::ValueId v : grads.unreachable_params) t.unreachable.push_back(g.value(v).name);
   for (ir::ValueId v : grads.frozen_params) t.frozen.push_back(g.value(v).name);
   for (const ParamGrad& pg : grads.param_grads) {

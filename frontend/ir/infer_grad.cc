@@ -64,7 +64,20 @@ absl::StatusOr<Outputs> FusedMatMulRule(const InferContext& ctx) {
   ASSIGN_OR_RETURN(Shape out, BroadcastShapes(ctx, {Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2)}));
   out.push_back(m);
   out.push_back(n);
-  return One(ctx.dtype(0), std::move(out));
+  DType dtype = ctx.dtype(0);
+  if (ctx.attrs().Has("to")) {
+    const std::optional<DType> to = ParseDType(ctx.attrs().Get<std::string>("to"));
+    if (to != DType::kF32) return ctx.Error() << "attribute 'to' (" << ctx.attrs().ToString() << ") is not f32";
+    dtype = *to;
+  }
+  Outputs result = One(dtype, std::move(out));
+  if (ctx.num_outputs() < 2) return result;
+  const std::string of = ctx.attrs().Get<std::string>("k_sum", "");
+  if (of != "a" && of != "b") return ctx.Error() << "has a KSum output but k_sum is '" << of << "', not a or b";
+  if (ra != 2 || rb != 2)
+    return ctx.Error() << "KSum needs rank-2 operands, got " << ctx.Describe(0) << " and " << ctx.Describe(1);
+  result.push_back({dtype, {of == "a" ? m : n}});
+  return result;
 }
 
 absl::StatusOr<Outputs> ReduceToShapeOfRule(const InferContext& ctx) {

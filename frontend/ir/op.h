@@ -50,6 +50,11 @@
 // - Sum(X0, X1, ...) -> elementwise sum with numpy broadcasting (accumulates gradients).
 // - FusedMatMul(A, B) attrs trans_a, trans_b (0/1: transpose the last two dims), alpha (float,
 //   default 1) -> alpha * op(A) @ op(B); ranks >= 2, batch dims broadcast as in MatMul.
+//   Optional output KSum with attr k_sum "a" | "b" (rank-2 A and B only): the sums over k of
+//   op(A)[m, k] (M values) or of op(B)[k, n] (N values), unscaled by alpha -- the bias gradient
+//   that a weight-gradient GEMM over dY gets from its epilogue (dY's column sums). Optional attr
+//   to ("f32" only): the outputs' dtype when the operands are bf16/f16 (a gradient GEMM writing
+//   its f32 master's gradient: one rounding of the fp32 accumulation, no bf16 step between).
 // - ReduceToShapeOf(X, like) -> X summed over the axes where like (right-aligned, numpy rules)
 //   broadcasts to X's shape; the result has like's shape (the gradient of a broadcast).
 // - ExpandLike(X, like) attrs axes (ints, optional), mean (int, default 0) -> X with size-1 dims
@@ -197,7 +202,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(Attention, "Attention", 3, 4, 1, 2, kOpGemm | kOpCostly)                                 \
   /* Gradient and training ops */                                                            \
   V(Sum, "Sum", 1, kVariadic, 1, 1, 0)                                                       \
-  V(FusedMatMul, "FusedMatMul", 2, 2, 1, 1, kOpGemm | kOpCostly)                             \
+  V(FusedMatMul, "FusedMatMul", 2, 2, 1, 2, kOpGemm | kOpCostly)                             \
   V(ReduceToShapeOf, "ReduceToShapeOf", 2, 2, 1, 1, OpShapeOnly(1))                          \
   V(ExpandLike, "ExpandLike", 2, 2, 1, 1, OpShapeOnly(1))                                    \
   V(ReshapeLike, "ReshapeLike", 2, 2, 1, 1, kOpView | OpShapeOnly(1))                        \

@@ -29,11 +29,12 @@ absl::Status ConvertFloatPrecision(Graph& g, DType from, DType to) {
   return absl::OkStatus();
 }
 
-bool KeepsF32Output(OpKind op, int index) {
-  switch (op) {
+bool KeepsF32Output(const Node& node, int index) {
+  switch (node.op) {
     case OpKind::kLayerNorm: return index == 1 || index == 2;
     case OpKind::kRMSNorm: return index == 1;
     case OpKind::kAttention: return index == 1;  // Stats
+    case OpKind::kFusedMatMul: return node.attrs.Has("to");
     default: return false;
   }
 }

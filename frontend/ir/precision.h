@@ -14,10 +14,11 @@ absl::Status ConvertFloatPrecision(Graph& g, DType from, DType to);
 
 inline bool IsHalf(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 
-// Output `index` of `op` stays f32 when the op reads half-precision activations: the
+// Output `index` of `node` stays f32 when the node reads half-precision activations: the
 // normalisation statistics (ONNX's stash_type, float by default): LayerNorm's Mean and InvStdDev,
-// RMSNorm's InvStdDev, and Attention's Stats. Every backend computing a half node keeps these outputs f32.
-bool KeepsF32Output(OpKind op, int index);
+// RMSNorm's InvStdDev, and Attention's Stats; and a FusedMatMul's outputs under its `to` (op.h).
+// Every backend computing a half node keeps these outputs f32.
+bool KeepsF32Output(const Node& node, int index);
 
 // The largest finite magnitude of a float dtype (65504 for f16, 3.3895e38 for bf16).
 double MaxFinite(DType t);

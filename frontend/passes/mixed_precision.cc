@@ -71,7 +71,7 @@ absl::StatusOr<bool> MixedPrecision::Run(ir::Graph* g) {
       changed = true;
     } else if (val.producer != ir::kNoNode) {
       const ir::Node& p = g->node(val.producer);
-      if (StaysF32(p.op) || ir::KeepsF32Output(p.op, val.producer_output)) continue;
+      if (StaysF32(p.op) || ir::KeepsF32Output(p, val.producer_output)) continue;
       val.dtype = compute;
       changed = true;
     }

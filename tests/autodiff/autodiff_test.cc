@@ -109,6 +109,40 @@ TEST(AutodiffTest, TiedWeightsAccumulateThroughOneSum) {
   EXPECT_LE(MaxGradError(forward, t.g(), *info), 1e-6);
 }
 
+TEST(AutodiffTest, LinearBiasGradientComesFromTheWeightGradientGemm) {
+  // Both weight layouts: the bias gradient is the dW GEMM's KSum output (dY's column sums), no ReduceToShapeOf;
+  // with the weight frozen there is no dW GEMM, and the bias gradient is a reduction of dY.
+  for (const bool freeze_w : {false, true}) {
+    for (const int64_t tb : {int64_t{0}, int64_t{1}}) {
+      TestGraph t;
+      ValueId x = t.Param("x", {2, 3, 4});
+      ValueId w = t.Param("w", tb ? std::vector<int64_t>{5, 4} : std::vector<int64_t>{4, 5});
+      ValueId y = t.Op1(OpKind::kLinear, {x, w, t.Param("bias", {5})}, MakeAttrs({{"trans_b", tb}}));
+      auto loss = t.AddWeightedSumLoss({t.Op1(OpKind::kTanh, {y})});
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      const ir::Graph forward = t.g();
+      GradOptions opt;
+      if (freeze_w) opt.freeze_regex = "^w$";
+      auto info = BuildGradients(&t.g(), *loss, opt);
+      ASSERT_TRUE(info.ok()) << info.status();
+      int ksums = 0, reductions = 0;
+      for (ir::NodeId id : t.g().LiveNodes()) {
+        const ir::Node& n = t.g().node(id);
+        reductions += n.op == OpKind::kReduceToShapeOf;
+        if (n.op == OpKind::kFusedMatMul && n.outputs.size() > 1 && n.outputs[1] != ir::kNoValue) {
+          ++ksums;
+          EXPECT_EQ(n.attrs.Get<std::string>("k_sum", ""), tb ? "a" : "b");
+        }
+      }
+      EXPECT_EQ(ksums, freeze_w ? 0 : 1) << "trans_b " << tb;
+      EXPECT_EQ(reductions, freeze_w ? 1 : 0) << "trans_b " << tb;
+      ASSERT_TRUE(ir::Verify(t.g()).ok());
+      ASSERT_TRUE(ir::InferShapes(t.g()).ok());
+      EXPECT_LE(MaxGradError(forward, t.g(), *info), 1e-6) << "trans_b " << tb << " frozen w " << freeze_w;
+    }
+  }
+}
+
 TEST(AutodiffTest, FrozenAndUnreachableParametersAreReported) {
   TestGraph t;
   ValueId x = t.Param("enc/x", {3, 4});

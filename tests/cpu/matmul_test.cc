@@ -1,4 +1,4 @@
-// MatMul (numpy semantics), Gemm and Linear against numpy.
+// MatMul (numpy semantics), Gemm, Linear and FusedMatMul's KSum output against numpy.
 #include "tests/cpu/test_util.h"
 
 namespace onnxpipe::cpu::testing {
@@ -97,6 +97,47 @@ TEST(Linear, TransBAndBiasOverLeadingDims) {
     EXPECT_TRUE(AllClose(y3, ref["y3"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
     EXPECT_FALSE(Eval(MakeNode(OpKind::kLinear, 2, 1, tb), {x, w}).ok());
     EXPECT_FALSE(Eval(MakeNode(OpKind::kLinear, 3), {x, w, Rand(dt, {4}, 1)}).ok());
+  }
+}
+
+TEST(FusedMatMul, KSumOutputSumsTheOperandOverK) {
+  for (DType dt : FloatDTypes()) {
+    // dW = dY^T X (k_sum a: dY's column sums) and dW^T = X^T dY (k_sum b), dY (6, 5), X (6, 4).
+    Tensor dy = Rand(dt, {6, 5}, 1), x = Rand(dt, {6, 4}, 2), bt = Rand(dt, {5, 6}, 3);
+    auto node = [](std::string of, int64_t ta, int64_t tb) {
+      ir::Attrs at;
+      at.Set("trans_a", ta);
+      at.Set("trans_b", tb);
+      at.Set("k_sum", std::move(of));
+      return MakeNode(OpKind::kFusedMatMul, 2, 2, at);
+    };
+    auto a = Eval(node("a", 1, 0), {dy, x});
+    auto b = Eval(node("b", 1, 0), {x, dy});
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto ref = Numpy({{"dy", dy}, {"x", x}},
+                     "f = lambda k: a[k].astype(np.float64)\n"
+                     "out['w'] = f('dy').T @ f('x')\nout['wt'] = f('x').T @ f('dy')\n"
+                     "out['s'] = f('dy').sum(axis=0)\n");
+    EXPECT_TRUE(AllClose((*a)[0], ref["w"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    EXPECT_TRUE(AllClose((*a)[1], ref["s"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    EXPECT_TRUE(AllClose((*b)[0], ref["wt"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    EXPECT_TRUE(AllClose((*b)[1], ref["s"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    // Sums of op(A) = A (6, 5) untransposed: its row sums; of op(B) = B^T under trans_b: B's row sums.
+    auto d = Eval(node("a", 0, 1), {dy, Rand(dt, {7, 5}, 6)});
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto ref2 = Numpy({{"dy", dy}, {"bt", bt}},
+                      "f = lambda k: a[k].astype(np.float64)\n"
+                      "out['s'] = f('dy').sum(axis=1)\nout['t'] = f('bt').sum(axis=1)\n");
+    EXPECT_TRUE(AllClose((*d)[1], ref2["s"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    auto e = Eval(node("b", 0, 1), {Rand(dt, {3, 6}, 4), bt});
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(AllClose((*e)[1], ref2["t"].CastTo(dt), RelTol(dt) * 5, RelTol(dt) * 5));
+    // Batched operands or a bad k_sum: a clear error naming the output.
+    auto batched = Eval(node("a", 1, 0), {Rand(dt, {2, 6, 5}, 5), Rand(dt, {2, 6, 4}, 6)});
+    ASSERT_FALSE(batched.ok());
+    EXPECT_NE(batched.status().message().find("KSum"), std::string::npos) << batched.status();
+    EXPECT_FALSE(Eval(node("c", 1, 0), {dy, x}).ok());
   }
 }
 

@@ -829,6 +829,30 @@ TEST_F(CudaOpsTest, Bf16GemmsAccumulateInFp32AndRoundOnce) {
             {kB});
 }
 
+TEST_F(CudaOpsTest, FusedMatMulKSumIsTheBiasGradient) {
+  // dW = dY^T X with dY's column sums (k_sum a, the BGRADA epilogue) and dW^T = X^T dY (k_sum b, BGRADB), fp32
+  // and bf16; alpha != 1 and k = 0 take the reduction path.
+  auto ksum = [](std::string of, int64_t ta, int64_t tb, double alpha = 1.0) {
+    return Attrs({{"trans_a", ta}, {"trans_b", tb}, {"alpha", alpha}, {"k_sum", std::move(of)}});
+  };
+  Check({ir::OpKind::kFusedMatMul, {Rand({96, 48}, 1), Rand({96, 64}, 2)}, ksum("a", 1, 0), 2});
+  Check({ir::OpKind::kFusedMatMul, {Rand({96, 64}, 3), Rand({96, 48}, 4)}, ksum("b", 1, 0), 2});
+  Check({ir::OpKind::kFusedMatMul, {Rand({24, 40}, 5), Rand({16, 40}, 6)}, ksum("a", 0, 1, 0.5), 2});
+  Check({ir::OpKind::kFusedMatMul, {Rand({24, 40}, 7), Rand({16, 40}, 8)}, ksum("b", 0, 1), 2});
+  Check({ir::OpKind::kFusedMatMul, {Rand({0, 8}, 9), Rand({0, 6}, 10)}, ksum("b", 1, 0), 2});
+  CheckBf16({ir::OpKind::kFusedMatMul, {RandB({512, 96}, 11), RandB({512, 64}, 12)}, ksum("a", 1, 0), 2}, {kB, kB});
+  CheckBf16({ir::OpKind::kFusedMatMul, {RandB({512, 64}, 13), RandB({512, 96}, 14)}, ksum("b", 1, 0), 2}, {kB, kB});
+  CheckBf16({ir::OpKind::kFusedMatMul, {RandB({33, 20}, 15), RandB({33, 12}, 16)}, ksum("b", 1, 0, 2.0), 2}, {kB, kB});
+  // `to` f32 (CastIntoGemm): the f32 masters' gradients straight from the bf16 GEMM, both outputs.
+  ir::Attrs to_f32 = ksum("a", 1, 0);
+  to_f32.Set("to", std::string("f32"));
+  CheckBf16({ir::OpKind::kFusedMatMul, {RandB({512, 96}, 17), RandB({512, 64}, 18)}, to_f32, 2}, {kF, kF});
+  CheckBf16({ir::OpKind::kFusedMatMul,
+             {RandB({40, 24}, 19), RandB({40, 32}, 20)},
+             Attrs({{"trans_a", int64_t{1}}, {"to", std::string("f32")}})},
+            {kF});
+}
+
 TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
   CheckBf16({ir::OpKind::kLayerNorm, {RandB({4, 7, 96}, 1, -3, 3), RandB({96}, 2), RandB({96}, 3)}, {}, 3},
             {kB, kF, kF});

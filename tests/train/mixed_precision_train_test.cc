@@ -213,7 +213,7 @@ TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
   ASSERT_TRUE(t.ok()) << t.status();
   const ir::Graph& graph = t->graph();
   std::map<ir::OpKind, int> fused;
-  int updates = 0, losses = 0;
+  int updates = 0, losses = 0, f32_gemms = 0;
   for (ir::NodeId id : graph.LiveNodes()) {
     const ir::Node& n = graph.node(id);
     auto dtype = [&](int i) { return graph.value(n.inputs[i]).dtype; };
@@ -224,6 +224,12 @@ TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
       case ir::OpKind::kLinear:
         ++fused[n.op];
         EXPECT_EQ(dtype(0), ir::DType::kBF16) << n.name;
+        break;
+      case ir::OpKind::kFusedMatMul:  // a weight gradient GEMM writing its f32 master's gradient (CastIntoGemm)
+        if (!n.attrs.Has("to")) break;
+        ++f32_gemms;
+        EXPECT_EQ(dtype(0), ir::DType::kBF16) << n.name;
+        EXPECT_EQ(graph.value(n.outputs[0]).dtype, ir::DType::kF32) << n.name;
         break;
       case ir::OpKind::kSoftmaxCrossEntropyLoss:
         ++losses;
@@ -242,6 +248,7 @@ TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
   EXPECT_GT(fused[ir::OpKind::kLayerNorm], 0);
   EXPECT_GT(fused[ir::OpKind::kGelu], 0);
   EXPECT_GT(fused[ir::OpKind::kLinear], 0);
+  EXPECT_GT(f32_gemms, 0);
   EXPECT_EQ(losses, 1);
   EXPECT_EQ(updates, t->Parameters().size());
   // The tied embedding (read by the token lookup and the output projection).
@@ -252,7 +259,10 @@ TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
   EXPECT_EQ(sum.inputs.size(), 2u);
   for (ir::ValueId c : sum.inputs) {
     EXPECT_EQ(graph.value(c).dtype, ir::DType::kF32);
-    EXPECT_EQ(graph.node(graph.value(c).producer).op, ir::OpKind::kCast) << graph.value(c).name;
+    // A Cast of the bf16 contribution, or the weight-gradient GEMM writing f32 itself (CastIntoGemm).
+    const ir::Node& p = graph.node(graph.value(c).producer);
+    EXPECT_TRUE(p.op == ir::OpKind::kCast || (p.op == ir::OpKind::kFusedMatMul && p.attrs.Has("to")))
+        << graph.value(c).name << " from " << ir::OpName(p.op);
   }
 }
 
