@@ -1,10 +1,12 @@
 // LayerNorm (ONNX LayerNormalization semantics) and RMSNorm (ONNX RMSNormalization): normalise over
-// dims [axis, rank). LayerNorm returns Y, Mean and InvStdDev, RMSNorm Y and InvStdDev. Mean and InvStdDev have the input's dims with the normalised ones set to
-// 1, and the input's float dtype (f32 for f32 input, ONNX's default stash_type; f64 for f64 so that
-// gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in double,
-// one row per thread.
+// dims [axis, rank). LayerNorm returns Y, Mean and InvStdDev, RMSNorm Y and InvStdDev. Mean and InvStdDev have the
+// input's dims with the normalised ones set to 1, and the input's float dtype (f32 for f32 input, ONNX's default
+// stash_type; f64 for f64 so that gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in
+// double, one row per thread. LayerNorm's fused residual (op.h) forms S = residual + X (X through the fused dropout)
+// first, element by element, and normalises S.
 #include <cmath>
 
+#include "executor/cpu/dropout.h"
 #include "executor/cpu/norm_util.h"
 
 namespace onnxpipe::cpu {
@@ -18,8 +20,8 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   const int64_t rows = shape.rows, n = shape.n;
   for (size_t i = 1; i < in.size(); ++i) {
     if (in[i].defined() && in[i].dtype() != x.dtype()) {
-      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype "
-                                << ir::DTypeName(in[i].dtype()) << ", expected " << ir::DTypeName(x.dtype());
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " has dtype " << ir::DTypeName(in[i].dtype())
+                                << ", expected " << ir::DTypeName(x.dtype());
     }
   }
   ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], shape, "input 1 (scale)"));
@@ -27,12 +29,30 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   if (HasInput(in, 2)) {
     ASSIGN_OR_RETURN(bias, AsNormalizedShape(node, in[2], shape, "input 2 (bias)"));
   }
+  const bool residual = HasInput(in, 3);
+  if (residual && in[3].dims() != x.dims()) {
+    return INVALID_ARGUMENT() << Describe(node) << ": residual " << DimsToString(in[3].dims()) << " is not input "
+                              << DimsToString(x.dims());
+  }
+  ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, x.num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     ASSIGN_OR_RETURN(ir::Tensor mean, OptionalOutput(node, ctx, 1, x.dtype(), shape.stat_dims));
     ASSIGN_OR_RETURN(ir::Tensor inv_std, OptionalOutput(node, ctx, 2, x.dtype(), shape.stat_dims));
-    const T* px = x.data<T>();
+    // The normalised value: X, or S = residual + X kept and scaled by the fused dropout (op.h).
+    ir::Tensor sum;
+    if (residual) {
+      ASSIGN_OR_RETURN(sum, OptionalOutput(node, ctx, 3, x.dtype(), x.dims()));
+      if (!sum.defined()) sum = ir::Tensor(x.dtype(), x.dims());
+      const T *pr = in[3].data<T>(), *pd = x.data<T>();
+      T* ps = sum.mutable_data<T>();
+      const T scale = static_cast<T>(drop.scale);
+      ForEachKept(drop, x.num_elements(), [&](int64_t i, bool keep) {
+        ps[i] = pr[i] + (!drop.active ? pd[i] : keep ? pd[i] * scale : T(0));
+      });
+    }
+    const T* px = residual ? sum.data<T>() : x.data<T>();
     const T* ps = scale.data<T>();
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* py = y.mutable_data<T>();
@@ -60,7 +80,9 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
         if (pi) pi[r] = static_cast<T>(inv);
       }
     });
-    return std::vector<ir::Tensor>{y, mean, inv_std};
+    std::vector<ir::Tensor> out = {y, mean, inv_std};
+    if (WantsOutput(node, 3)) out.push_back(sum);
+    return out;
   });
 }
 REGISTER_CPU_KERNEL(kLayerNorm, LayerNormKernel);

@@ -29,6 +29,13 @@ absl::StatusOr<void*> KernelContext::Workspace(const ir::Node& node, int64_t byt
   return p;
 }
 
+std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::Node& node, int64_t numel) {
+  absl::StatusOr<DropoutParams> p = DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset,
+                                                     ctx.exec.row_offset, ctx.exec.rows, numel);
+  if (!p.ok()) return std::nullopt;
+  return *p;
+}
+
 bool AllOfDType(const std::vector<ir::Tensor>& in, std::initializer_list<size_t> indices, ir::DType dtype) {
   for (size_t i : indices)
     if (HasInput(in, i) && in[i].dtype() != dtype) return false;

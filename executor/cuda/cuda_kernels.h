@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "executor/backend/backend.h"
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/dropout.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::cuda {
@@ -103,6 +104,10 @@ template <typename T>
 T* DevicePtr(const ir::Tensor& t) {
   return t.defined() ? static_cast<T*>(t.device_raw()) : nullptr;
 }
+
+// The node's fused dropout (attribute `dropout`, op.h; its random stream as the CPU kernel's) over
+// `numel` elements; nullopt where the CPU kernel would refuse it (it reports the error).
+std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::Node& node, int64_t numel);
 
 // The concrete dims of `node`'s input `i` in `g`; nullopt when absent or not concrete.
 std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node& node, size_t i);

@@ -35,6 +35,11 @@ struct DropoutParams {
   const uint64_t* device_offset = nullptr;
 };
 
+// Whether `p` drops anything: training with a ratio over 0.
+inline bool DropoutActive(const DropoutParams& p) { return p.training && p.ratio > 0.0; }
+// The CPU backend's scale of a kept element, 1 / (1 - ratio) (0 when everything drops).
+inline double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
+
 cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const void* x, void* y, uint8_t* mask,
                                  int64_t n, cudaStream_t stream);
 cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const void* dy, const uint8_t* mask,

@@ -49,11 +49,6 @@ __device__ __forceinline__ uint32_t KeepBits8(const cpu::DropoutStream& s, uint6
   return KeepBits4(s, c0) | KeepBits4(s, c0 + 4) << 4;
 }
 
-// Whether `p` drops anything: training with a ratio over 0.
-inline bool DropoutActive(const DropoutParams& p) { return p.training && p.ratio > 0.0; }
-// The CPU backend's scale of a kept element, 1 / (1 - ratio) (0 when everything drops).
-inline double KeepScale(const DropoutParams& p) { return p.ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - p.ratio); }
-
 // out[i] = f(keep_i, in[i]...) for i < n, keep_i the dropout decision of element i (counter
 // base + i) of stream `s`: an elementwise op with a dropout fused into it; keep_out (optional)
 // receives keep_i as a byte. Each thread takes eight consecutive elements. kRuns (base a multiple

@@ -15,15 +15,6 @@ std::optional<bool> TanhForm(const ir::Node& node) {
   return std::nullopt;
 }
 
-// The node's fused dropout (attribute `dropout`, its random stream as the CPU kernel's) over `numel`
-// elements; nullopt where the CPU kernel would refuse it (it reports the error).
-std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::Node& node, int64_t numel) {
-  absl::StatusOr<DropoutParams> p = DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset,
-                                                     ctx.exec.row_offset, ctx.exec.rows, numel);
-  if (!p.ok()) return std::nullopt;
-  return *p;
-}
-
 // Y = Gelu(X), with its fused dropout.
 KernelResult Gelu(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<bool> tanh_form = TanhForm(node);

@@ -35,12 +35,11 @@ absl::Status NormForward(const NormForwardArgs<T>& a, cudaStream_t stream) {
   constexpr const char* kFn = "NormForward";
   RETURN_IF_ERROR(CheckShape(kFn, a.rows, a.d, a.epsilon));
   RETURN_IF_ERROR(Require(kFn, a.x != nullptr && a.gamma != nullptr && a.y != nullptr,
-                                 "x (rows, d), gamma (d) and y (rows, d) must be device pointers, got null"));
-  RETURN_IF_ERROR(Require(kFn, (a.residual == nullptr) == (a.sum == nullptr),
-                                 "residual and sum go together: a residual add writes x + residual to sum"));
+                          "x (rows, d), gamma (d) and y (rows, d) must be device pointers, got null"));
+  RETURN_IF_ERROR(Require(kFn, a.residual != nullptr || (a.sum == nullptr && a.dropout == nullptr),
+                          "sum and dropout need a residual: they are the fused add's output and its dropout"));
   if (a.kind == NormKind::kRmsNorm) {
-    RETURN_IF_ERROR(
-        Require(kFn, a.beta == nullptr && a.mean == nullptr, "RMSNorm takes no beta and writes no mean"));
+    RETURN_IF_ERROR(Require(kFn, a.beta == nullptr && a.mean == nullptr, "RMSNorm takes no beta and writes no mean"));
   }
   CUDA_RETURN_IF_ERROR(LaunchNormForward(a, stream));
   return absl::OkStatus();
@@ -50,18 +49,17 @@ template <typename T>
 absl::Status NormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream) {
   constexpr const char* kFn = "NormBackward";
   RETURN_IF_ERROR(CheckShape(kFn, a.rows, a.d, a.epsilon));
-  RETURN_IF_ERROR(
-      Require(kFn, a.dy != nullptr && a.x != nullptr && a.gamma != nullptr && a.dx != nullptr,
-              "dy (rows, d), x (rows, d), gamma (d) and dx (rows, d) must be device pointers, got null"));
+  RETURN_IF_ERROR(Require(kFn, a.dy != nullptr && a.x != nullptr && a.gamma != nullptr && a.dx != nullptr,
+                          "dy (rows, d), x (rows, d), gamma (d) and dx (rows, d) must be device pointers, got null"));
   if (a.kind == NormKind::kLayerNorm) {
     RETURN_IF_ERROR(Require(kFn, (a.mean == nullptr) == (a.rstd == nullptr),
-                                   "LayerNorm's saved statistics are mean and rstd together, or neither"));
+                            "LayerNorm's saved statistics are mean and rstd together, or neither"));
   } else {
-    RETURN_IF_ERROR(Require(kFn, a.mean == nullptr && a.dbeta == nullptr,
-                                   "RMSNorm takes no saved mean and has no dbeta"));
+    RETURN_IF_ERROR(
+        Require(kFn, a.mean == nullptr && a.dbeta == nullptr, "RMSNorm takes no saved mean and has no dbeta"));
   }
   RETURN_IF_ERROR(Require(kFn, (a.dgamma == nullptr && a.dbeta == nullptr) || a.workspace != nullptr,
-                                 "dgamma/dbeta need a workspace of NormBackwardWorkspaceBytes(rows, d) bytes"));
+                          "dgamma/dbeta need a workspace of NormBackwardWorkspaceBytes(rows, d) bytes"));
   CUDA_RETURN_IF_ERROR(LaunchNormBackward(a, stream));
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "executor/cuda/dropout_device.cuh"
 #include "executor/cuda/layernorm.h"
 #include "executor/cuda/row_kernels.cuh"
 
@@ -117,9 +118,35 @@ __device__ __forceinline__ void RowStats(const float (&v)[NV][VEC], int chunks, 
   *rstd = 1.f / sqrtf(q[0] * inv_d + epsilon);
 }
 
+// The forward's fused dropout as the kernel reads it (NormForwardArgs::dropout).
+struct ForwardDropout {
+  bool active = false;
+  cpu::DropoutStream stream{};
+  const uint64_t* device_offset = nullptr;
+  uint64_t base = 0;  // counter of element 0
+  float scale = 1.f;
+};
+
+// Keep decisions of the VEC elements from counter c0 (bit j: element c0 + j kept).
+template <int VEC>
+__device__ __forceinline__ uint32_t KeepBitsOf(const cpu::DropoutStream& s, uint64_t c0) {
+  if constexpr (VEC < 4) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bits |= (KeepBits4(s, c0 + j) & 1u) << j;
+    return bits;
+  } else {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; j += 4) bits |= KeepBits4(s, c0 + j) << j;
+    return bits;
+  }
+}
+
 template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxThreads) NormForwardKernel(NormForwardArgs<T> a) {
+__global__ void __launch_bounds__(kMaxThreads) NormForwardKernel(NormForwardArgs<T> a, ForwardDropout drop) {
   __shared__ float smem[32];
+  const cpu::DropoutStream stream = drop.active ? WithOffset(drop.stream, drop.device_offset) : drop.stream;
   const int chunks = static_cast<int>(a.d / VEC);
   const int64_t base = static_cast<int64_t>(blockIdx.x) * a.d;
   float v[NV][VEC];
@@ -136,9 +163,14 @@ __global__ void __launch_bounds__(kMaxThreads) NormForwardKernel(NormForwardArgs
     if (a.residual != nullptr) {
       float r[VEC];
       LoadFloats<T, VEC>(a.residual + off, r);
+      if (drop.active) {  // x * scale and + r rounded separately, as the CPU's Dropout then Add (no FMA)
+        const uint32_t keep = KeepBitsOf<VEC>(stream, drop.base + static_cast<uint64_t>(off));
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[k][j] = ToFloat(FromFloat<T>(v[k][j] + r[j]));  // as stored
-      StoreFloats<T, VEC>(a.sum + off, v[k]);
+        for (int j = 0; j < VEC; ++j) v[k][j] = (keep >> j) & 1u ? __fmul_rn(v[k][j], drop.scale) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[k][j] = ToFloat(FromFloat<T>(__fadd_rn(r[j], v[k][j])));  // as stored
+      if (a.sum != nullptr) StoreFloats<T, VEC>(a.sum + off, v[k]);
     }
   }
   const bool layer = a.kind == NormKind::kLayerNorm;
@@ -287,9 +319,18 @@ cudaError_t LaunchNormForward(const NormForwardArgs<T>& a, cudaStream_t stream) 
   RowPlan plan;
   const bool aligned = rows::AllAligned(16, a.x, a.residual, a.sum, a.gamma, a.beta, a.y);
   if (!PlanRow<T>(a.d, aligned, &plan) || a.rows > 0x7fffffff) return cudaErrorInvalidValue;
+  ForwardDropout drop;
+  if (a.dropout != nullptr && a.residual != nullptr && DropoutActive(*a.dropout)) {
+    const DropoutParams& p = *a.dropout;
+    drop.active = true;
+    drop.stream = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
+    drop.device_offset = p.device_offset;
+    drop.base = p.counter_base;
+    drop.scale = static_cast<float>(KeepScale(p));
+  }
   return WithPlan<T>(plan, [&](auto vec, auto nv) {
     NormForwardKernel<T, decltype(vec)::value, decltype(nv)::value>
-        <<<static_cast<unsigned>(a.rows), plan.threads, 0, stream>>>(a);
+        <<<static_cast<unsigned>(a.rows), plan.threads, 0, stream>>>(a, drop);
     return cudaGetLastError();
   });
 }

@@ -4,7 +4,8 @@
 //
 // A problem is (rows, d): x is viewed as rows contiguous vectors of d elements (the IR's
 // LayerNorm with axis = -1 after flattening; any axis when the normalised dims are the trailing
-// contiguous ones). With s = x + residual (s = x without a residual):
+// contiguous ones). With s = x' + residual (s = x without a residual; x' = x through the optional
+// fused dropout, the Dropout a post-LN block applies to its sub-layer's output before the add):
 //   LayerNorm: mean = sum(s) / d, var = sum((s - mean)^2) / d (biased), rstd = 1 / sqrt(var + eps),
 //              y = (s - mean) * rstd * gamma + beta                    (the CPU op's Y, Mean, InvStdDev)
 //   RMSNorm:   rstd = 1 / sqrt(sum(s^2) / d + eps), y = s * rstd * gamma   (mean is not used)
@@ -15,16 +16,19 @@
 // With T = bf16 the stored s (rounded to bf16) is what is normalised, so the backward, which reads
 // s, sees exactly the forward's input.
 //
-// Kernels: one thread block per row, each thread holding up to 16 elements in registers (16-byte
-// loads when d and the pointers allow); dgamma/dbeta are reduced in two passes through a
-// workspace (per-block partial sums, then a fixed-order column sum), so results are bitwise
-// reproducible without atomics.
+// Kernels: a thread block per row (the backward's blocks walk ranges of rows, several rows in flight
+// at a time, and give a row 8 to 32 lanes of a warp when d <= 256), each thread holding up to 16
+// elements in registers (16-byte loads when d and the pointers allow); dgamma/dbeta are reduced in
+// two passes through a workspace (per-block partial sums, then a fixed-order column sum), so
+// results are bitwise reproducible without atomics.
 #pragma once
-
-#include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "executor/cuda/dropout.h"
 
 #ifndef __CUDACC__
 #include "absl/status/status.h"
@@ -44,13 +48,16 @@ struct NormForwardArgs {
   int64_t d = 0;
   float epsilon = 1e-5f;
   const T* x = nullptr;         // (rows, d)
-  const T* residual = nullptr;  // (rows, d) optional: normalise s = x + residual
-  T* sum = nullptr;             // (rows, d) s; required with residual, may alias x or residual
-  const T* gamma = nullptr;     // (d)
-  const T* beta = nullptr;      // (d) optional; LayerNorm only
-  T* y = nullptr;               // (rows, d)
-  float* mean = nullptr;        // (rows) optional; LayerNorm only
-  float* rstd = nullptr;        // (rows) optional
+  const T* residual = nullptr;  // (rows, d) optional: normalise s = x' + residual
+  T* sum = nullptr;             // (rows, d) s, optional; may alias x or residual
+  // Optional, with residual: x' = x kept and scaled, or zeroed, by this dropout (dropout.h: the CPU
+  // backend's stream, element i of x at counter counter_base + i); x' = x without it.
+  const DropoutParams* dropout = nullptr;
+  const T* gamma = nullptr;  // (d)
+  const T* beta = nullptr;   // (d) optional; LayerNorm only
+  T* y = nullptr;            // (rows, d)
+  float* mean = nullptr;     // (rows) optional; LayerNorm only
+  float* rstd = nullptr;     // (rows) optional
 };
 
 template <typename T>
@@ -58,17 +65,17 @@ struct NormBackwardArgs {
   NormKind kind = NormKind::kLayerNorm;
   int64_t rows = 0;
   int64_t d = 0;
-  float epsilon = 1e-5f;            // used only when the statistics are recomputed
-  const T* dy = nullptr;            // (rows, d)
-  const T* x = nullptr;             // (rows, d) the normalised input (the forward's s)
-  const T* gamma = nullptr;         // (d)
-  const float* mean = nullptr;      // (rows) the forward's; LayerNorm: given together with rstd
-  const float* rstd = nullptr;      // (rows) the forward's; both absent: recomputed from x
-  const T* dresidual = nullptr;     // (rows, d) optional, added to dx; may alias dx
-  T* dx = nullptr;                  // (rows, d)
-  float* dgamma = nullptr;          // (d) optional, overwritten
-  float* dbeta = nullptr;           // (d) optional, overwritten; LayerNorm only
-  float* workspace = nullptr;       // NormBackwardWorkspaceBytes(rows, d) bytes when dgamma or dbeta
+  float epsilon = 1e-5f;         // used only when the statistics are recomputed
+  const T* dy = nullptr;         // (rows, d)
+  const T* x = nullptr;          // (rows, d) the normalised input (the forward's s)
+  const T* gamma = nullptr;      // (d)
+  const float* mean = nullptr;   // (rows) the forward's; LayerNorm: given together with rstd
+  const float* rstd = nullptr;   // (rows) the forward's; both absent: recomputed from x
+  const T* dresidual = nullptr;  // (rows, d) optional, added to dx; may alias dx
+  T* dx = nullptr;               // (rows, d)
+  float* dgamma = nullptr;       // (d) optional, overwritten
+  float* dbeta = nullptr;        // (d) optional, overwritten; LayerNorm only
+  float* workspace = nullptr;    // NormBackwardWorkspaceBytes(rows, d) bytes when dgamma or dbeta
 };
 
 // Bytes of the backward's workspace; depends only on (rows, d).

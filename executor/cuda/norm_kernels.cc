@@ -1,6 +1,6 @@
-// LayerNorm, LayerNormGrad, RMSNorm and RMSNormGrad in the CUDA backend's kernel table
-// (layernorm.h): the normalised dims must be trailing (any axis), at most kNormMaxD elements, with
-// scale and bias of exactly those elements; other cases (a broadcast scale) run on the host.
+// LayerNorm (with its fused residual and dropout), LayerNormGrad, RMSNorm and RMSNormGrad in the CUDA
+// backend's kernel table (layernorm.h): the normalised dims must be trailing (any axis), at most kNormMaxD
+// elements, with scale and bias of exactly those elements; other cases (a broadcast scale) run on the host.
 // X, Y, dY, dX, scale, bias and their gradients are all f32 or all bf16; the saved Mean and
 // InvStdDev are f32 either way (ONNX's stash_type). The launchers sum dScale/dBias in fp32: for a
 // bf16 graph they land in the workspace and are rounded into the outputs once.
@@ -97,15 +97,27 @@ KernelResult RunBackward(const KernelContext& ctx, const ir::Node& node, NormBac
   return out;
 }
 
-// Y, Mean?, InvStdDev? = LayerNorm(X, scale, bias?).
+// Y, Mean?, InvStdDev?, Sum? = LayerNorm(X, scale, bias?, residual?) with its fused dropout (op.h).
 KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {});
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 3}, {});
   if (!t) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[0].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d || (HasInput(in, 2) && in[2].num_elements() != d)) return std::nullopt;
-  std::vector<ir::Tensor> out(3);
+  const bool residual = HasInput(in, 3);
+  if (residual && in[3].dims() != in[0].dims()) return std::nullopt;
+  std::optional<DropoutParams> drop;
+  if (residual && node.attrs.Get<double>("dropout", 0.0) != 0.0) {
+    drop = FusedDropout(ctx, node, in[0].num_elements());
+    if (!drop) return std::nullopt;
+  }
+  std::vector<ir::Tensor> out(residual && WantsOutput(node, 3) ? 4 : 3);
+  if (out.size() == 4) {
+    absl::StatusOr<ir::Tensor> sum = ctx.FullOutput(node, 3, *t, in[0].dims());
+    if (!sum.ok()) return sum.status();
+    out[3] = *sum;
+  }
   absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
@@ -123,6 +135,8 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
     a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]), a.beta = HasInput(in, 2) ? DevicePtr<T>(in[2]) : nullptr;
     a.y = DevicePtr<T>(out[0]), a.mean = DevicePtr<float>(out[1]), a.rstd = DevicePtr<float>(out[2]);
+    if (residual) a.residual = DevicePtr<T>(in[3]), a.sum = out.size() == 4 ? DevicePtr<T>(out[3]) : nullptr;
+    if (drop && DropoutActive(*drop)) a.dropout = &*drop;
     if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
     return out;
   });

@@ -25,14 +25,18 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   if (b.GO(1) != ir::kNoValue || b.GO(2) != ir::kNoValue) {
     return b.Error("gradient through LayerNorm's Mean/InvStdDev outputs is not supported");
   }
-  ValueId x = b.I(0);
+  // With a fused residual the node normalises S = residual + X' (op.h), its output 3: LayerNormGrad
+  // of S, plus S's gradient from its other readers, is the residual's gradient, and X's is that
+  // through the fused dropout (its mask regenerated from the forward's random stream).
+  const bool residual = b.node().inputs.size() > 3 && b.I(3) != ir::kNoValue;
+  ValueId x = residual ? b.EnsureForwardOutput(3, b.TypeOf(b.I(0))) : b.I(0);
   const ir::DType dt = b.TypeOf(x).dtype;
   if (b.NeedsGI(2)) {
     const ValueType ts = b.TypeOf(b.I(1)), tb = b.TypeOf(b.I(2));
     if (ts.shape_known && tb.shape_known && ts.shape != tb.shape) {
       // LayerNormGrad returns dScale and dBias in scale's shape.
-      return b.Error("bias " + ir::ShapeToString(tb.shape) + " and scale " +
-                     ir::ShapeToString(ts.shape) + " differ in shape; not supported");
+      return b.Error("bias " + ir::ShapeToString(tb.shape) + " and scale " + ir::ShapeToString(ts.shape) +
+                     " differ in shape; not supported");
     }
   }
   ir::Attrs a;
@@ -43,19 +47,38 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   // Saved statistics are used when the forward computes them in the input's precision (else the
   // kernel recomputes them: cheaper than a precision mismatch in fp64 gradient checks).
   ValueId mean = b.O(1), inv = b.O(2);
-  if (mean != ir::kNoValue && inv != ir::kNoValue && b.TypeOf(mean).dtype == dt &&
-      b.TypeOf(inv).dtype == dt) {
+  if (mean != ir::kNoValue && inv != ir::kNoValue && b.TypeOf(mean).dtype == dt && b.TypeOf(inv).dtype == dt) {
     ins.push_back(mean);
     ins.push_back(inv);
   }
+  const bool needs_x = b.NeedsGI(0) || (residual && b.NeedsGI(3));
   std::vector<std::optional<ValueType>> outs = {
-      b.NeedsGI(0) ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
+      needs_x ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
       b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt,
       b.NeedsGI(2) ? std::optional<ValueType>(b.TypeOf(b.I(2))) : std::nullopt};
   while (outs.size() > 1 && !outs.back()) outs.pop_back();
   std::vector<ValueId> g = b.EmitMulti(OpKind::kLayerNormGrad, ins, outs, std::move(a));
-  for (int i = 0; i < static_cast<int>(g.size()); ++i)
+  for (int i = 1; i < static_cast<int>(g.size()); ++i)
     if (b.NeedsGI(i)) b.SetGI(i, g[i]);
+  if (!needs_x) return absl::OkStatus();
+  if (!residual) {
+    b.SetGI(0, g[0]);
+    return absl::OkStatus();
+  }
+  ValueId ds = g[0];
+  if (b.GO(3) != ir::kNoValue) {
+    ASSIGN_OR_RETURN(ds, b.Add(ds, b.GO(3)));
+  }
+  if (b.NeedsGI(3)) b.SetGI(3, ds);
+  if (!b.NeedsGI(0)) return absl::OkStatus();
+  const ir::Attrs& fwd = b.node().attrs;
+  if (const double ratio = fwd.Get<double>("dropout", 0.0); ratio != 0.0) {
+    ir::Attrs d;
+    d.Set("ratio", ratio);
+    d.Set("rng_key", fwd.Get<std::string>("rng_key", b.node().name));
+    ds = b.Emit(OpKind::kDropoutGrad, {ds}, b.TypeOf(b.I(0)), std::move(d));
+  }
+  b.SetGI(0, ds);
   return absl::OkStatus();
 }
 

@@ -145,13 +145,26 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
     RETURN_IF_ERROR(ctx.ExpectSameDType(0, 2));
     RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 2, normalized));
   }
+  const bool residual = ctx.has_input(3);
+  if (residual) {
+    RETURN_IF_ERROR(ctx.ExpectSameDType(0, 3));
+    const Shape& r = ctx.shape(3);
+    bool same = r.size() == x.size();
+    for (size_t i = 0; same && i < r.size(); ++i) same = UnifyDims(r[i], x[i]).has_value();
+    if (!same) return ctx.Error() << "residual " << ctx.Describe(3) << " is not " << ctx.Describe(0) << "'s shape";
+  }
+  if (ctx.attrs().Get<double>("dropout", 0.0) != 0.0 && !residual) return ctx.Error() << "dropout without a residual";
   Outputs out = One(ctx.dtype(0), x);
   if (ctx.num_outputs() > 1) {
     // Mean and InvStdDev keep the normalised axes as 1 (ONNX LayerNormalization), in stash_type.
     ASSIGN_OR_RETURN(DType stash, StashType(ctx));
     Shape stats(x.begin(), x.begin() + axis);
     stats.resize(x.size(), Dim(1));
-    for (int i = 1; i < ctx.num_outputs(); ++i) out.push_back({stash, stats});
+    for (int i = 1; i < std::min(ctx.num_outputs(), 3); ++i) out.push_back({stash, stats});
+  }
+  if (ctx.num_outputs() > 3) {
+    if (!residual) return ctx.Error() << "output 3 (Sum) without a residual";
+    out.push_back({ctx.dtype(0), x});
   }
   return out;
 }

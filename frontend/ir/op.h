@@ -21,8 +21,13 @@
 // - ArgMax(X) attrs axis, keepdims (default 1), select_last_index (default 0) -> i64, as ONNX.
 // Fused ops (frontend/passes/fusion):
 // - Linear(X (..., K), W, bias?) attrs trans_b (0: W is (K, N); 1: W is (N, K)) -> Y (..., N).
-// - LayerNorm(X, scale, bias?) attrs axis (default -1), epsilon -> Y, and optionally Mean,
-//   InvStdDev as ONNX LayerNormalization (which imports straight to this op).
+// - LayerNorm(X, scale, bias?, residual?) attrs axis (default -1), epsilon -> Y, and optionally
+//   Mean, InvStdDev as ONNX LayerNormalization (which imports straight to this op). With residual
+//   (X's dims; the residual-norm fusion pass sets it) the normalised value is S = residual +
+//   X', X' = X or, with the fused dropout attrs dropout (ratio) and rng_key, X kept and scaled or
+//   zeroed exactly as that Dropout node would. S, in X's dtype, is optional output 3 (Sum) for the
+//   residual stream's other readers; a backend computing a half-precision node in f32 may
+//   normalise S before rounding it (the CPU), another after (the CUDA kernel, as Add stores it).
 // - RMSNorm(X, scale) attrs axis (default -1), epsilon (default 1e-5) -> Y, and optionally
 //   InvStdDev: over the dims [axis, rank), r = 1 / sqrt(mean(X^2) + epsilon), Y = X * r * scale
 //   (ONNX RMSNormalization, the Llama/T5 norm); scale broadcasts to the normalised dims as
@@ -196,7 +201,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2, kOpCostly)               \
   /* Fused ops */                                                                            \
   V(Linear, "Linear", 2, 3, 1, 1, kOpGemm | kOpCostly)                                       \
-  V(LayerNorm, "LayerNorm", 2, 3, 1, 3, 0)                                                   \
+  V(LayerNorm, "LayerNorm", 2, 4, 1, 4, 0)                                                   \
   V(RMSNorm, "RMSNorm", 2, 2, 1, 2, 0)                                                       \
   V(Gelu, "Gelu", 1, 1, 1, 1, 0)                                                             \
   V(Attention, "Attention", 3, 4, 1, 2, kOpGemm | kOpCostly)                                 \

@@ -219,6 +219,10 @@ class Exporter {
       case ir::OpKind::kLinear:
         return Linear(n, ins, outs);
       case ir::OpKind::kLayerNorm: {
+        if (ins.size() > 3 && !ins[3].empty()) RETURN_IF_ERROR(ResidualSum(n, ins, outs));
+        ins.resize(std::min<size_t>(ins.size(), 3));
+        outs.resize(std::min<size_t>(outs.size(), 3));
+        while (outs.size() > 1 && outs.back().empty()) outs.pop_back();
         onnx::NodeProto* p = Emit("LayerNormalization", n.name, ins, outs);
         SetInt(p, "axis", n.attrs.Get<int64_t>("axis", -1));
         SetFloat(p, "epsilon", n.attrs.Get<double>("epsilon", 1e-5));
@@ -322,6 +326,24 @@ class Exporter {
     Emit("Reciprocal", n.name + "/Reciprocal", {rms}, {inv});
     Emit("Mul", n.name + "/Mul_inv", {ins[0], inv}, {xn});
     Emit("Mul", n.name, {xn, ins[1]}, {outs[0]});
+    return absl::OkStatus();
+  }
+
+  // A LayerNorm's fused residual (op.h) as the Dropout (if any) and Add it was: ins[0] becomes the
+  // sum, named as output 3 when the node has it.
+  absl::Status ResidualSum(const ir::Node& n, std::vector<std::string>& ins, const std::vector<std::string>& outs) {
+    std::string x = ins[0];
+    if (const double ratio = n.attrs.Get<double>("dropout", 0.0); ratio != 0.0) {
+      const std::string key = n.attrs.Get<std::string>("rng_key", n.name + "/Dropout");
+      x = Fresh(key + "/output");
+      Emit("Dropout", key,
+           {ins[0], Const(key + "/ratio", Scalar(ir::DType::kF32, ratio)),
+            Const(key + "/training_mode", ir::Tensor::Scalar<bool>(true))},
+           {x});
+    }
+    const std::string sum = outs.size() > 3 && !outs[3].empty() ? outs[3] : Fresh(n.name + "/sum");
+    Emit("Add", n.name + "/residual_add", {ins[3], x}, {sum});
+    ins[0] = sum;
     return absl::OkStatus();
   }
 

@@ -12,6 +12,7 @@
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
 #include "frontend/passes/pass.h"
+#include "frontend/passes/residual_norm_fusion.h"
 #include "frontend/passes/rms_norm_fusion.h"
 #include "frontend/passes/row_layout_motion.h"
 #include "frontend/passes/tie_transposed_initializers.h"
@@ -41,6 +42,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<GathersToSplit>();
     pipeline.AddPass<RowLayoutMotion>();
     pipeline.AddPass<AttentionLayout>();
+    pipeline.AddPass<ResidualNormFusion>();
   }
   pipeline.AddPass<DeadCodeElimination>();
   RETURN_IF_ERROR(pipeline.Run(g).status());

@@ -934,6 +934,39 @@ TEST_F(CudaOpsTest, GeluWithAFusedDropoutIsTheCpus) {
   }
 }
 
+TEST_F(CudaOpsTest, LayerNormWithAFusedResidualAndDropoutIsTheCpus) {
+  // S = residual + dropout(X), normalised (op.h): d 96 (16-byte runs), 41 (element by element) and 1024; the Sum
+  // output wanted or not; a micro-batch's rows shift the dropout counters; inference and no dropout keep X.
+  backend::ExecContext train;
+  train.training = true;
+  train.seed = 5;
+  train.offset = 2;
+  const ir::Attrs dropped = Attrs({{"axis", int64_t{-1}},
+                                   {"epsilon", 1e-5},
+                                   {"dropout", 0.2},
+                                   {"rng_key", std::string("/layer/dropout1/Dropout")}});
+  const ir::Attrs plain = Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5}});
+  for (const int64_t d : {int64_t{96}, int64_t{41}, int64_t{1024}}) {
+    SCOPED_TRACE(d);
+    const std::vector<Tensor> in = {Rand({4, 6, d}, 1, -2, 2), Rand({d}, 2), Rand({d}, 3), Rand({4, 6, d}, 4, -2, 2)};
+    for (const ir::Attrs& a : {dropped, plain}) {
+      Case c{ir::OpKind::kLayerNorm, in, a, 4, {}, 1e-5, train};
+      Check(c);
+      c.ctx.row_offset = 3, c.ctx.rows = 4;  // rows [3, 7) of the batch
+      Check(c);
+      c.ctx = {};
+      Check(c);
+      Check({ir::OpKind::kLayerNorm, in, a, 4, {1, 2}, 1e-5, train});  // Y and Sum only
+      Check({ir::OpKind::kLayerNorm, in, a, 1, {}, 1e-5, train});      // Y only: S is not stored
+    }
+    // bf16: S rounds once, as the unfused Add stores it; the CPU normalises it unrounded (op.h), so the
+    // statistics agree to bf16's precision.
+    const std::vector<Tensor> inb = {RandB({3, 5, d}, 5, -2, 2), RandB({d}, 6), RandB({d}, 7),
+                                     RandB({3, 5, d}, 8, -2, 2)};
+    CheckBf16({ir::OpKind::kLayerNorm, inb, dropped, 4, {}, 5e-3, train}, {kB, kF, kF, kB});
+  }
+}
+
 TEST_F(CudaOpsTest, Bf16ElementwiseIsTheFp32ResultRounded) {
   for (ir::OpKind op : {ir::OpKind::kAdd, ir::OpKind::kSub, ir::OpKind::kMul, ir::OpKind::kDiv}) {
     CheckBf16({op, {RandB({4, 1, 6}, 1), RandB({3, 1}, 2, 0.5, 2)}, {}, 1, {}, 0}, {kB});
