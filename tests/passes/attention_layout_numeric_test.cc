@@ -3,7 +3,6 @@
 // gradients (autodiff's AttentionGrad through the same views) and the stage ONNX written from the
 // rewritten graph all equal the graph with the copies on the CPU backend.
 
-#include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_layout.h"
@@ -92,12 +91,8 @@ ir::Graph Rewritten(const ir::Graph& g) {
 }
 
 // The graph's outputs and every parameter's gradient on the same random input.
-std::vector<ir::Tensor> LossAndGradients(ir::Graph g) {
-  absl::StatusOr<autodiff::TrainingGraphInfo> info = autodiff::BuildGradients(&g, g.outputs()[0], {});
-  EXPECT_TRUE(info.ok()) << info.status();
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 7);
-  EXPECT_TRUE(feeds.ok()) << feeds.status();
-  absl::StatusOr<std::vector<ir::Tensor>> out = testing::Evaluate(g, *feeds);
+std::vector<ir::Tensor> LossAndGradients(const ir::Graph& g) {
+  absl::StatusOr<std::vector<ir::Tensor>> out = testing::LossAndGradients(g, /*training=*/false);
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? *out : std::vector<ir::Tensor>{};
 }

@@ -6,8 +6,10 @@
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/runtime/interpreter.h"
+#include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/infer.h"
 #include "frontend/ir/status.h"
+#include "frontend/ir/verifier.h"
 #include "frontend/onnx/loader.h"
 #include "frontend/onnx/stage_export.h"
 
@@ -60,6 +62,13 @@ absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::
                                                  bool training) {
   cpu::CpuEvaluator ev(cpu::EvalContext{.training = training, .seed = 1});
   return runtime::Interpret(g, ev, feeds);
+}
+
+absl::StatusOr<std::vector<ir::Tensor>> LossAndGradients(ir::Graph g, bool training) {
+  RETURN_IF_ERROR(autodiff::BuildGradients(&g, g.outputs()[0], {}).status());
+  RETURN_IF_ERROR(ir::Verify(g));
+  ASSIGN_OR_RETURN(std::vector<ir::Tensor> feeds, RandomFeeds(g, {}, 7));
+  return Evaluate(g, feeds, training);
 }
 
 absl::StatusOr<ir::Graph> StageOnnxRoundTrip(const ir::Graph& g, const std::string& name) {

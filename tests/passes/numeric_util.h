@@ -21,6 +21,10 @@ absl::StatusOr<std::vector<ir::Tensor>> RandomFeeds(const ir::Graph& g, const st
 absl::StatusOr<std::vector<ir::Tensor>> Evaluate(const ir::Graph& g, const std::vector<ir::Tensor>& feeds,
                                                  bool training = false);
 
+// Output 0 of `g` differentiated (autodiff::BuildGradients), evaluated on RandomFeeds(seed 7): the
+// loss and every parameter's gradient; `training`: random ops active (Evaluate's).
+absl::StatusOr<std::vector<ir::Tensor>> LossAndGradients(ir::Graph g, bool training);
+
 // `g` written as a stage ONNX file (onnx_frontend::ExportStageOnnx) under the temporary directory as
 // `name`, imported back and shape-inferred; the file is removed.
 absl::StatusOr<ir::Graph> StageOnnxRoundTrip(const ir::Graph& g, const std::string& name);
