@@ -381,8 +381,8 @@ TEST(NormArgumentsTest, BadArgumentsAreRejectedWithAMessage) {
   bad.x = nullptr;
   expect_error(NormForward(bad, nullptr), "got null");
   bad = f;
-  bad.residual = buf;  // without sum
-  expect_error(NormForward(bad, nullptr), "residual and sum");
+  bad.sum = buf;  // without a residual (a residual without sum is fine: S is not stored)
+  expect_error(NormForward(bad, nullptr), "need a residual");
   bad = f;
   bad.kind = NormKind::kRmsNorm;
   bad.beta = buf;
