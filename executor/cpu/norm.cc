@@ -2,9 +2,10 @@
 // dims [axis, rank). LayerNorm returns Y, Mean and InvStdDev, RMSNorm Y and InvStdDev. Mean and InvStdDev have the
 // input's dims with the normalised ones set to 1, and the input's float dtype (f32 for f32 input, ONNX's default
 // stash_type; f64 for f64 so that gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in
-// double, one row per thread. LayerNorm's fused residual (op.h) forms S = residual + X (X through the fused dropout)
-// first, element by element, and normalises S.
+// double, one row per thread. LayerNorm's fused residual (op.h) forms each row of S = residual + X (X through the
+// fused dropout) first and normalises it.
 #include <cmath>
+#include <vector>
 
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/norm_util.h"
@@ -40,28 +41,32 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     ASSIGN_OR_RETURN(ir::Tensor mean, OptionalOutput(node, ctx, 1, x.dtype(), shape.stat_dims));
     ASSIGN_OR_RETURN(ir::Tensor inv_std, OptionalOutput(node, ctx, 2, x.dtype(), shape.stat_dims));
-    // The normalised value: X, or S = residual + X kept and scaled by the fused dropout (op.h).
-    ir::Tensor sum;
-    if (residual) {
-      ASSIGN_OR_RETURN(sum, OptionalOutput(node, ctx, 3, x.dtype(), x.dims()));
-      if (!sum.defined()) sum = ir::Tensor(x.dtype(), x.dims());
-      const T *pr = in[3].data<T>(), *pd = x.data<T>();
-      T* ps = sum.mutable_data<T>();
-      const T scale = static_cast<T>(drop.scale);
-      ForEachKept(drop, x.num_elements(), [&](int64_t i, bool keep) {
-        ps[i] = pr[i] + (!drop.active ? pd[i] : keep ? pd[i] * scale : T(0));
-      });
-    }
-    const T* px = residual ? sum.data<T>() : x.data<T>();
+    // With a residual each row normalises S = residual + X kept and scaled by the fused dropout (op.h),
+    // formed row by row into the Sum output, or into a row buffer when nothing reads S.
+    ASSIGN_OR_RETURN(ir::Tensor sum_out, OptionalOutput(node, ctx, 3, x.dtype(), x.dims()));
+    const T* pr = residual ? in[3].data<T>() : nullptr;
+    const T* px = x.data<T>();
     const T* ps = scale.data<T>();
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* py = y.mutable_data<T>();
     T* pm = mean.defined() ? mean.mutable_data<T>() : nullptr;
     T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
+    T* psum = sum_out.defined() ? sum_out.mutable_data<T>() : nullptr;
+    const T keep_scale = static_cast<T>(drop.scale);
     ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
+      std::vector<T> row(residual && psum == nullptr ? n : 0);
+      std::vector<uint8_t> keep(drop.active ? n : 0);
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
+        if (residual) {
+          T* sr = psum != nullptr ? psum + r * n : row.data();
+          if (drop.active) FillDropoutKeepMask(drop.stream, drop.base + r * n, drop.base + (r + 1) * n, keep.data());
+          for (int64_t i = 0; i < n; ++i) {
+            sr[i] = pr[r * n + i] + (!drop.active ? xr[i] : keep[i] != 0 ? xr[i] * keep_scale : T(0));
+          }
+          xr = sr;
+        }
         double sum = 0;
         for (int64_t i = 0; i < n; ++i) sum += xr[i];
         const double mu = sum / static_cast<double>(n);
@@ -81,7 +86,7 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
       }
     });
     std::vector<ir::Tensor> out = {y, mean, inv_std};
-    if (WantsOutput(node, 3)) out.push_back(sum);
+    if (WantsOutput(node, 3)) out.push_back(sum_out);
     return out;
   });
 }
