@@ -45,7 +45,7 @@ struct Flags {
   bool shuffle_given = false;            // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
-  bool tf32 = false;
+  bool tf32 = false, cuda_graphs = false;
   std::string cuda_attention = "auto";
   std::string recompute, plan, report;
 };
@@ -107,6 +107,11 @@ void Declare(FlagSet& fs, Flags& f) {
           "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
   DeclareCudaAttentionFlag(fs, &f.cuda_attention);
+  fs.Bool("cuda-graphs", &f.cuda_graphs,
+          "--backend cuda: replay each stage's forward and backward work as CUDA graphs (the first step runs "
+          "eagerly, the second records, later steps replay: fewer launches, no per-kernel host work); the "
+          "optimizer step and nodes that wait for the device (embedding index checks, host fallbacks) run "
+          "between graphs. Not with --check-numerics");
   fs.String("dtype", &f.dtype,
             "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
@@ -339,6 +344,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   po.plan_dir = f.plan;
   po.report_dir = f.report;
   po.backend = be;
+  po.graphs = f.cuda_graphs;
   ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> trainer,
                    pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
   // --eval runs the whole forward graph (batch B) with the trained parameters.
@@ -432,6 +438,10 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
     return "--backend expects cpu, cuda or checked, got '" + f.backend + "'";
   }
   if (f.device < 0) return "--device must be >= 0, got " + std::to_string(f.device);
+  if (f.cuda_graphs && f.backend != "cuda") return "--cuda-graphs needs --backend cuda";
+  if (f.cuda_graphs && f.check_numerics) {
+    return "--cuda-graphs cannot be combined with --check-numerics (a replayed graph returns no per-node outputs)";
+  }
   if (f.dtype != "fp32" && f.dtype != "fp64" && f.dtype != "bf16") {
     return "--dtype expects fp32, fp64 or bf16, got '" + f.dtype + "'";
   }

@@ -12,6 +12,19 @@ absl::StatusOr<double> Stream::SecondsBetween(const Event&, const Event&) {
   return UNIMPLEMENTED() << "this stream has no timing events";
 }
 
+ir::Tensor Unowned(const ir::Tensor& t) {
+  if (!t.has_data()) return t;
+  // An aliasing pointer with no owner: the address, and a use count of 0.
+  std::shared_ptr<uint8_t> bytes(std::shared_ptr<uint8_t>(), static_cast<uint8_t*>(const_cast<void*>(t.address())));
+  return ir::Tensor::View(t.dtype(), t.dims(), std::move(bytes), 0, t.placement());
+}
+
+absl::Status Stream::BeginCapture() { return UNIMPLEMENTED() << "this stream cannot record graphs"; }
+
+absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
+  return UNIMPLEMENTED() << "this stream cannot record graphs";
+}
+
 absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Backend::RunGroup(
     const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& inputs,
     const ExecContext& ctx, ir::OutputAllocator* outputs) const {

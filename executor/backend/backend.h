@@ -12,6 +12,13 @@
 // - Order: work is issued on a Stream (a CUDA stream, a queue); an Event recorded on one stream
 //   can be waited for by another (a stage waiting for a received value). A null stream is the
 //   backend's default stream. The CPU backend is synchronous: its streams and events are no-ops.
+// - Graphs: the work a thread issues on a stream between BeginCapture and EndCapture is recorded
+//   as a Graph (a CUDA graph) that Launch replays with the same arguments: the same buffers and
+//   the same host-side values. A kernel that must see a value that changes from replay to replay
+//   reads it from device memory (ExecContext::device_offset; a device lr). While capturing, the
+//   calls that would wait for the device or stage host memory fail (ToHost, FromHost,
+//   Synchronize, AllFinite, Allocate and so Zeros/Upload/Clone); Capturable says which nodes'
+//   kernels can be recorded at all.
 //
 // Implementations are shared by every stage thread: their methods are thread-safe.
 #pragma once
@@ -32,6 +39,16 @@ class Event {
   virtual ~Event() = default;
 };
 
+class Stream;
+
+// Recorded work (Stream::EndCapture).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Issues the recorded work again on `stream` (of the backend that recorded it).
+  virtual absl::Status Launch(Stream* stream) = 0;
+};
+
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -46,6 +63,14 @@ class Stream {
   virtual absl::StatusOr<std::shared_ptr<Event>> RecordTimed();
   // Seconds between two RecordTimed events of this backend (`start` recorded first); waits for `end`.
   virtual absl::StatusOr<double> SecondsBetween(const Event& start, const Event& end);
+
+  // Starts recording the work this thread issues on the stream. UNIMPLEMENTED where the backend has
+  // no graphs.
+  virtual absl::Status BeginCapture();
+  // Ends the recording: the recorded work as a graph, and that work has been issued once (a CUDA
+  // stream launches the new graph; a recording test backend ran it while recording). After an
+  // error the stream is not capturing any more and the recorded work is dropped.
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
 };
 
 // One node evaluation's context: the random stream of a micro-batch (cpu::EvalContext's fields; a
@@ -59,6 +84,9 @@ struct ExecContext {
   int64_t row_offset = 0;
   int64_t rows = 0;
   Stream* stream = nullptr;
+  // When set, kernels read `offset` from this backend memory (one uint64) when they run: a captured
+  // graph's kernels then draw each replay's step (the driver updates it before launching).
+  const uint64_t* device_offset = nullptr;
 };
 
 class Backend {
@@ -102,6 +130,10 @@ class Backend {
   // scalar hyper-parameter such as lr): a constant all of whose readers say so stays on the host
   // instead of being uploaded, so reading it costs no synchronising copy.
   virtual bool ReadsOnHost(const ir::Node& node, int index) const { return false; }
+  // True when `node`'s kernel can be recorded into a Graph (Stream::BeginCapture): it issues
+  // stream work only, without waiting for the device or staging host memory. Asked after the node
+  // has run once (a kernel choosing its path at the first run); false where there are no graphs.
+  virtual bool Capturable(const ir::Node& node) const { return false; }
   // acc += x elementwise (the addition of the graph's gradient Sums); the caller owns acc's storage
   // exclusively.
   virtual absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, Stream* stream = nullptr) const = 0;
@@ -120,6 +152,10 @@ class Backend {
   // `host` uploaded into storage of its own (a host tensor stays as it is on a host backend).
   absl::StatusOr<ir::Tensor> Upload(const ir::Tensor& host, Stream* stream = nullptr) const;
 };
+
+// `t`'s bytes without a share in their ownership (what a recorded graph holds: raw addresses, valid
+// while their owner keeps them); t itself when it has no data.
+ir::Tensor Unowned(const ir::Tensor& t);
 
 // True when `v` has readers in `g` (`uses`: ir::Graph::ComputeUses) and `be` reads it on the host at
 // every one of them (Backend::ReadsOnHost): a constant to keep on the host rather than upload.

@@ -75,7 +75,7 @@ class CpuBackend : public Backend {
     cpu::EvalContext c;
     c.training = ctx.training;
     c.seed = ctx.seed;
-    c.offset = ctx.offset;
+    c.offset = ctx.device_offset != nullptr ? *ctx.device_offset : ctx.offset;
     c.row_offset = ctx.row_offset;
     c.rows = ctx.rows;
     c.outputs = outputs;

@@ -66,8 +66,18 @@ cudaError_t LaunchFillLengths(int32_t* lengths, int64_t batch, int32_t value, cu
 cudaError_t LaunchZeroPaddedRows(void* x, const int32_t* lengths, int64_t batch, int64_t heads, int64_t seq,
                                  int64_t dim, int elem_bytes, cudaStream_t stream);
 
-// out[0] = first, out[1] = second (the dropout seed and offset, device int64s, 16-byte aligned).
-cudaError_t LaunchWriteInt64Pair(int64_t* out, int64_t first, int64_t second, cudaStream_t stream);
+// splitmix64's finaliser (what mixes the cuDNN dropout seed).
+__host__ __device__ inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// The cuDNN dropout seed and offset (device int64s, 16-byte aligned): out[0] =
+// Mix64(Mix64(keyed ^ step) ^ row_offset), out[1] = 0, with the step read from `device_step` when
+// the kernel runs if set (a graph replay's step), else `step`.
+cudaError_t LaunchWriteDropoutSeed(int64_t* out, uint64_t keyed, uint64_t step, const uint64_t* device_step,
+                                   uint64_t row_offset, cudaStream_t stream);
 
 #ifndef __CUDACC__
 

@@ -40,9 +40,8 @@
 // first row; the offset is 0. A recompute and a resumed run (same ExecContext) replay the mask; a
 // different micro-batch split draws different masks (the CPU's counter base keeps its masks
 // split-invariant; cuDNN's element counter is its own). The two int64s are the first 16 bytes of
-// the node's planned workspace, written by a one-thread kernel each evaluation. A captured CUDA
-// graph would replay the captured seed every step: once the backend captures steps, the step must
-// reach the seed through device memory, as flash's DropoutParams::device_offset.
+// the node's planned workspace, written by a one-thread kernel each evaluation, which reads the
+// step from device memory under graphs (ExecContext::device_offset), so a replay draws its step's.
 //
 // The cuDNN graphs (AttentionGraphs, one cuDNN handle) are owned by the table's entries, one per
 // backend, and shared by its streams under a mutex held while building and while enqueuing
@@ -214,6 +213,7 @@ bool AddDropout(const KernelContext& ctx, const ir::Node& node, FlashAttentionPl
   d.seed = ctx.exec.seed;
   d.node_key = cpu::NodeRngKey(node);
   d.offset = ctx.exec.offset;
+  d.device_offset = ctx.exec.device_offset;
   if (ctx.exec.rows > 0 && ctx.exec.row_offset != 0) {
     const int64_t numel = g.nbatch * g.sq * g.sk;
     if (numel % ctx.exec.rows != 0) return false;
@@ -558,21 +558,13 @@ struct CudnnWorkspace {
   }
 };
 
-uint64_t Mix64(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// cuDNN's dropout seed for `node` under `ctx` (file comment): the same for the forward, its
-// recompute and its AttentionGrad, different per node, step and micro-batch.
-int64_t CudnnDropoutSeed(const KernelContext& ctx, const ir::Node& node) {
-  uint64_t h = Mix64(ctx.exec.seed);
-  h = Mix64(h ^ cpu::NodeRngKey(node));
-  h = Mix64(h ^ ctx.exec.offset);
-  h = Mix64(h ^ static_cast<uint64_t>(ctx.exec.row_offset));
-  return static_cast<int64_t>(h);
+// cuDNN's dropout seed for `node` under `ctx` (file comment), written into `out` on the device:
+// the same for the forward, its recompute and its AttentionGrad, different per node, step and
+// micro-batch; the step read from device memory when the context has it there (graphs).
+cudaError_t WriteCudnnDropoutSeed(const KernelContext& ctx, const ir::Node& node, int64_t* out) {
+  const uint64_t keyed = Mix64(Mix64(ctx.exec.seed) ^ cpu::NodeRngKey(node));
+  return LaunchWriteDropoutSeed(out, keyed, ctx.exec.offset, ctx.exec.device_offset,
+                                static_cast<uint64_t>(ctx.exec.row_offset), ctx.stream);
 }
 
 // The config this evaluation runs (dropout only while training), its workspace, with the dropout
@@ -592,7 +584,7 @@ absl::StatusOr<CudnnCall> StartCudnnCall(const KernelContext& ctx, const ir::Nod
   call.workspace = static_cast<char*>(ws);
   if (call.config.dropout > 0) {
     auto* seed = reinterpret_cast<int64_t*>(call.workspace + layout.seed);
-    CUDA_RETURN_IF_ERROR(LaunchWriteInt64Pair(seed, CudnnDropoutSeed(ctx, node), /*second=*/0, ctx.stream));
+    CUDA_RETURN_IF_ERROR(WriteCudnnDropoutSeed(ctx, node, seed));
     call.seed = seed;
     call.offset = seed + 1;
   }

@@ -48,15 +48,18 @@ __global__ void ZeroPaddedRowsKernel(uint32_t* x, const int32_t* __restrict__ le
   }
 }
 
-__global__ void WriteInt64PairKernel(int64_t* out, int64_t first, int64_t second) {
-  out[0] = first;
-  out[1] = second;
+__global__ void WriteDropoutSeedKernel(int64_t* out, uint64_t keyed, uint64_t step, const uint64_t* device_step,
+                                       uint64_t row_offset) {
+  const uint64_t s = device_step != nullptr ? *device_step : step;
+  out[0] = static_cast<int64_t>(Mix64(Mix64(keyed ^ s) ^ row_offset));
+  out[1] = 0;
 }
 
 }  // namespace
 
-cudaError_t LaunchWriteInt64Pair(int64_t* out, int64_t first, int64_t second, cudaStream_t stream) {
-  WriteInt64PairKernel<<<1, 1, 0, stream>>>(out, first, second);
+cudaError_t LaunchWriteDropoutSeed(int64_t* out, uint64_t keyed, uint64_t step, const uint64_t* device_step,
+                                   uint64_t row_offset, cudaStream_t stream) {
+  WriteDropoutSeedKernel<<<1, 1, 0, stream>>>(out, keyed, step, device_step, row_offset);
   return cudaGetLastError();
 }
 

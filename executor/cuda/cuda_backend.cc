@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
 
 #include "executor/backend/copy_checks.h"
 #include "executor/cuda/backend_kernels.h"
@@ -22,6 +23,18 @@ class CudaEvent : public backend::Event {
   explicit CudaEvent(cudaEvent_t e) : event(e) {}
   ~CudaEvent() override { cudaEventDestroy(event); }
   cudaEvent_t event;
+};
+
+// An instantiated CUDA graph of one device.
+class CudaGraph : public backend::Graph {
+ public:
+  CudaGraph(int device, cudaGraphExec_t exec) : device_(device), exec_(exec) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  absl::Status Launch(backend::Stream* stream) override;
+
+ private:
+  const int device_;
+  cudaGraphExec_t exec_;
 };
 
 class CudaStream : public backend::Stream {
@@ -51,6 +64,24 @@ class CudaStream : public backend::Stream {
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, e->event, 0));
     return absl::OkStatus();
   }
+  // Thread-local capture: another stage's thread, not capturing, may use the CUDA API meanwhile.
+  absl::Status BeginCapture() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<backend::Graph>> EndCapture() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaGraph_t graph = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));  // an invalidated capture fails here
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_RETURN_IF_ERROR(made);
+    auto g = std::make_unique<CudaGraph>(device_, exec);
+    RETURN_IF_ERROR(g->Launch(this));  // the recorded work has not run yet
+    return g;
+  }
 
  private:
   absl::StatusOr<std::shared_ptr<backend::Event>> NewEvent(unsigned flags) {
@@ -65,6 +96,14 @@ class CudaStream : public backend::Stream {
   int device_;
   cudaStream_t stream_;
 };
+
+absl::Status CudaGraph::Launch(backend::Stream* stream) {
+  auto* cs = dynamic_cast<CudaStream*>(stream);
+  if (cs == nullptr) return INVALID_ARGUMENT() << "a CUDA graph is launched on a CUDA stream";
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, cs->get()));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<CudaStream>> NewStream(int device) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -201,6 +240,13 @@ class CudaBackendImpl : public CudaBackend {
     ASSIGN_OR_RETURN(ir::Tensor host, ToHost(flag, s));
     return host.data<int32_t>()[0] == 0;
   }
+  // A node whose kernel is host-bound, or that ran on the host (so far), runs between graphs.
+  bool Capturable(const ir::Node& node) const override {
+    auto it = table_.find(node.op);
+    if (it == table_.end() || it->second.host_bound) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return !host_run_.count(&node);
+  }
   bool ReadsOnHost(const ir::Node& node, int index) const override {
     auto it = table_.find(node.op);
     return it != table_.end() && index < 32 && (it->second.host_inputs >> index & 1u) != 0;
@@ -266,6 +312,7 @@ class CudaBackendImpl : public CudaBackend {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++fallbacks_[std::string(ir::OpName(node.op))];
+      host_run_.insert(&node);
     }
     std::vector<ir::Tensor> host_in;
     host_in.reserve(inputs.size());
@@ -322,6 +369,7 @@ class CudaBackendImpl : public CudaBackend {
   std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();
   mutable std::mutex mu_;
   mutable std::map<std::string, int64_t> fallbacks_;
+  mutable std::set<const ir::Node*> host_run_;  // nodes that took HostFallback
 };
 
 }  // namespace

@@ -33,6 +33,7 @@ std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::No
   absl::StatusOr<DropoutParams> p = DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset,
                                                      ctx.exec.row_offset, ctx.exec.rows, numel);
   if (!p.ok()) return std::nullopt;
+  p->device_offset = ctx.exec.device_offset;
   return *p;
 }
 

@@ -71,6 +71,9 @@ struct KernelEntry {
   // shape); other inputs must be on the device or the op runs on the host.
   uint32_t host_inputs = 0;
   CudaGroupFn group = {};  // null: a group runs node by node
+  // The kernel waits for the device (an index check read back) or copies from pageable host memory:
+  // it cannot be captured into a graph (Backend::Capturable), it runs between graphs.
+  bool host_bound = false;
 };
 using KernelTable = std::map<ir::OpKind, KernelEntry>;
 
@@ -105,8 +108,9 @@ T* DevicePtr(const ir::Tensor& t) {
   return t.defined() ? static_cast<T*>(t.device_raw()) : nullptr;
 }
 
-// The node's fused dropout (attribute `dropout`, op.h; its random stream as the CPU kernel's) over
-// `numel` elements; nullopt where the CPU kernel would refuse it (it reports the error).
+// The node's dropout (a Dropout's or DropoutGrad's `ratio`, or the fused attribute `dropout` of
+// op.h; its random stream as the CPU kernel's, the step read from device memory when ctx has it
+// there) over `numel` elements; nullopt where the CPU kernel would refuse it (it reports the error).
 std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::Node& node, int64_t numel);
 
 // The concrete dims of `node`'s input `i` in `g`; nullopt when absent or not concrete.

@@ -12,9 +12,8 @@ KernelResult Dropout(const KernelContext& ctx, const ir::Node& node, const std::
   const ir::Tensor& x = in[0];
   if (!IsKernelFloat(x.dtype())) return std::nullopt;
   const int64_t n = x.num_elements();
-  absl::StatusOr<DropoutParams> p =
-      DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset, ctx.exec.row_offset, ctx.exec.rows, n);
-  if (!p.ok()) return std::nullopt;  // the CPU kernel reports it
+  const std::optional<DropoutParams> p = FusedDropout(ctx, node, n);
+  if (!p) return std::nullopt;  // the CPU kernel reports it
   std::vector<ir::Tensor> out(2);
   absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, x.dtype(), x.dims());
   if (!y.ok()) return y.status();
@@ -41,9 +40,8 @@ KernelResult DropoutGrad(const KernelContext& ctx, const ir::Node& node, const s
   if (!IsKernelFloat(dy.dtype()) || (has_mask && (in[1].dtype() != ir::DType::kBool || in[1].dims() != dy.dims()))) {
     return std::nullopt;
   }
-  absl::StatusOr<DropoutParams> p = DropoutParamsFor(node, ctx.exec.training, ctx.exec.seed, ctx.exec.offset,
-                                                     ctx.exec.row_offset, ctx.exec.rows, dy.num_elements());
-  if (!p.ok()) return std::nullopt;  // the CPU kernel reports it
+  const std::optional<DropoutParams> p = FusedDropout(ctx, node, dy.num_elements());
+  if (!p) return std::nullopt;  // the CPU kernel reports it
   absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, dy.dtype(), dy.dims());
   if (!dx.ok()) return dx.status();
   if (dy.num_elements() == 0) return std::vector<ir::Tensor>{*dx};

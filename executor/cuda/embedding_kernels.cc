@@ -128,8 +128,9 @@ int64_t GatherGradWorkspace(const ir::Graph& g, const ir::Node& node) {
 void RegisterEmbeddingKernels(KernelTable& table) {
   table[ir::OpKind::kGather] = {
       GatherKernel, [](const ir::Graph& g, const ir::Node& node) { return kFlagBytes + IndexBytes(g, node); },
-      /*host_inputs=*/1u << 1};
-  table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace, /*host_inputs=*/1u << 1};
+      /*host_inputs=*/1u << 1, /*group=*/{}, /*host_bound=*/true};
+  table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace, /*host_inputs=*/1u << 1, /*group=*/{},
+                                    /*host_bound=*/true};
 }
 
 }  // namespace onnxpipe::cuda

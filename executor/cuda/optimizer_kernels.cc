@@ -220,7 +220,8 @@ void RegisterOptimizerKernels(KernelTable& table) {
   table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), nullptr, /*host_inputs=*/(1u << 4) | (1u << 5),
                                      AdamWUpdates};
   table[ir::OpKind::kSumSquares] = {SumSquares, SumSquaresWorkspace};
-  table[ir::OpKind::kClipScale] = {ClipScale, [](const ir::Graph&, const ir::Node&) -> int64_t { return 12; }};
+  table[ir::OpKind::kClipScale] = {ClipScale, [](const ir::Graph&, const ir::Node&) -> int64_t { return 12; },
+                                   /*host_inputs=*/0, /*group=*/{}, /*host_bound=*/true};
 }
 
 }  // namespace onnxpipe::cuda

@@ -115,6 +115,21 @@ auto Guarded(F&& f) -> decltype(f()) {
 
 }  // namespace
 
+// A run of micro-batch nodes recorded as one graph: each node's outputs as the recording returned
+// them (a replay writes the same slots) and the arena's high-water marks after it.
+struct PipelineExecutor::Segment {
+  std::unique_ptr<backend::Graph> graph;
+  std::vector<std::vector<ir::Tensor>> outputs;
+  StageArenaStats stats;
+};
+
+struct PipelineExecutor::StageGraphs {
+  std::map<std::array<int32_t, 4>, Segment> segments;  // by (phase, micro-batch, backward part, index)
+  std::vector<const void*> constants;                  // the constants' addresses the segments hold
+  ir::Tensor offset;                                   // the step, on the backend (device_offset)
+  std::vector<ir::Tensor> losses;                      // per micro-batch, read after the stage's actions
+};
+
 const char* StepPhaseName(StepPhase p) { return std::array{"forward", "backward", "optimizer"}[static_cast<int>(p)]; }
 
 PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
@@ -161,7 +176,8 @@ class PipelineExecutor::StageRun {
         feeds_(feeds),
         slices_(slices),
         scales_(scales),
-        t0_(t0) {
+        t0_(t0),
+        graphs_(ex.graphs_.empty() ? nullptr : ex.graphs_[sp.stage].get()) {
     const int32_t M = ex.microbatches_;
     tables_.resize(M);
     losses.assign(M, std::nan(""));
@@ -186,6 +202,9 @@ class PipelineExecutor::StageRun {
     // The optimizer phase reads the step inputs where its kernels run.
     ASSIGN_OR_RETURN(lr_device_, be_.Upload(lr_, stream_));
     ASSIGN_OR_RETURN(step_device_, be_.Upload(step_, stream_));
+    if (graphs_ != nullptr) {
+      RETURN_IF_ERROR(be_.FromHost(ir::Tensor::Scalar<int64_t>(feeds_.step), graphs_->offset, stream_));
+    }
     for (const partitioner::Action& a : list) {
       switch (a.kind) {
         case ActionKind::kRecvActivation:
@@ -207,6 +226,12 @@ class PipelineExecutor::StageRun {
         case ActionKind::kOptimizerStep:
           RETURN_IF_ERROR(Post());
           break;
+      }
+    }
+    if (graphs_ != nullptr && sp_.loss != ir::kNoValue) {
+      for (size_t m = 0; m < losses.size(); ++m) {
+        ASSIGN_OR_RETURN(const ir::Tensor loss, be_.ToHost(graphs_->losses[m], stream_));
+        losses[m] = loss.GetAsDouble(0);
       }
     }
     const StageArenaStats& st = arena_.stats();
@@ -243,12 +268,14 @@ class PipelineExecutor::StageRun {
   backend::ExecContext Context(int32_t m) const {
     // The trainer's stream (offset = step) at the micro-batch's rows: masks are the full batch's.
     const int64_t rows = ex_.microbatch_size_;
-    return backend::ExecContext{ex_.options_.dropout,
-                                ex_.options_.seed,
-                                static_cast<uint64_t>(feeds_.step),
-                                m >= 0 ? m * rows : 0,
-                                rows,
-                                stream_};
+    return backend::ExecContext{
+        ex_.options_.dropout,
+        ex_.options_.seed,
+        static_cast<uint64_t>(feeds_.step),
+        m >= 0 ? m * rows : 0,
+        rows,
+        stream_,
+        graphs_ != nullptr ? static_cast<const uint64_t*>(graphs_->offset.device_raw()) : nullptr};
   }
   std::string Where(int32_t m, StepPhase ph) const {
     std::string s = "stage " + std::to_string(sp_.stage);
@@ -438,8 +465,21 @@ class PipelineExecutor::StageRun {
     return absl::OkStatus();
   }
 
-  absl::Status RunMicrobatchNode(ir::NodeId id, int32_t m, StepPhase ph, Table& t) {
-    ASSIGN_OR_RETURN(std::vector<ir::Tensor> out, Eval(id, t.values, m, ph));
+  // Runs node `id` of micro-batch m: evaluates it (or, `replay`, takes the outputs `seg` recorded:
+  // its graph has been launched), holds its outputs, reads the loss, accumulates, sends (deferred to
+  // FlushSends inside a segment) and releases its operands.
+  absl::Status RunMicrobatchNode(ir::NodeId id, int32_t m, StepPhase ph, Table& t, Segment* seg = nullptr,
+                                 bool replay = false) {
+    std::vector<ir::Tensor> out;
+    if (replay) {
+      out = seg->outputs.at(replayed_++);
+    } else {
+      ASSIGN_OR_RETURN(out, Eval(id, t.values, m, ph));
+      if (seg != nullptr) {  // addresses only: a view of a parameter must not keep its storage shared
+        std::vector<ir::Tensor>& kept = seg->outputs.emplace_back();
+        for (const ir::Tensor& o : out) kept.push_back(backend::Unowned(o));
+      }
+    }
     const ir::Node& n = sp_.graph.node(id);
     const auto& sends = ph == StepPhase::kForward ? send_f_ : send_b_;
     for (size_t k = 0; k < n.outputs.size(); ++k) {
@@ -453,15 +493,14 @@ class PipelineExecutor::StageRun {
             "' outside its planned slot: its kernel must take outputs from AllocOutput/ViewOutput");
       }
       RETURN_IF_ERROR(Put(t, m, v, out[k]));
-      if (v == sp_.loss) {  // its slot is reused right after
-        ASSIGN_OR_RETURN(const ir::Tensor loss, be_.ToHost(out[k], stream_));
-        losses[m] = loss.GetAsDouble(0);
-      }
-      if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m));
+      if (v == sp_.loss) RETURN_IF_ERROR(ReadLoss(out[k], m, replay));  // its slot is reused right after
+      if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m, /*issue=*/!replay));
       for (int32_t peer : sends[v]) {
-        const absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), out[k], stream_);
-        RETURN_IF_ERROR(CommError(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'"));
-        Release(t, v);
+        if (seg != nullptr) {
+          pending_sends_.emplace_back(peer, v);
+          continue;
+        }
+        RETURN_IF_ERROR(Send(t, m, ph, peer, v));
       }
     }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -472,16 +511,91 @@ class PipelineExecutor::StageRun {
     }
     return absl::OkStatus();
   }
+  absl::Status Send(Table& t, int32_t m, StepPhase ph, int32_t peer, ir::ValueId v) {
+    const absl::Status st = comm_.Send(peer, Tag(feeds_.step, kTagMicrobatch, m, v), t.values[v], stream_);
+    RETURN_IF_ERROR(CommError(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'"));
+    Release(t, v);
+    return absl::OkStatus();
+  }
+  absl::Status FlushSends(Table& t, int32_t m, StepPhase ph) {
+    std::vector<std::pair<int32_t, ir::ValueId>> pending;
+    pending.swap(pending_sends_);
+    for (const auto& [peer, v] : pending) RETURN_IF_ERROR(Send(t, m, ph, peer, v));
+    return absl::OkStatus();
+  }
+  // Micro-batch m's loss: to the host now, or (graphs) copied to its buffer, read after the actions.
+  absl::Status ReadLoss(const ir::Tensor& loss, int32_t m, bool replay) {
+    if (graphs_ != nullptr) return replay ? absl::OkStatus() : be_.Copy(loss, graphs_->losses[m], stream_);
+    ASSIGN_OR_RETURN(const ir::Tensor host, be_.ToHost(loss, stream_));
+    losses[m] = host.GetAsDouble(0);
+    return absl::OkStatus();
+  }
+
+  // Runs nodes [begin, end) of `ids` for micro-batch m (its forward, or backward part `part`):
+  // one by one, or (graphs, after the first step) as segments: the nodes up to one whose outputs
+  // are sent or up to a node the backend cannot capture, recorded once and then replayed.
+  absl::Status RunNodes(const std::vector<ir::NodeId>& ids, int32_t begin, int32_t end, int32_t m, StepPhase ph,
+                        int32_t part, Table& t) {
+    const bool segments = graphs_ != nullptr && ex_.steps_done_ > 0;
+    int32_t index = 0;
+    for (int32_t i = begin; i < end;) {
+      if (!segments || !be_.Capturable(sp_.graph.node(ids[i]))) {
+        RETURN_IF_ERROR(RunMicrobatchNode(ids[i], m, ph, t));
+        ++i;
+        continue;
+      }
+      int32_t j = i + 1;
+      while (j < end && !Sends(ids[j - 1], ph) && be_.Capturable(sp_.graph.node(ids[j]))) ++j;
+      Segment& seg = graphs_->segments[{static_cast<int32_t>(ph), m, part, index++}];
+      if (seg.graph != nullptr) {
+        RETURN_IF_ERROR(Annotate(seg.graph->Launch(stream_), Where(m, ph) + ": launching a graph"));
+        replayed_ = 0;
+        for (int32_t k = i; k < j; ++k) RETURN_IF_ERROR(RunMicrobatchNode(ids[k], m, ph, t, &seg, /*replay=*/true));
+        ++measure.graph_launches;
+        measure.replayed_nodes += j - i;
+        arena_.MergeStats(seg.stats);
+      } else {
+        RETURN_IF_ERROR(Capture(ids, i, j, m, ph, t, seg));
+      }
+      RETURN_IF_ERROR(FlushSends(t, m, ph));
+      i = j;
+    }
+    return absl::OkStatus();
+  }
+  // True when node `id`'s outputs leave the stage in phase `ph`.
+  bool Sends(ir::NodeId id, StepPhase ph) const {
+    const auto& sends = ph == StepPhase::kForward ? send_f_ : send_b_;
+    for (ir::ValueId v : sp_.graph.node(id).outputs)
+      if (v != ir::kNoValue && !sends[v].empty()) return true;
+    return false;
+  }
+  // Records nodes [i, j) of `ids` into `seg` (and so runs them once).
+  absl::Status Capture(const std::vector<ir::NodeId>& ids, int32_t i, int32_t j, int32_t m, StepPhase ph, Table& t,
+                       Segment& seg) {
+    const std::string what = Where(m, ph) + ": capturing nodes " + ir::NodeLabel(sp_.graph.node(ids[i])) + " to " +
+                             ir::NodeLabel(sp_.graph.node(ids[j - 1])) + " as a graph (run without graphs to avoid it)";
+    RETURN_IF_ERROR(Annotate(stream_->BeginCapture(), what));
+    seg = Segment();
+    absl::Status st = absl::OkStatus();
+    for (int32_t k = i; k < j && st.ok(); ++k) st = RunMicrobatchNode(ids[k], m, ph, t, &seg);
+    absl::StatusOr<std::unique_ptr<backend::Graph>> graph = stream_->EndCapture();
+    RETURN_IF_ERROR(Annotate(st, what));
+    if (!graph.ok()) return Annotate(graph.status(), what);
+    seg.graph = *std::move(graph);
+    seg.stats = arena_.stats();
+    return absl::OkStatus();
+  }
 
   // Adds micro-batch m's value of v into its accumulator as soon as it is made, in micro-batch
   // order: acc = ((g0 + g1) + g2) + ... . Micro-batch 0's kernel wrote g0 into the accumulator
   // itself (the layout's plan `first`); later ones wrote into the transient region.
-  absl::Status Accumulate(Table& t, ir::ValueId v, int32_t m) {
+  // `issue`: false when a replayed graph has done the addition.
+  absl::Status Accumulate(Table& t, ir::ValueId v, int32_t m, bool issue) {
     const ir::Tensor& g = t.values[v];
     if (!g.has_data())
       return absl::InternalError(Where(m, StepPhase::kBackward) + ": gradient '" + sp_.graph.value(v).name +
                                  "' is not held");
-    if (m > 0) {
+    if (m > 0 && issue) {
       absl::Status st = be_.Accumulate(arena_.Accumulator(v), g, stream_);
       if (!st.ok())
         return Annotate(st, Where(m, StepPhase::kBackward) + " accumulating '" + sp_.graph.value(v).name + "'");
@@ -495,7 +609,7 @@ class PipelineExecutor::StageRun {
     ASSIGN_OR_RETURN(Table * tp, Get(m));
     Table& t = *tp;
     const double start = Now();
-    for (ir::NodeId id : sp_.forward) RETURN_IF_ERROR(RunMicrobatchNode(id, m, StepPhase::kForward, t));
+    RETURN_IF_ERROR(RunNodes(sp_.forward, 0, static_cast<int32_t>(sp_.forward.size()), m, StepPhase::kForward, -1, t));
     if (sp_.loss != ir::kNoValue) Release(t, sp_.loss);
     t.forwarded = true;
     t.footprint = Footprint(t, m);
@@ -517,8 +631,7 @@ class PipelineExecutor::StageRun {
     const partitioner::BackwardPart& p = sp_.parts[part];
     const bool recompute = p.kind == ActionKind::kRecompute;
     const double start = Now();
-    for (int32_t i = p.begin; i < p.end; ++i)
-      RETURN_IF_ERROR(RunMicrobatchNode(sp_.backward[i], m, StepPhase::kBackward, t));
+    RETURN_IF_ERROR(RunNodes(sp_.backward, p.begin, p.end, m, StepPhase::kBackward, part, t));
     const double seconds =
         Traced(start, 0, (recompute ? "R" : "B") + std::to_string(m), recompute ? "recompute" : "backward", m);
     measure.backward_s += seconds;
@@ -680,6 +793,7 @@ class PipelineExecutor::StageRun {
   const std::vector<std::map<ir::ValueId, ir::Tensor>>& slices_;
   const std::vector<ir::Tensor>& scales_;
   Clock::time_point t0_;
+  StageGraphs* graphs_;  // with ExecutorOptions::graphs
   std::vector<Table> tables_;
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<bool> accumulated_;
@@ -687,6 +801,8 @@ class PipelineExecutor::StageRun {
   ir::Tensor lr_, step_;                    // host scalars
   ir::Tensor lr_device_, step_device_;      // the same on the backend
   std::set<ir::ValueId> host_step_inputs_;  // step inputs the optimizer's kernels read on the host
+  std::vector<std::pair<int32_t, ir::ValueId>> pending_sends_;  // (peer, value) sent after a segment
+  size_t replayed_ = 0;                     // the next recorded outputs of the segment replaying
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -750,6 +866,26 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     ex->microbatch_size_ = val.shape[0].value();
     ex->data_inputs_.push_back(val.name);
   }
+  if (options.graphs) {
+    if (options.check_numerics || options.node_hook) {
+      return INVALID_ARGUMENT() << "graphs cannot be combined with --check-numerics (or a node hook): they look at "
+                                   "every node's outputs, which a graph replay does not return";
+    }
+    for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
+      const StageProgram& sp = ex->program_.stages[s];
+      auto g = std::make_unique<StageGraphs>();
+      backend::Stream* stream = ex->streams_[s].get();
+      ASSIGN_OR_RETURN(g->offset, be->Upload(ir::Tensor::Scalar<int64_t>(0), stream));
+      if (sp.loss != ir::kNoValue) {
+        ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(sp.graph.value(sp.loss)));
+        for (int32_t m = 0; m < M; ++m) {
+          ASSIGN_OR_RETURN(ir::Tensor loss, be->Zeros(sp.graph.value(sp.loss).dtype, dims, stream));
+          g->losses.push_back(std::move(loss));
+        }
+      }
+      ex->graphs_.push_back(std::move(g));
+    }
+  }
   if (!ex->loss_rule_.labels_input.empty() && std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(),
                                                         ex->loss_rule_.labels_input) == ex->data_inputs_.end()) {
     return absl::InternalError("the loss's labels '" + ex->loss_rule_.labels_input + "' are read by no stage");
@@ -807,6 +943,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
       ASSIGN_OR_RETURN(*c, backend_->Clone(*c, streams_[s].get()));
     }
   }
+  PrepareGraphs();
   auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_);
   std::vector<std::unique_ptr<comm::Comm>> comms;
   std::vector<std::unique_ptr<StageRun>> runs;
@@ -849,6 +986,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     r.stages.push_back(runs[s]->measure);
     r.trace.insert(r.trace.end(), runs[s]->trace.begin(), runs[s]->trace.end());
   }
+  ++steps_done_;
   if (!std::isfinite(r.loss)) {
     broken_ = true;
     return FAILED_PRECONDITION() << "step " << feeds.step << ": the loss is " << r.loss
@@ -856,6 +994,18 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
                                     "first produce a non-finite value";
   }
   return r;
+}
+
+void PipelineExecutor::PrepareGraphs() {
+  for (size_t s = 0; s < graphs_.size(); ++s) {
+    const ir::Graph& g = program_.stages[s].graph;
+    std::vector<const void*> at;
+    for (ir::ValueId v = 0; v < g.num_values(); ++v)
+      if (g.value(v).constant) at.push_back(g.value(v).constant->address());
+    if (at == graphs_[s]->constants) continue;
+    graphs_[s]->segments.clear();  // their kernels read the old storage
+    graphs_[s]->constants = std::move(at);
+  }
 }
 
 ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {

@@ -28,6 +28,15 @@
 // returns ONE error naming the stage, micro-batch, phase and node that failed first. The executor
 // is unusable after a failed step (its parameters may be half-updated): Step then fails at once.
 //
+// Graphs (options.graphs): in a stage's forward and backward parts, each run of nodes the backend
+// can capture (Backend::Capturable) up to a node whose outputs leave the stage is recorded as one
+// graph in the second step and replayed from then on, the host only redoing its bookkeeping with
+// the outputs the recording returned (every value stays in its planned slot, so the addresses are
+// the same). Feeds, receives and sends stay outside the graphs; the step offset reaches the kernels
+// through device memory (ExecContext::device_offset), the micro-batch losses are copied to buffers
+// of their own and read after the stage's actions; the optimizer phase runs eagerly. A state whose
+// storage moved (SetState, copy on write) makes the stage record again.
+//
 // Memory: Create plans every stage's layout once (memory.h) and allocates it (stage_arena.h); every
 // micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
 // StageMeasure reports the high-water of what the arena handed out in the step, which equals the
@@ -76,6 +85,10 @@ struct ExecutorOptions {
   bool dropout = true;  // ExecContext::training
   uint64_t seed = 0;
   bool check_numerics = false;
+  // Replay each stage's micro-batch work as graphs (CUDA graphs; the backend's Stream::BeginCapture):
+  // the first step runs eagerly (kernels pick their paths and tactics), the second records, later
+  // steps replay. Not with check_numerics or a node_hook (they look at every node's outputs).
+  bool graphs = false;
   double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
   NodeHook node_hook;
 };
@@ -112,6 +125,9 @@ struct StageMeasure {
   int64_t workspace_bytes = 0;
   int64_t optimizer_scratch_bytes = 0;  // the optimizer phase's fresh tensors (states update in place)
   int64_t bytes_sent = 0, bytes_received = 0;
+  // Graphs (ExecutorOptions::graphs): launched in the step, and the micro-batch nodes they replayed.
+  int32_t graph_launches = 0;
+  int64_t replayed_nodes = 0;
 };
 
 struct PipelineStepResult {
@@ -164,6 +180,10 @@ class PipelineExecutor {
  private:
   PipelineExecutor() = default;
   class StageRun;
+  struct Segment;
+  struct StageGraphs;
+  // Drops a stage's graphs when its constants' storage moved since they were recorded.
+  void PrepareGraphs();
 
   // Uses of each value by one micro-batch of a stage (node operands, pending sends, accumulation,
   // the loss read): a value is freed when its count reaches 0. data_uses leaves out the shape-only
@@ -194,6 +214,8 @@ class PipelineExecutor {
   int64_t microbatch_size_ = 0;
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
+  std::vector<std::unique_ptr<StageGraphs>> graphs_;  // per stage, with options_.graphs
+  int64_t steps_done_ = 0;                            // steps that succeeded
 };
 
 }  // namespace onnxpipe::pipeline

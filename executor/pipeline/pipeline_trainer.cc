@@ -136,6 +136,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.seed = options.seed;
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
+  eo.graphs = p.graphs;
   ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_,
                    autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));

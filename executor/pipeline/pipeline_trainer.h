@@ -46,6 +46,7 @@ struct PipelineTrainOptions {
   std::string report_dir;      // --report DIR
   std::string device = "cpu";  // device profile for --recompute auto without a plan
   double recv_timeout_s = 0;
+  bool graphs = false;  // ExecutorOptions::graphs (--cuda-graphs)
   std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
 };
 

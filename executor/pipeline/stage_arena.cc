@@ -148,4 +148,11 @@ absl::StatusOr<void*> StageArena::Workspace(const ir::Node& node, int64_t bytes)
   return static_cast<void*>(workspace_.get());
 }
 
+void StageArena::MergeStats(const StageArenaStats& seen) {
+  stats_.slots_high_water = std::max(stats_.slots_high_water, seen.slots_high_water);
+  stats_.transient_high_water = std::max(stats_.transient_high_water, seen.transient_high_water);
+  stats_.accumulator_high_water = std::max(stats_.accumulator_high_water, seen.accumulator_high_water);
+  stats_.workspace_high_water = std::max(stats_.workspace_high_water, seen.workspace_high_water);
+}
+
 }  // namespace onnxpipe::pipeline

@@ -67,6 +67,8 @@ class StageArena : public ir::OutputAllocator {
   const StageLayout& layout() const { return layout_; }
   const StageArenaStats& stats() const { return stats_; }
   void ResetStats() { stats_ = StageArenaStats(); }
+  // Raises the high-water marks to `seen`'s (work replayed from a graph allocates nothing here).
+  void MergeStats(const StageArenaStats& seen);
 
  private:
   StageArena(const StageLayout& layout, int32_t stage, const backend::Backend& be, backend::Stream* stream);

@@ -130,5 +130,43 @@ TEST_F(CudaBackendTest, PipelineOnTheGpuTrainsAsOnTheCpu) {
   }
 }
 
+// Graphs (ExecutorOptions::graphs) on the GPU: steps replayed from CUDA graphs train as eager GPU
+// steps, with dropout (flash attention's, Dropout's: a replay reads its step from device memory) and
+// pipelined (sends between graphs, accumulation inside them). fp64 compares to 1e-12: only the
+// order of atomic adds (the embedding's scatter) may differ between two runs.
+TEST_F(CudaBackendTest, GraphReplaysTrainAsEagerGpuSteps) {
+  absl::StatusOr<std::shared_ptr<CudaBackend>> flash = CudaBackend::Create(0, {.attention = AttentionImpl::kFlash});
+  ASSERT_TRUE(flash.ok()) << flash.status();
+  for (const std::string model : {"tiny_gpt", "tiny_bert"}) {
+    absl::StatusOr<std::unique_ptr<pipeline::testing::ModelFixture>> f = pipeline::testing::ModelFixture::Load(model);
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (ir::DType dtype : {ir::DType::kF64, ir::DType::kF32}) {
+      pipeline::testing::RunConfig c;
+      c.dtype = dtype;
+      c.stages = 2;
+      c.microbatches = 2;
+      c.recompute = partitioner::RecomputePolicy::kSelective;
+      c.optimizer = autodiff::OptimizerKind::kSGD;
+      c.dropout = true;
+      c.steps = 5;
+      c.backend = *flash;
+      absl::StatusOr<pipeline::testing::RunResult> eager = (*f)->Pipeline(c);
+      ASSERT_TRUE(eager.ok()) << eager.status();
+      c.graphs = true;
+      absl::StatusOr<pipeline::testing::RunResult> graphs = (*f)->Pipeline(c);
+      ASSERT_TRUE(graphs.ok()) << model << " " << ir::DTypeName(dtype) << ": " << graphs.status();
+      const double tol = dtype == ir::DType::kF64 ? 1e-12 : 1e-6;
+      for (size_t i = 0; i < eager->losses.size(); ++i) {
+        EXPECT_NEAR(graphs->losses[i], eager->losses[i], tol * std::abs(eager->losses[i]))
+            << model << " " << ir::DTypeName(dtype) << " step " << i;
+      }
+      for (const auto& [name, t] : eager->params) {
+        EXPECT_LE(pipeline::testing::MaxRelDiff(graphs->params.at(name), t), 100 * tol) << model << " " << name;
+      }
+      for (const pipeline::StageMeasure& s : graphs->steps.back().stages) EXPECT_GT(s.replayed_nodes, 0) << model;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::cuda

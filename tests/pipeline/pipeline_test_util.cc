@@ -130,6 +130,7 @@ absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::G
   eo.dropout = c.dropout;
   eo.seed = c.seed;
   eo.check_numerics = c.check_numerics;
+  eo.graphs = c.graphs;
   eo.node_hook = c.hook;
   eo.recv_timeout_s = c.recv_timeout_s;
   RunResult r;

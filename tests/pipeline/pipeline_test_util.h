@@ -34,6 +34,7 @@ struct RunConfig {
   bool dropout = false;
   uint64_t seed = 7;
   bool check_numerics = false;
+  bool graphs = false;  // ExecutorOptions::graphs
   NodeHook hook;
   double recv_timeout_s = 0;
   std::shared_ptr<const backend::Backend> backend;  // null: the CPU backend

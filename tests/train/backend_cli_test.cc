@@ -184,6 +184,31 @@ TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
   r = Train("--tf32", "bad3", &l, &n);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--tf32 applies to --backend cuda, not 'cpu'"));
+  r = Train("--cuda-graphs", "bad4", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-graphs needs --backend cuda"));
+  r = Train("--backend cuda --cuda-graphs --check-numerics", "bad5", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-graphs cannot be combined with --check-numerics"));
+}
+
+// --cuda-graphs: steps replayed from CUDA graphs (dropout on: each replay must draw its own step's
+// masks) train as the eager steps, one stage and pipelined on one GPU.
+TEST_F(BackendCliTest, CudaGraphsTrainAsEagerSteps) {
+  for (const std::string config : {"--batch 8", "--batch 8 --stages 2 --microbatches 4 --recompute selective"}) {
+    std::vector<double> eager_loss, eager_norm, loss, norm;
+    CommandResult eager = Train("--backend cuda --steps 5 " + config, "eager", &eager_loss, &eager_norm);
+    if (eager.exit_code != 0) GTEST_SKIP() << "no GPU here";
+    CommandResult r = Train("--backend cuda --steps 5 --cuda-graphs " + config, "graphs", &loss, &norm);
+    ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.err;
+    ASSERT_EQ(loss.size(), eager_loss.size()) << config;
+    for (size_t i = 0; i < loss.size(); ++i) {
+      EXPECT_NEAR(loss[i], eager_loss[i], 1e-6 * std::abs(eager_loss[i])) << config << " step " << i;
+      EXPECT_NEAR(norm[i], eager_norm[i], 1e-5 * std::abs(eager_norm[i])) << config << " step " << i;
+    }
+    fs::remove(dir_ / "eager.jsonl");
+    fs::remove(dir_ / "graphs.jsonl");
+  }
 }
 
 // `onnxpipe profile --backend B` times the same training-graph nodes on B as on the CPU (the checked

@@ -1,0 +1,211 @@
+// Graphs (ExecutorOptions::graphs) over the recording backend (recording_backend.h: a CUDA
+// graph's semantics over the CPU kernels): replaying the recorded segments trains bit for bit as
+// the eager CPU run, so nothing a step changes (the dropout offset, feeds, losses, accumulation,
+// the states' storage) is baked into a graph. The recording backend itself is checked first.
+#include <set>
+#include <string>
+
+#include "executor/backend/recording_backend.h"
+#include "gtest/gtest.h"
+#include "tests/pipeline/pipeline_test_util.h"
+
+namespace onnxpipe::pipeline::testing {
+namespace {
+
+// A Dropout node over (4, 8) f32, its planned outputs in `slots`.
+struct DropoutFixture {
+  ir::Node node;
+  ir::Tensor x = ir::Tensor(ir::DType::kF32, {4, 8});
+  ir::Tensor y = ir::Tensor(ir::DType::kF32, {4, 8});
+  DropoutFixture() {
+    node.op = ir::OpKind::kDropout;
+    node.name = "drop";
+    node.attrs.Set("ratio", 0.5);
+    node.inputs = {0};
+    node.outputs = {1};
+    for (int64_t i = 0; i < x.num_elements(); ++i) x.mutable_data<float>()[i] = 1.0f + static_cast<float>(i);
+  }
+};
+
+class FixedSlot : public ir::OutputAllocator {
+ public:
+  explicit FixedSlot(ir::Tensor t) : t_(std::move(t)) {}
+  absl::StatusOr<ir::Tensor> Allocate(const ir::Node&, int, ir::DType, const std::vector<int64_t>&) override {
+    return t_;
+  }
+  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
+  absl::StatusOr<void*> Workspace(const ir::Node&, int64_t) override { return nullptr; }
+
+ private:
+  ir::Tensor t_;
+};
+
+std::vector<float> Values(const ir::Tensor& t) { return {t.data<float>(), t.data<float>() + t.num_elements()}; }
+
+TEST(RecordingBackend, ReplaysTheRecordedCallWithItsBuffersAndReadsTheOffsetFromMemory) {
+  auto be = backend::MakeRecordingBackend(backend::MakeCpuBackend());
+  std::unique_ptr<backend::Stream> s = be->CreateStream();
+  DropoutFixture f;
+  FixedSlot slot(f.y);
+  int64_t step = 3;
+  backend::ExecContext ctx{true, 11, /*offset=*/3, 0, 4, s.get(), reinterpret_cast<const uint64_t*>(&step)};
+  ASSERT_TRUE(s->BeginCapture().ok());
+  ASSERT_TRUE(be->Run(f.node, {f.x}, ctx, &slot).ok());
+  absl::StatusOr<std::unique_ptr<backend::Graph>> g = s->EndCapture();
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<float> at3 = Values(f.y);  // the recording ran the call once
+
+  // The eager CPU kernel at offsets 3 and 4, as references.
+  auto cpu = backend::MakeCpuBackend();
+  backend::ExecContext eager{true, 11, 3, 0, 4, nullptr};
+  absl::StatusOr<std::vector<ir::Tensor>> ref3 = cpu->Run(f.node, {f.x}, eager, nullptr);
+  eager.offset = 4;
+  absl::StatusOr<std::vector<ir::Tensor>> ref4 = cpu->Run(f.node, {f.x}, eager, nullptr);
+  ASSERT_TRUE(ref3.ok() && ref4.ok());
+  EXPECT_EQ(at3, Values((*ref3)[0]));
+  ASSERT_NE(Values((*ref3)[0]), Values((*ref4)[0]));  // the offset matters
+
+  // A replay writes the same slot, with the step read from memory when it runs.
+  std::fill(f.y.mutable_data<float>(), f.y.mutable_data<float>() + f.y.num_elements(), 0.f);
+  step = 4;
+  ASSERT_TRUE((*g)->Launch(s.get()).ok());
+  EXPECT_EQ(Values(f.y), Values((*ref4)[0]));
+  // ... and the input buffer's current contents.
+  for (int64_t i = 0; i < f.x.num_elements(); ++i) f.x.mutable_data<float>()[i] *= 2;
+  ASSERT_TRUE((*g)->Launch(s.get()).ok());
+  for (int64_t i = 0; i < f.y.num_elements(); ++i) EXPECT_EQ(f.y.data<float>()[i], 2 * (*ref4)[0].data<float>()[i]);
+}
+
+TEST(RecordingBackend, RefusesWhatACudaCaptureRefuses) {
+  auto be = backend::MakeRecordingBackend(backend::MakeCpuBackend(), {ir::OpKind::kGather});
+  std::unique_ptr<backend::Stream> s = be->CreateStream();
+  const ir::Tensor t(ir::DType::kF32, {2});
+  ASSERT_TRUE(s->BeginCapture().ok());
+  EXPECT_FALSE(be->ToHost(t, s.get()).ok());
+  EXPECT_FALSE(be->FromHost(t, t, s.get()).ok());
+  EXPECT_FALSE(be->Zeros(ir::DType::kF32, {2}, s.get()).ok());
+  EXPECT_FALSE(s->Synchronize().ok());
+  DropoutFixture f;
+  EXPECT_FALSE(be->Run(f.node, {f.x}, backend::ExecContext{true, 1, 0, 0, 4, s.get()}, nullptr).ok());
+  EXPECT_FALSE(s->BeginCapture().ok());
+  ASSERT_TRUE(s->EndCapture().ok());
+  EXPECT_FALSE(s->EndCapture().ok());
+  EXPECT_TRUE(be->ToHost(t, s.get()).ok());  // capture over
+  ir::Node gather;
+  gather.op = ir::OpKind::kGather;
+  EXPECT_FALSE(be->Capturable(gather));
+  EXPECT_TRUE(be->Capturable(f.node));
+}
+
+struct Case {
+  std::string model;
+  int32_t stages, microbatches;
+  ScheduleKind schedule;
+  RecomputePolicy recompute;
+  autodiff::OptimizerKind optimizer;
+  std::set<ir::OpKind> not_capturable;
+};
+
+class PipelineGraphs : public ::testing::TestWithParam<Case> {};
+
+void ExpectSameTraining(const RunResult& got, const RunResult& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i;
+    EXPECT_EQ(got.grad_norms[i], want.grad_norms[i]) << "step " << i;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (const auto& [name, t] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << name;
+    EXPECT_TRUE(got.params.at(name).BitwiseEquals(t)) << name;
+  }
+}
+
+TEST_P(PipelineGraphs, ReplayedStepsTrainBitwiseAsEagerOnes) {
+  const Case& k = GetParam();
+  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(k.model);
+  ASSERT_TRUE(f.ok()) << f.status();
+  RunConfig c;
+  c.stages = k.stages;
+  c.microbatches = k.microbatches;
+  c.schedule = k.schedule;
+  c.recompute = k.recompute;
+  c.optimizer = k.optimizer;
+  c.dropout = true;  // the masks follow the step: a baked offset would repeat them
+  c.steps = 4;       // eager, recorded, two replays
+  c.lr = k.optimizer == autodiff::OptimizerKind::kAdamW ? 1e-3 : 0.05;
+  absl::StatusOr<ir::Graph> g = (*f)->MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<RunResult> eager = (*f)->Pipeline(c, &*g);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  c.graphs = true;
+  c.backend = backend::MakeRecordingBackend(backend::MakeCpuBackend(), k.not_capturable);
+  absl::StatusOr<RunResult> graphs = (*f)->Pipeline(c, &*g);
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  ExpectSameTraining(*graphs, *eager);
+
+  // The replays did replay: every micro-batch node of the last step, less the ones the backend
+  // cannot capture; none in the first two steps.
+  for (int32_t s = 0; s < k.stages; ++s) {
+    const StageProgram& sp = graphs->executor->program().stages[s];
+    int64_t capturable = 0;
+    for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward})
+      for (ir::NodeId id : *list) capturable += !k.not_capturable.count(sp.graph.node(id).op);
+    EXPECT_EQ(graphs->steps[0].stages[s].replayed_nodes, 0) << "stage " << s;
+    EXPECT_EQ(graphs->steps[1].stages[s].replayed_nodes, 0) << "stage " << s;
+    EXPECT_EQ(graphs->steps[3].stages[s].replayed_nodes, capturable * k.microbatches) << "stage " << s;
+    EXPECT_GT(graphs->steps[3].stages[s].graph_launches, 0) << "stage " << s;
+    // What the arena measured is the same as when the kernels allocated.
+    EXPECT_EQ(graphs->steps[3].stages[s].arena_bytes, eager->steps[3].stages[s].arena_bytes) << "stage " << s;
+    EXPECT_EQ(graphs->steps[3].stages[s].workspace_bytes, eager->steps[3].stages[s].workspace_bytes) << "stage " << s;
+  }
+
+  // States set from outside move the parameters' storage: the stages record again, and training
+  // goes on as the eager run's.
+  const std::map<std::string, ir::Tensor> set = eager->executor->Parameters();
+  for (RunResult* r : {&*eager, &*graphs}) {
+    for (const auto& [name, t] : set) ASSERT_TRUE(r->executor->SetState(name, t).ok()) << name;
+    for (int32_t step = 4; step < 7; ++step) {
+      absl::StatusOr<PipelineStepResult> st = r->executor->Step((*f)->Feeds(step, c.lr, c.dtype));
+      ASSERT_TRUE(st.ok()) << st.status();
+      r->losses.push_back(st->loss);
+      r->grad_norms.push_back(st->grad_norm);
+      r->steps.push_back(*std::move(st));
+    }
+    r->params = r->executor->Parameters();
+  }
+  ExpectSameTraining(*graphs, *eager);
+  EXPECT_EQ(graphs->steps[4].stages[0].replayed_nodes, 0);  // recorded again
+  EXPECT_GT(graphs->steps[5].stages[0].replayed_nodes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, PipelineGraphs,
+    ::testing::Values(
+        Case{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW,
+             {}},
+        Case{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW,
+             {ir::OpKind::kGather}},
+        Case{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD, {}},
+        Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD,
+             {ir::OpKind::kGather, ir::OpKind::kSoftmax}}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return i.param.model + "_K" + std::to_string(i.param.stages) + "_M" + std::to_string(i.param.microbatches) + "_" +
+             ScheduleName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute) + "_" +
+             std::to_string(i.param.not_capturable.size()) + "_uncapturable_ops";
+    });
+
+TEST(PipelineGraphsOptions, RefuseCheckNumerics) {
+  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_classifier");
+  ASSERT_TRUE(f.ok()) << f.status();
+  RunConfig c;
+  c.graphs = true;
+  c.check_numerics = true;
+  c.backend = backend::MakeRecordingBackend(backend::MakeCpuBackend());
+  absl::StatusOr<RunResult> r = (*f)->Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("--check-numerics"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace onnxpipe::pipeline::testing
