@@ -46,12 +46,13 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
 // written over its state, whose storage the stage owns alone (Create makes it so); the update ops
 // are elementwise and read each element before writing it, so this needs no second copy and is
 // not zero-filled first. Everything else (the norm, the sum of a tied parameter's gradient
-// contributions) is a fresh tensor, counted as the phase's scratch.
+// contributions) is a buffer of its own, counted as the phase's scratch: allocated in the first
+// step and kept in `kept` for the next ones (no allocation in the step loop).
 class PostSlots : public ir::OutputAllocator {
  public:
   PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates, const backend::Backend& be,
-            backend::Stream* stream, StageArena& scratch)
-      : g_(g), backend_(be), stream_(stream), scratch_(scratch) {
+            backend::Stream* stream, StageArena& scratch, std::map<ir::ValueId, ir::Tensor>& kept)
+      : g_(g), backend_(be), stream_(stream), scratch_(scratch), kept_(kept) {
     for (const ir::Graph::StateUpdate& u : updates) state_of_[u.new_value] = u.state;
   }
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
@@ -64,7 +65,12 @@ class PostSlots : public ir::OutputAllocator {
       }
       return *s.constant;
     }
-    ASSIGN_OR_RETURN(ir::Tensor t, backend_.Zeros(dtype, dims, stream_));
+    ir::Tensor& t = kept_[v];
+    if (t.has_data() && t.dtype() == dtype && t.dims() == dims) {
+      RETURN_IF_ERROR(backend_.Fill(t, 0, stream_));
+    } else {
+      ASSIGN_OR_RETURN(t, backend_.Zeros(dtype, dims, stream_));
+    }
     scratch_bytes_ += ir::AlignUp(t.num_bytes());
     return t;
   }
@@ -80,6 +86,7 @@ class PostSlots : public ir::OutputAllocator {
   const backend::Backend& backend_;
   backend::Stream* stream_;
   StageArena& scratch_;
+  std::map<ir::ValueId, ir::Tensor>& kept_;
   std::map<ir::ValueId, ir::ValueId> state_of_;
   int64_t scratch_bytes_ = 0;
 };
@@ -121,6 +128,14 @@ struct PipelineExecutor::Segment {
   std::unique_ptr<backend::Graph> graph;
   std::vector<std::vector<ir::Tensor>> outputs;
   StageArenaStats stats;
+};
+
+// What a stage keeps from step to step besides its arena: the step inputs on the backend (written
+// each step) and the optimizer phase's own outputs (PostSlots).
+struct PipelineExecutor::StepBuffers {
+  ir::Tensor lr, step;
+  std::map<ir::ValueId, ir::Tensor> post;
+  std::map<ir::ValueId, ir::Tensor> received;  // the optimizer phase's receives
 };
 
 struct PipelineExecutor::StageGraphs {
@@ -171,7 +186,8 @@ class PipelineExecutor::StageRun {
         sp_(sp),
         uses_(ex.uses_[sp.stage]),
         arena_(arena),
-        post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream, arena),
+        buffers_(*ex.buffers_[sp.stage]),
+        post_slots_(sp.graph, sp.state_updates, *ex.backend_, stream, arena, buffers_.post),
         comm_(comm),
         feeds_(feeds),
         slices_(slices),
@@ -200,8 +216,8 @@ class PipelineExecutor::StageRun {
 
   absl::Status Run(const partitioner::ActionList& list) {
     // The optimizer phase reads the step inputs where its kernels run.
-    ASSIGN_OR_RETURN(lr_device_, be_.Upload(lr_, stream_));
-    ASSIGN_OR_RETURN(step_device_, be_.Upload(step_, stream_));
+    RETURN_IF_ERROR(be_.FromHost(lr_, buffers_.lr, stream_));
+    RETURN_IF_ERROR(be_.FromHost(step_, buffers_.step, stream_));
     if (graphs_ != nullptr) {
       RETURN_IF_ERROR(be_.FromHost(ir::Tensor::Scalar<int64_t>(feeds_.step), graphs_->offset, stream_));
     }
@@ -701,7 +717,7 @@ class PipelineExecutor::StageRun {
     for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
     for (ir::ValueId v : sp_.step_inputs) {
       const bool lr = sg.value(v).name == autodiff::kLrName;
-      pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? lr_device_ : step_device_);
+      pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? buffers_.lr : buffers_.step);
     }
     auto send = [&](int32_t peer, uint64_t kind, ir::ValueId v, const ir::Tensor& x) -> absl::Status {
       return CommError(comm_.Send(peer, Tag(feeds_.step, kind, 0, v), x, stream_),
@@ -711,8 +727,16 @@ class PipelineExecutor::StageRun {
       const std::string what =
           Where(-1, StepPhase::kPost) + " receiving '" + sg.value(v).name + "' from stage " + std::to_string(peer);
       absl::StatusOr<std::vector<int64_t>> dims = ConcreteDims(sg.value(v));
-      // A buffer of the plan's boundary memory (a value received once per step), not the phase's scratch.
-      absl::StatusOr<ir::Tensor> into = dims.ok() ? be_.Zeros(sg.value(v).dtype, *dims, stream_) : dims.status();
+      // A buffer of the plan's boundary memory (a value received once per step), not the phase's scratch; kept
+      // for the next steps.
+      ir::Tensor& kept = buffers_.received[v];
+      absl::StatusOr<ir::Tensor> into = kept;
+      if (!dims.ok()) {
+        into = dims.status();
+      } else if (!kept.has_data() || kept.dims() != *dims || kept.dtype() != sg.value(v).dtype) {
+        into = be_.Zeros(sg.value(v).dtype, *dims, stream_);
+        if (into.ok()) kept = *into;
+      }
       if (!into.ok()) return Annotate(into.status(), what);
       const double r0 = Now();
       absl::Status st = comm_.Recv(peer, Tag(feeds_.step, kind, 0, v), *into, stream_);
@@ -787,6 +811,7 @@ class PipelineExecutor::StageRun {
   StageProgram& sp_;
   const Uses& uses_;
   StageArena& arena_;
+  StepBuffers& buffers_;
   PostSlots post_slots_;
   comm::Comm& comm_;
   const StepFeeds& feeds_;
@@ -798,8 +823,7 @@ class PipelineExecutor::StageRun {
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<bool> accumulated_;
   std::vector<int32_t> accumulated_count_;
-  ir::Tensor lr_, step_;                    // host scalars
-  ir::Tensor lr_device_, step_device_;      // the same on the backend
+  ir::Tensor lr_, step_;                    // host scalars (on the backend: buffers_)
   std::set<ir::ValueId> host_step_inputs_;  // step inputs the optimizer's kernels read on the host
   std::vector<std::pair<int32_t, ir::ValueId>> pending_sends_;  // (peer, value) sent after a segment
   size_t replayed_ = 0;                     // the next recorded outputs of the segment replaying
@@ -839,6 +863,10 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     ex->arenas_.push_back(std::move(arena));
     ex->uses_.push_back(CountUses(sp));
     ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
+    auto buffers = std::make_unique<StepBuffers>();
+    ASSIGN_OR_RETURN(buffers->lr, be->Upload(ir::Tensor::Scalar<double>(0), ex->streams_.back().get()));
+    ASSIGN_OR_RETURN(buffers->step, be->Upload(ir::Tensor::Scalar<int64_t>(0), ex->streams_.back().get()));
+    ex->buffers_.push_back(std::move(buffers));
   }
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).

@@ -182,6 +182,7 @@ class PipelineExecutor {
   class StageRun;
   struct Segment;
   struct StageGraphs;
+  struct StepBuffers;
   // Drops a stage's graphs when its constants' storage moved since they were recorded.
   void PrepareGraphs();
 
@@ -214,7 +215,8 @@ class PipelineExecutor {
   int64_t microbatch_size_ = 0;
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
-  std::vector<std::unique_ptr<StageGraphs>> graphs_;  // per stage, with options_.graphs
+  std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
+  std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
   int64_t steps_done_ = 0;                            // steps that succeeded
 };
 

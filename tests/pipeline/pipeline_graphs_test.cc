@@ -2,6 +2,8 @@
 // graph's semantics over the CPU kernels): replaying the recorded segments trains bit for bit as
 // the eager CPU run, so nothing a step changes (the dropout offset, feeds, losses, accumulation,
 // the states' storage) is baked into a graph. The recording backend itself is checked first.
+#include <atomic>
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -194,6 +196,73 @@ INSTANTIATE_TEST_SUITE_P(
              ScheduleName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute) + "_" +
              std::to_string(i.param.not_capturable.size()) + "_uncapturable_ops";
     });
+
+// Counts Allocate calls over the CPU backend.
+class CountingBackend : public backend::Backend {
+ public:
+  std::string name() const override { return cpu_->name(); }
+  ir::Placement placement() const override { return cpu_->placement(); }
+  absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const override {
+    ++allocations;
+    return cpu_->Allocate(bytes);
+  }
+  absl::Status Fill(const ir::Tensor& dst, uint8_t byte, backend::Stream* s) const override {
+    return cpu_->Fill(dst, byte, s);
+  }
+  absl::Status Copy(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* s) const override {
+    return cpu_->Copy(src, dst, s);
+  }
+  absl::Status FromHost(const ir::Tensor& host, const ir::Tensor& dst, backend::Stream* s) const override {
+    return cpu_->FromHost(host, dst, s);
+  }
+  absl::StatusOr<ir::Tensor> ToHost(const ir::Tensor& src, backend::Stream* s) const override {
+    return cpu_->ToHost(src, s);
+  }
+  absl::StatusOr<std::vector<ir::Tensor>> Run(const ir::Node& node, const std::vector<ir::Tensor>& inputs,
+                                              const backend::ExecContext& ctx,
+                                              ir::OutputAllocator* outputs) const override {
+    return cpu_->Run(node, inputs, ctx, outputs);
+  }
+  int64_t WorkspaceBytes(const ir::Graph& g, const ir::Node& node) const override {
+    return cpu_->WorkspaceBytes(g, node);
+  }
+  absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, backend::Stream* s) const override {
+    return cpu_->Accumulate(acc, x, s);
+  }
+  absl::StatusOr<bool> AllFinite(const ir::Tensor& t, backend::Stream* s) const override {
+    return cpu_->AllFinite(t, s);
+  }
+  std::unique_ptr<backend::Stream> CreateStream() const override { return cpu_->CreateStream(); }
+
+  mutable std::atomic<int64_t> allocations{0};
+
+ private:
+  std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();
+};
+
+// What a graph needs and what cudaMalloc/cudaFree in the loop would cost: one stage allocates
+// nothing after its first step (step inputs, optimizer outputs and norms in buffers of its own).
+TEST(PipelineSteps, AllocateNothingAfterTheFirst) {
+  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_gpt");
+  ASSERT_TRUE(f.ok()) << f.status();
+  RunConfig c;
+  c.microbatches = 2;
+  c.optimizer = autodiff::OptimizerKind::kAdamW;
+  c.lr = 1e-3;
+  c.steps = 1;
+  auto be = std::make_shared<CountingBackend>();
+  c.backend = be;
+  absl::StatusOr<RunResult> r = (*f)->Pipeline(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int64_t after_first = be->allocations;
+  EXPECT_GT(after_first, 0);
+  for (int32_t step = 1; step < 3; ++step) {
+    absl::StatusOr<PipelineStepResult> st = r->executor->Step((*f)->Feeds(step, c.lr, c.dtype));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(std::isfinite(st->grad_norm));
+  }
+  EXPECT_EQ(be->allocations, after_first);
+}
 
 TEST(PipelineGraphsOptions, RefuseCheckNumerics) {
   absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_classifier");
