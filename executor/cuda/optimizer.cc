@@ -40,22 +40,6 @@ SgdScalars MakeSgdScalars(double lr, double momentum, double weight_decay, bool 
   return s;
 }
 
-AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps, double weight_decay) {
-  // torch.optim.AdamW's Python-side scalars, in double, then rounded once.
-  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
-  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
-  AdamWScalars s;
-  s.decay = static_cast<float>(1 - lr * weight_decay);
-  s.beta1 = static_cast<float>(beta1);
-  s.one_minus_beta1 = static_cast<float>(1 - beta1);
-  s.beta2 = static_cast<float>(beta2);
-  s.one_minus_beta2 = static_cast<float>(1 - beta2);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = static_cast<float>(eps);
-  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
-  return s;
-}
-
 absl::Status SgdStep(const std::vector<OptimizerTensor>& tensors, double lr, double momentum, double weight_decay,
                      bool nesterov, const float* scale, cudaStream_t stream) {
   if (nesterov && momentum == 0) return INVALID_ARGUMENT() << "SgdStep: nesterov needs a non-zero momentum";
@@ -94,6 +78,29 @@ absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tens
   CUDA_RETURN_IF_ERROR(
       LaunchAdamWStep(tensors.data(), static_cast<int>(tensors.size()), AdamWScalars{}, device_scalars, scale, stream));
   return absl::OkStatus();
+}
+
+static_assert(sizeof(SgdScalars) <= kStepScalarsBytes && sizeof(AdamWScalars) <= kStepScalarsBytes);
+
+absl::Status SgdStepOnDevice(const std::vector<OptimizerTensor>& tensors, const double* lr, double momentum,
+                             double weight_decay, bool nesterov, const float* scale, void* scalars,
+                             cudaStream_t stream) {
+  if (lr == nullptr || scalars == nullptr) return INVALID_ARGUMENT() << "SgdStepOnDevice: null lr or scalars";
+  const SgdScalars flags = MakeSgdScalars(0, momentum, weight_decay, nesterov);
+  auto* s = static_cast<SgdScalars*>(scalars);
+  CUDA_RETURN_IF_ERROR(LaunchSgdScalars(lr, flags, s, stream));
+  return SgdStepWithDeviceScalars(tensors, flags, s, scale, stream);
+}
+
+absl::Status AdamWStepOnDevice(const std::vector<OptimizerTensor>& tensors, const double* lr, const int64_t* step,
+                               double beta1, double beta2, double eps, double weight_decay, const float* scale,
+                               void* scalars, cudaStream_t stream) {
+  if (lr == nullptr || step == nullptr || scalars == nullptr) {
+    return INVALID_ARGUMENT() << "AdamWStepOnDevice: null lr, step or scalars";
+  }
+  auto* s = static_cast<AdamWScalars*>(scalars);
+  CUDA_RETURN_IF_ERROR(LaunchAdamWScalars(lr, step, beta1, beta2, eps, weight_decay, s, stream));
+  return AdamWStepWithDeviceScalars(tensors, s, scale, stream);
 }
 
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,

@@ -148,6 +148,21 @@ __global__ void FinishNormKernel(const double* partials, int64_t num_partials, f
   }
 }
 
+__global__ void SgdScalarsKernel(const double* lr, SgdScalars s, SgdScalars* out) {
+  s.neg_lr = static_cast<float>(-*lr);
+  *out = s;
+}
+
+__global__ void AdamWScalarsKernel(const double* lr, const int64_t* step, double beta1, double beta2, double eps,
+                                   double weight_decay, AdamWScalars* out) {
+  *out = MakeAdamWScalars(*lr, *step, beta1, beta2, eps, weight_decay);
+}
+
+__global__ void ClipScaleKernel(const float* norm, float max_norm, float eps, float* out) {
+  const float coef = __fdiv_rn(max_norm, __fadd_rn(*norm, eps));
+  *out = coef < 1.f ? coef : (isnan(coef) ? coef : 1.f);
+}
+
 int64_t NumNormChunks(const int64_t* sizes, int num_tensors) {
   int64_t chunks = 0;
   for (int i = 0; i < num_tensors; ++i) chunks += (sizes[i] + kNormChunk - 1) / kNormChunk;
@@ -170,6 +185,22 @@ cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, con
     AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
+}
+
+cudaError_t LaunchSgdScalars(const double* lr, const SgdScalars& flags, SgdScalars* out, cudaStream_t stream) {
+  SgdScalarsKernel<<<1, 1, 0, stream>>>(lr, flags, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdamWScalars(const double* lr, const int64_t* step, double beta1, double beta2, double eps,
+                               double weight_decay, AdamWScalars* out, cudaStream_t stream) {
+  AdamWScalarsKernel<<<1, 1, 0, stream>>>(lr, step, beta1, beta2, eps, weight_decay, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClipScale(const float* norm, float max_norm, float eps, float* out, cudaStream_t stream) {
+  ClipScaleKernel<<<1, 1, 0, stream>>>(norm, max_norm, eps, out);
+  return cudaGetLastError();
 }
 
 size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes) {

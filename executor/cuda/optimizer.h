@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -52,13 +53,38 @@ struct AdamWScalars {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
 };
 SgdScalars MakeSgdScalars(double lr, double momentum, double weight_decay, bool nesterov);
-AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps, double weight_decay);
+// torch.optim.AdamW's Python-side scalars, in double, then rounded once (on the host, or on the
+// device from a device lr and step).
+__host__ __device__ inline AdamWScalars MakeAdamWScalars(double lr, int64_t step, double beta1, double beta2, double eps,
+                                                         double weight_decay) {
+  const double bias_correction1 = 1 - pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - pow(beta2, static_cast<double>(step));
+  AdamWScalars s;
+  s.decay = static_cast<float>(1 - lr * weight_decay);
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - beta2);
+  s.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  s.eps = static_cast<float>(eps);
+  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  return s;
+}
+// Device bytes the step scalars take when made on the device (SgdStepOnDevice, AdamWStepOnDevice).
+constexpr size_t kStepScalarsBytes = 64;
 
 // device_scalars may be null (use s).
 cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
                           const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
 cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
                             const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream);
+// *out = the step scalars from the device lr (f64) and step (i64), with the other fields from `flags`/
+// the hyper-parameters: one thread, stream-ordered before the step that reads them.
+cudaError_t LaunchSgdScalars(const double* lr, const SgdScalars& flags, SgdScalars* out, cudaStream_t stream);
+cudaError_t LaunchAdamWScalars(const double* lr, const int64_t* step, double beta1, double beta2, double eps,
+                               double weight_decay, AdamWScalars* out, cudaStream_t stream);
+// *out = min(1, max_norm / (*norm + eps)) in fp32, NaN passing through (ClipScale).
+cudaError_t LaunchClipScale(const float* norm, float max_norm, float eps, float* out, cudaStream_t stream);
 
 // Global gradient norm: *sum_squares = sum of g^2 over every element of every tensor (accumulated
 // in double in a fixed order, rounded to fp32: SumSquares); when clip_scale is set,
@@ -80,6 +106,15 @@ absl::Status SgdStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensor
                                       const SgdScalars* device_scalars, const float* scale, cudaStream_t stream);
 absl::Status AdamWStepWithDeviceScalars(const std::vector<OptimizerTensor>& tensors, const AdamWScalars* device_scalars,
                                         const float* scale, cudaStream_t stream);
+// As SgdStep and AdamWStep with lr (and step) read from device memory when the kernels run, so a
+// captured step replays with each step's values: the scalars are made on the device into
+// `scalars` (kStepScalarsBytes, 16-byte aligned device memory), then the step reads them.
+absl::Status SgdStepOnDevice(const std::vector<OptimizerTensor>& tensors, const double* lr, double momentum,
+                             double weight_decay, bool nesterov, const float* scale, void* scalars,
+                             cudaStream_t stream);
+absl::Status AdamWStepOnDevice(const std::vector<OptimizerTensor>& tensors, const double* lr, const int64_t* step,
+                               double beta1, double beta2, double eps, double weight_decay, const float* scale,
+                               void* scalars, cudaStream_t stream);
 // max_norm > 0 is required when clip_scale is set (eps as ClipScale's, default 1e-6).
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
                       float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,

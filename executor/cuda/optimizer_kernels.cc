@@ -1,12 +1,13 @@
 // SGDUpdate, AdamWUpdate, SumSquares and ClipScale (f32 parameters and gradients) in the CUDA
-// backend's kernel table (optimizer.h, elementwise.h). One update node, or a group of them (the
+// backend's kernel table (optimizer.h). One update node, or a group of them (the
 // optimizer phase's updates of every parameter: Backend::RunGroup), is one multi-tensor step that
 // reads each old parameter and state and writes the new ones (in place when the plan hands the
-// update the state's own storage). lr and step are scalars read on the host (a small
-// synchronising copy when they live on the device), once per group.
+// update the state's own storage). lr and step are scalars read on the host where they are host
+// tensors; on the device (the stage executor's under graphs) the step's fp32 scalars are made on the
+// device into the first node's workspace, so nothing waits for the device and a captured step
+// replays with each step's lr and count.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
-#include "executor/cuda/elementwise.h"
 #include "executor/cuda/optimizer.h"
 #include "frontend/ir/status.h"
 
@@ -15,9 +16,13 @@ namespace {
 
 float* MF(const ir::Tensor& t) { return static_cast<float*>(t.device_raw()); }
 
-absl::StatusOr<ir::Tensor> OnHost(const KernelContext& ctx, const ir::Tensor& t) {
-  if (t.on_host()) return t;
-  return ctx.backend->ToHost(t, ctx.exec.stream);
+// A step scalar of dtype `dtype` on the device (read there by the kernels), not a host value.
+bool OnDevice(const ir::Tensor& t, ir::DType dtype) {
+  return t.has_data() && !t.on_host() && t.dtype() == dtype && t.num_elements() == 1;
+}
+
+absl::StatusOr<void*> ScalarsWorkspace(const KernelContext& ctx, const ir::Node& node) {
+  return ctx.Workspace(node, static_cast<int64_t>(kStepScalarsBytes));
 }
 
 const float* CF(const ir::Tensor& t) { return static_cast<const float*>(t.device_raw()); }
@@ -103,9 +108,13 @@ GroupResult SgdUpdates(const KernelContext& ctx, const std::vector<const ir::Nod
     }
     return absl::OkStatus();
   };
+  const ir::Tensor& lr = in[0][2];
+  if (!lr.on_host() && !OnDevice(lr, ir::DType::kF64)) return std::nullopt;
   auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
-    ASSIGN_OR_RETURN(const ir::Tensor lr, OnHost(ctx, in[0][2]));
-    return SgdStep(ts, lr.GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream);
+    if (lr.on_host()) return SgdStep(ts, lr.GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream);
+    ASSIGN_OR_RETURN(void* scalars, ScalarsWorkspace(ctx, first));
+    return SgdStepOnDevice(ts, static_cast<const double*>(lr.device_raw()), momentum, wd, nesterov, scale, scalars,
+                           ctx.stream);
   };
   return UpdateGroup(nodes, in, fits, tensor, step);
 }
@@ -141,13 +150,19 @@ GroupResult AdamWUpdates(const KernelContext& ctx, const std::vector<const ir::N
     t->n = x[0].num_elements();
     return absl::OkStatus();
   };
-  // The step count is read before any output is set up: a count below 1 goes to the CPU kernel's error.
-  absl::StatusOr<ir::Tensor> count = OnHost(ctx, in[0][5]);
-  if (!count.ok()) return count.status();
-  if (count->GetAsInt(0) < 1) return std::nullopt;
+  // Host scalars: the count is read before any output is set up (one below 1 goes to the CPU kernel's
+  // error). Device scalars (graphs): both on the device, the driver's count (>= 1).
+  const ir::Tensor &lr = in[0][4], &count = in[0][5];
+  const bool host = lr.on_host() && count.on_host();
+  if (host ? count.GetAsInt(0) < 1 : !(OnDevice(lr, ir::DType::kF64) && OnDevice(count, ir::DType::kI64))) {
+    return std::nullopt;
+  }
   auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
-    ASSIGN_OR_RETURN(const ir::Tensor lr, OnHost(ctx, in[0][4]));
-    return AdamWStep(ts, lr.GetAsDouble(0), count->GetAsInt(0), beta1, beta2, eps, wd, scale, ctx.stream);
+    if (host) return AdamWStep(ts, lr.GetAsDouble(0), count.GetAsInt(0), beta1, beta2, eps, wd, scale, ctx.stream);
+    ASSIGN_OR_RETURN(void* scalars, ScalarsWorkspace(ctx, *nodes[0]));
+    return AdamWStepOnDevice(ts, static_cast<const double*>(lr.device_raw()),
+                             static_cast<const int64_t*>(count.device_raw()), beta1, beta2, eps, wd, scale, scalars,
+                             ctx.stream);
   };
   return UpdateGroup(nodes, in, fits, tensor, step);
 }
@@ -198,30 +213,23 @@ KernelResult ClipScale(const KernelContext& ctx, const ir::Node& node, const std
   if (in[0].dtype() != ir::DType::kF32 || in[0].num_elements() != 1 || !(max_norm > 0)) return std::nullopt;
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, {});
   if (!out.ok()) return out.status();
-  const float consts[3] = {static_cast<float>(node.attrs.Get<double>("eps", 1e-6)), static_cast<float>(max_norm), 1.f};
-  absl::StatusOr<void*> ws = ctx.Workspace(node, sizeof(consts));
-  if (!ws.ok()) return ws.status();
-  float* c = static_cast<float*>(*ws);
-  // Pageable source: the call returns once `consts` is staged.
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c, consts, sizeof(consts), cudaMemcpyHostToDevice, ctx.stream));
-  const ir::DType f = ir::DType::kF32;
-  float* y = MF(*out);
-  absl::Status st = Binary(BinaryOp::kAdd, f, in[0].device_raw(), {}, c, {}, y, ctx.stream);  // norm + eps
-  if (st.ok()) st = Binary(BinaryOp::kDiv, f, c + 1, {}, y, {}, y, ctx.stream);               // max_norm / that
-  if (st.ok()) st = Binary(BinaryOp::kMin, f, y, {}, c + 2, {}, y, ctx.stream);               // min(that, 1)
-  if (!st.ok()) return st;
+  CUDA_RETURN_IF_ERROR(LaunchClipScale(CF(in[0]), static_cast<float>(max_norm),
+                                       static_cast<float>(node.attrs.Get<double>("eps", 1e-6)), MF(*out), ctx.stream));
   return std::vector<ir::Tensor>{*out};
 }
 
 }  // namespace
 
 void RegisterOptimizerKernels(KernelTable& table) {
-  table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), nullptr, /*host_inputs=*/1u << 2, SgdUpdates};
-  table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), nullptr, /*host_inputs=*/(1u << 4) | (1u << 5),
+  // Every update node reserves the step scalars' bytes (the group's first node's are used).
+  const CudaWorkspaceFn scalars = [](const ir::Graph&, const ir::Node&) {
+    return static_cast<int64_t>(kStepScalarsBytes);
+  };
+  table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), scalars, /*host_inputs=*/1u << 2, SgdUpdates};
+  table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), scalars, /*host_inputs=*/(1u << 4) | (1u << 5),
                                      AdamWUpdates};
   table[ir::OpKind::kSumSquares] = {SumSquares, SumSquaresWorkspace};
-  table[ir::OpKind::kClipScale] = {ClipScale, [](const ir::Graph&, const ir::Node&) -> int64_t { return 12; },
-                                   /*host_inputs=*/0, /*group=*/{}, /*host_bound=*/true};
+  table[ir::OpKind::kClipScale] = {ClipScale, nullptr};
 }
 
 }  // namespace onnxpipe::cuda

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "executor/comm/inprocess_comm.h"
 #include "frontend/autodiff/optimizer.h"
@@ -128,6 +129,7 @@ struct PipelineExecutor::Segment {
   std::unique_ptr<backend::Graph> graph;
   std::vector<std::vector<ir::Tensor>> outputs;
   StageArenaStats stats;
+  int64_t scratch = 0;  // the optimizer phase's scratch bytes its outputs took (PostSlots)
 };
 
 // What a stage keeps from step to step besides its arena: the step inputs on the backend (written
@@ -210,8 +212,9 @@ class PipelineExecutor::StageRun {
     lr_ = ir::Tensor::Scalar<double>(feeds.lr);
     step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
     const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
+    // Under graphs the optimizer's kernels read lr and step on the backend: a replay sees each step's.
     for (ir::ValueId v : sp.step_inputs)
-      if (backend::ReadOnlyOnHost(be_, sp.graph, uses, v)) host_step_inputs_.insert(v);
+      if (graphs_ == nullptr && backend::ReadOnlyOnHost(be_, sp.graph, uses, v)) host_step_inputs_.insert(v);
   }
 
   absl::Status Run(const partitioner::ActionList& list) {
@@ -753,21 +756,48 @@ class PipelineExecutor::StageRun {
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
         if (accumulated.count(v) && !reduced_here.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
-    auto publish = [&](const ir::Node& n, const std::vector<ir::Tensor>& out) -> absl::Status {
+    // Inside a graph segment the sends wait for its end (`deferred`): a segment ends after its node that sends.
+    std::vector<std::pair<int32_t, ir::ValueId>> deferred;
+    bool sent = false;
+    auto publish = [&](const ir::Node& n, const std::vector<ir::Tensor>& out, bool defer) -> absl::Status {
       for (size_t k = 0; k < n.outputs.size(); ++k) {
         const ir::ValueId o = n.outputs[k];
         if (o == ir::kNoValue) continue;
         pv[o] = out[k];
-        for (const auto& [peer, vs] : sp_.send_post)
-          if (std::binary_search(vs.begin(), vs.end(), o)) RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
+        for (const auto& [peer, vs] : sp_.send_post) {
+          if (!std::binary_search(vs.begin(), vs.end(), o)) continue;
+          sent = true;
+          if (defer) {
+            deferred.emplace_back(peer, o);
+          } else {
+            RETURN_IF_ERROR(send(peer, kTagPost, o, out[k]));
+          }
+        }
       }
       return absl::OkStatus();
     };
+    PostSegments segments(*this, pv);
     for (size_t i = 0; i < sp_.post.size();) {
       const ir::NodeId id = sp_.post[i];
-      if (std::vector<const ir::Node*> group = UpdateGroup(i, pv); group.size() > 1) {
+      std::vector<const ir::Node*> group = UpdateGroup(i, pv);
+      if (group.size() <= 1) group = {&sg.node(id)};
+      if (segments.Covers(group, reduced.count(id) > 0)) {
+        sent = false;
+        absl::StatusOr<std::vector<std::vector<ir::Tensor>>> outs = segments.Run(group);
+        absl::Status st = outs.status();
+        for (size_t j = 0; j < group.size() && st.ok(); ++j) st = publish(*group[j], (*outs)[j], /*defer=*/true);
+        if (st.ok() && sent) st = segments.End();
+        for (const auto& [peer, v] : deferred)
+          if (st.ok()) st = send(peer, kTagPost, v, pv[v]);
+        deferred.clear();
+        if (!st.ok()) return segments.Abandon(st);
+        i += group.size();
+        continue;
+      }
+      RETURN_IF_ERROR(segments.End());
+      if (group.size() > 1) {
         ASSIGN_OR_RETURN(const std::vector<std::vector<ir::Tensor>> outs, EvalGroup(group, pv, -1, StepPhase::kPost));
-        for (size_t j = 0; j < group.size(); ++j) RETURN_IF_ERROR(publish(*group[j], outs[j]));
+        for (size_t j = 0; j < group.size(); ++j) RETURN_IF_ERROR(publish(*group[j], outs[j], /*defer=*/false));
         i += group.size();
         continue;
       }
@@ -785,9 +815,10 @@ class PipelineExecutor::StageRun {
         }
         ASSIGN_OR_RETURN(out, Eval(id, pv, -1, StepPhase::kPost));
       }
-      RETURN_IF_ERROR(publish(sg.node(id), out));
+      RETURN_IF_ERROR(publish(sg.node(id), out, /*defer=*/false));
       ++i;
     }
+    RETURN_IF_ERROR(segments.End());
     if (sp_.grad_norm != ir::kNoValue) {
       ASSIGN_OR_RETURN(const ir::Tensor norm, be_.ToHost(pv[sp_.grad_norm], stream_));
       grad_norm = norm.GetAsDouble(0);
@@ -800,10 +831,96 @@ class PipelineExecutor::StageRun {
                                    "' was not written over the state");
       }
     }
-    measure.optimizer_scratch_bytes = post_slots_.scratch_bytes();
+    measure.optimizer_scratch_bytes = post_slots_.scratch_bytes() + segments.replayed_scratch();
     measure.post_s += Traced(start, 0, "O", "optimizer", -1);
     return absl::OkStatus();
   }
+
+  // The optimizer phase under graphs (after the first step): consecutive post nodes or update groups
+  // whose operands are at hand and which the backend can capture form a segment, recorded in the
+  // second step and replayed after (as RunNodes' segments); receives, all-reduces and nodes that
+  // wait for the device run between segments, and a segment ends after a node whose output is sent.
+  class PostSegments {
+   public:
+    PostSegments(StageRun& r, const std::vector<ir::Tensor>& pv) : r_(r), pv_(pv) {}
+
+    bool Covers(const std::vector<const ir::Node*>& group, bool all_reduced) const {
+      if (r_.graphs_ == nullptr || r_.ex_.steps_done_ == 0 || all_reduced) return false;
+      for (const ir::Node* n : group) {
+        if (!r_.be_.Capturable(*n)) return false;
+        for (ir::ValueId v : n->inputs)
+          if (v != ir::kNoValue && !r_.sp_.graph.value(v).constant && !pv_[v].defined()) return false;
+      }
+      return true;
+    }
+    // The group's outputs: evaluated while the segment records, or as recorded when it replays.
+    absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Run(const std::vector<const ir::Node*>& group) {
+      if (seg_ == nullptr) RETURN_IF_ERROR(Begin());
+      std::vector<std::vector<ir::Tensor>> outs;
+      if (replay_) {
+        for (size_t j = 0; j < group.size(); ++j) outs.push_back(seg_->outputs.at(next_++));
+        r_.measure.replayed_nodes += static_cast<int64_t>(group.size());
+        return outs;
+      }
+      ASSIGN_OR_RETURN(outs, r_.EvalGroup(group, pv_, -1, StepPhase::kPost));
+      for (const std::vector<ir::Tensor>& o : outs) {
+        std::vector<ir::Tensor>& kept = seg_->outputs.emplace_back();
+        for (const ir::Tensor& t : o) kept.push_back(backend::Unowned(t));
+      }
+      return outs;
+    }
+    // Closes the open segment, if any: a recording becomes its graph.
+    absl::Status End() {
+      if (seg_ == nullptr) return absl::OkStatus();
+      Segment& seg = *std::exchange(seg_, nullptr);
+      if (replay_) {
+        replayed_scratch_ += seg.scratch;
+        return absl::OkStatus();
+      }
+      absl::StatusOr<std::unique_ptr<backend::Graph>> graph = r_.stream_->EndCapture();
+      if (!graph.ok()) return Annotate(graph.status(), What());
+      seg.graph = *std::move(graph);
+      seg.stats = r_.arena_.stats();
+      seg.scratch = r_.post_slots_.scratch_bytes() - scratch_at_begin_;
+      return absl::OkStatus();
+    }
+    // `st` (an error) after leaving a recording.
+    absl::Status Abandon(const absl::Status& st) {
+      if (seg_ != nullptr && !replay_) (void)r_.stream_->EndCapture();
+      seg_ = nullptr;
+      return replay_ ? st : Annotate(st, What());
+    }
+    int64_t replayed_scratch() const { return replayed_scratch_; }
+
+   private:
+    absl::Status Begin() {
+      seg_ = &r_.graphs_->segments[{static_cast<int32_t>(StepPhase::kPost), -1, -1, index_++}];
+      next_ = 0;
+      replay_ = seg_->graph != nullptr;
+      if (replay_) {
+        RETURN_IF_ERROR(Annotate(seg_->graph->Launch(r_.stream_), r_.Where(-1, StepPhase::kPost) + ": launching a graph"));
+        ++r_.measure.graph_launches;
+        r_.arena_.MergeStats(seg_->stats);
+        return absl::OkStatus();
+      }
+      *seg_ = Segment();
+      scratch_at_begin_ = r_.post_slots_.scratch_bytes();
+      absl::Status st = r_.stream_->BeginCapture();
+      if (!st.ok()) seg_ = nullptr;
+      return Annotate(st, What());
+    }
+    std::string What() const {
+      return r_.Where(-1, StepPhase::kPost) + ": capturing optimizer nodes as a graph (run without graphs to avoid it)";
+    }
+
+    StageRun& r_;
+    const std::vector<ir::Tensor>& pv_;
+    Segment* seg_ = nullptr;
+    bool replay_ = false;
+    size_t next_ = 0;
+    int32_t index_ = 0;
+    int64_t scratch_at_begin_ = 0, replayed_scratch_ = 0;
+  };
 
   PipelineExecutor& ex_;
   const backend::Backend& be_;

@@ -184,6 +184,31 @@ TEST_F(OptimizerTest, SgdStepsEqualCpu) {
   }
 }
 
+// One step of the CPU's AdamWUpdate (beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0.01) or
+// SGDUpdate (nesterov momentum 0.9, weight decay 0.01) on p's CPU copy; the device state matches it.
+void CpuStepMatches(Param& p, const Tensor& g, bool adamw, double lr, int step) {
+  ir::Attrs a;
+  absl::StatusOr<std::vector<Tensor>> out;
+  if (adamw) {
+    a.Set("beta1", 0.9);
+    a.Set("beta2", 0.999);
+    a.Set("eps", 1e-8);
+    a.Set("weight_decay", 0.01);
+    out = Eval(MakeNode(OpKind::kAdamWUpdate, 6, 3, a),
+               {p.p, g, p.s0, p.s1, Tensor::Scalar<double>(lr), Tensor::Scalar<int64_t>(step)});
+  } else {
+    a.Set("momentum", 0.9);
+    a.Set("weight_decay", 0.01);
+    a.Set("nesterov", int64_t{1});
+    out = Eval(MakeNode(OpKind::kSGDUpdate, 4, 2, a), {p.p, g, Tensor::Scalar<double>(lr), p.s0});
+  }
+  ASSERT_TRUE(out.ok()) << out.status();
+  p.p = (*out)[0];
+  p.s0 = (*out)[1];
+  if (adamw) p.s1 = (*out)[2];
+  EXPECT_EQ(ExpectStateMatches(p, true, adamw, "graph step " + std::to_string(step)), 0) << adamw;
+}
+
 // A step captured once in a CUDA graph and replayed with per-step scalars in device memory equals
 // the CPU's steps (AdamW, and SGD with nesterov momentum).
 TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
@@ -216,29 +241,45 @@ TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
       ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      for (size_t i = 0; i < ps.size(); ++i) {
-        Param& p = *ps[i];
-        ir::Attrs a;
-        absl::StatusOr<std::vector<Tensor>> out;
-        if (adamw) {
-          a.Set("beta1", 0.9);
-          a.Set("beta2", 0.999);
-          a.Set("eps", 1e-8);
-          a.Set("weight_decay", 0.01);
-          out = Eval(MakeNode(OpKind::kAdamWUpdate, 6, 3, a),
-                     {p.p, gs[i], p.s0, p.s1, Tensor::Scalar<double>(lr), Tensor::Scalar<int64_t>(step)});
-        } else {
-          a.Set("momentum", 0.9);
-          a.Set("weight_decay", 0.01);
-          a.Set("nesterov", int64_t{1});
-          out = Eval(MakeNode(OpKind::kSGDUpdate, 4, 2, a), {p.p, gs[i], Tensor::Scalar<double>(lr), p.s0});
-        }
-        ASSERT_TRUE(out.ok()) << out.status();
-        p.p = (*out)[0];
-        p.s0 = (*out)[1];
-        if (adamw) p.s1 = (*out)[2];
-        EXPECT_EQ(ExpectStateMatches(p, true, adamw, "graph step " + std::to_string(step)), 0) << adamw;
-      }
+      for (size_t i = 0; i < ps.size(); ++i) CpuStepMatches(*ps[i], gs[i], adamw, lr, step);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The stage executor's form under graphs: lr (f64) and the step count (i64) in device memory, the
+// fp32 scalars made from them on the device inside the captured step.
+TEST_F(OptimizerTest, CapturedStepsReadLrAndCountFromTheDevice) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (bool adamw : {true, false}) {
+    auto ps = MakeParams({1000, 70001});
+    std::vector<OptimizerTensor> views;
+    for (const auto& p : ps) views.push_back(p->View());
+    DeviceTensor scalars(DType::kU8, {static_cast<int64_t>(kStepScalarsBytes)}), lr(DType::kF64, {}),
+        count(DType::kI64, {});
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status st =
+        adamw ? AdamWStepOnDevice(views, lr.as<double>(), count.as<int64_t>(), 0.9, 0.999, 1e-8, 0.01, nullptr,
+                                  scalars.get(), stream)
+              : SgdStepOnDevice(views, lr.as<double>(), 0.9, 0.01, /*nesterov=*/true, nullptr, scalars.get(), stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(st.ok()) << st;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int step = 1; step <= 3; ++step) {
+      const double r = 0.01 * step;
+      const int64_t n = step;
+      ASSERT_EQ(cudaMemcpy(lr.get(), &r, sizeof(r), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(count.get(), &n, sizeof(n), cudaMemcpyHostToDevice), cudaSuccess);
+      const std::vector<Tensor> gs = NewGrads(ps, step);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (size_t i = 0; i < ps.size(); ++i) CpuStepMatches(*ps[i], gs[i], adamw, r, step);
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -285,6 +326,11 @@ TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
     const Tensor want_scale = Eval1(MakeNode(OpKind::kClipScale, 1, 1, a), {norm});
     EXPECT_LT(MaxRelError(sum.ToHost(), want_sum), 1e-6);
     EXPECT_LT(MaxRelError(scale.ToHost(), want_scale), 1e-6) << max_norm;
+    // ClipScale alone (the kernel of the op), from the norm.
+    DeviceTensor dnorm(norm), alone(DType::kF32, {});
+    ASSERT_EQ(LaunchClipScale(dnorm.as<float>(), static_cast<float>(max_norm), 1e-6f, alone.as<float>(), nullptr),
+              cudaSuccess);
+    EXPECT_TRUE(alone.ToHost().BitwiseEquals(want_scale)) << max_norm;
     EXPECT_EQ(scale.ToHost().GetAsDouble(0) == 1.0, max_norm == 1e6);
   }
   // A NaN gradient makes the sum and the scale NaN (the trainer's skip-step signal).
