@@ -5,6 +5,7 @@
 #include "executor/cuda/optimizer.h"
 
 #include <cmath>
+#include <functional>
 
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
@@ -209,36 +210,31 @@ void CpuStepMatches(Param& p, const Tensor& g, bool adamw, double lr, int step) 
   EXPECT_EQ(ExpectStateMatches(p, true, adamw, "graph step " + std::to_string(step)), 0) << adamw;
 }
 
-// A step captured once in a CUDA graph and replayed with per-step scalars in device memory equals
-// the CPU's steps (AdamW, and SGD with nesterov momentum).
-TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
+using RecordStep = std::function<absl::Status(const std::vector<OptimizerTensor>&, bool adamw, cudaStream_t)>;
+using SetScalars = std::function<void(bool adamw, double lr, int step)>;
+
+// Captures `record` (AdamW, then SGD with nesterov momentum, over two parameters) in a CUDA graph and
+// replays it for steps 1 to 3 at lr 0.01 * step, after `set` put the step's values in device memory:
+// every replay equals the CPU's step.
+void ExpectCapturedStepsMatchCpu(const RecordStep& record, const SetScalars& set) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (bool adamw : {true, false}) {
     auto ps = MakeParams({1000, 70001});
     std::vector<OptimizerTensor> views;
     for (const auto& p : ps) views.push_back(p->View());
-    DeviceTensor dscalars(DType::kU8, {64});
-    const SgdScalars flags = MakeSgdScalars(0.1, 0.9, 0.01, /*nesterov=*/true);
     cudaGraph_t graph;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st = adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
-                                  : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
+    const absl::Status st = record(views, adamw, stream);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
     ASSERT_TRUE(st.ok()) << st;
     cudaGraphExec_t exec;
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     for (int step = 1; step <= 3; ++step) {
       const double lr = 0.01 * step;
-      if (adamw) {
-        const AdamWScalars s = MakeAdamWScalars(lr, step, 0.9, 0.999, 1e-8, 0.01);
-        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
-      } else {
-        const SgdScalars s = MakeSgdScalars(lr, 0.9, 0.01, true);
-        ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
-      }
+      set(adamw, lr, step);
       const std::vector<Tensor> gs = NewGrads(ps, step);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads above ran on the legacy stream
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads ran on the legacy stream
       ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
       for (size_t i = 0; i < ps.size(); ++i) CpuStepMatches(*ps[i], gs[i], adamw, lr, step);
@@ -249,42 +245,43 @@ TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
   cudaStreamDestroy(stream);
 }
 
+// The step's fp32 scalars made on the host and copied to the device before each replay.
+TEST_F(OptimizerTest, CapturedStepsReplayWithDeviceScalars) {
+  DeviceTensor dscalars(DType::kU8, {64});
+  const SgdScalars flags = MakeSgdScalars(0.1, 0.9, 0.01, /*nesterov=*/true);
+  ExpectCapturedStepsMatchCpu(
+      [&](const std::vector<OptimizerTensor>& views, bool adamw, cudaStream_t stream) {
+        return adamw ? AdamWStepWithDeviceScalars(views, dscalars.as<AdamWScalars>(), nullptr, stream)
+                     : SgdStepWithDeviceScalars(views, flags, dscalars.as<SgdScalars>(), nullptr, stream);
+      },
+      [&](bool adamw, double lr, int step) {
+        if (adamw) {
+          const AdamWScalars s = MakeAdamWScalars(lr, step, 0.9, 0.999, 1e-8, 0.01);
+          ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+        } else {
+          const SgdScalars s = MakeSgdScalars(lr, 0.9, 0.01, true);
+          ASSERT_EQ(cudaMemcpy(dscalars.get(), &s, sizeof(s), cudaMemcpyHostToDevice), cudaSuccess);
+        }
+      });
+}
+
 // The stage executor's form under graphs: lr (f64) and the step count (i64) in device memory, the
 // fp32 scalars made from them on the device inside the captured step.
 TEST_F(OptimizerTest, CapturedStepsReadLrAndCountFromTheDevice) {
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (bool adamw : {true, false}) {
-    auto ps = MakeParams({1000, 70001});
-    std::vector<OptimizerTensor> views;
-    for (const auto& p : ps) views.push_back(p->View());
-    DeviceTensor scalars(DType::kU8, {static_cast<int64_t>(kStepScalarsBytes)}), lr(DType::kF64, {}),
-        count(DType::kI64, {});
-    cudaGraph_t graph;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st =
-        adamw ? AdamWStepOnDevice(views, lr.as<double>(), count.as<int64_t>(), 0.9, 0.999, 1e-8, 0.01, nullptr,
-                                  scalars.get(), stream)
-              : SgdStepOnDevice(views, lr.as<double>(), 0.9, 0.01, /*nesterov=*/true, nullptr, scalars.get(), stream);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_TRUE(st.ok()) << st;
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int step = 1; step <= 3; ++step) {
-      const double r = 0.01 * step;
-      const int64_t n = step;
-      ASSERT_EQ(cudaMemcpy(lr.get(), &r, sizeof(r), cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(count.get(), &n, sizeof(n), cudaMemcpyHostToDevice), cudaSuccess);
-      const std::vector<Tensor> gs = NewGrads(ps, step);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      for (size_t i = 0; i < ps.size(); ++i) CpuStepMatches(*ps[i], gs[i], adamw, r, step);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
-  cudaStreamDestroy(stream);
+  DeviceTensor scalars(DType::kU8, {static_cast<int64_t>(kStepScalarsBytes)}), lr(DType::kF64, {}),
+      count(DType::kI64, {});
+  ExpectCapturedStepsMatchCpu(
+      [&](const std::vector<OptimizerTensor>& views, bool adamw, cudaStream_t stream) {
+        return adamw ? AdamWStepOnDevice(views, lr.as<double>(), count.as<int64_t>(), 0.9, 0.999, 1e-8, 0.01, nullptr,
+                                         scalars.get(), stream)
+                     : SgdStepOnDevice(views, lr.as<double>(), 0.9, 0.01, /*nesterov=*/true, nullptr, scalars.get(),
+                                       stream);
+      },
+      [&](bool, double r, int step) {
+        const int64_t n = step;
+        ASSERT_EQ(cudaMemcpy(lr.get(), &r, sizeof(r), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(count.get(), &n, sizeof(n), cudaMemcpyHostToDevice), cudaSuccess);
+      });
 }
 
 TEST_F(OptimizerTest, ManyTensorsAndChunksSpanSeveralLaunches) {

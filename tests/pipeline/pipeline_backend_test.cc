@@ -11,30 +11,15 @@
 namespace onnxpipe::pipeline::testing {
 namespace {
 
-struct Case {
-  std::string model;
-  int32_t stages, microbatches;
-  ScheduleKind schedule;
-  RecomputePolicy recompute;
-  autodiff::OptimizerKind optimizer;
-};
-
-class PipelineBackend : public ::testing::TestWithParam<Case> {};
+class PipelineBackend : public ::testing::TestWithParam<PipelineCase> {};
 
 TEST_P(PipelineBackend, CheckedDeviceMemoryTrainsBitwiseAsTheCpuBackend) {
-  const Case& k = GetParam();
+  const PipelineCase& k = GetParam();
   absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(k.model);
   ASSERT_TRUE(f.ok()) << f.status();
-  RunConfig c;
-  c.stages = k.stages;
-  c.microbatches = k.microbatches;
-  c.schedule = k.schedule;
-  c.recompute = k.recompute;
-  c.optimizer = k.optimizer;
-  c.dropout = true;
+  RunConfig c = k.Config();
   c.check_numerics = true;  // the non-finite check runs on the backend too
   c.steps = 2;
-  c.lr = k.optimizer == autodiff::OptimizerKind::kAdamW ? 1e-3 : 0.05;
   absl::StatusOr<RunResult> cpu = (*f)->Pipeline(c);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   c.backend = backend::MakeCheckedBackend();
@@ -63,14 +48,13 @@ TEST_P(PipelineBackend, CheckedDeviceMemoryTrainsBitwiseAsTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(
     Configs, PipelineBackend,
     ::testing::Values(
-        Case{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW},
-        Case{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD},
-        Case{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW},
-        Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return i.param.model + "_K" + std::to_string(i.param.stages) + "_M" + std::to_string(i.param.microbatches) + "_" +
-             ScheduleName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute);
-    });
+        PipelineCase{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective,
+                     autodiff::OptimizerKind::kAdamW},
+        PipelineCase{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD},
+        PipelineCase{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone,
+                     autodiff::OptimizerKind::kAdamW},
+        PipelineCase{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}),
+    [](const ::testing::TestParamInfo<PipelineCase>& i) { return i.param.Name(); });
 
 }  // namespace
 }  // namespace onnxpipe::pipeline::testing

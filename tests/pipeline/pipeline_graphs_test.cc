@@ -100,11 +100,7 @@ TEST(RecordingBackend, RefusesWhatACudaCaptureRefuses) {
 }
 
 struct Case {
-  std::string model;
-  int32_t stages, microbatches;
-  ScheduleKind schedule;
-  RecomputePolicy recompute;
-  autodiff::OptimizerKind optimizer;
+  PipelineCase run;
   std::set<ir::OpKind> not_capturable;
 };
 
@@ -125,17 +121,10 @@ void ExpectSameTraining(const RunResult& got, const RunResult& want) {
 
 TEST_P(PipelineGraphs, ReplayedStepsTrainBitwiseAsEagerOnes) {
   const Case& k = GetParam();
-  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(k.model);
+  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(k.run.model);
   ASSERT_TRUE(f.ok()) << f.status();
-  RunConfig c;
-  c.stages = k.stages;
-  c.microbatches = k.microbatches;
-  c.schedule = k.schedule;
-  c.recompute = k.recompute;
-  c.optimizer = k.optimizer;
-  c.dropout = true;  // the masks follow the step: a baked offset would repeat them
-  c.steps = 4;       // eager, recorded, two replays
-  c.lr = k.optimizer == autodiff::OptimizerKind::kAdamW ? 1e-3 : 0.05;
+  RunConfig c = k.run.Config();  // dropout on: the masks follow the step, a baked offset would repeat them
+  c.steps = 4;                   // eager, recorded, two replays
   absl::StatusOr<ir::Graph> g = (*f)->MicrobatchTrainingGraph(c);
   ASSERT_TRUE(g.ok()) << g.status();
   absl::StatusOr<RunResult> eager = (*f)->Pipeline(c, &*g);
@@ -148,7 +137,7 @@ TEST_P(PipelineGraphs, ReplayedStepsTrainBitwiseAsEagerOnes) {
 
   // The replays did replay: every micro-batch node of the last step, less the ones the backend
   // cannot capture, and (one stage: no receives) every optimizer node; none in the first two steps.
-  for (int32_t s = 0; s < k.stages; ++s) {
+  for (int32_t s = 0; s < k.run.stages; ++s) {
     const StageProgram& sp = graphs->executor->program().stages[s];
     int64_t capturable = 0, post = 0;
     for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward})
@@ -157,10 +146,10 @@ TEST_P(PipelineGraphs, ReplayedStepsTrainBitwiseAsEagerOnes) {
     EXPECT_EQ(graphs->steps[0].stages[s].replayed_nodes, 0) << "stage " << s;
     EXPECT_EQ(graphs->steps[1].stages[s].replayed_nodes, 0) << "stage " << s;
     const int64_t replayed = graphs->steps[3].stages[s].replayed_nodes;
-    if (k.stages == 1) {
-      EXPECT_EQ(replayed, capturable * k.microbatches + post);
+    if (k.run.stages == 1) {
+      EXPECT_EQ(replayed, capturable * k.run.microbatches + post);
     } else {
-      EXPECT_GE(replayed, capturable * k.microbatches) << "stage " << s;
+      EXPECT_GE(replayed, capturable * k.run.microbatches) << "stage " << s;
     }
     EXPECT_GT(graphs->steps[3].stages[s].graph_launches, 0) << "stage " << s;
     // What the arena measured is the same as when the kernels allocated.
@@ -191,18 +180,20 @@ TEST_P(PipelineGraphs, ReplayedStepsTrainBitwiseAsEagerOnes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PipelineGraphs,
-    ::testing::Values(
-        Case{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW,
-             {}},
-        Case{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW,
-             {ir::OpKind::kGather}},
-        Case{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull, autodiff::OptimizerKind::kSGD, {}},
-        Case{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD,
-             {ir::OpKind::kGather, ir::OpKind::kSoftmax}}),
+    ::testing::Values(Case{{"tiny_classifier", 1, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone,
+                            autodiff::OptimizerKind::kAdamW},
+                           {}},
+                      Case{{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective,
+                            autodiff::OptimizerKind::kAdamW},
+                           {ir::OpKind::kGather}},
+                      Case{{"tiny_gpt", 3, 1, ScheduleKind::kGPipe, RecomputePolicy::kFull,
+                            autodiff::OptimizerKind::kSGD},
+                           {}},
+                      Case{{"tiny_bert", 2, 4, ScheduleKind::k1F1B, RecomputePolicy::kNone,
+                            autodiff::OptimizerKind::kSGD},
+                           {ir::OpKind::kGather, ir::OpKind::kSoftmax}}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return i.param.model + "_K" + std::to_string(i.param.stages) + "_M" + std::to_string(i.param.microbatches) + "_" +
-             ScheduleName(i.param.schedule) + "_" + RecomputePolicyName(i.param.recompute) + "_" +
-             std::to_string(i.param.not_capturable.size()) + "_uncapturable_ops";
+      return i.param.run.Name() + "_" + std::to_string(i.param.not_capturable.size()) + "_uncapturable_ops";
     });
 
 // Counts Allocate calls over the CPU backend.

@@ -166,6 +166,23 @@ double NormRelDiff(const ir::Tensor& a, const ir::Tensor& b) {
   return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
+RunConfig PipelineCase::Config() const {
+  RunConfig c;
+  c.stages = stages;
+  c.microbatches = microbatches;
+  c.schedule = schedule;
+  c.recompute = recompute;
+  c.optimizer = optimizer;
+  c.dropout = true;
+  c.lr = optimizer == autodiff::OptimizerKind::kAdamW ? 1e-3 : 0.05;
+  return c;
+}
+
+std::string PipelineCase::Name() const {
+  return model + "_K" + std::to_string(stages) + "_M" + std::to_string(microbatches) + "_" + ScheduleName(schedule) +
+         "_" + RecomputePolicyName(recompute);
+}
+
 std::string Describe(const RunConfig& c) {
   std::ostringstream os;
   os << ir::DTypeName(c.dtype) << " K=" << c.stages << " M=" << c.microbatches << " " << ScheduleName(c.schedule)

@@ -47,6 +47,19 @@ struct RunResult {
   std::unique_ptr<PipelineExecutor> executor;  // pipelined runs only
 };
 
+// A pipelined configuration of a shipped model, as the backend tests sweep them.
+struct PipelineCase {
+  std::string model;
+  int32_t stages, microbatches;
+  ScheduleKind schedule;
+  RecomputePolicy recompute;
+  autodiff::OptimizerKind optimizer;
+  // Its RunConfig: dropout on, lr 1e-3 for AdamW and 0.05 for SGD.
+  RunConfig Config() const;
+  // A test name: model_K<k>_M<m>_<schedule>_<recompute>.
+  std::string Name() const;
+};
+
 class ModelFixture {
  public:
   // models/<name>.onnx with models/golden/<name>/data (batch 4).
