@@ -1,6 +1,8 @@
 #include "executor/backend/recording_backend.h"
 
+#include <algorithm>
 #include <functional>
+#include <string>
 #include <utility>
 #include <variant>
 
@@ -36,6 +38,17 @@ class RecordingStream : public Stream {
   Stream* inner() const { return inner_.get(); }
   // The calls recorded so far; null when not recording.
   std::vector<Call>* tape() { return recording_ ? &tape_ : nullptr; }
+  // While recording: keeps `bytes` at `at` as they are before a recorded call writes them, to be put
+  // back at EndCapture (a capture runs nothing).
+  void Save(const void* at, int64_t bytes) {
+    if (!recording_ || at == nullptr || bytes <= 0) return;
+    const auto* p = static_cast<const uint8_t*>(at);
+    undo_.emplace_back(const_cast<uint8_t*>(p), std::vector<uint8_t>(p, p + bytes));
+  }
+  // A call the capture refuses: it ends up failing EndCapture too, as a CUDA capture is invalidated.
+  void Invalidate(const std::string& why) {
+    if (recording_ && invalid_.empty()) invalid_ = why;
+  }
 
   absl::Status Synchronize() override {
     RETURN_IF_ERROR(Refuse("Synchronize"));
@@ -61,32 +74,47 @@ class RecordingStream : public Stream {
     recording_ = true;
     ++recording_streams;
     tape_.clear();
+    undo_.clear();
+    invalid_.clear();
     return absl::OkStatus();
   }
+  // The recorded calls ran while recording (the kernels had to, to return their outputs); their
+  // writes are undone here, then the graph runs once: as a CUDA capture, whose work first runs here.
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
     if (!recording_) return FAILED_PRECONDITION() << "EndCapture: the stream is not capturing";
     recording_ = false;
     --recording_streams;
-    return std::make_unique<RecordedGraph>(std::move(tape_));
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) std::copy(it->second.begin(), it->second.end(), it->first);
+    undo_.clear();
+    auto graph = std::make_unique<RecordedGraph>(std::move(tape_));
+    tape_.clear();
+    if (!invalid_.empty()) return FAILED_PRECONDITION() << "the capture was invalidated: " << invalid_;
+    RETURN_IF_ERROR(graph->Launch(this));
+    return graph;
   }
-  absl::Status Refuse(const char* what) const {
+  absl::Status Refuse(const char* what) {
     if (!recording_) return absl::OkStatus();
-    return FAILED_PRECONDITION() << what << " is not permitted while the stream is capturing a graph";
+    const std::string why = std::string(what) + " is not permitted while the stream is capturing a graph";
+    Invalidate(why);
+    return FAILED_PRECONDITION() << why;
   }
 
  private:
   std::unique_ptr<Stream> inner_;
   bool recording_ = false;
   std::vector<Call> tape_;
+  std::vector<std::pair<uint8_t*, std::vector<uint8_t>>> undo_;
+  std::string invalid_;
 };
 
 // One answer of an OutputAllocator to a kernel.
 using Answer = std::variant<ir::Tensor, void*, bool>;
 
-// Forwards to the driver's allocator and keeps its answers, in order.
+// Forwards to the driver's allocator and keeps its answers, in order, and the bytes they held
+// before the kernel writes them (RecordingStream::Save).
 class LoggingAllocator : public ir::OutputAllocator {
  public:
-  explicit LoggingAllocator(ir::OutputAllocator* real) : real_(real) {}
+  LoggingAllocator(ir::OutputAllocator* real, RecordingStream* stream) : real_(real), stream_(stream) {}
   absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
                                       const std::vector<int64_t>& dims) override {
     return Keep(real_->Allocate(node, index, dtype, dims));
@@ -102,17 +130,24 @@ class LoggingAllocator : public ir::OutputAllocator {
   }
   absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
     absl::StatusOr<void*> w = real_->Workspace(node, bytes);
-    if (w.ok()) answers_.emplace_back(*w);
+    if (w.ok()) {
+      stream_->Save(*w, bytes);
+      answers_.emplace_back(*w);
+    }
     return w;
   }
   std::vector<Answer> answers() && { return std::move(answers_); }
 
  private:
   absl::StatusOr<ir::Tensor> Keep(absl::StatusOr<ir::Tensor> t) {
-    if (t.ok()) answers_.emplace_back(Unowned(*t));
+    if (t.ok()) {
+      stream_->Save(t->address(), t->has_data() ? t->num_bytes() : 0);
+      answers_.emplace_back(Unowned(*t));
+    }
     return t;
   }
   ir::OutputAllocator* real_;
+  RecordingStream* stream_;
   mutable std::vector<Answer> answers_;
 };
 
@@ -155,8 +190,9 @@ class ReplayAllocator : public ir::OutputAllocator {
 
 class RecordingBackend : public Backend {
  public:
-  RecordingBackend(std::shared_ptr<const Backend> inner, std::set<ir::OpKind> not_capturable)
-      : inner_(std::move(inner)), not_capturable_(std::move(not_capturable)) {}
+  RecordingBackend(std::shared_ptr<const Backend> inner, std::set<ir::OpKind> not_capturable,
+                   std::set<ir::OpKind> refused)
+      : inner_(std::move(inner)), not_capturable_(std::move(not_capturable)), refused_(std::move(refused)) {}
 
   std::string name() const override { return inner_->name(); }
   ir::Placement placement() const override { return inner_->placement(); }
@@ -166,10 +202,10 @@ class RecordingBackend : public Backend {
     return inner_->Allocate(bytes);
   }
   absl::Status Fill(const ir::Tensor& dst, uint8_t byte, Stream* s) const override {
-    return Recorded(s, [inner = inner_, d = Unowned(dst), byte, is = Inner(s)] { return inner->Fill(d, byte, is); });
+    return Recorded(s, dst, [inner = inner_, d = Unowned(dst), byte, is = Inner(s)] { return inner->Fill(d, byte, is); });
   }
   absl::Status Copy(const ir::Tensor& src, const ir::Tensor& dst, Stream* s) const override {
-    return Recorded(s, [inner = inner_, a = Unowned(src), b = Unowned(dst), is = Inner(s)] {
+    return Recorded(s, dst, [inner = inner_, a = Unowned(src), b = Unowned(dst), is = Inner(s)] {
       return inner->Copy(a, b, is);
     });
   }
@@ -182,7 +218,7 @@ class RecordingBackend : public Backend {
     return inner_->ToHost(src, Inner(s));
   }
   absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, Stream* s) const override {
-    return Recorded(s, [inner = inner_, a = Unowned(acc), b = Unowned(x), is = Inner(s)] {
+    return Recorded(s, acc, [inner = inner_, a = Unowned(acc), b = Unowned(x), is = Inner(s)] {
       return inner->Accumulate(a, b, is);
     });
   }
@@ -232,10 +268,17 @@ class RecordingBackend : public Backend {
   static absl::Status Refuse(Stream* s, const char* what) {
     return s != nullptr ? Recording(s)->Refuse(what) : absl::OkStatus();
   }
-  // Runs `call` now and, while `s` records, keeps it for the graph.
-  static absl::Status Recorded(Stream* s, Call call) {
-    RETURN_IF_ERROR(call());
-    if (std::vector<Call>* tape = Tape(s)) tape->push_back(std::move(call));
+  // Runs `call`, which writes `dst`, now and, while `s` records, keeps it for the graph.
+  static absl::Status Recorded(Stream* s, const ir::Tensor& dst, Call call) {
+    std::vector<Call>* tape = Tape(s);
+    if (tape != nullptr) Recording(s)->Save(dst.address(), dst.has_data() ? dst.num_bytes() : 0);
+    const absl::Status st = call();
+    if (tape == nullptr) return st;
+    if (!st.ok()) {
+      Recording(s)->Invalidate(std::string(st.message()));
+      return st;
+    }
+    tape->push_back(std::move(call));
     return absl::OkStatus();
   }
 
@@ -250,12 +293,18 @@ class RecordingBackend : public Backend {
     c.stream = Inner(ctx.stream);
     std::vector<Call>* tape = Tape(ctx.stream);
     if (tape == nullptr) return run(*inner_, nodes, inputs, c, outputs);
-    if (outputs == nullptr) {
-      return FAILED_PRECONDITION() << ir::NodeLabel(*nodes[0])
-                                   << ": a kernel without planned outputs cannot be captured (it allocates)";
+    RecordingStream* rs = Recording(ctx.stream);
+    if (outputs == nullptr || refused_.count(nodes[0]->op)) {
+      const std::string why = ir::NodeLabel(*nodes[0]) + (outputs == nullptr ? ": a kernel without planned outputs "
+                                                                               "cannot be captured (it allocates)"
+                                                                             : ": this kernel cannot be captured");
+      rs->Invalidate(why);
+      return FAILED_PRECONDITION() << why;
     }
-    LoggingAllocator log(outputs);
-    ASSIGN_OR_RETURN(std::vector<std::vector<ir::Tensor>> out, run(*inner_, nodes, inputs, c, &log));
+    LoggingAllocator log(outputs, rs);
+    absl::StatusOr<std::vector<std::vector<ir::Tensor>>> ran = run(*inner_, nodes, inputs, c, &log);
+    if (!ran.ok()) rs->Invalidate(std::string(ran.status().message()));
+    ASSIGN_OR_RETURN(std::vector<std::vector<ir::Tensor>> out, std::move(ran));
     std::vector<std::vector<ir::Tensor>> held(inputs.size());  // what a graph holds: addresses
     for (size_t i = 0; i < inputs.size(); ++i)
       for (const ir::Tensor& t : inputs[i]) held[i].push_back(Unowned(t));
@@ -269,14 +318,15 @@ class RecordingBackend : public Backend {
   }
 
   std::shared_ptr<const Backend> inner_;
-  std::set<ir::OpKind> not_capturable_;
+  std::set<ir::OpKind> not_capturable_, refused_;
 };
 
 }  // namespace
 
 std::shared_ptr<const Backend> MakeRecordingBackend(std::shared_ptr<const Backend> inner,
-                                                    std::set<ir::OpKind> not_capturable) {
-  return std::make_shared<RecordingBackend>(std::move(inner), std::move(not_capturable));
+                                                    std::set<ir::OpKind> not_capturable,
+                                                    std::set<ir::OpKind> refused) {
+  return std::make_shared<RecordingBackend>(std::move(inner), std::move(not_capturable), std::move(refused));
 }
 
 }  // namespace onnxpipe::backend

@@ -81,6 +81,7 @@ class PostSlots : public ir::OutputAllocator {
     return scratch_.Workspace(node, bytes);
   }
   int64_t scratch_bytes() const { return scratch_bytes_; }
+  void set_scratch_bytes(int64_t bytes) { scratch_bytes_ = bytes; }
 
  private:
   const ir::Graph& g_;
@@ -127,6 +128,7 @@ auto Guarded(F&& f) -> decltype(f()) {
 // them (a replay writes the same slots) and the arena's high-water marks after it.
 struct PipelineExecutor::Segment {
   std::unique_ptr<backend::Graph> graph;
+  bool eager = false;  // its recording failed: its nodes run one by one
   std::vector<std::vector<ir::Tensor>> outputs;
   StageArenaStats stats;
   int64_t scratch = 0;  // the optimizer phase's scratch bytes its outputs took (PostSlots)
@@ -142,6 +144,8 @@ struct PipelineExecutor::StepBuffers {
 
 struct PipelineExecutor::StageGraphs {
   std::map<std::array<int32_t, 4>, Segment> segments;  // by (phase, micro-batch, backward part, index)
+  bool post_eager = false;                             // an optimizer segment's recording failed
+  bool warned = false;                                 // about a failed recording
   std::vector<const void*> constants;                  // the constants' addresses the segments hold
   ir::Tensor offset;                                   // the step, on the backend (device_offset)
   std::vector<ir::Tensor> losses;                      // per micro-batch, read after the stage's actions
@@ -566,7 +570,9 @@ class PipelineExecutor::StageRun {
       int32_t j = i + 1;
       while (j < end && !Sends(ids[j - 1], ph) && be_.Capturable(sp_.graph.node(ids[j]))) ++j;
       Segment& seg = graphs_->segments[{static_cast<int32_t>(ph), m, part, index++}];
-      if (seg.graph != nullptr) {
+      if (seg.eager) {
+        for (int32_t k = i; k < j; ++k) RETURN_IF_ERROR(RunMicrobatchNode(ids[k], m, ph, t));
+      } else if (seg.graph != nullptr) {
         RETURN_IF_ERROR(Annotate(seg.graph->Launch(stream_), Where(m, ph) + ": launching a graph"));
         replayed_ = 0;
         for (int32_t k = i; k < j; ++k) RETURN_IF_ERROR(RunMicrobatchNode(ids[k], m, ph, t, &seg, /*replay=*/true));
@@ -574,12 +580,34 @@ class PipelineExecutor::StageRun {
         measure.replayed_nodes += j - i;
         arena_.MergeStats(seg.stats);
       } else {
-        RETURN_IF_ERROR(Capture(ids, i, j, m, ph, t, seg));
+        // A failed recording ran nothing: the bookkeeping goes back to before it and the nodes run one by one, now
+        // and in the next steps.
+        const Table before = t;
+        const std::vector<int32_t> counts = accumulated_count_;
+        const StageArenaStats stats = arena_.stats();
+        if (absl::Status st = Capture(ids, i, j, m, ph, t, seg); !st.ok()) {
+          t = before;
+          accumulated_count_ = counts;
+          arena_.ResetStats();
+          arena_.MergeStats(stats);
+          pending_sends_.clear();
+          seg = Segment();
+          seg.eager = true;
+          WarnRecordingFailed(st);
+          for (int32_t k = i; k < j; ++k) RETURN_IF_ERROR(RunMicrobatchNode(ids[k], m, ph, t));
+        }
       }
       RETURN_IF_ERROR(FlushSends(t, m, ph));
       i = j;
     }
     return absl::OkStatus();
+  }
+  // Once per stage: the nodes of a recording that failed run eagerly (slower, as correct).
+  void WarnRecordingFailed(const absl::Status& st) {
+    ++measure.failed_recordings;
+    if (std::exchange(graphs_->warned, true)) return;
+    std::fprintf(stderr, "onnxpipe: warning: %s; those nodes run without a graph (said once per stage)\n",
+                 std::string(st.message()).c_str());
   }
   // True when node `id`'s outputs leave the stage in phase `ph`.
   bool Sends(ir::NodeId id, StepPhase ph) const {
@@ -591,8 +619,8 @@ class PipelineExecutor::StageRun {
   // Records nodes [i, j) of `ids` into `seg` (and so runs them once).
   absl::Status Capture(const std::vector<ir::NodeId>& ids, int32_t i, int32_t j, int32_t m, StepPhase ph, Table& t,
                        Segment& seg) {
-    const std::string what = Where(m, ph) + ": capturing nodes " + ir::NodeLabel(sp_.graph.node(ids[i])) + " to " +
-                             ir::NodeLabel(sp_.graph.node(ids[j - 1])) + " as a graph (run without graphs to avoid it)";
+    const std::string what = Where(m, ph) + ": recording " + ir::NodeLabel(sp_.graph.node(ids[i])) + " to " +
+                             ir::NodeLabel(sp_.graph.node(ids[j - 1])) + " as a graph failed";
     RETURN_IF_ERROR(Annotate(stream_->BeginCapture(), what));
     seg = Segment();
     absl::Status st = absl::OkStatus();
@@ -777,24 +805,36 @@ class PipelineExecutor::StageRun {
       return absl::OkStatus();
     };
     PostSegments segments(*this, pv);
-    for (size_t i = 0; i < sp_.post.size();) {
+    for (size_t i = 0;;) {
+      if (i == sp_.post.size()) {
+        const absl::Status st = segments.End();
+        if (st.ok()) break;
+        ASSIGN_OR_RETURN(i, segments.Fail(st));
+        continue;
+      }
       const ir::NodeId id = sp_.post[i];
       std::vector<const ir::Node*> group = UpdateGroup(i, pv);
       if (group.size() <= 1) group = {&sg.node(id)};
       if (segments.Covers(group, reduced.count(id) > 0)) {
         sent = false;
-        absl::StatusOr<std::vector<std::vector<ir::Tensor>>> outs = segments.Run(group);
+        absl::StatusOr<std::vector<std::vector<ir::Tensor>>> outs = segments.Run(group, i);
         absl::Status st = outs.status();
         for (size_t j = 0; j < group.size() && st.ok(); ++j) st = publish(*group[j], (*outs)[j], /*defer=*/true);
         if (st.ok() && sent) st = segments.End();
         for (const auto& [peer, v] : deferred)
           if (st.ok()) st = send(peer, kTagPost, v, pv[v]);
         deferred.clear();
-        if (!st.ok()) return segments.Abandon(st);
+        if (!st.ok()) {
+          ASSIGN_OR_RETURN(i, segments.Fail(st));
+          continue;
+        }
         i += group.size();
         continue;
       }
-      RETURN_IF_ERROR(segments.End());
+      if (const absl::Status st = segments.End(); !st.ok()) {
+        ASSIGN_OR_RETURN(i, segments.Fail(st));
+        continue;
+      }
       if (group.size() > 1) {
         ASSIGN_OR_RETURN(const std::vector<std::vector<ir::Tensor>> outs, EvalGroup(group, pv, -1, StepPhase::kPost));
         for (size_t j = 0; j < group.size(); ++j) RETURN_IF_ERROR(publish(*group[j], outs[j], /*defer=*/false));
@@ -818,7 +858,6 @@ class PipelineExecutor::StageRun {
       RETURN_IF_ERROR(publish(sg.node(id), out, /*defer=*/false));
       ++i;
     }
-    RETURN_IF_ERROR(segments.End());
     if (sp_.grad_norm != ir::kNoValue) {
       ASSIGN_OR_RETURN(const ir::Tensor norm, be_.ToHost(pv[sp_.grad_norm], stream_));
       grad_norm = norm.GetAsDouble(0);
@@ -842,10 +881,10 @@ class PipelineExecutor::StageRun {
   // wait for the device run between segments, and a segment ends after a node whose output is sent.
   class PostSegments {
    public:
-    PostSegments(StageRun& r, const std::vector<ir::Tensor>& pv) : r_(r), pv_(pv) {}
+    PostSegments(StageRun& r, std::vector<ir::Tensor>& pv) : r_(r), pv_(pv) {}
 
     bool Covers(const std::vector<const ir::Node*>& group, bool all_reduced) const {
-      if (r_.graphs_ == nullptr || r_.ex_.steps_done_ == 0 || all_reduced) return false;
+      if (r_.graphs_ == nullptr || r_.ex_.steps_done_ == 0 || r_.graphs_->post_eager || all_reduced) return false;
       for (const ir::Node* n : group) {
         if (!r_.be_.Capturable(*n)) return false;
         for (ir::ValueId v : n->inputs)
@@ -853,9 +892,13 @@ class PipelineExecutor::StageRun {
       }
       return true;
     }
-    // The group's outputs: evaluated while the segment records, or as recorded when it replays.
-    absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Run(const std::vector<const ir::Node*>& group) {
-      if (seg_ == nullptr) RETURN_IF_ERROR(Begin());
+    // The outputs of `group` (post node `at` on): evaluated while the segment records, or as recorded
+    // when it replays.
+    absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Run(const std::vector<const ir::Node*>& group, size_t at) {
+      if (seg_ == nullptr) {
+        begin_ = at;
+        RETURN_IF_ERROR(Begin());
+      }
       std::vector<std::vector<ir::Tensor>> outs;
       if (replay_) {
         for (size_t j = 0; j < group.size(); ++j) outs.push_back(seg_->outputs.at(next_++));
@@ -872,23 +915,35 @@ class PipelineExecutor::StageRun {
     // Closes the open segment, if any: a recording becomes its graph.
     absl::Status End() {
       if (seg_ == nullptr) return absl::OkStatus();
-      Segment& seg = *std::exchange(seg_, nullptr);
+      Segment& seg = *seg_;
       if (replay_) {
+        seg_ = nullptr;
         replayed_scratch_ += seg.scratch;
         return absl::OkStatus();
       }
       absl::StatusOr<std::unique_ptr<backend::Graph>> graph = r_.stream_->EndCapture();
-      if (!graph.ok()) return Annotate(graph.status(), What());
+      if (!graph.ok()) return graph.status();  // seg_ stays: Fail goes back to the recording's start
+      seg_ = nullptr;
       seg.graph = *std::move(graph);
       seg.stats = r_.arena_.stats();
       seg.scratch = r_.post_slots_.scratch_bytes() - scratch_at_begin_;
       return absl::OkStatus();
     }
-    // `st` (an error) after leaving a recording.
-    absl::Status Abandon(const absl::Status& st) {
-      if (seg_ != nullptr && !replay_) (void)r_.stream_->EndCapture();
+    // After `st` (an error) in a segment: a replay's error is the step's; a failed recording ran
+    // nothing, so the phase goes back to where it began (the post node returned) and the optimizer
+    // phase runs without graphs from there on, now and in the next steps.
+    absl::StatusOr<size_t> Fail(const absl::Status& st) {
+      const bool recording = seg_ != nullptr && !replay_;
       seg_ = nullptr;
-      return replay_ ? st : Annotate(st, What());
+      if (!recording) return st;
+      (void)r_.stream_->EndCapture();
+      pv_ = pv_before_;
+      r_.post_slots_.set_scratch_bytes(scratch_at_begin_);
+      r_.arena_.ResetStats();
+      r_.arena_.MergeStats(stats_before_);
+      r_.graphs_->post_eager = true;
+      r_.WarnRecordingFailed(Annotate(st, What()));
+      return begin_;
     }
     int64_t replayed_scratch() const { return replayed_scratch_; }
 
@@ -905,19 +960,23 @@ class PipelineExecutor::StageRun {
       }
       *seg_ = Segment();
       scratch_at_begin_ = r_.post_slots_.scratch_bytes();
+      pv_before_ = pv_;
+      stats_before_ = r_.arena_.stats();
       absl::Status st = r_.stream_->BeginCapture();
       if (!st.ok()) seg_ = nullptr;
       return Annotate(st, What());
     }
     std::string What() const {
-      return r_.Where(-1, StepPhase::kPost) + ": capturing optimizer nodes as a graph (run without graphs to avoid it)";
+      return r_.Where(-1, StepPhase::kPost) + ": recording optimizer nodes as a graph failed";
     }
 
     StageRun& r_;
-    const std::vector<ir::Tensor>& pv_;
+    std::vector<ir::Tensor>& pv_;
+    std::vector<ir::Tensor> pv_before_;  // at the recording's start
+    StageArenaStats stats_before_;
     Segment* seg_ = nullptr;
     bool replay_ = false;
-    size_t next_ = 0;
+    size_t next_ = 0, begin_ = 0;
     int32_t index_ = 0;
     int64_t scratch_at_begin_ = 0, replayed_scratch_ = 0;
   };

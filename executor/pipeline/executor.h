@@ -34,8 +34,10 @@
 // the outputs the recording returned (every value stays in its planned slot, so the addresses are
 // the same). Feeds, receives and sends stay outside the graphs; the step offset reaches the kernels
 // through device memory (ExecContext::device_offset), the micro-batch losses are copied to buffers
-// of their own and read after the stage's actions; the optimizer phase runs eagerly. A state whose
-// storage moved (SetState, copy on write) makes the stage record again.
+// of their own and read after the stage's actions; the optimizer phase is recorded likewise, with
+// lr and the step count on the backend. A state whose storage moved (SetState, copy on write) makes
+// the stage record again. A recording that fails (a kernel the backend could not capture after
+// all) ran nothing: its nodes run eagerly, then and in later steps, with one warning per stage.
 //
 // Memory: Create plans every stage's layout once (memory.h) and allocates it (stage_arena.h); every
 // micro-batch value, gradient and accumulator lives in its planned slot, checked after each node.
@@ -128,6 +130,7 @@ struct StageMeasure {
   // Graphs (ExecutorOptions::graphs): launched in the step, and the micro-batch nodes they replayed.
   int32_t graph_launches = 0;
   int64_t replayed_nodes = 0;
+  int32_t failed_recordings = 0;  // runs of nodes whose recording failed: they run eagerly (a warning says why)
 };
 
 struct PipelineStepResult {

@@ -78,21 +78,30 @@ TEST(RecordingBackend, ReplaysTheRecordedCallWithItsBuffersAndReadsTheOffsetFrom
   for (int64_t i = 0; i < f.y.num_elements(); ++i) EXPECT_EQ(f.y.data<float>()[i], 2 * (*ref4)[0].data<float>()[i]);
 }
 
-TEST(RecordingBackend, RefusesWhatACudaCaptureRefuses) {
+TEST(RecordingBackend, RefusesWhatACudaCaptureRefusesAndAFailedCaptureRunsNothing) {
   auto be = backend::MakeRecordingBackend(backend::MakeCpuBackend(), {ir::OpKind::kGather});
   std::unique_ptr<backend::Stream> s = be->CreateStream();
+  DropoutFixture f;
   const ir::Tensor t(ir::DType::kF32, {2});
   ASSERT_TRUE(s->BeginCapture().ok());
+  ASSERT_TRUE(be->Copy(f.x, f.y, s.get()).ok());  // recorded: undone when the capture fails
   EXPECT_FALSE(be->ToHost(t, s.get()).ok());
   EXPECT_FALSE(be->FromHost(t, t, s.get()).ok());
   EXPECT_FALSE(be->Zeros(ir::DType::kF32, {2}, s.get()).ok());
   EXPECT_FALSE(s->Synchronize().ok());
-  DropoutFixture f;
   EXPECT_FALSE(be->Run(f.node, {f.x}, backend::ExecContext{true, 1, 0, 0, 4, s.get()}, nullptr).ok());
   EXPECT_FALSE(s->BeginCapture().ok());
-  ASSERT_TRUE(s->EndCapture().ok());
+  absl::StatusOr<std::unique_ptr<backend::Graph>> failed = s->EndCapture();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(std::string(failed.status().message()).find("invalidated"), std::string::npos) << failed.status();
+  EXPECT_EQ(Values(f.y), std::vector<float>(f.y.num_elements(), 0.f));  // the copy did not happen
   EXPECT_FALSE(s->EndCapture().ok());
   EXPECT_TRUE(be->ToHost(t, s.get()).ok());  // capture over
+  // A capture of legal calls succeeds and has run them once by then.
+  ASSERT_TRUE(s->BeginCapture().ok());
+  ASSERT_TRUE(be->Copy(f.x, f.y, s.get()).ok());
+  ASSERT_TRUE(s->EndCapture().ok());
+  EXPECT_EQ(Values(f.y), Values(f.x));
   ir::Node gather;
   gather.op = ir::OpKind::kGather;
   EXPECT_FALSE(be->Capturable(gather));
@@ -195,6 +204,37 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) {
       return i.param.run.Name() + "_" + std::to_string(i.param.not_capturable.size()) + "_uncapturable_ops";
     });
+
+// Kernels that claim to be capturable and are not (the recording backend refuses them while
+// recording): their recordings fail having run nothing, their nodes run eagerly from then on, and
+// training stays bitwise the eager run's. LayerNorm's segments are forward and backward ones; an
+// AdamWUpdate's failure sends the optimizer phase back to eager.
+TEST(PipelineGraphsFallback, FailedRecordingsRunEagerly) {
+  absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_gpt");
+  ASSERT_TRUE(f.ok()) << f.status();
+  RunConfig c =
+      PipelineCase{"tiny_gpt", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective, autodiff::OptimizerKind::kAdamW}
+          .Config();
+  c.steps = 4;
+  absl::StatusOr<ir::Graph> g = (*f)->MicrobatchTrainingGraph(c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<RunResult> eager = (*f)->Pipeline(c, &*g);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  for (ir::OpKind refused : {ir::OpKind::kLayerNorm, ir::OpKind::kAdamWUpdate}) {
+    c.graphs = true;
+    c.backend = backend::MakeRecordingBackend(backend::MakeCpuBackend(), {}, {refused});
+    absl::StatusOr<RunResult> graphs = (*f)->Pipeline(c, &*g);
+    ASSERT_TRUE(graphs.ok()) << ir::OpName(refused) << ": " << graphs.status();
+    ExpectSameTraining(*graphs, *eager);
+    int32_t failed = 0;
+    for (int32_t s = 0; s < c.stages; ++s) {
+      failed += graphs->steps[1].stages[s].failed_recordings;
+      EXPECT_EQ(graphs->steps[3].stages[s].failed_recordings, 0) << ir::OpName(refused);
+      EXPECT_GT(graphs->steps[3].stages[s].replayed_nodes, 0) << ir::OpName(refused);
+    }
+    EXPECT_GT(failed, 0) << ir::OpName(refused);
+  }
+}
 
 // Counts Allocate calls over the CPU backend.
 class CountingBackend : public backend::Backend {
