@@ -18,6 +18,11 @@
 namespace onnxpipe::cuda {
 namespace {
 
+// Copies to the host made by this thread (ToHost waits for the stream): a kernel that made one
+// while it ran reads device data on the host (a label check, a shape operand) and cannot be
+// captured into a graph.
+thread_local int64_t host_reads = 0;
+
 class CudaEvent : public backend::Event {
  public:
   explicit CudaEvent(cudaEvent_t e) : event(e) {}
@@ -172,6 +177,7 @@ class CudaBackendImpl : public CudaBackend {
     ir::Tensor out(src.dtype(), src.dims());
     if (out.num_bytes() == 0) return out;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    ++host_reads;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw(), src.device_raw(), out.num_bytes(), cudaMemcpyDeviceToHost, Raw(s)));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Raw(s)));
     return out;
@@ -182,8 +188,10 @@ class CudaBackendImpl : public CudaBackend {
                                               ir::OutputAllocator* outputs) const override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (auto it = table_.find(node.op); it != table_.end() && Placed(inputs, it->second.host_inputs)) {
+      const int64_t reads = host_reads;
       KernelResult r = WithKernelContext<std::vector<ir::Tensor>>(
           ctx, outputs, [&](const KernelContext& kc) { return it->second.run(kc, node, inputs); });
+      if (host_reads != reads) MarkHostBound({&node});
       if (r.has_value()) return *std::move(r);
     }
     return HostFallback(node, inputs, ctx, outputs);
@@ -198,8 +206,10 @@ class CudaBackendImpl : public CudaBackend {
       fits = nodes[i]->op == nodes[0]->op && Placed(inputs[i], it->second.host_inputs);
     if (fits) {
       CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      const int64_t reads = host_reads;
       GroupResult r = WithKernelContext<std::vector<std::vector<ir::Tensor>>>(
           ctx, outputs, [&](const KernelContext& kc) { return it->second.group(kc, nodes, inputs); });
+      if (host_reads != reads) MarkHostBound(nodes);
       if (r.has_value()) return *std::move(r);
     }
     return Backend::RunGroup(nodes, inputs, ctx, outputs);
@@ -240,7 +250,8 @@ class CudaBackendImpl : public CudaBackend {
     ASSIGN_OR_RETURN(ir::Tensor host, ToHost(flag, s));
     return host.data<int32_t>()[0] == 0;
   }
-  // A node whose kernel is host-bound, or that ran on the host (so far), runs between graphs.
+  // A node whose kernel is host-bound, or that so far ran on the host or read device data there,
+  // runs between graphs.
   bool Capturable(const ir::Node& node) const override {
     auto it = table_.find(node.op);
     if (it == table_.end() || it->second.host_bound) return false;
@@ -312,8 +323,8 @@ class CudaBackendImpl : public CudaBackend {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++fallbacks_[std::string(ir::OpName(node.op))];
-      host_run_.insert(&node);
     }
+    MarkHostBound({&node});
     std::vector<ir::Tensor> host_in;
     host_in.reserve(inputs.size());
     for (const ir::Tensor& t : inputs) {
@@ -369,7 +380,11 @@ class CudaBackendImpl : public CudaBackend {
   std::shared_ptr<const backend::Backend> cpu_ = backend::MakeCpuBackend();
   mutable std::mutex mu_;
   mutable std::map<std::string, int64_t> fallbacks_;
-  mutable std::set<const ir::Node*> host_run_;  // nodes that took HostFallback
+  mutable std::set<const ir::Node*> host_run_;  // nodes that ran on the host or read device data there
+  void MarkHostBound(const std::vector<const ir::Node*>& nodes) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    host_run_.insert(nodes.begin(), nodes.end());
+  }
 };
 
 }  // namespace
