@@ -69,9 +69,11 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=False):
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
     memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
     attention = [l for l in r.stdout.splitlines() if l.startswith("cuda attention:")]
+    graphs_line = [l for l in r.stdout.splitlines() if l.startswith("cuda graphs:")]
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
                 memory=memory[0] if memory else "", attention=attention[0] if attention else "",
+                **({"graphs": graphs_line[0]} if graphs_line else {}),
                 **({"plan": plan} if plan else {}),
                 command=" ".join(["onnxpipe", *cmd[1:]]).replace(model, os.path.basename(model)).replace(work, "WORK"))
 

@@ -251,6 +251,26 @@ void PrintMemory(const pipeline::PipelineTrainer& trainer) {
       static_cast<long long>(p.optimizer_state), static_cast<long long>(m.optimizer_scratch_bytes));
 }
 
+// --cuda-graphs: how much of the last step the graphs replayed.
+void PrintGraphs(const pipeline::PipelineTrainer& trainer) {
+  if (trainer.results().empty()) return;
+  const pipeline::PipelineExecutor& ex = trainer.executor();
+  int64_t nodes = 0, replayed = 0, launches = 0, failed = 0;
+  for (const partitioner::StageProgram& sp : ex.program().stages)
+    nodes += static_cast<int64_t>(sp.forward.size() + sp.backward.size()) * ex.microbatches() +
+             static_cast<int64_t>(sp.post.size());
+  for (const pipeline::PipelineStepResult& r : trainer.results())
+    for (const pipeline::StageMeasure& m : r.stages) failed += m.failed_recordings;
+  for (const pipeline::StageMeasure& m : trainer.results().back().stages) {
+    replayed += m.replayed_nodes;
+    launches += m.graph_launches;
+  }
+  std::printf("cuda graphs: the last step replayed %lld of its %lld node runs in %lld graph launches; %lld "
+              "recordings failed (their nodes run eagerly)\n",
+              static_cast<long long>(replayed), static_cast<long long>(nodes), static_cast<long long>(launches),
+              static_cast<long long>(failed));
+}
+
 // From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
 // and the external-data rule read), not their initial values, so that they are not held twice. The evaluation
 // graph keeps its own (Evaluate replaces them with the trained ones after converting the graph's dtype).
@@ -415,6 +435,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     return 130;
   }
   PrintMemory(*trainer);
+  if (f.cuda_graphs) PrintGraphs(*trainer);
   if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
   if (const std::string mem = BackendMemorySummary(*be); !mem.empty()) std::printf("%s\n", mem.c_str());
