@@ -445,7 +445,6 @@ class PipelineExecutor::StageRun {
       ASSIGN_OR_RETURN(std::vector<ir::Tensor> o, Operands(*n, values, m, ph));
       operands.push_back(std::move(o));
     }
-    const std::string where = Where(m, ph) + " " + ir::NodeLabel(*nodes[0]);
     arena_.Select(m);
     ir::OutputAllocator* slots = m < 0 ? static_cast<ir::OutputAllocator*>(&post_slots_) : &arena_;
     const backend::ExecContext ctx = Context(m < 0 ? 0 : m);
@@ -456,7 +455,10 @@ class PipelineExecutor::StageRun {
       return absl::StatusOr<std::vector<std::vector<ir::Tensor>>>(
           std::vector<std::vector<ir::Tensor>>{*std::move(one)});
     });
-    if (!out.ok()) return Annotate(out.status(), nodes.size() == 1 ? where : Where(m, ph));
+    // (The context strings are made only on an error: this runs for every node of every step.)
+    if (!out.ok()) {
+      return Annotate(out.status(), Where(m, ph) + (nodes.size() == 1 ? " " + ir::NodeLabel(*nodes[0]) : ""));
+    }
     for (size_t i = 0; i < nodes.size(); ++i) RETURN_IF_ERROR(Checked(*nodes[i], &(*out)[i], m, ph));
     return out;
   }
@@ -470,18 +472,18 @@ class PipelineExecutor::StageRun {
 
   // After node n ran: the node hook, then the checks of its outputs.
   absl::Status Checked(const ir::Node& n, std::vector<ir::Tensor>* out, int32_t m, StepPhase ph) {
-    const std::string where = Where(m, ph) + " " + ir::NodeLabel(n);
+    auto where = [&] { return Where(m, ph) + " " + ir::NodeLabel(n); };
     if (ex_.options_.node_hook) {
       const absl::Status st = Guarded([&] { return ex_.options_.node_hook(NodeEvent{sp_.stage, m, ph, &n}, out); });
-      if (!st.ok()) return Annotate(st, where);
+      if (!st.ok()) return Annotate(st, where());
     }
-    if (out->size() < n.outputs.size()) return absl::InternalError(where + ": the backend returned too few outputs");
+    if (out->size() < n.outputs.size()) return absl::InternalError(where() + ": the backend returned too few outputs");
     if (!ex_.options_.check_numerics) return absl::OkStatus();
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       if (n.outputs[k] == ir::kNoValue || !(*out)[k].has_data()) continue;
       ASSIGN_OR_RETURN(const bool finite, be_.AllFinite((*out)[k], stream_));
       if (!finite) {
-        return FAILED_PRECONDITION() << where << " produced a non-finite value in output '"
+        return FAILED_PRECONDITION() << where() << " produced a non-finite value in output '"
                                      << sp_.graph.value(n.outputs[k]).name << "'";
       }
     }
