@@ -134,6 +134,8 @@ class Backend {
   // stream work only, without waiting for the device or staging host memory. Asked after the node
   // has run once (a kernel choosing its path at the first run); false where there are no graphs.
   virtual bool Capturable(const ir::Node& node) const { return false; }
+  // True when this backend's streams record graphs (Stream::BeginCapture).
+  virtual bool CanCapture() const { return false; }
   // acc += x elementwise (the addition of the graph's gradient Sums); the caller owns acc's storage
   // exclusively.
   virtual absl::Status Accumulate(const ir::Tensor& acc, const ir::Tensor& x, Stream* stream = nullptr) const = 0;

@@ -253,6 +253,7 @@ class RecordingBackend : public Backend {
   }
   bool ReadsOnHost(const ir::Node& node, int index) const override { return inner_->ReadsOnHost(node, index); }
   bool Capturable(const ir::Node& node) const override { return !not_capturable_.count(node.op); }
+  bool CanCapture() const override { return true; }
   std::unique_ptr<Stream> CreateStream() const override {
     return std::make_unique<RecordingStream>(inner_->CreateStream());
   }

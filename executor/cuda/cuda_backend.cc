@@ -258,6 +258,7 @@ class CudaBackendImpl : public CudaBackend {
     std::lock_guard<std::mutex> lock(mu_);
     return !host_run_.count(&node);
   }
+  bool CanCapture() const override { return true; }
   bool ReadsOnHost(const ir::Node& node, int index) const override {
     auto it = table_.find(node.op);
     return it != table_.end() && index < 32 && (it->second.host_inputs >> index & 1u) != 0;
@@ -337,6 +338,13 @@ class CudaBackendImpl : public CudaBackend {
     }
     backend::ExecContext host_ctx = ctx;
     host_ctx.stream = nullptr;
+    if (ctx.device_offset != nullptr) {  // the step in device memory (graphs): the host kernel takes its value
+      ++host_reads;
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_ctx.offset, ctx.device_offset, sizeof(host_ctx.offset),
+                                           cudaMemcpyDeviceToHost, Raw(ctx.stream)));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Raw(ctx.stream)));
+      host_ctx.device_offset = nullptr;
+    }
     ASSIGN_OR_RETURN(std::vector<ir::Tensor> host_out, cpu_->Run(node, host_in, host_ctx, nullptr));
     std::vector<ir::Tensor> out(host_out.size());
     for (size_t k = 0; k < host_out.size() && k < node.outputs.size(); ++k) {

@@ -25,6 +25,7 @@ void RegisterShapeKernels(KernelTable& table) {
       }
     }
     backend::ExecContext host = ctx.exec;
+    host.device_offset = nullptr;  // device memory; shape ops draw no random numbers
     host.stream = nullptr;
     absl::StatusOr<std::vector<ir::Tensor>> shaped = cpu->Run(node, stand_in, host, nullptr);
     if (!shaped.ok()) return shaped.status();

@@ -1077,6 +1077,9 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
       return INVALID_ARGUMENT() << "graphs cannot be combined with --check-numerics (or a node hook): they look at "
                                    "every node's outputs, which a graph replay does not return";
     }
+    if (!be->CanCapture()) {
+      return INVALID_ARGUMENT() << "graphs need a backend that records them (cuda), not " << be->name();
+    }
     for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
       const StageProgram& sp = ex->program_.stages[s];
       auto g = std::make_unique<StageGraphs>();

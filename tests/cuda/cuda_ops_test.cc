@@ -93,7 +93,8 @@ class CudaOpsTest : public ::testing::Test {
   using Expect = std::function<void(size_t k, const Tensor& got, const Tensor& want)>;
 
   // The CPU backend's outputs of `c` on `reference_inputs`, and the CUDA backend's unplanned and
-  // planned ones on c.inputs, compared by `expect`.
+  // planned ones on c.inputs (planned twice: the step in ctx, then in device memory), compared by
+  // `expect`.
   void Compare(const Case& c, const std::vector<Tensor>& reference_inputs, bool expect_device, const Expect& expect) {
     ir::Graph g;
     std::vector<ir::ValueId> in_ids, out_ids;
@@ -127,11 +128,21 @@ class CudaOpsTest : public ::testing::Test {
       ASSERT_TRUE(d.ok()) << d.status();
       dev_in.push_back(*d);
     }
-    for (bool planned : {false, true}) {
-      SCOPED_TRACE(name + (planned ? " planned" : " unplanned"));
+    // The third run takes the step from device memory (ExecContext::device_offset, as a CUDA graph's
+    // replay does) with a wrong ctx.offset beside it: it must not be read.
+    absl::StatusOr<Tensor> device_step = be_->Upload(Tensor::Scalar<int64_t>(static_cast<int64_t>(c.ctx.offset)));
+    ASSERT_TRUE(device_step.ok()) << device_step.status();
+    for (int run = 0; run < 3; ++run) {
+      const bool planned = run > 0;
+      SCOPED_TRACE(name + (planned ? " planned" : " unplanned") + (run == 2 ? ", step on the device" : ""));
+      backend::ExecContext ctx = c.ctx;
+      if (run == 2) {
+        ctx.device_offset = static_cast<const uint64_t*>(device_step->device_raw());
+        ctx.offset += 7919;
+      }
       PlannedOutputs plan(*be_, be_->WorkspaceBytes(g, node), /*share=*/false);
       const int64_t fallbacks_before = Fallbacks(name);
-      absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, c.ctx, planned ? &plan : nullptr);
+      absl::StatusOr<std::vector<Tensor>> got = be_->Run(node, dev_in, ctx, planned ? &plan : nullptr);
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_EQ(Fallbacks(name) - fallbacks_before, expect_device ? 0 : 1) << name << " ran on the host";
       // Trailing optional outputs may be left out or returned undefined (kernel.h): compare them as undefined.

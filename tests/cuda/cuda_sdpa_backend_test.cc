@@ -301,6 +301,19 @@ TEST_F(SdpaDropoutTest, TheMaskIsAFunctionOfSeedStepAndMicroBatch) {
   ASSERT_EQ(o.size(), 1u);
   const std::vector<bool> none = KeptOf(o[0]);
   EXPECT_EQ(std::count(none.begin(), none.end(), false), 0) << "dropout outside training";
+  // Under graphs the step is read from device memory when the kernels run (ExecContext::device_offset),
+  // not from ctx.offset: a replay draws its own step's mask.
+  uint64_t* step = nullptr;
+  ASSERT_EQ(cudaMalloc(&step, sizeof(uint64_t)), cudaSuccess);
+  const uint64_t next = other_step.offset;
+  ASSERT_EQ(cudaMemcpy(step, &next, sizeof(next), cudaMemcpyHostToDevice), cudaSuccess);
+  backend::ExecContext from_device = ctx_;
+  from_device.device_offset = step;
+  const std::vector<Tensor> replayed = Forward(eye, from_device), eager = Forward(eye, other_step);
+  cudaFree(step);
+  ASSERT_EQ(replayed.size(), 1u);
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(KeptOf(replayed[0]), KeptOf(eager[0]));
 }
 
 // The backward regenerates the forward's mask: dQ, dK, dV against a double-precision reference

@@ -303,7 +303,7 @@ TEST(PipelineSteps, AllocateNothingAfterTheFirst) {
   EXPECT_EQ(be->allocations, after_first);
 }
 
-TEST(PipelineGraphsOptions, RefuseCheckNumerics) {
+TEST(PipelineGraphsOptions, RefuseCheckNumericsAndBackendsWithoutGraphs) {
   absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_classifier");
   ASSERT_TRUE(f.ok()) << f.status();
   RunConfig c;
@@ -313,6 +313,12 @@ TEST(PipelineGraphsOptions, RefuseCheckNumerics) {
   absl::StatusOr<RunResult> r = (*f)->Pipeline(c);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(std::string(r.status().message()).find("--check-numerics"), std::string::npos) << r.status();
+  c.check_numerics = false;
+  c.backend = backend::MakeCpuBackend();
+  r = (*f)->Pipeline(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("need a backend that records them"), std::string::npos)
+      << r.status();
 }
 
 }  // namespace
