@@ -179,9 +179,10 @@ absl::StatusOr<NormGradShape> GetNormGradShape(const ir::Node& node, const std::
   return g;
 }
 
-// LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) -> dX, dScale?, dBias?. With x^ = (x - mu) r
-// and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)); dScale = sum over
-// rows of dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
+// LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?) -> dX, dScale?, dBias?. With
+// x^ = (x - mu) r and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)), rounded
+// to X's dtype, plus dresidual (one more rounding: the Add it replaces); dScale = sum over rows of
+// dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
 Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -196,6 +197,8 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     return INVALID_ARGUMENT() << Describe(node) << ": mean/inv_std_dev must hold " << rows << " "
                               << ir::DTypeName(x.dtype()) << " values";
   }
+  const bool has_dres = HasInput(in, 5);
+  if (has_dres) RETURN_IF_ERROR(ExpectSame(node, in[5], x, "X"));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const T* pg = dy.data<T>();
@@ -208,6 +211,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     // computed either way, the parameter gradients below read them.
     ASSIGN_OR_RETURN(ir::Tensor dx, OptionalOutput(node, ctx, 0, x.dtype(), x.dims()));
     T* pdx = dx.defined() ? dx.mutable_data<T>() : nullptr;
+    const T* pres = has_dres ? in[5].data<T>() : nullptr;
     ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
@@ -233,7 +237,8 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         mgx /= static_cast<double>(n);
         for (int64_t i = 0; i < n; ++i) {
           const double xh = (xr[i] - mu[r]) * rstd[r];
-          pdx[r * n + i] = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - mg - xh * mgx));
+          const T d = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - mg - xh * mgx));
+          pdx[r * n + i] = pres != nullptr ? static_cast<T>(d + pres[r * n + i]) : d;
         }
       }
     });

@@ -26,8 +26,9 @@ absl::Status LayerNormGrad(GradBuilder& b) {
     return b.Error("gradient through LayerNorm's Mean/InvStdDev outputs is not supported");
   }
   // With a fused residual the node normalises S = residual + X' (op.h), its output 3: LayerNormGrad
-  // of S, plus S's gradient from its other readers, is the residual's gradient, and X's is that
-  // through the fused dropout (its mask regenerated from the forward's random stream).
+  // of S, plus S's gradient from its other readers (added by the kernel: its dresidual), is the
+  // residual's gradient, and X's is that through the fused dropout (its mask regenerated from the
+  // forward's random stream).
   const bool residual = b.node().inputs.size() > 3 && b.I(3) != ir::kNoValue;
   ValueId x = residual ? b.EnsureForwardOutput(3, b.TypeOf(b.I(0))) : b.I(0);
   const ir::DType dt = b.TypeOf(x).dtype;
@@ -47,11 +48,13 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   // Saved statistics are used when the forward computes them in the input's precision (else the
   // kernel recomputes them: cheaper than a precision mismatch in fp64 gradient checks).
   ValueId mean = b.O(1), inv = b.O(2);
-  if (mean != ir::kNoValue && inv != ir::kNoValue && b.TypeOf(mean).dtype == dt && b.TypeOf(inv).dtype == dt) {
-    ins.push_back(mean);
-    ins.push_back(inv);
-  }
+  const bool stats = mean != ir::kNoValue && inv != ir::kNoValue && b.TypeOf(mean).dtype == dt &&
+                     b.TypeOf(inv).dtype == dt;
+  ins.push_back(stats ? mean : ir::kNoValue);
+  ins.push_back(stats ? inv : ir::kNoValue);
   const bool needs_x = b.NeedsGI(0) || (residual && b.NeedsGI(3));
+  if (residual && needs_x && b.GO(3) != ir::kNoValue) ins.push_back(b.GO(3));
+  while (ins.back() == ir::kNoValue) ins.pop_back();
   std::vector<std::optional<ValueType>> outs = {
       needs_x ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
       b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt,
@@ -66,9 +69,6 @@ absl::Status LayerNormGrad(GradBuilder& b) {
     return absl::OkStatus();
   }
   ValueId ds = g[0];
-  if (b.GO(3) != ir::kNoValue) {
-    ASSIGN_OR_RETURN(ds, b.Add(ds, b.GO(3)));
-  }
   if (b.NeedsGI(3)) b.SetGI(3, ds);
   if (!b.NeedsGI(0)) return absl::OkStatus();
   const ir::Attrs& fwd = b.node().attrs;

@@ -81,8 +81,10 @@
 // - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
 // - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the forward's
 //   dropout and rng_key, dY is first kept and scaled, or zeroed, by the regenerated mask.
-// - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?) attrs axis, epsilon -> dX, dScale?, dBias?.
-//   mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
+// - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?) attrs axis, epsilon -> dX, dScale?,
+//   dBias?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
+//   dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first as an Add after
+//   it would: the other gradient of a fused residual's sum (the residual stream's).
 //   dScale and dBias both have scale's shape.
 // - RMSNormGrad(dY, X, scale, inv_std_dev?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
@@ -221,7 +223,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
   V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
-  V(LayerNormGrad, "LayerNormGrad", 3, 5, 1, 3, 0)                                           \
+  V(LayerNormGrad, "LayerNormGrad", 3, 6, 1, 3, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \

@@ -128,5 +128,29 @@ TEST(RMSNorm, ByHandBroadcastScaleAndBadScale) {
   EXPECT_NE(std::string(bad.status().message()).find("scale"), std::string::npos) << bad.status();
 }
 
+// LayerNormGrad's dresidual is the Add after it, each rounded: bit for bit LayerNormGrad then Add
+// (f32 and f64), and it must be X's dtype and shape.
+TEST(LayerNormGrad, DresidualIsTheAddAfterIt) {
+  ir::Attrs attrs;
+  attrs.Set("axis", int64_t{-1});
+  attrs.Set("epsilon", 1e-5);
+  for (DType t : {DType::kF32, DType::kF64}) {
+    const Tensor dy = Rand(t, {3, 5, 8}, 70), x = Rand(t, {3, 5, 8}, 71), scale = Rand(t, {8}, 72);
+    const Tensor dres = Rand(t, {3, 5, 8}, 73);
+    absl::StatusOr<std::vector<Tensor>> plain = Eval(MakeNode(OpKind::kLayerNormGrad, 3, 3, attrs), {dy, x, scale});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const Tensor want = Eval1(MakeNode(OpKind::kAdd, 2), {(*plain)[0], dres});
+    absl::StatusOr<std::vector<Tensor>> fused =
+        Eval(MakeNode(OpKind::kLayerNormGrad, 6, 3, attrs), {dy, x, scale, Tensor(), Tensor(), dres});
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_TRUE((*fused)[0].BitwiseEquals(want)) << ir::DTypeName(t);
+    EXPECT_TRUE((*fused)[1].BitwiseEquals((*plain)[1])) << "dScale";
+    EXPECT_TRUE((*fused)[2].BitwiseEquals((*plain)[2])) << "dBias";
+    auto bad = Eval(MakeNode(OpKind::kLayerNormGrad, 6, 3, attrs),
+                    {dy, x, scale, Tensor(), Tensor(), Rand(t, {3, 8}, 74)});
+    EXPECT_FALSE(bad.ok());
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::cpu::testing

@@ -313,6 +313,10 @@ TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2]}, {}, 3});
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3});
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}});  // no dBias
+  // dresidual (a fused residual's other gradient) added to dX, with and without saved statistics.
+  const Tensor dres = Rand({4, 7, 96}, 4);
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2], dres}, {}, 3});
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor(), dres}, {}, 3});
 }
 
 TEST_F(CudaOpsTest, RMSNormAndItsGradient) {

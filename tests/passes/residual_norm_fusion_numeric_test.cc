@@ -4,6 +4,7 @@
 // post-LN (the sum read by the norm only) and pre-LN (the sum also read by the next residual add);
 // its stage ONNX (Dropout, Add, LayerNormalization again) must too.
 
+#include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/infer.h"
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/residual_norm_fusion.h"
@@ -93,6 +94,13 @@ TEST(ResidualNormFusionTest, LayerNormTakesTheAddAndDropoutAndComputesTheSameBit
       const std::vector<ir::Tensor> want = LossAndGradients(g), got = LossAndGradients(fused);
       ASSERT_EQ(want.size(), 5u);  // the loss, dW1, dGamma, dBeta, dW2
       EXPECT_EQ(*testing::MaxAbsDiff(want, got), 0.0);
+
+      // Pre-LN: the sum's other gradient (the next add's) is LayerNormGrad's dresidual, not an Add after it.
+      ir::Graph trained = fused;
+      ASSERT_TRUE(autodiff::BuildGradients(&trained, trained.outputs()[0], {}).ok());
+      const std::vector<const ir::Node*> lng = testing::NodesOf(trained, OpKind::kLayerNormGrad);
+      ASSERT_EQ(lng.size(), 1u);
+      EXPECT_EQ(lng[0]->inputs.size() > 5 && lng[0]->inputs[5] != ir::kNoValue, pre_ln);
     }
   }
 }
