@@ -29,6 +29,10 @@ using ir::ValueId;
 
 // Fill values at or below this count as "masked" (-inf, finfo.min, BERT's -10000).
 constexpr double kVeryNegative = -1e4;
+// Fill values at or below this absorb any finite score: fill + score == fill in f32 and f64 for
+// |score| < 1e22 (finfo.min of float32 and -inf are; -10000 is not). Only such a fill lets a
+// masked_fill join an additive mask (score + fill + mask instead of fill + mask).
+constexpr double kAbsorbing = -1e30;
 
 struct AttentionMatch {
   std::vector<NodeId> dead;
@@ -40,6 +44,7 @@ struct AttentionMatch {
   std::vector<ValueId> additive;     // additive masks as found (T5 adds a bias and a padding mask)
   ValueId bool_cond = ir::kNoValue;  // Where condition as found
   bool bool_cond_means_masked = false;  // masked_fill: condition true = masked
+  ValueId bool_fill = ir::kNoValue;     // the Where's fill value for masked scores
 };
 
 class AttentionMatcher {
@@ -228,9 +233,11 @@ class AttentionMatcher {
         m->bool_cond = n->inputs[0];
         if (IsVeryNegative(n->inputs[1])) {
           m->bool_cond_means_masked = true;
+          m->bool_fill = n->inputs[1];
           s = n->inputs[2];
         } else if (IsVeryNegative(n->inputs[2])) {
           m->bool_cond_means_masked = false;
+          m->bool_fill = n->inputs[2];
           s = n->inputs[1];
         } else {
           return false;
@@ -361,6 +368,24 @@ class AttentionMatcher {
     return AddNodeWithOutput(g_, OpKind::kAdd, name, {a, b}, {}, av.dtype, known ? shape : ir::Shape{}, known);
   }
 
+  // The boolean condition of `m` as an additive mask in its fill's dtype: 0 where it keeps, the fill
+  // where it masks. A constant when the keep mask is (`keep`), else Where(condition, ...).
+  ValueId BoolAsAdditive(const std::string& name, const AttentionMatch& m, const std::optional<Tensor>& keep) {
+    const ir::Value& fill = g_->value(m.bool_fill);
+    const double f = *FrozenScalar(m.bool_fill);
+    if (keep) {
+      Tensor t(ir::DType::kF64, keep->dims());
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<double>()[i] = keep->GetAsDouble(i) != 0 ? 0.0 : f;
+      return g_->AddConstant(g_->UniqueName(name + "_window_mask"), t.CastTo(fill.dtype));
+    }
+    const ValueId zero = g_->AddConstant(g_->UniqueName(name + "_zero"), Tensor::Scalar<double>(0.0).CastTo(fill.dtype));
+    const ir::Value& c = g_->value(m.bool_cond);
+    std::vector<ValueId> in = m.bool_cond_means_masked ? std::vector<ValueId>{m.bool_cond, m.bool_fill, zero}
+                                                       : std::vector<ValueId>{m.bool_cond, zero, m.bool_fill};
+    return AddNodeWithOutput(g_, OpKind::kWhere, name + "_condition_mask", std::move(in), {}, fill.dtype, c.shape,
+                             c.shape_known);
+  }
+
   absl::StatusOr<bool> Rewrite(NodeId root, const AttentionMatch& m) {
     const std::string name = g_->node(root).name;
     const auto dims = ScoreDims(root);
@@ -387,6 +412,7 @@ class AttentionMatcher {
     }
     // Boolean mask, normalised to true = attend.
     std::optional<Tensor> keep_const;
+    bool bool_as_additive = false;  // a non-causal condition beside additive masks (below)
     if (m.bool_cond != ir::kNoValue) {
       ASSIGN_OR_RETURN(std::optional<Tensor> c, MaskData(m.bool_cond));
       bool consumed = false;
@@ -398,14 +424,21 @@ class AttentionMatcher {
           keep_const = m.bool_cond_means_masked ? Negate(*c) : *c;
         }
       }
-      if (!consumed) {
-        if (mask != ir::kNoValue) return false;  // two non-causal masks: not expressible
+      if (!consumed && mask != ir::kNoValue) {
+        // GPT-Neo's local layers: a banded (windowed causal) condition and the padding mask. The
+        // condition becomes one more additive mask, 0 where it keeps and its fill where it masks;
+        // exact only when the fill absorbs the score it is now added to.
+        std::optional<double> fill = FrozenScalar(m.bool_fill);
+        if (!fill || !(*fill <= kAbsorbing)) return false;
+        bool_as_additive = true;
+      } else if (!consumed) {
         mask_kind = "bool";
         mask = m.bool_cond;  // replaced below by a constant or a Not when it needs negating
       }
     }
 
     // The match is complete; mutate the graph.
+    if (bool_as_additive) additive.push_back(BoolAsAdditive(name, m, keep_const));
     for (size_t i = 1; i < additive.size(); ++i) mask = AddMasks(name + "_mask_sum", mask, additive[i]);
     if (mask_kind == "bool" && m.bool_cond_means_masked) {
       if (keep_const) {

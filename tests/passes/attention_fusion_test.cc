@@ -172,6 +172,45 @@ TEST(AttentionFusionTest, WhereKeepConditionIsUsedAsIs) {
   EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "bool");
 }
 
+// GPT-Neo's local layers: a banded masked_fill and the padding mask. The band joins the padding as a
+// constant additive mask (0 inside, finfo.min outside), the two summed into the one mask input.
+TEST(AttentionFusionTest, WindowConditionBesideAPaddingMaskBecomesAnAdditiveMask) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, {.cond = GptOptions::kWindowConst, .padding_mask = true});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Add", 1}, {"Transpose", 3}}));
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+  const ir::Node& sum = g.node(g.value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  EXPECT_EQ(sum.inputs[0], m.padding);
+  const ir::Value& band = g.value(sum.inputs[1]);
+  ASSERT_TRUE(band.constant.has_value());
+  ASSERT_EQ(band.constant->dims(), (std::vector<int64_t>{1, 1, kS, kS}));
+  for (int64_t i = 0; i < kS; ++i) {
+    for (int64_t j = 0; j < kS; ++j) {
+      const double want = j <= i && j >= i - 2 ? 0.0 : static_cast<double>(-3.4028234663852886e38f);
+      EXPECT_EQ(band.constant->GetAsDouble(i * kS + j), want) << i << "," << j;
+    }
+  }
+}
+
+// A condition that is an input joins the padding mask through Where(condition, fill, 0).
+TEST(AttentionFusionTest, InputConditionBesideAPaddingMaskBecomesAWhere) {
+  GraphBuilder b;
+  BuildGpt(b, {.cond = GptOptions::kInputCond, .padding_mask = true});  // fill -inf
+  absl::StatusOr<bool> r = RunAttention(b.graph());
+  ASSERT_TRUE(r.ok() && *r) << r.status();
+  const ir::Node& att = OnlyAttention(b.graph());
+  const ir::Node& sum = b.graph().node(b.graph().value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  EXPECT_EQ(b.graph().node(b.graph().value(sum.inputs[1]).producer).op, OpKind::kWhere);
+}
+
 TEST(AttentionFusionTest, ScoresWithAnotherConsumerAreNotFused) {
   GraphBuilder b;
   BuildGpt(b, {.extra_scores_use = true});

@@ -143,5 +143,26 @@ TEST(FusionNumericTest, GptMaskedFill) {
   }
 }
 
+// The banded condition turned into an additive mask and summed with the padding mask (GPT-Neo's
+// local layers): the fused result equals Where-then-Add evaluated as written.
+TEST(FusionNumericTest, GptWindowConditionWithPaddingMask) {
+  for (auto cond : {GptOptions::kWindowConst, GptOptions::kInputCond}) {
+    GraphBuilder b;
+    GptGraph m = BuildGpt(b, {.cond = cond, .padding_mask = true});
+    const ir::Graph& g = b.graph();
+    size_t cond_index = 0;
+    for (size_t i = 0; i < g.inputs().size(); ++i)
+      if (g.inputs()[i] == m.cond) cond_index = i;
+    auto adjust = [&](std::vector<ir::Tensor>& feeds) {  // as GptMaskedFill: no fully masked row
+      if (cond != GptOptions::kInputCond) return;
+      ir::Tensor& t = feeds[cond_index];
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = !t.data<bool>()[i];
+    };
+    AttentionFusion pass;
+    SCOPED_TRACE(static_cast<int>(cond));
+    ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::passes

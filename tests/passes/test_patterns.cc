@@ -234,10 +234,21 @@ GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o) {
     case GptOptions::kKeepCond:
       m.cond = b.Input("cond", {B, Dim(1), Dim(1), S}, DType::kBool);
       break;
+    case GptOptions::kWindowConst: {
+      Tensor band(DType::kBool, {1, 1, kS, kS});
+      for (int64_t i = 0; i < kS; ++i)
+        for (int64_t j = 0; j < kS; ++j) band.mutable_data<bool>()[i * kS + j] = j <= i && j >= i - 2;
+      m.cond = b.Const("cond", band);
+      break;
+    }
   }
-  ValueId fill = b.Scalar(o.cond == GptOptions::kKeepCond ? -3.4028234663852886e38f : -kInf);
-  s = o.cond == GptOptions::kKeepCond ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S})
-                                      : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  const bool keep = o.cond == GptOptions::kKeepCond || o.cond == GptOptions::kWindowConst;
+  ValueId fill = b.Scalar(keep ? -3.4028234663852886e38f : -kInf);
+  s = keep ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S}) : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  if (o.padding_mask) {
+    m.padding = b.Input("padding", {B, Dim(1), Dim(1), S});
+    s = b.Op(OpKind::kAdd, {s, m.padding}, {B, H, S, S});
+  }
   ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{3}}}));
   m.out = b.Op(OpKind::kMatMul, {p, m.vh}, {B, H, S, Dh});
   b.Output(m.out);

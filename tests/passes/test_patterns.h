@@ -117,13 +117,17 @@ DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale = false);
 
 // GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
 // with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
+// kWindowConst: GPT-Neo's local layers, torch.where(band, scores, finfo.min) with a constant band
+// (key j visible from query i when i - 2 <= j <= i); `padding_mask` adds an input (B, 1, 1, S)
+// after the Where, as Hugging Face adds its attention mask.
 struct GptOptions {
-  enum Cond { kCausalConst, kInputCond, kKeepCond } cond = kCausalConst;
+  enum Cond { kCausalConst, kInputCond, kKeepCond, kWindowConst } cond = kCausalConst;
   bool extra_scores_use = false;
+  bool padding_mask = false;
 };
 
 struct GptGraph {
-  ValueId qh, kr, vh, out, cond;
+  ValueId qh, kr, vh, out, cond, padding = ir::kNoValue;
 };
 
 GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o);
