@@ -164,5 +164,13 @@ TEST(FusionNumericTest, GptWindowConditionWithPaddingMask) {
   }
 }
 
+// BLOOM's regrouped heads with an ALiBi bias on the merged heads and a padding mask on the split ones.
+TEST(FusionNumericTest, RegroupedHeadsWithAlibi) {
+  GraphBuilder b;
+  BuildBloom(b);
+  AttentionFusion pass;
+  ExpectEquivalent(b.graph(), pass, OpKind::kAttention);
+}
+
 }  // namespace
 }  // namespace onnxpipe::passes
