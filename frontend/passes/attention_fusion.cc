@@ -506,10 +506,8 @@ class AttentionMatcher {
         additive.push_back(a);  // possibly a learned bias (T5's relative positions): dMask trains it
       }
     }
-    if (!additive.empty()) {
-      mask = additive[0];  // several are summed below, once the match is complete
-      mask_kind = "additive";
-    }
+    // Masks added on merged heads (regrouped form) are additive too; reshaped below.
+    const bool any_additive = !additive.empty() || !m.additive_flat.empty();
     // Boolean mask, normalised to true = attend.
     std::optional<Tensor> keep_const;
     bool bool_as_additive = false;  // a non-causal condition beside additive masks (below)
@@ -524,7 +522,7 @@ class AttentionMatcher {
           keep_const = m.bool_cond_means_masked ? Negate(*c) : *c;
         }
       }
-      if (!consumed && mask != ir::kNoValue) {
+      if (!consumed && any_additive) {
         // GPT-Neo's local layers: a banded (windowed causal) condition and the padding mask. The
         // condition becomes one more additive mask, 0 where it keeps and its fill where it masks;
         // exact only when the fill absorbs the score it is now added to.
@@ -537,10 +535,10 @@ class AttentionMatcher {
       }
     }
 
-    // The match is complete; mutate the graph.
-    if (bool_as_additive) additive.push_back(BoolAsAdditive(name, m, keep_const));
+    // The match is complete; mutate the graph. The additive masks are summed into the mask input.
     for (ValueId a : m.additive_flat) additive.push_back(ReshapeTo(name + "_split_mask", a, *SplitDims(m, a)));
-    if (mask == ir::kNoValue && !additive.empty()) {
+    if (bool_as_additive) additive.push_back(BoolAsAdditive(name, m, keep_const));
+    if (!additive.empty()) {
       mask = additive[0];
       mask_kind = "additive";
     }

@@ -245,6 +245,27 @@ TEST(AttentionFusionTest, RegroupedHeadsRunSplitWithTheFlatBiasReshaped) {
   EXPECT_EQ(merge.inputs[0], att.outputs[0]);
 }
 
+// DeBERTa: the disentangled bias added on merged heads and a masked_fill on split heads. Both end in
+// the mask input: the reshaped bias plus Where(mask, finfo.min, 0) (neither may be dropped).
+TEST(AttentionFusionTest, RegroupedHeadsWithAMaskedFillKeepTheFlatBias) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b, /*masked_fill=*/true);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  const ir::Node& sum = g.node(g.value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  const ir::Node& bias = g.node(g.value(sum.inputs[0]).producer);
+  EXPECT_EQ(bias.op, OpKind::kReshape);
+  EXPECT_EQ(bias.inputs[0], m.alibi);
+  const ir::Node& fill = g.node(g.value(sum.inputs[1]).producer);
+  EXPECT_EQ(fill.op, OpKind::kWhere);
+  EXPECT_EQ(fill.inputs[0], m.mask);
+}
+
 // The regrouped form needs concrete dims for its Reshapes: with a symbolic batch it stays unfused.
 TEST(AttentionFusionTest, RegroupedHeadsWithSymbolicDimsAreNotFused) {
   GraphBuilder b;

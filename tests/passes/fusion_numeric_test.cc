@@ -172,5 +172,21 @@ TEST(FusionNumericTest, RegroupedHeadsWithAlibi) {
   ExpectEquivalent(b.graph(), pass, OpKind::kAttention);
 }
 
+// DeBERTa's form: the bias on merged heads and a masked_fill (true = masked) on split heads.
+TEST(FusionNumericTest, RegroupedHeadsWithABiasAndAMaskedFill) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b, /*masked_fill=*/true);
+  const ir::Graph& g = b.graph();
+  size_t mask_index = 0;
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    if (g.inputs()[i] == m.mask) mask_index = i;
+  auto adjust = [&](std::vector<ir::Tensor>& feeds) {  // mask the last key only: no row fully masked
+    ir::Tensor& t = feeds[mask_index];
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = (i % kS) == kS - 1;
+  };
+  AttentionFusion pass;
+  ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
+}
+
 }  // namespace
 }  // namespace onnxpipe::passes

@@ -135,9 +135,11 @@ GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o);
 // BLOOM-style (baddbmm/bmm on merged heads): Q (B*H, S, Dh), K^T (B*H, Dh, S), V (B*H, S, Dh),
 // scores = MatMul(Q, K^T) * 0.5 + ALiBi (B*H, 1, S) * 1, reshaped to (B, H, S, S), plus the padding
 // mask (B, 1, S, S), softmax, reshaped back to (B*H, S, S), times V. B = 2, H = 2, Dh = 4.
+// `masked_fill`: DeBERTa's form instead of the padding mask, Where(mask, finfo.min, scores) with a
+// bool input mask (B, 1, S, S), true = masked.
 struct BloomGraph {
   ValueId q, kt, v, alibi, mask, out;
 };
-BloomGraph BuildBloom(GraphBuilder& b);
+BloomGraph BuildBloom(GraphBuilder& b, bool masked_fill = false);
 
 }  // namespace onnxpipe::passes::testing::patterns
