@@ -116,7 +116,7 @@ def family_model(family, attn):
                                  pos_att_type=["p2c", "c2p"], pooler_dropout=0.0, type_vocab_size=2, **enc)
         return tr.DebertaV2ForSequenceClassification(cfg), names, False
     names, lm = ["input_ids", "attention_mask"], True
-    if family == "gpt_neox":  # rotary on a quarter of each head, attention and MLP in parallel off the input
+    if family == "gpt_neox":  # rotary on half of each head, attention and MLP in parallel off the input
         cfg = tr.GPTNeoXConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                intermediate_size=FFN, rotary_pct=0.5, use_parallel_residual=True,
                                max_position_embeddings=MAX_POS, attention_dropout=0.0, hidden_dropout=0.0,

@@ -352,10 +352,10 @@ class AttentionMatcher {
         out.push_back(d[d.size() - (swap_last ? 2 : 1)]);
         return out;
       };
-      m->q_split = split(*q, false);
+      m->q_split = split(*q, /*swap_last=*/false);
       m->k_split = split(*kt, /*swap_last=*/true);  // K is K^T with its last two dims swapped
-      m->v_split = split(*v, false);
-      m->o_split = split(*o, false);
+      m->v_split = split(*v, /*swap_last=*/false);
+      m->o_split = split(*o, /*swap_last=*/false);
       m->o_flat = *o;
       for (ValueId a : m->additive_flat)
         if (!SplitDims(*m, a)) return false;
