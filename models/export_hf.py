@@ -92,6 +92,87 @@ def family_model(family, attn):
                           relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
                           feed_forward_proj="relu", eos_token_id=2, decoder_start_token_id=0, **common)
         return tr.T5ForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
+    if family in ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2"):
+        # Encoders with sequence classification heads. ALBERT factorises the embedding (E < D) and shares one
+        # layer's weights across all layers; ELECTRA projects its E-wide embeddings up to D; MPNet adds T5-style
+        # relative position buckets; DeBERTa-v2 uses disentangled (content-to-position) attention.
+        enc = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+                   max_position_embeddings=MAX_POS, num_labels=CLASSES, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0, **common)
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        if family == "albert":
+            cfg = tr.AlbertConfig(embedding_size=8, classifier_dropout_prob=0.0, **enc)
+            return tr.AlbertForSequenceClassification(cfg), names, False
+        if family == "electra":
+            cfg = tr.ElectraConfig(embedding_size=8, **enc)
+            return tr.ElectraForSequenceClassification(cfg), names, False
+        if family == "xlm_roberta":
+            cfg = tr.XLMRobertaConfig(**enc)
+            return tr.XLMRobertaForSequenceClassification(cfg), names[:2], False
+        if family == "mpnet":
+            cfg = tr.MPNetConfig(relative_attention_num_buckets=32, **enc)  # MPNet's bias hard-codes 32 buckets
+            return tr.MPNetForSequenceClassification(cfg), names[:2], False
+        cfg = tr.DebertaV2Config(relative_attention=True, position_buckets=8, max_relative_positions=MAX_POS,
+                                 pos_att_type=["p2c", "c2p"], pooler_dropout=0.0, type_vocab_size=2, **enc)
+        return tr.DebertaV2ForSequenceClassification(cfg), names, False
+    names, lm = ["input_ids", "attention_mask"], True
+    if family == "gpt_neox":  # rotary on half of each head, attention and MLP in parallel off the input
+        cfg = tr.GPTNeoXConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                               intermediate_size=FFN, rotary_pct=0.5, use_parallel_residual=True,
+                               max_position_embeddings=MAX_POS, attention_dropout=0.0, hidden_dropout=0.0,
+                               tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, **common)
+        return tr.GPTNeoXForCausalLM(cfg), names, lm
+    if family == "opt":  # learned positions offset by 2, from the attention mask's cumulative sum
+        cfg = tr.OPTConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, ffn_dim=FFN,
+                           word_embed_proj_dim=D, max_position_embeddings=MAX_POS, dropout=0.0,
+                           attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0, bos_token_id=0,
+                           eos_token_id=0, **common)
+        return tr.OPTForCausalLM(cfg), names, lm
+    if family == "phi":  # partial rotary, one LayerNorm feeding attention and MLP in parallel, LM head with bias
+        cfg = tr.PhiConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                           num_key_value_heads=KV_HEADS, partial_rotary_factor=0.5, max_position_embeddings=MAX_POS,
+                           resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
+                           **common)
+        return tr.PhiForCausalLM(cfg), names, lm
+    if family in ("gemma", "qwen3", "olmo2", "stablelm"):
+        # Gemma: RMSNorm scaled by 1 + weight, tanh GELU gate, embeddings times sqrt(D), tied LM head; Qwen3 and
+        # OLMo2: RMSNorm on the queries and keys; StableLM: LayerNorm with partial rotary.
+        config_cls, model_cls = {"gemma": (tr.GemmaConfig, tr.GemmaForCausalLM),
+                                 "qwen3": (tr.Qwen3Config, tr.Qwen3ForCausalLM),
+                                 "olmo2": (tr.Olmo2Config, tr.Olmo2ForCausalLM),
+                                 "stablelm": (tr.StableLmConfig, tr.StableLmForCausalLM)}[family]
+        extra = dict(head_dim=D // HEADS) if family in ("gemma", "qwen3") else {}
+        if family == "stablelm":
+            extra = dict(partial_rotary_factor=0.5, hidden_dropout=0.0)
+        cfg = config_cls(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, attention_dropout=0.0,
+                         bos_token_id=0, eos_token_id=0, **extra, **common)
+        return model_cls(cfg), names, lm
+    if family == "bloom":  # ALiBi position biases, LayerNorm after the embedding, tied LM head
+        cfg = tr.BloomConfig(hidden_size=D, n_layer=LAYERS, n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0,
+                             bos_token_id=0, eos_token_id=0, **common)
+        return tr.BloomForCausalLM(cfg), names, lm
+    if family == "falcon":  # multi-query attention, parallel attention and MLP, rotary
+        cfg = tr.FalconConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                              max_position_embeddings=MAX_POS, hidden_dropout=0.0, attention_dropout=0.0,
+                              bos_token_id=0, eos_token_id=0, **common)
+        return tr.FalconForCausalLM(cfg), names, lm
+    if family == "gptj":  # interleaved (rotate-every-two) rotary on half of each head, parallel residual
+        cfg = tr.GPTJConfig(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, rotary_dim=2, n_positions=MAX_POS,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                            tie_word_embeddings=False, **common)
+        return tr.GPTJForCausalLM(cfg), names, lm
+    if family == "gpt_neo":  # alternating global and local (windowed) causal attention, unscaled scores
+        cfg = tr.GPTNeoConfig(hidden_size=D, num_layers=LAYERS, num_heads=HEADS, intermediate_size=FFN,
+                              attention_types=[[["global", "local"], 1]], window_size=4, max_position_embeddings=MAX_POS,
+                              resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0, bos_token_id=0,
+                              eos_token_id=0, **common)
+        return tr.GPTNeoForCausalLM(cfg), names, lm
+    if family == "gpt_bigcode":  # multi-query attention (one K/V head), GPT-2 layout with Linear layers
+        cfg = tr.GPTBigCodeConfig(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, n_positions=MAX_POS,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=True,
+                                  bos_token_id=0, eos_token_id=0, **common)
+        return tr.GPTBigCodeForCausalLM(cfg), names, lm
     raise ValueError(f"unknown family {family!r}")
 
 
@@ -123,18 +204,31 @@ def rms_norm_in_working_precision(self, h):
     return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
+def gemma_rms_norm_in_working_precision(self, h):
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)) * (1.0 + self.weight)
+
+
 @contextlib.contextmanager
 def softmax_in_working_precision():
-    softmax = F.softmax
+    """Softmax, and the casts to float32 that some attention code makes (GPT-Neo's and GPT-J's eager attention
+    `query.to(torch.float32)`, Gemma's `x.float()`), keep float64 tensors in float64."""
+    softmax, to, to_float = F.softmax, torch.Tensor.to, torch.Tensor.float
 
     def patched(x, *args, dtype=None, **kw):
         return softmax(x, *args, dtype=None if dtype == torch.float32 and x.dtype == torch.float64 else dtype, **kw)
 
-    F.softmax = patched
+    def patched_to(self, *args, **kw):
+        out = to(self, *args, **kw)
+        return self if self.dtype == torch.float64 and out.dtype == torch.float32 else out
+
+    def patched_float(self, *args, **kw):
+        return self if self.dtype == torch.float64 else to_float(self, *args, **kw)
+
+    F.softmax, torch.Tensor.to, torch.Tensor.float = patched, patched_to, patched_float
     try:
         yield
     finally:
-        F.softmax = softmax
+        F.softmax, torch.Tensor.to, torch.Tensor.float = softmax, to, to_float
 
 
 def at_dtype(base, dtype):
@@ -143,10 +237,12 @@ def at_dtype(base, dtype):
     if dtype == torch.float64:
         for mod in model.modules():
             name = type(mod).__name__
-            if name.endswith("RotaryEmbedding"):
+            if name.endswith("RotaryEmbedding") and hasattr(mod, "inv_freq"):  # GPT-J's holds a sin/cos table
                 mod.forward = types.MethodType(rotary_in_working_precision, mod)
             elif hasattr(mod, "variance_epsilon"):  # RMSNorm: LlamaRMSNorm, T5LayerNorm, ...
                 mod.forward = types.MethodType(rms_norm_in_working_precision, mod)
+            elif name.startswith("Gemma") and name.endswith("RMSNorm"):  # scaled by 1 + weight
+                mod.forward = types.MethodType(gemma_rms_norm_in_working_precision, mod)
     return model
 
 
@@ -206,6 +302,12 @@ VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscri
              variant("mistral", "dynamo", 18, "sdpa")]
 VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
 VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", "dynamo", 18, "sdpa")]
+# Families added by the architecture sweep: TorchScript/eager and dynamo/sdpa (eager where the family has no sdpa).
+NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo")
+SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
+         "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode")
+VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP]
+VARIANTS += [variant(f, "dynamo", 18, "eager" if f in NO_SDPA else "sdpa") for f in SWEEP]
 
 
 def export(model, v, args, path):

@@ -1,5 +1,5 @@
-// Kernels of the math ops that position encodings and relative-position buckets use: Sin, Cos
-// (float), Abs (float and signed integers), and Min/Max with numpy broadcasting (float and
+// Kernels of the math ops that position encodings and relative-position buckets use: Sin, Cos,
+// Ceil (float), Abs and Sign (float and signed integers), and Min/Max with numpy broadcasting (float and
 // integers). Min/Max propagate NaN, as numpy.minimum/maximum and PyTorch's minimum/maximum do.
 #include <cmath>
 #include <cstdlib>
@@ -51,12 +51,26 @@ struct AbsOp {
   }
 };
 
+struct SignOp {
+  template <typename T> T operator()(T x) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(x)) return x;  // numpy.sign(nan) is nan
+    }
+    return static_cast<T>((x > T(0)) - (x < T(0)));
+  }
+};
+struct CeilOp {
+  template <typename T> T operator()(T x) const { return std::ceil(x); }
+};
+
 using AbsTypes = TypeList<float, double, int64_t, int32_t, int8_t>;
 using MinMaxTypes = TypeList<float, double, int64_t, int32_t, int8_t, uint8_t>;
 
 REGISTER_CPU_KERNEL(kSin, (UnaryMath<FloatTypes, SinOp>));
 REGISTER_CPU_KERNEL(kCos, (UnaryMath<FloatTypes, CosOp>));
 REGISTER_CPU_KERNEL(kAbs, (UnaryMath<AbsTypes, AbsOp>));
+REGISTER_CPU_KERNEL(kSign, (UnaryMath<AbsTypes, SignOp>));
+REGISTER_CPU_KERNEL(kCeil, (UnaryMath<FloatTypes, CeilOp>));
 
 template <typename T, bool kMin>
 T Pick(T a, T b) {

@@ -188,7 +188,8 @@ void RegisterElementwiseGradients(GradRegistry& r) {
   r.Register(OpKind::kSigmoid, SigmoidGrad);
   r.Register(OpKind::kSum, SumGrad);
   for (OpKind op : {OpKind::kEqual, OpKind::kLess, OpKind::kGreater, OpKind::kGreaterOrEqual,
-                    OpKind::kLessOrEqual, OpKind::kIsNaN, OpKind::kArgMax, OpKind::kNot, OpKind::kAnd})
+                    OpKind::kLessOrEqual, OpKind::kIsNaN, OpKind::kArgMax, OpKind::kNot, OpKind::kAnd,
+                    OpKind::kSign, OpKind::kCeil})  // piecewise constant: zero almost everywhere
     r.RegisterNoGradient(op);
 }
 

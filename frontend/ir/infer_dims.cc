@@ -234,11 +234,33 @@ class KnownDataBuilder {
         return Shaped(out, std::move(elems));
       }
       case OpKind::kConcat: {
-        std::vector<Dim> elems;
+        // Any rank, along `axis`: per index of the dims before the axis, each input's block of
+        // (its extent on the axis) x (the dims after it) in turn. Tile's lowering interleaves a
+        // shape with ones this way ((n, 1) operands on axis 1).
+        std::vector<KnownData> xs;
         for (int i = 0; i < static_cast<int>(p.inputs.size()); ++i) {
           std::optional<KnownData> x = In(p, i, depth);
-          if (!x || x->dims.size() != 1) return std::nullopt;
-          elems.insert(elems.end(), x->elems.begin(), x->elems.end());
+          if (!x || x->dims.empty() || x->dims.size() != In(p, 0, depth)->dims.size()) return std::nullopt;
+          xs.push_back(*std::move(x));
+        }
+        if (xs.empty()) return std::nullopt;
+        const int64_t rank = static_cast<int64_t>(xs[0].dims.size());
+        int64_t axis = p.attrs.Get<int64_t>("axis", 0);
+        if (axis < 0) axis += rank;
+        if (axis < 0 || axis >= rank) return std::nullopt;
+        int64_t outer = 1, inner = 1;
+        for (int64_t d = 0; d < rank; ++d) {
+          for (const KnownData& x : xs)
+            if (d != axis && x.dims[d] != xs[0].dims[d]) return std::nullopt;
+          if (d < axis) outer *= xs[0].dims[d];
+          if (d > axis) inner *= xs[0].dims[d];
+        }
+        std::vector<Dim> elems;
+        for (int64_t o = 0; o < outer; ++o) {
+          for (const KnownData& x : xs) {
+            const int64_t block = x.dims[axis] * inner;
+            elems.insert(elems.end(), x.elems.begin() + o * block, x.elems.begin() + (o + 1) * block);
+          }
         }
         return Shaped(out, std::move(elems));
       }

@@ -150,6 +150,8 @@ void RegisterElementwiseRules(RuleTable& t) {
     SetRule(t, op, FloatUnary);
   SetRule(t, OpKind::kNeg, NumericUnary);
   SetRule(t, OpKind::kAbs, NumericUnary);
+  SetRule(t, OpKind::kSign, NumericUnary);
+  SetRule(t, OpKind::kCeil, FloatUnary);
   SetRule(t, OpKind::kRelu, NumericUnary);
   SetRule(t, OpKind::kIdentity, IdentityRule);
   SetRule(t, OpKind::kNot, NotRule);

@@ -10,6 +10,9 @@
 // - Attribute names and defaults follow the ONNX spec of the op (`axis`, `keepdims`, `perm`, ...).
 //   Cast's `to` and ConstantOfShape's value are stored as an IR DType name / a Tensor attribute.
 // - Min/Max take exactly two operands (numpy broadcasting); importers chain ONNX's variadic form.
+//   ONNX Clip(x, min?, max?) is imported as Min(Max(x, min), max) (np.clip's order).
+// - Sign (numeric: -1, 0 or 1 in X's dtype) and Ceil (float) have no gradient: autodiff stops there
+//   (DeBERTa's relative-position buckets, computed from positions, use them).
 // - Einsum is not an IR op: the importer lowers it to Transpose/Reshape/Mul/ReduceSum/MatMul.
 // - Dropout: inputs (data), attrs `ratio` (float, default 0.5), `seed` (int, optional); outputs
 //   (output, optional mask). It is active while training whatever ONNX's training_mode said, an
@@ -162,6 +165,8 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(Sin, "Sin", 1, 1, 1, 1, 0)                                                               \
   V(Cos, "Cos", 1, 1, 1, 1, 0)                                                               \
   V(Abs, "Abs", 1, 1, 1, 1, 0)                                                               \
+  V(Sign, "Sign", 1, 1, 1, 1, 0)                                                             \
+  V(Ceil, "Ceil", 1, 1, 1, 1, 0)                                                             \
   V(Min, "Min", 2, 2, 1, 1, 0)                                                               \
   V(Max, "Max", 2, 2, 1, 1, 0)                                                               \
   V(Softmax, "Softmax", 1, 1, 1, 1, 0)                                                       \

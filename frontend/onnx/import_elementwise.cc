@@ -39,6 +39,8 @@ ONNX_IMPORTER(Sigmoid) { return ImportPlain(ctx, OpKind::kSigmoid, 1); }
 ONNX_IMPORTER(Sin) { return ImportPlain(ctx, OpKind::kSin, 1); }
 ONNX_IMPORTER(Cos) { return ImportPlain(ctx, OpKind::kCos, 1); }
 ONNX_IMPORTER(Abs) { return ImportPlain(ctx, OpKind::kAbs, 1); }
+ONNX_IMPORTER(Sign) { return ImportPlain(ctx, OpKind::kSign, 1); }
+ONNX_IMPORTER(Ceil) { return ImportPlain(ctx, OpKind::kCeil, 1); }
 
 // ONNX Min/Max are variadic (1..N operands, numpy broadcasting): a left fold of binary IR ops, the
 // last one emitted under the node's own name and output.
@@ -54,6 +56,20 @@ absl::Status ImportMinMax(ImportContext& ctx, OpKind op) {
 }
 ONNX_IMPORTER(Min) { return ImportMinMax(ctx, OpKind::kMin); }
 ONNX_IMPORTER(Max) { return ImportMinMax(ctx, OpKind::kMax); }
+
+// Clip(x, min?, max?) (opset >= 11: bounds are optional scalar inputs) = Min(Max(x, min), max), np.clip's
+// order (min > max gives max). An absent bound is no bound; the gradient flows where x is inside them.
+ONNX_IMPORTER(Clip) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 3));
+  if (ctx.attrs().Has("min") || ctx.attrs().Has("max")) {
+    return ctx.Error() << "the attribute form of min/max (opset < 11) is not supported";
+  }
+  const bool lo = ctx.has_input(1), hi = ctx.has_input(2);
+  if (!lo && !hi) return ctx.Emit(OpKind::kIdentity, {ctx.input(0)});
+  if (!hi) return ctx.Emit(OpKind::kMax, {ctx.input(0), ctx.input(1)});
+  const ir::ValueId floor = lo ? ctx.EmitHelper(OpKind::kMax, {ctx.input(0), ctx.input(1)}) : ctx.input(0);
+  return ctx.Emit(OpKind::kMin, {floor, ctx.input(2)});
+}
 ONNX_IMPORTER(Not) { return ImportPlain(ctx, OpKind::kNot, 1); }
 ONNX_IMPORTER(Identity) { return ImportPlain(ctx, OpKind::kIdentity, 1); }
 
@@ -102,6 +118,9 @@ void RegisterElementwiseImporters(ImporterRegistry& r) {
   REGISTER_ONNX_IMPORTER(r, Sin);
   REGISTER_ONNX_IMPORTER(r, Cos);
   REGISTER_ONNX_IMPORTER(r, Abs);
+  REGISTER_ONNX_IMPORTER(r, Sign);
+  REGISTER_ONNX_IMPORTER(r, Ceil);
+  REGISTER_ONNX_IMPORTER(r, Clip);
   REGISTER_ONNX_IMPORTER(r, Min);
   REGISTER_ONNX_IMPORTER(r, Max);
   REGISTER_ONNX_IMPORTER(r, Log);

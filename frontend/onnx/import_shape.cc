@@ -1,5 +1,6 @@
 // Importers for ops that move or reinterpret data without arithmetic: Transpose, Reshape, Flatten,
-// Squeeze, Unsqueeze, Concat, Split, Slice, Shape, Expand, ConstantOfShape, Range, Trilu.
+// Squeeze, Unsqueeze, Concat, Split, Slice, Shape, Expand, ConstantOfShape, Range, Trilu, and Tile
+// (lowered to Reshape/Expand, below).
 // Static operands that ONNX turned into inputs (Squeeze/Unsqueeze axes, Split sizes) become
 // attributes here; dynamic shape operands (Reshape/Expand shape, Slice bounds) stay inputs.
 #include <numeric>
@@ -161,6 +162,41 @@ ONNX_IMPORTER(Expand) {
 }
 
 // The fill value becomes a one-element Tensor attribute `value` (ONNX default: float 0).
+// Tile(X, repeats), lowered at import to ops that have shape rules, kernels and gradients on every
+// backend. For X of dims (d0, .., dn) and repeats (r0, .., rn):
+//   Reshape X to (1, d0, 1, d1, .., 1, dn), Expand that to (r0, d0, r1, d1, .., rn, dn) and Reshape
+//   the result to (r0 d0, .., rn dn).
+// Row-major order makes copy k of axis i the k-th block of output axis i, which is Tile. The three
+// shapes are computed in the graph from Shape(X) and repeats (interleaved through a (n, 2) Concat),
+// so repeats may be dynamic (GPT-J's and DeBERTa's TorchScript exports build them from shapes);
+// with concrete dims the shape arithmetic folds away. The gradient is Expand's (a sum over the copies).
+ONNX_IMPORTER(Tile) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(2, 2));
+  const ir::ValueId x = ctx.input(0), repeats = ctx.input(1);
+  ir::Attrs column;  // (n) -> (n, 1)
+  column.Set("axes", std::vector<int64_t>{1});
+  ir::Attrs last;
+  last.Set("axis", int64_t{1});
+  const ir::ValueId dims = ctx.EmitHelper(OpKind::kShape, {x});
+  ir::Attrs one_fill;
+  one_fill.Set("value", ir::Tensor::FromVector<int64_t>({1}, {1}));
+  const ir::ValueId ones =
+      ctx.EmitHelper(OpKind::kConstantOfShape, {ctx.EmitHelper(OpKind::kShape, {dims})}, one_fill);
+  const ir::ValueId flat = ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {-1}));
+  // Row i of the (n, 2) Concat is (a_i, b_i); flattened: (a_0, b_0, a_1, b_1, ..).
+  auto interleave = [&](ir::ValueId a, ir::ValueId b) {
+    const ir::ValueId pairs = ctx.EmitHelper(
+        OpKind::kConcat, {ctx.EmitHelper(OpKind::kUnsqueeze, {a}, column), ctx.EmitHelper(OpKind::kUnsqueeze, {b}, column)},
+        last);
+    return ctx.EmitHelper(OpKind::kReshape, {pairs, flat});
+  };
+  ir::Attrs exact;  // a 0 in these shapes is an empty dim, not "copy the input's"
+  exact.Set("allowzero", int64_t{1});
+  const ir::ValueId spread = ctx.EmitHelper(OpKind::kReshape, {x, interleave(ones, dims)}, exact);
+  const ir::ValueId copies = ctx.EmitHelper(OpKind::kExpand, {spread, interleave(repeats, ones)});
+  return ctx.Emit(OpKind::kReshape, {copies, ctx.EmitHelper(OpKind::kMul, {dims, repeats})}, exact);
+}
+
 ONNX_IMPORTER(ConstantOfShape) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
   ASSIGN_OR_RETURN(ir::Tensor value,
@@ -201,6 +237,7 @@ void RegisterShapeImporters(ImporterRegistry& r) {
   REGISTER_ONNX_IMPORTER(r, Shape);
   REGISTER_ONNX_IMPORTER(r, Expand);
   REGISTER_ONNX_IMPORTER(r, ConstantOfShape);
+  REGISTER_ONNX_IMPORTER(r, Tile);
   REGISTER_ONNX_IMPORTER(r, Range);
   REGISTER_ONNX_IMPORTER_SINCE(r, Trilu, 14);
 }

@@ -3,9 +3,16 @@
 // zeros for such rows), softmax, the chain of scalings and masks on the scores, the Q K^T MatMul, and the pre-scalings and transposes of
 // Q and K. All checks happen before the graph is touched; the rewrite (new Transpose/Not nodes,
 // the fused node) only runs on a complete match.
+//
+// Regrouped heads (BLOOM's baddbmm/bmm attention): Q K^T and P V run on (B*H, S, .) while the
+// softmax and the padding mask see (B, H, S, S), a Reshape of the scores splitting the leading dim
+// and one of P merging it back. With concrete dims the fused op runs in the split form: Q, K, V and
+// the masks added in the flat form (ALiBi's (B*H, 1, S) bias) are reshaped to it, and O is
+// reshaped back to the flat form the graph reads.
 
 #include "frontend/passes/attention_fusion.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -29,6 +36,10 @@ using ir::ValueId;
 
 // Fill values at or below this count as "masked" (-inf, finfo.min, BERT's -10000).
 constexpr double kVeryNegative = -1e4;
+// Fill values at or below this absorb any finite score: fill + score == fill in f32 and f64 for
+// |score| < 1e22 (finfo.min of float32 and -inf are; -10000 is not). Only such a fill lets a
+// masked_fill join an additive mask (score + fill + mask instead of fill + mask).
+constexpr double kAbsorbing = -1e30;
 
 struct AttentionMatch {
   std::vector<NodeId> dead;
@@ -40,6 +51,13 @@ struct AttentionMatch {
   std::vector<ValueId> additive;     // additive masks as found (T5 adds a bias and a padding mask)
   ValueId bool_cond = ir::kNoValue;  // Where condition as found
   bool bool_cond_means_masked = false;  // masked_fill: condition true = masked
+  ValueId bool_fill = ir::kNoValue;     // the Where's fill value for masked scores
+  // Regrouped heads (see the file comment): the leading dims of the flat form (Q, K, V, O) and of
+  // the split form (the softmax's); both empty when the scores are not reshaped.
+  std::vector<int64_t> lead_flat, lead_split;
+  bool below_split = false;              // the walk has passed the scores' Reshape
+  std::vector<ValueId> additive_flat;    // additive masks added in the flat form
+  std::vector<int64_t> q_split, k_split, v_split, o_split, o_flat;  // their dims in the split form; O's
 };
 
 class AttentionMatcher {
@@ -111,9 +129,31 @@ class AttentionMatcher {
         return LeadsToScores(n->inputs[0], depth + 1) || LeadsToScores(n->inputs[1], depth + 1);
       case OpKind::kWhere:
         return LeadsToScores(n->inputs[1], depth + 1) || LeadsToScores(n->inputs[2], depth + 1);
+      case OpKind::kReshape:
+        return LeadsToScores(n->inputs[0], depth + 1);
       default:
         return false;
     }
+  }
+
+  // Concrete dims of `v`, if known.
+  std::optional<std::vector<int64_t>> ConcreteDims(ValueId v) const {
+    const ir::Value& val = g_->value(v);
+    if (!val.shape_known) return std::nullopt;
+    for (const ir::Dim& d : val.shape)
+      if (!d.is_concrete()) return std::nullopt;
+    return ir::ToInts(val.shape);
+  }
+
+  // {leading dims of `from`, leading dims of `to`} when `to` = Reshape(`from`) only regroups the
+  // dims before the last two (both concrete, rank >= 3 on the split side), else nullopt.
+  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> LeadRegroup(ValueId from, ValueId to) const {
+    std::optional<std::vector<int64_t>> a = ConcreteDims(from), b = ConcreteDims(to);
+    if (!a || !b || a->size() < 2 || b->size() < 2 || a->size() == b->size()) return std::nullopt;
+    if (!std::equal(a->end() - 2, a->end(), b->end() - 2)) return std::nullopt;
+    std::vector<int64_t> la(a->begin(), a->end() - 2), lb(b->begin(), b->end() - 2);
+    if (ir::ElementCount(la) != ir::ElementCount(lb)) return std::nullopt;
+    return std::make_pair(std::move(la), std::move(lb));
   }
 
   std::optional<int64_t> RankOf(ValueId v) const {
@@ -170,6 +210,15 @@ class AttentionMatcher {
     const Node& pv = g_->node(root);
     ValueId p = pv.inputs[0];
     m->v = pv.inputs[1];
+    // P merged from the split form: Reshape((B, H, Sq, Sk) -> (B*H, Sq, Sk)).
+    if (const Node* merge = ProducerOf(*g_, p, OpKind::kReshape); merge != nullptr && uses_.HasSingleUse(p)) {
+      auto lead = LeadRegroup(merge->inputs[0], p);
+      if (!lead || lead->first.size() <= lead->second.size()) return false;
+      m->lead_split = lead->first;
+      m->lead_flat = lead->second;
+      if (!Take(p, m)) return false;
+      p = merge->inputs[0];
+    }
     // Optional dropout on the probabilities; its mask output must be unused.
     if (const Node* drop = ProducerOf(*g_, p, OpKind::kDropout)) {
       if (drop->outputs.size() > 1 && drop->outputs[1] != ir::kNoValue && uses_.NumUses(drop->outputs[1]) > 0)
@@ -220,17 +269,27 @@ class AttentionMatcher {
           Take(mask, m);
           mask = sc->first;
         }
-        m->additive.push_back(mask);
+        (m->below_split ? m->additive_flat : m->additive).push_back(mask);
+      } else if (n->op == OpKind::kReshape) {
+        // The scores split from the flat form, the inverse of P's merge.
+        if (m->lead_split.empty() || m->below_split) return false;
+        auto lead = LeadRegroup(n->inputs[0], s);
+        if (!lead || lead->first != m->lead_flat || lead->second != m->lead_split) return false;
+        Take(s, m);
+        m->below_split = true;
+        s = n->inputs[0];
       } else if (n->op == OpKind::kWhere) {
-        if (scaled || m->bool_cond != ir::kNoValue) return false;
+        if (scaled || m->bool_cond != ir::kNoValue || m->below_split) return false;
         if (g_->value(n->inputs[0]).dtype != ir::DType::kBool) return false;
         Take(s, m);
         m->bool_cond = n->inputs[0];
         if (IsVeryNegative(n->inputs[1])) {
           m->bool_cond_means_masked = true;
+          m->bool_fill = n->inputs[1];
           s = n->inputs[2];
         } else if (IsVeryNegative(n->inputs[2])) {
           m->bool_cond_means_masked = false;
+          m->bool_fill = n->inputs[2];
           s = n->inputs[1];
         } else {
           return false;
@@ -278,12 +337,60 @@ class AttentionMatcher {
     std::optional<int64_t> rq = RankOf(m->q), rk = RankOf(qk.inputs[1]), rv = RankOf(m->v);
     if (rq && rk && *rq != *rk) return false;
     if (rq && rv && *rq != *rv) return false;
+    if (!m->lead_split.empty()) {
+      // A merge of P without the matching split of the scores is not the regrouped form.
+      if (!m->below_split) return false;
+      std::optional<std::vector<int64_t>> q = ConcreteDims(m->q), kt = ConcreteDims(qk.inputs[1]),
+                                          v = ConcreteDims(m->v), o = ConcreteDims(pv.outputs[0]);
+      for (const auto& d : {q, kt, v, o}) {
+        if (!d || d->size() != m->lead_flat.size() + 2 || !std::equal(m->lead_flat.begin(), m->lead_flat.end(), d->begin()))
+          return false;
+      }
+      auto split = [&](const std::vector<int64_t>& d, bool swap_last) {
+        std::vector<int64_t> out = m->lead_split;
+        out.push_back(d[d.size() - (swap_last ? 1 : 2)]);
+        out.push_back(d[d.size() - (swap_last ? 2 : 1)]);
+        return out;
+      };
+      m->q_split = split(*q, /*swap_last=*/false);
+      m->k_split = split(*kt, /*swap_last=*/true);  // K is K^T with its last two dims swapped
+      m->v_split = split(*v, /*swap_last=*/false);
+      m->o_split = split(*o, /*swap_last=*/false);
+      m->o_flat = *o;
+      for (ValueId a : m->additive_flat)
+        if (!SplitDims(*m, a)) return false;
+    }
     const ir::DType dtype = g_->value(pv.outputs[0]).dtype;
     if (g_->value(m->q).dtype != dtype || g_->value(m->v).dtype != dtype ||
         g_->value(m->k_source).dtype != dtype) {
       return false;
     }
     return true;
+  }
+
+  // The split-form dims of `v`, a flat-form operand (leading dims lead_flat, or all 1 for a mask
+  // that broadcasts over them), else nullopt.
+  std::optional<std::vector<int64_t>> SplitDims(const AttentionMatch& m, ValueId v) const {
+    std::optional<std::vector<int64_t>> d = ConcreteDims(v);
+    if (!d || d->size() < 2) return std::nullopt;
+    const size_t lead = d->size() - 2;
+    std::vector<int64_t> out;
+    if (lead == m.lead_flat.size() && std::equal(d->begin(), d->end() - 2, m.lead_flat.begin())) {
+      out = m.lead_split;
+    } else if (std::all_of(d->begin(), d->end() - 2, [](int64_t x) { return x == 1; })) {
+      out.assign(m.lead_split.size(), 1);
+    } else {
+      return std::nullopt;
+    }
+    out.insert(out.end(), d->end() - 2, d->end());
+    return out;
+  }
+
+  // Reshape(v, dims) with a constant shape.
+  ValueId ReshapeTo(const std::string& name, ValueId v, const std::vector<int64_t>& dims) {
+    const ValueId shape = g_->AddConstant(g_->UniqueName(name + "_shape"),
+                                          Tensor::FromVector<int64_t>({static_cast<int64_t>(dims.size())}, dims));
+    return AddNodeWithOutput(g_, OpKind::kReshape, name, {v, shape}, {}, g_->value(v).dtype, ir::FromInts(dims), true);
   }
 
   // Dims (Sq, Sk) of the scores, where known.
@@ -361,6 +468,24 @@ class AttentionMatcher {
     return AddNodeWithOutput(g_, OpKind::kAdd, name, {a, b}, {}, av.dtype, known ? shape : ir::Shape{}, known);
   }
 
+  // The boolean condition of `m` as an additive mask in its fill's dtype: 0 where it keeps, the fill
+  // where it masks. A constant when the keep mask is (`keep`), else Where(condition, ...).
+  ValueId BoolAsAdditive(const std::string& name, const AttentionMatch& m, const std::optional<Tensor>& keep) {
+    const ir::Value& fill = g_->value(m.bool_fill);
+    const double f = *FrozenScalar(m.bool_fill);
+    if (keep) {
+      Tensor t(ir::DType::kF64, keep->dims());
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<double>()[i] = keep->GetAsDouble(i) != 0 ? 0.0 : f;
+      return g_->AddConstant(g_->UniqueName(name + "_window_mask"), t.CastTo(fill.dtype));
+    }
+    const ValueId zero = g_->AddConstant(g_->UniqueName(name + "_zero"), Tensor::Scalar<double>(0.0).CastTo(fill.dtype));
+    const ir::Value& c = g_->value(m.bool_cond);
+    std::vector<ValueId> in = m.bool_cond_means_masked ? std::vector<ValueId>{m.bool_cond, m.bool_fill, zero}
+                                                       : std::vector<ValueId>{m.bool_cond, zero, m.bool_fill};
+    return AddNodeWithOutput(g_, OpKind::kWhere, name + "_condition_mask", std::move(in), {}, fill.dtype, c.shape,
+                             c.shape_known);
+  }
+
   absl::StatusOr<bool> Rewrite(NodeId root, const AttentionMatch& m) {
     const std::string name = g_->node(root).name;
     const auto dims = ScoreDims(root);
@@ -381,12 +506,11 @@ class AttentionMatcher {
         additive.push_back(a);  // possibly a learned bias (T5's relative positions): dMask trains it
       }
     }
-    if (!additive.empty()) {
-      mask = additive[0];  // several are summed below, once the match is complete
-      mask_kind = "additive";
-    }
+    // Masks added on merged heads (regrouped form) are additive too; reshaped below.
+    const bool any_additive = !additive.empty() || !m.additive_flat.empty();
     // Boolean mask, normalised to true = attend.
     std::optional<Tensor> keep_const;
+    bool bool_as_additive = false;  // a non-causal condition beside additive masks (below)
     if (m.bool_cond != ir::kNoValue) {
       ASSIGN_OR_RETURN(std::optional<Tensor> c, MaskData(m.bool_cond));
       bool consumed = false;
@@ -398,14 +522,26 @@ class AttentionMatcher {
           keep_const = m.bool_cond_means_masked ? Negate(*c) : *c;
         }
       }
-      if (!consumed) {
-        if (mask != ir::kNoValue) return false;  // two non-causal masks: not expressible
+      if (!consumed && any_additive) {
+        // GPT-Neo's local layers: a banded (windowed causal) condition and the padding mask. The
+        // condition becomes one more additive mask, 0 where it keeps and its fill where it masks;
+        // exact only when the fill absorbs the score it is now added to.
+        std::optional<double> fill = FrozenScalar(m.bool_fill);
+        if (!fill || !(*fill <= kAbsorbing)) return false;
+        bool_as_additive = true;
+      } else if (!consumed) {
         mask_kind = "bool";
         mask = m.bool_cond;  // replaced below by a constant or a Not when it needs negating
       }
     }
 
-    // The match is complete; mutate the graph.
+    // The match is complete; mutate the graph. The additive masks are summed into the mask input.
+    for (ValueId a : m.additive_flat) additive.push_back(ReshapeTo(name + "_split_mask", a, *SplitDims(m, a)));
+    if (bool_as_additive) additive.push_back(BoolAsAdditive(name, m, keep_const));
+    if (!additive.empty()) {
+      mask = additive[0];
+      mask_kind = "additive";
+    }
     for (size_t i = 1; i < additive.size(); ++i) mask = AddMasks(name + "_mask_sum", mask, additive[i]);
     if (mask_kind == "bool" && m.bool_cond_means_masked) {
       if (keep_const) {
@@ -428,6 +564,12 @@ class AttentionMatcher {
                             src.dtype, shape, src.shape_known && shape.size() == m.k_perm.size());
     }
     std::vector<ValueId> inputs = {m.q, k, m.v};
+    const bool regrouped = !m.lead_split.empty();
+    if (regrouped) {
+      inputs[0] = ReshapeTo(name + "_split_q", m.q, m.q_split);
+      inputs[1] = ReshapeTo(name + "_split_k", k, m.k_split);
+      inputs[2] = ReshapeTo(name + "_split_v", m.v, m.v_split);
+    }
     ir::Attrs attrs;
     attrs.Set("scale", m.scale);
     attrs.Set("causal", int64_t{causal ? 1 : 0});
@@ -436,7 +578,22 @@ class AttentionMatcher {
       inputs.push_back(mask);
       attrs.Set("mask_kind", mask_kind);
     }
-    ReplaceWithFused(g_, root, m.dead, OpKind::kAttention, std::move(inputs), std::move(attrs));
+    if (!regrouped) {
+      ReplaceWithFused(g_, root, m.dead, OpKind::kAttention, std::move(inputs), std::move(attrs));
+    } else {
+      // O in the split form, merged back into the flat value the graph reads.
+      const ValueId out = g_->node(root).outputs[0];
+      const ValueId o_split =
+          g_->AddValue(g_->UniqueName(name + "_split_output"), g_->value(out).dtype, ir::FromInts(m.o_split), true);
+      for (NodeId d : m.dead)
+        if (d != root && !g_->node(d).removed) g_->RemoveNode(d);
+      g_->RemoveNode(root);
+      g_->AddNode(OpKind::kAttention, name, std::move(inputs), {o_split}, std::move(attrs));
+      const ValueId shape = g_->AddConstant(
+          g_->UniqueName(name + "_merge_shape"),
+          Tensor::FromVector<int64_t>({static_cast<int64_t>(m.o_flat.size())}, m.o_flat));
+      g_->AddNode(OpKind::kReshape, g_->UniqueName(name + "_merge_heads"), {o_split, shape}, {out});
+    }
     uses_.Refresh();
     return true;
   }

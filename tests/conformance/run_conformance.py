@@ -26,7 +26,8 @@ SUPPORTED = {
     "Unsqueeze", "Concat", "Split", "Slice", "Shape", "Constant", "ConstantOfShape", "Cast",
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
     "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",
-    "GreaterOrEqual", "LessOrEqual", "IsNaN", "CumSum", "GatherElements", "GatherND", "ArgMax",
+    "GreaterOrEqual", "LessOrEqual", "IsNaN", "CumSum", "GatherElements", "GatherND", "ArgMax", "Tile",
+    "Sign", "Ceil", "Clip",
 }
 
 

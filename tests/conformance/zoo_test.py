@@ -139,11 +139,16 @@ def check_forward(c, exe, model, side, folder, tmp):
 
 # (encoder layers, decoder layers) of the encoder-decoder families models/export_hf.py builds.
 HF_ENCODER_DECODER_LAYERS = {"bart": (1, 1), "t5": (1, 1)}
+# Families whose layers are one module applied `layers` times (ALBERT shares one layer's weights): every
+# application carries that module's scope, so inspect counts all the attention blocks in one layer.
+HF_SHARED_LAYER_FAMILIES = {"albert"}
 
 
 def attention_blocks(side):
     """(attention blocks, attention blocks per layer that has any) of the model a sidecar describes."""
     layers = side["config"]["layers"]
+    if side.get("family") in HF_SHARED_LAYER_FAMILIES:
+        return layers, {layers}
     if side.get("family") in HF_ENCODER_DECODER_LAYERS:
         enc, dec = HF_ENCODER_DECODER_LAYERS[side["family"]]
         return enc + 2 * dec, {1, 2}

@@ -1,5 +1,5 @@
-// Sin, Cos, Abs, Min, Max kernels against numpy (float64 references), every dtype they take, with
-// numpy broadcasting for Min/Max, NaN propagation, and Abs of the most negative integer.
+// Sin, Cos, Abs, Sign, Ceil, Min, Max kernels against numpy (float64 references), every dtype they
+// take, with numpy broadcasting for Min/Max, NaN propagation, and Abs of the most negative integer.
 #include <cmath>
 #include <limits>
 
@@ -14,7 +14,8 @@ using ir::Tensor;
 
 TEST(MathOps, SinCosAbsMatchNumpy) {
   const std::vector<std::pair<OpKind, std::string>> ops = {
-      {OpKind::kSin, "np.sin(x)"}, {OpKind::kCos, "np.cos(x)"}, {OpKind::kAbs, "np.abs(x)"}};
+      {OpKind::kSin, "np.sin(x)"},   {OpKind::kCos, "np.cos(x)"}, {OpKind::kAbs, "np.abs(x)"},
+      {OpKind::kSign, "np.sign(x)"}, {OpKind::kCeil, "np.ceil(x)"}};
   for (DType dt : FloatDTypes()) {
     std::map<std::string, Tensor> in;
     std::map<std::string, Tensor> got;
@@ -39,6 +40,25 @@ TEST(MathOps, AbsOfIntegers) {
   EXPECT_EQ(y.data<int64_t>()[1], 0);
   EXPECT_EQ(y.data<int64_t>()[2], 5);
   EXPECT_EQ(y.data<int64_t>()[3], std::numeric_limits<int64_t>::min());  // wraps, as numpy
+}
+
+// Sign at the points where it steps (0, -0, NaN) and of integers; Ceil at integers, halves and -0.5.
+TEST(MathOps, SignAndCeilAtTheirSteps) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor x = Tensor::FromVector<double>({7}, {-2.5, -0.5, -0.0, 0.0, 0.5, 3.0, nan});
+  Tensor s = Eval1(MakeNode(OpKind::kSign, 1), {x});
+  const std::vector<double> sign = {-1, -1, 0, 0, 1, 1};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(s.data<double>()[i], sign[i]) << i;
+  EXPECT_TRUE(std::isnan(s.data<double>()[6]));
+  Tensor c = Eval1(MakeNode(OpKind::kCeil, 1), {x});
+  const std::vector<double> ceil = {-2, -0.0, -0.0, 0, 1, 3};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c.data<double>()[i], ceil[i]) << i;
+  EXPECT_TRUE(std::signbit(c.data<double>()[1]));  // ceil(-0.5) is -0, as numpy's
+  Tensor xi = Tensor::FromVector<int64_t>({4}, {-7, 0, 9, std::numeric_limits<int64_t>::min()});
+  Tensor si = Eval1(MakeNode(OpKind::kSign, 1), {xi});
+  EXPECT_EQ(si.dtype(), DType::kI64);
+  const std::vector<int64_t> want = {-1, 0, 1, -1};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(si.data<int64_t>()[i], want[i]) << i;
 }
 
 TEST(MathOps, MinMaxBroadcastLikeNumpy) {

@@ -222,6 +222,33 @@ TEST(InferTest, ReshapeZeroAndMinusOneOnSymbolicDims) {
   for (const Dim& d : b.Shp(dynamic)) EXPECT_TRUE(d.is_unknown());
 }
 
+// Known data through a Concat of 2-D operands on axis 1 (Tile's lowering interleaves Shape(x) with
+// ones so): Reshape(x, [1, B, 1, S, 1, 8]) and Expand to [3, B, 1, S, 2, 8] keep the symbolic dims.
+TEST(InferTest, ConcatOfTwoDimensionalShapeDataOnTheLastAxis) {
+  Builder b;
+  ValueId x = b.Input("x", {B, S, 8});
+  ValueId dims = b.Op(OpKind::kShape, {x});
+  ValueId ones = b.Ints({1, 1, 1});
+  ValueId reps = b.Ints({3, 1, 2});
+  auto column = [&](ValueId v) { return b.Op(OpKind::kUnsqueeze, {v}, A({{"axes", I({1})}})); };
+  auto interleave = [&](ValueId u, ValueId v) {
+    ValueId pairs = b.Op(OpKind::kConcat, {column(u), column(v)}, A({{"axis", int64_t{1}}}));
+    return b.Op(OpKind::kReshape, {pairs, b.Ints({-1})});
+  };
+  ValueId spread = b.Op(OpKind::kReshape, {x, interleave(ones, dims)});
+  ValueId copies = b.Op(OpKind::kExpand, {spread, interleave(reps, ones)});
+  ValueId tiled = b.Op(OpKind::kReshape, {copies, b.Op(OpKind::kMul, {dims, reps})});
+  // Axis 0 of 2-D operands: rows one after the other.
+  ValueId rows = b.Op(OpKind::kConcat, {column(dims), column(reps)}, A({{"axis", int64_t{0}}}));
+  ValueId rows_flat = b.Op(OpKind::kReshape, {rows, b.Ints({-1})});
+  ValueId from_rows = b.Op(OpKind::kReshape, {b.Input("y", {B, S, 8, 3, 1, 2}), rows_flat});
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(spread), "(1, B, 1, S, 1, 8)");
+  EXPECT_EQ(b.Str(copies), "(3, B, 1, S, 2, 8)");
+  EXPECT_EQ(b.Str(tiled), "(3*B, S, 16)");
+  EXPECT_EQ(b.Str(from_rows), "(B, S, 8, 3, 1, 2)");
+}
+
 TEST(InferTest, ReshapeContradictions) {
   Builder b;
   b.Op(OpKind::kReshape, {b.Input("x", {6, 4}), b.Ints({-1, 5})}, {}, "/r/Reshape");

@@ -312,8 +312,8 @@ def bad_models():
     ms["unknown_op"] = model(
         [helper.make_node("Relu", ["x"], ["h"], name="ok_relu"),
          helper.make_node("FancyOp", ["h"], ["g"], name="my_fancy"),
-         helper.make_node("Tile", ["g", "reps"], ["y"], name="my_tile")],
-        x, [vi("y", F, None)], [const_i64("reps", [2])])
+         helper.make_node("Round", ["g"], ["y"], name="my_round")],
+        x, [vi("y", F, None)])
     ms["custom_domain"] = model(
         [helper.make_node("Relu", ["x"], ["y"], name="custom_relu", domain="com.example")],
         x, [vi("y", F, None)], extra_opsets=[("com.example", 1)])

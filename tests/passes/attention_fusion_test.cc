@@ -172,6 +172,112 @@ TEST(AttentionFusionTest, WhereKeepConditionIsUsedAsIs) {
   EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "bool");
 }
 
+// GPT-Neo's local layers: a banded masked_fill and the padding mask. The band joins the padding as a
+// constant additive mask (0 inside, finfo.min outside), the two summed into the one mask input.
+TEST(AttentionFusionTest, WindowConditionBesideAPaddingMaskBecomesAnAdditiveMask) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, {.cond = GptOptions::kWindowConst, .padding_mask = true});
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Add", 1}, {"Transpose", 3}}));
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+  const ir::Node& sum = g.node(g.value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  EXPECT_EQ(sum.inputs[0], m.padding);
+  const ir::Value& band = g.value(sum.inputs[1]);
+  ASSERT_TRUE(band.constant.has_value());
+  ASSERT_EQ(band.constant->dims(), (std::vector<int64_t>{1, 1, kS, kS}));
+  for (int64_t i = 0; i < kS; ++i) {
+    for (int64_t j = 0; j < kS; ++j) {
+      const double want = j <= i && j >= i - 2 ? 0.0 : static_cast<double>(-3.4028234663852886e38f);
+      EXPECT_EQ(band.constant->GetAsDouble(i * kS + j), want) << i << "," << j;
+    }
+  }
+}
+
+// A condition that is an input joins the padding mask through Where(condition, fill, 0).
+TEST(AttentionFusionTest, InputConditionBesideAPaddingMaskBecomesAWhere) {
+  GraphBuilder b;
+  BuildGpt(b, {.cond = GptOptions::kInputCond, .padding_mask = true});  // fill -inf
+  absl::StatusOr<bool> r = RunAttention(b.graph());
+  ASSERT_TRUE(r.ok() && *r) << r.status();
+  const ir::Node& att = OnlyAttention(b.graph());
+  const ir::Node& sum = b.graph().node(b.graph().value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  EXPECT_EQ(b.graph().node(b.graph().value(sum.inputs[1]).producer).op, OpKind::kWhere);
+}
+
+// BLOOM: Q K^T and P V on merged heads, softmax and padding mask on split heads. The fused op runs
+// on split heads: Q, K, V and the ALiBi bias are reshaped to (B, H, ., .), O back to (B*H, S, Dh).
+TEST(AttentionFusionTest, RegroupedHeadsRunSplitWithTheFlatBiasReshaped) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Attention", 1}, {"Add", 1}, {"Reshape", 5}, {"Transpose", 1}}));
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_DOUBLE_EQ(att.attrs.Get<double>("scale", 0), 0.5);
+  EXPECT_EQ(att.attrs.Get<int64_t>("causal", -1), 0);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  const std::vector<int64_t> split = {2, 2, kS, 4};
+  for (int i = 0; i < 3; ++i) {
+    const ir::Node& reshape = g.node(g.value(att.inputs[i]).producer);
+    EXPECT_EQ(reshape.op, OpKind::kReshape) << i;
+    EXPECT_EQ(ir::ToInts(g.value(att.inputs[i]).shape), split) << i;
+  }
+  EXPECT_EQ(g.node(g.value(att.inputs[0]).producer).inputs[0], m.q);
+  EXPECT_EQ(g.node(g.value(att.inputs[2]).producer).inputs[0], m.v);
+  const ir::Node& sum = g.node(g.value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  EXPECT_EQ(sum.inputs[0], m.mask);
+  const ir::Node& bias = g.node(g.value(sum.inputs[1]).producer);
+  EXPECT_EQ(bias.op, OpKind::kReshape);
+  EXPECT_EQ(bias.inputs[0], m.alibi);
+  EXPECT_EQ(ir::ToInts(g.value(sum.inputs[1]).shape), (std::vector<int64_t>{2, 2, 1, kS}));
+  const ir::Node& merge = g.node(g.value(m.out).producer);
+  EXPECT_EQ(merge.op, OpKind::kReshape);
+  EXPECT_EQ(merge.inputs[0], att.outputs[0]);
+}
+
+// DeBERTa: the disentangled bias added on merged heads and a masked_fill on split heads. Both end in
+// the mask input: the reshaped bias plus Where(mask, finfo.min, 0) (neither may be dropped).
+TEST(AttentionFusionTest, RegroupedHeadsWithAMaskedFillKeepTheFlatBias) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b, /*masked_fill=*/true);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok() && *r) << r.status() << testing::HistogramString(g);
+  const ir::Node& att = OnlyAttention(g);
+  ASSERT_EQ(att.inputs.size(), 4u);
+  EXPECT_EQ(att.attrs.Get<std::string>("mask_kind"), "additive");
+  const ir::Node& sum = g.node(g.value(att.inputs[3]).producer);
+  ASSERT_EQ(sum.op, OpKind::kAdd);
+  const ir::Node& bias = g.node(g.value(sum.inputs[0]).producer);
+  EXPECT_EQ(bias.op, OpKind::kReshape);
+  EXPECT_EQ(bias.inputs[0], m.alibi);
+  const ir::Node& fill = g.node(g.value(sum.inputs[1]).producer);
+  EXPECT_EQ(fill.op, OpKind::kWhere);
+  EXPECT_EQ(fill.inputs[0], m.mask);
+}
+
+// The regrouped form needs concrete dims for its Reshapes: with a symbolic batch it stays unfused.
+TEST(AttentionFusionTest, RegroupedHeadsWithSymbolicDimsAreNotFused) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b);
+  ir::Graph& g = b.graph();
+  g.value(m.q).shape[0] = Dim::Symbol("B") * Dim(2);
+  absl::StatusOr<bool> r = RunAttention(g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r);
+  EXPECT_TRUE(testing::NodesOf(g, OpKind::kAttention).empty());
+}
+
 TEST(AttentionFusionTest, ScoresWithAnotherConsumerAreNotFused) {
   GraphBuilder b;
   BuildGpt(b, {.extra_scores_use = true});

@@ -143,5 +143,50 @@ TEST(FusionNumericTest, GptMaskedFill) {
   }
 }
 
+// The banded condition turned into an additive mask and summed with the padding mask (GPT-Neo's
+// local layers): the fused result equals Where-then-Add evaluated as written.
+TEST(FusionNumericTest, GptWindowConditionWithPaddingMask) {
+  for (auto cond : {GptOptions::kWindowConst, GptOptions::kInputCond}) {
+    GraphBuilder b;
+    GptGraph m = BuildGpt(b, {.cond = cond, .padding_mask = true});
+    const ir::Graph& g = b.graph();
+    size_t cond_index = 0;
+    for (size_t i = 0; i < g.inputs().size(); ++i)
+      if (g.inputs()[i] == m.cond) cond_index = i;
+    auto adjust = [&](std::vector<ir::Tensor>& feeds) {  // as GptMaskedFill: no fully masked row
+      if (cond != GptOptions::kInputCond) return;
+      ir::Tensor& t = feeds[cond_index];
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = !t.data<bool>()[i];
+    };
+    AttentionFusion pass;
+    SCOPED_TRACE(static_cast<int>(cond));
+    ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
+  }
+}
+
+// BLOOM's regrouped heads with an ALiBi bias on the merged heads and a padding mask on the split ones.
+TEST(FusionNumericTest, RegroupedHeadsWithAlibi) {
+  GraphBuilder b;
+  BuildBloom(b);
+  AttentionFusion pass;
+  ExpectEquivalent(b.graph(), pass, OpKind::kAttention);
+}
+
+// DeBERTa's form: the bias on merged heads and a masked_fill (true = masked) on split heads.
+TEST(FusionNumericTest, RegroupedHeadsWithABiasAndAMaskedFill) {
+  GraphBuilder b;
+  BloomGraph m = BuildBloom(b, /*masked_fill=*/true);
+  const ir::Graph& g = b.graph();
+  size_t mask_index = 0;
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    if (g.inputs()[i] == m.mask) mask_index = i;
+  auto adjust = [&](std::vector<ir::Tensor>& feeds) {  // mask the last key only: no row fully masked
+    ir::Tensor& t = feeds[mask_index];
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = (i % kS) == kS - 1;
+  };
+  AttentionFusion pass;
+  ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
+}
+
 }  // namespace
 }  // namespace onnxpipe::passes

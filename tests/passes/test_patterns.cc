@@ -234,15 +234,48 @@ GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o) {
     case GptOptions::kKeepCond:
       m.cond = b.Input("cond", {B, Dim(1), Dim(1), S}, DType::kBool);
       break;
+    case GptOptions::kWindowConst: {
+      Tensor band(DType::kBool, {1, 1, kS, kS});
+      for (int64_t i = 0; i < kS; ++i)
+        for (int64_t j = 0; j < kS; ++j) band.mutable_data<bool>()[i * kS + j] = j <= i && j >= i - 2;
+      m.cond = b.Const("cond", band);
+      break;
+    }
   }
-  ValueId fill = b.Scalar(o.cond == GptOptions::kKeepCond ? -3.4028234663852886e38f : -kInf);
-  s = o.cond == GptOptions::kKeepCond ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S})
-                                      : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  const bool keep = o.cond == GptOptions::kKeepCond || o.cond == GptOptions::kWindowConst;
+  ValueId fill = b.Scalar(keep ? -3.4028234663852886e38f : -kInf);
+  s = keep ? b.Op(OpKind::kWhere, {m.cond, s, fill}, {B, H, S, S}) : b.Op(OpKind::kWhere, {m.cond, fill, s}, {B, H, S, S});
+  if (o.padding_mask) {
+    m.padding = b.Input("padding", {B, Dim(1), Dim(1), S});
+    s = b.Op(OpKind::kAdd, {s, m.padding}, {B, H, S, S});
+  }
   ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{3}}}));
   m.out = b.Op(OpKind::kMatMul, {p, m.vh}, {B, H, S, Dh});
   b.Output(m.out);
   return m;
 }
 
+
+BloomGraph BuildBloom(GraphBuilder& b, bool masked_fill) {
+  const Dim B = Dim(2), H = Dim(2), BH = Dim(4), S = Dim(kS), Dh = Dim(4);
+  BloomGraph m;
+  m.q = b.Input("q", {BH, S, Dh});
+  m.kt = b.Input("kt", {BH, Dh, S});
+  m.v = b.Input("v", {BH, S, Dh});
+  m.alibi = b.Input("alibi", {BH, Dim(1), S});
+  m.mask = masked_fill ? b.Input("mask", {B, Dim(1), S, S}, DType::kBool) : b.Input("mask", {B, Dim(1), S, S});
+  ValueId s = b.Op(OpKind::kMatMul, {m.q, m.kt}, {BH, S, S});
+  s = b.Op(OpKind::kMul, {s, b.Scalar(0.5f)}, {BH, S, S});
+  ValueId bias = b.Op(OpKind::kMul, {m.alibi, b.Scalar(1.0f)}, {BH, Dim(1), S});
+  s = b.Op(OpKind::kAdd, {s, bias}, {BH, S, S});
+  s = b.Op(OpKind::kReshape, {s, b.Const("split", Tensor::FromVector<int64_t>({4}, {2, 2, kS, kS}))}, {B, H, S, S});
+  s = masked_fill ? b.Op(OpKind::kWhere, {m.mask, b.Scalar(-3.4028234663852886e38f), s}, {B, H, S, S})
+                  : b.Op(OpKind::kAdd, {s, m.mask}, {B, H, S, S});
+  ValueId p = b.Op(OpKind::kSoftmax, {s}, {B, H, S, S}, MakeAttrs({{"axis", int64_t{-1}}}));
+  p = b.Op(OpKind::kReshape, {p, b.Const("merge", Tensor::FromVector<int64_t>({3}, {4, kS, kS}))}, {BH, S, S});
+  m.out = b.Op(OpKind::kMatMul, {p, m.v}, {BH, S, Dh});
+  b.Output(m.out);
+  return m;
+}
 
 }  // namespace onnxpipe::passes::testing::patterns

@@ -117,15 +117,29 @@ DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale = false);
 
 // GPT-style: (B, S, H, Dh) -> Transpose [0,2,1,3] for Q and V, K^T straight from (B, S, H, Dh)
 // with perm [0,2,3,1], Mul by 1/sqrt(Dh) after the MatMul, masked_fill via Where.
+// kWindowConst: GPT-Neo's local layers, torch.where(band, scores, finfo.min) with a constant band
+// (key j visible from query i when i - 2 <= j <= i); `padding_mask` adds an input (B, 1, 1, S)
+// after the Where, as Hugging Face adds its attention mask.
 struct GptOptions {
-  enum Cond { kCausalConst, kInputCond, kKeepCond } cond = kCausalConst;
+  enum Cond { kCausalConst, kInputCond, kKeepCond, kWindowConst } cond = kCausalConst;
   bool extra_scores_use = false;
+  bool padding_mask = false;
 };
 
 struct GptGraph {
-  ValueId qh, kr, vh, out, cond;
+  ValueId qh, kr, vh, out, cond, padding = ir::kNoValue;
 };
 
 GptGraph BuildGpt(GraphBuilder& b, const GptOptions& o);
+
+// BLOOM-style (baddbmm/bmm on merged heads): Q (B*H, S, Dh), K^T (B*H, Dh, S), V (B*H, S, Dh),
+// scores = MatMul(Q, K^T) * 0.5 + ALiBi (B*H, 1, S) * 1, reshaped to (B, H, S, S), plus the padding
+// mask (B, 1, S, S), softmax, reshaped back to (B*H, S, S), times V. B = 2, H = 2, Dh = 4.
+// `masked_fill`: DeBERTa's form instead of the padding mask, Where(mask, finfo.min, scores) with a
+// bool input mask (B, 1, S, S), true = masked.
+struct BloomGraph {
+  ValueId q, kt, v, alibi, mask, out;
+};
+BloomGraph BuildBloom(GraphBuilder& b, bool masked_fill = false);
 
 }  // namespace onnxpipe::passes::testing::patterns

@@ -1,0 +1,111 @@
+// ONNX Tile through the importer's lowering (frontend/onnx/import_shape.cc: Reshape, Expand, Reshape
+// with the shapes computed in the graph), on the models of tests/data/tile (make_models.py, numpy.tile
+// references; onnxruntime agreed with them when they were written): constant and graph-computed
+// repeats give numpy's result exactly, and the gradient of X (a sum over the copies) equals central
+// finite differences.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "executor/data/npy.h"
+#include "frontend/autodiff/autodiff.h"
+#include "frontend/ir/precision.h"
+#include "frontend/onnx/loader.h"
+#include "gtest/gtest.h"
+#include "tests/autodiff/test_graph.h"
+
+namespace onnxpipe::autodiff {
+namespace {
+
+std::string DataPath(const std::string& file) { return std::string(ONNXPIPE_SOURCE_DIR) + "/tests/data/tile/" + file; }
+
+ir::Tensor Npy(const std::string& file) {
+  absl::StatusOr<ir::Tensor> t = data::ReadNpy(DataPath(file));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *std::move(t) : ir::Tensor();
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::string> inputs;  // graph inputs, in order
+};
+
+std::vector<Case> Cases() { return {{"const_f64", {"X"}}, {"dynamic_f32", {"X", "R"}}}; }
+
+TEST(TileOnnxTest, LowersToOpsWithKernelsAndGradients) {
+  for (const Case& c : Cases()) {
+    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(c.name + ".onnx"));
+    ASSERT_TRUE(m.ok()) << c.name << ": " << m.status();
+    int expands = 0;
+    for (ir::NodeId id : m->graph->LiveNodes()) {
+      const ir::Node& n = m->graph->node(id);
+      EXPECT_NE(ir::OpName(n.op), "Tile") << c.name;
+      expands += n.op == ir::OpKind::kExpand;
+    }
+    EXPECT_EQ(expands, 1) << c.name;
+    // The lowering's last node keeps the ONNX node's name and output.
+    const ir::ValueId y = m->graph->FindValue("Y");
+    ASSERT_NE(y, ir::kNoValue);
+    EXPECT_EQ(m->graph->node(m->graph->value(y).producer).name, "/blk/Tile") << c.name;
+  }
+}
+
+TEST(TileOnnxTest, ForwardEqualsNumpyTile) {
+  for (const Case& c : Cases()) {
+    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(c.name + ".onnx"));
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(ir::InferShapes(*m->graph).ok());
+    std::vector<ir::Tensor> in;
+    for (const std::string& name : c.inputs) in.push_back(Npy(c.name + "." + name + ".npy"));
+    const ir::Tensor want = Npy(c.name + ".Y.npy");
+    absl::StatusOr<std::vector<ir::Tensor>> out = testing::Run(*m->graph, in);
+    ASSERT_TRUE(out.ok()) << c.name << ": " << out.status();
+    ASSERT_EQ(out->size(), 1u);
+    const ir::Tensor& got = (*out)[0];
+    EXPECT_EQ(got.dtype(), want.dtype()) << c.name;
+    ASSERT_EQ(got.dims(), want.dims()) << c.name;
+    for (int64_t i = 0; i < want.num_elements(); ++i)
+      EXPECT_EQ(got.GetAsDouble(i), want.GetAsDouble(i)) << c.name << " [" << i << "]";  // copies: exact
+  }
+}
+
+TEST(TileOnnxTest, GradientOfXEqualsFiniteDifferences) {
+  for (const Case& c : Cases()) {
+    // Every input bound as an initializer, so that X is differentiated (R is read for its shape only).
+    onnx_frontend::LoadOptions options;
+    for (const std::string& name : c.inputs) options.constant_inputs[name] = Npy(c.name + "." + name + ".npy");
+    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(c.name + ".onnx"), options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    testing::TestGraph t;
+    t.g() = std::move(*m->graph);
+    if (t.g().value(t.g().FindValue("X")).dtype == ir::DType::kF32) {
+      ASSERT_TRUE(ir::ConvertFloatPrecision(t.g(), ir::DType::kF32, ir::DType::kF64).ok());
+    }
+    absl::StatusOr<ir::ValueId> loss = t.AddWeightedSumLoss({t.g().FindValue("Y")});
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    const ir::Graph forward = t.g();
+    absl::StatusOr<TrainingGraphInfo> info = BuildGradients(&t.g(), *loss, {});
+    ASSERT_TRUE(info.ok()) << c.name << ": " << info.status();
+    absl::StatusOr<std::vector<ir::Tensor>> out = testing::Run(t.g());
+    ASSERT_TRUE(out.ok()) << c.name << ": " << out.status();
+    bool saw_x = false;
+    for (size_t k = 0; k < info->param_grads.size(); ++k) {
+      const ir::ValueId p = info->param_grads[k].param;
+      if (t.g().value(p).name != "X") continue;
+      saw_x = true;
+      const ir::Tensor& analytic = (*out)[1 + k];
+      absl::StatusOr<std::vector<double>> numeric = testing::NumericGradient(forward, p, 1e-6);
+      ASSERT_TRUE(numeric.ok()) << numeric.status();
+      ASSERT_EQ(analytic.num_elements(), static_cast<int64_t>(numeric->size()));
+      for (int64_t i = 0; i < analytic.num_elements(); ++i) {
+        const double a = analytic.data<double>()[i], n = (*numeric)[i];
+        EXPECT_LE(std::abs(a - n) / std::max(1.0, std::abs(n)), 1e-7)
+            << c.name << ": d loss / d X[" << i << "] analytic " << a << " numeric " << n;
+      }
+    }
+    EXPECT_TRUE(saw_x) << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace onnxpipe::autodiff
