@@ -154,7 +154,7 @@ std::vector<ir::Tensor> ForwardOutputs(const ir::Node& node, ir::Tensor o, ir::T
 }
 
 // Whether an AttentionGrad node has the forward's O and Stats (inputs 5 and 6, op.h).
-bool HasForwardStats(const ir::Node& node) {
+[[maybe_unused]] bool HasForwardStats(const ir::Node& node) {  // (the cuDNN path's)
   return node.inputs.size() > 6 && node.inputs[5] != ir::kNoValue && node.inputs[6] != ir::kNoValue;
 }
 
@@ -673,6 +673,8 @@ KernelResult Attention(AttentionState& state, const KernelContext& ctx, const ir
   ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(node, in, 0)));
 #ifdef ONNXPIPE_CUDNN_ATTENTION
   if (cudnn) return CudnnForward(state, *cudnn, ctx, node, in);
+#else
+  (void)cudnn;
 #endif
   KernelResult r = FlashForward(ctx, node, in);
   if (r && r->ok()) ++state.counts->flash;
@@ -694,6 +696,8 @@ KernelResult AttentionGrad(AttentionState& state, const KernelContext& ctx, cons
     }
     return std::nullopt;
   }
+#else
+  (void)cudnn;
 #endif
   KernelResult r = FlashBackward(ctx, node, in);
   if (r && r->ok()) ++state.counts->flash;
