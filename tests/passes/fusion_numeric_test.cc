@@ -122,46 +122,36 @@ TEST(FusionNumericTest, MultiheadAttention) {
   }
 }
 
+// The GPT attention of `options` fused equals it evaluated as written. A masked_fill condition fed as
+// an input marks masked keys: it is kept mostly false so that no row is fully masked (there the
+// unfused softmax gives NaN and the fused kernel zeros).
+void ExpectGptFusesEquivalently(const GptOptions& options) {
+  GraphBuilder b;
+  GptGraph m = BuildGpt(b, options);
+  const ir::Graph& g = b.graph();
+  size_t cond_index = 0;
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    if (g.inputs()[i] == m.cond) cond_index = i;
+  auto adjust = [&](std::vector<ir::Tensor>& feeds) {
+    if (options.cond != GptOptions::kInputCond) return;
+    ir::Tensor& t = feeds[cond_index];
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = !t.data<bool>()[i];
+  };
+  AttentionFusion pass;
+  SCOPED_TRACE(static_cast<int>(options.cond));
+  ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
+}
+
 TEST(FusionNumericTest, GptMaskedFill) {
-  for (auto cond : {GptOptions::kCausalConst, GptOptions::kInputCond, GptOptions::kKeepCond}) {
-    GraphBuilder b;
-    GptGraph m = BuildGpt(b, {.cond = cond});
-    const ir::Graph& g = b.graph();
-    // The masked_fill condition marks masked keys: keep it mostly false so that no row is fully
-    // masked (there the unfused softmax gives NaN and the fused kernel zeros).
-    size_t cond_index = 0;
-    for (size_t i = 0; i < g.inputs().size(); ++i)
-      if (g.inputs()[i] == m.cond) cond_index = i;
-    auto adjust = [&](std::vector<ir::Tensor>& feeds) {
-      if (cond != GptOptions::kInputCond) return;
-      ir::Tensor& t = feeds[cond_index];
-      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = !t.data<bool>()[i];
-    };
-    AttentionFusion pass;
-    SCOPED_TRACE(static_cast<int>(cond));
-    ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
-  }
+  for (auto cond : {GptOptions::kCausalConst, GptOptions::kInputCond, GptOptions::kKeepCond})
+    ExpectGptFusesEquivalently({.cond = cond});
 }
 
 // The banded condition turned into an additive mask and summed with the padding mask (GPT-Neo's
 // local layers): the fused result equals Where-then-Add evaluated as written.
 TEST(FusionNumericTest, GptWindowConditionWithPaddingMask) {
-  for (auto cond : {GptOptions::kWindowConst, GptOptions::kInputCond}) {
-    GraphBuilder b;
-    GptGraph m = BuildGpt(b, {.cond = cond, .padding_mask = true});
-    const ir::Graph& g = b.graph();
-    size_t cond_index = 0;
-    for (size_t i = 0; i < g.inputs().size(); ++i)
-      if (g.inputs()[i] == m.cond) cond_index = i;
-    auto adjust = [&](std::vector<ir::Tensor>& feeds) {  // as GptMaskedFill: no fully masked row
-      if (cond != GptOptions::kInputCond) return;
-      ir::Tensor& t = feeds[cond_index];
-      for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<bool>()[i] = !t.data<bool>()[i];
-    };
-    AttentionFusion pass;
-    SCOPED_TRACE(static_cast<int>(cond));
-    ExpectEquivalent(g, pass, OpKind::kAttention, adjust);
-  }
+  for (auto cond : {GptOptions::kWindowConst, GptOptions::kInputCond})
+    ExpectGptFusesEquivalently({.cond = cond, .padding_mask = true});
 }
 
 // BLOOM's regrouped heads with an ALiBi bias on the merged heads and a padding mask on the split ones.
