@@ -108,10 +108,10 @@ void Declare(FlagSet& fs, Flags& f) {
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
   DeclareCudaAttentionFlag(fs, &f.cuda_attention);
   fs.Bool("cuda-graphs", &f.cuda_graphs,
-          "--backend cuda: replay each stage's forward and backward work as CUDA graphs (the first step runs "
-          "eagerly, the second records, later steps replay: fewer launches, no per-kernel host work); the "
-          "optimizer step and nodes that wait for the device (embedding index checks, host fallbacks) run "
-          "between graphs. Not with --check-numerics");
+          "--backend cuda: replay each stage's forward, backward and optimizer work as CUDA graphs (the first "
+          "step runs eagerly, the second records, later steps replay: fewer launches, no per-kernel host work); "
+          "sends, receives and nodes that wait for the device (embedding index checks, the loss's label check, "
+          "host fallbacks) run between graphs. Not with --check-numerics");
   fs.String("dtype", &f.dtype,
             "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
