@@ -122,16 +122,25 @@ class InProcessComm : public Comm {
   std::vector<Grouped> grouped_;
 };
 
-std::shared_ptr<InProcessGroup> InProcessGroup::Create(int world_size, double timeout_s,
-                                                       std::shared_ptr<const backend::Backend> backend) {
-  if (backend == nullptr) backend = backend::MakeCpuBackend();
-  return std::shared_ptr<InProcessGroup>(new InProcessGroup(world_size, timeout_s, std::move(backend)));
+int64_t StagingPool::allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
 }
 
-InProcessGroup::InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend)
+std::shared_ptr<InProcessGroup> InProcessGroup::Create(int world_size, double timeout_s,
+                                                       std::shared_ptr<const backend::Backend> backend,
+                                                       std::shared_ptr<StagingPool> staging) {
+  if (backend == nullptr) backend = backend::MakeCpuBackend();
+  return std::shared_ptr<InProcessGroup>(
+      new InProcessGroup(world_size, timeout_s, std::move(backend), std::move(staging)));
+}
+
+InProcessGroup::InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend,
+                               std::shared_ptr<StagingPool> staging)
     : world_size_(world_size < 1 ? 1 : world_size),
       timeout_s_(timeout_s),
       backend_(std::move(backend)),
+      staging_(std::move(staging)),
       mailbox_(world_size_),
       sent_(world_size_, 0),
       received_(world_size_, 0) {}
@@ -192,7 +201,29 @@ absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, cons
   }
 }
 
-absl::StatusOr<ir::Tensor> InProcessGroup::Stage(const ir::Tensor& t, backend::Stream* stream) const {
+absl::StatusOr<ir::Tensor> InProcessGroup::Stage(const ir::Tensor& t, backend::Stream* stream,
+                                                 std::shared_ptr<uint8_t>* pooled) const {
+  if (t.placement() == backend_->placement() && staging_ != nullptr) {
+    const int64_t bytes = t.num_bytes();
+    StagingPool::Entry e;
+    {
+      std::lock_guard<std::mutex> lock(staging_->mu_);
+      if (auto it = staging_->free_.find(bytes); it != staging_->free_.end()) {
+        e = std::move(it->second);
+        staging_->free_.erase(it);
+      } else {
+        ++staging_->allocations_;
+      }
+    }
+    if (e.buffer == nullptr) {
+      ASSIGN_OR_RETURN(e.buffer, backend_->Allocate(bytes));
+    }
+    RETURN_IF_ERROR(WaitFor(stream, e.done));  // its previous message has been read
+    ir::Tensor staged = ir::Tensor::View(t.dtype(), t.dims(), e.buffer, 0, backend_->placement());
+    RETURN_IF_ERROR(backend_->Copy(t, staged, stream));
+    *pooled = std::move(e.buffer);
+    return staged;
+  }
   if (t.placement() == backend_->placement()) return backend_->Clone(t, stream);
   if (t.on_host()) return t.Clone();
   return INVALID_ARGUMENT() << "a tensor on " << t.placement().ToString()
@@ -221,12 +252,13 @@ absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tens
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(AbortedLocked());
   }
-  ASSIGN_OR_RETURN(ir::Tensor staged, Stage(t, stream));
+  std::shared_ptr<uint8_t> pooled;
+  ASSIGN_OR_RETURN(ir::Tensor staged, Stage(t, stream, &pooled));
   ASSIGN_OR_RETURN(std::shared_ptr<backend::Event> ready, Mark(stream));
   {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(AbortedLocked());
-    mailbox_[dst].push_back(Message{src, tag, std::move(staged), std::move(ready)});
+    mailbox_[dst].push_back(Message{src, tag, std::move(staged), std::move(ready), std::move(pooled)});
     sent_[src] += t.num_bytes();
   }
   cv_.notify_all();
@@ -259,7 +291,13 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
                               << " but the receive buffer is " << DescribeTensor(into);
   }
   RETURN_IF_ERROR(WaitFor(stream, m.ready));
-  return CopyPlaced(m.staged, into, stream);
+  RETURN_IF_ERROR(CopyPlaced(m.staged, into, stream));
+  if (m.pooled != nullptr) {  // free again once this stream's copy has read it
+    ASSIGN_OR_RETURN(std::shared_ptr<backend::Event> done, Mark(stream));
+    std::lock_guard<std::mutex> lock(staging_->mu_);
+    staging_->free_.emplace(m.staged.num_bytes(), StagingPool::Entry{std::move(m.pooled), std::move(done)});
+  }
+  return absl::OkStatus();
 }
 
 absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std::vector<int>& ranks,

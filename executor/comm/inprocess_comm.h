@@ -26,13 +26,36 @@
 
 namespace onnxpipe::comm {
 
+// Staging buffers kept from one group to the next (a pipeline step makes a group each step): a Send
+// stages into a free buffer of exactly its size, after the receive that last read it has finished
+// (an event on the receiver's stream), instead of allocating one. On a GPU that keeps cudaMalloc, and
+// cudaFree's device-wide synchronisation, out of the step loop. Thread-safe.
+class StagingPool {
+ public:
+  // Buffers allocated so far (for tests).
+  int64_t allocations() const;
+
+ private:
+  friend class InProcessGroup;
+  struct Entry {
+    std::shared_ptr<uint8_t> buffer;
+    std::shared_ptr<backend::Event> done;  // the last read of it; null: none pending
+  };
+  mutable std::mutex mu_;
+  std::multimap<int64_t, Entry> free_;  // by bytes
+  int64_t allocations_ = 0;
+};
+
 class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
  public:
   // `timeout_s` > 0: a Recv, GroupEnd or AllReduce that waits longer fails with DeadlineExceeded (a
   // hang detector for tests and debugging); 0 waits without limit. `backend`: where the ranks'
   // tensors live besides the host (null: the CPU backend).
+  // `staging`: buffers to stage sends in, shared with later groups (null: each send stages into
+  // a buffer of its own).
   static std::shared_ptr<InProcessGroup> Create(int world_size, double timeout_s = 0,
-                                                std::shared_ptr<const backend::Backend> backend = nullptr);
+                                                std::shared_ptr<const backend::Backend> backend = nullptr,
+                                                std::shared_ptr<StagingPool> staging = nullptr);
 
   int size() const { return world_size_; }
   // The endpoint of `rank` (0 <= rank < size()); several endpoints of one rank share its mailbox.
@@ -50,6 +73,7 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
     uint64_t tag;
     ir::Tensor staged;  // the message's bytes, the transport's own
     std::shared_ptr<backend::Event> ready;
+    std::shared_ptr<uint8_t> pooled;  // staged's buffer when it came from the StagingPool
   };
   // One all-reduce of one group of ranks; members by their position in the group's list.
   struct Reduction {
@@ -63,7 +87,8 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   };
   using ReductionKey = std::pair<std::vector<int>, int64_t>;  // the group, the member's call count
 
-  InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend);
+  InProcessGroup(int world_size, double timeout_s, std::shared_ptr<const backend::Backend> backend,
+                 std::shared_ptr<StagingPool> staging);
   absl::Status CheckPeer(int self, int peer, const char* verb) const;
   absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream);
   absl::Status Recv(int dst, int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream);
@@ -72,14 +97,17 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   absl::Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
                           const std::function<std::string()>& what);
   absl::Status AbortedLocked() const;
-  // A copy of `t` the transport owns (in the backend's memory, or on the host for a host tensor).
-  absl::StatusOr<ir::Tensor> Stage(const ir::Tensor& t, backend::Stream* stream) const;
+  // A copy of `t` the transport owns (in the backend's memory, or on the host for a host tensor);
+  // *pooled: its buffer when it came from the staging pool.
+  absl::StatusOr<ir::Tensor> Stage(const ir::Tensor& t, backend::Stream* stream,
+                                   std::shared_ptr<uint8_t>* pooled) const;
   // dst = src on `stream`, wherever each lives (the host or the backend's memory).
   absl::Status CopyPlaced(const ir::Tensor& src, const ir::Tensor& dst, backend::Stream* stream) const;
 
   const int world_size_;
   const double timeout_s_;
   const std::shared_ptr<const backend::Backend> backend_;
+  const std::shared_ptr<StagingPool> staging_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::deque<Message>> mailbox_;                       // per destination rank

@@ -1023,6 +1023,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   ex->schedule_ = plan.schedule;
   ex->microbatches_ = M;
   ex->backend_ = backend ? std::move(backend) : backend::MakeCpuBackend();
+  ex->staging_ = std::make_shared<comm::StagingPool>();
   ex->program_ = std::move(plan.program);
   ex->lists_ = std::move(plan.actions);
   ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, M));
@@ -1153,7 +1154,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     }
   }
   PrepareGraphs();
-  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_);
+  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_, staging_);
   std::vector<std::unique_ptr<comm::Comm>> comms;
   std::vector<std::unique_ptr<StageRun>> runs;
   const Clock::time_point t0 = Clock::now();

@@ -64,6 +64,10 @@
 #include "executor/pipeline/stage_arena.h"
 #include "partitioner/plan_io.h"
 
+namespace onnxpipe::comm {
+class StagingPool;
+}
+
 namespace onnxpipe::pipeline {
 
 using partitioner::PipelineProgram;
@@ -219,6 +223,7 @@ class PipelineExecutor {
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
   std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
+  std::shared_ptr<comm::StagingPool> staging_;        // the sends' staging buffers, kept across steps
   std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
   int64_t steps_done_ = 0;                            // steps that succeeded
 };

@@ -54,6 +54,28 @@ TEST(InProcessComm, TheReceiversStreamWaitsForTheSendersWork) {
   EXPECT_EQ(receiver.waited.size(), 2u);
 }
 
+// A staging pool serves later groups (one per pipeline step): a send reuses a buffer of its size once
+// the receive that read it has finished, its stream waiting for the receiver's event; the bytes are
+// each message's own.
+TEST(InProcessComm, APoolStagesLaterSendsInTheBuffersOfEarlierOnes) {
+  auto pool = std::make_shared<comm::StagingPool>();
+  RecordingStream sender, receiver;
+  for (int step = 0; step < 3; ++step) {
+    auto group = InProcessGroup::Create(2, 0, nullptr, pool);
+    std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);
+    ir::Tensor into = Zeros(2), other = Zeros(3);
+    ASSERT_TRUE(a->Send(1, 1, Vec({1.f + step, 2}), &sender).ok());
+    ASSERT_TRUE(a->Send(1, 2, Vec({5, 6, 7.f + step}), &sender).ok());
+    ASSERT_TRUE(b->Recv(0, 1, into, &receiver).ok());
+    ASSERT_TRUE(b->Recv(0, 2, other, &receiver).ok());
+    EXPECT_EQ(into.data<float>()[0], 1.f + step);
+    EXPECT_EQ(other.data<float>()[2], 7.f + step);
+    EXPECT_EQ(pool->allocations(), 2) << "step " << step;  // one per size, the first time
+  }
+  // From the second group on, each send waited for the receive of the buffer's previous message.
+  EXPECT_EQ(sender.waited.size(), 4u);
+}
+
 TEST(InProcessComm, ReceivesIntoTheCallersBufferAcrossThreads) {
   auto group = InProcessGroup::Create(2);
   std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);
