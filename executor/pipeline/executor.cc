@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "executor/comm/inprocess_comm.h"
+#include "executor/pipeline/post_slots.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
@@ -42,56 +43,6 @@ uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
   return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) |
          static_cast<uint32_t>(v);
 }
-
-// The optimizer phase's outputs: a state update's new value (parameter, momentum, Adam moments) is
-// written over its state, whose storage the stage owns alone (Create makes it so); the update ops
-// are elementwise and read each element before writing it, so this needs no second copy and is
-// not zero-filled first. Everything else (the norm, the sum of a tied parameter's gradient
-// contributions) is a buffer of its own, counted as the phase's scratch: allocated in the first
-// step and kept in `kept` for the next ones (no allocation in the step loop).
-class PostSlots : public ir::OutputAllocator {
- public:
-  PostSlots(const ir::Graph& g, const std::vector<ir::Graph::StateUpdate>& updates, const backend::Backend& be,
-            backend::Stream* stream, StageArena& scratch, std::map<ir::ValueId, ir::Tensor>& kept)
-      : g_(g), backend_(be), stream_(stream), scratch_(scratch), kept_(kept) {
-    for (const ir::Graph::StateUpdate& u : updates) state_of_[u.new_value] = u.state;
-  }
-  absl::StatusOr<ir::Tensor> Allocate(const ir::Node& node, int index, ir::DType dtype,
-                                      const std::vector<int64_t>& dims) override {
-    const ir::ValueId v = node.outputs.at(index);
-    if (auto it = state_of_.find(v); it != state_of_.end()) {
-      const ir::Value& s = g_.value(it->second);
-      if (!s.constant || s.constant->dtype() != dtype || s.constant->dims() != dims) {
-        return absl::InternalError("node '" + node.name + "' updates '" + s.name + "' with another dtype or shape");
-      }
-      return *s.constant;
-    }
-    ir::Tensor& t = kept_[v];
-    if (t.has_data() && t.dtype() == dtype && t.dims() == dims) {
-      RETURN_IF_ERROR(backend_.Fill(t, 0, stream_));
-    } else {
-      ASSIGN_OR_RETURN(t, backend_.Zeros(dtype, dims, stream_));
-    }
-    scratch_bytes_ += ir::AlignUp(t.num_bytes());
-    return t;
-  }
-  bool SharesInputBuffer(const ir::Node&, int) const override { return false; }
-  // The optimizer's kernels take the stage's planned kernel scratch (PlanStageLayout counts them).
-  absl::StatusOr<void*> Workspace(const ir::Node& node, int64_t bytes) override {
-    return scratch_.Workspace(node, bytes);
-  }
-  int64_t scratch_bytes() const { return scratch_bytes_; }
-  void set_scratch_bytes(int64_t bytes) { scratch_bytes_ = bytes; }
-
- private:
-  const ir::Graph& g_;
-  const backend::Backend& backend_;
-  backend::Stream* stream_;
-  StageArena& scratch_;
-  std::map<ir::ValueId, ir::Tensor>& kept_;
-  std::map<ir::ValueId, ir::ValueId> state_of_;
-  int64_t scratch_bytes_ = 0;
-};
 
 absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
   std::vector<int64_t> dims;
@@ -1216,75 +1167,6 @@ void PipelineExecutor::PrepareGraphs() {
     graphs_[s]->segments.clear();  // their kernels read the old storage
     graphs_[s]->constants = std::move(at);
   }
-}
-
-ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
-  // Host memory is shared, not copied: while the caller holds it, the next Step gives the stage storage of its own
-  // before updating it (copy on write), so a checkpoint or --save does not duplicate the state.
-  if (t.on_host() && backend_->placement().host()) return t;
-  // After the stages' work on it (a state set by SetState is cloned on its stage's stream).
-  absl::Status synced = absl::OkStatus();
-  for (const std::unique_ptr<backend::Stream>& s : streams_)
-    if (s != nullptr && synced.ok()) synced = s->Synchronize();
-  absl::StatusOr<ir::Tensor> h = synced.ok() ? backend_->ToHost(t) : absl::StatusOr<ir::Tensor>(synced);
-  if (!h.ok()) {  // the device failed: no state can be trusted any more
-    std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n",
-                 std::string(h.status().message()).c_str());
-    std::abort();
-  }
-  return *std::move(h);
-}
-
-std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
-  std::map<std::string, ir::Tensor> out;
-  for (const auto& [v, s] : program_.parameter_owner) {
-    const ir::Value& val = program_.stages[s].graph.value(v);
-    if (val.constant) out[val.name] = HostCopy(*val.constant);
-  }
-  return out;
-}
-
-std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const std::string& name) const {
-  if (stage < 0 || stage >= program_.num_stages) return std::nullopt;
-  const ir::Graph& g = program_.stages[stage].graph;
-  const ir::ValueId v = g.FindValue(name);
-  if (v == ir::kNoValue || !g.value(v).constant) return std::nullopt;
-  return HostCopy(*g.value(v).constant);
-}
-
-std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
-  std::map<std::string, ir::Tensor> out;
-  for (const StageProgram& sp : program_.stages) {
-    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
-      const ir::Value& v = sp.graph.value(u.state);
-      if (v.constant && !out.count(v.name)) out[v.name] = HostCopy(*v.constant);
-    }
-  }
-  return out;
-}
-
-absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tensor& value) {
-  bool updated_somewhere = false;
-  for (const StageProgram& sp : program_.stages) {
-    for (const ir::Graph::StateUpdate& u : sp.state_updates) updated_somewhere |= sp.graph.value(u.state).name == name;
-  }
-  if (!updated_somewhere) return NOT_FOUND() << "no stage updates a state named '" << name << "'";
-  // A copy per holder (the optimizer phase updates each stage's states in place), set once all are made.
-  std::vector<std::pair<ir::Value*, ir::Tensor>> copies;
-  for (size_t s = 0; s < program_.stages.size(); ++s) {
-    StageProgram& sp = program_.stages[s];
-    const ir::ValueId v = sp.graph.FindValue(name);
-    if (v == ir::kNoValue || !sp.graph.value(v).constant) continue;
-    const ir::Tensor& held = *sp.graph.value(v).constant;
-    if (value.dtype() != held.dtype() || value.dims() != held.dims()) {
-      return INVALID_ARGUMENT() << "state '" << name << "' is " << comm::DescribeTensor(held) << " on stage "
-                                << sp.stage << ", not " << comm::DescribeTensor(value);
-    }
-    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, streams_[s].get()));
-    copies.emplace_back(&sp.graph.value(v), std::move(c));
-  }
-  for (auto& [holder, c] : copies) holder->constant = std::move(c);
-  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::pipeline

@@ -297,12 +297,24 @@ TEST(PipelineSteps, AllocateNothingAfterTheFirst) {
     ASSERT_TRUE(r.ok()) << r.status();
     const int64_t after_first = be->allocations;
     EXPECT_GT(after_first, 0);
-    for (int32_t step = 1; step < 3; ++step) {
+    for (int32_t step = 1; step < 6; ++step) {
       absl::StatusOr<PipelineStepResult> st = r->executor->Step((*f)->Feeds(step, c.lr, c.dtype));
       ASSERT_TRUE(st.ok()) << st.status();
       EXPECT_TRUE(std::isfinite(st->grad_norm));
     }
-    EXPECT_EQ(be->allocations, after_first) << k.Name();
+    // One stage: nothing at all. Two: only the staging pool may still grow, when the threads' timing
+    // puts one more message in flight than before; never a buffer per send (that would be 5 steps'
+    // worth of sends).
+    int64_t sends = 0;
+    for (const StageProgram& sp : r->executor->program().stages)
+      for (const partitioner::ValueLists* l : {&sp.send_forward, &sp.send_backward})
+        for (const auto& [peer, vs] : *l) sends += static_cast<int64_t>(vs.size()) * k.microbatches;
+    if (k.stages == 1) {
+      EXPECT_EQ(be->allocations, after_first) << k.Name();
+    } else {
+      EXPECT_GT(sends, 0);
+      EXPECT_LE(be->allocations - after_first, sends) << k.Name();
+    }
   }
 }
 
