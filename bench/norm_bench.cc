@@ -4,14 +4,14 @@
 // the backward's dgamma/dbeta workspace traffic is reported separately). Not a test.
 // H200 (2026-12-03), bf16 (65536, 1024): LayerNorm fwd 2972 GB/s, bwd 2426, fwd+bwd 2619 (257 us);
 // residual-fused fwd 3969, bwd 2732; RMSNorm fwd+bwd 2774; cross-entropy (8192, 50257) 2289.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/layernorm.h"
@@ -160,8 +160,7 @@ void BenchCrossEntropy(int64_t rows, int64_t classes) {
   a.dlogits = dlogits;
   a.workspace = ws;
   const std::string tag = "CrossEntropy bf16 (" + std::to_string(rows) + ", " + std::to_string(classes) + ")";
-  Report((tag + " loss + dlogits").c_str(), TimeMs([&] { return CrossEntropy(a, nullptr); }),
-         2.0 * rows * classes * 2);
+  Report((tag + " loss + dlogits").c_str(), TimeMs([&] { return CrossEntropy(a, nullptr); }), 2.0 * rows * classes * 2);
   for (void* p : std::vector<void*>{logits, dlogits, labels, loss, ws}) cudaFree(p);
 }
 
@@ -180,6 +179,7 @@ int main() {
   BenchNorm<__nv_bfloat16>("bf16", NormKind::kRmsNorm, 65536, 1024);
   BenchNorm<float>("fp32", NormKind::kLayerNorm, 65536, 1024);
   BenchNorm<__nv_bfloat16>("bf16", NormKind::kLayerNorm, 16384, 4096);
+  BenchNorm<__nv_bfloat16>("bf16", NormKind::kLayerNorm, 262144, 256);  // the backward's warp-per-row path
   BenchSoftmax(65536, 1024);
   BenchCrossEntropy(65536, 10);
   BenchCrossEntropy(8192, 50257);

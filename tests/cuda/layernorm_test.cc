@@ -31,10 +31,13 @@ struct Shape {
   int64_t rows, d;
 };
 // d = 1024 and 4096; d not a multiple of 32 or of the vector width; one row and many; several rows
-// per backward block with a partial last block (5000 x 1024).
+// per backward block with a partial last block (5000 x 1024). The backward's warp-per-row path
+// (d <= 256) with groups of 8 (d = 24, 33, 64), 16 (128) and 32 (200, 256) lanes, idle lanes, and
+// blocks whose rows fill some of their groups, end in a partial group, or need several steps.
 const std::vector<Shape>& Shapes() {
-  static const std::vector<Shape> shapes = {{1, 1024}, {64, 1024}, {37, 4096}, {300, 33},
-                                            {5, 4095}, {129, 1000}, {2050, 64}, {5000, 1024}};
+  static const std::vector<Shape> shapes = {{1, 1024}, {64, 1024},  {37, 4096},  {300, 33},
+                                            {5, 4095}, {129, 1000}, {2050, 64},  {5000, 1024},
+                                            {700, 24}, {1537, 200}, {3001, 256}, {20000, 128}};
   return shapes;
 }
 
@@ -105,21 +108,30 @@ struct Backward {
   std::vector<float> dx, dgamma, dbeta;
 };
 
+// `v` after `offset` zeros.
+std::vector<float> Padded(const std::vector<float>& v, int64_t offset) {
+  std::vector<float> out(offset, 0.f);
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
 // Runs the backward on the GPU for input `x` (the normalised values), with the given saved
-// statistics (or none: recomputed) and an optional residual gradient added to dx.
+// statistics (or none: recomputed) and an optional residual gradient added to dx. Every T pointer
+// is `offset` elements past the start of its allocation (1: not 16-byte aligned).
 template <typename T>
 Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float>& x_host,
-                     const std::optional<Forward>& saved, const std::vector<float>* dresidual) {
+                     const std::optional<Forward>& saved, const std::vector<float>* dresidual, int64_t offset = 0) {
   const int64_t n = p.shape.rows * p.shape.d;
   const bool layer = kind == NormKind::kLayerNorm;
-  DeviceBuffer<T> dy(n), x(n), gamma(p.shape.d), dx(n), dres(dresidual ? n : 0);
+  DeviceBuffer<T> dy(offset + n), x(offset + n), gamma(offset + p.shape.d), dx(offset + n),
+      dres(dresidual ? offset + n : 0);
   DeviceBuffer<float> mean(saved && layer ? p.shape.rows : 0), rstd(saved ? p.shape.rows : 0);
   DeviceBuffer<float> dgamma(p.shape.d), dbeta(layer ? p.shape.d : 0);
   DeviceBuffer<float> ws((NormBackwardWorkspaceBytes(p.shape.rows, p.shape.d) + 3) / 4);
-  Upload(p.dy, dy);
-  Upload(x_host, x);
-  Upload(p.gamma, gamma);
-  if (dresidual) Upload(*dresidual, dres);
+  Upload(Padded(p.dy, offset), dy);
+  Upload(Padded(x_host, offset), x);
+  Upload(Padded(p.gamma, offset), gamma);
+  if (dresidual) Upload(Padded(*dresidual, offset), dres);
   if (saved) {
     if (layer) {
       EXPECT_EQ(cudaMemcpy(mean.get(), saved->mean.data(), p.shape.rows * 4, cudaMemcpyHostToDevice), 0);
@@ -131,13 +143,13 @@ Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float
   a.rows = p.shape.rows;
   a.d = p.shape.d;
   a.epsilon = kEps;
-  a.dy = dy.get();
-  a.x = x.get();
-  a.gamma = gamma.get();
+  a.dy = dy.get() + offset;
+  a.x = x.get() + offset;
+  a.gamma = gamma.get() + offset;
   a.mean = mean.get();
   a.rstd = rstd.get();
-  a.dresidual = dres.get();
-  a.dx = dx.get();
+  a.dresidual = dresidual ? dres.get() + offset : nullptr;
+  a.dx = dx.get() + offset;
   a.dgamma = dgamma.get();
   a.dbeta = dbeta.get();
   a.workspace = ws.get();
@@ -145,6 +157,7 @@ Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float
   EXPECT_TRUE(st.ok()) << st;
   Backward b;
   b.dx = Download(dx);
+  b.dx.erase(b.dx.begin(), b.dx.begin() + offset);
   b.dgamma = Download(dgamma);
   if (layer) b.dbeta = Download(dbeta);
   return b;
@@ -194,8 +207,8 @@ TYPED_TEST(NormCudaTest, ResidualAddIsFused) {
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = p.x[i] + p.residual[i];
     sum = Representable<T>(sum);
     EXPECT_EQ(got.sum, sum) << "the sum is x + residual rounded once to the element type " << Name(s);
-    const auto want = CpuEval(ir::OpKind::kLayerNorm, {F32({s.rows, s.d}, sum), F32({s.d}, p.gamma),
-                                                       F32({s.d}, p.beta)}, 3, LayerNormAttrs());
+    const auto want = CpuEval(ir::OpKind::kLayerNorm,
+                              {F32({s.rows, s.d}, sum), F32({s.d}, p.gamma), F32({s.d}, p.beta)}, 3, LayerNormAttrs());
     ExpectMatch<T>(got.y, Floats(want[0]), "y of the sum " + Name(s));
     EXPECT_TRUE(AllClose(got.rstd, Floats(want[2]), 1e-5)) << Name(s);
   }
@@ -222,8 +235,8 @@ TYPED_TEST(NormCudaTest, ResidualAddInPlace) {
   std::vector<float> sum(n);
   for (int64_t i = 0; i < n; ++i) sum[i] = p.x[i] + p.residual[i];
   EXPECT_EQ(Download(stream), Representable<T>(sum));
-  const auto want = CpuEval(ir::OpKind::kLayerNorm, {F32({s.rows, s.d}, Representable<T>(sum)),
-                                                     F32({s.d}, p.gamma)}, 1, LayerNormAttrs());
+  const auto want = CpuEval(ir::OpKind::kLayerNorm, {F32({s.rows, s.d}, Representable<T>(sum)), F32({s.d}, p.gamma)}, 1,
+                            LayerNormAttrs());
   ExpectMatch<T>(Download(y), Floats(want[0]), "in-place residual");
 }
 
@@ -301,17 +314,43 @@ TYPED_TEST(NormCudaTest, RmsNormMatchesDoubleReference) {
       ExpectMatch<T>(got.dx, ToFloats(want.dx), "RMSNorm dx " + Name(s));
       EXPECT_TRUE(AllClose(got.dgamma, ToFloats(want.dgamma), 1e-5)) << "RMSNorm dgamma " << Name(s);
     }
+    const std::vector<float> dres = Representable<T>(Uniform(s.rows * s.d, seed + 5, -1.f, 1.f));
+    const Backward got = RunBackward<T>(NormKind::kRmsNorm, p, p.x, fwd, &dres);
+    std::vector<float> dx = ToFloats(want.dx);
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] += dres[i];
+    ExpectMatch<T>(got.dx, dx, "RMSNorm dx + dresidual " + Name(s));
   }
 }
 
 TYPED_TEST(NormCudaTest, BackwardIsBitwiseReproducible) {
   using T = TypeParam;
-  Problem<T> p({5000, 1024}, 400);
-  const Backward a = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, nullptr);
-  const Backward b = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, nullptr);
-  EXPECT_EQ(a.dx, b.dx);
-  EXPECT_EQ(a.dgamma, b.dgamma);
-  EXPECT_EQ(a.dbeta, b.dbeta);
+  for (const Shape& s : {Shape{5000, 1024}, Shape{20000, 128}}) {  // block and warp-per-row paths
+    Problem<T> p(s, 400);
+    const Backward a = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, nullptr);
+    const Backward b = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, nullptr);
+    EXPECT_EQ(a.dx, b.dx) << Name(s);
+    EXPECT_EQ(a.dgamma, b.dgamma) << Name(s);
+    EXPECT_EQ(a.dbeta, b.dbeta) << Name(s);
+  }
+}
+
+// Pointers that are not 16-byte aligned take the plans with one element per access (other chunk
+// counts, block sizes and rows per step); the results match the aligned run's.
+TYPED_TEST(NormCudaTest, BackwardWithUnalignedPointersMatchesAligned) {
+  using T = TypeParam;
+  uint32_t seed = 600;
+  for (const Shape& s : {Shape{300, 1024}, Shape{1537, 200}, Shape{20000, 64}}) {
+    Problem<T> p(s, seed += 10);
+    const std::vector<float> dres = Representable<T>(Uniform(s.rows * s.d, seed + 5, -1.f, 1.f));
+    for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRmsNorm}) {
+      const Backward want = RunBackward<T>(kind, p, p.x, std::nullopt, &dres);
+      const Backward got = RunBackward<T>(kind, p, p.x, std::nullopt, &dres, /*offset=*/1);
+      const std::string what = Name(s) + (kind == NormKind::kLayerNorm ? " LayerNorm" : " RMSNorm");
+      ExpectMatch<T>(got.dx, want.dx, "dx " + what);
+      EXPECT_TRUE(AllClose(got.dgamma, want.dgamma, 1e-5)) << "dgamma " << what;
+      EXPECT_TRUE(AllClose(got.dbeta, want.dbeta, 1e-5)) << "dbeta " << what;
+    }
+  }
 }
 
 // The analytic RMSNorm gradient of the kernel against central differences of the double forward
