@@ -25,6 +25,8 @@ absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
   return UNIMPLEMENTED() << "this stream cannot record graphs";
 }
 
+absl::Status Stream::AbortCapture() { return UNIMPLEMENTED() << "this stream cannot record graphs"; }
+
 absl::StatusOr<std::vector<std::vector<ir::Tensor>>> Backend::RunGroup(
     const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& inputs,
     const ExecContext& ctx, ir::OutputAllocator* outputs) const {

@@ -71,6 +71,9 @@ class Stream {
   // stream launches the new graph; a recording test backend ran it while recording). After an
   // error the stream is not capturing any more and the recorded work is dropped.
   virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
+  // Ends the recording and drops it: none of the recorded work runs (after a kernel failed while
+  // recording, the work recorded before it must not run either). OK on an invalidated capture.
+  virtual absl::Status AbortCapture();
 };
 
 // One node evaluation's context: the random stream of a micro-batch (cpu::EvalContext's fields; a

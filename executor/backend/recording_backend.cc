@@ -82,15 +82,20 @@ class RecordingStream : public Stream {
   // writes are undone here, then the graph runs once: as a CUDA capture, whose work first runs here.
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
     if (!recording_) return FAILED_PRECONDITION() << "EndCapture: the stream is not capturing";
-    recording_ = false;
-    --recording_streams;
-    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) std::copy(it->second.begin(), it->second.end(), it->first);
-    undo_.clear();
+    Stop();
     auto graph = std::make_unique<RecordedGraph>(std::move(tape_));
     tape_.clear();
     if (!invalid_.empty()) return FAILED_PRECONDITION() << "the capture was invalidated: " << invalid_;
     RETURN_IF_ERROR(graph->Launch(this));
     return graph;
+  }
+  // Drops the recording: its writes are undone and nothing runs.
+  absl::Status AbortCapture() override {
+    if (!recording_) return FAILED_PRECONDITION() << "AbortCapture: the stream is not capturing";
+    Stop();
+    tape_.clear();
+    invalid_.clear();
+    return absl::OkStatus();
   }
   absl::Status Refuse(const char* what) {
     if (!recording_) return absl::OkStatus();
@@ -100,6 +105,14 @@ class RecordingStream : public Stream {
   }
 
  private:
+  // Ends recording, putting back every byte the recorded calls wrote.
+  void Stop() {
+    recording_ = false;
+    --recording_streams;
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) std::copy(it->second.begin(), it->second.end(), it->first);
+    undo_.clear();
+  }
+
   std::unique_ptr<Stream> inner_;
   bool recording_ = false;
   std::vector<Call> tape_;
@@ -191,8 +204,11 @@ class ReplayAllocator : public ir::OutputAllocator {
 class RecordingBackend : public Backend {
  public:
   RecordingBackend(std::shared_ptr<const Backend> inner, std::set<ir::OpKind> not_capturable,
-                   std::set<ir::OpKind> refused)
-      : inner_(std::move(inner)), not_capturable_(std::move(not_capturable)), refused_(std::move(refused)) {}
+                   std::set<ir::OpKind> refused, std::set<ir::OpKind> failing)
+      : inner_(std::move(inner)),
+        not_capturable_(std::move(not_capturable)),
+        refused_(std::move(refused)),
+        failing_(std::move(failing)) {}
 
   std::string name() const override { return inner_->name(); }
   ir::Placement placement() const override { return inner_->placement(); }
@@ -302,6 +318,9 @@ class RecordingBackend : public Backend {
       rs->Invalidate(why);
       return FAILED_PRECONDITION() << why;
     }
+    if (failing_.count(nodes[0]->op)) {  // a check of the kernel's own: the capture stays valid
+      return FAILED_PRECONDITION() << ir::NodeLabel(*nodes[0]) << ": this kernel fails while capturing";
+    }
     LoggingAllocator log(outputs, rs);
     absl::StatusOr<std::vector<std::vector<ir::Tensor>>> ran = run(*inner_, nodes, inputs, c, &log);
     if (!ran.ok()) rs->Invalidate(std::string(ran.status().message()));
@@ -319,15 +338,17 @@ class RecordingBackend : public Backend {
   }
 
   std::shared_ptr<const Backend> inner_;
-  std::set<ir::OpKind> not_capturable_, refused_;
+  std::set<ir::OpKind> not_capturable_, refused_, failing_;
 };
 
 }  // namespace
 
 std::shared_ptr<const Backend> MakeRecordingBackend(std::shared_ptr<const Backend> inner,
                                                     std::set<ir::OpKind> not_capturable,
-                                                    std::set<ir::OpKind> refused) {
-  return std::make_shared<RecordingBackend>(std::move(inner), std::move(not_capturable), std::move(refused));
+                                                    std::set<ir::OpKind> refused,
+                                                    std::set<ir::OpKind> failing) {
+  return std::make_shared<RecordingBackend>(std::move(inner), std::move(not_capturable), std::move(refused),
+                                            std::move(failing));
 }
 
 }  // namespace onnxpipe::backend

@@ -12,7 +12,10 @@
 // EndCapture fails, having run nothing): ToHost, FromHost, AllFinite on it, its
 // Synchronize/Record/Wait, Allocate on the recording thread (so Zeros, Upload, Clone), a Run
 // without planned outputs, a failing Run, and a Run of an op in `refused` (a kernel that claims
-// to be capturable and is not). Capturable: every node except those of `not_capturable`'s ops.
+// to be capturable and is not). A Run of an op in `failing` fails without invalidating the capture
+// (a kernel's own check, as a GEMM first seen while capturing): EndCapture would still launch
+// what was recorded before it, so a driver must drop that recording (AbortCapture).
+// Capturable: every node except those of `not_capturable`'s ops.
 #pragma once
 
 #include <memory>
@@ -24,6 +27,7 @@ namespace onnxpipe::backend {
 
 std::shared_ptr<const Backend> MakeRecordingBackend(std::shared_ptr<const Backend> inner,
                                                     std::set<ir::OpKind> not_capturable = {},
-                                                    std::set<ir::OpKind> refused = {});
+                                                    std::set<ir::OpKind> refused = {},
+                                                    std::set<ir::OpKind> failing = {});
 
 }  // namespace onnxpipe::backend

@@ -78,7 +78,12 @@ class CudaStream : public backend::Stream {
   absl::StatusOr<std::unique_ptr<backend::Graph>> EndCapture() override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     cudaGraph_t graph = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));  // an invalidated capture fails here
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);  // an invalidated capture fails here
+    if (ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // not the next launch's error
+      CUDA_RETURN_IF_ERROR(ended);
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -86,6 +91,15 @@ class CudaStream : public backend::Stream {
     auto g = std::make_unique<CudaGraph>(device_, exec);
     RETURN_IF_ERROR(g->Launch(this));  // the recorded work has not run yet
     return g;
+  }
+  absl::Status AbortCapture() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // an invalidated capture's error must not reach the next launch's check
+    if (ended != cudaSuccess && ended != cudaErrorStreamCaptureInvalidated) CUDA_RETURN_IF_ERROR(ended);
+    return absl::OkStatus();
   }
 
  private:

@@ -272,8 +272,17 @@ struct GemmContext::Impl {
 absl::StatusOr<Plan*> GemmContext::Impl::GetPlan(const GemmDesc& d, const GemmBuffers& b, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateGemm(d));
   RETURN_IF_ERROR(ValidateBuffers(d, b));
-  std::string key = ProblemKey(device_prefix, d, BufferAlignment(d, b), b.workspace_bytes);
+  const int64_t align = BufferAlignment(d, b);
+  std::string key = ProblemKey(device_prefix, d, align, b.workspace_bytes);
   if (auto it = plans.find(key); it != plans.end()) return it->second.get();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    // No choosing under capture; a tactic chosen for weaker alignment serves (the alignment is a minimum).
+    for (int64_t weaker = align / 2; weaker >= 1; weaker /= 2)
+      if (auto it = plans.find(ProblemKey(device_prefix, d, weaker, b.workspace_bytes)); it != plans.end())
+        return it->second.get();
+  }
 
   auto plan = std::make_unique<Plan>();
   plan->key = std::move(key);

@@ -578,8 +578,11 @@ class PipelineExecutor::StageRun {
     seg = Segment();
     absl::Status st = absl::OkStatus();
     for (int32_t k = i; k < j && st.ok(); ++k) st = RunMicrobatchNode(ids[k], m, ph, t, &seg);
+    if (!st.ok()) {  // EndCapture would run the nodes recorded before the failure: they run again eagerly
+      (void)stream_->AbortCapture();
+      return Annotate(st, what);
+    }
     absl::StatusOr<std::unique_ptr<backend::Graph>> graph = stream_->EndCapture();
-    RETURN_IF_ERROR(Annotate(st, what));
     if (!graph.ok()) return Annotate(graph.status(), what);
     seg.graph = *std::move(graph);
     seg.stats = arena_.stats();
@@ -889,7 +892,7 @@ class PipelineExecutor::StageRun {
       const bool recording = seg_ != nullptr && !replay_;
       seg_ = nullptr;
       if (!recording) return st;
-      (void)r_.stream_->EndCapture();
+      (void)r_.stream_->AbortCapture();  // none of it runs: the phase goes back to its start
       pv_ = pv_before_;
       r_.post_slots_.set_scratch_bytes(scratch_at_begin_);
       r_.arena_.ResetStats();

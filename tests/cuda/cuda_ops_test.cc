@@ -95,8 +95,8 @@ class CudaOpsTest : public ::testing::Test {
   // The CPU backend's outputs of `c` on `reference_inputs`, and the CUDA backend's unplanned and
   // planned ones on c.inputs (planned twice: the step in ctx, then in device memory), compared by
   // `expect`.
-  void Compare(const Case& c, const std::vector<Tensor>& reference_inputs, bool expect_device, const Expect& expect) {
-    ir::Graph g;
+  // The node of `c` in `g`: its inputs and outputs are values of g.
+  static ir::NodeId AddCaseNode(const Case& c, ir::Graph& g) {
     std::vector<ir::ValueId> in_ids, out_ids;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       const Tensor& t = c.inputs[i];
@@ -111,12 +111,24 @@ class CudaOpsTest : public ::testing::Test {
       out_ids.push_back(absent ? ir::kNoValue
                                : g.AddValue("out" + std::to_string(k), DType::kF32, {}, /*shape_known=*/false));
     }
-    const ir::NodeId id = g.AddNode(c.op, "node", in_ids, out_ids, c.attrs);
-    const ir::Node& node = g.node(id);
-    const std::string name(ir::OpName(c.op));
+    return g.AddNode(c.op, "node", in_ids, out_ids, c.attrs);
+  }
 
-    absl::StatusOr<std::vector<Tensor>> want = backend::MakeCpuBackend()->Run(node, reference_inputs, c.ctx);
-    ASSERT_TRUE(want.ok()) << want.status();
+  // The CPU backend's outputs of `c` on `inputs`.
+  static std::vector<Tensor> CpuOutputs(const Case& c, const std::vector<Tensor>& inputs) {
+    ir::Graph g;
+    const ir::NodeId id = AddCaseNode(c, g);
+    absl::StatusOr<std::vector<Tensor>> out = backend::MakeCpuBackend()->Run(g.node(id), inputs, c.ctx);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *std::move(out) : std::vector<Tensor>();
+  }
+
+  void Compare(const Case& c, const std::vector<Tensor>& reference_inputs, bool expect_device, const Expect& expect) {
+    ir::Graph g;
+    const ir::Node& node = g.node(AddCaseNode(c, g));
+    const std::string name(ir::OpName(c.op));
+    const std::vector<Tensor> want = CpuOutputs(c, reference_inputs);
+    if (want.empty()) return;
     std::vector<Tensor> dev_in;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       const Tensor& t = c.inputs[i];
@@ -147,9 +159,9 @@ class CudaOpsTest : public ::testing::Test {
       EXPECT_EQ(Fallbacks(name) - fallbacks_before, expect_device ? 0 : 1) << name << " ran on the host";
       // Trailing optional outputs may be left out or returned undefined (kernel.h): compare them as undefined.
       auto at = [](const std::vector<Tensor>& v, size_t k) { return k < v.size() ? v[k] : Tensor(); };
-      for (size_t k = 0; k < std::max(got->size(), want->size()); ++k) {
+      for (size_t k = 0; k < std::max(got->size(), want.size()); ++k) {
         SCOPED_TRACE("output " + std::to_string(k));
-        const Tensor w = at(*want, k), gk = at(*got, k);
+        const Tensor w = at(want, k), gk = at(*got, k);
         if (k < node.outputs.size() && node.outputs[k] == ir::kNoValue) continue;  // not an output of the node
         ASSERT_EQ(gk.defined(), w.defined());
         if (!w.defined()) continue;
@@ -170,18 +182,13 @@ class CudaOpsTest : public ::testing::Test {
   // the reference is the CPU's fp32 kernel on those inputs widened to f32 (exactly), its outputs
   // rounded once to bf16 where the device output is bf16. `out_dtypes` are the dtypes the bf16
   // graph gives the outputs. c.tol = 0: bit for bit; otherwise bf16 outputs within one bf16 unit
-  // in the last place (testing::Bf16Close) and f32 ones within c.tol as in Check.
-  void CheckBf16(const Case& c, const std::vector<DType>& out_dtypes, bool expect_device = true) {
+  // in the last place (testing::Bf16Close) and f32 ones within c.tol as in Check. `reference`, when
+  // given, replaces the widened inputs as the CPU kernel's.
+  void CheckBf16(const Case& c, const std::vector<DType>& out_dtypes, bool expect_device = true,
+                 const std::vector<Tensor>& reference = {}) {
     ASSERT_EQ(out_dtypes.size(), static_cast<size_t>(c.outputs));
-    std::vector<Tensor> reference;
-    for (const Tensor& t : c.inputs) {
-      if (!t.defined() || t.dtype() != DType::kBF16) {
-        reference.push_back(t);
-      } else {
-        reference.push_back(t.has_data() ? t.CastTo(DType::kF32) : Tensor::DimsOnly(DType::kF32, t.dims()));
-      }
-    }
-    Compare(c, reference, expect_device, [&](size_t k, const Tensor& got, const Tensor& want) {
+    Compare(c, reference.empty() ? Widened(c.inputs) : reference, expect_device,
+            [&](size_t k, const Tensor& got, const Tensor& want) {
       ASSERT_LT(k, out_dtypes.size());
       ASSERT_EQ(got.dtype(), out_dtypes[k]) << "the bf16 graph's output dtype";
       ASSERT_EQ(got.dims(), want.dims());
@@ -199,6 +206,19 @@ class CudaOpsTest : public ::testing::Test {
       }
       EXPECT_TRUE(testing::Bf16Close(g, w));
     });
+  }
+
+  // `inputs` with bf16 tensors widened to f32 (exactly).
+  static std::vector<Tensor> Widened(const std::vector<Tensor>& inputs) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : inputs) {
+      if (!t.defined() || t.dtype() != DType::kBF16) {
+        out.push_back(t);
+      } else {
+        out.push_back(t.has_data() ? t.CastTo(DType::kF32) : Tensor::DimsOnly(DType::kF32, t.dims()));
+      }
+    }
+    return out;
   }
 
   // The first element whose bits differ (-0 is not +0; NaN meets any NaN: cvt.rn.bf16.f32 and the
@@ -974,11 +994,18 @@ TEST_F(CudaOpsTest, LayerNormWithAFusedResidualAndDropoutIsTheCpus) {
       Check({ir::OpKind::kLayerNorm, in, a, 4, {1, 2}, 1e-5, train});  // Y and Sum only
       Check({ir::OpKind::kLayerNorm, in, a, 1, {}, 1e-5, train});      // Y only: S is not stored
     }
-    // bf16: S rounds once, as the unfused Add stores it; the CPU normalises it unrounded (op.h), so the
-    // statistics agree to bf16's precision.
+    // bf16: S rounds once, as the unfused Add stores it, and Y normalises that rounded S, as the unfused
+    // LayerNorm reads it. The reference is the CPU's S (exact in f32) rounded to bf16 and normalised by the
+    // same op with X = 0 (its dropout adds nothing).
     const std::vector<Tensor> inb = {RandB({3, 5, d}, 5, -2, 2), RandB({d}, 6), RandB({d}, 7),
                                      RandB({3, 5, d}, 8, -2, 2)};
-    CheckBf16({ir::OpKind::kLayerNorm, inb, dropped, 4, {}, 5e-3, train}, {kB, kF, kF, kB});
+    const Case bf16{ir::OpKind::kLayerNorm, inb, dropped, 4, {}, 5e-3, train};
+    std::vector<Tensor> reference = Widened(inb);
+    const std::vector<Tensor> cpu = CpuOutputs(bf16, reference);
+    ASSERT_EQ(cpu.size(), 4u);
+    reference[3] = cpu[3].CastTo(DType::kBF16).CastTo(DType::kF32);
+    reference[0] = Tensor::FromVector<float>(inb[0].dims(), std::vector<float>(inb[0].num_elements(), 0.f));
+    CheckBf16(bf16, {kB, kF, kF, kB}, /*expect_device=*/true, reference);
   }
 }
 

@@ -206,9 +206,11 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Kernels that claim to be capturable and are not (the recording backend refuses them while
-// recording): their recordings fail having run nothing, their nodes run eagerly from then on, and
-// training stays bitwise the eager run's. LayerNorm's segments are forward and backward ones; an
-// AdamWUpdate's failure sends the optimizer phase back to eager.
+// recording), or that fail a check of their own while recording (the capture stays valid, as with
+// a GEMM first seen under capture): their recordings are dropped having run nothing (not even the
+// nodes recorded before the failure, such as a gradient accumulation), their nodes run eagerly
+// from then on, and training stays bitwise the eager run's. LayerNorm's segments are forward and
+// backward ones; an AdamWUpdate's failure sends the optimizer phase back to eager.
 TEST(PipelineGraphsFallback, FailedRecordingsRunEagerly) {
   absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load("tiny_gpt");
   ASSERT_TRUE(f.ok()) << f.status();
@@ -220,9 +222,17 @@ TEST(PipelineGraphsFallback, FailedRecordingsRunEagerly) {
   ASSERT_TRUE(g.ok()) << g.status();
   absl::StatusOr<RunResult> eager = (*f)->Pipeline(c, &*g);
   ASSERT_TRUE(eager.ok()) << eager.status();
-  for (ir::OpKind refused : {ir::OpKind::kLayerNorm, ir::OpKind::kAdamWUpdate}) {
+  struct Failure {
+    ir::OpKind op;
+    bool invalidates;  // the capture (a refused call) or only the kernel (its own check)
+  };
+  for (const Failure& k : {Failure{ir::OpKind::kLayerNorm, true}, Failure{ir::OpKind::kAdamWUpdate, true},
+                           Failure{ir::OpKind::kLayerNormGrad, false}, Failure{ir::OpKind::kAdamWUpdate, false}}) {
+    const ir::OpKind refused = k.op;
+    SCOPED_TRACE(k.invalidates ? "invalidating the capture" : "leaving the capture valid");
     c.graphs = true;
-    c.backend = backend::MakeRecordingBackend(backend::MakeCpuBackend(), {}, {refused});
+    c.backend = k.invalidates ? backend::MakeRecordingBackend(backend::MakeCpuBackend(), {}, {k.op})
+                              : backend::MakeRecordingBackend(backend::MakeCpuBackend(), {}, {}, {k.op});
     absl::StatusOr<RunResult> graphs = (*f)->Pipeline(c, &*g);
     ASSERT_TRUE(graphs.ok()) << ir::OpName(refused) << ": " << graphs.status();
     ExpectSameTraining(*graphs, *eager);
