@@ -2,8 +2,9 @@
 // d = 1024): time per call (CUDA events, median of 5 runs of 20 calls after warm-up) and the
 // achieved GB/s counting the bytes each kernel must move (inputs read once, outputs written once;
 // the backward's dgamma/dbeta workspace traffic is reported separately). Not a test.
-// H200 (2026-12-03), bf16 (65536, 1024): LayerNorm fwd 2972 GB/s, bwd 2426, fwd+bwd 2619 (257 us);
-// residual-fused fwd 3969, bwd 2732; RMSNorm fwd+bwd 2774; cross-entropy (8192, 50257) 2289.
+// H200 (2026-12-05, bench/results/norm_20261205_h200.json), bf16 (65536, 1024): LayerNorm fwd 2789 GB/s,
+// bwd 2809, fwd+bwd 2801 (240 us); residual-fused fwd 3636, bwd 3507; RMSNorm fwd+bwd 2986;
+// cross-entropy (8192, 50257) 2276.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
