@@ -34,18 +34,18 @@ def peer_lines(a, extra):
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 
-def onnxpipe_run(a, model, batch, dtype, work, graphs=False):
+def onnxpipe_run(a, model, batch, dtype, work, graphs=True):
     data = os.path.join(work, f"data_b{batch}")
     os.makedirs(data, exist_ok=True)
     rows = batch * 2
     rng = np.random.default_rng(0)
     np.save(os.path.join(data, "tokens.npy"), rng.integers(0, a.vocab, (rows, a.seq), dtype=np.int64))
     np.save(os.path.join(data, "labels.npy"), rng.integers(0, 2, (rows,), dtype=np.int64))
-    metrics = os.path.join(work, f"m_b{batch}{'_graphs' if graphs else ''}.jsonl")
+    metrics = os.path.join(work, f"m_b{batch}{'' if graphs else '_no_graphs'}.jsonl")
     cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
            "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 or dtype != "fp32" else ["--tf32"]),
-           *(["--cuda-graphs"] if graphs else [])]
+           "--cuda-graphs" if graphs else "--no-cuda-graphs"]
     plan = {}
     if a.memory_budget:
         plan_dir = os.path.join(work, f"plan_budget_b{batch}")
@@ -132,9 +132,9 @@ def main():
                    "(at these batches; none given: every --batch)")
     p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "ckpt", "compile"],
                    help="PyTorch sides to run in the same command (none: onnxpipe alone)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="also run onnxpipe with --cuda-graphs (row key onnxpipe_graphs; --warmup >= 2: the first step "
-                        "is eager, the second records)")
+    p.add_argument("--no-graphs-row", action="store_true",
+                   help="also run onnxpipe with --no-cuda-graphs (row key onnxpipe_no_graphs; the onnxpipe row runs "
+                        "with CUDA graphs, train's default: --warmup >= 2, the first step is eager, the second records)")
     p.add_argument("--device-name", default="NVIDIA H200")
     p.add_argument("--tag", default="h200")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
@@ -147,7 +147,8 @@ def main():
                   for e in ([] if a.model else peer_lines(argparse.Namespace(**{**vars(a), "batch": [min(*a.batch, 32)]}),
                                                           ["--export-onnx", model]))]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
-        graphs = {b: onnxpipe_run(a, model, b, a.dtype, work, graphs=True) for b in a.batch} if a.cuda_graphs else {}
+        no_graphs = ({b: onnxpipe_run(a, model, b, a.dtype, work, graphs=False) for b in a.batch}
+                     if a.no_graphs_row else {})
         if a.predict is not None:
             for b in [b for b in a.predict or a.batch if b in onnxpipe]:
                 onnxpipe[b]["predicted"] = predicted(a, model, b, a.dtype, work)
@@ -158,11 +159,11 @@ def main():
         peers[name] = {l["batch"]: l for l in lines if "batch" in l}
     rows = []
     for b in a.batch:
-        row = dict(batch=b, onnxpipe=onnxpipe[b], **({"onnxpipe_graphs": graphs[b]} if b in graphs else {}))
+        row = dict(batch=b, onnxpipe=onnxpipe[b], **({"onnxpipe_no_graphs": no_graphs[b]} if b in no_graphs else {}))
         for name, by_batch in peers.items():
             pr = by_batch.get(b, {})
             row[name] = pr
-            for key, prefix in (("onnxpipe", "ratio"), ("onnxpipe_graphs", "ratio_graphs")):
+            for key, prefix in (("onnxpipe", "ratio"), ("onnxpipe_no_graphs", "ratio_no_graphs")):
                 if "samples_s" in row.get(key, {}) and pr.get("samples_s"):
                     row[f"{prefix}_vs_{name}"] = round(row[key]["samples_s"] / pr["samples_s"], 4)
         rows.append(row)

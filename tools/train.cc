@@ -111,7 +111,8 @@ void Declare(FlagSet& fs, Flags& f) {
           "--backend cuda: replay each stage's forward, backward and optimizer work as CUDA graphs (the first "
           "step runs eagerly, the second records, later steps replay: fewer launches, no per-kernel host work); "
           "sends, receives and nodes that wait for the device (embedding index checks, the loss's label check, "
-          "host fallbacks) run between graphs. Not with --check-numerics");
+          "host fallbacks) run between graphs. Default: on with --backend cuda unless --check-numerics; "
+          "--no-cuda-graphs issues every kernel from the host");
   fs.String("dtype", &f.dtype,
             "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
@@ -513,6 +514,8 @@ int RunTrain(const Args& args) {
   if (fs.positional().size() != 1) return Fail("train", "expected exactly one MODEL.onnx (see --help)", 2);
   if (std::optional<std::string> e = UsageError(fs, f)) return Fail("train", *e, 2);
   f.shuffle_given = fs.WasSet("shuffle");
+  // Graphs by default where they can run (measured faster on the H200: bench/results/cuda_train_20261205_*).
+  if (!fs.WasSet("cuda-graphs")) f.cuda_graphs = f.backend == "cuda" && !f.check_numerics;
   absl::StatusOr<int> code = Train(fs.positional()[0], f);
   if (!code.ok()) return Fail("train", std::string(code.status().message()));
   return *code;

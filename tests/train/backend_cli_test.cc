@@ -18,6 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Onnxpipe;
 using testing::RunCommand;
 using testing::SourcePath;
@@ -192,14 +193,15 @@ TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
   EXPECT_THAT(r.err, HasSubstr("--cuda-graphs cannot be combined with --check-numerics"));
 }
 
-// --cuda-graphs: steps replayed from CUDA graphs (dropout on: each replay must draw its own step's
-// masks) train as the eager steps, one stage and pipelined on one GPU.
+// CUDA graphs (train's default on cuda): steps replayed from graphs (dropout on: each replay must draw its own
+// step's masks) train as the eager steps (--no-cuda-graphs), one stage and pipelined on one GPU.
 TEST_F(BackendCliTest, CudaGraphsTrainAsEagerSteps) {
   for (const std::string config : {"--batch 8", "--batch 8 --stages 2 --microbatches 4 --recompute selective"}) {
     std::vector<double> eager_loss, eager_norm, loss, norm;
-    CommandResult eager = Train("--backend cuda --steps 5 " + config, "eager", &eager_loss, &eager_norm);
+    CommandResult eager = Train("--backend cuda --no-cuda-graphs --steps 5 " + config, "eager", &eager_loss, &eager_norm);
     if (eager.exit_code != 0) GTEST_SKIP() << "no GPU here";
-    CommandResult r = Train("--backend cuda --steps 5 --cuda-graphs " + config, "graphs", &loss, &norm);
+    EXPECT_THAT(eager.out, Not(HasSubstr("cuda graphs:"))) << config;
+    CommandResult r = Train("--backend cuda --steps 5 " + config, "graphs", &loss, &norm);
     ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.err;
     EXPECT_THAT(r.out, HasSubstr("cuda graphs: the last step replayed")) << config;
     EXPECT_THAT(r.out, HasSubstr(" 0 recordings failed")) << config;
