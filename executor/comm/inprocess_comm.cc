@@ -201,27 +201,28 @@ absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, cons
   }
 }
 
+absl::StatusOr<std::shared_ptr<uint8_t>> InProcessGroup::TakeStaging(int64_t bytes, backend::Stream* stream) const {
+  StagingPool::Entry e;
+  {
+    std::lock_guard<std::mutex> lock(staging_->mu_);
+    if (auto it = staging_->free_.find(bytes); it != staging_->free_.end()) {
+      e = std::move(it->second);
+      staging_->free_.erase(it);
+    } else {
+      ++staging_->allocations_;
+    }
+  }
+  if (e.buffer == nullptr) return backend_->Allocate(bytes);
+  for (const std::shared_ptr<backend::Event>& read : e.done) RETURN_IF_ERROR(WaitFor(stream, read));
+  return std::move(e.buffer);
+}
+
 absl::StatusOr<ir::Tensor> InProcessGroup::Stage(const ir::Tensor& t, backend::Stream* stream,
                                                  std::shared_ptr<uint8_t>* pooled) const {
   if (t.placement() == backend_->placement() && staging_ != nullptr) {
-    const int64_t bytes = t.num_bytes();
-    StagingPool::Entry e;
-    {
-      std::lock_guard<std::mutex> lock(staging_->mu_);
-      if (auto it = staging_->free_.find(bytes); it != staging_->free_.end()) {
-        e = std::move(it->second);
-        staging_->free_.erase(it);
-      } else {
-        ++staging_->allocations_;
-      }
-    }
-    if (e.buffer == nullptr) {
-      ASSIGN_OR_RETURN(e.buffer, backend_->Allocate(bytes));
-    }
-    RETURN_IF_ERROR(WaitFor(stream, e.done));  // its previous message has been read
-    ir::Tensor staged = ir::Tensor::View(t.dtype(), t.dims(), e.buffer, 0, backend_->placement());
+    ASSIGN_OR_RETURN(*pooled, TakeStaging(t.num_bytes(), stream));
+    ir::Tensor staged = ir::Tensor::View(t.dtype(), t.dims(), *pooled, 0, backend_->placement());
     RETURN_IF_ERROR(backend_->Copy(t, staged, stream));
-    *pooled = std::move(e.buffer);
     return staged;
   }
   if (t.placement() == backend_->placement()) return backend_->Clone(t, stream);
@@ -295,7 +296,7 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
   if (m.pooled != nullptr) {  // free again once this stream's copy has read it
     ASSIGN_OR_RETURN(std::shared_ptr<backend::Event> done, Mark(stream));
     std::lock_guard<std::mutex> lock(staging_->mu_);
-    staging_->free_.emplace(m.staged.num_bytes(), StagingPool::Entry{std::move(m.pooled), std::move(done)});
+    staging_->free_.emplace(m.staged.num_bytes(), StagingPool::Entry{std::move(m.pooled), {std::move(done)}});
   }
   return absl::OkStatus();
 }
@@ -339,14 +340,23 @@ absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std:
   if (++r.arrived == static_cast<int>(ranks.size()) && r.error.ok()) {
     // The last member sums, on its stream, after every member's work on its tensor.
     lock.unlock();
+    std::shared_ptr<uint8_t> pooled;
     absl::StatusOr<ir::Tensor> sum = [&]() -> absl::StatusOr<ir::Tensor> {
       for (const std::shared_ptr<backend::Event>& e : r.ready) RETURN_IF_ERROR(WaitFor(stream, e));
-      ASSIGN_OR_RETURN(ir::Tensor acc, backend_->Clone(r.inputs[0], stream));
+      ir::Tensor acc;
+      if (staging_ != nullptr) {  // a kept buffer, once the members have copied its last sum out
+        ASSIGN_OR_RETURN(pooled, TakeStaging(t.num_bytes(), stream));
+        acc = ir::Tensor::View(t.dtype(), t.dims(), pooled, 0, backend_->placement());
+        RETURN_IF_ERROR(backend_->Copy(r.inputs[0], acc, stream));
+      } else {
+        ASSIGN_OR_RETURN(acc, backend_->Clone(r.inputs[0], stream));
+      }
       for (size_t i = 1; i < r.inputs.size(); ++i) RETURN_IF_ERROR(backend_->Accumulate(acc, r.inputs[i], stream));
       return acc;
     }();
     absl::StatusOr<std::shared_ptr<backend::Event>> done = sum.ok() ? Mark(stream) : sum.status();
     lock.lock();
+    r.pooled.buffer = std::move(pooled);  // back to the pool once every member has copied the sum out
     if (done.ok()) {
       r.sum = *std::move(sum);
       r.done = *std::move(done);
@@ -361,11 +371,24 @@ absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std:
   const absl::Status error = r.error;
   const ir::Tensor sum = r.sum;
   const std::shared_ptr<backend::Event> done = r.done;
-  if (++r.departed == static_cast<int>(ranks.size())) reductions_.erase(key);
   lock.unlock();
-  RETURN_IF_ERROR(error);
-  RETURN_IF_ERROR(WaitFor(stream, done));
-  return backend_->Copy(sum, t, stream);
+  absl::Status st = error;
+  absl::StatusOr<std::shared_ptr<backend::Event>> copied = nullptr;
+  if (st.ok()) st = WaitFor(stream, done);
+  if (st.ok()) st = backend_->Copy(sum, t, stream);
+  if (st.ok()) copied = Mark(stream);
+  if (st.ok()) st = copied.status();
+  lock.lock();
+  if (st.ok() && *copied != nullptr) r.pooled.done.push_back(*std::move(copied));
+  if (++r.departed == static_cast<int>(ranks.size())) {
+    // Every member's copy of the sum is issued: its buffer is free once those have run.
+    if (r.pooled.buffer != nullptr && r.error.ok()) {
+      std::lock_guard<std::mutex> pool(staging_->mu_);
+      staging_->free_.emplace(t.num_bytes(), std::move(r.pooled));
+    }
+    reductions_.erase(key);
+  }
+  return st;
 }
 
 }  // namespace onnxpipe::comm

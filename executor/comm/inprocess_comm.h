@@ -28,8 +28,9 @@ namespace onnxpipe::comm {
 
 // Staging buffers kept from one group to the next (a pipeline step makes a group each step): a Send
 // stages into a free buffer of exactly its size, after the receive that last read it has finished
-// (an event on the receiver's stream), instead of allocating one. On a GPU that keeps cudaMalloc, and
-// cudaFree's device-wide synchronisation, out of the step loop. Thread-safe.
+// (an event on the receiver's stream), instead of allocating one; an all-reduce sums into one, after
+// every member has copied the previous sum out of it. On a GPU that keeps cudaMalloc, and cudaFree's
+// device-wide synchronisation, out of the step loop. Thread-safe.
 class StagingPool {
  public:
   // Buffers allocated so far (for tests).
@@ -39,7 +40,7 @@ class StagingPool {
   friend class InProcessGroup;
   struct Entry {
     std::shared_ptr<uint8_t> buffer;
-    std::shared_ptr<backend::Event> done;  // the last read of it; null: none pending
+    std::vector<std::shared_ptr<backend::Event>> done;  // the last reads of it
   };
   mutable std::mutex mu_;
   std::multimap<int64_t, Entry> free_;  // by bytes
@@ -84,6 +85,7 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
     absl::Status error;
     ir::Tensor sum;
     std::shared_ptr<backend::Event> done;
+    StagingPool::Entry pooled;  // sum's buffer when it came from the staging pool; `done` gets each member's copy
   };
   using ReductionKey = std::pair<std::vector<int>, int64_t>;  // the group, the member's call count
 
@@ -97,6 +99,9 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   absl::Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
                           const std::function<std::string()>& what);
   absl::Status AbortedLocked() const;
+  // A staging buffer of `bytes` for `stream` to write: a free one of the pool once its last reads
+  // have finished (`stream` waits for them), or a new one.
+  absl::StatusOr<std::shared_ptr<uint8_t>> TakeStaging(int64_t bytes, backend::Stream* stream) const;
   // A copy of `t` the transport owns (in the backend's memory, or on the host for a host tensor);
   // *pooled: its buffer when it came from the staging pool.
   absl::StatusOr<ir::Tensor> Stage(const ir::Tensor& t, backend::Stream* stream,

@@ -76,6 +76,36 @@ TEST(InProcessComm, APoolStagesLaterSendsInTheBuffersOfEarlierOnes) {
   EXPECT_EQ(sender.waited.size(), 4u);
 }
 
+// With a pool, all-reduces of later groups sum into the buffer of the first one: each sum waits for
+// every member's copy of the previous sum out of it (3 ready + 3 done waits per all-reduce, and the
+// 3 copies from the second on), and each step's sums are its own.
+TEST(InProcessComm, APoolKeepsTheAllReducesSumBuffer) {
+  auto pool = std::make_shared<comm::StagingPool>();
+  constexpr int kRanks = 3, kSteps = 3;
+  RecordingStream streams[kRanks];
+  for (int step = 0; step < kSteps; ++step) {
+    auto group = InProcessGroup::Create(kRanks, 10, nullptr, pool);
+    std::vector<ir::Tensor> grads;
+    for (int r = 0; r < kRanks; ++r) grads.push_back(Vec({1.f + r + 10.f * step, 2.f * r}));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        const absl::Status st = group->Endpoint(r)->AllReduce(grads[r], {0, 1, 2}, &streams[r]);
+        EXPECT_TRUE(st.ok()) << st;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(grads[r].data<float>()[0], 6.f + 30.f * step) << "step " << step << " rank " << r;
+      EXPECT_EQ(grads[r].data<float>()[1], 6.f) << "step " << step << " rank " << r;
+    }
+    EXPECT_EQ(pool->allocations(), 1) << "step " << step;
+  }
+  size_t waits = 0;
+  for (const RecordingStream& s : streams) waits += s.waited.size();
+  EXPECT_EQ(waits, static_cast<size_t>(kSteps * 2 * kRanks + (kSteps - 1) * kRanks));
+}
+
 TEST(InProcessComm, ReceivesIntoTheCallersBufferAcrossThreads) {
   auto group = InProcessGroup::Create(2);
   std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);

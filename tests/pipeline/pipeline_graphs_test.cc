@@ -291,12 +291,13 @@ class CountingBackend : public backend::Backend {
 
 // What a graph needs and what cudaMalloc/cudaFree in the loop would cost: a stage allocates nothing
 // after its first step (step inputs, optimizer outputs and norms in buffers of its own, sends staged
-// in the comm's kept buffers), one stage or two.
+// in the comm's kept buffers, a tied weight's gradient summed in one too), one stage or two.
 TEST(PipelineSteps, AllocateNothingAfterTheFirst) {
   for (const PipelineCase& k :
        {PipelineCase{"tiny_gpt", 1, 2, ScheduleKind::k1F1B, RecomputePolicy::kNone, autodiff::OptimizerKind::kAdamW},
         PipelineCase{"tiny_classifier", 2, 2, ScheduleKind::k1F1B, RecomputePolicy::kSelective,
-                     autodiff::OptimizerKind::kAdamW}}) {
+                     autodiff::OptimizerKind::kAdamW},
+        PipelineCase{"tiny_gpt", 2, 2, ScheduleKind::kGPipe, RecomputePolicy::kNone, autodiff::OptimizerKind::kSGD}}) {
     absl::StatusOr<std::unique_ptr<ModelFixture>> f = ModelFixture::Load(k.model);
     ASSERT_TRUE(f.ok()) << f.status();
     RunConfig c = k.Config();
