@@ -17,13 +17,18 @@
 namespace onnxpipe::cuda {
 namespace {
 
-// One GemmContext per host thread (a context serves one thread at a time; stage threads each
-// get theirs). Owned by the kernel table, so it goes with the backend.
+// One GemmContext per stream, and per thread on the default stream: a context serves one thread at
+// a time, and a stage's stream is issued to by its thread only. Not per thread: a pipeline may run a
+// stage on a new thread each step, and a recycled thread id would hand it another stage's context,
+// whose plans have not seen its GEMMs (which cannot be chosen while a CUDA graph records). Owned by
+// the kernel table, so it goes with the backend.
 class GemmContexts {
  public:
-  absl::StatusOr<GemmContext*> ForThisThread() {
+  absl::StatusOr<GemmContext*> For(cudaStream_t stream) {
+    const Key key = stream != nullptr ? Key{reinterpret_cast<uintptr_t>(stream), std::thread::id()}
+                                      : Key{0, std::this_thread::get_id()};
     std::lock_guard<std::mutex> lock(mu_);
-    std::unique_ptr<GemmContext>& c = contexts_[std::this_thread::get_id()];
+    std::unique_ptr<GemmContext>& c = contexts_[key];
     if (c == nullptr) {
       absl::StatusOr<std::unique_ptr<GemmContext>> made = GemmContext::Create();
       if (!made.ok()) return made.status();
@@ -33,8 +38,9 @@ class GemmContexts {
   }
 
  private:
+  using Key = std::pair<uintptr_t, std::thread::id>;  // the stream, or the thread on the default stream
   std::mutex mu_;
-  std::map<std::thread::id, std::unique_ptr<GemmContext>> contexts_;
+  std::map<Key, std::unique_ptr<GemmContext>> contexts_;
 };
 
 int64_t WorkspaceForThisDevice() {
@@ -71,7 +77,7 @@ struct Gemms {
     desc.output_type = OutputDType(node, dtype);
     desc.allow_tf32 = dtype == ir::DType::kF32 && ctx.allow_tf32;
     if (buffers.workspace == nullptr) RETURN_IF_ERROR(TakeWorkspace(ctx, node, buffers));
-    absl::StatusOr<GemmContext*> gc = contexts->ForThisThread();
+    absl::StatusOr<GemmContext*> gc = contexts->For(ctx.stream);
     if (!gc.ok()) return gc.status();
     return (*gc)->Run(desc, buffers, ctx.stream);
   }

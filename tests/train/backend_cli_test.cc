@@ -204,7 +204,7 @@ TEST_F(BackendCliTest, CudaGraphsTrainAsEagerSteps) {
     CommandResult r = Train("--backend cuda --steps 5 " + config, "graphs", &loss, &norm);
     ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.err;
     EXPECT_THAT(r.out, HasSubstr("cuda graphs: the last step replayed")) << config;
-    EXPECT_THAT(r.out, HasSubstr(" 0 recordings failed")) << config;
+    EXPECT_THAT(r.out, HasSubstr(" 0 recordings failed")) << config << "\n" << r.err;
     ASSERT_EQ(loss.size(), eager_loss.size()) << config;
     for (size_t i = 0; i < loss.size(); ++i) {
       EXPECT_NEAR(loss[i], eager_loss[i], 1e-6 * std::abs(eager_loss[i])) << config << " step " << i;
