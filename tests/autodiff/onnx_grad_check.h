@@ -1,0 +1,75 @@
+// The gradient check of an imported ONNX model: Y's weighted-sum loss differentiated by autodiff
+// against central finite differences of the forward graph.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "frontend/autodiff/autodiff.h"
+#include "frontend/ir/precision.h"
+#include "frontend/onnx/loader.h"
+#include "gtest/gtest.h"
+#include "tests/autodiff/test_graph.h"
+
+namespace onnxpipe::autodiff::testing {
+
+// The model at `path` with the inputs in `constants` bound as initializers (so that they are
+// differentiated; an f32 model runs in f64): each parameter whose name `wanted` accepts has its
+// gradient compared element by element with the finite difference, within `tol` relative to
+// max(1, |numeric|). Returns the names compared (none after a failure).
+inline std::vector<std::string> ExpectGradientsMatchFiniteDifferences(
+    const std::string& path, std::map<std::string, ir::Tensor> constants, double tol,
+    const std::function<bool(const std::string&)>& wanted) {
+  onnx_frontend::LoadOptions options;
+  options.constant_inputs = std::move(constants);
+  absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(path, options);
+  if (!m.ok()) {
+    ADD_FAILURE() << path << ": " << m.status();
+    return {};
+  }
+  TestGraph t;
+  t.g() = std::move(*m->graph);
+  if (t.g().value(t.g().FindValue("X")).dtype == ir::DType::kF32 &&
+      !ir::ConvertFloatPrecision(t.g(), ir::DType::kF32, ir::DType::kF64).ok()) {
+    ADD_FAILURE() << path << ": no f64 graph";
+    return {};
+  }
+  absl::StatusOr<ir::ValueId> loss = t.AddWeightedSumLoss({t.g().FindValue("Y")});
+  if (!loss.ok()) {
+    ADD_FAILURE() << path << ": " << loss.status();
+    return {};
+  }
+  const ir::Graph forward = t.g();
+  absl::StatusOr<TrainingGraphInfo> info = BuildGradients(&t.g(), *loss, {});
+  absl::StatusOr<std::vector<ir::Tensor>> out =
+      info.ok() ? Run(t.g()) : absl::StatusOr<std::vector<ir::Tensor>>(info.status());
+  if (!out.ok()) {
+    ADD_FAILURE() << path << ": " << out.status();
+    return {};
+  }
+  std::vector<std::string> compared;
+  for (size_t k = 0; k < info->param_grads.size(); ++k) {
+    const ir::ValueId p = info->param_grads[k].param;
+    const std::string& name = t.g().value(p).name;
+    if (!wanted(name)) continue;
+    compared.push_back(name);
+    const ir::Tensor& analytic = (*out)[1 + k];
+    absl::StatusOr<std::vector<double>> numeric = NumericGradient(forward, p, 1e-6);
+    if (!numeric.ok() || analytic.num_elements() != static_cast<int64_t>(numeric->size())) {
+      ADD_FAILURE() << path << ": no finite difference of " << name << " to compare";
+      continue;
+    }
+    for (int64_t i = 0; i < analytic.num_elements(); ++i) {
+      const double a = analytic.data<double>()[i], n = (*numeric)[i];
+      EXPECT_LE(std::abs(a - n) / std::max(1.0, std::abs(n)), tol)
+          << path << ": d loss / d " << name << "[" << i << "] analytic " << a << " numeric " << n;
+    }
+  }
+  return compared;
+}
+
+}  // namespace onnxpipe::autodiff::testing
