@@ -179,10 +179,28 @@ absl::StatusOr<NormGradShape> GetNormGradShape(const ir::Node& node, const std::
   return g;
 }
 
-// LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?) -> dX, dScale?, dBias?. With
+// A norm gradient's incoming dY, plus its optional dY2 input (ir::NormGradDy2Input) element by
+// element in the compute dtype: the Sum that SumIntoNormGrad folded in, in its order.
+template <typename T>
+struct IncomingGrad {
+  const T* dy;
+  const T* dy2;  // null without dY2
+  T operator()(int64_t i) const { return dy2 != nullptr ? static_cast<T>(dy[i] + dy2[i]) : dy[i]; }
+};
+
+// The node's dY2 input, checked against dY (null when absent).
+absl::StatusOr<const ir::Tensor*> Dy2Input(const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const int i = ir::NormGradDy2Input(node.op);
+  if (!HasInput(in, i)) return nullptr;
+  RETURN_IF_ERROR(ExpectSame(node, in[0], in[i], "dY2"));
+  return &in[i];
+}
+
+// LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?) -> dX, dScale?, dBias?. With
 // x^ = (x - mu) r and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)), rounded
 // to X's dtype, plus dresidual (one more rounding: the Add it replaces); dScale = sum over rows of
-// dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast.
+// dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast. With dY2, dY is
+// dY + dY2 in the compute dtype (the Sum it replaces).
 Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -199,9 +217,10 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   }
   const bool has_dres = HasInput(in, 5);
   if (has_dres) RETURN_IF_ERROR(ExpectSame(node, in[5], x, "X"));
+  ASSIGN_OR_RETURN(const ir::Tensor* dy2, Dy2Input(node, in));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    const T* pg = dy.data<T>();
+    const IncomingGrad<T> grad{dy.data<T>(), dy2 != nullptr ? dy2->data<T>() : nullptr};
     const T* px = x.data<T>();
     const T* ps = s.data<T>();
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, LayerNormGradWorkspace(rows)));
@@ -215,7 +234,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
-        const T* gr = pg + r * n;
+        const int64_t row = r * n;
         if (saved) {
           mu[r] = in[3].data<T>()[r];
           rstd[r] = in[4].data<T>()[r];
@@ -229,7 +248,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         if (pdx == nullptr) continue;
         double mg = 0, mgx = 0;
         for (int64_t i = 0; i < n; ++i) {
-          const double g = static_cast<double>(gr[i]) * ps[i];
+          const double g = static_cast<double>(grad(row + i)) * ps[i];
           mg += g;
           mgx += g * (xr[i] - mu[r]) * rstd[r];
         }
@@ -237,7 +256,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         mgx /= static_cast<double>(n);
         for (int64_t i = 0; i < n; ++i) {
           const double xh = (xr[i] - mu[r]) * rstd[r];
-          const T d = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - mg - xh * mgx));
+          const T d = static_cast<T>(rstd[r] * (static_cast<double>(grad(row + i)) * ps[i] - mg - xh * mgx));
           pdx[r * n + i] = pres != nullptr ? static_cast<T>(d + pres[r * n + i]) : d;
         }
       }
@@ -261,7 +280,7 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
           double as[kBlock] = {}, ab[kBlock] = {};
           for (int64_t r = 0; r < rows; ++r) {
             for (int64_t c = c0; c < c1; ++c) {
-              const double g = pg[r * n + c];
+              const double g = grad(r * n + c);
               as[c - c0] += g * (px[r * n + c] - mu[r]) * rstd[r];
               ab[c - c0] += g;
             }
@@ -282,9 +301,9 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
 }
 REGISTER_CPU_KERNEL(kLayerNormGrad, LayerNormGradKernel);
 
-// RMSNormGrad(dY, X, scale, inv_std_dev?) -> dX, dScale?. With x^ = x r and g = dY * scale over a
-// row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of dY x^, reduced to scale's shape
-// when scale was broadcast.
+// RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) -> dX, dScale?. With x^ = x r and g = dY * scale
+// over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of dY x^, reduced to scale's
+// shape when scale was broadcast. dY2 as LayerNormGrad's.
 Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -298,9 +317,10 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
     return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " " << ir::DTypeName(x.dtype())
                               << " values";
   }
+  ASSIGN_OR_RETURN(const ir::Tensor* dy2, Dy2Input(node, in));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    const T* pg = dy.data<T>();
+    const IncomingGrad<T> grad{dy.data<T>(), dy2 != nullptr ? dy2->data<T>() : nullptr};
     const T* px = x.data<T>();
     const T* ps = s.data<T>();
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, RMSNormGradWorkspace(rows)));
@@ -311,7 +331,7 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
     ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
-        const T* gr = pg + r * n;
+        const int64_t row = r * n;
         if (saved) {
           rstd[r] = in[3].data<T>()[r];
         } else {
@@ -321,11 +341,11 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
         }
         if (pdx == nullptr) continue;
         double mgx = 0;
-        for (int64_t i = 0; i < n; ++i) mgx += static_cast<double>(gr[i]) * ps[i] * xr[i] * rstd[r];
+        for (int64_t i = 0; i < n; ++i) mgx += static_cast<double>(grad(row + i)) * ps[i] * xr[i] * rstd[r];
         mgx /= static_cast<double>(n);
         for (int64_t i = 0; i < n; ++i) {
           const double xh = xr[i] * rstd[r];
-          pdx[r * n + i] = static_cast<T>(rstd[r] * (static_cast<double>(gr[i]) * ps[i] - xh * mgx));
+          pdx[row + i] = static_cast<T>(rstd[r] * (static_cast<double>(grad(row + i)) * ps[i] - xh * mgx));
         }
       }
     });
@@ -340,7 +360,7 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
         const int64_t c0 = blk * kBlock, c1 = std::min(n, c0 + kBlock);
         double acc[kBlock] = {};
         for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(pg[r * n + c]) * px[r * n + c] * rstd[r];
+          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(grad(r * n + c)) * px[r * n + c] * rstd[r];
         }
         for (int64_t c = c0; c < c1; ++c) pds[c] = static_cast<T>(acc[c - c0]);
       }

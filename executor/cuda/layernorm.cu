@@ -273,6 +273,9 @@ __device__ __forceinline__ void GroupSum(float (&v)[N], float* smem) {
   }
 }
 
+// The bits of v rounded to bf16.
+__device__ __forceinline__ uint32_t Bf16Bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
 // VEC elements of T in 32-bit words: fp32 as their bits, bf16 two to a word (a lone bf16 as the
 // bits of its float). Held this way, a bf16 row slice takes half a register per element; as an
 // array of bf16 the compiler gives each element its own register once loads and zeros merge.
@@ -301,6 +304,20 @@ struct Slice {
   __device__ __forceinline__ float operator[](int j) const {
     if constexpr (kPairs) return __uint_as_float(j % 2 == 0 ? w[j / 2] << 16 : w[j / 2] & 0xffff0000u);
     return __uint_as_float(w[j]);
+  }
+  // Adds `o` element by element, each sum rounded to T (what an Add of the two stores).
+  __device__ __forceinline__ void AddRounded(const Slice& o) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        w[i] = __float_as_uint(__uint_as_float(w[i]) + __uint_as_float(o.w[i]));
+      } else if constexpr (kPairs) {
+        const uint32_t lo = Bf16Bits((*this)[2 * i] + o[2 * i]), hi = Bf16Bits((*this)[2 * i + 1] + o[2 * i + 1]);
+        w[i] = lo | hi << 16;
+      } else {
+        w[i] = Bf16Bits((*this)[i] + o[i]) << 16;
+      }
+    }
   }
 };
 
@@ -364,6 +381,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
           const int off = r * d + c * VEC;
           xs[r][k].Load(a.x + first_off + off);
           dys[r][k].Load(a.dy + first_off + off);
+          if (a.dy2 != nullptr) {
+            S more;
+            more.Load(a.dy2 + first_off + off);
+            dys[r][k].AddRounded(more);
+          }
           if (a.dresidual != nullptr) drs[r][k].Load(a.dresidual + first_off + off);
         }
         mean[r] = rstd[r] = 0.f;
@@ -563,7 +585,7 @@ cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream
     return cudaSuccess;
   }
   RowPlan plan;
-  const bool aligned = rows::AllAligned(16, a.dy, a.x, a.gamma, a.dresidual, a.dx);
+  const bool aligned = rows::AllAligned(16, a.dy, a.dy2, a.x, a.gamma, a.dresidual, a.dx);
   if (!PlanBackward<T>(a.d, aligned, &plan)) return cudaErrorInvalidValue;
   const int64_t blocks = BackwardBlocks(a.rows, a.d);
   const int64_t rows_per_block = (a.rows + blocks - 1) / blocks;

@@ -9,7 +9,8 @@
 //   LayerNorm: mean = sum(s) / d, var = sum((s - mean)^2) / d (biased), rstd = 1 / sqrt(var + eps),
 //              y = (s - mean) * rstd * gamma + beta                    (the CPU op's Y, Mean, InvStdDev)
 //   RMSNorm:   rstd = 1 / sqrt(sum(s^2) / d + eps), y = s * rstd * gamma   (mean is not used)
-// Backward (the CPU LayerNormGrad): with xh = (s - mean) * rstd and g = dy * gamma,
+// Backward (the CPU LayerNormGrad): with xh = (s - mean) * rstd and g = dy * gamma (dy = dy + dy2
+// rounded to T when a second addend is given: the Sum the graph fused into LayerNormGrad),
 //   LayerNorm: ds = rstd * (g - mean(g) - xh * mean(g xh)),  RMSNorm: ds = rstd * (g - xh * mean(g xh)),
 //   dx = ds + dresidual (the residual stream's incoming gradient, when given),
 //   dgamma = sum over rows of dy * xh, dbeta = sum over rows of dy.
@@ -67,6 +68,7 @@ struct NormBackwardArgs {
   int64_t d = 0;
   float epsilon = 1e-5f;         // used only when the statistics are recomputed
   const T* dy = nullptr;         // (rows, d)
+  const T* dy2 = nullptr;        // (rows, d) optional: the incoming gradient is dy + dy2, rounded to T
   const T* x = nullptr;          // (rows, d) the normalised input (the forward's s)
   const T* gamma = nullptr;      // (d)
   const float* mean = nullptr;   // (rows) the forward's; LayerNorm: given together with rstd

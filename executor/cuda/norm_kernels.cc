@@ -142,10 +142,12 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
   });
 }
 
-// dX, dScale?, dBias? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?).
+// dX, dScale?, dBias? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?).
 KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 5}, {3, 4});
-  if (!t || in[0].dims() != in[1].dims() || (HasInput(in, 5) && in[5].dims() != in[1].dims())) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 5, 6}, {3, 4});
+  if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
+  for (int i : {5, 6})
+    if (HasInput(in, i) && in[i].dims() != in[1].dims()) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
@@ -175,6 +177,7 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
     a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
     if (saved) a.mean = DevicePtr<float>(in[3]), a.rstd = DevicePtr<float>(in[4]);
     if (HasInput(in, 5)) a.dresidual = DevicePtr<T>(in[5]);
+    if (HasInput(in, 6)) a.dy2 = DevicePtr<T>(in[6]);
     a.dx = DevicePtr<T>(out[0]);
     return RunBackward(ctx, node, a, out, out[1], out[2]);
   });
@@ -211,12 +214,12 @@ KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::
   });
 }
 
-// dX, dScale? = RMSNormGrad(dY, X, scale, inv_std_dev?).
+// dX, dScale? = RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?).
 KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // The launcher always writes dX; a node without it (a frozen input) runs on the host.
   if (!WantsOutput(node, 0)) return std::nullopt;
-  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {3});
-  if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 4}, {3});
+  if (!t || in[0].dims() != in[1].dims() || (HasInput(in, 4) && in[4].dims() != in[1].dims())) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
@@ -244,6 +247,7 @@ KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const s
     a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
     if (saved) a.rstd = DevicePtr<float>(in[3]);
+    if (HasInput(in, 4)) a.dy2 = DevicePtr<T>(in[4]);
     a.dx = DevicePtr<T>(out[0]);
     return RunBackward(ctx, node, a, out, out[1], ir::Tensor());
   });

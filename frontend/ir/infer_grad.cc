@@ -186,7 +186,11 @@ absl::StatusOr<Outputs> SoftmaxGradRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
-  if (ctx.has_input(5)) RETURN_IF_ERROR(SameShape(ctx, 1, 5).status());  // dresidual
+  if (ctx.node().op == OpKind::kLayerNormGrad && ctx.has_input(5)) {
+    RETURN_IF_ERROR(SameShape(ctx, 1, 5).status());  // dresidual
+  }
+  const int dy2 = NormGradDy2Input(ctx.node().op);
+  if (ctx.has_input(dy2)) RETURN_IF_ERROR(SameShape(ctx, 0, dy2).status());
   RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(1), "axis").status());
   Outputs out = One(ctx.dtype(1), std::move(s));
   for (int i = 1; i < ctx.num_outputs(); ++i) out.push_back({ctx.dtype(2), ctx.shape(2)});

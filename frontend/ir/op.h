@@ -84,14 +84,18 @@
 // - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
 // - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the forward's
 //   dropout and rng_key, dY is first kept and scaled, or zeroed, by the regenerated mask.
-// - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?) attrs axis, epsilon -> dX, dScale?,
-//   dBias?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel recomputes them.
-//   dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first as an Add after
-//   it would: the other gradient of a fused residual's sum (the residual stream's).
+// - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?) attrs axis, epsilon -> dX,
+//   dScale?, dBias?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel
+//   recomputes them. dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first
+//   as an Add after it would: the other gradient of a fused residual's sum (the residual stream's).
+//   dY2 (dY's dtype and shape) is a second addend of the incoming gradient: the kernel reads dY + dY2,
+//   the Sum it replaces (passes/sum_into_norm_grad.h); in f32 for a half dtype on the CPU backend,
+//   rounded to it by the CUDA kernel (as the Sum would store it).
 //   dScale and dBias both have scale's shape.
-// - RMSNormGrad(dY, X, scale, inv_std_dev?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
+// - RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
+//   dY2 as LayerNormGrad's (NormGradDy2Input gives its index in either op).
 // - DropoutGrad(dY, mask?) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output,
 //   or without it the forward's mask regenerated from its random stream (attr rng_key = the
 //   forward's rng_key, else its name; as AttentionGrad), so the forward keeps no mask.
@@ -228,8 +232,8 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
   V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
-  V(LayerNormGrad, "LayerNormGrad", 3, 6, 1, 3, 0)                                           \
-  V(RMSNormGrad, "RMSNormGrad", 3, 4, 1, 2, 0)                                               \
+  V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 3, 0)                                           \
+  V(RMSNormGrad, "RMSNormGrad", 3, 5, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1, 0)               \
@@ -264,5 +268,10 @@ inline bool IsShapeOnlyOperand(OpKind op, int i) {
   return false;
 }
 std::optional<OpKind> ParseOpKind(std::string_view name);
+// The index of a LayerNormGrad's or RMSNormGrad's optional dY2 input (the incoming gradient's second
+// addend); -1 for any other op.
+constexpr int NormGradDy2Input(OpKind op) {
+  return op == OpKind::kLayerNormGrad ? 6 : op == OpKind::kRMSNormGrad ? 4 : -1;
+}
 
 }  // namespace onnxpipe::ir

@@ -152,5 +152,43 @@ TEST(LayerNormGrad, DresidualIsTheAddAfterIt) {
   }
 }
 
+// A norm gradient's dY2 is the Sum before it: bit for bit Sum(dY, dY2) then LayerNormGrad (with
+// dresidual) or RMSNormGrad in f32 and f64; in bf16 (computed through f32 here) the fused sum skips
+// the Sum's rounding to bf16, so within bf16's precision. dY2 must have dY's shape.
+TEST(NormGrad, Dy2IsTheSumBeforeIt) {
+  ir::Attrs attrs;
+  attrs.Set("axis", int64_t{-1});
+  attrs.Set("epsilon", 1e-5);
+  for (DType t : {DType::kF32, DType::kF64, DType::kBF16})
+  for (OpKind op : {OpKind::kLayerNormGrad, OpKind::kRMSNormGrad}) {
+    SCOPED_TRACE(std::string(ir::DTypeName(t)) + " " + std::string(ir::OpName(op)));
+    const Tensor dy = Rand(t, {3, 5, 8}, 80), dy2 = Rand(t, {3, 5, 8}, 81);
+    const Tensor x = Rand(t, {3, 5, 8}, 82), scale = Rand(t, {8}, 83), dres = Rand(t, {3, 5, 8}, 84);
+    const Tensor sum = Eval1(MakeNode(OpKind::kSum, 2), {dy, dy2});
+    const bool ln = op == OpKind::kLayerNormGrad;
+    const int outs = ln ? 3 : 2, fused_ins = ir::NormGradDy2Input(op) + 1;
+    std::vector<Tensor> plain_in = {sum, x, scale, Tensor()};
+    if (ln) plain_in.insert(plain_in.end(), {Tensor(), dres});
+    std::vector<Tensor> fused_in = plain_in;
+    fused_in[0] = dy;
+    fused_in.push_back(dy2);
+    absl::StatusOr<std::vector<Tensor>> want = Eval(MakeNode(op, fused_ins - 1, outs, attrs), plain_in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::StatusOr<std::vector<Tensor>> fused = Eval(MakeNode(op, fused_ins, outs, attrs), fused_in);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    for (int k = 0; k < outs; ++k) {
+      if (t == DType::kBF16) {
+        EXPECT_TRUE(AllClose((*fused)[k], (*want)[k], 2e-2, 2e-2)) << "output " << k;
+      } else {
+        EXPECT_TRUE((*fused)[k].BitwiseEquals((*want)[k])) << ir::DTypeName(t) << " output " << k;
+      }
+    }
+    fused_in.back() = Rand(t, {3, 8}, 85);
+    auto bad = Eval(MakeNode(op, fused_ins, outs, attrs), fused_in);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(std::string(bad.status().message()).find("dY2"), std::string::npos) << bad.status();
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::cpu::testing

@@ -337,6 +337,10 @@ TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
   const Tensor dres = Rand({4, 7, 96}, 4);
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2], dres}, {}, 3});
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor(), dres}, {}, 3});
+  // dY2 (the gradient Sum fused into the norm's backward), alone and with dresidual.
+  const Tensor dy2 = Rand({4, 7, 96}, 5);
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2], Tensor(), dy2}, {}, 3});
+  Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor(), dres, dy2}, {}, 3});
 }
 
 TEST_F(CudaOpsTest, RMSNormAndItsGradient) {
@@ -352,6 +356,7 @@ TEST_F(CudaOpsTest, RMSNormAndItsGradient) {
   Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*fwd)[1]}, {}, 2});
   Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 2});
   Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1});  // no dScale
+  Check({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*fwd)[1], Rand({4, 7, 96}, 8)}, {}, 2});  // with dY2
 }
 
 // The flash forward's Stats output (each row's log-sum-exp) is the CPU's; with the forward's O and
@@ -913,8 +918,11 @@ TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2]}, {}, 3}, {kB, kB, kB});
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}}, {kB, kB, kB});  // no dBias
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {1, 2}}, {kB, kB, kB});
+  const Tensor dy2 = RandB({4, 7, 96}, 11), dres = RandB({4, 7, 96}, 12);
+  CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2], dres, dy2}, {}, 3}, {kB, kB, kB});
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1]}, {}, 2}, {kB, kB});
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1}, {kB});  // no dScale
+  CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1], dy2}, {}, 2}, {kB, kB});
 }
 
 TEST_F(CudaOpsTest, Bf16SoftmaxGeluAndDropout) {
