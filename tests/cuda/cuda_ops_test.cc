@@ -918,11 +918,25 @@ TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2]}, {}, 3}, {kB, kB, kB});
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {2}}, {kB, kB, kB});  // no dBias
   CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor()}, {}, 3, {1, 2}}, {kB, kB, kB});
+  // dY2: the device adds it to dY rounded to bf16 (the Sum it replaces), so the reference is the CPU
+  // kernel on that rounded sum as dY.
   const Tensor dy2 = RandB({4, 7, 96}, 11), dres = RandB({4, 7, 96}, 12);
-  CheckBf16({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2], dres, dy2}, {}, 3}, {kB, kB, kB});
+  Tensor summed(kF, dy.dims());
+  const std::vector<float> a = Floats(dy), b = Floats(dy2);
+  for (size_t i = 0; i < a.size(); ++i) summed.mutable_data<float>()[i] = a[i] + b[i];
+  summed = summed.CastTo(kB).CastTo(kF);
+  auto sum_reference = [&](const std::vector<Tensor>& in) {
+    std::vector<Tensor> r = Widened(in);
+    r[0] = summed;
+    r.back() = Tensor();
+    return r;
+  };
+  const std::vector<Tensor> ln_in = {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2], dres, dy2};
+  CheckBf16({ir::OpKind::kLayerNormGrad, ln_in, {}, 3}, {kB, kB, kB}, true, sum_reference(ln_in));
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1]}, {}, 2}, {kB, kB});
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1}, {kB});  // no dScale
-  CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1], dy2}, {}, 2}, {kB, kB});
+  const std::vector<Tensor> rms_in = {dy, x, scale, (*rms_fwd)[1], dy2};
+  CheckBf16({ir::OpKind::kRMSNormGrad, rms_in, {}, 2}, {kB, kB}, true, sum_reference(rms_in));
 }
 
 TEST_F(CudaOpsTest, Bf16SoftmaxGeluAndDropout) {
