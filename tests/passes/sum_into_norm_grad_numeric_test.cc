@@ -1,9 +1,8 @@
 // SumIntoNormGrad: the gradient Sum in front of a LayerNormGrad or RMSNormGrad becomes the norm's
 // dY2 input. On the gradients autodiff writes for a LayerNorm or RMSNorm read by one, two and three
-// projections, the
-// rewritten graph must compute the same loss and gradients bit for bit on the CPU backend (the
-// kernel adds dY2 last, as the Sum's left-to-right order does); Sums it must not touch (another
-// reader, a broadcast addend) stay.
+// projections, the rewritten graph must compute the same loss and gradients bit for bit on the CPU
+// backend (the kernel adds dY2 last, as the Sum's left-to-right order does); Sums it must not touch
+// (another reader, a broadcast addend) stay.
 
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/verifier.h"
