@@ -1,5 +1,6 @@
 #include "tools/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -30,10 +31,17 @@ void FlagSet::Bool(const std::string& name, bool* out, const std::string& help) 
   order_.push_back(name);
 }
 
+void FlagSet::OptionalString(const std::string& name, std::string* out, const std::string& implicit,
+                             const std::vector<std::string>& values, const std::string& help) {
+  flags_[name] = {Kind::kOptionalString, out, help, out->empty() ? "" : *out, implicit, values};
+  order_.push_back(name);
+}
+
 absl::Status FlagSet::Assign(const std::string& name, Flag& f, const std::string& value) {
   const std::string where = "onnxpipe " + command_ + ": flag --" + name;
   switch (f.kind) {
     case Kind::kString:
+    case Kind::kOptionalString:
       *static_cast<std::string*>(f.target) = value;
       break;
     case Kind::kInt: {
@@ -101,8 +109,13 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       return INVALID_ARGUMENT() << "onnxpipe " << command_ << ": unknown flag --" << name
                                 << " (see onnxpipe " << command_ << " --help)";
     if (!has_value) {
-      if (it->second.kind == Kind::kBool) {
+      const Flag& f = it->second;
+      if (f.kind == Kind::kBool) {
         value = "true";
+      } else if (f.kind == Kind::kOptionalString) {
+        const bool next_is_value =
+            i + 1 < args.size() && std::find(f.values.begin(), f.values.end(), args[i + 1]) != f.values.end();
+        value = next_is_value ? args[++i] : f.implicit;
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
@@ -121,7 +134,13 @@ std::string FlagSet::Usage() const {
   for (const std::string& name : order_) {
     const Flag& f = flags_.at(name);
     std::string lhs = "  --" + name;
-    if (f.kind != Kind::kBool) lhs += f.kind == Kind::kString ? " STR" : " N";
+    if (f.kind == Kind::kOptionalString) {
+      std::string choices;
+      for (const std::string& v : f.values) choices += (choices.empty() ? "" : "|") + v;
+      lhs += " [" + choices + "]";
+    } else if (f.kind != Kind::kBool) {
+      lhs += f.kind == Kind::kString ? " STR" : " N";
+    }
     os << lhs;
     os << std::string(lhs.size() < 26 ? 26 - lhs.size() : 1, ' ') << f.help;
     if (!f.default_text.empty() && f.default_text != "0" && f.default_text != "false")

@@ -20,6 +20,10 @@ class FlagSet {
   void Int(const std::string& name, int64_t* out, const std::string& help);
   void Double(const std::string& name, double* out, const std::string& help);
   void Bool(const std::string& name, bool* out, const std::string& help);
+  // A flag whose value may be left out: `--name` alone sets `implicit`; `--name=V`, or `--name V` where V is one
+  // of `values`, sets V (any other next argument is left for the next flag or the positionals).
+  void OptionalString(const std::string& name, std::string* out, const std::string& implicit,
+                      const std::vector<std::string>& values, const std::string& help);
 
   // Parses args (without the program and command names). Positional arguments are collected in
   // positional(). Sets help_requested() on --help / -h.
@@ -31,12 +35,14 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kInt, kDouble, kBool };
+  enum class Kind { kString, kInt, kDouble, kBool, kOptionalString };
   struct Flag {
     Kind kind;
     void* target;
     std::string help;
     std::string default_text;
+    std::string implicit = {};             // kOptionalString: the value of `--name` alone
+    std::vector<std::string> values = {};  // kOptionalString: the values `--name V` accepts as a separate argument
   };
   absl::Status Assign(const std::string& name, Flag& f, const std::string& value);
 

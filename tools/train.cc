@@ -23,6 +23,7 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/model.h"
+#include "tools/resume.h"
 #include "tools/train_data.h"
 #include "tools/train_loop.h"
 
@@ -41,13 +42,14 @@ struct Flags {
   int64_t checkpoint_every = 0, keep_checkpoints = 3, log_every = 1;
   double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_norm = 0, label_smoothing = 0;
-  bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false, resume = false;
+  bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false;
   bool shuffle_given = false;            // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
   bool tf32 = false, cuda_graphs = false;
   std::string cuda_attention = "auto";
   std::string recompute, plan, report;
+  std::string resume;  // "" | latest | auto (tools/resume.h)
 };
 
 void Declare(FlagSet& fs, Flags& f) {
@@ -95,9 +97,12 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.String("checkpoint-dir", &f.checkpoint_dir,
             "save training checkpoints (parameters, optimizer state, step, data position) and the vocabulary here; "
             "an unpartitioned and a pipelined run of the same training graph resume each other's");
-  fs.Int("checkpoint-every", &f.checkpoint_every, "checkpoint every N steps (and always at the end and on SIGINT)");
+  fs.Int("checkpoint-every", &f.checkpoint_every,
+         "checkpoint every N steps (and always at the end and on SIGINT or SIGTERM)");
   fs.Int("keep-checkpoints", &f.keep_checkpoints, "keep the newest N checkpoints (0: all)");
-  fs.Bool("resume", &f.resume, "continue from --checkpoint-dir's latest checkpoint");
+  fs.OptionalString("resume", &f.resume, "latest", {"auto"},
+                    "continue from --checkpoint-dir's latest checkpoint (an error when there is none); --resume "
+                    "auto: continue when there is one, else start fresh (a requeued job's same command line)");
   fs.String("backend", &f.backend,
             "cpu | cuda | checked. cuda: GPU --device through the stage executor (ops "
             "without a CUDA kernel yet run on the host and are listed at the end); checked: the CPU kernels over "
@@ -323,14 +328,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   DataRequest request;
   if (!f.checkpoint_dir.empty()) {
     checkpoints.emplace(f.checkpoint_dir, static_cast<int>(f.keep_checkpoints));
-    if (f.resume) {
-      absl::StatusOr<io::Checkpoint> c = checkpoints->LoadLatest();
-      if (absl::IsNotFound(c.status())) {
-        return NOT_FOUND() << "--resume: --checkpoint-dir " << f.checkpoint_dir << " holds no checkpoint yet ("
-                           << c.status().message() << ")";
-      }
-      RETURN_IF_ERROR(c.status());
-      resume_from = std::move(*c);
+    ASSIGN_OR_RETURN(const ResumeMode mode, ParseResumeMode(f.resume));
+    ASSIGN_OR_RETURN(resume_from, FindResumeCheckpoint(*checkpoints, mode));
+    if (resume_from) {
       const std::string vocab = resume_from->metadata.extra.value("vocab", std::string());
       if (!vocab.empty()) request.vocab_file = (fs::path(f.checkpoint_dir) / vocab).string();
     }
@@ -430,10 +430,11 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   loop.log_every = f.log_every;
   loop.run = &run;
   ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(*trainer, loop));
-  if (end == LoopEnd::kInterrupted) {
-    std::printf(checkpoints ? "stopped; continue with the same command and --resume\n"
+  if (end != LoopEnd::kCompleted) {
+    std::printf(checkpoints ? "stopped; continue with the same command and --resume (or --resume auto)\n"
                             : "stopped; nothing saved (no --checkpoint-dir)\n");
-    return 130;
+    // SIGTERM is a scheduler's preemption or requeue, not a failure: the requeued command continues.
+    return end == LoopEnd::kTerminated ? 0 : 130;
   }
   PrintMemory(*trainer);
   if (f.cuda_graphs) PrintGraphs(*trainer);
@@ -478,7 +479,10 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (f.checkpoint_every < 0) return "--checkpoint-every must be >= 0";
   if (f.log_every < 1) return "--log-every must be >= 1";
   if (f.checkpoint_every > 0 && f.checkpoint_dir.empty()) return "--checkpoint-every needs --checkpoint-dir";
-  if (f.resume && f.checkpoint_dir.empty()) return "--resume needs --checkpoint-dir DIR (it resumes from DIR/latest)";
+  if (!f.resume.empty() && f.checkpoint_dir.empty()) {
+    return "--resume needs --checkpoint-dir DIR (it resumes from DIR/latest)";
+  }
+  if (!ParseResumeMode(f.resume).ok()) return std::string(ParseResumeMode(f.resume).status().message());
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1;
   if (!f.schedule.empty() && !pipelined) {
     return "--schedule is the pipeline schedule (gpipe | 1f1b) and needs --stages or --plan; the learning-rate "
@@ -503,7 +507,8 @@ int RunTrain(const Args& args) {
              "--checkpoint-dir and beside --save, and fed to the model's token-id input (and padding mask).\n"
              "--metrics gets {step, loss, lr, grad_norm, samples_per_s} per step, loss being the batch loss\n"
              "before the step's update. SIGINT finishes the step, saves a checkpoint (with --checkpoint-dir)\n"
-             "and exits with code 130. --stages K / --plan DIR trains the same graph pipelined, with the same\n"
+             "and exits with code 130; SIGTERM (a scheduler's preemption) does the same and exits with 0.\n"
+             "--stages K / --plan DIR trains the same graph pipelined, with the same\n"
              "outputs, checkpoints and --resume.");
   Declare(fs, f);
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("train", std::string(st.message()), 2);

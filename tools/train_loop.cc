@@ -1,5 +1,7 @@
-// SIGINT only sets a flag: saving from the handler would not be async-signal-safe, and stopping between steps is
-// what makes the saved state a consistent one.
+// SIGINT and SIGTERM only set a flag: saving from the handler would not be async-signal-safe, and stopping between
+// steps is what makes the saved state a consistent one. SIGTERM is what Slurm and supervisors send before a
+// preemption or a requeue: it ends the run with success (exit 0), so the same command line with --resume auto
+// continues it.
 #include "tools/train_loop.h"
 
 #include <unistd.h>
@@ -13,26 +15,30 @@
 namespace onnxpipe::tools {
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
+volatile std::sig_atomic_t g_interrupted = 0;  // the signal received, or 0
 
-void OnSigint(int) {
-  g_interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+void OnStopSignal(int sig) {
+  g_interrupted = sig;
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C (or SIGTERM) ends the process at once
 }
 
-class SigintScope {
+class StopSignalScope {
  public:
-  SigintScope() {
+  StopSignalScope() {
     g_interrupted = 0;
     struct sigaction sa = {};
-    sa.sa_handler = OnSigint;
+    sa.sa_handler = OnStopSignal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &previous_);
+    sigaction(SIGINT, &sa, &previous_int_);
+    sigaction(SIGTERM, &sa, &previous_term_);
   }
-  ~SigintScope() { sigaction(SIGINT, &previous_, nullptr); }
+  ~StopSignalScope() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
 
  private:
-  struct sigaction previous_ = {};
+  struct sigaction previous_int_ = {}, previous_term_ = {};
 };
 
 absl::Status SaveCheckpoint(const train::StepTrainer& trainer, const TrainLoop& loop) {
@@ -52,7 +58,7 @@ std::string ProgressLine(const train::StepMetrics& m, int64_t steps) {
 }
 
 absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoop& loop) {
-  SigintScope sigint;
+  StopSignalScope stop_signals;
   const bool tty = isatty(fileno(stdout));
   bool line_open = false;  // a \r progress line waits for its newline
   auto end_line = [&] {
@@ -81,11 +87,12 @@ absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoo
     }
     if (g_interrupted) {
       end_line();
-      std::printf("interrupted (SIGINT) after step %lld/%lld\n", static_cast<long long>(trainer.step()),
-                  static_cast<long long>(loop.steps));
+      const bool term = g_interrupted == SIGTERM;
+      std::printf("interrupted (%s) after step %lld/%lld\n", term ? "SIGTERM" : "SIGINT",
+                  static_cast<long long>(trainer.step()), static_cast<long long>(loop.steps));
       if (loop.checkpoints) RETURN_IF_ERROR(SaveCheckpoint(trainer, loop));
       std::fflush(stdout);
-      return LoopEnd::kInterrupted;
+      return term ? LoopEnd::kTerminated : LoopEnd::kInterrupted;
     }
     if (loop.checkpoints && (last || (loop.checkpoint_every > 0 && trainer.step() % loop.checkpoint_every == 0))) {
       end_line();

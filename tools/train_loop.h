@@ -1,7 +1,7 @@
 // The step loop of `onnxpipe train` for either trainer (train::StepTrainer: unpartitioned or pipelined): progress
 // (a rewritten line on a terminal, plain lines otherwise), --metrics JSON lines, --tensorboard scalars, rolling
-// checkpoints every N steps and at the end, and SIGINT: the step in flight finishes, a checkpoint is saved (with
-// --checkpoint-dir) and the loop returns kInterrupted. A second SIGINT kills the process at once.
+// checkpoints every N steps and at the end, and SIGINT / SIGTERM: the step in flight finishes, a checkpoint is saved
+// (with --checkpoint-dir) and the loop returns kInterrupted / kTerminated. A second signal kills the process at once.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct TrainLoop {
   const train::RunIdentity* run = nullptr;
 };
 
-enum class LoopEnd { kCompleted, kInterrupted };
+enum class LoopEnd { kCompleted, kInterrupted, kTerminated };
 
 absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoop& loop);
 
