@@ -169,7 +169,20 @@ KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::N
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), dims);
   if (!out.ok()) return out.status();
   if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
-  return Single(Reduce(kind, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream), *out);
+  const int64_t ws_bytes = ReduceWorkspaceBytes(*plan, x.dtype());
+  absl::StatusOr<void*> ws = ctx.Workspace(node, ws_bytes);
+  if (!ws.ok()) return ws.status();
+  return Single(
+      Reduce(kind, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream, *ws, ws_bytes), *out);
+}
+
+// ReduceKernel's slice partials.
+int64_t ReduceWorkspace(const ir::Graph& g, const ir::Node& node) {
+  const std::optional<std::vector<int64_t>> x = InputDims(g, node, 0);
+  const std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
+  if (!x || (axes.empty() && node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0)) return 0;
+  const absl::StatusOr<ReducePlan> plan = MakeReducePlan(*x, axes);
+  return plan.ok() ? ReduceWorkspaceBytes(*plan, g.value(node.inputs[0]).dtype) : 0;
 }
 
 // ReduceToShapeOf(X, like): X summed to like's shape; a copy when the shapes agree.
@@ -267,6 +280,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
     table[kind].run = [op](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
       return ReduceKernel(op, ctx, node, in);
     };
+    table[kind].workspace = ReduceWorkspace;
   }
   table[ir::OpKind::kSum].run = SumKernel;
   table[ir::OpKind::kWhere].run = WhereKernel;

@@ -81,27 +81,51 @@ absl::StatusOr<ReducePlan> MakeReduceToShapePlan(const std::vector<int64_t>& in_
   return PlanFromFlags(in_dims, reduced);
 }
 
-std::optional<ColumnSplit> ColumnSplitOf(const ReducePlan& p, int elem_bytes) {
-  const int vec = 16 / elem_bytes;
-  if (p.num_reduced == 0 || p.innermost_reduced || p.kept_rank != 1 || p.reduced_rank != 1 || p.kept_strides[0] != 1 ||
-      p.reduced_strides[0] != p.kept_dims[0] || p.kept_dims[0] % vec != 0) {
-    return std::nullopt;
+namespace {
+// Threads that keep every SM of an H100/H200 busy with loads in flight (a constant, not the device's
+// count, so that the summation order is the same on every GPU).
+constexpr int64_t kTargetThreads = int64_t{1} << 18;
+// Least reduced elements a thread sums before a slice is cut finer.
+constexpr int64_t kMinPerThread = 16;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int PowerOfTwoAtMost(int64_t n) {
+  int p = 1;
+  while (int64_t{p} * 2 <= n) p *= 2;
+  return p;
+}
+}  // namespace
+
+ReduceGeometry GeometryOf(const ReducePlan& p, int elem_bytes, bool split) {
+  ReduceGeometry g;
+  if (p.num_out == 0 || p.num_reduced == 0) return g;
+  const int full = 16 / elem_bytes;
+  const int64_t run = p.innermost_reduced ? p.reduced_dims[p.reduced_rank - 1] : 0;
+  g.rows = p.innermost_reduced && run >= 32;
+  int64_t want = 1;  // reduced lanes per output (threads in columns, warps in rows) that fill the GPU
+  if (g.rows) {
+    g.vec = run % full == 0 ? full : 1;
+    const int64_t per_warp = 32 * g.vec * kMinPerThread / 4;
+    want = std::clamp<int64_t>(CeilDiv(kTargetThreads / 32, p.num_out), 1, std::max<int64_t>(1, p.num_reduced / per_warp));
+    g.lanes = PowerOfTwoAtMost(std::min<int64_t>(want, kReduceBlock / 32));
+  } else {
+    const bool inner_kept = !p.innermost_reduced && p.kept_rank > 0;
+    g.vec = inner_kept && p.kept_dims[p.kept_rank - 1] % full == 0 ? full : 1;
+    want = std::clamp<int64_t>(CeilDiv(kTargetThreads, p.num_out / g.vec), 1,
+                               std::max<int64_t>(1, p.num_reduced / kMinPerThread));
+    // Without a workspace the block's lanes are all the split there is: allow narrow blocks.
+    g.lanes = PowerOfTwoAtMost(std::min<int64_t>(want, split ? 8 : 64));
   }
-  ColumnSplit cs;
-  cs.rows = p.reduced_dims[0];
-  cs.cols = p.kept_dims[0];
-  cs.col_blocks = (cs.cols + kSplitVecLanes * vec - 1) / (kSplitVecLanes * vec);
-  constexpr int64_t kTargetBlocks = 1024, kMinRowsPerSplit = 64;
-  int64_t splits = (kTargetBlocks + cs.col_blocks - 1) / cs.col_blocks;
-  splits = std::max<int64_t>(1, std::min(splits, cs.rows / kMinRowsPerSplit));
-  cs.rows_per_split = (cs.rows + splits - 1) / splits;
-  cs.splits = (cs.rows + cs.rows_per_split - 1) / cs.rows_per_split;
-  return cs;
+  g.splits = split ? std::min<int64_t>(CeilDiv(want, g.lanes), 65535) : 1;
+  const int64_t step = g.rows ? int64_t{32} * g.lanes * g.vec : 1;
+  g.chunk = CeilDiv(CeilDiv(p.num_reduced, g.splits), step) * step;
+  g.splits = CeilDiv(p.num_reduced, g.chunk);  // no empty slice
+  return g;
 }
 
 int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype) {
-  const std::optional<ColumnSplit> cs = ColumnSplitOf(plan, static_cast<int>(ir::DTypeSize(x_dtype)));
-  return cs ? cs->splits * cs->cols * static_cast<int64_t>(sizeof(double)) : 0;
+  const ReduceGeometry g = GeometryOf(plan, static_cast<int>(ir::DTypeSize(x_dtype)), /*split=*/true);
+  return g.splits > 1 ? g.splits * plan.num_out * static_cast<int64_t>(sizeof(double)) : 0;
 }
 
 absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,

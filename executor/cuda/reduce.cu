@@ -1,13 +1,15 @@
-// Reduction kernels, both deterministic (fixed per-thread order, fixed shared-memory tree):
-//  - rows: the innermost dim is reduced, so one block per output walks contiguous memory;
-//  - columns: the innermost dim is kept, so a block takes the neighbouring outputs of one 32-byte
-//    sector (8 fp32 or 16 16-bit values: every byte read is used) and its 512 threads split the
-//    reduced elements, so that a bias gradient of width D runs D / 8 blocks;
-//  - split columns, when the caller gives the workspace ReduceWorkspaceBytes asks for: a dense
-//    (rows, cols) reduced over its rows (a bias gradient) in two passes. The rows are cut into
-//    slices so that the grid fills the GPU; each block sums 16-byte vectors of its slice into one
-//    double per column and slice, and a second kernel adds the slices in order.
-#include <optional>
+// Reduction kernels. Both are deterministic: every thread sums its elements in a fixed order, lanes
+// and slices are added in a fixed order, and the geometry (reduce.cc's GeometryOf) depends only on
+// the shape, so results are bitwise repeatable. Sums are kept in double (the CPU backend's order of
+// magnitude of error), which costs nothing at memory bandwidth.
+//  - columns: x's innermost dim is kept (a broadcast's gradient over leading or middle axes, bias
+//    gradients). Each thread owns `vec` neighbouring outputs (one 16-byte load per reduced index) and
+//    walks its share of the reduced index space with an odometer, four loads in flight;
+//  - rows: the innermost dim is reduced in runs of >= 32 elements (a trailing-axis broadcast, a full
+//    sum). A group of warps per output reads the runs in 16-byte vectors;
+//  - with a workspace, the reduced range is cut into slices so that the grid fills the GPU whatever
+//    the number of outputs; each slice writes one double per output, and SumSlicesKernel adds them.
+#include <type_traits>
 
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/reduce.h"
@@ -15,122 +17,243 @@
 namespace onnxpipe::cuda {
 namespace {
 
+constexpr int kUnroll = 4;
+
+// Offset in x of kept element o (row-major over the kept dims).
 __device__ __forceinline__ int64_t KeptOffset(const ReducePlan& p, int64_t o) {
   int64_t off = 0;
-  for (int d = p.kept_rank - 1; d >= 0; --d) {
-    const int64_t q = o / p.kept_dims[d];
-    off += (o - q * p.kept_dims[d]) * p.kept_strides[d];
-    o = q;
+#pragma unroll
+  for (int d = kMaxReduceRank - 1; d >= 0; --d) {
+    if (d < p.kept_rank) {
+      const int64_t q = o / p.kept_dims[d];
+      off += (o - q * p.kept_dims[d]) * p.kept_strides[d];
+      o = q;
+    }
   }
   return off;
 }
 
-__device__ __forceinline__ int64_t ReducedOffset(const ReducePlan& p, int64_t r) {
+// Offset in x of the q-th run of the innermost reduced dim (row-major over the other reduced dims).
+__device__ __forceinline__ int64_t RunOffset(const ReducePlan& p, int64_t q) {
   int64_t off = 0;
-  for (int d = p.reduced_rank - 1; d >= 0; --d) {
-    const int64_t q = r / p.reduced_dims[d];
-    off += (r - q * p.reduced_dims[d]) * p.reduced_strides[d];
-    r = q;
+#pragma unroll
+  for (int d = kMaxReduceRank - 2; d >= 0; --d) {
+    if (d < p.reduced_rank - 1) {
+      const int64_t n = q / p.reduced_dims[d];
+      off += (q - n * p.reduced_dims[d]) * p.reduced_strides[d];
+      q = n;
+    }
   }
   return off;
+}
+
+// The reduced multi-index of a running position and its offset in x; the unrolled loops over the
+// rank keep idx in registers.
+struct Odometer {
+  int64_t idx[kMaxReduceRank];
+  int64_t off;
+
+  __device__ __forceinline__ Odometer(const ReducePlan& p, int64_t r) : off(0) {
+#pragma unroll
+    for (int d = kMaxReduceRank - 1; d >= 0; --d) {
+      idx[d] = 0;
+      if (d < p.reduced_rank) {
+        const int64_t q = r / p.reduced_dims[d];
+        idx[d] = r - q * p.reduced_dims[d];
+        off += idx[d] * p.reduced_strides[d];
+        r = q;
+      }
+    }
+  }
+  __device__ __forceinline__ void Next(const ReducePlan& p) {
+#pragma unroll
+    for (int d = kMaxReduceRank - 1; d >= 0; --d) {
+      if (d < p.reduced_rank) {
+        off += p.reduced_strides[d];
+        if (++idx[d] < p.reduced_dims[d]) return;
+        off -= p.reduced_dims[d] * p.reduced_strides[d];
+        idx[d] = 0;
+      }
+    }
+  }
+};
+
+// V elements of X as loaded: one X, or a 16-byte vector.
+template <typename X, int V>
+using Raw = std::conditional_t<V == 1, X, uint4>;
+
+template <typename X, int V>
+__device__ __forceinline__ Raw<X, V> LoadRaw(const X* p) {
+  if constexpr (V == 1) {
+    return *p;
+  } else {
+    static_assert(V * sizeof(X) == sizeof(uint4));
+    return *reinterpret_cast<const uint4*>(p);
+  }
+}
+
+template <typename X, int V>
+__device__ __forceinline__ void Accumulate(const Raw<X, V>& raw, double (&acc)[V]) {
+  const X* v = reinterpret_cast<const X*>(&raw);
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] += static_cast<double>(Load(v, k));
 }
 
 template <typename Y>
 __device__ __forceinline__ void Finish(ReduceKind kind, const ReducePlan& p, double sum, Y* y, int64_t o) {
   const double v = kind == ReduceKind::kMean ? sum / static_cast<double>(p.num_reduced) : sum;
-  if constexpr (std::is_same_v<Y, float>) {
-    y[o] = static_cast<float>(v);
-  } else {
-    Store(y, o, static_cast<float>(v));
-  }
+  Store(y, o, static_cast<float>(v));
 }
 
-template <typename X, typename Y>
-__global__ void ReduceRowsKernel(ReduceKind kind, ReducePlan p, const X* __restrict__ x, Y* __restrict__ y) {
-  __shared__ double partial[kThreads];
-  for (int64_t o = blockIdx.x; o < p.num_out; o += gridDim.x) {
-    const int64_t base = KeptOffset(p, o);
-    double sum = 0;
-    for (int64_t r = threadIdx.x; r < p.num_reduced; r += blockDim.x) {
-      sum += static_cast<double>(Load(x, base + ReducedOffset(p, r)));
-    }
-    partial[threadIdx.x] = sum;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w /= 2) {
-      if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) Finish(kind, p, partial[0], y, o);
-    __syncthreads();
-  }
-}
-
-constexpr int kColThreads = 512;
-// Outputs per column block: one 32-byte sector of x per row.
-template <typename X>
-constexpr int kColWidth = static_cast<int>(32 / sizeof(X));
-
-template <typename X, typename Y>
-__global__ void ReduceColumnsKernel(ReduceKind kind, ReducePlan p, const X* __restrict__ x, Y* __restrict__ y) {
-  constexpr int kWidth = kColWidth<X>, kLanes = kColThreads / kWidth;
-  __shared__ double partial[kLanes][kWidth + 1];
-  const int col = threadIdx.x % kWidth, lane = threadIdx.x / kWidth;
-  for (int64_t o0 = blockIdx.x * int64_t{kWidth}; o0 < p.num_out; o0 += int64_t{gridDim.x} * kWidth) {
-    const int64_t o = o0 + col;
-    double sum = 0;
-    if (o < p.num_out) {
-      const int64_t base = KeptOffset(p, o);
-      for (int64_t r = lane; r < p.num_reduced; r += kLanes) {
-        sum += static_cast<double>(Load(x, base + ReducedOffset(p, r)));
+// x (kept..., reduced...) interleaved, innermost kept. Block: (kReduceBlock / lanes) output vectors
+// x lanes; grid: (output vectors / vectors per block, splits).
+template <typename X, typename Y, int V, bool kOneReduced>
+__global__ void __launch_bounds__(kReduceBlock)
+    ReduceColumnsKernel(ReduceKind kind, ReducePlan p, ReduceGeometry g, const X* __restrict__ x, Y* __restrict__ y,
+                        double* __restrict__ partials) {
+  const int width = kReduceBlock / g.lanes;
+  const int cv = threadIdx.x % width, lane = threadIdx.x / width;
+  const int64_t ov = blockIdx.x * int64_t{width} + cv, out_vecs = p.num_out / V;
+  const int64_t begin = blockIdx.y * g.chunk;
+  const int64_t end = begin + g.chunk < p.num_reduced ? begin + g.chunk : p.num_reduced;
+  const int64_t share = (g.chunk + g.lanes - 1) / g.lanes;
+  const int64_t r0 = begin + lane * share < end ? begin + lane * share : end;
+  const int64_t r1 = r0 + share < end ? r0 + share : end;
+  double acc[V] = {};
+  if (ov < out_vecs) {
+    const X* base = x + KeptOffset(p, ov * V);
+    if constexpr (kOneReduced) {
+      const int64_t stride = p.reduced_strides[0];
+      int64_t r = r0;
+      for (; r + kUnroll <= r1; r += kUnroll) {
+        Raw<X, V> v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = LoadRaw<X, V>(base + (r + u) * stride);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) Accumulate<X, V>(v[u], acc);
+      }
+      for (; r < r1; ++r) Accumulate<X, V>(LoadRaw<X, V>(base + r * stride), acc);
+    } else {
+      Odometer od(p, r0);
+      int64_t r = r0;
+      for (; r + kUnroll <= r1; r += kUnroll) {
+        Raw<X, V> v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          v[u] = LoadRaw<X, V>(base + od.off);
+          od.Next(p);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) Accumulate<X, V>(v[u], acc);
+      }
+      for (; r < r1; ++r) {
+        Accumulate<X, V>(LoadRaw<X, V>(base + od.off), acc);
+        od.Next(p);
       }
     }
-    partial[lane][col] = sum;
+  }
+  if (g.lanes > 1) {  // add the lanes' shares in order
+    __shared__ double red[kReduceBlock * V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) red[k * kReduceBlock + threadIdx.x] = acc[k];
     __syncthreads();
-    for (int w = kLanes / 2; w > 0; w /= 2) {
-      if (lane < w) partial[lane][col] += partial[lane + w][col];
-      __syncthreads();
+    if (lane != 0) return;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      acc[k] = 0;
+      for (int l = 0; l < g.lanes; ++l) acc[k] += red[k * kReduceBlock + l * width + cv];
     }
-    if (lane == 0 && o < p.num_out) Finish(kind, p, partial[0][col], y, o);
-    __syncthreads();
+  }
+  if (ov >= out_vecs) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    if (g.splits == 1) {
+      Finish(kind, p, acc[k], y, ov * V + k);
+    } else {
+      partials[blockIdx.y * p.num_out + ov * V + k] = acc[k];
+    }
   }
 }
 
-template <typename X, typename Y>
-__global__ void SplitColumnsKernel(ColumnSplit cs, const X* __restrict__ x, double* __restrict__ partials) {
-  constexpr int kVec = static_cast<int>(16 / sizeof(X));
-  __shared__ double red[kSplitRowLanes][kSplitVecLanes * kVec];
-  const int vlane = threadIdx.x % kSplitVecLanes, rlane = threadIdx.x / kSplitVecLanes;
-  const int64_t c0 = (blockIdx.x * int64_t{kSplitVecLanes} + vlane) * kVec;
-  const int64_t begin = blockIdx.y * cs.rows_per_split;
-  const int64_t end = begin + cs.rows_per_split < cs.rows ? begin + cs.rows_per_split : cs.rows;
-  double acc[kVec] = {};
-  if (c0 < cs.cols) {
-#pragma unroll 4
-    for (int64_t r = begin + rlane; r < end; r += kSplitRowLanes) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + r * cs.cols + c0);
-      const X* v = reinterpret_cast<const X*>(&raw);
+// x (..., run) with the innermost dim reduced. A group of `lanes` warps per (output, slice); a block
+// holds kReduceBlock / 32 / lanes groups.
+template <typename X, typename Y, int V>
+__global__ void __launch_bounds__(kReduceBlock)
+    ReduceRowsKernel(ReduceKind kind, ReducePlan p, ReduceGeometry g, const X* __restrict__ x, Y* __restrict__ y,
+                     double* __restrict__ partials) {
+  __shared__ double red[kReduceBlock / 32];
+  const int group_threads = 32 * g.lanes;
+  const int gl = threadIdx.x % group_threads, warp = threadIdx.x / 32;
+  const int64_t group = blockIdx.x * int64_t{kReduceBlock / group_threads} + threadIdx.x / group_threads;
+  const bool live = group < p.num_out * g.splits;
+  const int64_t o = group / g.splits, s = group - o * g.splits;
+  double sum = 0;
+  if (live) {
+    const int64_t run = p.reduced_dims[p.reduced_rank - 1];
+    const X* base = x + KeptOffset(p, o);
+    const int64_t begin = s * g.chunk;
+    const int64_t end = begin + g.chunk < p.num_reduced ? begin + g.chunk : p.num_reduced;
+    const int64_t step = int64_t{group_threads} * V;
+    int64_t r = begin + int64_t{gl} * V;
+    int64_t q = r / run, l = r - q * run;  // run index and position in it
+    int64_t run_off = RunOffset(p, q);
+    double acc[V] = {};
+    for (; r < end; r += kUnroll * step) {
+      Raw<X, V> v[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] += static_cast<double>(Load(v, k));
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * step < end) v[u] = LoadRaw<X, V>(base + run_off + l);
+        l += step;
+        if (l >= run) {
+          q += l / run;
+          l %= run;
+          run_off = RunOffset(p, q);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * step < end) Accumulate<X, V>(v[u], acc);
+      }
     }
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum += acc[k];
   }
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) red[rlane][vlane * kVec + k] = acc[k];
-  __syncthreads();
-  if (rlane != 0 || c0 >= cs.cols) return;
-  for (int k = 0; k < kVec; ++k) {
-    double sum = 0;
-    for (int l = 0; l < kSplitRowLanes; ++l) sum += red[l][vlane * kVec + k];
-    partials[blockIdx.y * cs.cols + c0 + k] = sum;
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
+  if (g.lanes > 1) {  // add the group's warps in order
+    if (threadIdx.x % 32 == 0) red[warp] = sum;
+    __syncthreads();
+    if (gl != 0) return;
+    for (int w = 1; w < g.lanes; ++w) sum += red[warp + w];
+  }
+  if (!live || gl != 0) return;
+  if (g.splits == 1) {
+    Finish(kind, p, sum, y, o);
+  } else {
+    partials[s * p.num_out + o] = sum;
   }
 }
 
 template <typename Y>
-__global__ void SumSplitsKernel(ReduceKind kind, ReducePlan p, ColumnSplit cs, const double* __restrict__ partials,
+__global__ void SumSlicesKernel(ReduceKind kind, ReducePlan p, int64_t splits, const double* __restrict__ partials,
                                 Y* __restrict__ y) {
-  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cs.cols; c += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < p.num_out;
+       o += int64_t{gridDim.x} * blockDim.x) {
     double sum = 0;
-    for (int64_t s = 0; s < cs.splits; ++s) sum += partials[s * cs.cols + c];
-    Finish(kind, p, sum, y, c);
+    for (int64_t s = 0; s < splits; ++s) sum += partials[s * p.num_out + o];
+    Finish(kind, p, sum, y, o);
+  }
+}
+
+template <typename X, typename Y, int V>
+void LaunchColumns(ReduceKind kind, const ReducePlan& p, const ReduceGeometry& g, const X* x, Y* y, double* partials,
+                   cudaStream_t stream) {
+  const int64_t width = kReduceBlock / g.lanes;
+  const dim3 grid(static_cast<unsigned>((p.num_out / V + width - 1) / width), static_cast<unsigned>(g.splits));
+  if (p.reduced_rank <= 1) {
+    ReduceColumnsKernel<X, Y, V, true><<<grid, kReduceBlock, 0, stream>>>(kind, p, g, x, y, partials);
+  } else {
+    ReduceColumnsKernel<X, Y, V, false><<<grid, kReduceBlock, 0, stream>>>(kind, p, g, x, y, partials);
   }
 }
 
@@ -143,21 +266,33 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
     using X = typename decltype(xtag)::type;
     return DispatchFloat(y_dtype, [&](auto ytag) -> cudaError_t {
       using Y = typename decltype(ytag)::type;
+      constexpr int kVec = static_cast<int>(16 / sizeof(X));
       const X* px = static_cast<const X*>(x);
       Y* py = static_cast<Y*>(y);
-      const std::optional<ColumnSplit> cs = ColumnSplitOf(plan, sizeof(X));
-      if (cs && workspace != nullptr && workspace_bytes >= ReduceWorkspaceBytes(plan, x_dtype) &&
-          reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-        auto* partials = static_cast<double*>(workspace);
-        const dim3 grid(static_cast<unsigned>(cs->col_blocks), static_cast<unsigned>(cs->splits));
-        SplitColumnsKernel<X, Y><<<grid, kSplitVecLanes * kSplitRowLanes, 0, stream>>>(*cs, px, partials);
-        SumSplitsKernel<Y><<<GridFor(cs->cols), kThreads, 0, stream>>>(kind, plan, *cs, partials, py);
-      } else if (plan.innermost_reduced) {
-        const int blocks = static_cast<int>(plan.num_out < 65535 * 8 ? plan.num_out : 65535 * 8);
-        ReduceRowsKernel<X, Y><<<blocks, kThreads, 0, stream>>>(kind, plan, px, py);
+      const int64_t need = ReduceWorkspaceBytes(plan, x_dtype);
+      const bool split = need > 0 && workspace != nullptr && workspace_bytes >= need;
+      ReduceGeometry g = GeometryOf(plan, sizeof(X), split);
+      if (reinterpret_cast<uintptr_t>(x) % 16 != 0) g.vec = 1;  // same slices and lanes, scalar loads
+      auto* partials = static_cast<double*>(workspace);
+      if (plan.num_reduced == 0) {
+        LaunchColumns<X, Y, 1>(kind, plan, g, px, py, partials, stream);
+      } else if (g.rows) {
+        const int groups_per_block = kReduceBlock / (32 * g.lanes);
+        const int64_t blocks = (plan.num_out * g.splits + groups_per_block - 1) / groups_per_block;
+        if (g.vec == kVec) {
+          ReduceRowsKernel<X, Y, kVec><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px,
+                                                                                                  py, partials);
+        } else {
+          ReduceRowsKernel<X, Y, 1><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py,
+                                                                                               partials);
+        }
+      } else if (g.vec == kVec) {
+        LaunchColumns<X, Y, kVec>(kind, plan, g, px, py, partials, stream);
       } else {
-        const int blocks = GridFor(plan.num_out, kColWidth<X>);
-        ReduceColumnsKernel<X, Y><<<blocks, kColThreads, 0, stream>>>(kind, plan, px, py);
+        LaunchColumns<X, Y, 1>(kind, plan, g, px, py, partials, stream);
+      }
+      if (g.splits > 1) {
+        SumSlicesKernel<Y><<<GridFor(plan.num_out), kThreads, 0, stream>>>(kind, plan, g.splits, partials, py);
       }
       return cudaGetLastError();
     });

@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "frontend/ir/dtype.h"
@@ -35,17 +34,27 @@ struct ReducePlan {
   bool innermost_reduced = false;  // x's last (non-1) dim is reduced: rows are contiguous
 };
 
-// The split-columns geometry (reduce.cu) of a dense (rows, cols) reduced over its rows, when cols is a
-// whole number of 16-byte vectors of `elem_bytes` elements; nullopt for any other plan.
-constexpr int kSplitVecLanes = 32, kSplitRowLanes = 8;  // a block: 32 vectors of columns x 8 rows
-struct ColumnSplit {
-  int64_t rows = 0, cols = 0, splits = 1, rows_per_split = 0, col_blocks = 0;
+// How LaunchReduce walks a plan (reduce.cu). GeometryOf depends on the plan, the element size and
+// whether a workspace is given, never on the device, so a shape always sums in the same order:
+//  - columns (x's innermost dim kept): a block holds 256 / lanes neighbouring output vectors of `vec`
+//    elements (16 bytes where the innermost kept extent allows) times `lanes` reduced lanes, each lane
+//    summing its contiguous share of the slice in order; the lanes are added in order in shared memory;
+//  - rows (the innermost dim reduced, runs of >= 32 elements): `lanes` warps per output read 16-byte
+//    vectors of the contiguous runs and add up in a fixed shuffle/shared-memory tree.
+// With `splits` > 1 each slice of `chunk` reduced elements writes one double per output into the
+// workspace, and a second kernel adds the slices in order.
+constexpr int kReduceBlock = 256;
+struct ReduceGeometry {
+  bool rows = false;
+  int vec = 1;
+  int lanes = 1;
+  int64_t splits = 1, chunk = 0;
 };
-std::optional<ColumnSplit> ColumnSplitOf(const ReducePlan& plan, int elem_bytes);
-// Device scratch that makes `plan` take the split-columns path (0: it cannot).
+ReduceGeometry GeometryOf(const ReducePlan& plan, int elem_bytes, bool split);
+// Device scratch that lets `plan` split its reduced range over the GPU (0: it never splits).
 int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype);
 
-// `workspace` (ReduceWorkspaceBytes of it, or null) chooses the split-columns path where it applies.
+// `workspace` (ReduceWorkspaceBytes of it, or null) lets the reduction split its reduced range.
 cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
                          void* y, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
 

@@ -3,7 +3,7 @@
 // run without a GPU) and argument errors.
 #include "executor/cuda/reduce.h"
 
-#include <optional>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -27,17 +27,6 @@ Tensor GpuReduce(ReduceKind kind, const ReducePlan& plan, const Tensor& x, DType
                  const std::vector<int64_t>& out_dims) {
   DeviceTensor dx(x), dy(out_dtype, out_dims);
   const absl::Status st = Reduce(kind, plan, x.dtype(), dx.get(), out_dtype, dy.get(), nullptr);
-  EXPECT_TRUE(st.ok()) << st;
-  return dy.ToHost();
-}
-
-// As GpuReduce with the workspace ReduceWorkspaceBytes asks for (the split-columns path).
-Tensor GpuReduceSplit(ReduceKind kind, const ReducePlan& plan, const Tensor& x, DType out_dtype,
-                      const std::vector<int64_t>& out_dims) {
-  const int64_t bytes = ReduceWorkspaceBytes(plan, x.dtype());
-  EXPECT_GT(bytes, 0) << "no split-columns path for this plan";
-  DeviceTensor dx(x), dy(out_dtype, out_dims), ws(DType::kU8, {bytes});
-  const absl::Status st = Reduce(kind, plan, x.dtype(), dx.get(), out_dtype, dy.get(), nullptr, ws.get(), bytes);
   EXPECT_TRUE(st.ok()) << st;
   return dy.ToHost();
 }
@@ -135,49 +124,121 @@ TEST_F(ReduceTest, HalfInputsAndOutputs) {
   }
 }
 
-TEST(ReducePlanTest, SplitColumnsCoverEveryRowOnce) {
-  // (B, S, D) -> (D) bias gradients of the benchmark sizes and ragged ones.
-  for (const auto& [rows, cols, elem] : std::vector<std::tuple<int64_t, int64_t, int>>{
-           {8192, 1024, 2}, {8192, 4096, 2}, {8192, 1024, 4}, {100, 24, 4}, {63, 8, 2}, {2, 16, 2}, {70000, 8, 2}}) {
-    auto plan = MakeReduceToShapePlan({rows, cols}, {cols});
+TEST(ReducePlanTest, GeometryCoversTheReducedRangeOnce) {
+  struct Case {
+    std::vector<int64_t> in, like;
+    int elem;
+    bool rows;
+  };
+  const std::vector<Case> cases = {
+      {{8192, 1024}, {1024}, 2, false},                       // bias gradient
+      {{8, 4, 4, 1024, 128}, {8, 4, 1, 1024, 128}, 2, false},  // GQA repeat_kv gradient
+      {{8192, 2048}, {8192, 1}, 4, true},                     // trailing axis
+      {{1 << 22}, {1}, 4, true},                              // everything
+      {{100, 24}, {24}, 4, false},
+      {{63, 8}, {1, 8}, 2, false},
+      {{6, 70, 5}, {1, 70, 1}, 4, false},  // short innermost runs
+  };
+  for (const Case& c : cases) {
+    auto plan = MakeReduceToShapePlan(c.in, c.like);
     ASSERT_TRUE(plan.ok());
-    const std::optional<ColumnSplit> cs = ColumnSplitOf(*plan, elem);
-    ASSERT_TRUE(cs.has_value()) << rows << "x" << cols;
-    EXPECT_EQ(cs->rows, rows);
-    EXPECT_EQ(cs->cols, cols);
-    EXPECT_GE(cs->splits * cs->rows_per_split, rows);
-    EXPECT_LT((cs->splits - 1) * cs->rows_per_split, rows);  // no empty slice
-    EXPECT_EQ(ReduceWorkspaceBytes(*plan, elem == 2 ? DType::kBF16 : DType::kF32), cs->splits * cols * 8);
+    for (bool split : {false, true}) {
+      const ReduceGeometry g = GeometryOf(*plan, c.elem, split);
+      EXPECT_EQ(g.rows, c.rows) << c.in.size();
+      EXPECT_GE(g.splits * g.chunk, plan->num_reduced);
+      EXPECT_LT((g.splits - 1) * g.chunk, plan->num_reduced);  // no empty slice
+      EXPECT_GE(g.lanes, 1);
+      EXPECT_EQ(kReduceBlock % (g.rows ? 32 * g.lanes : g.lanes), 0);
+      if (!split) {
+        EXPECT_EQ(g.splits, 1);
+      }
+    }
+    const ReduceGeometry g = GeometryOf(*plan, c.elem, true);
+    EXPECT_EQ(ReduceWorkspaceBytes(*plan, c.elem == 2 ? DType::kBF16 : DType::kF32),
+              g.splits > 1 ? g.splits * plan->num_out * 8 : 0);
   }
-  // Not a whole number of 16-byte vectors per row, reduced innermost, or nothing to reduce: no split path.
-  EXPECT_FALSE(ColumnSplitOf(*MakeReduceToShapePlan({64, 12}, {12}), 2).has_value());
-  EXPECT_FALSE(ColumnSplitOf(*MakeReducePlan({64, 16}, {1}), 2).has_value());
-  EXPECT_FALSE(ColumnSplitOf(*MakeReduceToShapePlan({0, 16}, {16}), 2).has_value());
-  EXPECT_EQ(ReduceWorkspaceBytes(*MakeReducePlan({4, 6, 5, 7}, {1}), DType::kF32), 0);
+  // The GQA gradient needs no split (enough outputs); the bias gradient and the full sum do.
+  EXPECT_EQ(ReduceWorkspaceBytes(*MakeReduceToShapePlan({8, 4, 4, 1024, 128}, {8, 4, 1, 1024, 128}), DType::kBF16), 0);
+  EXPECT_GT(ReduceWorkspaceBytes(*MakeReduceToShapePlan({8192, 1024}, {1024}), DType::kBF16), 0);
+  EXPECT_GT(ReduceWorkspaceBytes(*MakeReduceToShapePlan({1 << 22}, {1}), DType::kF32), 0);
 }
 
-TEST_F(ReduceTest, SplitColumnsMatchCpu) {
-  for (const auto& [rows, cols] :
-       std::vector<std::pair<int64_t, int64_t>>{{8192, 1024}, {4096, 4096}, {100, 24}, {63, 8}}) {
-    const Tensor x32 = Rand(DType::kF32, {rows, cols}, static_cast<uint64_t>(rows + cols));
-    auto plan = MakeReduceToShapePlan(x32.dims(), {cols});
-    ASSERT_TRUE(plan.ok());
-    const Tensor want = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x32, Tensor(DType::kF32, {cols})});
-    EXPECT_LT(MaxRelError(GpuReduceSplit(ReduceKind::kSum, *plan, x32, DType::kF32, {cols}), want), 1e-6)
-        << rows << "x" << cols;
+// Every path (columns with one or several reduced groups, rows, short runs, split or not; 16-byte
+// and scalar loads) against the CPU's ReduceToShapeOf, in fp32 and bf16 (fp32 and bf16 outputs).
+TEST_F(ReduceTest, ReduceToShapeOverAnyAxesMatchesCpu) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{2, 2, 4, 64, 32}, {2, 2, 1, 64, 32}},  // GQA: a middle axis
+      {{3, 5, 7, 9}, {3, 1, 7, 1}},            // short runs, kept middle
+      {{4, 3, 8, 40}, {1, 3, 1, 40}},          // two reduced groups, innermost kept
+      {{4, 3, 8, 40}, {4, 1, 8, 1}},           // two reduced groups, innermost reduced
+      {{2048, 96}, {96}},                      // bias gradient (splits)
+      {{2048, 6}, {6}},                        // narrow bias gradient (scalar loads)
+      {{96, 2048}, {96, 1}},                   // trailing axis
+      {{37, 1000}, {37, 1}},                   // trailing axis, ragged run
+      {{300000}, {1}},                         // everything (splits over one run)
+      {{5, 6, 7}, {}},                         // to a scalar
+  };
+  for (const auto& [in, like] : cases) {
+    const Tensor x32 = Rand(DType::kF32, in, static_cast<uint64_t>(in.size() * 131 + in.back()));
+    auto plan = MakeReduceToShapePlan(in, like);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const Tensor want = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x32, Tensor(DType::kF32, like)});
     const Tensor x16 = x32.CastTo(DType::kBF16);
-    const Tensor want16 =
-        Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x16.CastTo(DType::kF32), Tensor(DType::kF32, {cols})});
-    EXPECT_LT(MaxRelError(GpuReduceSplit(ReduceKind::kSum, *plan, x16, DType::kF32, {cols}), want16), 1e-6);
-    EXPECT_LT(NormalisedError(GpuReduceSplit(ReduceKind::kSum, *plan, x16, DType::kBF16, {cols}), want16), 4e-3);
+    const Tensor want16 = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x16.CastTo(DType::kF32), Tensor(DType::kF32, like)});
+    const int64_t bytes = ReduceWorkspaceBytes(*plan, DType::kF32);
+    for (bool split : {false, true}) {
+      if (split && bytes == 0) continue;
+      DeviceTensor dx(x32), dy(DType::kF32, like), ws(DType::kU8, {split ? bytes : 1});
+      ASSERT_TRUE(Reduce(ReduceKind::kSum, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(),
+                         split ? bytes : 0)
+                      .ok());
+      EXPECT_LT(MaxRelError(dy.ToHost(), want, 1e-3), 1e-6) << in.size() << " split " << split;
+      // bf16 in: fp32 out exact to the double sum, bf16 out within its rounding.
+      const int64_t bytes16 = ReduceWorkspaceBytes(*plan, DType::kBF16);
+      DeviceTensor dx16(x16), dy32(DType::kF32, like), dy16(DType::kBF16, like), ws16(DType::kU8, {bytes16 + 1});
+      const int64_t give = split ? bytes16 : 0;
+      ASSERT_TRUE(Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kF32, dy32.get(), nullptr,
+                         ws16.get(), give)
+                      .ok());
+      ASSERT_TRUE(Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kBF16, dy16.get(), nullptr,
+                         ws16.get(), give)
+                      .ok());
+      EXPECT_LT(MaxRelError(dy32.ToHost(), want16, 1e-3), 1e-6) << in.size() << " bf16 split " << split;
+      EXPECT_LT(NormalisedError(dy16.ToHost(), want16), 4e-3) << in.size() << " bf16 split " << split;
+    }
   }
-  // Mean through the split path divides by the rows.
-  const Tensor x = Rand(DType::kF32, {256, 32}, 9);
+}
+
+TEST_F(ReduceTest, ResultsAreBitwiseRepeatable) {
+  const Tensor x = Rand(DType::kF32, {4096, 512}, 21);
+  for (const std::vector<int64_t>& like : std::vector<std::vector<int64_t>>{{512}, {4096, 1}, {}}) {
+    auto plan = MakeReduceToShapePlan(x.dims(), like);
+    ASSERT_TRUE(plan.ok());
+    const int64_t bytes = ReduceWorkspaceBytes(*plan, DType::kF32);
+    DeviceTensor dx(x), ws(DType::kU8, {bytes + 1});
+    std::vector<Tensor> runs;
+    for (int i = 0; i < 3; ++i) {
+      DeviceTensor dy(DType::kF32, like);
+      ASSERT_TRUE(
+          Reduce(ReduceKind::kSum, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(), bytes).ok());
+      runs.push_back(dy.ToHost());
+    }
+    for (int i = 1; i < 3; ++i) {
+      ASSERT_EQ(runs[i].num_elements(), runs[0].num_elements());
+      EXPECT_EQ(std::memcmp(runs[i].raw(), runs[0].raw(), runs[0].num_elements() * 4), 0) << like.size();
+    }
+  }
+}
+
+TEST_F(ReduceTest, SplitMeanDividesByTheReducedCount) {
+  const Tensor x = Rand(DType::kF32, {4096, 32}, 9);
   auto plan = MakeReducePlan(x.dims(), {0});
   ASSERT_TRUE(plan.ok());
-  EXPECT_LT(
-      MaxRelError(GpuReduceSplit(ReduceKind::kMean, *plan, x, DType::kF32, {32}), CpuReduce(ReduceKind::kMean, x, {0})),
-      1e-6);
+  const int64_t bytes = ReduceWorkspaceBytes(*plan, DType::kF32);
+  ASSERT_GT(bytes, 0);
+  DeviceTensor dx(x), dy(DType::kF32, {32}), ws(DType::kU8, {bytes});
+  ASSERT_TRUE(Reduce(ReduceKind::kMean, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(), bytes).ok());
+  EXPECT_LT(MaxRelError(dy.ToHost(), CpuReduce(ReduceKind::kMean, x, {0}), 1e-3), 1e-6);
 }
 
 TEST_F(ReduceTest, BadArgumentsAreErrors) {
