@@ -211,6 +211,26 @@ int64_t ReduceToShapeOfWorkspace(const ir::Graph& g, const ir::Node& node) {
   return plan.ok() ? ReduceWorkspaceBytes(*plan, g.value(node.inputs[0]).dtype) : 0;
 }
 
+// CumSum(X) attrs axis, exclusive, reverse (the importer made the axis input an attribute).
+KernelResult CumSumKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  const ir::Tensor& x = in[0];
+  if (!(IsKernelFloat(x.dtype()) || IsOneOf(x.dtype(), {ir::DType::kI64, ir::DType::kI32})) || x.rank() == 0) {
+    return std::nullopt;
+  }
+  int64_t axis = node.attrs.Get<int64_t>("axis", 0);
+  if (axis < 0) axis += x.rank();
+  if (axis < 0 || axis >= x.rank()) return std::nullopt;  // the CPU kernel names the bad axis
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.dims()[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.dims()[d];
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), x.dims());
+  if (!out.ok()) return out.status();
+  return Single(CumSum(x.dtype(), x.device_raw(), out->device_raw(), outer, x.dims()[axis], inner,
+                       node.attrs.Get<int64_t>("exclusive", 0) != 0, node.attrs.Get<int64_t>("reverse", 0) != 0,
+                       ctx.stream),
+                *out);
+}
+
 // ExpandLike(X, like) attrs axes, mean: out = (0 + X broadcast) * s with s = numel(X) / numel(like)
 // rounded to fp32 when mean (the CPU's px * s); 0 + X is exact, so a bf16 out rounds once.
 KernelResult ExpandLikeKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
@@ -287,6 +307,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
   table[ir::OpKind::kCast].run = CastKernel;
   table[ir::OpKind::kReduceToShapeOf] = {ReduceToShapeOfKernel, ReduceToShapeOfWorkspace};
   table[ir::OpKind::kExpandLike].run = ExpandLikeKernel;
+  table[ir::OpKind::kCumSum].run = CumSumKernel;
   // ZerosLike(like): the zero-filled output of like's dtype and dims (`like` is read for its dims only).
   table[ir::OpKind::kZerosLike].run = [](const KernelContext& ctx, const ir::Node& node,
                                          const std::vector<ir::Tensor>& in) -> KernelResult {

@@ -142,4 +142,19 @@ absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, 
   return absl::OkStatus();
 }
 
+absl::Status CumSum(ir::DType dtype, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool exclusive,
+                    bool reverse, cudaStream_t stream) {
+  if (dtype != ir::DType::kF32 && dtype != ir::DType::kBF16 && dtype != ir::DType::kF16 && dtype != ir::DType::kI64 &&
+      dtype != ir::DType::kI32) {
+    return INVALID_ARGUMENT() << "CumSum: dtype " << ir::DTypeName(dtype) << " is not f32, bf16, f16, i64 or i32";
+  }
+  if (outer < 0 || n < 0 || inner < 0) {
+    return INVALID_ARGUMENT() << "CumSum: negative extent (" << outer << ", " << n << ", " << inner << ")";
+  }
+  if (outer * n * inner == 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) return INVALID_ARGUMENT() << "CumSum: null device pointer";
+  CUDA_RETURN_IF_ERROR(LaunchCumSum(dtype, x, y, outer, n, inner, exclusive, reverse, stream));
+  return absl::OkStatus();
+}
+
 }  // namespace onnxpipe::cuda

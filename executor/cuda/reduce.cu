@@ -245,6 +245,29 @@ __global__ void SumSlicesKernel(ReduceKind kind, ReducePlan p, int64_t splits, c
   }
 }
 
+// One thread per (o, i) line of x (outer, n, inner); neighbouring threads take neighbouring i.
+template <typename T, typename Acc>
+__global__ void CumSumKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner,
+                             bool exclusive, bool reverse) {
+  for (int64_t line = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; line < outer * inner;
+       line += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t o = line / inner, i = line - o * inner;
+    const T* px = x + o * n * inner + i;
+    T* py = y + o * n * inner + i;
+    Acc acc = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t off = (reverse ? n - 1 - s : s) * inner;
+      if (exclusive) Store(py, off, acc);
+      if constexpr (std::is_integral_v<Acc>) {
+        acc = static_cast<Acc>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(px[off]));  // wraps
+      } else {
+        acc += static_cast<Acc>(Load(px, off));
+      }
+      if (!exclusive) Store(py, off, acc);
+    }
+  }
+}
+
 template <typename X, typename Y, int V>
 void LaunchColumns(ReduceKind kind, const ReducePlan& p, const ReduceGeometry& g, const X* x, Y* y, double* partials,
                    cudaStream_t stream) {
@@ -296,6 +319,18 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
       }
       return cudaGetLastError();
     });
+  });
+}
+
+cudaError_t LaunchCumSum(ir::DType dtype, const void* x, void* y, int64_t outer, int64_t n, int64_t inner,
+                         bool exclusive, bool reverse, cudaStream_t stream) {
+  if (outer * n * inner == 0) return cudaSuccess;
+  return DispatchArith(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+    CumSumKernel<T, Acc><<<GridFor(outer * inner), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
+                                                                          outer, n, inner, exclusive, reverse);
+    return cudaGetLastError();
   });
 }
 

@@ -58,6 +58,13 @@ int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype);
 cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
                          void* y, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
 
+// CumSum along the middle dim of a dense (outer, n, inner) x into y (same dims): y[o, j, i] = the sum
+// of x[o, s, i] over s <= j (exclusive: s < j; reverse: s >= j; both: s > j). A thread per (o, i)
+// line, in order: floats sum in double and round each output once, integers in int64 (wrapping), as
+// the CPU backend. dtypes f32 bf16 f16 i64 i32.
+cudaError_t LaunchCumSum(ir::DType dtype, const void* x, void* y, int64_t outer, int64_t n, int64_t inner,
+                         bool exclusive, bool reverse, cudaStream_t stream);
+
 #ifndef __CUDACC__
 // The plan of reducing `in_dims` over `axes` (negative counts from the end; empty = every axis,
 // ONNX's default); an error for an axis out of range, repeated, or too many dims.
@@ -69,6 +76,9 @@ absl::StatusOr<ReducePlan> MakeReduceToShapePlan(const std::vector<int64_t>& in_
 
 absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
                     void* y, cudaStream_t stream, void* workspace = nullptr, int64_t workspace_bytes = 0);
+// LaunchCumSum, checked: an error naming CumSum for another dtype, a negative extent or a null pointer.
+absl::Status CumSum(ir::DType dtype, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool exclusive,
+                    bool reverse, cudaStream_t stream);
 #endif
 
 }  // namespace onnxpipe::cuda

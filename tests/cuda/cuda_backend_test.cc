@@ -51,13 +51,13 @@ TEST_F(CudaBackendTest, MemoryCallsRoundTripExactly) {
   EXPECT_THAT(be_->Copy(host, *z).message(), HasSubstr("host"));
 }
 
-TEST_F(CudaBackendTest, GeluRunsOnTheDeviceAndOtherOpsFallBackToTheHost) {
+TEST_F(CudaBackendTest, GeluAndCumSumRunOnTheDeviceAndOtherOpsFallBackToTheHost) {
   ir::Graph g;
   const ir::ValueId x = g.AddValue("x", ir::DType::kF32, {ir::Dim(1000)});
   const ir::ValueId y = g.AddValue("y", ir::DType::kF32, {ir::Dim(1000)});
   const ir::ValueId z = g.AddValue("z", ir::DType::kF32, {ir::Dim(1000)});
   const ir::NodeId gelu = g.AddNode(ir::OpKind::kGelu, "gelu", {x}, {y});
-  const ir::NodeId cumsum = g.AddNode(ir::OpKind::kCumSum, "cumsum", {y}, {z});  // no CUDA kernel
+  const ir::NodeId cumsum = g.AddNode(ir::OpKind::kCumSum, "cumsum", {y}, {z});
   std::vector<float> v(1000);
   for (int i = 0; i < 1000; ++i) v[i] = -5 + 0.01f * i;
   const ir::Tensor host = ir::Tensor::FromVector<float>({1000}, v);
@@ -79,6 +79,19 @@ TEST_F(CudaBackendTest, GeluRunsOnTheDeviceAndOtherOpsFallBackToTheHost) {
     EXPECT_NEAR(eh->data<float>()[i], running, 1e-4 * (1 + std::abs(running))) << i;
   }
   EXPECT_EQ(be_->HostFallbacks().count("Gelu"), 0u);
+  EXPECT_EQ(be_->HostFallbacks().count("CumSum"), 0u);
+  // No CUDA CumSum for f64: it runs on the host and its result comes back on the device.
+  const ir::ValueId a = g.AddValue("a", ir::DType::kF64, {ir::Dim(4)});
+  const ir::ValueId b = g.AddValue("b", ir::DType::kF64, {ir::Dim(4)});
+  const ir::NodeId cumsum64 = g.AddNode(ir::OpKind::kCumSum, "cumsum64", {a}, {b});
+  absl::StatusOr<ir::Tensor> d64 = be_->Upload(ir::Tensor::FromVector<double>({4}, {1, 2, 3, 4}));
+  ASSERT_TRUE(d64.ok());
+  absl::StatusOr<std::vector<ir::Tensor>> got64 = be_->Run(g.node(cumsum64), {*d64}, {});
+  ASSERT_TRUE(got64.ok()) << got64.status();
+  EXPECT_FALSE((*got64)[0].on_host());
+  absl::StatusOr<ir::Tensor> h64 = be_->ToHost((*got64)[0]);
+  ASSERT_TRUE(h64.ok());
+  EXPECT_EQ(h64->data<double>()[3], 10.0);
   EXPECT_EQ(be_->HostFallbacks().at("CumSum"), 1);
 }
 

@@ -4,6 +4,7 @@
 #include "executor/cuda/reduce.h"
 
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -239,6 +240,50 @@ TEST_F(ReduceTest, SplitMeanDividesByTheReducedCount) {
   DeviceTensor dx(x), dy(DType::kF32, {32}), ws(DType::kU8, {bytes});
   ASSERT_TRUE(Reduce(ReduceKind::kMean, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(), bytes).ok());
   EXPECT_LT(MaxRelError(dy.ToHost(), CpuReduce(ReduceKind::kMean, x, {0}), 1e-3), 1e-6);
+}
+
+// CumSum along the first, a middle and the last axis, every exclusive/reverse combination, against
+// the CPU backend's kernel: fp32 (double sums on both sides), bf16 (each output rounded once) and
+// int64 (exact; RoBERTa's position ids are a cumulative sum of the attention mask).
+TEST_F(ReduceTest, CumSumMatchesCpu) {
+  const std::vector<int64_t> dims = {3, 37, 5};
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI64}) {
+    const Tensor f = Rand(DType::kF32, dims, 31);
+    Tensor x = t == DType::kI64 ? Tensor(DType::kI64, dims) : f.CastTo(t);
+    if (t == DType::kI64) {
+      for (int64_t i = 0; i < x.num_elements(); ++i) x.mutable_data<int64_t>()[i] = (i * 7919) % 13 - 6;
+    }
+    for (int64_t axis : {0, 1, -1}) {
+      for (int64_t exclusive : {0, 1}) {
+        for (int64_t reverse : {0, 1}) {
+          ir::Attrs a;
+          a.Set("axis", axis);
+          a.Set("exclusive", exclusive);
+          a.Set("reverse", reverse);
+          const Tensor want = Eval1(MakeNode(OpKind::kCumSum, 1, 1, a), {x});
+          const int64_t ax = axis < 0 ? axis + 3 : axis;
+          int64_t outer = 1, inner = 1;
+          for (int64_t d = 0; d < ax; ++d) outer *= dims[d];
+          for (int64_t d = ax + 1; d < 3; ++d) inner *= dims[d];
+          DeviceTensor dx(x), dy(t, dims);
+          ASSERT_TRUE(CumSum(t, dx.get(), dy.get(), outer, dims[ax], inner, exclusive != 0, reverse != 0, nullptr).ok());
+          const Tensor got = dy.ToHost();
+          const std::string what = std::string(ir::DTypeName(t)) + " axis " + std::to_string(axis) + " exclusive " +
+                                   std::to_string(exclusive) + " reverse " + std::to_string(reverse);
+          if (t == DType::kI64) {
+            EXPECT_EQ(std::memcmp(got.raw(), want.raw(), got.num_bytes()), 0) << what;
+          } else if (t == DType::kF32) {
+            EXPECT_LT(MaxRelError(got, want, 1e-3), 1e-6) << what;
+          } else {
+            EXPECT_LT(NormalisedError(got, want), 4e-3) << what;
+          }
+        }
+      }
+    }
+  }
+  DeviceTensor x(DType::kF32, {4}), y(DType::kF32, {4});
+  EXPECT_FALSE(CumSum(DType::kU8, x.get(), y.get(), 1, 4, 1, false, false, nullptr).ok());
+  EXPECT_FALSE(CumSum(DType::kF32, nullptr, y.get(), 1, 4, 1, false, false, nullptr).ok());
 }
 
 TEST_F(ReduceTest, BadArgumentsAreErrors) {
