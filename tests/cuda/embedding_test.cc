@@ -1,7 +1,12 @@
-// Gather and GatherGrad on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
+// Gather and GatherGrad, GatherElements and GatherElementsGrad on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
 // also sums each row's contributions in index order), repeated and negative indices, a non-zero
 // axis, i32 indices, bf16, accumulation, determinism, out-of-range indices and argument errors.
 #include "executor/cuda/embedding.h"
+
+#include <cstring>
+#include <string>
+
+#include "executor/cuda/gather_elements.h"
 
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
@@ -163,6 +168,68 @@ TEST_F(EmbeddingTest, BadArgumentsAreErrors) {
   EXPECT_FALSE(GatherGrad(*s, DType::kI64, o.get(), DType::kI64, i.get(), DType::kF32, a.get(), false, ws.get(), need,
                           nullptr, nullptr)
                    .ok());
+}
+
+// GatherElements and its gradient along each axis, with repeated and negative indices (i64 and i32),
+// indices smaller than data off the axis: the forward moves raw elements (f32 and i64 data, bitwise),
+// the fp32 gradient adds in the CPU's order (bitwise), bf16 within its rounding.
+TEST_F(EmbeddingTest, GatherElementsAndGradMatchCpu) {
+  const std::vector<int64_t> data_dims = {4, 6, 5};
+  for (int64_t axis : {0, 1, -1}) {
+    const int64_t ax = axis < 0 ? axis + 3 : axis;
+    std::vector<int64_t> idx_dims = {3, 5, 4};
+    idx_dims[ax] = 9;  // more indices than data along the axis: repeats
+    for (DType it : {DType::kI64, DType::kI32}) {
+      const Tensor idx = RandInt(it, idx_dims, static_cast<uint32_t>(ax * 7 + 1), -data_dims[ax], data_dims[ax] - 1);
+      ir::Attrs a;
+      a.Set("axis", axis);
+      const std::string what = "axis " + std::to_string(axis) + " " + std::string(ir::DTypeName(it));
+      auto s = MakeGatherElementsShape(data_dims, idx_dims, axis);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (DType dt : {DType::kF32, DType::kI64}) {
+        const Tensor data = dt == DType::kF32 ? Rand(DType::kF32, data_dims, 5)
+                                              : RandInt(DType::kI64, data_dims, 6, -1000, 1000);
+        const Tensor want = Eval1(MakeNode(OpKind::kGatherElements, 2, 1, a), {data, idx});
+        DeviceTensor dd(data), di(idx), out(dt, idx_dims), flag(DType::kI32, {1});
+        ASSERT_TRUE(GatherElements(*s, dt, dd.get(), it, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+        const Tensor got = out.ToHost();
+        EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.num_bytes()), 0) << what;
+        EXPECT_EQ(flag.ToHost().data<int32_t>()[0], 0) << what;
+      }
+      const Tensor dy = Rand(DType::kF32, idx_dims, 8);
+      for (DType gt : {DType::kF32, DType::kBF16}) {
+        const Tensor g = dy.CastTo(gt);
+        const Tensor want = Eval1(MakeNode(OpKind::kGatherElementsGrad, 3, 1, a), {g, idx, Tensor(gt, data_dims)});
+        DeviceTensor dg(g), di(idx), dx(gt, data_dims), flag(DType::kI32, {1});
+        ASSERT_TRUE(GatherElementsGrad(*s, gt, dg.get(), it, di.get(), dx.get(), flag.as<uint32_t>(), nullptr).ok());
+        const Tensor got = dx.ToHost();
+        if (gt == DType::kF32) {
+          EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.num_bytes()), 0) << what;
+        } else {
+          EXPECT_LT(NormalisedError(got, want), 1e-2) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(EmbeddingTest, GatherElementsFlagsOutOfRangeIndices) {
+  const Tensor data = Rand(DType::kF32, {2, 3}, 1);
+  const Tensor idx = Tensor::FromVector<int64_t>({2, 2}, {0, 3, -4, 1});  // 3 and -4 are outside [-3, 3)
+  auto s = MakeGatherElementsShape({2, 3}, {2, 2}, 1);
+  ASSERT_TRUE(s.ok());
+  DeviceTensor dd(data), di(idx), out(DType::kF32, {2, 2}), flag(DType::kI32, {1});
+  ASSERT_TRUE(GatherElements(*s, DType::kF32, dd.get(), DType::kI64, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+  EXPECT_EQ(flag.ToHost().data<int32_t>()[0], 1);
+  DeviceTensor dx(DType::kF32, {2, 3}), flag2(DType::kI32, {1});
+  ASSERT_TRUE(
+      GatherElementsGrad(*s, DType::kF32, out.get(), DType::kI64, di.get(), dx.get(), flag2.as<uint32_t>(), nullptr)
+          .ok());
+  EXPECT_EQ(flag2.ToHost().data<int32_t>()[0], 1);
+  EXPECT_FALSE(MakeGatherElementsShape({2, 3}, {3, 3}, 1).ok());  // indices larger than data off the axis
+  EXPECT_FALSE(MakeGatherElementsShape({2, 3}, {2}, 0).ok());
+  EXPECT_FALSE(
+      GatherElements(*s, DType::kF32, dd.get(), DType::kF32, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
 }
 
 }  // namespace
