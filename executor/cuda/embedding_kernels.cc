@@ -1,5 +1,5 @@
 // Gather (any dtype; the embedding lookup), GatherGrad (f32 or bf16, the output dY's dtype, summed in fp32 and
-// rounded once), GatherElements and its gradient (gather_elements.h) in the CUDA backend's kernel table; indices on
+// rounded once), GatherElements, GatherND and their gradients (gather_elements.h) in the CUDA backend's kernel table; indices on
 // the device, or constants on the host (copied into the workspace). An index out of range is only seen on the device: the kernel raises a flag, the flag is
 // read back (one small synchronising copy) and the op then runs on the host, where the CPU kernel reports the index
 // exactly as it does on the CPU.
@@ -156,6 +156,38 @@ KernelResult GatherElementsKernel(const KernelContext& ctx, const ir::Node& node
   return std::vector<ir::Tensor>{*out};
 }
 
+// GatherND(data, indices) attr batch_dims, and GatherNDGrad(dY, indices, like): zeros like `like`
+// with dY's slices added where the forward read. Out-of-range indices: the flag, then the host.
+KernelResult GatherNDKernel(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in,
+                            bool grad) {
+  const ir::Tensor& src = in[0];
+  const ir::Tensor& idx = in[1];
+  if (!IsIndex(idx.dtype()) || (grad && !IsKernelFloat(src.dtype()))) return std::nullopt;
+  const std::vector<int64_t>& data_dims = grad ? in[2].dims() : src.dims();
+  std::vector<int64_t> out_dims;
+  absl::StatusOr<GatherNDShape> s =
+      MakeGatherNDShape(data_dims, idx.dims(), node.attrs.Get<int64_t>("batch_dims", 0), &out_dims);
+  if (!s.ok() || (grad && src.dims() != out_dims)) return std::nullopt;  // the CPU kernel names the problem
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, src.dtype(), grad ? data_dims : out_dims);
+  if (!out.ok()) return out.status();
+  if (out->num_elements() == 0) return std::vector<ir::Tensor>{*out};
+  absl::StatusOr<void*> ws = ctx.Workspace(node, kFlagBytes + HostIndexBytes(idx));
+  if (!ws.ok()) return ws.status();
+  auto* flag = static_cast<uint32_t*>(*ws);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
+  absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
+  if (!indices.ok()) return indices.status();
+  const absl::Status st = grad ? GatherNDGrad(*s, out->num_elements(), src.dtype(), src.device_raw(), idx.dtype(),
+                                              *indices, out->device_raw(), flag, ctx.stream)
+                               : GatherND(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices, out->device_raw(),
+                                          flag, ctx.stream);
+  if (!st.ok()) return st;
+  absl::StatusOr<bool> bad = FlagRaised(ctx, flag);
+  if (!bad.ok()) return bad.status();
+  if (*bad) return std::nullopt;
+  return std::vector<ir::Tensor>{*out};
+}
+
 }  // namespace
 
 void RegisterEmbeddingKernels(KernelTable& table) {
@@ -173,6 +205,16 @@ void RegisterEmbeddingKernels(KernelTable& table) {
   table[ir::OpKind::kGatherElementsGrad] = {
       [](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
         return GatherElementsKernel(ctx, node, in, /*grad=*/true);
+      },
+      flag_and_indices, /*host_inputs=*/1u << 1, /*group=*/{}, /*host_bound=*/true};
+  table[ir::OpKind::kGatherND] = {
+      [](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+        return GatherNDKernel(ctx, node, in, /*grad=*/false);
+      },
+      flag_and_indices, /*host_inputs=*/1u << 1, /*group=*/{}, /*host_bound=*/true};
+  table[ir::OpKind::kGatherNDGrad] = {
+      [](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+        return GatherNDKernel(ctx, node, in, /*grad=*/true);
       },
       flag_and_indices, /*host_inputs=*/1u << 1, /*group=*/{}, /*host_bound=*/true};
 }

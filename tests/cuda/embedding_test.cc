@@ -1,4 +1,4 @@
-// Gather and GatherGrad, GatherElements and GatherElementsGrad on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
+// Gather, GatherElements, GatherND and their gradients on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
 // also sums each row's contributions in index order), repeated and negative indices, a non-zero
 // axis, i32 indices, bf16, accumulation, determinism, out-of-range indices and argument errors.
 #include "executor/cuda/embedding.h"
@@ -230,6 +230,76 @@ TEST_F(EmbeddingTest, GatherElementsFlagsOutOfRangeIndices) {
   EXPECT_FALSE(MakeGatherElementsShape({2, 3}, {2}, 0).ok());
   EXPECT_FALSE(
       GatherElements(*s, DType::kF32, dd.get(), DType::kF32, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+}
+
+// GatherND and its gradient with batch_dims 0 and 1, whole-row and single-element tuples, repeated and
+// negative indices: the forward bitwise, the fp32 gradient bitwise (the CPU's order), bf16 within rounding.
+TEST_F(EmbeddingTest, GatherNDAndGradMatchCpu) {
+  struct Case {
+    std::vector<int64_t> data, idx;
+    int64_t batch_dims;
+  };
+  const std::vector<Case> cases = {
+      {{4, 6, 5}, {7, 1}, 0},     // rows of (6, 5)
+      {{4, 6, 5}, {3, 4, 2}, 0},  // rows of 5
+      {{4, 6, 5}, {9, 3}, 0},     // elements
+      {{4, 6, 5}, {4, 8, 1}, 1},  // per batch: rows of 5
+      {{4, 6, 5}, {4, 3, 2}, 1},  // per batch: elements
+  };
+  uint32_t seed = 40;
+  for (const Case& c : cases) {
+    const int64_t k = c.idx.back();
+    Tensor idx(DType::kI64, c.idx);
+    std::vector<int64_t> ext(c.data.begin() + c.batch_dims, c.data.begin() + c.batch_dims + k);
+    const Tensor r = RandInt(DType::kI64, c.idx, seed++, 0, 1 << 20);
+    for (int64_t i = 0; i < idx.num_elements(); ++i) {
+      const int64_t n = ext[i % k];
+      idx.mutable_data<int64_t>()[i] = r.data<int64_t>()[i] % (2 * n) - n;  // in [-n, n)
+    }
+    ir::Attrs a;
+    a.Set("batch_dims", c.batch_dims);
+    const std::string what = std::to_string(c.idx.size()) + "-d indices, k " + std::to_string(k) + ", batch_dims " +
+                             std::to_string(c.batch_dims);
+    std::vector<int64_t> out_dims;
+    auto s = MakeGatherNDShape(c.data, c.idx, c.batch_dims, &out_dims);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (DType it : {DType::kI64, DType::kI32}) {
+      const Tensor ix = idx.CastTo(it);
+      const Tensor data = Rand(DType::kF32, c.data, seed++);
+      const Tensor want = Eval1(MakeNode(OpKind::kGatherND, 2, 1, a), {data, ix});
+      ASSERT_EQ(want.dims(), out_dims) << what;
+      DeviceTensor dd(data), di(ix), out(DType::kF32, out_dims), flag(DType::kI32, {1});
+      ASSERT_TRUE(GatherND(*s, DType::kF32, dd.get(), it, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+      const Tensor got = out.ToHost();
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.num_bytes()), 0) << what;
+      EXPECT_EQ(flag.ToHost().data<int32_t>()[0], 0) << what;
+      for (DType gt : {DType::kF32, DType::kBF16}) {
+        const Tensor g = Rand(DType::kF32, out_dims, seed++).CastTo(gt);
+        const Tensor want_dx = Eval1(MakeNode(OpKind::kGatherNDGrad, 3, 1, a), {g, ix, Tensor(gt, c.data)});
+        DeviceTensor dg(g), dx(gt, c.data);
+        ASSERT_TRUE(GatherNDGrad(*s, want_dx.num_elements(), gt, dg.get(), it, di.get(), dx.get(),
+                                 flag.as<uint32_t>(), nullptr)
+                        .ok());
+        const Tensor got_dx = dx.ToHost();
+        if (gt == DType::kF32) {
+          EXPECT_EQ(std::memcmp(got_dx.raw(), want_dx.raw(), want_dx.num_bytes()), 0) << what;
+        } else {
+          EXPECT_LT(NormalisedError(got_dx, want_dx), 1e-2) << what;
+        }
+      }
+    }
+  }
+  // Out of range: flagged; shapes that do not fit: errors.
+  const Tensor data = Rand(DType::kF32, {2, 3}, 3);
+  const Tensor bad = Tensor::FromVector<int64_t>({2, 2}, {0, 1, 2, 0});  // 2 is outside [-2, 2) on axis 0
+  std::vector<int64_t> od;
+  auto s = MakeGatherNDShape({2, 3}, {2, 2}, 0, &od);
+  ASSERT_TRUE(s.ok());
+  DeviceTensor dd(data), di(bad), out(DType::kF32, od), flag(DType::kI32, {1});
+  ASSERT_TRUE(GatherND(*s, DType::kF32, dd.get(), DType::kI64, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+  EXPECT_EQ(flag.ToHost().data<int32_t>()[0], 1);
+  EXPECT_FALSE(MakeGatherNDShape({2, 3}, {2, 3}, 0, nullptr).ok());  // tuples longer than data's rank
+  EXPECT_FALSE(MakeGatherNDShape({2, 3}, {3, 1}, 1, nullptr).ok());  // batch dims differ
 }
 
 }  // namespace
