@@ -73,8 +73,7 @@ std::string Bench(const char* what, ir::DType dtype, const std::vector<int64_t>&
   const int64_t in_bytes = plan->num_out * plan->num_reduced * e, out_bytes = plan->num_out * e;
   const int64_t ws_bytes = ReduceWorkspaceBytes(*plan, dtype);
   void *x = Alloc(in_bytes), *y = Alloc(out_bytes), *copy = Alloc(in_bytes), *ws = Alloc(ws_bytes);
-  const double ms = TimeMs(
-      [&] { return Reduce(ReduceKind::kSum, *plan, dtype, x, dtype, y, nullptr, ws, ws_bytes); });
+  const double ms = TimeMs([&] { return Reduce(ReduceKind::kSum, *plan, dtype, x, dtype, y, nullptr, ws, ws_bytes); });
   const double copy_ms = TimeMs([&] {
     cudaMemcpyAsync(copy, x, in_bytes, cudaMemcpyDeviceToDevice, nullptr);
     return absl::OkStatus();
@@ -125,10 +124,12 @@ int main(int argc, char** argv) {
   if (argc > 1) {
     FILE* f = std::fopen(argv[1], "w");
     if (f == nullptr) return 1;
-    std::fprintf(f, "{\n \"benchmark\": \"reduce_bench (bench/reduce_bench.cc)\",\n \"device\": \"%s\",\n", device.c_str());
-    std::fprintf(f, " \"method\": \"ReduceToShapeOf sum with the backend's workspace; GB/s = (input + output bytes) / "
-                    "time; copy = cudaMemcpyAsync device-to-device of the input bytes, GB/s = 2 x bytes / time; CUDA "
-                    "events, median of 5 x 20 calls\",\n \"rows\": [\n");
+    std::fprintf(f, "{\n \"benchmark\": \"reduce_bench (bench/reduce_bench.cc)\",\n \"device\": \"%s\",\n",
+                 device.c_str());
+    std::fprintf(f,
+                 " \"method\": \"ReduceToShapeOf sum with the backend's workspace; GB/s = (input + output bytes) / "
+                 "time; copy = cudaMemcpyAsync device-to-device of the input bytes, GB/s = 2 x bytes / time; CUDA "
+                 "events, median of 5 x 20 calls\",\n \"rows\": [\n");
     for (size_t i = 0; i < rows.size(); ++i) std::fprintf(f, "%s%s\n", rows[i].c_str(), i + 1 < rows.size() ? "," : "");
     std::fprintf(f, " ]\n}\n");
     std::fclose(f);

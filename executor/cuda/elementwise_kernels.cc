@@ -172,8 +172,8 @@ KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::N
   const int64_t ws_bytes = ReduceWorkspaceBytes(*plan, x.dtype());
   absl::StatusOr<void*> ws = ctx.Workspace(node, ws_bytes);
   if (!ws.ok()) return ws.status();
-  return Single(
-      Reduce(kind, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream, *ws, ws_bytes), *out);
+  return Single(Reduce(kind, *plan, x.dtype(), x.device_raw(), x.dtype(), out->device_raw(), ctx.stream, *ws, ws_bytes),
+                *out);
 }
 
 // ReduceKernel's slice partials.
@@ -225,10 +225,10 @@ KernelResult CumSumKernel(const KernelContext& ctx, const ir::Node& node, const 
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.dims()[d];
   absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, x.dtype(), x.dims());
   if (!out.ok()) return out.status();
-  return Single(CumSum(x.dtype(), x.device_raw(), out->device_raw(), outer, x.dims()[axis], inner,
-                       node.attrs.Get<int64_t>("exclusive", 0) != 0, node.attrs.Get<int64_t>("reverse", 0) != 0,
-                       ctx.stream),
-                *out);
+  return Single(
+      CumSum(x.dtype(), x.device_raw(), out->device_raw(), outer, x.dims()[axis], inner,
+             node.attrs.Get<int64_t>("exclusive", 0) != 0, node.attrs.Get<int64_t>("reverse", 0) != 0, ctx.stream),
+      *out);
 }
 
 // ExpandLike(X, like) attrs axes, mean: out = (0 + X broadcast) * s with s = numel(X) / numel(like)

@@ -1,8 +1,8 @@
 // Gather (any dtype; the embedding lookup), GatherGrad (f32 or bf16, the output dY's dtype, summed in fp32 and
-// rounded once), GatherElements, GatherND and their gradients (gather_elements.h) in the CUDA backend's kernel table; indices on
-// the device, or constants on the host (copied into the workspace). An index out of range is only seen on the device: the kernel raises a flag, the flag is
-// read back (one small synchronising copy) and the op then runs on the host, where the CPU kernel reports the index
-// exactly as it does on the CPU.
+// rounded once), GatherElements, GatherND and their gradients (gather_elements.h) in the CUDA backend's kernel table;
+// indices on the device, or constants on the host (copied into the workspace). An index out of range is only seen on
+// the device: the kernel raises a flag, the flag is read back (one small synchronising copy) and the op then runs on
+// the host, where the CPU kernel reports the index exactly as it does on the CPU.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/embedding.h"
@@ -144,11 +144,10 @@ KernelResult GatherElementsKernel(const KernelContext& ctx, const ir::Node& node
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
   absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
   if (!indices.ok()) return indices.status();
-  const absl::Status st =
-      grad ? GatherElementsGrad(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices, out->device_raw(), flag,
-                                ctx.stream)
-           : GatherElements(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices, out->device_raw(), flag,
-                            ctx.stream);
+  const absl::Status st = grad ? GatherElementsGrad(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices,
+                                                    out->device_raw(), flag, ctx.stream)
+                               : GatherElements(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices,
+                                                out->device_raw(), flag, ctx.stream);
   if (!st.ok()) return st;
   absl::StatusOr<bool> bad = FlagRaised(ctx, flag);
   if (!bad.ok()) return bad.status();
@@ -177,10 +176,10 @@ KernelResult GatherNDKernel(const KernelContext& ctx, const ir::Node& node, cons
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), ctx.stream));
   absl::StatusOr<const void*> indices = DeviceIndices(ctx, idx, static_cast<uint8_t*>(*ws) + kFlagBytes);
   if (!indices.ok()) return indices.status();
-  const absl::Status st = grad ? GatherNDGrad(*s, out->num_elements(), src.dtype(), src.device_raw(), idx.dtype(),
-                                              *indices, out->device_raw(), flag, ctx.stream)
-                               : GatherND(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices, out->device_raw(),
-                                          flag, ctx.stream);
+  const absl::Status st =
+      grad ? GatherNDGrad(*s, out->num_elements(), src.dtype(), src.device_raw(), idx.dtype(), *indices,
+                          out->device_raw(), flag, ctx.stream)
+           : GatherND(*s, src.dtype(), src.device_raw(), idx.dtype(), *indices, out->device_raw(), flag, ctx.stream);
   if (!st.ok()) return st;
   absl::StatusOr<bool> bad = FlagRaised(ctx, flag);
   if (!bad.ok()) return bad.status();
@@ -196,7 +195,9 @@ void RegisterEmbeddingKernels(KernelTable& table) {
       /*host_inputs=*/1u << 1, /*group=*/{}, /*host_bound=*/true};
   table[ir::OpKind::kGatherGrad] = {GatherGradKernel, GatherGradWorkspace, /*host_inputs=*/1u << 1, /*group=*/{},
                                     /*host_bound=*/true};
-  const auto flag_and_indices = [](const ir::Graph& g, const ir::Node& node) { return kFlagBytes + IndexBytes(g, node); };
+  const auto flag_and_indices = [](const ir::Graph& g, const ir::Node& node) {
+    return kFlagBytes + IndexBytes(g, node);
+  };
   table[ir::OpKind::kGatherElements] = {
       [](const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
         return GatherElementsKernel(ctx, node, in, /*grad=*/false);

@@ -25,7 +25,8 @@ absl::StatusOr<GatherElementsShape> MakeGatherElementsShape(const std::vector<in
     return INVALID_ARGUMENT() << "GatherElements: data rank " << r << " and indices rank " << idx_dims.size()
                               << " must be equal and in [1, " << kMaxGatherRank << "]";
   }
-  if (axis < -r || axis >= r) return INVALID_ARGUMENT() << "GatherElements: axis " << axis << " out of range for rank " << r;
+  if (axis < -r || axis >= r)
+    return INVALID_ARGUMENT() << "GatherElements: axis " << axis << " out of range for rank " << r;
   GatherElementsShape s;
   s.rank = static_cast<int>(r);
   s.axis = static_cast<int>(axis < 0 ? axis + r : axis);

@@ -37,7 +37,8 @@ template <typename U, typename I>
 __global__ void GatherElementsKernel(GatherElementsShape s, const U* __restrict__ data, const I* __restrict__ idx,
                                      U* __restrict__ out, uint32_t* flag) {
   const int64_t n = s.data_dims[s.axis];
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < s.num_idx; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < s.num_idx;
+       i += int64_t{gridDim.x} * blockDim.x) {
     int64_t v = IndexAt(idx, i);
     if (v < -n || v >= n) {
       *flag = 1;
@@ -63,7 +64,8 @@ template <typename T, typename I>
 __global__ void GatherElementsGradKernel(GatherElementsShape s, const T* __restrict__ dy, const I* __restrict__ idx,
                                          T* __restrict__ dx, uint32_t* flag) {
   const int64_t n = s.data_dims[s.axis], k = s.idx_dims[s.axis];
-  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < s.num_data; o += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < s.num_data;
+       o += int64_t{gridDim.x} * blockDim.x) {
     // o's coordinates; the indices' offset of (coords with the axis at 0) and the axis' stride there.
     int64_t rest = o, base = 0, stride = 1, axis_stride = 1, target = 0;
     bool inside = true;
@@ -225,9 +227,8 @@ cudaError_t LaunchGatherElements(const GatherElementsShape& s, int elem_bytes, c
   }
 }
 
-cudaError_t LaunchGatherElementsGrad(const GatherElementsShape& s, ir::DType dtype, const void* dy,
-                                     ir::DType idx_dtype, const void* indices, void* dx, uint32_t* flag,
-                                     cudaStream_t stream) {
+cudaError_t LaunchGatherElementsGrad(const GatherElementsShape& s, ir::DType dtype, const void* dy, ir::DType idx_dtype,
+                                     const void* indices, void* dx, uint32_t* flag, cudaStream_t stream) {
   if (s.num_data == 0) return cudaSuccess;
   return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;

@@ -1,6 +1,7 @@
 // GatherElements, GatherND and their gradients on the GPU (the index ops of transformers' mask code,
-// of RoBERTa's position ids and of DistilBERT's dynamo export). data is dense row-major (rank <= 8); indices (i64 or i32) have data's rank,
-// no dim above data's except along `axis`, and the output has the indices' dims. An index outside
+// of RoBERTa's position ids and of DistilBERT's dynamo export). data is dense row-major (rank <= 8); indices (i64 or
+// i32) have data's rank, no dim above data's except along `axis`, and the output has the indices' dims. An index
+// outside
 // [-n, n) is not read through: the kernels raise `flag` (device memory, zeroed by the caller) and the
 // backend then runs the op on the host, where the CPU kernel names the index.
 // The gradient is deterministic without atomics: a thread per element of dX walks the indices along
@@ -34,9 +35,8 @@ struct GatherElementsShape {
 cudaError_t LaunchGatherElements(const GatherElementsShape& s, int elem_bytes, const void* data, ir::DType idx_dtype,
                                  const void* indices, void* out, uint32_t* flag, cudaStream_t stream);
 // dx (data dims) = zeros with dy (idx dims) added at the gathered positions; dtype f32 bf16 f16.
-cudaError_t LaunchGatherElementsGrad(const GatherElementsShape& s, ir::DType dtype, const void* dy,
-                                     ir::DType idx_dtype, const void* indices, void* dx, uint32_t* flag,
-                                     cudaStream_t stream);
+cudaError_t LaunchGatherElementsGrad(const GatherElementsShape& s, ir::DType dtype, const void* dy, ir::DType idx_dtype,
+                                     const void* indices, void* dx, uint32_t* flag, cudaStream_t stream);
 
 // GatherND with batch_dims b: data (batches, ..., slice...), indices (batches, tuples..., k); for each
 // batch position and index tuple, the `slice` elements of data after the k indexed dims.
@@ -52,8 +52,7 @@ cudaError_t LaunchGatherND(const GatherNDShape& s, int elem_bytes, const void* d
 // dx (data dims, zeroed here) += dy at the gathered slices: a thread per (batch, slice column)
 // walks the tuples in order, so the sums are repeatable and in the CPU's order (f32 bit for bit).
 cudaError_t LaunchGatherNDGrad(const GatherNDShape& s, int64_t num_data, ir::DType dtype, const void* dy,
-                               ir::DType idx_dtype, const void* indices, void* dx, uint32_t* flag,
-                               cudaStream_t stream);
+                               ir::DType idx_dtype, const void* indices, void* dx, uint32_t* flag, cudaStream_t stream);
 
 #ifndef __CUDACC__
 // The shape of GatherND(data, indices) with batch_dims, and its output dims; an error naming

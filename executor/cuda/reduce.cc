@@ -106,7 +106,8 @@ ReduceGeometry GeometryOf(const ReducePlan& p, int elem_bytes, bool split) {
   if (g.rows) {
     g.vec = run % full == 0 ? full : 1;
     const int64_t per_warp = 32 * g.vec * kMinPerThread / 4;
-    want = std::clamp<int64_t>(CeilDiv(kTargetThreads / 32, p.num_out), 1, std::max<int64_t>(1, p.num_reduced / per_warp));
+    want =
+        std::clamp<int64_t>(CeilDiv(kTargetThreads / 32, p.num_out), 1, std::max<int64_t>(1, p.num_reduced / per_warp));
     g.lanes = PowerOfTwoAtMost(std::min<int64_t>(want, kReduceBlock / 32));
   } else {
     const bool inner_kept = !p.innermost_reduced && p.kept_rank > 0;

@@ -303,11 +303,11 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
         const int groups_per_block = kReduceBlock / (32 * g.lanes);
         const int64_t blocks = (plan.num_out * g.splits + groups_per_block - 1) / groups_per_block;
         if (g.vec == kVec) {
-          ReduceRowsKernel<X, Y, kVec><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px,
-                                                                                                  py, partials);
+          ReduceRowsKernel<X, Y, kVec>
+              <<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
         } else {
-          ReduceRowsKernel<X, Y, 1><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py,
-                                                                                               partials);
+          ReduceRowsKernel<X, Y, 1>
+              <<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
         }
       } else if (g.vec == kVec) {
         LaunchColumns<X, Y, kVec>(kind, plan, g, px, py, partials, stream);

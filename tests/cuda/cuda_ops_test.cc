@@ -634,6 +634,52 @@ TEST_F(CudaOpsTest, ConcatSplitAndExpandAreStridedCopies) {
   Check({ir::OpKind::kExpand, {Bools({1, 4}, 8), Ints({2}, {3, 1})}, {}, 1, {}, 0, {}, /*host_inputs=*/1u << 1});
 }
 
+// The index ops of Hugging Face exports (RoBERTa's position ids, DistilBERT's dynamo GatherND) on the
+// device: forward bit for bit, gradients bit for bit in fp32 (both add in index order); indices on the
+// device and as host constants.
+TEST_F(CudaOpsTest, CumSumGatherElementsGatherNDAndGradientsRunOnTheDevice) {
+  const Tensor mask = Ints({2, 6}, {1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 0});
+  Check({ir::OpKind::kCumSum, {mask}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0});
+  Check({ir::OpKind::kCumSum,
+         {Rand({4, 5, 3}, 1)},
+         Attrs({{"axis", int64_t{-2}}, {"reverse", int64_t{1}}}),
+         1,
+         {},
+         1e-6});
+  const Tensor data = Rand({4, 5}, 2);
+  const Tensor ge_idx = Ints({4, 3}, {0, 4, -1, 2, 2, 1, 3, 0, -5, 1, 1, 1});
+  for (uint32_t host : {0u, 1u << 1}) {
+    Check({ir::OpKind::kGatherElements, {data, ge_idx}, Attrs({{"axis", int64_t{1}}}), 1, {}, 0, {}, host});
+    Check({ir::OpKind::kGatherElementsGrad,
+           {Rand({4, 3}, 3), ge_idx, Tensor::DimsOnly(DType::kF32, {4, 5})},
+           Attrs({{"axis", int64_t{1}}}),
+           1,
+           {},
+           0,
+           {},
+           host});
+    const Tensor nd_idx = Ints({3, 2}, {0, 1, 3, -1, 0, 1});
+    Check({ir::OpKind::kGatherND, {data, nd_idx}, {}, 1, {}, 0, {}, host});
+    Check({ir::OpKind::kGatherNDGrad,
+           {Rand({3}, 4), nd_idx, Tensor::DimsOnly(DType::kF32, {4, 5})},
+           {},
+           1,
+           {},
+           0,
+           {},
+           host});
+    const Tensor rows = Ints({2, 1}, {3, 3});
+    Check({ir::OpKind::kGatherNDGrad,
+           {Rand({2, 5}, 5), rows, Tensor::DimsOnly(DType::kF32, {4, 5})},
+           {},
+           1,
+           {},
+           0,
+           {},
+           host});
+  }
+}
+
 // --- Embedding and dropout -----------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, GatherAndItsGradient) {

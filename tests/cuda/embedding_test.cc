@@ -1,13 +1,12 @@
-// Gather, GatherElements, GatherND and their gradients on the GPU against the CPU backend's kernels: bitwise for fp32 (the CPU
-// also sums each row's contributions in index order), repeated and negative indices, a non-zero
-// axis, i32 indices, bf16, accumulation, determinism, out-of-range indices and argument errors.
+// Gather, GatherElements, GatherND and their gradients on the GPU against the CPU backend's kernels: bitwise for fp32
+// (the CPU also sums each row's contributions in index order), repeated and negative indices, a non-zero axis, i32
+// indices, bf16, accumulation, determinism, out-of-range indices and argument errors.
 #include "executor/cuda/embedding.h"
 
 #include <cstring>
 #include <string>
 
 #include "executor/cuda/gather_elements.h"
-
 #include "tests/cpu/test_util.h"
 #include "tests/cuda/device_tensor.h"
 
@@ -187,8 +186,8 @@ TEST_F(EmbeddingTest, GatherElementsAndGradMatchCpu) {
       auto s = MakeGatherElementsShape(data_dims, idx_dims, axis);
       ASSERT_TRUE(s.ok()) << s.status();
       for (DType dt : {DType::kF32, DType::kI64}) {
-        const Tensor data = dt == DType::kF32 ? Rand(DType::kF32, data_dims, 5)
-                                              : RandInt(DType::kI64, data_dims, 6, -1000, 1000);
+        const Tensor data =
+            dt == DType::kF32 ? Rand(DType::kF32, data_dims, 5) : RandInt(DType::kI64, data_dims, 6, -1000, 1000);
         const Tensor want = Eval1(MakeNode(OpKind::kGatherElements, 2, 1, a), {data, idx});
         DeviceTensor dd(data), di(idx), out(dt, idx_dims), flag(DType::kI32, {1});
         ASSERT_TRUE(GatherElements(*s, dt, dd.get(), it, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
@@ -219,7 +218,8 @@ TEST_F(EmbeddingTest, GatherElementsFlagsOutOfRangeIndices) {
   auto s = MakeGatherElementsShape({2, 3}, {2, 2}, 1);
   ASSERT_TRUE(s.ok());
   DeviceTensor dd(data), di(idx), out(DType::kF32, {2, 2}), flag(DType::kI32, {1});
-  ASSERT_TRUE(GatherElements(*s, DType::kF32, dd.get(), DType::kI64, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
+  ASSERT_TRUE(
+      GatherElements(*s, DType::kF32, dd.get(), DType::kI64, di.get(), out.get(), flag.as<uint32_t>(), nullptr).ok());
   EXPECT_EQ(flag.ToHost().data<int32_t>()[0], 1);
   DeviceTensor dx(DType::kF32, {2, 3}), flag2(DType::kI32, {1});
   ASSERT_TRUE(
@@ -277,9 +277,9 @@ TEST_F(EmbeddingTest, GatherNDAndGradMatchCpu) {
         const Tensor g = Rand(DType::kF32, out_dims, seed++).CastTo(gt);
         const Tensor want_dx = Eval1(MakeNode(OpKind::kGatherNDGrad, 3, 1, a), {g, ix, Tensor(gt, c.data)});
         DeviceTensor dg(g), dx(gt, c.data);
-        ASSERT_TRUE(GatherNDGrad(*s, want_dx.num_elements(), gt, dg.get(), it, di.get(), dx.get(),
-                                 flag.as<uint32_t>(), nullptr)
-                        .ok());
+        ASSERT_TRUE(
+            GatherNDGrad(*s, want_dx.num_elements(), gt, dg.get(), it, di.get(), dx.get(), flag.as<uint32_t>(), nullptr)
+                .ok());
         const Tensor got_dx = dx.ToHost();
         if (gt == DType::kF32) {
           EXPECT_EQ(std::memcmp(got_dx.raw(), want_dx.raw(), want_dx.num_bytes()), 0) << what;

@@ -132,10 +132,10 @@ TEST(ReducePlanTest, GeometryCoversTheReducedRangeOnce) {
     bool rows;
   };
   const std::vector<Case> cases = {
-      {{8192, 1024}, {1024}, 2, false},                       // bias gradient
+      {{8192, 1024}, {1024}, 2, false},                        // bias gradient
       {{8, 4, 4, 1024, 128}, {8, 4, 1, 1024, 128}, 2, false},  // GQA repeat_kv gradient
-      {{8192, 2048}, {8192, 1}, 4, true},                     // trailing axis
-      {{1 << 22}, {1}, 4, true},                              // everything
+      {{8192, 2048}, {8192, 1}, 4, true},                      // trailing axis
+      {{1 << 22}, {1}, 4, true},                               // everything
       {{100, 24}, {24}, 4, false},
       {{63, 8}, {1, 8}, 2, false},
       {{6, 70, 5}, {1, 70, 1}, 4, false},  // short innermost runs
@@ -185,7 +185,8 @@ TEST_F(ReduceTest, ReduceToShapeOverAnyAxesMatchesCpu) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     const Tensor want = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x32, Tensor(DType::kF32, like)});
     const Tensor x16 = x32.CastTo(DType::kBF16);
-    const Tensor want16 = Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x16.CastTo(DType::kF32), Tensor(DType::kF32, like)});
+    const Tensor want16 =
+        Eval1(MakeNode(OpKind::kReduceToShapeOf, 2), {x16.CastTo(DType::kF32), Tensor(DType::kF32, like)});
     const int64_t bytes = ReduceWorkspaceBytes(*plan, DType::kF32);
     for (bool split : {false, true}) {
       if (split && bytes == 0) continue;
@@ -198,12 +199,12 @@ TEST_F(ReduceTest, ReduceToShapeOverAnyAxesMatchesCpu) {
       const int64_t bytes16 = ReduceWorkspaceBytes(*plan, DType::kBF16);
       DeviceTensor dx16(x16), dy32(DType::kF32, like), dy16(DType::kBF16, like), ws16(DType::kU8, {bytes16 + 1});
       const int64_t give = split ? bytes16 : 0;
-      ASSERT_TRUE(Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kF32, dy32.get(), nullptr,
-                         ws16.get(), give)
-                      .ok());
-      ASSERT_TRUE(Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kBF16, dy16.get(), nullptr,
-                         ws16.get(), give)
-                      .ok());
+      ASSERT_TRUE(
+          Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kF32, dy32.get(), nullptr, ws16.get(), give)
+              .ok());
+      ASSERT_TRUE(
+          Reduce(ReduceKind::kSum, *plan, DType::kBF16, dx16.get(), DType::kBF16, dy16.get(), nullptr, ws16.get(), give)
+              .ok());
       EXPECT_LT(MaxRelError(dy32.ToHost(), want16, 1e-3), 1e-6) << in.size() << " bf16 split " << split;
       EXPECT_LT(NormalisedError(dy16.ToHost(), want16), 4e-3) << in.size() << " bf16 split " << split;
     }
@@ -238,7 +239,8 @@ TEST_F(ReduceTest, SplitMeanDividesByTheReducedCount) {
   const int64_t bytes = ReduceWorkspaceBytes(*plan, DType::kF32);
   ASSERT_GT(bytes, 0);
   DeviceTensor dx(x), dy(DType::kF32, {32}), ws(DType::kU8, {bytes});
-  ASSERT_TRUE(Reduce(ReduceKind::kMean, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(), bytes).ok());
+  ASSERT_TRUE(
+      Reduce(ReduceKind::kMean, *plan, DType::kF32, dx.get(), DType::kF32, dy.get(), nullptr, ws.get(), bytes).ok());
   EXPECT_LT(MaxRelError(dy.ToHost(), CpuReduce(ReduceKind::kMean, x, {0}), 1e-3), 1e-6);
 }
 
@@ -266,7 +268,8 @@ TEST_F(ReduceTest, CumSumMatchesCpu) {
           for (int64_t d = 0; d < ax; ++d) outer *= dims[d];
           for (int64_t d = ax + 1; d < 3; ++d) inner *= dims[d];
           DeviceTensor dx(x), dy(t, dims);
-          ASSERT_TRUE(CumSum(t, dx.get(), dy.get(), outer, dims[ax], inner, exclusive != 0, reverse != 0, nullptr).ok());
+          ASSERT_TRUE(
+              CumSum(t, dx.get(), dy.get(), outer, dims[ax], inner, exclusive != 0, reverse != 0, nullptr).ok());
           const Tensor got = dy.ToHost();
           const std::string what = std::string(ir::DTypeName(t)) + " axis " + std::to_string(axis) + " exclusive " +
                                    std::to_string(exclusive) + " reverse " + std::to_string(reverse);
