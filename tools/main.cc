@@ -1,6 +1,7 @@
 // onnxpipe: the command-line tool. `onnxpipe <command> --help` documents each command.
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "tools/commands.h"
@@ -49,7 +50,14 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   for (const Command& c : kCommands) {
-    if (std::strcmp(argv[1], c.name) == 0) return c.run(Args(argv + 2, argv + argc));
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    // An allocation that fails anywhere is an error naming it, never an abort (the plan's own memory is checked
+    // before the run; this catches what is allocated outside it: data, host copies, kernels' temporaries).
+    try {
+      return c.run(Args(argv + 2, argv + argc));
+    } catch (const std::bad_alloc& e) {
+      return Fail(c.name, std::string("out of host memory: ") + e.what());
+    }
   }
   std::fprintf(stderr, "onnxpipe: unknown command '%s'\n\n", argv[1]);
   PrintUsage(stderr);

@@ -1,5 +1,11 @@
 #include "executor/backend/backend.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::backend {
@@ -62,6 +68,47 @@ absl::StatusOr<ir::Tensor> Backend::Clone(const ir::Tensor& t, Stream* stream) c
 absl::StatusOr<ir::Tensor> Backend::Upload(const ir::Tensor& host, Stream* stream) const {
   if (placement().host() || !host.has_data()) return host;
   return Clone(host, stream);
+}
+
+absl::StatusOr<int64_t> Backend::FreeMemoryBytes() const {
+  return absl::UnimplementedError(name() + " backend: no free-memory query");
+}
+
+namespace {
+
+// The first "<key> <n> kB" line of a /proc file, in bytes; -1 when absent.
+int64_t ProcKib(const char* path, const char* key) {
+  std::ifstream in(path);
+  const std::string prefix = std::string(key) + ":";
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
+  }
+  return -1;
+}
+
+// A number in a cgroup file ("max" or absent: -1).
+int64_t CgroupValue(const std::string& path) {
+  std::ifstream in(path);
+  std::string v;
+  if (!(in >> v) || v == "max") return -1;
+  return std::stoll(v);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> HostAvailableBytes() {
+  int64_t avail = ProcKib("/proc/meminfo", "MemAvailable");
+  if (avail < 0) return absl::UnimplementedError("/proc/meminfo has no MemAvailable line");
+  // A job's own limits count too: a Slurm or container cgroup (v2) and the address-space limit (ulimit -v).
+  const int64_t cg_max = CgroupValue("/sys/fs/cgroup/memory.max");
+  const int64_t cg_cur = CgroupValue("/sys/fs/cgroup/memory.current");
+  if (cg_max >= 0 && cg_cur >= 0) avail = std::min(avail, std::max<int64_t>(cg_max - cg_cur, 0));
+  struct rlimit as = {};
+  const int64_t vm_size = ProcKib("/proc/self/status", "VmSize");
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && vm_size >= 0) {
+    avail = std::min(avail, std::max<int64_t>(static_cast<int64_t>(as.rlim_cur) - vm_size, 0));
+  }
+  return avail;
 }
 
 bool ReadOnlyOnHost(const Backend& be, const ir::Graph& g, const std::vector<std::vector<ir::NodeId>>& uses,

@@ -99,6 +99,10 @@ class Backend {
   virtual ir::Placement placement() const = 0;
 
   // --- Memory ---
+  // Bytes a new allocation can still get on the device (CUDA: cudaMemGetInfo's free; the host: /proc/meminfo's
+  // MemAvailable), so that a plan that cannot fit is refused before anything is allocated. UNIMPLEMENTED where
+  // the backend cannot tell.
+  virtual absl::StatusOr<int64_t> FreeMemoryBytes() const;
   // `bytes` of device memory (at least one byte, 64-byte aligned), contents undefined; freed when
   // the last tensor over it goes.
   virtual absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const = 0;
@@ -166,6 +170,10 @@ ir::Tensor Unowned(const ir::Tensor& t);
 // every one of them (Backend::ReadsOnHost): a constant to keep on the host rather than upload.
 bool ReadOnlyOnHost(const Backend& be, const ir::Graph& g, const std::vector<std::vector<ir::NodeId>>& uses,
                     ir::ValueId v);
+
+// What the host can give this process without swapping, in bytes: /proc/meminfo's MemAvailable, lowered to the
+// room left under the process's cgroup (v2) memory.max and its address-space limit (ulimit -v) when it has them.
+absl::StatusOr<int64_t> HostAvailableBytes();
 
 // The CPU backend: host memory, kernels of executor/cpu (cpu::CpuEvaluator), synchronous.
 std::shared_ptr<const Backend> MakeCpuBackend();

@@ -95,6 +95,7 @@ class CheckedBackend : public Backend {
  public:
   std::string name() const override { return "checked"; }
   ir::Placement placement() const override { return kDevice; }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override { return HostAvailableBytes(); }
 
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const override {
     if (bytes < 0) return INVALID_ARGUMENT() << "cannot allocate " << bytes << " bytes";

@@ -3,6 +3,7 @@
 // Accumulation is acc[i] + x[i], the addition the unpartitioned graph's gradient Sums perform.
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "executor/backend/backend.h"
 #include "executor/backend/copy_checks.h"
@@ -49,8 +50,14 @@ class CpuBackend : public Backend {
 
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const override {
     if (bytes < 0) return INVALID_ARGUMENT() << "cannot allocate " << bytes << " bytes";
-    return ir::Tensor::AllocateBuffer(bytes);
+    try {
+      return ir::Tensor::AllocateBuffer(bytes);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("cpu: allocating " + std::to_string(bytes) +
+                                          " bytes of host memory failed (out of memory)");
+    }
   }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override { return HostAvailableBytes(); }
   absl::Status Fill(const ir::Tensor& dst, uint8_t byte, Stream*) const override {
     RETURN_IF_ERROR(CheckPlaced(dst, placement(), "fill"));
     if (dst.num_bytes() > 0) std::memset(dst.device_raw(), byte, dst.num_bytes());

@@ -142,6 +142,12 @@ class CudaBackendImpl : public CudaBackend {
   std::string name() const override { return "cuda"; }
   ir::Placement placement() const override { return ir::Placement::Device(device_); }
 
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    size_t free = 0, total = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(int64_t bytes) const override {
     if (bytes < 0) return INVALID_ARGUMENT() << "cannot allocate " << bytes << " bytes";
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));

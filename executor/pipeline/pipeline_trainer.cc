@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "executor/pipeline/fit_search.h"
 #include "executor/pipeline/report.h"
 #include "frontend/ir/status.h"
 #include "partitioner/device.h"
@@ -137,7 +138,13 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
   eo.graphs = p.graphs;
-  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
+  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(g, std::move(compiled), eo, p.backend);
+  if (absl::IsResourceExhausted(ex.status())) {
+    FitQuery q{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule, recompute, p.device,
+               model_name, p.backend ? p.backend : backend::MakeCpuBackend()};
+    return AddFitAdvice(ex.status(), q);
+  }
+  ASSIGN_OR_RETURN(t->executor_, std::move(ex));
   ASSIGN_OR_RETURN(t->schedule_,
                    autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));
   return t;

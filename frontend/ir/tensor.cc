@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <new>
 #include <sstream>
+#include <string>
 
 namespace onnxpipe::ir {
 namespace {
@@ -14,12 +15,29 @@ std::atomic<int64_t> g_allocations{0};
 
 constexpr std::align_val_t kBufferAlignment{64};
 
+// A failed buffer allocation that says how much was asked for: callers that catch std::bad_alloc (the command's
+// top level, which turns it into an error instead of an abort) print what().
+class BufferAllocationFailed : public std::bad_alloc {
+ public:
+  explicit BufferAllocationFailed(size_t bytes)
+      : what_("allocating a tensor buffer of " + std::to_string(bytes) + " bytes of host memory failed") {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
 }  // namespace
 
 std::shared_ptr<uint8_t> Tensor::AllocateBuffer(int64_t bytes) {
   // At least one byte, so that an empty tensor still has a (non-null) data pointer.
   const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
-  auto* p = static_cast<uint8_t*>(::operator new[](n, kBufferAlignment));
+  uint8_t* p = nullptr;
+  try {
+    p = static_cast<uint8_t*>(::operator new[](n, kBufferAlignment));
+  } catch (const std::bad_alloc&) {
+    throw BufferAllocationFailed(n);
+  }
   std::memset(p, 0, n);
   return std::shared_ptr<uint8_t>(p, [](uint8_t* q) { ::operator delete[](q, kBufferAlignment); });
 }

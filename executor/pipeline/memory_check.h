@@ -1,0 +1,35 @@
+// Out of memory answered before anything is allocated: a compiled plan's stages are laid out (the layout the
+// executor then allocates, memory.h) and the bytes they will allocate are compared with what the backend has free.
+// Stages of one process share one device (threads over one GPU, or the host), so their needs add up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "executor/backend/backend.h"
+#include "executor/pipeline/memory.h"
+#include "partitioner/plan_io.h"
+
+namespace onnxpipe::pipeline {
+
+struct PlanMemoryNeed {
+  std::vector<int64_t> stage_bytes;  // what each stage allocates
+  int64_t total = 0;
+};
+
+// What the stages of `plan` allocate on `be`: arena, gradient accumulators and kernel scratch, plus parameters,
+// optimizer state and the other constants where the backend's memory is not the host's (a host backend reads them
+// where they already are).
+absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be);
+
+// RESOURCE_EXHAUSTED when `need` is more than `be` has free: the message says how much each stage needs and how much
+// is free. OK when it fits or the backend cannot tell (FreeMemoryBytes UNIMPLEMENTED).
+absl::Status CheckFits(const PlanMemoryNeed& need, const backend::Backend& be);
+
+// "1.50 GiB" (or MiB / KiB / bytes for smaller sizes).
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace onnxpipe::pipeline
