@@ -11,8 +11,6 @@
 // SEND action is where the stage would wait for its outstanding isends of the micro-batch.
 #include "executor/pipeline/executor.h"
 
-#include "executor/pipeline/memory_check.h"
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -980,9 +978,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   ex->microbatches_ = M;
   ex->backend_ = backend ? std::move(backend) : backend::MakeCpuBackend();
   ex->staging_ = std::make_shared<comm::StagingPool>();
-  // A plan that cannot fit is refused before the first allocation, saying how much it needs and how much is free.
-  ASSIGN_OR_RETURN(const PlanMemoryNeed need, PlanAllocationBytes(plan, *ex->backend_));
-  RETURN_IF_ERROR(CheckFits(need, *ex->backend_));
   ex->program_ = std::move(plan.program);
   ex->lists_ = std::move(plan.actions);
   ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, M));

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "executor/pipeline/fit_search.h"
+#include "executor/pipeline/memory_check.h"
 #include "executor/pipeline/report.h"
 #include "frontend/ir/status.h"
 #include "partitioner/device.h"
@@ -138,13 +139,16 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
   eo.graphs = p.graphs;
-  absl::StatusOr<std::unique_ptr<PipelineExecutor>> ex = PipelineExecutor::Create(g, std::move(compiled), eo, p.backend);
-  if (absl::IsResourceExhausted(ex.status())) {
-    FitQuery q{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule, recompute, p.device,
-               model_name, p.backend ? p.backend : backend::MakeCpuBackend()};
-    return AddFitAdvice(ex.status(), q);
+  // A plan that cannot fit is refused before the executor allocates anything, with how much it needs, how much
+  // is free and the smallest change that fits.
+  const std::shared_ptr<const backend::Backend> be = p.backend ? p.backend : backend::MakeCpuBackend();
+  ASSIGN_OR_RETURN(const PlanMemoryNeed need, PlanAllocationBytes(compiled, *be));
+  if (absl::Status fits = CheckFits(need, *be); !fits.ok()) {
+    if (!absl::IsResourceExhausted(fits)) return fits;
+    return AddFitAdvice(fits, FitQuery{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule,
+                                       recompute, p.device, model_name, be});
   }
-  ASSIGN_OR_RETURN(t->executor_, std::move(ex));
+  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_,
                    autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));
   return t;
