@@ -67,6 +67,8 @@ class Comm {
 // True for the error a call returns because another rank aborted the group (as opposed to the
 // failure that caused the abort).
 bool IsAbortedByPeer(const absl::Status& s);
+// What a call returns once the group is aborted for `reason`.
+absl::Status AbortedStatus(const absl::Status& reason);
 
 // "f32 (2, 3)": how errors name a tensor.
 std::string DescribeTensor(const ir::Tensor& t);

@@ -41,6 +41,10 @@ bool IsAbortedByPeer(const absl::Status& s) {
   return s.code() == absl::StatusCode::kAborted && s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
 }
 
+absl::Status AbortedStatus(const absl::Status& reason) {
+  return absl::AbortedError(kAbortPrefix + std::string(reason.message()));
+}
+
 std::string DescribeTensor(const ir::Tensor& t) {
   std::ostringstream os;
   os << ir::DTypeName(t.dtype()) << " (";
@@ -180,9 +184,7 @@ absl::Status InProcessGroup::CheckPeer(int self, int peer, const char* verb) con
   return absl::OkStatus();
 }
 
-absl::Status InProcessGroup::AbortedLocked() const {
-  return abort_.ok() ? absl::OkStatus() : absl::AbortedError(kAbortPrefix + std::string(abort_.message()));
-}
+absl::Status InProcessGroup::AbortedLocked() const { return abort_.ok() ? absl::OkStatus() : AbortedStatus(abort_); }
 
 absl::Status InProcessGroup::WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
                                         const std::function<std::string()>& what) {

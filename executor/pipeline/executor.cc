@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "executor/comm/inprocess_comm.h"
+#include "executor/comm/subgroup_comm.h"
 #include "executor/pipeline/post_slots.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/align.h"
@@ -246,7 +247,7 @@ class PipelineExecutor::StageRun {
         ex_.options_.dropout,
         ex_.options_.seed,
         static_cast<uint64_t>(feeds_.step),
-        m >= 0 ? m * rows : 0,
+        m >= 0 ? (ex_.options_.topology.replica() * ex_.microbatches_ + m) * rows : 0,
         rows,
         stream_,
         graphs_ != nullptr ? static_cast<const uint64_t*>(graphs_->offset.device_raw()) : nullptr};
@@ -702,6 +703,17 @@ class PipelineExecutor::StageRun {
     ir::Graph& sg = sp_.graph;
     std::vector<ir::Tensor> pv(sg.num_values());
     for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
+    // Data parallelism: each replica's accumulated gradients become their sum over the replicas, in replica order
+    // (one process with D x M micro-batches would have added the same terms in micro-batch order).
+    const Topology& topo = ex_.options_.topology;
+    if (topo.replicas > 1) {
+      const std::vector<int> group = topo.DataParallelGroup();
+      for (ir::ValueId v : sp_.accumulate) {
+        RETURN_IF_ERROR(CommError(ex_.options_.world->AllReduce(pv[v], group, stream_),
+                                  Where(-1, StepPhase::kPost) + " all-reducing '" + sg.value(v).name +
+                                      "' over the data-parallel replicas"));
+      }
+    }
     for (ir::ValueId v : sp_.step_inputs) {
       const bool lr = sg.value(v).name == autodiff::kLrName;
       pv[v] = host_step_inputs_.count(v) ? (lr ? lr_ : step_) : (lr ? buffers_.lr : buffers_.step);
@@ -986,7 +998,28 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   const partitioner::WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) {
     return be->WorkspaceBytes(g, n);
   };
+  const Topology& topo = options.topology;
+  if (options.world != nullptr) {
+    if (topo.stages != ex->program_.num_stages || topo.replicas < 1 || topo.world() != options.world->size() ||
+        topo.rank != options.world->rank()) {
+      return INVALID_ARGUMENT() << "the plan has " << ex->program_.num_stages << " stages; " << topo.Describe()
+                                << " does not fit a world of " << options.world->size() << " ranks (rank "
+                                << options.world->rank() << ")";
+    }
+    ex->pipeline_comm_ = std::make_unique<comm::SubgroupComm>(*options.world, topo.PipelineGroup());
+  } else if (topo.replicas != 1) {
+    return INVALID_ARGUMENT() << "data parallelism needs one process per rank (a world comm)";
+  }
   for (const StageProgram& sp : ex->program_.stages) {
+    ex->uses_.push_back(CountUses(sp));
+    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
+    if (options.world != nullptr && sp.stage != topo.stage()) {  // another process's stage
+      ex->layouts_.push_back(nullptr);
+      ex->streams_.push_back(nullptr);
+      ex->arenas_.push_back(nullptr);
+      ex->buffers_.push_back(nullptr);
+      continue;
+    }
     const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
     ASSIGN_OR_RETURN(StageLayout layout, partitioner::PlanStageLayout(sp, in_flight, M, /*alignment=*/64, workspace));
     ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
@@ -994,8 +1027,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena,
                      StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
     ex->arenas_.push_back(std::move(arena));
-    ex->uses_.push_back(CountUses(sp));
-    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
     auto buffers = std::make_unique<StepBuffers>();
     ASSIGN_OR_RETURN(buffers->lr, be->Upload(ir::Tensor::Scalar<double>(0), ex->streams_.back().get()));
     ASSIGN_OR_RETURN(buffers->step, be->Upload(ir::Tensor::Scalar<int64_t>(0), ex->streams_.back().get()));
@@ -1004,6 +1035,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
   for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
+    if (!ex->is_local(static_cast<int32_t>(s))) continue;
     StageProgram& sp = ex->program_.stages[s];
     const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
     for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
@@ -1037,6 +1069,10 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     }
     for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
       const StageProgram& sp = ex->program_.stages[s];
+      if (!ex->is_local(static_cast<int32_t>(s))) {
+        ex->graphs_.push_back(nullptr);
+        continue;
+      }
       auto g = std::make_unique<StageGraphs>();
       backend::Stream* stream = ex->streams_[s].get();
       ASSIGN_OR_RETURN(g->offset, be->Upload(ir::Tensor::Scalar<int64_t>(0), stream));
@@ -1060,10 +1096,12 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
 absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds) {
   if (broken_) return FAILED_PRECONDITION() << "a previous step failed; the pipeline's parameters are inconsistent";
   const int32_t K = program_.num_stages, M = microbatches_;
+  const int32_t D = options_.topology.replicas, first = options_.topology.replica() * M;  // this replica's
   const int64_t b = microbatch_size_;
   const ir::Graph& g0 = program_.stages[0].graph;  // ids and names are the same on every stage
 
-  // Micro-batch slices of every data input.
+  // Micro-batch slices of every data input: the global batch's D x M, of which this replica runs
+  // [first, first + M).
   std::vector<std::map<ir::ValueId, ir::Tensor>> slices(M);
   std::map<std::string, std::vector<ir::Tensor>> by_name;
   for (const std::string& name : data_inputs_) {
@@ -1072,26 +1110,31 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
       return INVALID_ARGUMENT() << "step " << feeds.step << ": no data for input '" << name << "'";
     const ir::Tensor& t = it->second;
     const ir::ValueId v = g0.FindValue(name);
-    if (t.rank() < 1 || t.dims()[0] != b * M) {
+    if (t.rank() < 1 || t.dims()[0] != b * M * D) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' has "
-                                << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M << " micro-batches of " << b
-                                << " need " << b * M;
+                                << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M * D << " micro-batches of "
+                                << b << " need " << b * M * D;
     }
     if (t.dtype() != g0.value(v).dtype) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' is " << ir::DTypeName(t.dtype())
                                 << ", the model expects " << ir::DTypeName(g0.value(v).dtype);
     }
+    if (name == loss_rule_.labels_input) {
+      for (int32_t m = 0; m < M * D; ++m) {
+        ASSIGN_OR_RETURN(ir::Tensor s, SliceRows(t, m * b, (m + 1) * b));
+        by_name[name].push_back(s);
+      }
+    }
     for (int32_t m = 0; m < M; ++m) {
-      ASSIGN_OR_RETURN(ir::Tensor s, SliceRows(t, m * b, (m + 1) * b));
-      slices[m][v] = s;
-      by_name[name].push_back(s);
+      ASSIGN_OR_RETURN(slices[m][v], SliceRows(t, (first + m) * b, (first + m + 1) * b));
     }
   }
-  std::vector<double> shares(M, 1.0);
+  // The shares of the global batch's micro-batches; this replica's are [first, first + M).
+  std::vector<double> shares(M, 1.0 / D);
   if (!loss_rule_.labels_input.empty()) {
     absl::StatusOr<std::vector<double>> s = LossShares(loss_rule_, by_name.at(loss_rule_.labels_input));
     if (!s.ok()) return Annotate(s.status(), "step " + std::to_string(feeds.step));
-    shares = *s;
+    shares.assign(s->begin() + first, s->begin() + first + M);
   }
   std::vector<ir::Tensor> scales;
   for (double s : shares)
@@ -1100,6 +1143,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   // The optimizer phase updates each stage's states in place: give every state storage of its own
   // (the training graph's initializers, or tensors another holder or caller shares, are copied).
   for (size_t s = 0; s < program_.stages.size(); ++s) {
+    if (!is_local(static_cast<int32_t>(s))) continue;
     StageProgram& sp = program_.stages[s];
     for (const ir::Graph::StateUpdate& u : sp.state_updates) {
       std::optional<ir::Tensor>& c = sp.graph.value(u.state).constant;
@@ -1108,19 +1152,25 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     }
   }
   PrepareGraphs();
-  auto group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_, staging_);
-  std::vector<std::unique_ptr<comm::Comm>> comms;
-  std::vector<std::unique_ptr<StageRun>> runs;
+  // The stages' comms: this replica's view of the world, or a group of threads made for the step.
+  std::shared_ptr<comm::InProcessGroup> group;
+  if (options_.world == nullptr) group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_, staging_);
+  std::vector<std::unique_ptr<comm::Comm>> comms(K);
+  std::vector<std::unique_ptr<StageRun>> runs(K);
   const Clock::time_point t0 = Clock::now();
   for (int32_t s = 0; s < K; ++s) {
-    comms.push_back(group->Endpoint(s));
-    runs.push_back(std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], streams_[s].get(), *comms[s],
-                                              feeds, slices, scales, t0));
+    if (!is_local(s)) continue;
+    if (group) comms[s] = group->Endpoint(s);
+    comm::Comm& c = group ? *comms[s] : *pipeline_comm_;
+    runs[s] = std::make_unique<StageRun>(*this, program_.stages[s], *arenas_[s], streams_[s].get(), c, feeds, slices,
+                                         scales, t0);
   }
   std::vector<absl::Status> status(K);
   std::vector<std::thread> threads;
   for (int32_t s = 0; s < K; ++s) {
+    if (!runs[s]) continue;
     threads.emplace_back([&, s] {
+      comm::Comm& c = group ? *comms[s] : *pipeline_comm_;
       try {
         status[s] = runs[s]->Run(lists_[s]);
         // The step ends when the stage's device work has: its parameters and timings are final.
@@ -1130,25 +1180,35 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
       } catch (...) {
         status[s] = absl::InternalError("stage " + std::to_string(s) + ": unknown exception");
       }
-      if (!status[s].ok() && !comm::IsAbortedByPeer(status[s])) comms[s]->Abort(status[s]);
+      if (!status[s].ok() && !comm::IsAbortedByPeer(status[s])) c.Abort(status[s]);
     });
   }
   for (std::thread& t : threads) t.join();
-  const absl::Status root = group->abort_status();
-  if (!root.ok()) {
-    broken_ = true;
-    return absl::Status(root.code(), "step " + std::to_string(feeds.step) + ": " + std::string(root.message()));
-  }
   PipelineStepResult r;
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.shares = shares;
-  r.microbatch_losses = runs[program_.loss_stage]->losses;
-  r.loss = 0;
-  for (int32_t m = 0; m < M; ++m) r.loss += shares[m] * r.microbatch_losses[m];
-  r.grad_norm = program_.grad_norm_stage >= 0 ? runs[program_.grad_norm_stage]->grad_norm : std::nan("");
-  for (int32_t s = 0; s < K; ++s) {
-    r.stages.push_back(runs[s]->measure);
-    r.trace.insert(r.trace.end(), runs[s]->trace.begin(), runs[s]->trace.end());
+  double loss_part = 0, norm_part = 0;
+  const absl::Status root = group ? group->abort_status() : options_.world->abort_status();
+  if (root.ok()) {
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.shares = shares;
+    r.stages.resize(K);
+    for (int32_t s = 0; s < K; ++s) {
+      if (!runs[s]) continue;
+      r.stages[s] = runs[s]->measure;
+      r.trace.insert(r.trace.end(), runs[s]->trace.begin(), runs[s]->trace.end());
+    }
+    if (runs[program_.loss_stage]) {
+      r.microbatch_losses = runs[program_.loss_stage]->losses;
+      for (int32_t m = 0; m < M; ++m) loss_part += shares[m] * r.microbatch_losses[m];
+    }
+    const int32_t ns = program_.grad_norm_stage;
+    if (ns >= 0 && runs[ns] && options_.topology.replica() == 0) norm_part = runs[ns]->grad_norm;
+    r.loss = loss_part;
+    r.grad_norm = ns >= 0 ? norm_part : std::nan("");
+  }
+  const absl::Status shared = root.ok() && options_.world ? ShareResult(r, loss_part, norm_part) : root;
+  if (!shared.ok()) {
+    broken_ = true;
+    return absl::Status(shared.code(), "step " + std::to_string(feeds.step) + ": " + std::string(shared.message()));
   }
   ++steps_done_;
   if (!std::isfinite(r.loss)) {
@@ -1160,8 +1220,21 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   return r;
 }
 
+absl::Status PipelineExecutor::ShareResult(PipelineStepResult& r, double loss_part, double norm_part) {
+  // Every rank adds what it holds (0 elsewhere): the loss stage of each replica its replica's share-weighted
+  // losses (replica order), replica 0's norm stage the norm (the replicas' norms are the same after the all-reduce).
+  ir::Tensor parts = ir::Tensor::FromVector<double>({2}, {loss_part, norm_part});
+  std::vector<int> everyone(options_.world->size());
+  for (size_t i = 0; i < everyone.size(); ++i) everyone[i] = static_cast<int>(i);
+  RETURN_IF_ERROR(Annotate(options_.world->AllReduce(parts, everyone, nullptr), "sharing the step's loss"));
+  r.loss = parts.data<double>()[0];
+  if (program_.grad_norm_stage >= 0) r.grad_norm = parts.data<double>()[1];
+  return absl::OkStatus();
+}
+
 void PipelineExecutor::PrepareGraphs() {
   for (size_t s = 0; s < graphs_.size(); ++s) {
+    if (graphs_[s] == nullptr) continue;
     const ir::Graph& g = program_.stages[s].graph;
     std::vector<const void*> at;
     for (ir::ValueId v = 0; v < g.num_values(); ++v)

@@ -62,9 +62,11 @@
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
 #include "executor/pipeline/stage_arena.h"
+#include "executor/pipeline/topology.h"
 #include "partitioner/plan_io.h"
 
 namespace onnxpipe::comm {
+class Comm;
 class StagingPool;
 }
 
@@ -97,6 +99,17 @@ struct ExecutorOptions {
   bool graphs = false;
   double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
   NodeHook node_hook;
+  // Multi-process: this process's comm over the world (comm/tcp_comm.h, ...; it must outlive the
+  // executor) and its place in it. The process runs only stage topology.stage() of replica
+  // topology.replica() (the other stages are neither allocated nor uploaded), reaching the stages of
+  // its replica through the world comm; a step's feeds are the global batch of all D replicas, of
+  // which the replica takes its M micro-batches (loss shares and dropout masks are the global
+  // batch's, so the run trains what one process with D x M micro-batches would); the accumulated
+  // gradients are all-reduced over the D replicas (in replica order) before the optimizer phase, and
+  // the step's loss and gradient norm reach every rank. Null: every stage here, each on its own
+  // thread over an in-process group (topology must then be K x 1).
+  comm::Comm* world = nullptr;
+  Topology topology;
 };
 
 struct StepFeeds {
@@ -140,9 +153,9 @@ struct StageMeasure {
 struct PipelineStepResult {
   double loss = 0;
   double grad_norm = 0;  // NaN when the graph has no norm
-  std::vector<double> microbatch_losses, shares;
+  std::vector<double> microbatch_losses, shares;  // with a world comm: this replica's, on the loss stage only
   double seconds = 0;
-  std::vector<StageMeasure> stages;
+  std::vector<StageMeasure> stages;  // by stage (with a world comm only this rank's is measured)
   std::vector<TraceEvent> trace;
 };
 
@@ -165,7 +178,9 @@ class PipelineExecutor {
   std::optional<ir::Tensor> StageConstant(int32_t stage, const std::string& name) const;
 
   // Every state tensor a step updates (parameters and optimizer state), by constant name, from the first stage
-  // holding it (a shared parameter's holders keep bitwise-equal copies), as snapshots.
+  // holding it (a shared parameter's holders keep bitwise-equal copies), as snapshots. With a world comm, of this
+  // process's stage only (as Parameters() and StageConstant()); SetState then sets the holders here and ignores
+  // a state only other stages hold.
   std::map<std::string, ir::Tensor> State() const;
   // Sets state `name` on every stage that holds it (each holder of a shared parameter, with its own optimizer
   // state, and any replica), each stage getting its own copy. An error naming the state when no stage updates it
@@ -178,8 +193,10 @@ class PipelineExecutor {
   const ExecutorOptions& options() const { return options_; }
   partitioner::ScheduleKind schedule() const { return schedule_; }
   int32_t microbatches() const { return microbatches_; }
-  // The memory layout stage s runs in (what PredictStageMemory reports for it).
+  // The memory layout stage s runs in (what PredictStageMemory reports for it); local stages only.
   const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
+  // True for the stages this process runs (all of them without a world comm).
+  bool is_local(int32_t stage) const { return layouts_[stage] != nullptr; }
   int64_t microbatch_size() const { return microbatch_size_; }
   // The names of the data inputs a step must feed.
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
@@ -201,6 +218,8 @@ class PipelineExecutor {
     std::vector<int32_t> uses, data_uses;
   };
   static Uses CountUses(const StageProgram& sp);
+  // With a world comm: the step's loss and norm from the ranks holding them, on every rank.
+  absl::Status ShareResult(PipelineStepResult& r, double loss_part, double norm_part);
 
   ExecutorOptions options_;
   partitioner::ScheduleKind schedule_ = partitioner::ScheduleKind::k1F1B;
@@ -225,6 +244,7 @@ class PipelineExecutor {
   std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
   std::shared_ptr<comm::StagingPool> staging_;        // the sends' staging buffers, kept across steps
   std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
+  std::unique_ptr<comm::Comm> pipeline_comm_;          // with a world comm: this replica's stages, by stage
   int64_t steps_done_ = 0;                            // steps that succeeded
 };
 

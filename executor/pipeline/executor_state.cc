@@ -30,6 +30,7 @@ ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
 std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
   std::map<std::string, ir::Tensor> out;
   for (const auto& [v, s] : program_.parameter_owner) {
+    if (!is_local(s)) continue;
     const ir::Value& val = program_.stages[s].graph.value(v);
     if (val.constant) out[val.name] = HostCopy(*val.constant);
   }
@@ -37,7 +38,7 @@ std::map<std::string, ir::Tensor> PipelineExecutor::Parameters() const {
 }
 
 std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const std::string& name) const {
-  if (stage < 0 || stage >= program_.num_stages) return std::nullopt;
+  if (stage < 0 || stage >= program_.num_stages || !is_local(stage)) return std::nullopt;
   const ir::Graph& g = program_.stages[stage].graph;
   const ir::ValueId v = g.FindValue(name);
   if (v == ir::kNoValue || !g.value(v).constant) return std::nullopt;
@@ -47,6 +48,7 @@ std::optional<ir::Tensor> PipelineExecutor::StageConstant(int32_t stage, const s
 std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
   std::map<std::string, ir::Tensor> out;
   for (const StageProgram& sp : program_.stages) {
+    if (!is_local(sp.stage)) continue;
     for (const ir::Graph::StateUpdate& u : sp.state_updates) {
       const ir::Value& v = sp.graph.value(u.state);
       if (v.constant && !out.count(v.name)) out[v.name] = HostCopy(*v.constant);
@@ -64,6 +66,7 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
   // A copy per holder (the optimizer phase updates each stage's states in place), set once all are made.
   std::vector<std::pair<ir::Value*, ir::Tensor>> copies;
   for (size_t s = 0; s < program_.stages.size(); ++s) {
+    if (!is_local(static_cast<int32_t>(s))) continue;  // another process sets its own
     StageProgram& sp = program_.stages[s];
     const ir::ValueId v = sp.graph.FindValue(name);
     if (v == ir::kNoValue || !sp.graph.value(v).constant) continue;

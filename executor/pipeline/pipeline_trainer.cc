@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "executor/comm/gather.h"
 #include "executor/pipeline/fit_search.h"
 #include "executor/pipeline/memory_check.h"
 #include "executor/pipeline/report.h"
@@ -59,9 +60,12 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
       return INVALID_ARGUMENT() << "--microbatches " << p.microbatches << " but the plan was made for "
                                 << plan.microbatches;
     }
-    if (plan.batch != options.batch) {
-      return INVALID_ARGUMENT() << "--batch " << options.batch << " but the plan in " << p.plan_dir
-                                << " was made for batch " << plan.batch << " (re-run onnxpipe partition)";
+    if (plan.batch * p.data_parallel != options.batch) {
+      return INVALID_ARGUMENT() << "--batch " << options.batch
+                                << (p.data_parallel > 1 ? " over --data-parallel " + std::to_string(p.data_parallel)
+                                                        : std::string())
+                                << " but the plan in " << p.plan_dir << " was made for batch " << plan.batch
+                                << " per replica (re-run onnxpipe partition)";
     }
     if (!p.recompute.empty() && p.recompute != partitioner::RecomputePolicyName(plan.recompute)) {
       return INVALID_ARGUMENT() << "--recompute " << p.recompute << " but the plan's regions are for '"
@@ -98,13 +102,26 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   t->recompute_name_ = p.recompute;
   ASSIGN_OR_RETURN(partitioner::ScheduleKind schedule, partitioner::ParseSchedule(p.schedule));
   ASSIGN_OR_RETURN(partitioner::RecomputePolicy recompute, partitioner::ParseRecomputePolicy(p.recompute));
-  const int64_t B = options.batch, M = p.microbatches;
-  if (M > B) return INVALID_ARGUMENT() << "--microbatches " << M << " is more than --batch " << B;
-  if (B % M != 0) {
-    return INVALID_ARGUMENT() << "--batch " << B << " is not divisible by --microbatches " << M
-                              << ": micro-batches must be equal (pick M dividing B)";
+  if (p.data_parallel < 1) return INVALID_ARGUMENT() << "--data-parallel must be >= 1";
+  if (p.world == nullptr && p.data_parallel > 1) {
+    return INVALID_ARGUMENT() << "--data-parallel " << p.data_parallel << " needs one process per rank "
+                              << "(onnxpipe launch, srun or torchrun)";
   }
-  const int64_t b = B / M;
+  if (p.world != nullptr && p.world->size() != p.stages * p.data_parallel) {
+    return INVALID_ARGUMENT() << p.stages << " stages x --data-parallel " << p.data_parallel << " is "
+                              << p.stages * p.data_parallel << " ranks, but the world has " << p.world->size();
+  }
+  const int64_t D = p.data_parallel, B = options.batch, M = p.microbatches;
+  if (M * D > B) {
+    return INVALID_ARGUMENT() << "--microbatches " << M << (D > 1 ? " x --data-parallel " + std::to_string(D) : "")
+                              << " is more than --batch " << B;
+  }
+  if (B % (M * D) != 0) {
+    return INVALID_ARGUMENT() << "--batch " << B << " is not divisible by --microbatches " << M
+                              << (D > 1 ? " x --data-parallel " + std::to_string(D) : "")
+                              << ": micro-batches must be equal (pick a batch that is a multiple)";
+  }
+  const int64_t b = B / (M * D);
 
   // The training graph of one micro-batch, as the trainer (and the partitioner) builds it.
   ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported, "B", b, other_bindings));
@@ -127,7 +144,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   } else {
     ASSIGN_OR_RETURN(
         plan, PartitionAtFixedStages(
-                  g, p.stages, B, p.microbatches, schedule, recompute, p.device, model_name,
+                  g, p.stages, B / D, p.microbatches, schedule, recompute, p.device, model_name,
                   options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32,
                   p.backend ? p.backend : backend::MakeCpuBackend()));
     if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
@@ -139,10 +156,18 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.check_numerics = options.check_numerics;
   eo.recv_timeout_s = p.recv_timeout_s;
   eo.graphs = p.graphs;
+  eo.world = p.world;
+  eo.topology = Topology{p.stages, p.data_parallel, p.world ? p.world->rank() : 0};
   // A plan that cannot fit is refused before the executor allocates anything, with how much it needs, how much
   // is free and the smallest change that fits.
   const std::shared_ptr<const backend::Backend> be = p.backend ? p.backend : backend::MakeCpuBackend();
-  ASSIGN_OR_RETURN(const PlanMemoryNeed need, PlanAllocationBytes(compiled, *be));
+  ASSIGN_OR_RETURN(PlanMemoryNeed need, PlanAllocationBytes(compiled, *be));
+  if (p.world != nullptr) {  // this process allocates its own stage only
+    for (size_t s = 0; s < need.stage_bytes.size(); ++s) {
+      if (static_cast<int32_t>(s) != eo.topology.stage()) need.stage_bytes[s] = 0;
+    }
+    need.total = need.stage_bytes[eo.topology.stage()];
+  }
   if (absl::Status fits = CheckFits(need, *be); !fits.ok()) {
     if (!absl::IsResourceExhausted(fits)) return fits;
     return AddFitAdvice(fits, FitQuery{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule,
@@ -169,12 +194,46 @@ std::string PipelineTrainer::Describe() const {
   return std::to_string(executor_->program().num_stages) + " stages, " + std::to_string(executor_->microbatches()) +
          " micro-batches of " + std::to_string(executor_->microbatch_size()) + ", " +
          partitioner::ScheduleName(executor_->schedule()) + ", recompute " + recompute_name_ +
+         (pipeline_.data_parallel > 1 ? ", " + std::to_string(pipeline_.data_parallel) + " data-parallel replicas"
+                                      : std::string()) +
          (pipeline_.plan_dir.empty() ? "" : ", plan " + pipeline_.plan_dir) +
          (executor_->backend().name() == "cpu" ? "" : ", backend " + executor_->backend().name());
 }
 
+std::map<std::string, ir::Tensor> PipelineTrainer::Parameters() const {
+  if (!gathered_) return executor_->Parameters();
+  std::map<std::string, ir::Tensor> out;
+  for (const auto& [v, s] : executor_->program().parameter_owner) {
+    const std::string& name = executor_->program().stages[s].graph.value(v).name;
+    if (auto it = gathered_->find(name); it != gathered_->end()) out[name] = it->second;
+  }
+  return out;
+}
+
+std::map<std::string, ir::Tensor> PipelineTrainer::State() const { return gathered_ ? *gathered_ : executor_->State(); }
+
+absl::Status PipelineTrainer::GatherModel() {
+  if (pipeline_.world == nullptr) return absl::OkStatus();
+  const Topology topo{pipeline_.stages, pipeline_.data_parallel, pipeline_.world->rank()};
+  // Replicas hold equal copies: replica 0's stages send theirs to rank 0. Tags above any the executor uses.
+  constexpr uint64_t kGatherTag = uint64_t{1} << 60;
+  std::vector<int> senders;
+  for (int32_t s = 0; s < topo.stages; ++s) senders.push_back(topo.RankOf(s, 0));
+  gathered_.reset();
+  if (topo.replica() != 0) return absl::OkStatus();
+  absl::StatusOr<comm::NamedTensors> all =
+      comm::GatherNamedTensors(*pipeline_.world, senders, 0, kGatherTag + (gathers_++ << 32), executor_->State());
+  if (!all.ok()) {
+    pipeline_.world->Abort(all.status());
+    return Annotate(all.status(), topo.Describe() + ": gathering the model on rank 0");
+  }
+  if (topo.rank == 0) gathered_ = *std::move(all);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<train::StepMetrics> PipelineTrainer::Step() {
   RET_CHECK(data_.has_value()) << "SetData before Step";
+  gathered_.reset();  // the step updates the stages' states
   train::StepMetrics m;
   m.step = step_;
   m.lr = schedule_->At(step_);
@@ -212,6 +271,15 @@ absl::Status PipelineTrainer::WriteReport() const {
 absl::Status PipelineTrainer::Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) {
   if (step < 0) return INVALID_ARGUMENT() << "cannot continue at step " << step;
   const std::map<std::string, ir::Tensor> current = executor_->State();
+  if (pipeline_.world != nullptr) {  // a rank takes its stage's tensors out of the whole model's state
+    for (const auto& [name, t] : current) {
+      auto it = state.find(name);
+      if (it == state.end()) return NOT_FOUND() << "the state has no '" << name << "'";
+      RETURN_IF_ERROR(executor_->SetState(name, it->second));
+    }
+    step_ = step;
+    return absl::OkStatus();
+  }
   if (state.size() != current.size()) {
     return INVALID_ARGUMENT() << "the state holds " << state.size() << " tensors; the pipeline's stages update "
                               << current.size();

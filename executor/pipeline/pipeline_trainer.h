@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "executor/backend/backend.h"
+#include "executor/comm/comm.h"
 #include "executor/pipeline/executor.h"
 #include "executor/train/dataset.h"
 #include "executor/train/metrics.h"
@@ -46,15 +47,20 @@ struct PipelineTrainOptions {
   std::string report_dir;      // --report DIR
   std::string device = "cpu";  // device profile for --recompute auto without a plan
   double recv_timeout_s = 0;
-  bool graphs = false;  // ExecutorOptions::graphs (--cuda-graphs)
+  bool graphs = false;                              // ExecutorOptions::graphs (--cuda-graphs)
   std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
+  // Multi-process (`onnxpipe launch`, srun, torchrun): this process's comm over the world of K x D ranks
+  // (it must outlive the trainer); the process runs stage world->rank() % K of replica world->rank() / K
+  // (topology.h). `data_parallel` is D: every replica trains on its 1/D of the global batch.
+  comm::Comm* world = nullptr;
+  int32_t data_parallel = 1;
 };
 
 class PipelineTrainer : public train::StepTrainer {
  public:
   // `imported`: the model as imported and shape-inferred (tools/model.h's Model::imported), not yet
   // bound; `other_bindings`: sizes of its non-batch symbols (the sequence length from the data).
-  // `options.batch` is the global batch B (M micro-batches of B / M).
+  // `options.batch` is the global batch B (D replicas of M micro-batches of B / (D x M)).
   static absl::StatusOr<std::unique_ptr<PipelineTrainer>> Create(const ir::Graph& imported,
                                                                  const std::map<std::string, int64_t>& other_bindings,
                                                                  const train::TrainOptions& options,
@@ -65,11 +71,15 @@ class PipelineTrainer : public train::StepTrainer {
   absl::StatusOr<train::StepMetrics> Step() override;
   int64_t step() const override { return step_; }
 
-  std::map<std::string, ir::Tensor> Parameters() const override { return executor_->Parameters(); }
+  // With a world comm: this rank's stage's, or on rank 0 after GatherModel (until the next step) the whole model's.
+  std::map<std::string, ir::Tensor> Parameters() const override;
   int64_t num_trainable_parameters() const override;
   const std::vector<std::string>& unreachable_parameters() const override { return unreachable_; }
   // The executor's states (every holder of a shared parameter is set on Restore).
-  std::map<std::string, ir::Tensor> State() const override { return executor_->State(); }
+  std::map<std::string, ir::Tensor> State() const override;
+  // Multi-process: collects the whole model's state on rank 0 (for a checkpoint, --save, --eval). Collective:
+  // every rank calls it after the same step. A failure aborts the world. No-op without a world comm.
+  absl::Status GatherModel();
   absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) override;
   const PipelineExecutor& executor() const { return *executor_; }
   const std::vector<PipelineStepResult>& results() const { return results_; }
@@ -92,6 +102,8 @@ class PipelineTrainer : public train::StepTrainer {
   int64_t num_classes_ = 0, num_trainable_ = 0;
   int64_t step_ = 0;
   std::vector<PipelineStepResult> results_;
+  std::optional<std::map<std::string, ir::Tensor>> gathered_;  // GatherModel's, on rank 0
+  uint64_t gathers_ = 0;                                       // GatherModel calls (their tags)
 };
 
 }  // namespace onnxpipe::pipeline
