@@ -1,12 +1,17 @@
 // onnxpipe train: trains a model from its ONNX file through the stage executor (executor/pipeline): one stage on
 // the CPU backend by default, or pipelined over stages. This file owns the flags and the order of the run: data,
 // trainer, resume, loop (tools/train_loop.h), evaluation, --save.
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
 
+#include "executor/comm/gather.h"
+#include "executor/comm/tcp_comm.h"
 #include "executor/io/atomic_file.h"
 #include "executor/io/checkpoint_manager.h"
 #include "executor/io/crc32c.h"
@@ -21,6 +26,7 @@
 #include "frontend/onnx/writer.h"
 #include "tools/backend_flag.h"
 #include "tools/commands.h"
+#include "tools/distributed.h"
 #include "tools/flags.h"
 #include "tools/model.h"
 #include "tools/resume.h"
@@ -49,7 +55,16 @@ struct Flags {
   bool tf32 = false, cuda_graphs = false;
   std::string cuda_attention = "auto";
   std::string recompute, plan, report;
-  std::string resume;  // "" | latest | auto (tools/resume.h)
+  std::string resume;         // "" | latest | auto (tools/resume.h)
+  int64_t data_parallel = 1;  // D replicas (multi-process)
+  double rendezvous_timeout = 300, comm_timeout = 0;
+};
+
+// A multi-process run (tools/distributed.h): this process's place and its comm over the world.
+struct World {
+  LaunchEnv env;
+  std::unique_ptr<comm::TcpComm> comm;
+  bool leader() const { return env.rank == 0; }
 };
 
 void Declare(FlagSet& fs, Flags& f) {
@@ -145,6 +160,15 @@ void Declare(FlagSet& fs, Flags& f) {
             "run the plan `onnxpipe partition --out DIR` wrote, as written (stages, node order, "
             "recompute regions, actions); a plan that cannot run is an error naming the problem");
   fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
+  fs.Int("data-parallel", &f.data_parallel,
+         "multi-process: D data-parallel replicas of the pipeline (the world is K stages x D replicas; each "
+         "replica trains on 1/D of --batch, gradients summed over the replicas before the update)");
+  fs.Double("rendezvous-timeout", &f.rendezvous_timeout,
+            "multi-process: seconds the ranks wait for each other at the start before failing, naming the "
+            "missing ones");
+  fs.Double("comm-timeout", &f.comm_timeout,
+            "multi-process: fail a receive or all-reduce that waits longer than this many seconds (0: wait; a "
+            "rank that dies is noticed at once either way)");
 }
 
 absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g) {
@@ -271,10 +295,11 @@ void PrintGraphs(const pipeline::PipelineTrainer& trainer) {
     replayed += m.replayed_nodes;
     launches += m.graph_launches;
   }
-  std::printf("cuda graphs: the last step replayed %lld of its %lld node runs in %lld graph launches; %lld "
-              "recordings failed (their nodes run eagerly)\n",
-              static_cast<long long>(replayed), static_cast<long long>(nodes), static_cast<long long>(launches),
-              static_cast<long long>(failed));
+  std::printf(
+      "cuda graphs: the last step replayed %lld of its %lld node runs in %lld graph launches; %lld "
+      "recordings failed (their nodes run eagerly)\n",
+      static_cast<long long>(replayed), static_cast<long long>(nodes), static_cast<long long>(launches),
+      static_cast<long long>(failed));
 }
 
 // From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
@@ -311,9 +336,28 @@ absl::Status DecideParameters(const Flags& f, const train::TrainOptions& options
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
+// Starts the world's comm: every rank meets the others (or fails naming the missing ones) before any work, so that a
+// rank that fails later aborts the others instead of leaving them waiting.
+absl::Status JoinWorld(const Flags& f, std::shared_ptr<const backend::Backend> be, World& world) {
+  comm::TcpCommOptions o;
+  o.rendezvous = {world.env.master_addr, world.env.master_port, world.env.rank, world.env.world_size,
+                  f.rendezvous_timeout};
+  o.timeout_s = f.comm_timeout;
+  o.backend = std::move(be);
+  ASSIGN_OR_RETURN(world.comm, comm::TcpComm::Create(o));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional<World>& world) {
+  const bool leader = !world || world->leader();
+  if (world && f.backend == "cuda" && !f.device) f.device = world->env.local_rank;  // one GPU per local rank
+  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be,
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
+  if (world) RETURN_IF_ERROR(JoinWorld(f, be, *world));
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
-  for (const std::string& w : model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const std::string& w : model.warnings) {
+    if (leader) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
   ASSIGN_OR_RETURN(train::TrainOptions options, ToOptions(f, *model.imported));
   RETURN_IF_ERROR(DecideParameters(f, options, *model.imported));
   if (const fs::path parent = fs::path(f.save).parent_path(); !f.save.empty() && !parent.empty()) {
@@ -354,12 +398,16 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   mo.batch = f.batch;
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   // Every run goes through the stage executor: one stage unless pipelining is asked for.
-  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu";
-  ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be,
-                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
+  const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu" || world;
   pipeline::PipelineTrainOptions po;
   po.schedule = f.schedule;
   po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
+  po.data_parallel = static_cast<int32_t>(f.data_parallel);
+  if (world) {
+    po.world = world->comm.get();
+    // Without --stages or --plan the world is the pipeline: K = world / D.
+    if (f.stages == 0 && f.plan.empty()) po.stages = static_cast<int32_t>(world->env.world_size / f.data_parallel);
+  }
   po.microbatches = static_cast<int32_t>(f.microbatches);
   po.recompute = f.recompute;
   po.plan_dir = f.plan;
@@ -370,7 +418,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
                    pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
   // --eval runs the whole forward graph (batch B) with the trained parameters.
   if (f.eval) RETURN_IF_ERROR(PrepareModel(model, mo));
-  if (!trainer->unreachable_parameters().empty()) {
+  if (!trainer->unreachable_parameters().empty() && leader) {
     std::string names;
     for (const std::string& n : trainer->unreachable_parameters()) names += (names.empty() ? "" : ", ") + n;
     std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
@@ -388,30 +436,33 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     if (data.vocab) {
       run.vocab_file = kVocabFile;
       const std::string vp = (fs::path(f.checkpoint_dir) / kVocabFile).string();
-      if (!resume_from) {
+      if (!resume_from && leader) {
         std::error_code ec;
         fs::create_directories(f.checkpoint_dir, ec);
         RETURN_IF_ERROR(data.vocab->Save(vp));
       }
+      if (!resume_from && world) RETURN_IF_ERROR(comm::Barrier(*world->comm, "waiting for rank 0's vocabulary"));
       ASSIGN_OR_RETURN(std::string bytes, io::ReadFileToString(vp));
       run.vocab_crc32c = io::Crc32c(bytes);
     }
   }
   if (resume_from) {
     ASSIGN_OR_RETURN(std::vector<std::string> warnings, train::RestoreCheckpoint(*resume_from, run, *trainer));
-    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    for (const std::string& w : warnings) {
+      if (leader) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    }
     std::printf("resumed from %s at step %lld\n", resume_from->path.c_str(), static_cast<long long>(trainer->step()));
   }
 
   std::optional<train::MetricsWriter> metrics;
-  if (!f.metrics.empty()) {
+  if (!f.metrics.empty() && leader) {
     ASSIGN_OR_RETURN(train::MetricsWriter w, resume_from
                                                  ? train::MetricsWriter::OpenForResume(f.metrics, trainer->step())
                                                  : train::MetricsWriter::Open(f.metrics));
     metrics.emplace(std::move(w));
   }
   std::unique_ptr<io::TensorBoardWriter> tensorboard;
-  if (!f.tensorboard.empty()) {
+  if (!f.tensorboard.empty() && leader) {
     ASSIGN_OR_RETURN(tensorboard, io::TensorBoardWriter::Create(f.tensorboard));
   }
   const std::string order =
@@ -429,6 +480,19 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
   loop.checkpoint_every = f.checkpoint_every;
   loop.log_every = f.log_every;
   loop.run = &run;
+  if (world) {
+    loop.writer = leader;
+    loop.gather = [&trainer] { return trainer->GatherModel(); };
+    loop.agree = [&world](int signal) -> absl::StatusOr<int> {
+      // [SIGINT seen, SIGTERM seen] summed over the ranks: a SIGTERM anywhere ends the run with success.
+      ir::Tensor seen =
+          ir::Tensor::FromVector<double>({2}, {signal == SIGINT ? 1.0 : 0.0, signal == SIGTERM ? 1.0 : 0.0});
+      std::vector<int> everyone(world->comm->size());
+      for (int r = 0; r < world->comm->size(); ++r) everyone[r] = r;
+      RETURN_IF_ERROR(Annotate(world->comm->AllReduce(seen, everyone, nullptr), "agreeing on a stop signal"));
+      return seen.data<double>()[1] > 0 ? SIGTERM : seen.data<double>()[0] > 0 ? SIGINT : 0;
+    };
+  }
   ASSIGN_OR_RETURN(LoopEnd end, RunTrainLoop(*trainer, loop));
   if (end != LoopEnd::kCompleted) {
     std::printf(checkpoints ? "stopped; continue with the same command and --resume (or --resume auto)\n"
@@ -446,6 +510,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f) {
     std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
                 f.report.c_str());
   }
+  // --eval and --save need the whole model: rank 0 collects it (every rank takes part).
+  if (world && (f.eval || !f.save.empty())) RETURN_IF_ERROR(trainer->GatherModel());
+  if (!leader) return 0;
   if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, loop.metrics, tensorboard.get()));
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer->Parameters(), data.vocab));
   return 0;
@@ -488,6 +555,9 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
     return "--schedule is the pipeline schedule (gpipe | 1f1b) and needs --stages or --plan; the learning-rate "
            "schedule is --lr-schedule";
   }
+  if (f.data_parallel < 1) return "--data-parallel must be >= 1";
+  if (f.rendezvous_timeout <= 0) return "--rendezvous-timeout must be > 0 seconds";
+  if (f.comm_timeout < 0) return "--comm-timeout must be >= 0 seconds";
   if (!f.schedule.empty() && f.schedule != "gpipe" && f.schedule != "1f1b") {
     return "--schedule expects gpipe or 1f1b, got '" + f.schedule + "' (the learning-rate schedule is --lr-schedule)";
   }
@@ -519,10 +589,42 @@ int RunTrain(const Args& args) {
   if (fs.positional().size() != 1) return Fail("train", "expected exactly one MODEL.onnx (see --help)", 2);
   if (std::optional<std::string> e = UsageError(fs, f)) return Fail("train", *e, 2);
   f.shuffle_given = fs.WasSet("shuffle");
+  // Launched as one rank of several (onnxpipe launch, srun, torchrun)?
+  absl::StatusOr<std::optional<LaunchEnv>> env = ReadLaunchEnv(ProcessEnv());
+  if (!env.ok()) return Fail("train", std::string(env.status().message()), 2);
+  std::optional<World> world;
+  std::string who;  // how a rank's errors begin
+  if (*env) {
+    const LaunchEnv& e = **env;
+    if (e.world_size % f.data_parallel != 0) {
+      return Fail("train",
+                  "the world has " + std::to_string(e.world_size) + " ranks, not a multiple of --data-parallel " +
+                      std::to_string(f.data_parallel),
+                  2);
+    }
+    if (!f.report.empty()) {
+      return Fail("train", "--report is not available with several processes yet (each rank measures its own stage)",
+                  2);
+    }
+    world.emplace();
+    world->env = e;
+    who = "rank " + std::to_string(e.rank) + " of " + std::to_string(e.world_size) + ": ";
+    // One copy of the run's output: the other ranks speak only to report errors.
+    if (e.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return Fail("train", who + "cannot silence stdout");
+  } else if (f.data_parallel > 1) {
+    return Fail("train",
+                "--data-parallel " + std::to_string(f.data_parallel) +
+                    " needs one process per rank: start it with onnxpipe launch, srun or torchrun",
+                2);
+  }
   // Graphs by default where they can run (measured faster on the H200: bench/results/cuda_train_20261205_*).
   if (!fs.WasSet("cuda-graphs")) f.cuda_graphs = f.backend == "cuda" && !f.check_numerics;
-  absl::StatusOr<int> code = Train(fs.positional()[0], f);
-  if (!code.ok()) return Fail("train", std::string(code.status().message()));
+  absl::StatusOr<int> code = Train(fs.positional()[0], f, world);
+  if (!code.ok()) {
+    // The others stop too, with this rank's reason (unless this rank stopped because another one did).
+    if (world && world->comm && !comm::IsAbortedByPeer(code.status())) world->comm->Abort(code.status());
+    return Fail("train", who + std::string(code.status().message()));
+  }
   return *code;
 }
 

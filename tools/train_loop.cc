@@ -42,6 +42,8 @@ class StopSignalScope {
 };
 
 absl::Status SaveCheckpoint(const train::StepTrainer& trainer, const TrainLoop& loop) {
+  if (loop.gather) RETURN_IF_ERROR(loop.gather());
+  if (!loop.writer) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::string path, loop.checkpoints->Save(train::MakeCheckpoint(trainer, *loop.run)));
   std::printf("checkpoint: %s (step %lld)\n", path.c_str(), static_cast<long long>(trainer.step()));
   return absl::OkStatus();
@@ -73,11 +75,10 @@ absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoo
     }
     if (loop.metrics) RETURN_IF_ERROR(loop.metrics->Write(*m));
     if (loop.tensorboard) {
-      RETURN_IF_ERROR(loop.tensorboard->AddScalars(
-          m->step, {{"loss", static_cast<float>(m->loss)},
-                    {"lr", static_cast<float>(m->lr)},
-                    {"grad_norm", static_cast<float>(m->grad_norm)},
-                    {"samples_per_s", static_cast<float>(m->samples_per_s)}}));
+      RETURN_IF_ERROR(loop.tensorboard->AddScalars(m->step, {{"loss", static_cast<float>(m->loss)},
+                                                             {"lr", static_cast<float>(m->lr)},
+                                                             {"grad_norm", static_cast<float>(m->grad_norm)},
+                                                             {"samples_per_s", static_cast<float>(m->samples_per_s)}}));
     }
     const bool last = trainer.step() == loop.steps;
     if (tty || last || m->step == 0 || trainer.step() % std::max<int64_t>(loop.log_every, 1) == 0) {
@@ -85,9 +86,13 @@ absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoo
       line_open = tty;
       std::fflush(stdout);
     }
-    if (g_interrupted) {
+    int stop = g_interrupted;
+    if (loop.agree) {
+      ASSIGN_OR_RETURN(stop, loop.agree(stop));
+    }
+    if (stop) {
       end_line();
-      const bool term = g_interrupted == SIGTERM;
+      const bool term = stop == SIGTERM;
       std::printf("interrupted (%s) after step %lld/%lld\n", term ? "SIGTERM" : "SIGINT",
                   static_cast<long long>(trainer.step()), static_cast<long long>(loop.steps));
       if (loop.checkpoints) RETURN_IF_ERROR(SaveCheckpoint(trainer, loop));

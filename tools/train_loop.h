@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,8 +14,8 @@
 #include "executor/io/checkpoint_manager.h"
 #include "executor/io/tensorboard.h"
 #include "executor/train/metrics.h"
-#include "executor/train/train_checkpoint.h"
 #include "executor/train/step_trainer.h"
+#include "executor/train/train_checkpoint.h"
 
 namespace onnxpipe::tools {
 
@@ -26,6 +27,12 @@ struct TrainLoop {
   int64_t checkpoint_every = 0;  // 0: only at the end (and on SIGINT)
   int64_t log_every = 1;         // without a terminal: a progress line every N steps (and the first and last)
   const train::RunIdentity* run = nullptr;
+  // Multi-process: every rank runs the loop. `agree` turns this rank's stop signal (0, SIGINT or SIGTERM) into the
+  // world's after every step (so that all ranks stop after the same one); `gather` collects the model on the writer
+  // before each checkpoint, on every rank; only the `writer` (rank 0) prints, writes metrics and saves.
+  std::function<absl::StatusOr<int>(int)> agree;
+  std::function<absl::Status()> gather;
+  bool writer = true;
 };
 
 enum class LoopEnd { kCompleted, kInterrupted, kTerminated };

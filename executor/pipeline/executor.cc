@@ -709,9 +709,9 @@ class PipelineExecutor::StageRun {
     if (topo.replicas > 1) {
       const std::vector<int> group = topo.DataParallelGroup();
       for (ir::ValueId v : sp_.accumulate) {
-        RETURN_IF_ERROR(CommError(ex_.options_.world->AllReduce(pv[v], group, stream_),
-                                  Where(-1, StepPhase::kPost) + " all-reducing '" + sg.value(v).name +
-                                      "' over the data-parallel replicas"));
+        RETURN_IF_ERROR(CommError(
+            ex_.options_.world->AllReduce(pv[v], group, stream_),
+            Where(-1, StepPhase::kPost) + " all-reducing '" + sg.value(v).name + "' over the data-parallel replicas"));
       }
     }
     for (ir::ValueId v : sp_.step_inputs) {
@@ -921,7 +921,8 @@ class PipelineExecutor::StageRun {
       next_ = 0;
       replay_ = seg_->graph != nullptr;
       if (replay_) {
-        RETURN_IF_ERROR(Annotate(seg_->graph->Launch(r_.stream_), r_.Where(-1, StepPhase::kPost) + ": launching a graph"));
+        RETURN_IF_ERROR(
+            Annotate(seg_->graph->Launch(r_.stream_), r_.Where(-1, StepPhase::kPost) + ": launching a graph"));
         ++r_.measure.graph_launches;
         r_.arena_.MergeStats(seg_->stats);
         return absl::OkStatus();
@@ -967,10 +968,10 @@ class PipelineExecutor::StageRun {
   std::vector<std::vector<int32_t>> send_f_, send_b_;
   std::vector<bool> accumulated_;
   std::vector<int32_t> accumulated_count_;
-  ir::Tensor lr_, step_;                    // host scalars (on the backend: buffers_)
-  std::set<ir::ValueId> host_step_inputs_;  // step inputs the optimizer's kernels read on the host
+  ir::Tensor lr_, step_;                                        // host scalars (on the backend: buffers_)
+  std::set<ir::ValueId> host_step_inputs_;                      // step inputs the optimizer's kernels read on the host
   std::vector<std::pair<int32_t, ir::ValueId>> pending_sends_;  // (peer, value) sent after a segment
-  size_t replayed_ = 0;                     // the next recorded outputs of the segment replaying
+  size_t replayed_ = 0;                                         // the next recorded outputs of the segment replaying
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -992,7 +993,9 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   ex->staging_ = std::make_shared<comm::StagingPool>();
   ex->program_ = std::move(plan.program);
   ex->lists_ = std::move(plan.actions);
-  ASSIGN_OR_RETURN(ex->loss_rule_, AnalyzeLoss(training_graph, ex->program_.loss, M));
+  // The global batch's D x M micro-batches share the mean loss.
+  ASSIGN_OR_RETURN(ex->loss_rule_,
+                   AnalyzeLoss(training_graph, ex->program_.loss, M * std::max(options.topology.replicas, 1)));
   ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
   const std::shared_ptr<const backend::Backend> be = ex->backend_;
   const partitioner::WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) {
@@ -1112,8 +1115,8 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     const ir::ValueId v = g0.FindValue(name);
     if (t.rank() < 1 || t.dims()[0] != b * M * D) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' has "
-                                << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M * D << " micro-batches of "
-                                << b << " need " << b * M * D;
+                                << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M * D << " micro-batches of " << b
+                                << " need " << b * M * D;
     }
     if (t.dtype() != g0.value(v).dtype) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' is " << ir::DTypeName(t.dtype())
