@@ -14,6 +14,7 @@ int RunRun(const Args& args);
 int RunTrain(const Args& args);
 int RunPartition(const Args& args);
 int RunProfile(const Args& args);
+int RunLaunch(const Args& args);
 
 // Prints "onnxpipe <command>: <message>" to stderr and returns 1 (or 2 for usage errors).
 int Fail(const std::string& command, const std::string& message, int code = 1);

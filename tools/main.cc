@@ -16,13 +16,13 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters",
-     RunInspect},
+    {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters", RunInspect},
     {"run", "evaluate the forward pass on the CPU backend (.pb or .npy inputs -> .npy outputs)", RunRun},
     {"train", "train on the CPU backend (npy data, SGD/AdamW, metrics JSONL), matching PyTorch", RunTrain},
     {"partition", "split the training graph into pipeline stages that fit the GPUs; plan + reports", RunPartition},
-    {"profile", "measure per-op times of the training graph on the CPU backend (for partition --profile)",
-     RunProfile},
+    {"profile", "measure per-op times of the training graph on the CPU backend (for partition --profile)", RunProfile},
+    {"launch", "start and supervise the ranks of a multi-process run (as torchrun): launch --nproc N -- train ...",
+     RunLaunch},
 };
 
 void PrintUsage(FILE* out) {
@@ -44,8 +44,7 @@ int Fail(const std::string& command, const std::string& message, int code) {
 
 int main(int argc, char** argv) {
   using namespace onnxpipe::tools;
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
-      !std::strcmp(argv[1], "help")) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     PrintUsage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }

@@ -1013,10 +1013,15 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   } else if (topo.replicas != 1) {
     return INVALID_ARGUMENT() << "data parallelism needs one process per rank (a world comm)";
   }
-  for (const StageProgram& sp : ex->program_.stages) {
+  for (StageProgram& sp : ex->program_.stages) {
     ex->uses_.push_back(CountUses(sp));
     ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
     if (options.world != nullptr && sp.stage != topo.stage()) {  // another process's stage
+      // Its constants (parameters, optimizer state, tables) are that process's: keep their dtypes and dims only.
+      for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
+        std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
+        if (c) c = ir::Tensor::DimsOnly(c->dtype(), c->dims());
+      }
       ex->layouts_.push_back(nullptr);
       ex->streams_.push_back(nullptr);
       ex->arenas_.push_back(nullptr);

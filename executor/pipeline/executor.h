@@ -182,6 +182,8 @@ class PipelineExecutor {
   // process's stage only (as Parameters() and StageConstant()); SetState then sets the holders here and ignores
   // a state only other stages hold.
   std::map<std::string, ir::Tensor> State() const;
+  // The names, dtypes and dims of every stage's states (also the other processes' stages), without values.
+  std::map<std::string, ir::Tensor> StateShapes() const;
   // Sets state `name` on every stage that holds it (each holder of a shared parameter, with its own optimizer
   // state, and any replica), each stage getting its own copy. An error naming the state when no stage updates it
   // or `value`'s dtype or dims differ; nothing is changed then.

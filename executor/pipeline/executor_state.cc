@@ -57,6 +57,17 @@ std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
   return out;
 }
 
+std::map<std::string, ir::Tensor> PipelineExecutor::StateShapes() const {
+  std::map<std::string, ir::Tensor> out;
+  for (const StageProgram& sp : program_.stages) {
+    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
+      const ir::Value& v = sp.graph.value(u.state);
+      if (v.constant) out.emplace(v.name, ir::Tensor::DimsOnly(v.constant->dtype(), v.constant->dims()));
+    }
+  }
+  return out;
+}
+
 absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tensor& value) {
   bool updated_somewhere = false;
   for (const StageProgram& sp : program_.stages) {

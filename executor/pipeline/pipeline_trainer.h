@@ -80,6 +80,7 @@ class PipelineTrainer : public train::StepTrainer {
   // Multi-process: collects the whole model's state on rank 0 (for a checkpoint, --save, --eval). Collective:
   // every rank calls it after the same step. A failure aborts the world. No-op without a world comm.
   absl::Status GatherModel();
+  std::map<std::string, ir::Tensor> StateShapes() const override { return executor_->StateShapes(); }
   absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) override;
   const PipelineExecutor& executor() const { return *executor_; }
   const std::vector<PipelineStepResult>& results() const { return results_; }

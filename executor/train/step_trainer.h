@@ -37,6 +37,9 @@ class StepTrainer {
   // step() and the options, all a run needs to continue bit for bit (the data order, the shuffle permutation, the
   // learning rate and the dropout stream are functions of the step).
   virtual std::map<std::string, ir::Tensor> State() const = 0;
+  // State()'s names, dtypes and dims for the whole model, where a trainer holds only part of it (one rank of a
+  // multi-process run): what a checkpoint must hold. Values may be absent (Tensor::DimsOnly).
+  virtual std::map<std::string, ir::Tensor> StateShapes() const { return State(); }
   // Replaces the state (exactly State()'s names, dtypes and dims: an error naming the first difference otherwise)
   // and continues at `step`.
   virtual absl::Status Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) = 0;

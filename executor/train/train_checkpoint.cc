@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<std::string>> RestoreCheckpoint(const io::Checkpoint&
     }
   }
   std::vector<io::TensorSpec> specs;
-  for (const auto& [name, t] : trainer.State()) specs.push_back({name, t.dtype(), t.dims()});
+  for (const auto& [name, t] : trainer.StateShapes()) specs.push_back({name, t.dtype(), t.dims()});
   RETURN_IF_ERROR(io::CheckCompatible(checkpoint, specs, run.model));
   std::map<std::string, ir::Tensor> state;
   for (const io::NamedTensor& t : checkpoint.tensors) state[t.name] = t.tensor;
