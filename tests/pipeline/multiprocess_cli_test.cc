@@ -1,0 +1,272 @@
+// Multi-process training through the binary, on CPU ranks over the TCP comm: `onnxpipe launch` (and torchrun / srun
+// variables set by hand) against the one-process run. Pipeline only (K = 2, 4) is bitwise the in-process run; data
+// parallelism with one micro-batch per replica is bitwise one process running the D x M micro-batches (the gradient
+// all-reduce folds the replicas in replica order, as the one process accumulates its micro-batches); with several
+// micro-batches per replica the sum is grouped per replica and agrees within fp32 rounding. Checkpoints written by
+// any K x D resume in one process; a killed rank, a rank with bad data and a rank that never arrives end every rank
+// within 10 s with an error naming it.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli/child_process.h"
+#include "tests/cli/cli_util.h"
+
+namespace onnxpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using testing::Child;
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using testing::Onnxpipe;
+using testing::ReadAll;
+using testing::RunCommand;
+using testing::SourcePath;
+using Clock = std::chrono::steady_clock;
+
+// "train MODEL --data ... " for tiny_gpt with the flags every run here shares.
+std::string TrainArgs(int64_t batch, int64_t steps) {
+  return "train " + SourcePath("models/tiny_gpt.onnx") + " --data " + SourcePath("models/golden/tiny_gpt/data") +
+         " --batch " + std::to_string(batch) + " --steps " + std::to_string(steps) +
+         " --optimizer adamw --lr 1e-3 --clip-norm 1 --logits logits --freeze 'attn\\.mask$' ";
+}
+
+// (loss, grad_norm) of every step of a --metrics file.
+std::vector<std::pair<double, double>> LossAndNorm(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<std::pair<double, double>> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("step")) out.emplace_back(j["loss"].get<double>(), j["grad_norm"].get<double>());
+  }
+  return out;
+}
+
+// A child's exit code (blocking), or -1 when it was killed by a signal.
+int ExitCode(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("multiprocess"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // One process (in-process stages) and `onnxpipe launch --nproc N`, each writing `tag`.jsonl.
+  CommandResult OneProcess(const std::string& args, const std::string& tag) {
+    return RunCommand(Onnxpipe() + " " + args + " --metrics " + (dir_ / (tag + ".jsonl")).string());
+  }
+  CommandResult Launch(int n, const std::string& args, const std::string& tag) {
+    return RunCommand(Onnxpipe() + " launch --nproc " + std::to_string(n) + " -- " + args + " --metrics " +
+                      (dir_ / (tag + ".jsonl")).string());
+  }
+  // Both runs' steps, bit for bit.
+  void ExpectBitwise(const std::string& a, const std::string& b, size_t steps) {
+    const auto x = LossAndNorm(dir_ / (a + ".jsonl")), y = LossAndNorm(dir_ / (b + ".jsonl"));
+    ASSERT_EQ(x.size(), steps);
+    ASSERT_EQ(y.size(), steps);
+    for (size_t k = 0; k < steps; ++k) {
+      EXPECT_EQ(x[k].first, y[k].first) << a << " vs " << b << " step " << k;
+      EXPECT_EQ(x[k].second, y[k].second) << a << " vs " << b << " step " << k;
+    }
+  }
+  // Rank r of a world of n started by hand, as torchrun would (`extra` after the shared flags).
+  Child SpawnRank(int r, int n, int port, const std::string& args, const std::string& tag) {
+    return testing::Spawn(
+        "env RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(n) + " LOCAL_RANK=" + std::to_string(r) +
+            " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + Onnxpipe() + " " + args,
+        dir_, tag + std::to_string(r));
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(MultiProcessTest, PipelineStagesInProcessesTrainBitForBitAsInThreads) {
+  for (int k : {2, 4}) {
+    const std::string args = TrainArgs(8, 3) + "--microbatches 2 --stages " + std::to_string(k);
+    const std::string a = "threads" + std::to_string(k), b = "procs" + std::to_string(k);
+    CommandResult one = OneProcess(args, a);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    CommandResult many = Launch(k, args, b);
+    ASSERT_EQ(many.exit_code, 0) << many.err;
+    // One copy of the output: rank 0's.
+    EXPECT_THAT(many.out, HasSubstr("pipelined: " + std::to_string(k) + " stages, 2 micro-batches of 4"));
+    EXPECT_EQ(many.out.find("step 3/3"), many.out.rfind("step 3/3"));
+    ExpectBitwise(a, b, 3);
+  }
+}
+
+TEST_F(MultiProcessTest, DataParallelReplicasTrainAsOneProcessRunningTheirMicrobatches) {
+  // One micro-batch per replica: bitwise.
+  ASSERT_EQ(OneProcess(TrainArgs(8, 3) + "--microbatches 2", "m2").exit_code, 0);
+  CommandResult d2 = Launch(2, TrainArgs(8, 3) + "--data-parallel 2", "d2");
+  ASSERT_EQ(d2.exit_code, 0) << d2.err;
+  EXPECT_THAT(d2.out, HasSubstr("1 stages, 1 micro-batches of 4, 1f1b, recompute none, 2 data-parallel replicas"));
+  ExpectBitwise("m2", "d2", 3);
+  ASSERT_EQ(OneProcess(TrainArgs(8, 3) + "--microbatches 4", "m4").exit_code, 0);
+  ASSERT_EQ(Launch(4, TrainArgs(8, 3) + "--data-parallel 4", "d4").exit_code, 0);
+  ExpectBitwise("m4", "d4", 3);
+  // Pipeline x data parallel: 2 stages x 2 replicas.
+  ASSERT_EQ(OneProcess(TrainArgs(8, 3) + "--stages 2 --microbatches 2", "k2m2").exit_code, 0);
+  CommandResult k2d2 = Launch(4, TrainArgs(8, 3) + "--stages 2 --data-parallel 2", "k2d2");
+  ASSERT_EQ(k2d2.exit_code, 0) << k2d2.err;
+  ExpectBitwise("k2m2", "k2d2", 3);
+  // Two micro-batches per replica: (g0 + g1) + (g2 + g3) against ((g0 + g1) + g2) + g3, fp32.
+  ASSERT_EQ(Launch(2, TrainArgs(8, 3) + "--data-parallel 2 --microbatches 2", "d2m2").exit_code, 0);
+  const auto x = LossAndNorm(dir_ / "m4.jsonl"), y = LossAndNorm(dir_ / "d2m2.jsonl");
+  ASSERT_EQ(y.size(), 3u);
+  // The first loss precedes any update: equal up to the order of the double sum of the shares.
+  EXPECT_NEAR(x[0].first, y[0].first, 1e-12 * std::abs(x[0].first));
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_NEAR(x[k].first, y[k].first, 1e-5 * std::abs(x[k].first)) << k;
+    EXPECT_NEAR(x[k].second, y[k].second, 1e-4 * std::abs(x[k].second)) << k;
+  }
+}
+
+TEST_F(MultiProcessTest, CheckpointsOfAnyLayoutResumeInOneProcessAndSaveOneModel) {
+  const std::string ck = (dir_ / "ck").string();
+  ASSERT_EQ(OneProcess(TrainArgs(8, 6) + "--save " + (dir_ / "one.onnx").string(), "full").exit_code, 0);
+  // 2 stages write the first 3 steps; 2 stages x ... resume is one process.
+  CommandResult first = Launch(2, TrainArgs(8, 3) + "--checkpoint-dir " + ck, "first");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_THAT(first.out, HasSubstr("checkpoint: " + ck + "/step_3.ckpt (step 3)"));
+  ASSERT_TRUE(fs::exists(ck + "/latest"));
+  CommandResult rest = OneProcess(
+      TrainArgs(8, 6) + "--checkpoint-dir " + ck + " --resume --save " + (dir_ / "resumed.onnx").string(), "rest");
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
+  const auto full = LossAndNorm(dir_ / "full.jsonl"), tail = LossAndNorm(dir_ / "rest.jsonl");
+  ASSERT_EQ(tail.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(full[3 + k], tail[k]) << "step " << 3 + k;
+  // --save from 4 ranks (the model gathered on rank 0): the one-process file, byte for byte.
+  CommandResult saved = Launch(4, TrainArgs(8, 6) + "--stages 4 --save " + (dir_ / "four.onnx").string(), "four");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  EXPECT_EQ(ReadAll((dir_ / "four.onnx").string()), ReadAll((dir_ / "one.onnx").string()));
+}
+
+TEST_F(MultiProcessTest, SigtermToTheLauncherStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  const std::string ck = (dir_ / "ck").string();
+  Child launcher = testing::Spawn(
+      Onnxpipe() + " launch --nproc 2 -- " + TrainArgs(8, 1000000) + "--log-every 1 --checkpoint-dir " + ck, dir_,
+      "launcher");
+  ASSERT_TRUE(testing::WaitForOutput(launcher, "step 3/")) << ReadAll(launcher.err.string());
+  kill(launcher.pid, SIGTERM);
+  EXPECT_EQ(ExitCode(launcher.pid), 0) << ReadAll(launcher.err.string());
+  EXPECT_THAT(ReadAll(launcher.out.string()), AllOf(HasSubstr("interrupted (SIGTERM)"), HasSubstr("checkpoint: ")));
+  CommandResult resumed = OneProcess(TrainArgs(8, 1) + "--checkpoint-dir " + ck + " --resume auto", "resumed");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_THAT(resumed.out, HasSubstr("resumed from"));
+}
+
+TEST_F(MultiProcessTest, AKilledRankEndsEveryRankWithinTenSecondsNamingIt) {
+  Child launcher =
+      testing::Spawn(Onnxpipe() + " launch --nproc 4 -- " + TrainArgs(8, 1000000) + "--log-every 1", dir_, "launcher");
+  ASSERT_TRUE(testing::WaitForOutput(launcher, "step 3/")) << ReadAll(launcher.err.string());
+  const std::string err = ReadAll(launcher.err.string());
+  const size_t at = err.find("rank 2 of 4: pid ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const pid_t victim = std::stoi(err.substr(at + 17));
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const int code = ExitCode(launcher.pid);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
+  EXPECT_NE(code, 0);
+  const std::string after = ReadAll(launcher.err.string());
+  EXPECT_THAT(after, HasSubstr("rank 2 (pid " + std::to_string(victim) + ") was killed by signal 9"));
+  // The survivors name the rank that went and the step they were in.
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(after, HasSubstr("rank " + std::to_string(r) + " of 4: step ")) << after;
+  }
+  EXPECT_THAT(after, HasSubstr("rank 2 is gone"));
+}
+
+TEST_F(MultiProcessTest, ARankWithBadDataEndsEveryRankNamingTheFile) {
+  // Rank 1's labels are cut short: it fails reading them; the others stop with its reason.
+  const fs::path bad = dir_ / "bad";
+  fs::create_directories(bad);
+  fs::copy(SourcePath("models/golden/tiny_gpt/data/tokens.npy"), bad / "tokens.npy");
+  const std::string labels = ReadAll(SourcePath("models/golden/tiny_gpt/data/labels.npy"));
+  std::ofstream(bad / "labels.npy", std::ios::binary) << labels.substr(0, labels.size() / 2);
+  const int port = 20000 + getpid() % 20000;
+  std::vector<Child> ranks;
+  const Clock::time_point t0 = Clock::now();
+  for (int r = 0; r < 4; ++r) {
+    std::string args = TrainArgs(8, 1000000);
+    if (r == 1) args += " --data " + bad.string();  // the later --data wins
+    ranks.push_back(SpawnRank(r, 4, port, args, "rank"));
+  }
+  std::vector<int> codes;
+  for (const Child& c : ranks) codes.push_back(ExitCode(c.pid));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
+  for (int r = 0; r < 4; ++r) EXPECT_NE(codes[r], 0) << "rank " << r;
+  EXPECT_THAT(ReadAll(ranks[1].err.string()), AllOf(HasSubstr("rank 1 of 4"), HasSubstr("labels.npy")));
+  for (int r : {0, 2, 3}) EXPECT_THAT(ReadAll(ranks[r].err.string()), HasSubstr("rank 1")) << "rank " << r;
+}
+
+TEST_F(MultiProcessTest, ARankThatNeverArrivesEndsTheRendezvousNamingIt) {
+  const int port = 20000 + (getpid() + 7) % 20000;
+  std::vector<Child> ranks;
+  const Clock::time_point t0 = Clock::now();
+  for (int r = 0; r < 3; ++r) {  // rank 3 of 4 is never started
+    ranks.push_back(SpawnRank(r, 4, port, TrainArgs(8, 2) + "--rendezvous-timeout 2", "rank"));
+  }
+  for (const Child& c : ranks) EXPECT_EQ(ExitCode(c.pid), 1);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
+  for (const Child& c : ranks) {
+    EXPECT_THAT(ReadAll(c.err.string()),
+                AllOf(HasSubstr("rank(s) 3 of 4 did not arrive within 2 s"), HasSubstr("--rendezvous-timeout")));
+  }
+}
+
+TEST_F(MultiProcessTest, LaunchVariablesAndFlagsAreCheckedWithClearErrors) {
+  const std::string train = Onnxpipe() + " " + TrainArgs(8, 1);
+  CommandResult r = RunCommand("env RANK=0 WORLD_SIZE=2 MASTER_PORT=1234 " + train);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("MASTER_ADDR is not set"));
+  r = RunCommand("env RANK=2 WORLD_SIZE=2 MASTER_ADDR=x MASTER_PORT=1234 " + train);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("rank 2 is not below the world size 2"));
+  r = RunCommand("env RANK=0 WORLD_SIZE=two MASTER_ADDR=x MASTER_PORT=1234 " + train);
+  EXPECT_THAT(r.err, HasSubstr("WORLD_SIZE='two' is not a non-negative integer"));
+  r = RunCommand("env RANK=0 WORLD_SIZE=3 MASTER_ADDR=x MASTER_PORT=1234 " + train + " --data-parallel 2");
+  EXPECT_THAT(r.err, HasSubstr("the world has 3 ranks, not a multiple of --data-parallel 2"));
+  r = RunCommand(train + " --data-parallel 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("needs one process per rank"));
+  // An srun step: the master is the node list's first host, the port the job's.
+  r = RunCommand(
+      "env SLURM_PROCID=0 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 SLURM_NTASKS=8 SLURM_LOCALID=0 "
+      "SLURM_STEP_NODELIST='gpu[07-09,12],login1' SLURM_JOB_ID=40001 " +
+      train + " --rendezvous-timeout 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("rendezvous at gpu07:20001: rank(s) 1 of 2 did not arrive within 1 s"));
+  r = RunCommand("env SLURM_PROCID=0 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=0 SLURM_JOB_ID=1 " + train);
+  EXPECT_THAT(r.err, HasSubstr("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set"));
+  // launch's own flags.
+  r = RunCommand(Onnxpipe() + " launch --nproc 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("no command: give it after --"));
+  r = RunCommand(Onnxpipe() + " launch --nproc 0 -- train x.onnx");
+  EXPECT_THAT(r.err, HasSubstr("--nproc must be >= 1"));
+  r = RunCommand(Onnxpipe() + " launch --nproc 2 --nnodes 2 --node-rank 2 -- train x.onnx");
+  EXPECT_THAT(r.err, HasSubstr("--node-rank must be in 0..1"));
+  // A failing command fails the launch, naming the rank.
+  r = RunCommand(Onnxpipe() + " launch --nproc 2 -- train " + (dir_ / "missing.onnx").string() +
+                 " --data x --batch 2 --steps 1 --lr 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("missing.onnx"), HasSubstr("onnxpipe launch: failed: rank ")));
+}
+
+}  // namespace
+}  // namespace onnxpipe
