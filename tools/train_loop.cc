@@ -88,7 +88,12 @@ absl::StatusOr<LoopEnd> RunTrainLoop(train::StepTrainer& trainer, const TrainLoo
     }
     int stop = g_interrupted;
     if (loop.agree) {
-      ASSIGN_OR_RETURN(stop, loop.agree(stop));
+      absl::StatusOr<int> agreed = loop.agree(stop);
+      if (!agreed.ok()) {
+        end_line();
+        return Annotate(agreed.status(), "step " + std::to_string(m->step) + ", after its update");
+      }
+      stop = *agreed;
     }
     if (stop) {
       end_line();

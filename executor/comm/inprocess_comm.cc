@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "executor/comm/grouping_comm.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::comm {
@@ -53,52 +54,14 @@ std::string DescribeTensor(const ir::Tensor& t) {
   return os.str();
 }
 
-class InProcessComm : public Comm {
+class InProcessComm : public GroupingComm {
  public:
   InProcessComm(std::shared_ptr<InProcessGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
 
-  absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override {
-    RETURN_IF_ERROR(group_->CheckPeer(rank_, dst, "sends to"));
-    if (!t.has_data()) return INVALID_ARGUMENT() << "rank " << rank_ << " sends message " << tag << " without data";
-    if (depth_ > 0) {
-      grouped_.push_back({true, dst, tag, t, stream});
-      return absl::OkStatus();
-    }
-    return group_->Send(rank_, dst, tag, t, stream);
-  }
-  absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override {
-    RETURN_IF_ERROR(group_->CheckPeer(rank_, src, "receives from"));
-    if (!into.has_data()) {
-      return INVALID_ARGUMENT() << "rank " << rank_ << " receives message " << tag << " from rank " << src
-                                << " into a buffer without storage";
-    }
-    if (depth_ > 0) {
-      grouped_.push_back({false, src, tag, into, stream});
-      return absl::OkStatus();
-    }
-    return group_->Recv(rank_, src, tag, into, stream);
-  }
-  absl::Status GroupStart() override {
-    ++depth_;
-    return absl::OkStatus();
-  }
-  absl::Status GroupEnd() override {
-    if (depth_ == 0) return FAILED_PRECONDITION() << "rank " << rank_ << ": GroupEnd without GroupStart";
-    if (--depth_ > 0) return absl::OkStatus();
-    std::vector<Grouped> ops = std::move(grouped_);
-    grouped_.clear();
-    for (const Grouped& op : ops)
-      if (op.send) RETURN_IF_ERROR(group_->Send(rank_, op.peer, op.tag, op.tensor, op.stream));
-    for (const Grouped& op : ops)
-      if (!op.send) RETURN_IF_ERROR(group_->Recv(rank_, op.peer, op.tag, op.tensor, op.stream));
-    return absl::OkStatus();
-  }
   absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) override {
-    if (depth_ > 0) {
-      return FAILED_PRECONDITION() << "rank " << rank_ << ": AllReduce between GroupStart and GroupEnd";
-    }
+    RETURN_IF_ERROR(CheckNotGrouped("AllReduce"));
     return group_->AllReduce(rank_, t, ranks, stream);
   }
   void Abort(const absl::Status& reason) override { group_->Abort(reason); }
@@ -112,18 +75,18 @@ class InProcessComm : public Comm {
     return group_->received_[rank_];
   }
 
+ protected:
+  absl::Status CheckPeer(int peer, const char* verb) const override { return group_->CheckPeer(rank_, peer, verb); }
+  absl::Status SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override {
+    return group_->Send(rank_, dst, tag, t, stream);
+  }
+  absl::Status RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override {
+    return group_->Recv(rank_, src, tag, into, stream);
+  }
+
  private:
-  struct Grouped {
-    bool send;
-    int peer;
-    uint64_t tag;
-    ir::Tensor tensor;
-    backend::Stream* stream;
-  };
   std::shared_ptr<InProcessGroup> group_;
   int rank_;
-  int depth_ = 0;
-  std::vector<Grouped> grouped_;
 };
 
 int64_t StagingPool::allocations() const {

@@ -292,51 +292,19 @@ absl::Status TcpComm::Land(const ir::Tensor& host, const ir::Tensor& into, backe
   return absl::OkStatus();
 }
 
-absl::Status TcpComm::Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) {
-  RETURN_IF_ERROR(CheckPeer(dst, "sends to"));
-  if (!t.has_data()) return INVALID_ARGUMENT() << "rank " << rank_ << " sends message " << tag << " without data";
-  if (depth_ > 0) {
-    grouped_.push_back({true, dst, tag, t, stream});
-    return absl::OkStatus();
-  }
+absl::Status TcpComm::SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) {
   return DoSend(dst, Kind::kMessage, tag, t, stream);
 }
 
-absl::Status TcpComm::Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) {
-  RETURN_IF_ERROR(CheckPeer(src, "receives from"));
-  if (!into.has_data()) {
-    return INVALID_ARGUMENT() << "rank " << rank_ << " receives message " << tag << " from rank " << src
-                              << " into a buffer without storage";
-  }
-  if (depth_ > 0) {
-    grouped_.push_back({false, src, tag, into, stream});
-    return absl::OkStatus();
-  }
+absl::Status TcpComm::RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) {
   const std::string what = "rank " + std::to_string(rank_) + " receiving message " + std::to_string(tag) +
                            " from rank " + std::to_string(src);
   ASSIGN_OR_RETURN(const Incoming in, Take(src, Kind::kMessage, tag, what));
   return Land(in.tensor, into, stream, what);
 }
 
-absl::Status TcpComm::GroupStart() {
-  ++depth_;
-  return absl::OkStatus();
-}
-
-absl::Status TcpComm::GroupEnd() {
-  if (depth_ == 0) return FAILED_PRECONDITION() << "rank " << rank_ << ": GroupEnd without GroupStart";
-  if (--depth_ > 0) return absl::OkStatus();
-  std::vector<Grouped> ops = std::move(grouped_);
-  grouped_.clear();
-  for (const Grouped& op : ops)
-    if (op.send) RETURN_IF_ERROR(Send(op.peer, op.tag, op.tensor, op.stream));
-  for (const Grouped& op : ops)
-    if (!op.send) RETURN_IF_ERROR(Recv(op.peer, op.tag, op.tensor, op.stream));
-  return absl::OkStatus();
-}
-
 absl::Status TcpComm::AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) {
-  if (depth_ > 0) return FAILED_PRECONDITION() << "rank " << rank_ << ": AllReduce between GroupStart and GroupEnd";
+  RETURN_IF_ERROR(CheckNotGrouped("AllReduce"));
   const std::string who = "rank " + std::to_string(rank_) + ": all-reduce over ranks " + RanksString(ranks);
   bool member = false;
   for (int r : ranks) {

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "executor/comm/comm.h"
+#include "executor/comm/grouping_comm.h"
 #include "executor/comm/rendezvous.h"
 #include "executor/comm/socket.h"
 
@@ -39,7 +39,7 @@ struct TcpCommOptions {
   std::shared_ptr<const backend::Backend> backend;  // null: the CPU backend
 };
 
-class TcpComm : public Comm {
+class TcpComm : public GroupingComm {
  public:
   // Rendezvous, then the mesh; fails (never hangs past the rendezvous timeout) naming what is missing.
   static absl::StatusOr<std::unique_ptr<TcpComm>> Create(const TcpCommOptions& options);
@@ -48,10 +48,6 @@ class TcpComm : public Comm {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(peers_.size()); }
-  absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override;
-  absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override;
-  absl::Status GroupStart() override;
-  absl::Status GroupEnd() override;
   absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) override;
   void Abort(const absl::Status& reason) override;
   absl::Status abort_status() const override;
@@ -74,13 +70,6 @@ class TcpComm : public Comm {
     bool left = false;             // said goodbye (guarded by mu_)
     bool closed = false;           // its connection ended (guarded by mu_)
   };
-  struct Grouped {
-    bool send;
-    int peer;
-    uint64_t tag;
-    ir::Tensor tensor;
-    backend::Stream* stream;
-  };
 
   TcpComm(int rank, int world, const TcpCommOptions& options);
   void ReadLoop(int src);
@@ -91,7 +80,9 @@ class TcpComm : public Comm {
   // Copies a received host tensor into `into` (checking dtype and dims) on `stream`.
   absl::Status Land(const ir::Tensor& host, const ir::Tensor& into, backend::Stream* stream,
                     const std::string& what) const;
-  absl::Status CheckPeer(int peer, const char* verb) const;
+  absl::Status CheckPeer(int peer, const char* verb) const override;
+  absl::Status SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) override;
+  absl::Status RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override;
   absl::Status AbortedLocked() const;
   void AbortLocally(const absl::Status& reason);
 
@@ -105,8 +96,6 @@ class TcpComm : public Comm {
   absl::Status abort_;
   std::map<std::vector<int>, int64_t> reduce_calls_;
   int64_t sent_ = 0, received_ = 0;  // guarded by mu_
-  int depth_ = 0;
-  std::vector<Grouped> grouped_;
 };
 
 }  // namespace onnxpipe::comm

@@ -1,0 +1,40 @@
+// What every Comm implementation shares between the caller and its transport: the argument checks of Send and
+// Recv and ncclGroupStart/End's grouping (comm.h's contract: grouped calls only check, GroupEnd issues the sends
+// first, then the receives). An implementation supplies the peer check and the transfers themselves.
+#pragma once
+
+#include <vector>
+
+#include "executor/comm/comm.h"
+
+namespace onnxpipe::comm {
+
+class GroupingComm : public Comm {
+ public:
+  absl::Status Send(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) final;
+  absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) final;
+  absl::Status GroupStart() final;
+  absl::Status GroupEnd() final;
+
+ protected:
+  // An error when `peer` cannot be reached from this rank ("rank 0 sends to rank 9 ...").
+  virtual absl::Status CheckPeer(int peer, const char* verb) const = 0;
+  // The transfers, arguments checked.
+  virtual absl::Status SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) = 0;
+  virtual absl::Status RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) = 0;
+  // FailedPrecondition inside a group (where AllReduce is not allowed).
+  absl::Status CheckNotGrouped(const char* call) const;
+
+ private:
+  struct Grouped {
+    bool send;
+    int peer;
+    uint64_t tag;
+    ir::Tensor tensor;
+    backend::Stream* stream;
+  };
+  int depth_ = 0;
+  std::vector<Grouped> grouped_;
+};
+
+}  // namespace onnxpipe::comm
