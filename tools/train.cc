@@ -1,6 +1,7 @@
 // onnxpipe train: trains a model from its ONNX file through the stage executor (executor/pipeline): one stage on
 // the CPU backend by default, or pipelined over stages. This file owns the flags and the order of the run: data,
 // trainer, resume, loop (tools/train_loop.h), evaluation, --save.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -424,6 +425,9 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
     std::fprintf(stderr, "warning: not trained (the loss does not depend on them): %s\n", names.c_str());
   }
   ReleaseInitialParameters(*model.imported);
+  // The training graph's copies and (on a rank) the other stages' tensors are gone: give their pages back, which
+  // the allocator keeps after freeing tensors below its mmap threshold (a 12-layer d768 rank: 1.8 -> 0.7 GB).
+  malloc_trim(0);
   const int64_t rows = data.train.rows();
   RETURN_IF_ERROR(trainer->SetData(std::move(data.train)));
 
