@@ -427,4 +427,9 @@ absl::StatusOr<std::shared_ptr<CudaBackend>> CudaBackend::Create(int device, Cud
   return std::make_shared<CudaBackendImpl>(device, options, std::move(s));
 }
 
+CUstream_st* NativeStream(backend::Stream* stream) {
+  const auto* s = dynamic_cast<const CudaStream*>(stream);
+  return s ? s->get() : nullptr;
+}
+
 }  // namespace onnxpipe::cuda

@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "executor/backend/backend.h"
 
+struct CUstream_st;  // cudaStream_t's pointee, so that this header needs no CUDA headers
+
 namespace onnxpipe::cuda {
 
 // Which fused attention runs Attention and AttentionGrad (attention_kernels.cc).
@@ -52,5 +54,8 @@ class CudaBackend : public backend::Backend {
   // (host fallbacks are in HostFallbacks).
   virtual std::map<std::string, int64_t> AttentionRuns() const = 0;
 };
+
+// The CUDA stream behind one of CudaBackend's streams (for libraries that issue on it, as NCCL); null for any other.
+CUstream_st* NativeStream(backend::Stream* stream);
 
 }  // namespace onnxpipe::cuda

@@ -1,5 +1,7 @@
 #include "frontend/ir/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -14,6 +16,7 @@ namespace {
 std::atomic<int64_t> g_allocations{0};
 
 constexpr std::align_val_t kBufferAlignment{64};
+constexpr size_t kMappedBytes = size_t{1} << 20;  // page-aligned, so 64-byte aligned too
 
 // A failed buffer allocation that says how much was asked for: callers that catch std::bad_alloc (the command's
 // top level, which turns it into an error instead of an abort) print what().
@@ -32,6 +35,13 @@ class BufferAllocationFailed : public std::bad_alloc {
 std::shared_ptr<uint8_t> Tensor::AllocateBuffer(int64_t bytes) {
   // At least one byte, so that an empty tensor still has a (non-null) data pointer.
   const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  // Large buffers are fresh pages from the kernel: already zero, resident only once written (a rank's zeroed
+  // optimizer state of stages it does not run never is), and returned to the system when freed.
+  if (n >= kMappedBytes) {
+    void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw BufferAllocationFailed(n);
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [n](uint8_t* q) { munmap(q, n); });
+  }
   uint8_t* p = nullptr;
   try {
     p = static_cast<uint8_t*>(::operator new[](n, kBufferAlignment));
