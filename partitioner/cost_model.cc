@@ -164,6 +164,12 @@ OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n) {
   return c;
 }
 
+double RingAllReduceSeconds(int64_t bytes, int64_t ranks, double bandwidth, double latency_s) {
+  if (ranks <= 1) return 0;
+  const double n = static_cast<double>(ranks);
+  return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * static_cast<double>(bytes) / bandwidth;
+}
+
 double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precision) {
   if (c.free) return 0;
   const double peak = (c.gemm ? d.gemm_flops(precision) : d.vector_flops) * d.compute_efficiency;

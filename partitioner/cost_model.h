@@ -62,6 +62,11 @@ struct OpCost {
 OpCost EstimateOpCost(const ir::Graph& g, const ir::Node& n);
 double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precision);
 
+// One ring all-reduce of a `bytes` tensor over `ranks` ranks (reduce-scatter, then all-gather):
+// 2 (n - 1) steps of one `latency_s` each, through which every link carries 2 (n - 1) / n of the
+// bytes at `bandwidth` (bytes/s). 0 for one rank.
+double RingAllReduceSeconds(int64_t bytes, int64_t ranks, double bandwidth, double latency_s);
+
 inline constexpr char kOpTimesFormat[] = "onnxpipe-op-times/1";
 
 struct OpTimes {

@@ -151,6 +151,7 @@ absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std:
                                               "memory_bandwidth_gbps",
                                               "link_bandwidth_gbps",
                                               "link_latency_us",
+                                              "data_parallel_bandwidth_gbps",
                                               "op_overhead_us",
                                               "compute_efficiency",
                                               "memory_efficiency",
@@ -229,6 +230,10 @@ absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std:
   d.memory_bandwidth = bw * 1e9;
   ASSIGN_OR_RETURN(double link, positive(j.at("link_bandwidth_gbps"), "link_bandwidth_gbps"));
   d.link_bandwidth = link * 1e9;
+  if (j.contains("data_parallel_bandwidth_gbps")) {
+    ASSIGN_OR_RETURN(double dp, positive(j.at("data_parallel_bandwidth_gbps"), "data_parallel_bandwidth_gbps"));
+    d.data_parallel_bandwidth = dp * 1e9;
+  }
   for (const auto& [key, target, scale] :
        {std::tuple<const char*, double*, double>{"link_latency_us", &d.link_latency_s, 1e-6},
         {"op_overhead_us", &d.op_overhead_s, 1e-6}}) {
@@ -285,6 +290,7 @@ nlohmann::ordered_json DeviceToJson(const DeviceProfile& d) {
   j["memory_bandwidth_gbps"] = d.memory_bandwidth / 1e9;
   j["link_bandwidth_gbps"] = d.link_bandwidth / 1e9;
   j["link_latency_us"] = d.link_latency_s * 1e6;
+  j["data_parallel_bandwidth_gbps"] = d.data_parallel_link() / 1e9;
   j["op_overhead_us"] = d.op_overhead_s * 1e6;
   j["compute_efficiency"] = d.compute_efficiency;
   j["memory_efficiency"] = d.memory_efficiency;

@@ -18,6 +18,11 @@
 //     "memory_bandwidth_gbps": 4800,         required; device memory, GB/s (1e9 bytes/s)
 //     "link_bandwidth_gbps": 450,            required; stage-to-stage, one direction, GB/s
 //     "link_latency_us": 5,                  per transfer; default 5
+//     "data_parallel_bandwidth_gbps": 50,    between a stage's data-parallel replicas (the gradient
+//                                            all-reduce), one direction, GB/s; default
+//                                            link_bandwidth_gbps. Set it when the replicas talk
+//                                            over InfiniBand and the stages over NVLink. Its
+//                                            latency is link_latency_us
 //     "op_overhead_us": 4,                   per kernel (launch, tails); default 4
 //     "compute_efficiency": 0.8,             achieved fraction of the GEMM peak; default 0.8
 //     "memory_efficiency": 0.8,              achieved fraction of the bandwidth; default 0.8
@@ -54,6 +59,7 @@ struct DeviceProfile {
   double memory_bandwidth = 0;  // bytes/s
   double link_bandwidth = 0;    // bytes/s, one direction
   double link_latency_s = 5e-6;
+  double data_parallel_bandwidth = 0;  // bytes/s, one direction; 0: link_bandwidth
   double op_overhead_s = 4e-6;
   double compute_efficiency = 0.8;
   double memory_efficiency = 0.8;
@@ -61,6 +67,7 @@ struct DeviceProfile {
   std::string backend = "cuda";     // "cpu" | "cuda": the backend whose kernels run on it
 
   int64_t usable_bytes() const { return memory_bytes - reserved_bytes; }
+  double data_parallel_link() const { return data_parallel_bandwidth > 0 ? data_parallel_bandwidth : link_bandwidth; }
   double gemm_flops(Precision p) const {
     return p == Precision::kBF16 && gemm_flops_bf16 > 0 ? gemm_flops_bf16 : gemm_flops_fp32;
   }

@@ -37,19 +37,28 @@ absl::StatusOr<std::unique_ptr<PartitionContext>> PartitionContext::Create(
   return ctx;
 }
 
-absl::Status ValidateOptions(const PartitionContext& ctx, const PartitionOptions& o) {
+absl::Status ValidateBatch(const PartitionOptions& o) {
   if (o.batch < 1) return INVALID_ARGUMENT() << "--batch must be >= 1, got " << o.batch;
   if (o.microbatches < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << o.microbatches;
-  if (o.microbatches > o.batch) {
-    return INVALID_ARGUMENT() << "--microbatches " << o.microbatches << " is larger than --batch "
-                              << o.batch << ": a micro-batch needs at least one sample";
+  if (o.data_parallel < 1) return INVALID_ARGUMENT() << "--data-parallel must be >= 1, got " << o.data_parallel;
+  // Every replica trains B / D samples as M equal micro-batches, as `train --data-parallel` does.
+  const int64_t parts = o.microbatches * o.data_parallel;
+  const std::string by = "--microbatches " + std::to_string(o.microbatches) +
+                         (o.data_parallel > 1 ? " x --data-parallel " + std::to_string(o.data_parallel) : "");
+  if (parts > o.batch) {
+    return INVALID_ARGUMENT() << by << " is larger than --batch " << o.batch
+                              << ": a micro-batch needs at least one sample";
   }
-  if (o.batch % o.microbatches != 0) {
-    return INVALID_ARGUMENT() << "--batch " << o.batch << " is not divisible by --microbatches "
-                              << o.microbatches << " (micro-batches must be equal; try "
-                              << o.batch / o.microbatches * o.microbatches << " or "
-                              << (o.batch / o.microbatches + 1) * o.microbatches << ")";
+  if (o.batch % parts != 0) {
+    return INVALID_ARGUMENT() << "--batch " << o.batch << " is not divisible by " << by
+                              << " (micro-batches must be equal; try " << o.batch / parts * parts << " or "
+                              << (o.batch / parts + 1) * parts << ")";
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const PartitionContext& ctx, const PartitionOptions& o) {
+  RETURN_IF_ERROR(ValidateBatch(o));
   const int32_t units = ctx.analysis().num_units();
   if (o.num_stages < 0) return INVALID_ARGUMENT() << "--stages must be >= 1 or auto";
   if (o.num_stages > units) {
@@ -86,9 +95,10 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
                         plan.device.reserved_bytes;
   if (o.memory_bytes > 0) plan.device.memory_bytes = o.memory_bytes;
   plan.num_stages = K;
-  plan.batch = o.batch;
+  plan.data_parallel = std::max<int64_t>(1, o.data_parallel);
+  plan.batch = o.batch / plan.data_parallel;
   plan.microbatches = o.microbatches;
-  plan.microbatch_size = o.batch / std::max<int64_t>(1, o.microbatches);
+  plan.microbatch_size = plan.batch / std::max<int64_t>(1, o.microbatches);
   plan.schedule = o.schedule;
   plan.recompute = o.recompute;
   plan.precision = o.precision;
@@ -240,10 +250,21 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
     double allreduce_s = 0;
     for (const BoundaryTensor& b : s.boundary_inputs) {
       if (b.kind != "shared_gradient") continue;
-      // A ring all-reduce over h holders moves 2 (h - 1) / h of the gradient through each link.
-      const double h = static_cast<double>(b.peers.size() + 1);
-      allreduce_s += plan.device.link_latency_s +
-                     2 * (h - 1) / h * static_cast<double>(b.bytes) / plan.device.link_bandwidth;
+      allreduce_s += RingAllReduceSeconds(b.bytes, static_cast<int64_t>(b.peers.size()) + 1, plan.device.link_bandwidth,
+                                          plan.device.link_latency_s);
+    }
+    // Data parallelism: the executor all-reduces every accumulated gradient in place over the
+    // stage's replicas after the last backward, one tensor at a time (no bucket: no memory added).
+    if (plan.data_parallel > 1) {
+      double dp_s = 0;
+      for (ir::ValueId v : sp.accumulate) {
+        s.data_parallel_bytes += a.value_bytes[v];
+        dp_s += RingAllReduceSeconds(a.value_bytes[v], plan.data_parallel, plan.device.data_parallel_link(),
+                                     plan.device.link_latency_s);
+      }
+      s.data_parallel_tensors = static_cast<int64_t>(sp.accumulate.size());
+      s.data_parallel_allreduce_ms = dp_s * 1e3;
+      plan.data_parallel_allreduce_ms = std::max(plan.data_parallel_allreduce_ms, s.data_parallel_allreduce_ms);
     }
     for (int32_t p = s.position_begin; p < s.position_end; ++p) {
       const std::string& layer = a.layer_of_position[p];
@@ -273,9 +294,11 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
   RETURN_IF_ERROR(ProveDeadlockFree(program, actions));
   for (int32_t k = 0; k < K; ++k) plan.stages[k].actions = actions[k];
   ASSIGN_OR_RETURN(plan.timeline, Simulate(actions, timing, parts_s));
-  plan.step_ms = plan.timeline.step_s * 1e3;
+  // The slowest stage's data-parallel all-reduce after the whole pipeline: the stages that drain
+  // earlier start theirs earlier, so this is an upper bound.
+  plan.step_ms = plan.timeline.step_s * 1e3 + plan.data_parallel_allreduce_ms;
   plan.bubble_fraction = plan.timeline.bubble_fraction;
-  plan.samples_per_s = plan.timeline.step_s > 0 ? static_cast<double>(o.batch) / plan.timeline.step_s : 0;
+  plan.samples_per_s = plan.step_ms > 0 ? static_cast<double>(o.batch) / (plan.step_ms * 1e-3) : 0;
   plan.analytic_step_ms = (sum_p + static_cast<double>(o.microbatches - 1) * max_p + comm) * 1e3;
 
   // Layers.
@@ -319,7 +342,8 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
 
 absl::StatusOr<PartitionPlan> Partition(const ir::Graph& training_graph, const Cluster& cluster,
                                         const PartitionOptions& options) {
-  const int64_t mb = options.microbatches > 0 ? options.batch / options.microbatches : options.batch;
+  const int64_t parts = std::max<int64_t>(1, options.microbatches) * std::max<int64_t>(1, options.data_parallel);
+  const int64_t mb = std::max<int64_t>(1, options.batch / parts);
   ASSIGN_OR_RETURN(std::unique_ptr<PartitionContext> ctx,
                    PartitionContext::Create(training_graph, cluster, options.precision, options.op_times,
                                             mb, options.cut_slack, options.alignment));

@@ -10,15 +10,16 @@
 //                                         simulated: timeline, bubbles, step time
 //
 // The training graph is the one micro-batch's step: forward, loss, backward and optimizer update
-// with the batch dim bound to the micro-batch size B / M (executor/train's Trainer builds it).
+// with the batch dim bound to the micro-batch size B / (D x M) (executor/train's Trainer builds it;
+// D = 1 without data parallelism).
 //
 // Phase 3 minimises the predicted step time
 //   T = sum_s p_s + (M - 1) * max_s p_s + sum_cuts (send forward + send backward),
 //   p_s = forward + backward + recompute time of stage s per micro-batch,
 // which is exactly the GPipe makespan when every stage's backward is the same multiple of its
-// forward, and the 1F1B makespan for uniform stages (it is what Alpa and PipeDream optimise), subject to every stage's memory <= the device's usable
-// memory. It enumerates the bottleneck t = max_s p_s over the distinct stage costs in increasing
-// order, from the smallest feasible one (binary search), solving for each t the DP
+// forward, and the 1F1B makespan for uniform stages (it is what Alpa and PipeDream optimise), subject to every stage's
+// memory <= the device's usable memory. It enumerates the bottleneck t = max_s p_s over the distinct stage costs in
+// increasing order, from the smallest feasible one (binary search), solving for each t the DP
 //   best[k][j] = min_i best[k-1][i] + p(i, j) + comm(i),  over stages with p(i, j) <= t,
 // and stops once (M - 1) t + min_sum can no longer beat the best T: exact for T. The plans found
 // on the way (the sum/bottleneck Pareto front) are then simulated (phase 6) and the one with the
@@ -61,7 +62,11 @@ struct PartitionOptions {
   Objective objective = Objective::kFewestStages;
   int64_t max_stages = 64;  // upper end of the auto search
   int64_t batch = 0;        // global batch B
-  int64_t microbatches = 1; // M; the training graph is bound to B / M
+  int64_t microbatches = 1;  // M per replica; the training graph is bound to B / (D * M)
+  // D data-parallel replicas of the pipeline (K x D ranks): the plan is made for one replica's batch
+  // B / D, and each stage's step ends with the all-reduce of its accumulated gradients over its D
+  // replicas (PartitionPlan::data_parallel_allreduce_ms).
+  int64_t data_parallel = 1;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   RecomputePolicy recompute = RecomputePolicy::kNone;
   Precision precision = Precision::kFP32;
@@ -109,6 +114,12 @@ struct StagePlan {
   StageMemory memory;
   double forward_ms = 0, backward_ms = 0, recompute_ms = 0, optimizer_ms = 0;
   double send_forward_ms = 0, send_backward_ms = 0;
+  // Data parallelism (D > 1): the stage's accumulated gradients (StageProgram::accumulate, what the
+  // executor all-reduces in place over the stage's D replicas after its last backward, one
+  // all-reduce per tensor), their bytes and the ring all-reduce time (RingAllReduceSeconds per
+  // tensor over the device's data_parallel_link()); 0 for D = 1.
+  int64_t data_parallel_bytes = 0, data_parallel_tensors = 0;
+  double data_parallel_allreduce_ms = 0;
   std::vector<std::string> layers;  // layer keys with forward nodes here, in order
 };
 
@@ -135,7 +146,9 @@ struct PartitionPlan {
   std::string model, optimizer;
   DeviceProfile device;
   int64_t capacity_bytes = 0;  // usable per device
-  int64_t num_stages = 0, batch = 0, microbatches = 0, microbatch_size = 0;
+  // batch: one replica's (what `train --plan` checks: batch x --data-parallel = its --batch);
+  // the global batch is batch x data_parallel, in microbatches x microbatch_size per replica.
+  int64_t num_stages = 0, batch = 0, microbatches = 0, microbatch_size = 0, data_parallel = 1;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   RecomputePolicy recompute = RecomputePolicy::kNone;
   Precision precision = Precision::kFP32;
@@ -144,8 +157,11 @@ struct PartitionPlan {
   std::vector<StagePlan> stages;
   std::vector<LayerPlan> layers;
   std::vector<std::string> global_nodes;
-  double step_ms = 0, bubble_fraction = 0, samples_per_s = 0;
-  double analytic_step_ms = 0;  // T of the chosen plan
+  // step_ms = the simulated pipeline (timeline.step_s) + data_parallel_allreduce_ms, the slowest
+  // stage's gradient all-reduce, counted after the whole pipeline (not overlapped with the other
+  // stages' drain: an upper bound); samples_per_s = the global batch / step_ms.
+  double step_ms = 0, bubble_fraction = 0, samples_per_s = 0, data_parallel_allreduce_ms = 0;
+  double analytic_step_ms = 0;  // T of the chosen plan (the pipeline alone)
   ScheduleResult timeline;
   CostSummary cost;
   SearchStats search;
@@ -179,7 +195,7 @@ class PartitionContext {
 };
 
 // Phases 3-6. Fails with a message naming the smallest per-device memory or the fewest stages
-// that would fit when nothing fits; on bad options (K > cut candidates + 1, M > B, B % M != 0).
+// that would fit when nothing fits; on bad options (K > cut candidates + 1, D x M > B, B % (D x M) != 0).
 absl::StatusOr<PartitionPlan> Partition(const PartitionContext& ctx, const PartitionOptions& options);
 
 // Phases 1-6 in one call.
@@ -197,7 +213,10 @@ struct StageAssignment {
 absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const PartitionOptions& options,
                                              const StageAssignment& assignment, bool* fits);
 
-// Checks the options against the context (errors for M > B, B % M != 0, K > units, ...).
+// Checks the options against the context (errors naming the flags for D < 1, M x D > B,
+// B % (M x D) != 0, K > units, ...).
 absl::Status ValidateOptions(const PartitionContext& ctx, const PartitionOptions& options);
+// The batch checks alone (needs no model): D >= 1, M >= 1, M x D <= B, B % (M x D) == 0.
+absl::Status ValidateBatch(const PartitionOptions& options);
 
 }  // namespace onnxpipe::partitioner

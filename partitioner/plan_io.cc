@@ -122,6 +122,8 @@ ordered_json PlanToJson(const PartitionPlan& p) {
   dev["capacity"] = p.capacity_bytes;
   j["device"] = std::move(dev);
   j["config"] = {{"batch", p.batch},
+                 {"data_parallel", p.data_parallel},
+                 {"world", p.num_stages * p.data_parallel},
                  {"microbatches", p.microbatches},
                  {"microbatch_size", p.microbatch_size},
                  {"num_stages", p.num_stages},
@@ -135,6 +137,7 @@ ordered_json PlanToJson(const PartitionPlan& p) {
   j["predicted"] = {{"step_ms", p.step_ms},
                     {"bubble_fraction", p.bubble_fraction},
                     {"samples_per_s", p.samples_per_s},
+                    {"data_parallel_allreduce_ms", p.data_parallel_allreduce_ms},
                     {"analytic_step_ms", p.analytic_step_ms},
                     {"cost_source", p.cost.source},
                     {"measured_nodes", p.cost.measured_nodes},
@@ -167,6 +170,9 @@ ordered_json PlanToJson(const PartitionPlan& p) {
     memory["capacity"] = p.capacity_bytes;
     ordered_json& predicted = st["predicted"];
     for (const auto& [key, field] : kStageTimes) predicted[key] = s.*field;
+    predicted["data_parallel_allreduce_ms"] = s.data_parallel_allreduce_ms;
+    predicted["data_parallel_bytes"] = s.data_parallel_bytes;
+    predicted["data_parallel_tensors"] = s.data_parallel_tensors;
     stages.push_back(std::move(st));
   }
   j["stages"] = std::move(stages);
@@ -232,6 +238,10 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   if (p.microbatch_size * p.microbatches != p.batch) {
     return r.Error("config", "batch must equal microbatches x microbatch_size");
   }
+  // Plans written before data parallelism have no data_parallel: one replica.
+  if (cfg->contains("data_parallel")) {
+    ASSIGN_OR_RETURN(p.data_parallel, r.Int(*cfg, "config", "data_parallel", 1));
+  }
   ASSIGN_OR_RETURN(std::string schedule, r.String(*cfg, "config", "schedule"));
   absl::StatusOr<ScheduleKind> sk = ParseSchedule(schedule);
   if (!sk.ok()) return r.Error("config.schedule", std::string(sk.status().message()));
@@ -256,6 +266,9 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   ASSIGN_OR_RETURN(p.bubble_fraction, r.Number(*pred, "predicted", "bubble_fraction"));
   ASSIGN_OR_RETURN(p.samples_per_s, r.Number(*pred, "predicted", "samples_per_s"));
   if (p.bubble_fraction > 1) return r.Error("predicted.bubble_fraction", "must be in [0, 1]");
+  if (pred->contains("data_parallel_allreduce_ms")) {
+    ASSIGN_OR_RETURN(p.data_parallel_allreduce_ms, r.Number(*pred, "predicted", "data_parallel_allreduce_ms"));
+  }
 
   ASSIGN_OR_RETURN(const json* stages, r.Field(j, "", "stages"));
   if (!stages->is_array() || stages->empty()) return r.Error("stages", "must be a non-empty array");
@@ -375,6 +388,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
     const std::string pp = path + ".predicted";
     for (const auto& [key, field] : kStageTimes) {
       ASSIGN_OR_RETURN(s.*field, r.Number(*sp, pp, key));
+    }
+    if (sp->contains("data_parallel_allreduce_ms")) {
+      ASSIGN_OR_RETURN(s.data_parallel_allreduce_ms, r.Number(*sp, pp, "data_parallel_allreduce_ms"));
+      ASSIGN_OR_RETURN(s.data_parallel_bytes, r.Int(*sp, pp, "data_parallel_bytes"));
+      ASSIGN_OR_RETURN(s.data_parallel_tensors, r.Int(*sp, pp, "data_parallel_tensors"));
     }
     p.stages.push_back(std::move(s));
   }

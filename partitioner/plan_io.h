@@ -5,10 +5,15 @@
 //     "generator": "onnxpipe partition",
 //     "model": "m.onnx",
 //     "device": {name, source, memory, reserved, peak_tflops{fp32,bf16}, ..., "capacity"},
-//     "config": {batch, microbatches, microbatch_size, num_stages, stages_auto, objective,
-//                schedule, recompute, dtype, optimizer, kernel_scratch_counted},
-//     "predicted": {step_ms, bubble_fraction, samples_per_s, analytic_step_ms, cost_source,
-//                   measured_nodes, roofline_nodes},
+//     "config": {batch, data_parallel, world, microbatches, microbatch_size, num_stages, stages_auto,
+//                objective, schedule, recompute, dtype, optimizer, kernel_scratch_counted},
+//         batch is one replica's (microbatches x microbatch_size); the step trains batch x
+//         data_parallel samples on world = num_stages x data_parallel ranks. data_parallel may be
+//         absent (plans written before it: 1).
+//     "predicted": {step_ms, bubble_fraction, samples_per_s, data_parallel_allreduce_ms,
+//                   analytic_step_ms, cost_source, measured_nodes, roofline_nodes},
+//         step_ms = the simulated pipeline + data_parallel_allreduce_ms (the slowest stage's);
+//         samples_per_s counts the global batch
 //     "stages": [ {
 //        "index": k, "units": [begin, end), "positions": [begin, end), "layers": [...],
 //        "nodes": {"forward": [...],    per micro-batch, in run order
@@ -33,13 +38,17 @@
 //                   constants, boundary, saved_per_microbatch, in_flight,
 //                   arena, capacity},
 //        "predicted": {forward_ms, backward_ms, recompute_ms, optimizer_ms, send_forward_ms,
-//                      send_backward_ms}   (per micro-batch; optimizer per step)
+//                      send_backward_ms,   (per micro-batch; optimizer per step)
+//                      data_parallel_allreduce_ms, data_parallel_bytes, data_parallel_tensors}
+//            (per step: the accumulated gradients all-reduced in place over the D replicas, one
+//            ring all-reduce per tensor; 0 for D = 1; absent in older plans)
 //     } ],
 //     "global_nodes": [...],   optimizer nodes over all stages' gradients (the global norm), run
 //                              on the coordinator (listed under its "optimizer" too)
 //     "layers": [{name, stages, forward_ms, backward_ms, parameter_bytes}],
 //     "search": {...}, "warnings": [...]
 //   }
+// Data parallelism adds no memory: the all-reduce runs in place on the gradients (no bucket).
 // memory.total = parameters + gradients + optimizer_state + constants + activations + transient
 // + kernel_scratch + boundary; activations = saved_per_microbatch * in_flight; transient = arena -
 // activations (the region one forward or backward shares); kernel_scratch = the largest scratch one

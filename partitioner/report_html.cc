@@ -207,12 +207,17 @@ std::string ReportHtml(const PartitionPlan& p) {
   os << "<h1>onnxpipe partition: " << HtmlEscape(p.model) << "</h1>\n<table class=\"summary\">\n";
   os << "<tr><td>device</td><td>" << HtmlEscape(p.device.name) << " (" << HtmlEscape(FormatBytes(p.device.memory_bytes))
      << ", " << HtmlEscape(FormatBytes(p.capacity_bytes)) << " usable per stage)</td></tr>\n";
-  os << "<tr><td>configuration</td><td>batch " << p.batch << " = " << p.microbatches << " micro-batches &times; "
-     << p.microbatch_size << ", " << p.num_stages << " stages" << (p.stages_auto ? " (auto)" : "") << ", "
+  os << "<tr><td>configuration</td><td>" << HtmlEscape(DescribeBatch(p)) << (p.stages_auto ? " (auto)" : "") << ", "
      << ScheduleName(p.schedule) << ", recompute " << RecomputePolicyName(p.recompute) << ", "
      << PrecisionName(p.precision) << (p.optimizer.empty() ? "" : ", " + HtmlEscape(p.optimizer)) << "</td></tr>\n";
-  os << "<tr><td>predicted step</td><td id=\"step\">" << HtmlEscape(FormatMs(p.step_ms)) << ", "
-     << Num(p.samples_per_s) << " samples/s, bubble " << Pct(p.bubble_fraction) << "</td></tr>\n";
+  const std::string parts = DescribeStepParts(p);
+  os << "<tr><td>predicted step</td><td id=\"step\">" << HtmlEscape(FormatMs(p.step_ms))
+     << (parts.empty() ? "" : " = " + HtmlEscape(parts)) << ", " << Num(p.samples_per_s) << " samples/s, bubble "
+     << Pct(p.bubble_fraction) << "</td></tr>\n";
+  if (p.data_parallel > 1) {
+    os << "<tr><td>data parallel</td><td>each stage's gradients all-reduced in place over its " << p.data_parallel
+       << " replicas after its backward (no memory added; the stage table's all-reduce column)</td></tr>\n";
+  }
   os << "<tr><td>cost model</td><td>" << HtmlEscape(p.cost.source) << "</td></tr>\n</table>\n";
   for (const std::string& w : p.warnings) os << "<p class=\"warn\">" << HtmlEscape(w) << "</p>\n";
 
@@ -224,7 +229,8 @@ std::string ReportHtml(const PartitionPlan& p) {
 
   os << "<h2>Stages</h2>\n<table>\n<tr><th>stage</th><th>layers</th><th>forward</th><th>backward</th>"
         "<th>recompute</th><th>parameters</th><th>gradients</th><th>optimizer</th><th>activations</th>"
-        "<th>in flight</th><th>transient</th><th>kernel scratch</th><th>total</th><th>use</th></tr>\n";
+        "<th>in flight</th><th>transient</th><th>kernel scratch</th><th>total</th><th>use</th>"
+     << (p.data_parallel > 1 ? "<th>all-reduce</th>" : "") << "</tr>\n";
   for (const StagePlan& s : p.stages) {
     const StageMemory& m = s.memory;
     os << "<tr><td>" << s.index << "</td><td class=\"l\">" << HtmlEscape(CompressLayers(s.layers)) << "</td><td>"
@@ -234,7 +240,9 @@ std::string ReportHtml(const PartitionPlan& p) {
        << "</td><td>" << HtmlEscape(FormatBytes(m.activations)) << "</td><td>" << m.in_flight << "</td><td>"
        << HtmlEscape(FormatBytes(m.transient)) << "</td><td>" << HtmlEscape(FormatBytes(m.kernel_scratch))
        << "</td><td>" << HtmlEscape(FormatBytes(m.total)) << "</td><td>"
-       << Pct(static_cast<double>(m.total) / p.capacity_bytes) << "</td></tr>\n";
+       << Pct(static_cast<double>(m.total) / p.capacity_bytes) << "</td>";
+    if (p.data_parallel > 1) os << "<td>" << HtmlEscape(FormatMs(s.data_parallel_allreduce_ms)) << "</td>";
+    os << "</tr>\n";
   }
   os << "</table>\n";
   os << "<h2>Layer table</h2>\n<table>\n<tr><th>layer</th><th>stage</th><th>forward</th><th>backward</th>"

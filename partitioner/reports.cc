@@ -100,23 +100,43 @@ std::string CompressLayers(const std::vector<std::string>& layers) {
   return out;
 }
 
+std::string DescribeBatch(const PartitionPlan& p) {
+  const std::string stages = std::to_string(p.num_stages) + (p.num_stages == 1 ? " stage" : " stages");
+  const std::string per_replica =
+      std::to_string(p.microbatches) + " micro-batches x " + std::to_string(p.microbatch_size);
+  if (p.data_parallel <= 1) return "batch " + std::to_string(p.batch) + " = " + per_replica + ", " + stages;
+  return "batch " + std::to_string(p.batch * p.data_parallel) + " = " + std::to_string(p.data_parallel) +
+         " replicas x " + std::to_string(p.batch) + " = " + std::to_string(p.data_parallel) + " x " + per_replica +
+         ", " + stages + " x " + std::to_string(p.data_parallel) +
+         " replicas = " + std::to_string(p.num_stages * p.data_parallel) + " ranks";
+}
+
+std::string DescribeStepParts(const PartitionPlan& p) {
+  if (p.data_parallel <= 1) return "";
+  int32_t slowest = 0;
+  for (const StagePlan& s : p.stages) {
+    if (s.data_parallel_allreduce_ms > p.stages[slowest].data_parallel_allreduce_ms) slowest = s.index;
+  }
+  return "pipeline " + FormatMs(p.step_ms - p.data_parallel_allreduce_ms) + " + data-parallel all-reduce " +
+         FormatMs(p.data_parallel_allreduce_ms) + " (stage " + std::to_string(slowest) + ")";
+}
+
 std::string ReportText(const PartitionPlan& p) {
   std::ostringstream os;
   os << "onnxpipe partition: " << (p.model.empty() ? "(model)" : p.model) << "\n";
   os << "device     " << p.device.name << " (" << p.device.source << "): " << FormatBytes(p.device.memory_bytes)
      << ", " << FormatBytes(p.device.reserved_bytes) << " reserved -> " << FormatBytes(p.capacity_bytes)
      << " usable per stage\n";
-  os << "config     batch " << p.batch << " = " << p.microbatches << " micro-batches x " << p.microbatch_size
-     << ", " << p.num_stages << (p.num_stages == 1 ? " stage" : " stages")
-     << (p.stages_auto ? " (auto)" : "") << ", " << ScheduleName(p.schedule) << ", recompute "
-     << RecomputePolicyName(p.recompute) << ", " << PrecisionName(p.precision)
+  os << "config     " << DescribeBatch(p) << (p.stages_auto ? " (auto)" : "") << ", " << ScheduleName(p.schedule)
+     << ", recompute " << RecomputePolicyName(p.recompute) << ", " << PrecisionName(p.precision)
      << (p.optimizer.empty() ? "" : ", " + p.optimizer) << "\n";
   os << "cost       " << p.cost.source;
   if (p.cost.source == "profile") os << " (" << p.cost.measured_nodes << " nodes measured, " << p.cost.roofline_nodes << " roofline)";
   os << "\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "predicted  step %s, %.1f samples/s, bubble %s\n\n", FormatMs(p.step_ms).c_str(),
-                p.samples_per_s, Percent(p.bubble_fraction).c_str());
+  const std::string parts = DescribeStepParts(p);
+  std::snprintf(line, sizeof(line), "predicted  step %s%s, %.1f samples/s, bubble %s\n\n", FormatMs(p.step_ms).c_str(),
+                parts.empty() ? "" : (" = " + parts).c_str(), p.samples_per_s, Percent(p.bubble_fraction).c_str());
   os << line;
 
   os << "stage " << Pad("fwd", 10) << Pad("bwd", 10) << Pad("recomp", 10) << Pad("params", 11) << Pad("grads", 11)
@@ -140,6 +160,12 @@ std::string ReportText(const PartitionPlan& p) {
   os << "memory     all " << p.stages.size() << " stages fit; the largest is stage " << w.index << " with "
      << FormatBytes(w.memory.total) << " (" << Percent(static_cast<double>(w.memory.total) / p.capacity_bytes)
      << " of " << FormatBytes(p.capacity_bytes) << ")\n";
+  for (const StagePlan& s : p.stages) {
+    if (p.data_parallel <= 1) break;
+    os << "all-reduce stage " << s.index << ": " << FormatBytes(s.data_parallel_bytes) << " of gradients ("
+       << s.data_parallel_tensors << " tensors) over " << p.data_parallel << " replicas, "
+       << FormatMs(s.data_parallel_allreduce_ms) << " per step, in place (no memory added)\n";
+  }
   for (const StagePlan& s : p.stages) {
     if (s.recompute_regions.empty()) continue;
     os << "recompute  stage " << s.index << ": " << s.recompute_regions.size() << " regions, "
@@ -284,9 +310,13 @@ std::string TimelineTraceJson(const ScheduleResult& timeline, int32_t num_stages
 
 std::string ScheduleTraceJson(const PartitionPlan& p) {
   return TimelineTraceJson(p.timeline, static_cast<int32_t>(p.stages.size()),
-                           {{"generator", "onnxpipe partition"}, {"model", p.model},
-                            {"schedule", ScheduleName(p.schedule)}, {"step_ms", p.step_ms},
-                            {"bubble_fraction", p.bubble_fraction}});
+                           {{"generator", "onnxpipe partition"},
+                            {"model", p.model},
+                            {"schedule", ScheduleName(p.schedule)},
+                            {"step_ms", p.step_ms},
+                            {"bubble_fraction", p.bubble_fraction},
+                            {"data_parallel", p.data_parallel},
+                            {"data_parallel_allreduce_ms", p.data_parallel_allreduce_ms}});
 }
 
 absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir) {

@@ -38,6 +38,12 @@ nlohmann::ordered_json ChromeSpan(const std::string& name, const std::string& ca
 // (created if missing).
 absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir);
 
+// The batch and the ranks: "batch 64 = 8 micro-batches x 8, 2 stages" or, with D > 1 replicas,
+// "batch 128 = 2 replicas x 64 = 2 x 8 micro-batches x 8, 2 stages x 2 replicas = 4 ranks".
+std::string DescribeBatch(const PartitionPlan& plan);
+// "" for one replica; else the step's parts: "pipeline 12.0 ms + data-parallel all-reduce 1.50 ms (stage 0)".
+std::string DescribeStepParts(const PartitionPlan& plan);
+
 // "12.5 ms", "1.23 s"
 std::string FormatMs(double ms);
 // "encoder/layers.0-5, norm": consecutive indexed layer keys folded into ranges.

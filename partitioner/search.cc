@@ -608,10 +608,12 @@ absl::Status NoFit(const PartitionContext& ctx, const PartitionOptions& o, int32
   ASSIGN_OR_RETURN(int64_t peak, s.SmallestPeakMemory());
   std::ostringstream msg;
   msg << "the model does not fit: with " << K << (K == 1 ? " stage" : " stages") << ", "
-      << o.batch << " samples in " << o.microbatches << " micro-batches (" << ScheduleName(o.schedule)
-      << ", recompute " << RecomputePolicyName(o.recompute) << "), the most loaded stage needs "
-      << FormatBytes(peak) << " but " << d.name << " offers " << FormatBytes(memory - d.reserved_bytes)
-      << " (" << FormatBytes(memory) << " minus " << FormatBytes(d.reserved_bytes) << " reserved)";
+      << o.batch / std::max<int64_t>(1, o.data_parallel) << " samples"
+      << (o.data_parallel > 1 ? " per replica (--data-parallel " + std::to_string(o.data_parallel) + ")" : "") << " in "
+      << o.microbatches << " micro-batches (" << ScheduleName(o.schedule) << ", recompute "
+      << RecomputePolicyName(o.recompute) << "), the most loaded stage needs " << FormatBytes(peak) << " but " << d.name
+      << " offers " << FormatBytes(memory - d.reserved_bytes) << " (" << FormatBytes(memory) << " minus "
+      << FormatBytes(d.reserved_bytes) << " reserved)";
   msg << ". It would fit on devices with " << FormatBytes(peak + d.reserved_bytes)
       << " (--device-memory " << (peak + d.reserved_bytes + (int64_t{1} << 30) - 1) / (int64_t{1} << 30) << "GiB)";
   const std::string more = StagesHint(ctx, o, K + 1);

@@ -32,14 +32,22 @@ absl::StatusOr<SweepSpec> ParseSweepSpec(const std::string& spec) {
   while (is >> item) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      return INVALID_ARGUMENT() << "--sweep: '" << item << "' is not KEY=V1,V2,... (keys: batch, microbatches, stages)";
+      return INVALID_ARGUMENT() << "--sweep: '" << item
+                                << "' is not KEY=V1,V2,... (keys: batch, microbatches, stages, data_parallel)";
     }
     const std::string key = item.substr(0, eq);
     std::vector<int64_t>* out = nullptr;
     if (key == "batch") out = &s.batches;
     if (key == "microbatches") out = &s.microbatches;
     if (key == "stages") out = &s.stages;
-    if (!out) return INVALID_ARGUMENT() << "--sweep: unknown key '" << key << "'; expected batch, microbatches or stages";
+    if (key == "data_parallel") {
+      out = &s.data_parallel;
+      out->clear();  // replaces the default {1}
+    }
+    if (!out) {
+      return INVALID_ARGUMENT() << "--sweep: unknown key '" << key
+                                << "'; expected batch, microbatches, stages or data_parallel";
+    }
     if (!seen.insert(key).second) return INVALID_ARGUMENT() << "--sweep: '" << key << "' is given twice";
     std::istringstream vs(item.substr(eq + 1));
     std::string v;
@@ -60,24 +68,38 @@ absl::StatusOr<SweepSpec> ParseSweepSpec(const std::string& spec) {
   return s;
 }
 
-SweepRow InvalidSweepRow(int64_t batch, int64_t microbatches, int64_t stages, const std::string& why) {
+namespace {
+
+SweepRow Row(int64_t batch, int64_t microbatches, int64_t stages, int64_t data_parallel, const std::string& why) {
   SweepRow r;
   r.batch = batch;
   r.microbatches = microbatches;
   r.stages = stages;
-  r.microbatch_size = microbatches > 0 ? batch / microbatches : 0;
+  r.data_parallel = data_parallel;
+  r.microbatch_size = microbatches * data_parallel > 0 ? batch / (microbatches * data_parallel) : 0;
   r.status = "invalid";
   r.note = why;
   return r;
 }
 
-SweepRow SweepPoint(const PartitionContext& ctx, const PartitionOptions& base, int64_t batch,
-                    int64_t microbatches, int64_t stages) {
+}  // namespace
+
+std::optional<SweepRow> InvalidSweepRow(int64_t batch, int64_t microbatches, int64_t stages, int64_t data_parallel) {
+  const int64_t parts = microbatches * data_parallel;
+  const std::string by = data_parallel > 1 ? "micro-batches x data-parallel replicas" : "micro-batches";
+  if (parts > batch) return Row(batch, microbatches, stages, data_parallel, "more " + by + " than samples");
+  if (batch % parts != 0) return Row(batch, microbatches, stages, data_parallel, "batch not divisible by " + by);
+  return std::nullopt;
+}
+
+SweepRow SweepPoint(const PartitionContext& ctx, const PartitionOptions& base, int64_t batch, int64_t microbatches,
+                    int64_t stages, int64_t data_parallel) {
   PartitionOptions o = base;
   o.batch = batch;
   o.microbatches = microbatches;
   o.num_stages = stages;
-  SweepRow r = InvalidSweepRow(batch, microbatches, stages, /*why=*/"");
+  o.data_parallel = data_parallel;
+  SweepRow r = Row(batch, microbatches, stages, data_parallel, /*why=*/"");
   auto fill = [&](const PartitionPlan& p) {
     r.step_ms = p.step_ms;
     r.samples_per_s = p.samples_per_s;
@@ -113,25 +135,27 @@ SweepRow SweepPoint(const PartitionContext& ctx, const PartitionOptions& base, i
 
 std::string SweepCsv(const std::vector<SweepRow>& rows, int64_t capacity) {
   std::ostringstream os;
-  os << "batch,microbatches,stages,microbatch_size,status,step_ms,samples_per_s,bubble_fraction,"
+  os << "batch,microbatches,stages,data_parallel,microbatch_size,status,step_ms,samples_per_s,bubble_fraction,"
         "max_stage_memory_bytes,capacity_bytes,stage_memory_bytes,note\n";
   for (const SweepRow& r : rows) {
     std::string mem;
     for (int64_t m : r.stage_memory) mem += (mem.empty() ? "" : ";") + std::to_string(m);
     std::string note = r.note;
     std::replace(note.begin(), note.end(), '"', '\'');
-    os << r.batch << "," << r.microbatches << "," << r.stages << "," << r.microbatch_size << "," << r.status << ","
-       << Fmt("%.4f", r.step_ms) << "," << Fmt("%.2f", r.samples_per_s) << "," << Fmt("%.4f", r.bubble_fraction)
-       << "," << r.max_stage_memory << "," << capacity << "," << mem << ",\"" << note << "\"\n";
+    os << r.batch << "," << r.microbatches << "," << r.stages << "," << r.data_parallel << "," << r.microbatch_size
+       << "," << r.status << "," << Fmt("%.4f", r.step_ms) << "," << Fmt("%.2f", r.samples_per_s) << ","
+       << Fmt("%.4f", r.bubble_fraction) << "," << r.max_stage_memory << "," << capacity << "," << mem << ",\"" << note
+       << "\"\n";
   }
   return os.str();
 }
 
 std::string SweepHtml(const std::vector<SweepRow>& rows, const std::string& model, const DeviceProfile& device,
                       int64_t capacity, const std::string& config) {
-  std::set<int64_t> stage_set, batch_set, mb_set;
+  std::set<int64_t> batch_set, mb_set;
+  std::set<std::pair<int64_t, int64_t>> charts;  // (stages, data-parallel replicas)
   for (const SweepRow& r : rows) {
-    stage_set.insert(r.stages);
+    charts.insert({r.stages, r.data_parallel});
     batch_set.insert(r.batch);
     mb_set.insert(r.microbatches);
   }
@@ -150,17 +174,19 @@ std::string SweepHtml(const std::vector<SweepRow>& rows, const std::string& mode
     const size_t i = std::find(batches.begin(), batches.end(), batch) - batches.begin();
     return left + (batches.size() <= 1 ? width / 2.0 : width * static_cast<double>(i) / (batches.size() - 1));
   };
-  for (int64_t k : stage_set) {
+  for (const auto& [k, d] : charts) {
+    const std::string title = std::to_string(k) + " stages" + (d > 1 ? " x " + std::to_string(d) + " replicas" : "");
+    auto in_chart = [&](const SweepRow& r) { return r.stages == k && r.data_parallel == d; };
     for (int chart = 0; chart < 2; ++chart) {
       double ymax = chart == 0 ? 0 : static_cast<double>(capacity);
       for (const SweepRow& r : rows) {
-        if (r.stages != k || r.status == "invalid") continue;
+        if (!in_chart(r) || r.status == "invalid") continue;
         ymax = std::max(ymax, chart == 0 ? r.samples_per_s : static_cast<double>(r.max_stage_memory));
       }
       if (ymax <= 0) ymax = 1;
       ymax *= 1.1;
       auto y_of = [&](double v) { return top + height - height * v / ymax; };
-      os << "<h2>" << k << " stages: " << (chart == 0 ? "throughput (samples/s)" : "memory of the most loaded stage")
+      os << "<h2>" << title << ": " << (chart == 0 ? "throughput (samples/s)" : "memory of the most loaded stage")
          << "</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"sweep\" width=\"" << left + width + 160
          << "\" height=\"" << top + height + 40 << "\">\n";
       os << "<line x1=\"" << left << "\" y1=\"" << top + height << "\" x2=\"" << left + width << "\" y2=\"" << top + height
@@ -187,7 +213,7 @@ std::string SweepHtml(const std::vector<SweepRow>& rows, const std::string& mode
         const char* color = kSeriesColors[series % 10];
         std::string points;
         for (const SweepRow& r : rows) {
-          if (r.stages != k || r.microbatches != m || r.status != "ok") continue;
+          if (!in_chart(r) || r.microbatches != m || r.status != "ok") continue;
           const double v = chart == 0 ? r.samples_per_s : static_cast<double>(r.max_stage_memory);
           points += Fmt("%.1f", x_of(r.batch)) + "," + Fmt("%.1f", y_of(v)) + " ";
         }
@@ -195,7 +221,7 @@ std::string SweepHtml(const std::vector<SweepRow>& rows, const std::string& mode
           os << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\"" << points << "\"/>\n";
         }
         for (const SweepRow& r : rows) {
-          if (r.stages != k || r.microbatches != m || r.status == "invalid") continue;
+          if (!in_chart(r) || r.microbatches != m || r.status == "invalid") continue;
           const double v = chart == 0 ? r.samples_per_s : static_cast<double>(r.max_stage_memory);
           const double x = x_of(r.batch), y = y_of(v);
           if (r.status == "ok") {
@@ -220,15 +246,16 @@ std::string SweepHtml(const std::vector<SweepRow>& rows, const std::string& mode
       os << "</svg>\n";
     }
   }
-  os << "<h2>All points</h2>\n<table>\n<tr><th>batch</th><th>micro-batches</th><th>stages</th><th>status</th>"
-        "<th>step</th><th>samples/s</th><th>bubble</th><th>most loaded stage</th><th>note</th></tr>\n";
+  os << "<h2>All points</h2>\n<table>\n<tr><th>batch</th><th>micro-batches</th><th>stages</th><th>replicas</th>"
+        "<th>status</th><th>step</th><th>samples/s</th><th>bubble</th><th>most loaded stage</th><th>note</th></tr>\n";
   for (const SweepRow& r : rows) {
     os << "<tr class=\"" << r.status << "\"><td>" << r.batch << "</td><td>" << r.microbatches << "</td><td>" << r.stages
-       << "</td><td>" << r.status << "</td><td>" << (r.status == "invalid" ? "" : HtmlEscape(FormatMs(r.step_ms)))
-       << "</td><td>" << (r.status == "invalid" ? "" : Fmt("%.1f", r.samples_per_s)) << "</td><td>"
+       << "</td><td>" << r.data_parallel << "</td><td>" << r.status << "</td><td>"
+       << (r.status == "invalid" ? "" : HtmlEscape(FormatMs(r.step_ms))) << "</td><td>"
+       << (r.status == "invalid" ? "" : Fmt("%.1f", r.samples_per_s)) << "</td><td>"
        << (r.status == "invalid" ? "" : Fmt("%.1f%%", 100 * r.bubble_fraction)) << "</td><td>"
-       << (r.status == "invalid" ? "" : HtmlEscape(FormatBytes(r.max_stage_memory))) << "</td><td style=\"text-align:left\">"
-       << HtmlEscape(r.note) << "</td></tr>\n";
+       << (r.status == "invalid" ? "" : HtmlEscape(FormatBytes(r.max_stage_memory)))
+       << "</td><td style=\"text-align:left\">" << HtmlEscape(r.note) << "</td></tr>\n";
   }
   os << "</table>\n</body>\n</html>\n";
   return os.str();

@@ -40,7 +40,7 @@ struct Flags {
   std::string stages = "1", schedule = "1f1b", recompute = "none", optimizer = "sgd", dtype = "fp32";
   std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest", logits;
   std::string labels = "labels", freeze, train_only;
-  int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64;
+  int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64, data_parallel = 1;
   double momentum = 0, clip_norm = 0, cut_slack = 0.05;
   bool onnx = true;
 };
@@ -101,6 +101,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   o.optimizer = f.optimizer;
   o.batch = f.batch;
   o.microbatches = f.microbatches;
+  o.data_parallel = f.data_parallel;
   o.max_stages = f.max_stages;
   o.cut_slack = f.cut_slack;
   ASSIGN_OR_RETURN(o.schedule, part::ParseSchedule(f.schedule));
@@ -135,16 +136,17 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::optional<part::SweepSpec> sweep;
   if (!f.sweep.empty()) {
     ASSIGN_OR_RETURN(sweep, part::ParseSweepSpec(f.sweep));
-  } else {
-    if (f.batch < 1) return INVALID_ARGUMENT() << "--batch B is required (>= 1)";
-    if (f.microbatches > f.batch) {
-      return INVALID_ARGUMENT() << "--microbatches " << f.microbatches << " is larger than --batch " << f.batch
-                                << ": a micro-batch needs at least one sample";
+    if (f.data_parallel < 1) return INVALID_ARGUMENT() << "--data-parallel must be >= 1, got " << f.data_parallel;
+    if (f.data_parallel != 1) {
+      if (f.sweep.find("data_parallel=") != std::string::npos) {
+        return INVALID_ARGUMENT() << "--data-parallel and --sweep's data_parallel= both give the replicas: keep one";
+      }
+      sweep->data_parallel = {f.data_parallel};
     }
-    if (f.batch % f.microbatches != 0) {
-      return INVALID_ARGUMENT() << "--batch " << f.batch << " is not divisible by --microbatches " << f.microbatches;
-    }
+  } else if (f.batch < 1) {
+    return INVALID_ARGUMENT() << "--batch B is required (>= 1)";
   }
+  if (!sweep) RETURN_IF_ERROR(part::ValidateBatch(o));
 
   TrainingGraphOptions to;
   to.seq = f.seq;
@@ -169,22 +171,22 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
 
   if (sweep) {
     // Group the points by micro-batch size so each training graph is built once.
-    std::map<int64_t, std::vector<std::tuple<int64_t, int64_t, int64_t>>> by_microbatch;
+    using Point = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // batch, micro-batches, stages, replicas
+    std::map<int64_t, std::vector<Point>> by_microbatch;
     std::vector<part::SweepRow> rows;
-    std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> index;
+    std::map<Point, size_t> index;
     for (int64_t b : sweep->batches)
       for (int64_t m : sweep->microbatches)
-        for (int64_t k : sweep->stages) {
-          index[{b, m, k}] = rows.size();
-          if (m > b) {
-            rows.push_back(part::InvalidSweepRow(b, m, k, "more micro-batches than samples"));
-          } else if (b % m != 0) {
-            rows.push_back(part::InvalidSweepRow(b, m, k, "batch not divisible by micro-batches"));
-          } else {
-            rows.emplace_back();
-            by_microbatch[b / m].push_back({b, m, k});
+        for (int64_t k : sweep->stages)
+          for (int64_t d : sweep->data_parallel) {
+            index[{b, m, k, d}] = rows.size();
+            if (std::optional<part::SweepRow> invalid = part::InvalidSweepRow(b, m, k, d)) {
+              rows.push_back(std::move(*invalid));
+            } else {
+              rows.emplace_back();
+              by_microbatch[b / (m * d)].push_back({b, m, k, d});
+            }
           }
-        }
     for (const auto& [mb, points] : by_microbatch) {
       ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
       if (scratch_from_profile && mb == by_microbatch.begin()->first) {
@@ -194,11 +196,12 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
       }
       ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
                        part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
-      for (const auto& [b, m, k] : points) {
-        rows[index[{b, m, k}]] = part::SweepPoint(*ctx, o, b, m, k);
-        const part::SweepRow& r = rows[index[{b, m, k}]];
-        std::printf("batch %5lld  micro-batches %3lld  stages %2lld  %-7s  %10s  %9.1f samples/s  %s\n",
-                    static_cast<long long>(b), static_cast<long long>(m), static_cast<long long>(k), r.status.c_str(),
+      for (const auto& [b, m, k, d] : points) {
+        rows[index[{b, m, k, d}]] = part::SweepPoint(*ctx, o, b, m, k, d);
+        const part::SweepRow& r = rows[index[{b, m, k, d}]];
+        std::printf("batch %5lld  micro-batches %3lld  stages %2lld  replicas %2lld  %-7s  %10s  %9.1f samples/s  %s\n",
+                    static_cast<long long>(b), static_cast<long long>(m), static_cast<long long>(k),
+                    static_cast<long long>(d), r.status.c_str(),
                     r.status == "invalid" ? "" : part::FormatMs(r.step_ms).c_str(), r.samples_per_s,
                     r.status == "invalid" ? r.note.c_str() : part::FormatBytes(r.max_stage_memory).c_str());
         std::fflush(stdout);
@@ -216,7 +219,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     return absl::OkStatus();
   }
 
-  const int64_t mb = f.batch / f.microbatches;
+  const int64_t mb = f.batch / (f.microbatches * f.data_parallel);
   const auto t1 = std::chrono::steady_clock::now();
   ShowProgress("building the training graph (micro-batch " + std::to_string(mb) + ")");
   ASSIGN_OR_RETURN(const ir::Graph* g, graphs->Get(mb));
@@ -270,7 +273,10 @@ int RunPartition(const Args& args) {
              "(partitioner/device.h documents the format). --profile takes `onnxpipe profile` output.");
   fs.String("stages", &f.stages, "number of pipeline stages, or auto (the fewest that fit; see --objective)");
   fs.Int("batch", &f.batch, "global batch B (samples per optimizer step)");
-  fs.Int("microbatches", &f.microbatches, "micro-batches M per step (B must be divisible by M)");
+  fs.Int("microbatches", &f.microbatches, "micro-batches M per step and replica (B must be divisible by D x M)");
+  fs.Int("data-parallel", &f.data_parallel,
+         "D data-parallel replicas of the pipeline (K x D ranks, as train --data-parallel): the plan is made for "
+         "the per-replica batch B / D and each stage's step adds the all-reduce of its gradients over D replicas");
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
   fs.String("schedule", &f.schedule, "gpipe | 1f1b");
   fs.String("recompute", &f.recompute, "none | full | selective | auto");
@@ -286,7 +292,8 @@ int RunPartition(const Args& args) {
             "is counted in a GPU device's stage memory");
   fs.String("objective", &f.objective, "with --stages auto: fewest (stages that fit) | throughput");
   fs.Int("max-stages", &f.max_stages, "upper end of --stages auto");
-  fs.String("sweep", &f.sweep, "\"batch=32,64 microbatches=1,2,4 stages=2,4\": predict a table instead");
+  fs.String("sweep", &f.sweep,
+            "\"batch=32,64 microbatches=1,2,4 stages=2,4 [data_parallel=1,2]\": predict a table instead");
   fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
   fs.String("labels", &f.labels, "name of the labels input the loss adds");
   fs.String("freeze", &f.freeze, "regex of initializers not to train (buffers)");

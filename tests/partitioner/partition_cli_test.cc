@@ -465,14 +465,14 @@ TEST_F(PartitionCli, SweepWritesTheTableWithOomMarked) {
   const std::string out = Path("sweep");
   const std::string model = SourcePath("models/tiny_classifier.onnx");
   CommandResult r = Partition(model +
-                              " --seq 16 --sweep \"batch=8,64 microbatches=1,4,16 stages=1,2\" "
+                              " --seq 16 --sweep \"batch=8,64 microbatches=1,4,16 stages=1,2 data_parallel=1,2\" "
                               "--schedule gpipe --device h100-80gb --device-memory 1030MiB --out " +
                               out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream csv(out + "/sweep.csv");
   std::string line;
   std::getline(csv, line);
-  EXPECT_THAT(line, HasSubstr("batch,microbatches,stages"));
+  EXPECT_THAT(line, HasSubstr("batch,microbatches,stages,data_parallel,microbatch_size,status"));
   std::map<std::string, int> status;
   int rows = 0;
   while (std::getline(csv, line)) {
@@ -481,12 +481,16 @@ TEST_F(PartitionCli, SweepWritesTheTableWithOomMarked) {
     std::stringstream ss(line);
     std::string cell;
     while (std::getline(ss, cell, ',')) f.push_back(cell);
-    ++status[f[4]];
+    ++status[f[5]];
     if (f[0] == "8" && f[1] == "16") {
-      EXPECT_EQ(f[4], "invalid");  // more micro-batches than samples
+      EXPECT_EQ(f[5], "invalid");  // more micro-batches than samples
+    }
+    // Each of 2 replicas trains half the batch: 8 = 2 x 4 micro-batches x 1.
+    if (f[3] == "2" && f[5] != "invalid") {
+      EXPECT_EQ(std::stoll(f[4]) * std::stoll(f[1]) * 2, std::stoll(f[0])) << line;
     }
   }
-  EXPECT_EQ(rows, 2 * 3 * 2);
+  EXPECT_EQ(rows, 2 * 3 * 2 * 2);
   EXPECT_GT(status["ok"], 0);
   EXPECT_GT(status["oom"], 0) << ReadAll(out + "/sweep.csv");
   const std::string html = ReadAll(out + "/sweep.html");
@@ -585,6 +589,49 @@ TEST_F(PartitionCli, ExportsOfOtherArchitecturesPartitionAndTrain) {
   }
 }
 
+// --data-parallel D on a device file with round numbers: the plan is one replica's, and each stage's all-reduce is
+// 2 (D - 1) / D of its parameters' fp32 gradient bytes (their shapes read from the ONNX file) over 100 GB/s.
+TEST_F(PartitionCli, DataParallelAddsTheGradientAllReduce) {
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  const std::string device = Path("round_device.json");
+  std::ofstream(device) << R"({"name": "round", "memory": "80GiB", "peak_tflops": {"fp32": 100},
+      "memory_bandwidth_gbps": 1000, "link_bandwidth_gbps": 100, "link_latency_us": 0})";
+  const std::string common = " --stages 2 --microbatches 2 --seq 16 --no-onnx --device " + device;
+  CommandResult r = Partition(model + common + " --batch 4 --out " + Path("dp1"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Partition(model + common + " --batch 8 --data-parallel 2 --out " + Path("dp2"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json one = Plan(Path("dp1")), two = Plan(Path("dp2"));
+  EXPECT_EQ(two["config"]["batch"], 4);
+  EXPECT_EQ(two["config"]["data_parallel"], 2);
+  EXPECT_EQ(two["config"]["world"], 4);
+  EXPECT_EQ(one["config"]["data_parallel"], 1);
+  absl::StatusOr<onnx_frontend::LoadedModel> loaded = onnx_frontend::LoadOnnxModel(model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->graph.has_value());
+  const ir::Graph& g = *loaded->graph;
+  double slowest_ms = 0;
+  for (const json& st : two["stages"]) {
+    int64_t bytes = 0;
+    for (const json& name : st["parameters"]) {
+      const ir::ValueId v = g.FindValue(name.get<std::string>());
+      ASSERT_NE(v, ir::kNoValue) << name;
+      bytes += 4 * ir::NumElements(g.value(v).shape).value();
+    }
+    EXPECT_EQ(st["predicted"]["data_parallel_bytes"], bytes);
+    const double ms = 2.0 * (2 - 1) / 2 * static_cast<double>(bytes) / 100e9 * 1e3;
+    EXPECT_NEAR(st["predicted"]["data_parallel_allreduce_ms"].get<double>(), ms, 1e-9 * ms);
+    slowest_ms = std::max(slowest_ms, ms);
+    EXPECT_EQ(st["memory"]["total"], one["stages"][st["index"].get<int>()]["memory"]["total"]);
+  }
+  const double step = one["predicted"]["step_ms"].get<double>() + slowest_ms;
+  EXPECT_NEAR(two["predicted"]["step_ms"].get<double>(), step, 1e-9 * step);
+  EXPECT_NEAR(two["predicted"]["samples_per_s"].get<double>(), 8 / (step * 1e-3), 1e-6 * 8 / (step * 1e-3));
+  EXPECT_THAT(r.out, HasSubstr("batch 8 = 2 replicas x 4 = 2 x 2 micro-batches x 2, 2 stages x 2 replicas = 4 ranks"));
+  EXPECT_THAT(r.out, HasSubstr("all-reduce stage 0: "));
+  EXPECT_THAT(ReadAll(Path("dp2") + "/report.html"), HasSubstr("<th>all-reduce</th>"));
+}
+
 TEST_F(PartitionCli, BadInputsFailClearly) {
   const std::string model = SourcePath("models/tiny_classifier.onnx");
   const std::string out = " --out " + Path("bad");
@@ -593,6 +640,10 @@ TEST_F(PartitionCli, BadInputsFailClearly) {
   } cases[] = {
       {" --stages 2 --batch 4 --microbatches 8", "larger than --batch"},
       {" --stages 2 --batch 10 --microbatches 4", "not divisible"},
+      {" --stages 2 --batch 8 --microbatches 2 --data-parallel 0", "--data-parallel must be >= 1, got 0"},
+      {" --stages 2 --batch 8 --microbatches 2 --data-parallel 3",
+       "--batch 8 is not divisible by --microbatches 2 x --data-parallel 3"},
+      {" --sweep \"batch=8 microbatches=1 stages=1 data_parallel=2\" --data-parallel 2", "keep one"},
       {" --stages 2 --batch 8 --microbatches 4 --device tpu-v9", "unknown device 'tpu-v9'"},
       {" --stages 500 --batch 8 --microbatches 4 --seq 16", "cut candidates"},
       {" --stages 2 --batch 8 --microbatches 4 --profile " + Path("broken.json"), "malformed profile"},
