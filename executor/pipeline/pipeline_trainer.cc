@@ -60,6 +60,11 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
       return INVALID_ARGUMENT() << "--microbatches " << p.microbatches << " but the plan was made for "
                                 << plan.microbatches;
     }
+    if (plan.data_parallel != p.data_parallel) {
+      return INVALID_ARGUMENT() << "--data-parallel " << p.data_parallel << " but the plan in " << p.plan_dir
+                                << " was made for --data-parallel " << plan.data_parallel
+                                << " (re-run onnxpipe partition --data-parallel " << p.data_parallel << ")";
+    }
     if (plan.batch * p.data_parallel != options.batch) {
       return INVALID_ARGUMENT() << "--batch " << options.batch
                                 << (p.data_parallel > 1 ? " over --data-parallel " + std::to_string(p.data_parallel)
