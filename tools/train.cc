@@ -66,7 +66,7 @@ struct Flags {
   std::string recompute, plan, report;
   std::string resume;         // "" | latest | auto (tools/resume.h)
   int64_t data_parallel = 1;  // D replicas (multi-process)
-  double rendezvous_timeout = 300, comm_timeout = 0;
+  double rendezvous_timeout = 300, comm_timeout = 0, heartbeat_timeout = 8;
   std::string comm = "auto";  // tcp | nccl | auto
   bool device_given = false;  // --device on the command line (else a rank takes its local rank's GPU)
 };
@@ -182,6 +182,9 @@ void Declare(FlagSet& fs, Flags& f) {
             "multi-process transport: tcp (host memory; CPU ranks, or GPU ranks staged through the host) | nccl "
             "(one GPU per rank; data parallelism only for now: K = 1) | auto (nccl for --backend cuda --stages 1 "
             "where onnxpipe was built with NCCL, else tcp). --comm nccl without a launcher trains as a world of one");
+  fs.Double("heartbeat-timeout", &f.heartbeat_timeout,
+            "multi-process: a rank not heard from for this many seconds (stopped, frozen or cut off; a busy rank "
+            "still beats every second) ends the run, named; 0: wait for it");
   fs.Double("comm-timeout", &f.comm_timeout,
             "multi-process: fail a receive or all-reduce that waits longer than this many seconds (0: wait; a "
             "rank that dies is noticed at once either way)");
@@ -366,6 +369,7 @@ absl::Status JoinWorld(const Flags& f, std::shared_ptr<const backend::Backend> b
     cuda::NcclCommOptions o;
     o.rendezvous = meet;
     o.timeout_s = f.comm_timeout;
+    o.silence_s = f.heartbeat_timeout;
     o.backend = std::dynamic_pointer_cast<const cuda::CudaBackend>(be);
     o.device = static_cast<int>(f.device);
     if (o.backend == nullptr) return INVALID_ARGUMENT() << "--comm nccl needs --backend cuda";
@@ -378,6 +382,7 @@ absl::Status JoinWorld(const Flags& f, std::shared_ptr<const backend::Backend> b
   comm::TcpCommOptions o;
   o.rendezvous = meet;
   o.timeout_s = f.comm_timeout;
+  o.silence_s = f.heartbeat_timeout;
   o.backend = std::move(be);
   ASSIGN_OR_RETURN(world.comm, comm::TcpComm::Create(o));
   return absl::OkStatus();
@@ -606,6 +611,7 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (f.comm == "nccl" && f.backend != "cuda") return "--comm nccl needs --backend cuda";
   if (f.rendezvous_timeout <= 0) return "--rendezvous-timeout must be > 0 seconds";
   if (f.comm_timeout < 0) return "--comm-timeout must be >= 0 seconds";
+  if (f.heartbeat_timeout < 0) return "--heartbeat-timeout must be >= 0 seconds";
   if (!f.schedule.empty() && f.schedule != "gpipe" && f.schedule != "1f1b") {
     return "--schedule expects gpipe or 1f1b, got '" + f.schedule + "' (the learning-rate schedule is --lr-schedule)";
   }

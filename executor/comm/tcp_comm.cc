@@ -36,6 +36,7 @@ bool SameShape(const ir::Tensor& a, const ir::Tensor& b) { return a.dtype() == b
 TcpComm::TcpComm(int rank, int world, const TcpCommOptions& options)
     : rank_(rank),
       timeout_s_(options.timeout_s),
+      silence_s_(options.silence_s),
       backend_(options.backend ? options.backend : backend::MakeCpuBackend()),
       host_(backend::MakeCpuBackend()) {
   for (int r = 0; r < world; ++r) peers_.push_back(std::make_unique<Peer>());
@@ -76,12 +77,23 @@ absl::StatusOr<std::unique_ptr<TcpComm>> TcpComm::Create(const TcpCommOptions& o
     c->peers_[j]->socket = *std::move(s);
     --pending;
   }
-  for (int j = 0; j < ro.world_size; ++j)
-    if (j != ro.rank) c->peers_[j]->reader = std::thread([p = c.get(), j] { p->ReadLoop(j); });
+  const auto now = std::chrono::steady_clock::now();
+  for (int j = 0; j < ro.world_size; ++j) {
+    if (j == ro.rank) continue;
+    c->peers_[j]->heard = now;
+    c->peers_[j]->reader = std::thread([p = c.get(), j] { p->ReadLoop(j); });
+  }
+  if (ro.world_size > 1) c->heartbeat_ = std::thread([p = c.get()] { p->HeartbeatLoop(); });
   return c;
 }
 
 TcpComm::~TcpComm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
   for (size_t j = 0; j < peers_.size(); ++j) {
     if (static_cast<int>(j) == rank_) continue;
     (void)WriteFrame(static_cast<int>(j), Kind::kBye, 0, nullptr, "");
@@ -114,6 +126,11 @@ void TcpComm::ReadLoop(int src) {
       if (!p.left && (abort_.ok() || !absl::IsNotFound(st))) failure = st;
       break;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p.mid_frame = true;
+      p.heard = std::chrono::steady_clock::now();
+    }
     Incoming in;
     in.kind = static_cast<Kind>(GetU64(head));
     in.tag = GetU64(head + 8);
@@ -143,6 +160,12 @@ void TcpComm::ReadLoop(int src) {
       failure = absl::IsNotFound(st) ? COMM_ERROR(kUnavailable) << what << ": the connection ended mid-frame" : st;
       break;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      p.mid_frame = false;
+      p.heard = std::chrono::steady_clock::now();
+    }
+    if (in.kind == Kind::kHeartbeat) continue;
     if (in.kind == Kind::kAbort) {
       AbortLocally(absl::AbortedError(in.text));
       continue;
@@ -199,6 +222,39 @@ absl::Status TcpComm::CheckPeer(int peer, const char* verb) const {
 
 absl::Status TcpComm::AbortedLocked() const { return abort_.ok() ? absl::OkStatus() : AbortedStatus(abort_); }
 
+void TcpComm::HeartbeatLoop() {
+  std::string beat;
+  for (uint64_t v :
+       {static_cast<uint64_t>(Kind::kHeartbeat), uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0}})
+    PutU64(beat, v);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; });
+    if (stopping_) break;
+    const auto now = std::chrono::steady_clock::now();
+    int silent = -1;
+    for (size_t j = 0; j < peers_.size(); ++j) {
+      Peer& p = *peers_[j];
+      if (static_cast<int>(j) == rank_ || p.left || p.closed || p.mid_frame) continue;
+      if (silence_s_ > 0 && std::chrono::duration<double>(now - p.heard).count() > silence_s_) silent = j;
+    }
+    lock.unlock();
+    if (silent >= 0) {
+      AbortLocally(COMM_ERROR(kUnavailable) << "rank " << silent << " has not been heard from for " << silence_s_
+                                            << " s (stopped, frozen or cut off from the network)");
+      peers_[silent]->socket.ShutdownBoth();  // a send blocked on it returns, and telling the others cannot block
+      TellPeers();
+    }
+    // A peer whose connection is busy with a frame needs no beat (and must not wait for one).
+    for (size_t j = 0; j < peers_.size(); ++j) {
+      if (static_cast<int>(j) == rank_) continue;
+      std::unique_lock<std::mutex> w(peers_[j]->write_mu, std::try_to_lock);
+      if (w.owns_lock()) (void)WriteAll(peers_[j]->socket, beat.data(), beat.size(), "heartbeat");
+    }
+    lock.lock();
+  }
+}
+
 void TcpComm::AbortLocally(const absl::Status& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +270,10 @@ void TcpComm::Abort(const absl::Status& reason) {
     if (!abort_.ok()) return;
   }
   AbortLocally(reason);
+  TellPeers();
+}
+
+void TcpComm::TellPeers() {
   const std::string text = "rank " + std::to_string(rank_) + ": " + std::string(abort_status().message());
   for (int j = 0; j < size(); ++j)
     if (j != rank_) (void)WriteFrame(j, Kind::kAbort, 0, nullptr, text);

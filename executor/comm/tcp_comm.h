@@ -15,8 +15,12 @@
 //   A peer whose connection ends without its goodbye (killed, crashed, unplugged) aborts the group
 //   with an error naming that rank. A Recv from a peer that said goodbye fails instead of waiting.
 // - timeout_s > 0: a Recv or AllReduce that waits longer fails with DeadlineExceeded.
+// - Every rank sends each peer a heartbeat every second from a thread of its own; a peer not heard from for
+//   silence_s (stopped, frozen or cut off from the network: a busy rank still beats) aborts the group naming it.
+//   A peer in the middle of sending a frame counts as heard.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +41,7 @@ struct TcpCommOptions {
   RendezvousOptions rendezvous;
   double timeout_s = 0;
   std::shared_ptr<const backend::Backend> backend;  // null: the CPU backend
+  double silence_s = 8;                             // 0: never give up on a silent peer
 };
 
 class TcpComm : public GroupingComm {
@@ -55,7 +60,15 @@ class TcpComm : public GroupingComm {
   int64_t bytes_received() const override;
 
  private:
-  enum class Kind : uint64_t { kMessage = 1, kError = 2, kAbort = 3, kBye = 4, kReduceIn = 5, kReduceOut = 6 };
+  enum class Kind : uint64_t {
+    kMessage = 1,
+    kError = 2,
+    kAbort = 3,
+    kBye = 4,
+    kReduceIn = 5,
+    kReduceOut = 6,
+    kHeartbeat = 7
+  };
   struct Incoming {
     Kind kind;
     uint64_t tag;
@@ -66,13 +79,16 @@ class TcpComm : public GroupingComm {
     Socket socket;
     std::mutex write_mu;
     std::thread reader;
-    std::deque<Incoming> mailbox;  // guarded by mu_
-    bool left = false;             // said goodbye (guarded by mu_)
-    bool closed = false;           // its connection ended (guarded by mu_)
+    std::deque<Incoming> mailbox;                 // guarded by mu_
+    bool left = false;                            // said goodbye (guarded by mu_)
+    bool closed = false;                          // its connection ended (guarded by mu_)
+    bool mid_frame = false;                       // reading one of its frames (guarded by mu_)
+    std::chrono::steady_clock::time_point heard;  // its last frame (guarded by mu_)
   };
 
   TcpComm(int rank, int world, const TcpCommOptions& options);
   void ReadLoop(int src);
+  void HeartbeatLoop();
   absl::Status WriteFrame(int dst, Kind kind, uint64_t tag, const ir::Tensor* t, const std::string& text);
   absl::Status DoSend(int dst, Kind kind, uint64_t tag, const ir::Tensor& t, backend::Stream* stream);
   // Waits for the frame (kind, tag) from src (or a kError with that tag) and takes it from the mailbox.
@@ -85,9 +101,12 @@ class TcpComm : public GroupingComm {
   absl::Status RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override;
   absl::Status AbortedLocked() const;
   void AbortLocally(const absl::Status& reason);
+  void TellPeers();  // sends this rank's abort reason to every peer
 
   const int rank_;
-  const double timeout_s_;
+  const double timeout_s_, silence_s_;
+  std::thread heartbeat_;
+  bool stopping_ = false;  // guarded by mu_
   const std::shared_ptr<const backend::Backend> backend_;
   const std::shared_ptr<const backend::Backend> host_;  // folds all-reduces of host tensors
   std::vector<std::unique_ptr<Peer>> peers_;            // by rank; this rank's entry has no socket

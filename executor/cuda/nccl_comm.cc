@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions
   comm::TcpCommOptions t;
   t.rendezvous = o.rendezvous;
   t.timeout_s = o.timeout_s;
+  t.silence_s = o.silence_s;
   t.backend = o.backend;
   ASSIGN_OR_RETURN(c->control_, comm::TcpComm::Create(t));
   // Rank 0's unique id to every rank, over the control plane.

@@ -29,7 +29,7 @@ namespace onnxpipe::cuda {
 
 struct NcclCommOptions {
   comm::RendezvousOptions rendezvous;
-  double timeout_s = 0;  // the control plane's (comm/tcp_comm.h)
+  double timeout_s = 0, silence_s = 8;  // the control plane's (comm/tcp_comm.h)
   std::shared_ptr<const CudaBackend> backend;
   int device = 0;
 };

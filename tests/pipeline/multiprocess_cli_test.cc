@@ -3,8 +3,8 @@
 // parallelism with one micro-batch per replica is bitwise one process running the D x M micro-batches (the gradient
 // all-reduce folds the replicas in replica order, as the one process accumulates its micro-batches); with several
 // micro-batches per replica the sum is grouped per replica and agrees within fp32 rounding. Checkpoints written by
-// any K x D resume in one process; a killed rank, a rank with bad data and a rank that never arrives end every rank
-// within 10 s with an error naming it.
+// any K x D resume in one process; a killed rank, a stopped rank, a rank with bad data and a rank that never arrives
+// end every rank within 10 s with an error naming it.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -189,6 +189,24 @@ TEST_F(MultiProcessTest, AKilledRankEndsEveryRankWithinTenSecondsNamingIt) {
     EXPECT_THAT(after, HasSubstr("rank " + std::to_string(r) + " of 4: step ")) << after;
   }
   EXPECT_THAT(after, HasSubstr("rank 2 is gone"));
+}
+
+// A rank that stops (SIGSTOP: alive, silent) is noticed by its missing heartbeats: the others end, naming it.
+TEST_F(MultiProcessTest, AStoppedRankEndsTheOthersWithinTheHeartbeatTimeoutNamingIt) {
+  const int port = 20000 + (getpid() + 13) % 20000;
+  std::vector<Child> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(SpawnRank(r, 3, port, TrainArgs(8, 1000000) + "--log-every 1 --heartbeat-timeout 3", "rank"));
+  }
+  ASSERT_TRUE(testing::WaitForOutput(ranks[0], "step 3/")) << ReadAll(ranks[0].err.string());
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_EQ(kill(ranks[1].pid, SIGSTOP), 0);
+  for (int r : {0, 2}) EXPECT_EQ(ExitCode(ranks[r].pid), 1) << "rank " << r;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10);
+  kill(ranks[1].pid, SIGKILL);
+  ExitCode(ranks[1].pid);
+  const std::string errs = ReadAll(ranks[0].err.string()) + ReadAll(ranks[2].err.string());
+  EXPECT_THAT(errs, HasSubstr("rank 1 has not been heard from for 3 s"));
 }
 
 TEST_F(MultiProcessTest, ARankWithBadDataEndsEveryRankNamingTheFile) {
