@@ -40,7 +40,8 @@ TEST_P(HelpFlagsTest, EveryListedFlagParses) {
   EXPECT_GE(flags, 3) << "onnxpipe " << command << " --help lists no flags:\n" << help.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Commands, HelpFlagsTest, ::testing::Values("inspect", "run", "train", "partition", "profile"));
+INSTANTIATE_TEST_SUITE_P(Commands, HelpFlagsTest,
+                         ::testing::Values("inspect", "run", "train", "partition", "profile", "launch"));
 
 }  // namespace
 }  // namespace onnxpipe
