@@ -24,7 +24,7 @@
 #include <utility>
 
 #include "executor/comm/inprocess_comm.h"
-#include "executor/comm/subgroup_comm.h"
+#include "executor/pipeline/executor_parts.h"
 #include "executor/pipeline/post_slots.h"
 #include "frontend/autodiff/optimizer.h"
 #include "frontend/ir/align.h"
@@ -43,18 +43,6 @@ constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1;
 uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
   return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) |
          static_cast<uint32_t>(v);
-}
-
-absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
-  std::vector<int64_t> dims;
-  for (const ir::Dim& d : val.shape) {
-    if (!val.shape_known || !d.is_concrete()) {
-      return FAILED_PRECONDITION() << "'" << val.name << "' has no concrete shape (" << ir::ShapeToString(val.shape)
-                                   << ") to receive it into";
-    }
-    dims.push_back(d.value());
-  }
-  return dims;
 }
 
 // A comm failure annotated with what was being done; a peer's abort passes as it is (the root cause is the peer's).
@@ -76,61 +64,7 @@ auto Guarded(F&& f) -> decltype(f()) {
 
 }  // namespace
 
-// A run of micro-batch nodes recorded as one graph: each node's outputs as the recording returned
-// them (a replay writes the same slots) and the arena's high-water marks after it.
-struct PipelineExecutor::Segment {
-  std::unique_ptr<backend::Graph> graph;
-  bool eager = false;  // its recording failed: its nodes run one by one
-  std::vector<std::vector<ir::Tensor>> outputs;
-  StageArenaStats stats;
-  int64_t scratch = 0;  // the optimizer phase's scratch bytes its outputs took (PostSlots)
-};
-
-// What a stage keeps from step to step besides its arena: the step inputs on the backend (written
-// each step) and the optimizer phase's own outputs (PostSlots).
-struct PipelineExecutor::StepBuffers {
-  ir::Tensor lr, step;
-  std::map<ir::ValueId, ir::Tensor> post;
-  std::map<ir::ValueId, ir::Tensor> received;  // the optimizer phase's receives
-};
-
-struct PipelineExecutor::StageGraphs {
-  std::map<std::array<int32_t, 4>, Segment> segments;  // by (phase, micro-batch, backward part, index)
-  bool post_eager = false;                             // an optimizer segment's recording failed
-  bool warned = false;                                 // about a failed recording
-  std::vector<const void*> constants;                  // the constants' addresses the segments hold
-  ir::Tensor offset;                                   // the step, on the backend (device_offset)
-  std::vector<ir::Tensor> losses;                      // per micro-batch, read after the stage's actions
-};
-
 const char* StepPhaseName(StepPhase p) { return std::array{"forward", "backward", "optimizer"}[static_cast<int>(p)]; }
-
-PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
-  Uses u;
-  u.uses.assign(sp.graph.num_values(), 0);
-  u.data_uses.assign(sp.graph.num_values(), 0);
-  for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward}) {
-    for (ir::NodeId id : *list) {
-      const ir::Node& n = sp.graph.node(id);
-      for (size_t i = 0; i < n.inputs.size(); ++i) {
-        const ir::ValueId v = n.inputs[i];
-        if (v == ir::kNoValue || sp.graph.value(v).constant) continue;
-        ++u.uses[v];
-        if (!partitioner::IsShapeOnlyOperand(n, static_cast<int>(i))) ++u.data_uses[v];
-      }
-    }
-  }
-  auto other_use = [&](ir::ValueId v) {
-    ++u.uses[v];
-    ++u.data_uses[v];
-  };
-  for (const partitioner::ValueLists* sends : {&sp.send_forward, &sp.send_backward})
-    for (const auto& [peer, vs] : *sends)
-      for (ir::ValueId v : vs) other_use(v);
-  for (ir::ValueId v : sp.accumulate) other_use(v);
-  if (sp.loss != ir::kNoValue) other_use(sp.loss);
-  return u;
-}
 
 // One stage's work for one step.
 class PipelineExecutor::StageRun {
@@ -975,131 +909,6 @@ class PipelineExecutor::StageRun {
 };
 
 PipelineExecutor::~PipelineExecutor() = default;
-
-absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
-    const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
-    std::shared_ptr<const backend::Backend> backend) {
-  const int32_t M = plan.microbatches;
-  if (M < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << M;
-  if (static_cast<int32_t>(plan.actions.size()) != plan.program.num_stages) {
-    return INVALID_ARGUMENT() << "the plan has " << plan.actions.size() << " action lists for "
-                              << plan.program.num_stages << " stages";
-  }
-  std::unique_ptr<PipelineExecutor> ex(new PipelineExecutor());
-  ex->options_ = options;
-  ex->schedule_ = plan.schedule;
-  ex->microbatches_ = M;
-  ex->backend_ = backend ? std::move(backend) : backend::MakeCpuBackend();
-  ex->staging_ = std::make_shared<comm::StagingPool>();
-  ex->program_ = std::move(plan.program);
-  ex->lists_ = std::move(plan.actions);
-  // The global batch's D x M micro-batches share the mean loss.
-  ASSIGN_OR_RETURN(ex->loss_rule_,
-                   AnalyzeLoss(training_graph, ex->program_.loss, M * std::max(options.topology.replicas, 1)));
-  ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
-  const std::shared_ptr<const backend::Backend> be = ex->backend_;
-  const partitioner::WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) {
-    return be->WorkspaceBytes(g, n);
-  };
-  const Topology& topo = options.topology;
-  if (options.world != nullptr) {
-    if (topo.stages != ex->program_.num_stages || topo.replicas < 1 || topo.world() != options.world->size() ||
-        topo.rank != options.world->rank()) {
-      return INVALID_ARGUMENT() << "the plan has " << ex->program_.num_stages << " stages; " << topo.Describe()
-                                << " does not fit a world of " << options.world->size() << " ranks (rank "
-                                << options.world->rank() << ")";
-    }
-    ex->pipeline_comm_ = std::make_unique<comm::SubgroupComm>(*options.world, topo.PipelineGroup());
-  } else if (topo.replicas != 1) {
-    return INVALID_ARGUMENT() << "data parallelism needs one process per rank (a world comm)";
-  }
-  for (StageProgram& sp : ex->program_.stages) {
-    ex->uses_.push_back(CountUses(sp));
-    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
-    if (options.world != nullptr && sp.stage != topo.stage()) {  // another process's stage
-      // Its constants (parameters, optimizer state, tables) are that process's: keep their dtypes and dims only.
-      for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
-        std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
-        if (c) c = ir::Tensor::DimsOnly(c->dtype(), c->dims());
-      }
-      ex->layouts_.push_back(nullptr);
-      ex->streams_.push_back(nullptr);
-      ex->arenas_.push_back(nullptr);
-      ex->buffers_.push_back(nullptr);
-      continue;
-    }
-    const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
-    ASSIGN_OR_RETURN(StageLayout layout, partitioner::PlanStageLayout(sp, in_flight, M, /*alignment=*/64, workspace));
-    ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
-    ex->streams_.push_back(be->CreateStream());
-    ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena,
-                     StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
-    ex->arenas_.push_back(std::move(arena));
-    auto buffers = std::make_unique<StepBuffers>();
-    ASSIGN_OR_RETURN(buffers->lr, be->Upload(ir::Tensor::Scalar<double>(0), ex->streams_.back().get()));
-    ASSIGN_OR_RETURN(buffers->step, be->Upload(ir::Tensor::Scalar<int64_t>(0), ex->streams_.back().get()));
-    ex->buffers_.push_back(std::move(buffers));
-  }
-  // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
-  // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
-  for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
-    if (!ex->is_local(static_cast<int32_t>(s))) continue;
-    StageProgram& sp = ex->program_.stages[s];
-    const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
-    for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
-      std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
-      if (!c || backend::ReadOnlyOnHost(*be, sp.graph, uses, v)) continue;
-      ASSIGN_OR_RETURN(*c, be->Upload(*c, ex->streams_[s].get()));
-    }
-  }
-  std::set<ir::ValueId> data;
-  for (const StageProgram& sp : ex->program_.stages) data.insert(sp.data_inputs.begin(), sp.data_inputs.end());
-  for (ir::ValueId v : data) {
-    const ir::Value& val = training_graph.value(v);
-    if (!val.shape_known || val.shape.empty() || !val.shape[0].is_concrete()) {
-      return INVALID_ARGUMENT() << "data input '" << val.name << "' has no concrete leading (batch) dim in the "
-                                << "training graph: bind the micro-batch size before building it";
-    }
-    if (ex->microbatch_size_ != 0 && ex->microbatch_size_ != val.shape[0].value()) {
-      return INVALID_ARGUMENT() << "data inputs disagree on the micro-batch size (" << ex->microbatch_size_ << " and "
-                                << val.shape[0].value() << " at '" << val.name << "')";
-    }
-    ex->microbatch_size_ = val.shape[0].value();
-    ex->data_inputs_.push_back(val.name);
-  }
-  if (options.graphs) {
-    if (options.check_numerics || options.node_hook) {
-      return INVALID_ARGUMENT() << "graphs cannot be combined with --check-numerics (or a node hook): they look at "
-                                   "every node's outputs, which a graph replay does not return";
-    }
-    if (!be->CanCapture()) {
-      return INVALID_ARGUMENT() << "graphs need a backend that records them (cuda), not " << be->name();
-    }
-    for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
-      const StageProgram& sp = ex->program_.stages[s];
-      if (!ex->is_local(static_cast<int32_t>(s))) {
-        ex->graphs_.push_back(nullptr);
-        continue;
-      }
-      auto g = std::make_unique<StageGraphs>();
-      backend::Stream* stream = ex->streams_[s].get();
-      ASSIGN_OR_RETURN(g->offset, be->Upload(ir::Tensor::Scalar<int64_t>(0), stream));
-      if (sp.loss != ir::kNoValue) {
-        ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(sp.graph.value(sp.loss)));
-        for (int32_t m = 0; m < M; ++m) {
-          ASSIGN_OR_RETURN(ir::Tensor loss, be->Zeros(sp.graph.value(sp.loss).dtype, dims, stream));
-          g->losses.push_back(std::move(loss));
-        }
-      }
-      ex->graphs_.push_back(std::move(g));
-    }
-  }
-  if (!ex->loss_rule_.labels_input.empty() && std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(),
-                                                        ex->loss_rule_.labels_input) == ex->data_inputs_.end()) {
-    return absl::InternalError("the loss's labels '" + ex->loss_rule_.labels_input + "' are read by no stage");
-  }
-  return ex;
-}
 
 absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds) {
   if (broken_) return FAILED_PRECONDITION() << "a previous step failed; the pipeline's parameters are inconsistent";
