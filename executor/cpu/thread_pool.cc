@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <memory>
 
 namespace onnxpipe::cpu {
@@ -17,7 +19,18 @@ struct Latch {
   std::mutex mu;
   std::condition_variable cv;
   int64_t remaining;
+  std::exception_ptr error;  // the first chunk's exception (a failed allocation), rethrown to the caller
 };
+
+// Runs one chunk, keeping its exception for the caller instead of letting it end the process on a worker.
+void RunChunk(const std::function<void(int64_t, int64_t)>& fn, int64_t b, int64_t e, Latch& latch) {
+  try {
+    fn(b, e);
+  } catch (...) {
+    std::lock_guard<std::mutex> l(latch.mu);
+    if (!latch.error) latch.error = std::current_exception();
+  }
+}
 
 std::mutex& GlobalMutex() {
   static std::mutex mu;
@@ -57,8 +70,7 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunks = std::min<int64_t>(num_threads_, (n + grain - 1) / grain);
@@ -74,7 +86,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     for (int64_t c = 1; c < chunks; ++c) {
       queue_.emplace_back([&fn, &latch, c, range] {
         auto [b, e] = range(c);
-        fn(b, e);
+        RunChunk(fn, b, e, latch);
         std::lock_guard<std::mutex> l(latch.mu);
         if (--latch.remaining == 0) latch.cv.notify_all();
       });
@@ -84,7 +96,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
 
   tls_in_parallel_region = true;
   auto [b0, e0] = range(0);
-  fn(b0, e0);
+  RunChunk(fn, b0, e0, latch);  // the queued chunks hold `fn` and `latch`: wait for them even if this one fails
   // Help with queued work (ours or another caller's) until our chunks are done.
   for (;;) {
     {
@@ -107,6 +119,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     latch.cv.wait(l, [&latch] { return latch.remaining == 0; });
   }
   tls_in_parallel_region = false;
+  if (latch.error) std::rethrow_exception(latch.error);
 }
 
 int ThreadPool::DefaultNumThreads() {

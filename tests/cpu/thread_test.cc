@@ -1,5 +1,6 @@
 // Thread pool behaviour, and kernels' results being bit-identical whatever the pool size.
 #include <atomic>
+#include <new>
 #include <thread>
 
 #include "executor/cpu/kernel.h"
@@ -26,6 +27,25 @@ TEST(ThreadPool, CoversEveryIndexOnceInContiguousRanges) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << n << " " << i;
     EXPECT_LE(calls.load(), 4);
   }
+}
+
+// A chunk that fails (a kernel's allocation on a worker thread) reaches the caller as its exception, after every
+// chunk has finished, instead of ending the process; the pool keeps working.
+TEST(ThreadPool, AChunksExceptionReachesTheCallerAndThePoolGoesOn) {
+  ThreadPool pool(4);
+  for (int64_t failing : {0, 2, 3}) {  // the caller's own chunk and workers' chunks
+    std::atomic<int> finished{0};
+    EXPECT_THROW(pool.ParallelFor(4, 1,
+                                  [&](int64_t b, int64_t e) {
+                                    if (b == failing) throw std::bad_alloc();
+                                    finished++;
+                                  }),
+                 std::bad_alloc);
+    EXPECT_EQ(finished.load(), 3) << "chunk " << failing;
+  }
+  std::atomic<int64_t> total{0};
+  pool.ParallelFor(100, 1, [&](int64_t b, int64_t e) { total += e - b; });
+  EXPECT_EQ(total.load(), 100);
 }
 
 TEST(ThreadPool, NestedAndConcurrentCallers) {
@@ -80,11 +100,11 @@ std::vector<Tensor> RunSuite() {
   ir::Attrs att;
   att.Set("dropout", 0.1);
   att.Set("causal", int64_t{1});
-  add(MakeNode(OpKind::kAttention, 3, 1, att), {Rand(DType::kF32, {2, 4, 31, 8}, 6), Rand(DType::kF32, {2, 4, 31, 8}, 7),
-                                                Rand(DType::kF32, {2, 4, 31, 8}, 8)},
+  add(MakeNode(OpKind::kAttention, 3, 1, att),
+      {Rand(DType::kF32, {2, 4, 31, 8}, 6), Rand(DType::kF32, {2, 4, 31, 8}, 7), Rand(DType::kF32, {2, 4, 31, 8}, 8)},
       EvalContext{true, 5, 6});
-  add(MakeNode(OpKind::kSoftmaxCrossEntropyLoss, 2, 2), {Rand(DType::kF32, {64, 10, 9}, 9),
-                                                         RandInt(DType::kI64, {64, 9}, 10, 0, 9)});
+  add(MakeNode(OpKind::kSoftmaxCrossEntropyLoss, 2, 2),
+      {Rand(DType::kF32, {64, 10, 9}, 9), RandInt(DType::kI64, {64, 9}, 10, 0, 9)});
   ir::Attrs perm;
   perm.Set("perm", std::vector<int64_t>{2, 0, 1});
   add(MakeNode(OpKind::kTranspose, 1, 1, perm), {x3});
@@ -100,7 +120,8 @@ TEST(Determinism, KernelResultsDoNotDependOnThreadCount) {
   ThreadPool::SetGlobalNumThreads(0);
   for (size_t r = 1; r < runs.size(); ++r) {
     ASSERT_EQ(runs[r].size(), runs[0].size());
-    for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[r][i].BitwiseEquals(runs[0][i])) << "run " << r << " output " << i;
+    for (size_t i = 0; i < runs[0].size(); ++i)
+      EXPECT_TRUE(runs[r][i].BitwiseEquals(runs[0][i])) << "run " << r << " output " << i;
   }
 }
 
