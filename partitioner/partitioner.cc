@@ -1,6 +1,7 @@
 // Phases 1-2 (PartitionContext) and phases 4-6 for a given stage assignment (PlanAssignment).
 // Phase 3, the search, is in search.cc.
 #include "partitioner/partitioner.h"
+#include "partitioner/transfer_order.h"
 
 #include <algorithm>
 #include <map>
@@ -292,6 +293,7 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
   ASSIGN_OR_RETURN(const std::vector<ActionList> actions,
                    BuildSchedule(o.schedule, K, static_cast<int32_t>(o.microbatches), ShapesOf(program)));
   RETURN_IF_ERROR(ProveDeadlockFree(program, actions));
+  RETURN_IF_ERROR(ProveTransferOrder(program, actions));
   for (int32_t k = 0; k < K; ++k) plan.stages[k].actions = actions[k];
   ASSIGN_OR_RETURN(plan.timeline, Simulate(actions, timing, parts_s));
   // The slowest stage's data-parallel all-reduce after the whole pipeline: the stages that drain

@@ -2,6 +2,7 @@
 // says, so a hand-edited or truncated plan must fail loudly, naming the field, rather than run
 // with wrong numbers.
 #include "partitioner/plan_io.h"
+#include "partitioner/transfer_order.h"
 
 #include <map>
 #include <set>
@@ -482,6 +483,7 @@ absl::StatusOr<CompiledPlan> CompilePlan(const ir::Graph& g, const PartitionPlan
   }
   c.actions = expected;
   absl::Status st = ProveDeadlockFree(c.program, c.actions);
+  if (st.ok()) st = ProveTransferOrder(c.program, c.actions);
   if (!st.ok()) return Annotate(st, what);
   return c;
 }

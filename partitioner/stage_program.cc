@@ -289,7 +289,9 @@ absl::StatusOr<Walked> Walk(const GraphAnalysis& a, const std::vector<StageNodes
           if (it != t.recv_f.end() && it->second.count(v)) return absl::OkStatus();
         }
         (pp == Phase::kForward ? w.tables[ps].send_f : w.tables[ps].send_b)[k].insert(v);
-        (ph == Phase::kForward ? t.recv_f : t.recv_b)[ps].insert(v);
+        // An earlier stage's forward value arrives with the forward's transfers even when only the backward reads it:
+        // the channel then carries the sender's messages in the order it makes them (NCCL matches by order).
+        (ph == Phase::kForward || (pp == Phase::kForward && ps < k) ? t.recv_f : t.recv_b)[ps].insert(v);
         return absl::OkStatus();
       }
       if (pp == Phase::kForward) {
@@ -348,15 +350,50 @@ absl::StatusOr<Walked> Walk(const GraphAnalysis& a, const std::vector<StageNodes
   return w;
 }
 
-template <typename Set>
-ValueLists Sorted(const std::map<int32_t, Set>& m) {
+// The micro-batch transfers in the order their sender makes them (its forward, then its backward; a node's outputs
+// in order): `sender` is the stage making them, or each list's peer.
+ValueLists InMadeOrder(const ir::Graph& g, const std::map<int32_t, std::set<ir::ValueId>>& m,
+                       const std::vector<StageNodes>& placement, const Walked& w, std::optional<int32_t> sender) {
   ValueLists out;
-  for (const auto& [peer, vs] : m) out[peer].assign(vs.begin(), vs.end());
+  for (const auto& [peer, vs] : m) {
+    const int32_t s = sender.value_or(peer);
+    std::vector<ir::ValueId>& list = out[peer];
+    auto add = [&](ir::NodeId id) {
+      for (ir::ValueId v : g.node(id).outputs)
+        if (v != ir::kNoValue && vs.count(v) && std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+    };
+    for (ir::NodeId id : placement[s].forward) add(id);
+    for (const Item& it : w.backward[s])
+      if (it.region < 0) add(it.node);
+    for (ir::ValueId v : vs)
+      if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+  }
+  return out;
+}
+
+// The optimizer phase's transfers in the order their sender sends them (the accumulated values first, as the phase
+// begins, then what its post nodes make, in node order): `sender` is the stage sending them, or each list's peer.
+ValueLists InPostOrder(const ir::Graph& g, const std::map<int32_t, std::set<ir::ValueId>>& m,
+                       const std::vector<StageNodes>& placement, const Walked& w, std::optional<int32_t> sender) {
+  ValueLists out;
+  for (const auto& [peer, vs] : m) {
+    const int32_t s = sender.value_or(peer);
+    std::vector<ir::ValueId>& list = out[peer];
+    for (ir::ValueId v : vs)
+      if (w.tables[s].accumulate.count(v)) list.push_back(v);
+    for (ir::NodeId id : placement[s].post)
+      for (ir::ValueId v : g.node(id).outputs)
+        if (v != ir::kNoValue && vs.count(v) && std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+    for (ir::ValueId v : vs)
+      if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+  }
   return out;
 }
 
 // Pass 3: stage k's graph and tables.
-StageProgram MakeStage(const GraphAnalysis& a, const StageNodes& sn, const Index& x, const Walked& w, int32_t k) {
+StageProgram MakeStage(const GraphAnalysis& a, const std::vector<StageNodes>& placement, const Index& x,
+                       const Walked& w, int32_t k) {
+  const StageNodes& sn = placement[k];
   const ir::Graph& g = *a.graph;
   StageProgram sp;
   sp.stage = k;
@@ -375,12 +412,12 @@ StageProgram MakeStage(const GraphAnalysis& a, const StageNodes& sn, const Index
   sp.post = sn.post;
 
   const Tables& t = w.tables[k];
-  sp.send_forward = Sorted(t.send_f);
-  sp.recv_forward = Sorted(t.recv_f);
-  sp.send_backward = Sorted(t.send_b);
-  sp.recv_backward = Sorted(t.recv_b);
-  sp.send_post = Sorted(t.send_p);
-  sp.recv_post = Sorted(t.recv_p);
+  sp.send_forward = InMadeOrder(g, t.send_f, placement, w, k);
+  sp.recv_forward = InMadeOrder(g, t.recv_f, placement, w, std::nullopt);
+  sp.send_backward = InMadeOrder(g, t.send_b, placement, w, k);
+  sp.recv_backward = InMadeOrder(g, t.recv_b, placement, w, std::nullopt);
+  sp.send_post = InPostOrder(g, t.send_p, placement, w, k);
+  sp.recv_post = InPostOrder(g, t.recv_p, placement, w, std::nullopt);
   sp.accumulate.assign(t.accumulate.begin(), t.accumulate.end());
   sp.data_inputs.assign(t.data.begin(), t.data.end());
   sp.step_inputs.assign(t.step.begin(), t.step.end());
@@ -488,7 +525,7 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const GraphAnalysis& a, con
   const ir::Graph& g = *a.graph;
   PipelineProgram p;
   p.num_stages = static_cast<int32_t>(placement.size());
-  for (int32_t k = 0; k < p.num_stages; ++k) p.stages.push_back(MakeStage(a, placement[k], x, w, k));
+  for (int32_t k = 0; k < p.num_stages; ++k) p.stages.push_back(MakeStage(a, placement, x, w, k));
   p.loss = w.loss;
   p.loss_seed = w.loss_seed;
   p.grad_norm = w.grad_norm;
@@ -505,7 +542,7 @@ absl::StatusOr<StageProgram> BuildStageProgram(const GraphAnalysis& a, const std
   RET_CHECK(k >= 0 && k < static_cast<int32_t>(placement.size()));
   ASSIGN_OR_RETURN(const Index x, IndexPlacement(a, placement));
   ASSIGN_OR_RETURN(const Walked w, Walk(a, placement, x));
-  return MakeStage(a, placement[k], x, w, k);
+  return MakeStage(a, placement, x, w, k);
 }
 
 StageShape ShapeOf(const StageProgram& sp) {
@@ -549,7 +586,7 @@ std::map<ir::NodeId, std::vector<int32_t>> AllReducedSums(const PipelineProgram&
       int made_on = -1;
       if (std::binary_search(sp.accumulate.begin(), sp.accumulate.end(), v)) made_on = k;
       for (const auto& [peer, vs] : sp.recv_post)
-        if (std::binary_search(vs.begin(), vs.end(), v)) made_on = peer;
+        if (Contains(vs, v)) made_on = peer;
       if (made_on < 0 || Contains(group, made_on)) break;
       group.push_back(made_on);
     }
@@ -566,7 +603,7 @@ std::map<ir::NodeId, std::vector<int32_t>> AllReducedSums(const PipelineProgram&
         for (ir::ValueId v : h.graph.node(q).inputs) readers += v == c;
       qualifies = readers == 1;
       for (const auto& [peer, vs] : h.send_post)
-        if (std::binary_search(vs.begin(), vs.end(), c) && !Contains(group, peer)) qualifies = false;
+        if (Contains(vs, c) && !Contains(group, peer)) qualifies = false;
     }
     if (qualifies) out[id] = std::move(group);
   }
@@ -624,7 +661,7 @@ absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<Actio
       for (ir::ValueId v : sp.graph.node(n).inputs) {
         if (v == ir::kNoValue || have.count(v)) continue;
         for (const auto& [peer, vs] : sp.recv_post) {
-          if (std::binary_search(vs.begin(), vs.end(), v)) {
+          if (Contains(vs, v)) {
             y.waits.push_back(id(v, peer, s));
             have.insert(v);
           }
@@ -632,7 +669,7 @@ absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<Actio
       }
       for (ir::ValueId o : sp.graph.node(n).outputs)
         for (const auto& [peer, vs] : sp.send_post)
-          if (o != ir::kNoValue && std::binary_search(vs.begin(), vs.end(), o)) {
+          if (o != ir::kNoValue && Contains(vs, o)) {
             y.sends.push_back({.message = id(o, s, peer)});
           }
       post[s].push_back(std::move(y));

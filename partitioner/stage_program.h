@@ -23,9 +23,10 @@
 // `before` node; the stage's backward nodes read the clones. The backward of a micro-batch is thus
 // a sequence of parts (schedule.h): runs of backward nodes and recompute regions.
 // Transfers: a value made on stage s and read on stage t != s is sent once per micro-batch in the
-// phase that makes it and received before the phase that reads it (forward activations F->F, saved
-// forward values F->B, gradients B->B); accumulated gradients and post-step outputs move once per
-// step (post->post). Per (peer, phase) the values travel in ascending value-id order on both ends.
+// phase that makes it and received before the phase that reads it (forward activations F->F, an
+// earlier stage's forward values with the forward's transfers even when only the backward reads them,
+// a later stage's F->B, gradients B->B); accumulated gradients and post-step outputs move once per
+// step (post->post). Both ends post a channel's values in the order the sender makes them (ValueLists).
 // Gradient accumulation: every per-micro-batch value a post-step node reads is summed over the
 // micro-batches on the stage that makes it, in micro-batch order. The loss seed (the constant 1
 // autodiff seeded the backward with) is fed per micro-batch with the micro-batch's share.
@@ -78,7 +79,9 @@ struct StageNodes {
 std::vector<StageNodes> PlaceStages(const GraphAnalysis& a, const std::vector<int32_t>& bounds,
                                     const std::vector<bool>& recompute);
 
-using ValueLists = std::map<int32_t, std::vector<ir::ValueId>>;  // per peer stage, ascending ids
+// Per peer stage: values in the order they travel, which both sides post in (NCCL matches by order): a micro-batch's
+// in the order the sending stage makes them, the optimizer phase's in the order it sends them (ProveTransferOrder).
+using ValueLists = std::map<int32_t, std::vector<ir::ValueId>>;
 
 struct BackwardPart {
   ActionKind kind = ActionKind::kBackward;  // kBackward or kRecompute

@@ -9,11 +9,13 @@
 //   result. Null streams: host order (the CPU).
 // - Send(dst, tag, t): the message is t's contents when the call is made; the caller may overwrite
 //   t with work issued after the call. Sends never wait for the receiver (messages are buffered).
-// - Recv(src, tag, into): the message with that tag from that source lands in `into`, a buffer the
-//   caller provides (the stage arena's planned slot for the value); its dtype and dims must be the
-//   message's, else the call fails naming both. Callers post the sends and receives of a (src, dst)
-//   pair in a consistent order (what NCCL relies on); the in-process implementation also matches
-//   tags out of order, so a driver bug shows as an error instead of a silently swapped tensor.
+// - Recv(src, tag, into): the next message from that source lands in `into`, a buffer the caller
+//   provides (the stage arena's planned slot for the value); its dtype and dims must be the
+//   message's, else the call fails naming both. Messages are matched by order per (src, dst) pair,
+//   as NCCL matches them: the n-th Recv from src takes the n-th message src sent here. The tag is a
+//   check: when it is not the one the sender gave that message, the call fails naming both (an
+//   implementation that cannot carry tags, NCCL, ignores them), so two sides posting in different
+//   orders show as an error instead of a silently swapped tensor.
 // - GroupStart/GroupEnd (ncclGroupStart/End): the sends and receives posted between them are
 //   issued together at GroupEnd, sends first, so a group that receives from a peer and sends to it
 //   cannot deadlock whatever order its calls were made in. Calls in a group only check their
@@ -69,6 +71,9 @@ class Comm {
 bool IsAbortedByPeer(const absl::Status& s);
 // What a call returns once the group is aborted for `reason`.
 absl::Status AbortedStatus(const absl::Status& reason);
+
+// The error of a Recv on rank `self` for message `want` from `src` whose next message is `next`.
+absl::Status OutOfOrder(int self, int src, uint64_t want, uint64_t next);
 
 // "f32 (2, 3)": how errors name a tensor.
 std::string DescribeTensor(const ir::Tensor& t);

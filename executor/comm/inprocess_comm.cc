@@ -42,6 +42,13 @@ bool IsAbortedByPeer(const absl::Status& s) {
   return s.code() == absl::StatusCode::kAborted && s.message().substr(0, sizeof(kAbortPrefix) - 1) == kAbortPrefix;
 }
 
+absl::Status OutOfOrder(int self, int src, uint64_t want, uint64_t next) {
+  return FAILED_PRECONDITION() << "rank " << self << " receiving message " << want << " from rank " << src
+                               << ": the next message from rank " << src << " is message " << next
+                               << "; two ranks must post their sends and receives in the same order (NCCL matches "
+                               << "them by order, not by tag)";
+}
+
 absl::Status AbortedStatus(const absl::Status& reason) {
   return absl::AbortedError(kAbortPrefix + std::string(reason.message()));
 }
@@ -240,13 +247,14 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
     RETURN_IF_ERROR(WaitLocked(
         lock,
         [&] {
-          match = std::find_if(q.begin(), q.end(), [&](const Message& x) { return x.src == src && x.tag == tag; });
+          match = std::find_if(q.begin(), q.end(), [&](const Message& x) { return x.src == src; });
           return match != q.end();
         },
         [&] {
           return "rank " + std::to_string(dst) + " waited for message " + std::to_string(tag) + " from rank " +
                  std::to_string(src);
         }));
+    if (match->tag != tag) return OutOfOrder(dst, src, tag, match->tag);
     m = std::move(*match);
     q.erase(match);
     received_[dst] += m.staged.num_bytes();

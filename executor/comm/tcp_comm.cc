@@ -318,10 +318,13 @@ absl::StatusOr<TcpComm::Incoming> TcpComm::Take(int src, Kind kind, uint64_t tag
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     RETURN_IF_ERROR(AbortedLocked());
+    // Messages are taken in the order they came; the frames of an all-reduce by their tag.
     auto it = std::find_if(p.mailbox.begin(), p.mailbox.end(), [&](const Incoming& in) {
+      if (kind == Kind::kMessage) return in.kind == Kind::kMessage;
       return in.tag == tag && (in.kind == kind || in.kind == Kind::kError);
     });
     if (it != p.mailbox.end()) {
+      if (it->tag != tag) return OutOfOrder(rank_, src, tag, it->tag);
       Incoming in = std::move(*it);
       p.mailbox.erase(it);
       if (in.kind == Kind::kError) return absl::InvalidArgumentError(in.text);

@@ -679,10 +679,12 @@ class PipelineExecutor::StageRun {
     };
     const std::map<ir::NodeId, std::vector<int>>& reduced = ex_.all_reduced_[sp_.stage];
     const std::set<ir::ValueId> accumulated(sp_.accumulate.begin(), sp_.accumulate.end());
-    std::set<ir::ValueId> reduced_here;  // contributions all-reduced instead of sent
+    std::set<ir::ValueId> reduced_here, reduced_inputs;  // contributions all-reduced instead of sent (here, anywhere)
     for (const auto& [id, group] : reduced)
-      for (ir::ValueId v : sg.node(id).inputs)
+      for (ir::ValueId v : sg.node(id).inputs) {
+        reduced_inputs.insert(v);
         if (accumulated.count(v)) reduced_here.insert(v);
+      }
     for (const auto& [peer, vs] : sp_.send_post)
       for (ir::ValueId v : vs)
         if (accumulated.count(v) && !reduced_here.count(v)) RETURN_IF_ERROR(send(peer, kTagPost, v, pv[v]));
@@ -695,7 +697,7 @@ class PipelineExecutor::StageRun {
         if (o == ir::kNoValue) continue;
         pv[o] = out[k];
         for (const auto& [peer, vs] : sp_.send_post) {
-          if (!std::binary_search(vs.begin(), vs.end(), o)) continue;
+          if (std::find(vs.begin(), vs.end(), o) == vs.end()) continue;
           sent = true;
           if (defer) {
             deferred.emplace_back(peer, o);
@@ -747,11 +749,15 @@ class PipelineExecutor::StageRun {
       if (auto it = reduced.find(id); it != reduced.end()) {
         ASSIGN_OR_RETURN(out, AllReduceSum(id, it->second, pv));
       } else {
+        // A value from a peer comes after every value that peer sent before it (NCCL matches by order): those are
+        // received first, into their kept buffers.
         for (ir::ValueId v : sg.node(id).inputs) {
           if (v == ir::kNoValue || sg.value(v).constant || pv[v].defined()) continue;
           for (const auto& [peer, vs] : sp_.recv_post) {
-            if (std::binary_search(vs.begin(), vs.end(), v)) {
-              ASSIGN_OR_RETURN(pv[v], recv(peer, kTagPost, v));
+            const auto at = std::find(vs.begin(), vs.end(), v);
+            for (auto it = vs.begin(); at != vs.end() && it <= at; ++it) {
+              if (pv[*it].defined() || reduced_inputs.count(*it)) continue;
+              ASSIGN_OR_RETURN(pv[*it], recv(peer, kTagPost, *it));
             }
           }
         }

@@ -1,11 +1,13 @@
 // The contract of comm/comm.h, run over every implementation (as the backend contract tests run
 // over every backend): the in-process group (threads) and the TCP transport (each rank a TcpComm on
-// loopback, after a real rendezvous). Receives land in the caller's buffer, tags match out of order,
-// bad ranks and shapes are errors naming both sides, grouped send/receive cannot deadlock,
+// loopback, after a real rendezvous). Receives land in the caller's buffer, matched by order per
+// source with the tag checked, bad ranks and shapes are errors naming both sides, grouped
+// send/receive cannot deadlock,
 // all-reduce is the serial sum in the group's order bit for bit on every rank, abort wakes every
 // blocked call on every rank, waits time out, device-placed tensors go through the backend.
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -100,18 +102,24 @@ TEST_P(CommConformance, ReceivesIntoTheCallersBufferAcrossThreads) {
   EXPECT_EQ(w[1]->bytes_received(), 12);
 }
 
-TEST_P(CommConformance, MatchesTagsAndSourcesOutOfOrder) {
+TEST_P(CommConformance, MatchesByOrderPerSourceAndChecksTheTag) {
   auto w = World(3);
   ASSERT_TRUE(w[0]->Send(2, 1, Vec({10}), nullptr).ok());
   ASSERT_TRUE(w[1]->Send(2, 1, Vec({20}), nullptr).ok());
   ASSERT_TRUE(w[0]->Send(2, 2, Vec({30}), nullptr).ok());
   ir::Tensor x = Zeros(1);
-  ASSERT_TRUE(w[2]->Recv(0, 2, x, nullptr).ok());
-  EXPECT_EQ(x.data<float>()[0], 30.0f);
+  // Sources in any order; one source's messages in the order it sent them.
   ASSERT_TRUE(w[2]->Recv(1, 1, x, nullptr).ok());
   EXPECT_EQ(x.data<float>()[0], 20.0f);
+  // Asking for rank 0's second message first is two sides posting in different orders: an error naming both tags.
+  const absl::Status st = w[2]->Recv(0, 2, x, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(st.message(), ::testing::AllOf(::testing::HasSubstr("receiving message 2 from rank 0"),
+                                             ::testing::HasSubstr("the next message from rank 0 is message 1")));
   ASSERT_TRUE(w[2]->Recv(0, 1, x, nullptr).ok());
   EXPECT_EQ(x.data<float>()[0], 10.0f);
+  ASSERT_TRUE(w[2]->Recv(0, 2, x, nullptr).ok());
+  EXPECT_EQ(x.data<float>()[0], 30.0f);
 }
 
 TEST_P(CommConformance, RejectsBadRanksAndBuffers) {
@@ -325,8 +333,9 @@ TEST_P(CommConformance, CopiesPlacedTensorsThroughTheBackend) {
 }
 
 TEST_P(CommConformance, ManyThreadsExchangeEveryMessage) {
-  // Every rank sends 200 tagged messages to every other rank in a random order and receives all of
-  // them in another random order; every value must arrive exactly once.
+  // Every rank sends 200 tagged messages to every other rank, the peers interleaved at random, and
+  // receives them with the peers interleaved in another random order (each peer's in its order); every
+  // value must arrive exactly once, in order.
   constexpr int kRanks = 5, kPerPair = 200;
   auto w = World(kRanks);
   std::atomic<int> errors{0};
@@ -343,8 +352,16 @@ TEST_P(CommConformance, ManyThreadsExchangeEveryMessage) {
           recvs.push_back({p, i});
         }
       }
-      std::shuffle(sends.begin(), sends.end(), rng);
-      std::shuffle(recvs.begin(), recvs.end(), rng);
+      // A random interleaving of the peers that keeps each peer's messages in order.
+      auto interleave = [&](std::vector<std::pair<int, int>>& v) {
+        std::vector<int> peers;
+        for (auto [p, i] : v) peers.push_back(p);
+        std::shuffle(peers.begin(), peers.end(), rng);
+        std::map<int, int> next;
+        for (size_t k = 0; k < v.size(); ++k) v[k] = {peers[k], next[peers[k]]++};
+      };
+      interleave(sends);
+      interleave(recvs);
       for (auto [p, i] : sends)
         if (!c.Send(p, i, Vec({static_cast<float>(r * 1000 + i)}), nullptr).ok()) ++errors;
       ir::Tensor x = Zeros(1);
