@@ -28,6 +28,7 @@
 #include "frontend/autodiff/trainable.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/writer.h"
+#include "partitioner/device.h"
 #include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/distributed.h"
@@ -64,6 +65,7 @@ struct Flags {
   bool tf32 = false, cuda_graphs = false;
   std::string cuda_attention = "auto";
   std::string recompute, plan, report;
+  std::string memory_budget;  // --memory-budget SIZE ("" : the device's free memory)
   std::string resume;         // "" | latest | auto (tools/resume.h)
   int64_t data_parallel = 1;  // D replicas (multi-process)
   double rendezvous_timeout = 300, comm_timeout = 0, heartbeat_timeout = 8;
@@ -172,6 +174,9 @@ void Declare(FlagSet& fs, Flags& f) {
             "run the plan `onnxpipe partition --out DIR` wrote, as written (stages, node order, "
             "recompute regions, actions); a plan that cannot run is an error naming the problem");
   fs.String("report", &f.report, "write the measured memory and times and measured.trace.json here");
+  fs.String("memory-budget", &f.memory_budget,
+            "the most memory the run may allocate on its device, e.g. 40GiB (default: its free memory); a plan "
+            "needing more is refused before anything is allocated, with the smallest change that fits");
   fs.Int("data-parallel", &f.data_parallel,
          "multi-process: D data-parallel replicas of the pipeline (the world is K stages x D replicas; each "
          "replica trains on 1/D of --batch, gradients summed over the replicas before the update)");
@@ -454,11 +459,19 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   po.report_dir = f.report;
   po.backend = be;
   po.graphs = f.cuda_graphs;
+  if (!f.memory_budget.empty()) {
+    absl::StatusOr<int64_t> budget = partitioner::ParseByteSize(f.memory_budget);
+    if (!budget.ok() || *budget <= 0) {
+      return INVALID_ARGUMENT() << "--memory-budget " << f.memory_budget << ": expected a size such as 40GiB or "
+                                << "512MiB" << (budget.ok() ? "" : " (" + std::string(budget.status().message()) + ")");
+    }
+    po.memory_budget = *budget;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> trainer,
                    pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
   if (world && world->nccl && trainer->executor().program().num_stages > 1) {
-    // NCCL matches transfers by order per pair of ranks; the stage executor's sends and receives are not yet
-    // posted in one order on both sides.
+    // Both sides of every pipeline transfer post in one order (the plan proves it), but NCCL also needs each compute
+    // action's sends held and issued with the next receive (transfer_order.h), which NcclComm does not do yet.
     return UNIMPLEMENTED() << "--comm nccl trains data-parallel replicas of one stage only for now; "
                            << trainer->executor().program().num_stages << " stages need --comm tcp";
   }

@@ -33,7 +33,7 @@ absl::StatusOr<int64_t> NeedWith(const FitQuery& q, int32_t microbatches, partit
 
 absl::StatusOr<std::string> SmallestChangeThatFits(const FitQuery& q) {
   using partitioner::RecomputePolicy;
-  ASSIGN_OR_RETURN(const int64_t free, q.backend->FreeMemoryBytes());
+  ASSIGN_OR_RETURN(const int64_t free, AvailableBytes(*q.backend, q.budget));
   std::vector<std::pair<int32_t, RecomputePolicy>> candidates;
   for (RecomputePolicy r : {RecomputePolicy::kSelective, RecomputePolicy::kFull}) {
     if (r != q.recompute) candidates.push_back({q.microbatches, r});

@@ -26,6 +26,7 @@ struct FitQuery {
   partitioner::RecomputePolicy recompute = partitioner::RecomputePolicy::kNone;
   std::string device = "cpu", model_name;
   std::shared_ptr<const backend::Backend> backend;
+  int64_t budget = 0;  // --memory-budget (memory_check.h's AvailableBytes)
 };
 
 // Candidates, smallest change first: recompute (selective, then full) at the run's micro-batches, then 2x, 4x, ...

@@ -1,5 +1,7 @@
 #include "executor/pipeline/memory_check.h"
 
+#include <algorithm>
+
 #include <cstdio>
 
 #include "frontend/ir/align.h"
@@ -44,19 +46,28 @@ absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPl
   return need;
 }
 
-absl::Status CheckFits(const PlanMemoryNeed& need, const backend::Backend& be) {
+absl::StatusOr<int64_t> AvailableBytes(const backend::Backend& be, int64_t budget) {
   absl::StatusOr<int64_t> free = be.FreeMemoryBytes();
-  if (absl::IsUnimplemented(free.status())) return absl::OkStatus();
+  if (absl::IsUnimplemented(free.status()) && budget > 0) return budget;
   RETURN_IF_ERROR(free.status());
-  if (need.total <= *free) return absl::OkStatus();
+  return budget > 0 ? std::min(*free, budget) : *free;
+}
+
+absl::Status CheckFits(const PlanMemoryNeed& need, const backend::Backend& be, int64_t budget) {
+  absl::StatusOr<int64_t> available = AvailableBytes(be, budget);
+  if (absl::IsUnimplemented(available.status())) return absl::OkStatus();
+  RETURN_IF_ERROR(available.status());
+  if (need.total <= *available) return absl::OkStatus();
   std::string stages;
   for (size_t s = 0; s < need.stage_bytes.size() && need.stage_bytes.size() > 1; ++s)
     stages += (s ? ", " : " (stage ") + std::to_string(s) + ": " + HumanBytes(need.stage_bytes[s]);
   if (!stages.empty()) stages += ")";
-  const std::string device = be.placement().host() ? "the host has" : "the " + be.name() + " device has";
+  const std::string limit = *available == budget ? "--memory-budget allows " + HumanBytes(budget)
+                            : be.placement().host() ? "the host has " + HumanBytes(*available) + " free"
+                                                    : "the " + be.name() + " device has " + HumanBytes(*available) +
+                                                          " free";
   return absl::ResourceExhaustedError("out of memory before the run: the plan needs " + HumanBytes(need.total) +
-                                      stages + " of " + be.name() + " memory, and " + device + " " + HumanBytes(*free) +
-                                      " free");
+                                      stages + " of " + be.name() + " memory, and " + limit);
 }
 
 }  // namespace onnxpipe::pipeline

@@ -25,9 +25,13 @@ struct PlanMemoryNeed {
 // where they already are).
 absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be);
 
-// RESOURCE_EXHAUSTED when `need` is more than `be` has free: the message says how much each stage needs and how much
-// is free. OK when it fits or the backend cannot tell (FreeMemoryBytes UNIMPLEMENTED).
-absl::Status CheckFits(const PlanMemoryNeed& need, const backend::Backend& be);
+// What a run may allocate on `be`: its free memory, capped by `budget` when > 0 (--memory-budget); the budget alone
+// when the backend cannot tell; UNIMPLEMENTED when neither is known.
+absl::StatusOr<int64_t> AvailableBytes(const backend::Backend& be, int64_t budget);
+
+// RESOURCE_EXHAUSTED when `need` is more than AvailableBytes(be, budget): the message says how much each stage needs
+// and how much is free (or what the budget allows). OK when it fits or nothing limits it.
+absl::Status CheckFits(const PlanMemoryNeed& need, const backend::Backend& be, int64_t budget = 0);
 
 // "1.50 GiB" (or MiB / KiB / bytes for smaller sizes).
 std::string HumanBytes(int64_t bytes);

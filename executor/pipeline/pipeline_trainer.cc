@@ -173,10 +173,10 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     }
     need.total = need.stage_bytes[eo.topology.stage()];
   }
-  if (absl::Status fits = CheckFits(need, *be); !fits.ok()) {
+  if (absl::Status fits = CheckFits(need, *be, p.memory_budget); !fits.ok()) {
     if (!absl::IsResourceExhausted(fits)) return fits;
     return AddFitAdvice(fits, FitQuery{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule,
-                                       recompute, p.device, model_name, be});
+                                       recompute, p.device, model_name, be, p.memory_budget});
   }
   ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_,

@@ -47,6 +47,7 @@ struct PipelineTrainOptions {
   std::string report_dir;      // --report DIR
   std::string device = "cpu";  // device profile for --recompute auto without a plan
   double recv_timeout_s = 0;
+  int64_t memory_budget = 0;  // bytes the run may allocate on its device (memory_check.h); 0: its free memory
   bool graphs = false;                              // ExecutorOptions::graphs (--cuda-graphs)
   std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
   // Multi-process (`onnxpipe launch`, srun, torchrun): this process's comm over the world of K x D ranks

@@ -3,6 +3,7 @@
 // 134) and allocates nothing large first: the run is held to 4 GB of address space (ulimit -v), where allocating
 // the plan's arena would fail. The need is checked against a lower bound computed here from the model's sizes.
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -56,6 +57,57 @@ TEST(MemoryCliTest, APlanThatCannotFitTheHostIsRefusedBeforeAllocatingWithTheSma
   EXPECT_LE(then, free);
   EXPECT_GT(std::stoi(m[5]), 1);
   EXPECT_EQ(kBatch % std::stoi(m[5]), 0);
+  fs::remove_all(dir);
+}
+
+// --memory-budget caps what the run may allocate: a budget under the plan's need is refused before the run with the
+// smallest change that fits it; that change then runs under the budget and trains exactly as it does without one.
+TEST(MemoryCliTest, AMemoryBudgetIsHeldBeforeTheRunAndItsAdviceRunsUnderIt) {
+  constexpr int64_t kRows = 256, kSeq = 64;
+  const fs::path dir = testing::MakeTempDir("memory_budget");
+  ir::Tensor tokens(ir::DType::kI64, {kRows, kSeq}), labels(ir::DType::kI64, {kRows});
+  for (int64_t i = 0; i < kRows * kSeq; ++i) tokens.mutable_data<int64_t>()[i] = 2 + (i * 7) % 1000;
+  for (int64_t i = 0; i < kRows; ++i) labels.mutable_data<int64_t>()[i] = i % 2;
+  ASSERT_TRUE(data::WriteNpy((dir / "tokens.npy").string(), tokens).ok());
+  ASSERT_TRUE(data::WriteNpy((dir / "labels.npy").string(), labels).ok());
+  const std::string train = Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                            dir.string() + " --batch 256 --steps 2 --optimizer adamw --lr 0.001 --freeze '^pos\\.table$'";
+  std::smatch m;
+  // A budget nothing fits: the need at the run's settings and what the budget allows.
+  CommandResult tiny = RunCommand(train + " --memory-budget 1KiB");
+  EXPECT_EQ(tiny.exit_code, 1) << tiny.err;
+  ASSERT_TRUE(std::regex_search(tiny.err, m, std::regex(R"(the plan needs ([0-9.]+) (\w+) of cpu memory, )"
+                                                        R"(and --memory-budget allows 1.00 KiB; no --microbatches)")))
+      << tiny.err;
+  const double need = Bytes(m[1], m[2]);
+  // Two thirds of the need: refused, naming a change that fits it.
+  const int64_t budget = static_cast<int64_t>(need * 2 / 3);
+  CommandResult refused = RunCommand(train + " --memory-budget " + std::to_string(budget));
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  ASSERT_TRUE(std::regex_search(refused.err, m,
+                                std::regex(R"(the smallest change that fits: ((--\w+ \w+ ?)+) \(the plan then needs )"
+                                           R"(([0-9.]+) (\w+)\))")))
+      << refused.err;
+  const std::string change = m[1];
+  EXPECT_LE(Bytes(m[3], m[4]), budget);
+  // The change runs under the budget, with the losses of the same flags without one.
+  CommandResult fits = RunCommand(train + " --memory-budget " + std::to_string(budget) + " " + change + " --metrics " +
+                                  (dir / "budget.jsonl").string());
+  ASSERT_EQ(fits.exit_code, 0) << change << ": " << fits.err;
+  CommandResult free = RunCommand(train + " " + change + " --metrics " + (dir / "free.jsonl").string());
+  ASSERT_EQ(free.exit_code, 0) << free.err;
+  auto losses = [](const fs::path& path) {
+    std::string out;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) out += line.substr(0, line.find("\"samples_per_s\"")) + "\n";
+    return out;
+  };
+  EXPECT_FALSE(losses(dir / "budget.jsonl").empty());
+  EXPECT_EQ(losses(dir / "budget.jsonl"), losses(dir / "free.jsonl"));
+  // A size that is not one names the flag.
+  CommandResult bad = RunCommand(train + " --memory-budget lots");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--memory-budget lots: expected a size such as 40GiB"));
   fs::remove_all(dir);
 }
 
