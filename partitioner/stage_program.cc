@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -350,43 +351,37 @@ absl::StatusOr<Walked> Walk(const GraphAnalysis& a, const std::vector<StageNodes
   return w;
 }
 
-// The micro-batch transfers in the order their sender makes them (its forward, then its backward; a node's outputs
-// in order): `sender` is the stage making them, or each list's peer.
-ValueLists InMadeOrder(const ir::Graph& g, const std::map<int32_t, std::set<ir::ValueId>>& m,
-                       const std::vector<StageNodes>& placement, const Walked& w, std::optional<int32_t> sender) {
+// Transfer lists (per peer) in the order their sender posts them: `order(s)` lists stage s's values in that order
+// (duplicates and values of no list allowed); `sender` is the stage sending, or each list's peer.
+ValueLists InSendOrder(const std::map<int32_t, std::set<ir::ValueId>>& m, std::optional<int32_t> sender,
+                       const std::function<std::vector<ir::ValueId>(int32_t)>& order) {
   ValueLists out;
   for (const auto& [peer, vs] : m) {
-    const int32_t s = sender.value_or(peer);
     std::vector<ir::ValueId>& list = out[peer];
-    auto add = [&](ir::NodeId id) {
-      for (ir::ValueId v : g.node(id).outputs)
-        if (v != ir::kNoValue && vs.count(v) && std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
-    };
-    for (ir::NodeId id : placement[s].forward) add(id);
-    for (const Item& it : w.backward[s])
-      if (it.region < 0) add(it.node);
-    for (ir::ValueId v : vs)
+    for (ir::ValueId v : order(sender.value_or(peer)))
+      if (vs.count(v) && std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+    for (ir::ValueId v : vs)  // none should be left; kept in the lists all the same
       if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
   }
   return out;
 }
 
-// The optimizer phase's transfers in the order their sender sends them (the accumulated values first, as the phase
-// begins, then what its post nodes make, in node order): `sender` is the stage sending them, or each list's peer.
-ValueLists InPostOrder(const ir::Graph& g, const std::map<int32_t, std::set<ir::ValueId>>& m,
-                       const std::vector<StageNodes>& placement, const Walked& w, std::optional<int32_t> sender) {
-  ValueLists out;
-  for (const auto& [peer, vs] : m) {
-    const int32_t s = sender.value_or(peer);
-    std::vector<ir::ValueId>& list = out[peer];
-    for (ir::ValueId v : vs)
-      if (w.tables[s].accumulate.count(v)) list.push_back(v);
-    for (ir::NodeId id : placement[s].post)
-      for (ir::ValueId v : g.node(id).outputs)
-        if (v != ir::kNoValue && vs.count(v) && std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
-    for (ir::ValueId v : vs)
-      if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
-  }
+// The micro-batch transfers go as the sender makes them: its forward, then its backward, a node's outputs in order.
+std::vector<ir::ValueId> MadeOrder(const ir::Graph& g, const std::vector<StageNodes>& placement, const Walked& w,
+                                   int32_t s) {
+  std::vector<ir::ValueId> out;
+  for (ir::NodeId id : placement[s].forward) out.insert(out.end(), g.node(id).outputs.begin(), g.node(id).outputs.end());
+  for (const Item& it : w.backward[s])
+    if (it.region < 0) out.insert(out.end(), g.node(it.node).outputs.begin(), g.node(it.node).outputs.end());
+  return out;
+}
+
+// The optimizer phase's go as the sender sends them: the accumulated values as the phase begins, then what its post
+// nodes make, in node order.
+std::vector<ir::ValueId> PostOrder(const ir::Graph& g, const std::vector<StageNodes>& placement, const Walked& w,
+                                   int32_t s) {
+  std::vector<ir::ValueId> out(w.tables[s].accumulate.begin(), w.tables[s].accumulate.end());
+  for (ir::NodeId id : placement[s].post) out.insert(out.end(), g.node(id).outputs.begin(), g.node(id).outputs.end());
   return out;
 }
 
@@ -412,12 +407,14 @@ StageProgram MakeStage(const GraphAnalysis& a, const std::vector<StageNodes>& pl
   sp.post = sn.post;
 
   const Tables& t = w.tables[k];
-  sp.send_forward = InMadeOrder(g, t.send_f, placement, w, k);
-  sp.recv_forward = InMadeOrder(g, t.recv_f, placement, w, std::nullopt);
-  sp.send_backward = InMadeOrder(g, t.send_b, placement, w, k);
-  sp.recv_backward = InMadeOrder(g, t.recv_b, placement, w, std::nullopt);
-  sp.send_post = InPostOrder(g, t.send_p, placement, w, k);
-  sp.recv_post = InPostOrder(g, t.recv_p, placement, w, std::nullopt);
+  auto made = [&](int32_t s) { return MadeOrder(g, placement, w, s); };
+  auto post = [&](int32_t s) { return PostOrder(g, placement, w, s); };
+  sp.send_forward = InSendOrder(t.send_f, k, made);
+  sp.recv_forward = InSendOrder(t.recv_f, std::nullopt, made);
+  sp.send_backward = InSendOrder(t.send_b, k, made);
+  sp.recv_backward = InSendOrder(t.recv_b, std::nullopt, made);
+  sp.send_post = InSendOrder(t.send_p, k, post);
+  sp.recv_post = InSendOrder(t.recv_p, std::nullopt, post);
   sp.accumulate.assign(t.accumulate.begin(), t.accumulate.end());
   sp.data_inputs.assign(t.data.begin(), t.data.end());
   sp.step_inputs.assign(t.step.begin(), t.step.end());
