@@ -12,6 +12,6 @@ np.save('/tmp/d/tokens.npy', r.integers(0,2000,size=(n,64)).astype(np.int64)); n
 B=/tmp/bundle/bin/onnxpipe
 A="train models/tiny_classifier.onnx --data /tmp/d --batch 262144 --steps 1 --lr 1e-3 --backend cuda"
 echo "== batch 262144"; /usr/bin/time -f "%e s" $B $A > /tmp/oom.out 2>&1; echo rc=$?; tail -6 /tmp/oom.out
-fix=$(grep -o -- '--microbatches [0-9]*\|--recompute [a-z]*' /tmp/oom.out | head -1)
+fix=$(sed -n 's/.*the smallest change that fits: \(.*\) (the plan then needs.*/\1/p' /tmp/oom.out | head -1)
 echo "== batch 262144 $fix"; /usr/bin/time -f "%e s" $B $A $fix 2>&1 | tail -3; echo rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
