@@ -21,6 +21,11 @@
 //   cannot deadlock whatever order its calls were made in. Calls in a group only check their
 //   arguments; GroupEnd returns the first error of the group's transfers. Groups nest; AllReduce is
 //   not allowed inside one.
+// - Holding (NCCL's, and the in-process group's `nccl_semantics`): a send may not complete before its
+//   receive is posted, so such a comm holds each Send made outside a group (its tensor copied at
+//   once) and issues the held sends with its next group, its next Recv, or Flush: a stage's sends go
+//   out together with the receive it posts next (partitioner/transfer_order.h proves the plan's
+//   posts complete that way). Flush issues what is held; a comm that sends at once has nothing to.
 // - AllReduce(t, ranks): over the group `ranks` (distinct ranks, this one among them, listed the same
 //   way by every member), every member's t becomes the sum of the members' tensors, in place. The
 //   sum is a left fold in the order of `ranks`, ((t_r0 + t_r1) + t_r2) + ..., computed once and
@@ -54,6 +59,7 @@ class Comm {
   virtual absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) = 0;
   virtual absl::Status GroupStart() = 0;
   virtual absl::Status GroupEnd() = 0;
+  virtual absl::Status Flush() = 0;
   virtual absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) = 0;
 
   // Stops the group (see the header comment). The first reason wins; later calls keep it.

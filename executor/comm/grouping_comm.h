@@ -1,6 +1,7 @@
 // What every Comm implementation shares between the caller and its transport: the argument checks of Send and
-// Recv and ncclGroupStart/End's grouping (comm.h's contract: grouped calls only check, GroupEnd issues the sends
-// first, then the receives). An implementation supplies the peer check and the transfers themselves.
+// Recv, ncclGroupStart/End's grouping (comm.h's contract: grouped calls only check, GroupEnd issues the sends
+// first, then the receives) and the holding of sends for a comm whose sends wait for their receives. An
+// implementation supplies the peer check and the transfers themselves.
 #pragma once
 
 #include <vector>
@@ -15,8 +16,14 @@ class GroupingComm : public Comm {
   absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) final;
   absl::Status GroupStart() final;
   absl::Status GroupEnd() final;
+  absl::Status Flush() final;
 
  protected:
+  // Whether sends are held until the next group, receive or Flush (comm.h), and for those: a copy of t the comm
+  // owns (taken on `stream` as the Send is made), and the wait until the sends a group issued have been received.
+  virtual bool HoldsSends() const { return false; }
+  virtual absl::StatusOr<ir::Tensor> Own(const ir::Tensor& t, backend::Stream* stream) { return t; }
+  virtual absl::Status AwaitSends() { return absl::OkStatus(); }
   // An error when `peer` cannot be reached from this rank ("rank 0 sends to rank 9 ...").
   virtual absl::Status CheckPeer(int peer, const char* verb) const = 0;
   // The transfers, arguments checked.
@@ -34,7 +41,7 @@ class GroupingComm : public Comm {
     backend::Stream* stream;
   };
   int depth_ = 0;
-  std::vector<Grouped> grouped_;
+  std::vector<Grouped> grouped_, held_;
 };
 
 }  // namespace onnxpipe::comm

@@ -90,6 +90,12 @@ class InProcessComm : public GroupingComm {
   absl::Status RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override {
     return group_->Recv(rank_, src, tag, into, stream);
   }
+  bool HoldsSends() const override { return group_->nccl_semantics_; }
+  absl::StatusOr<ir::Tensor> Own(const ir::Tensor& t, backend::Stream* stream) override {
+    std::shared_ptr<uint8_t> pooled;  // the copy keeps its buffer; it does not go back to the pool
+    return group_->Stage(t, stream, &pooled);
+  }
+  absl::Status AwaitSends() override { return group_->AwaitSent(rank_); }
 
  private:
   std::shared_ptr<InProcessGroup> group_;
@@ -117,7 +123,8 @@ InProcessGroup::InProcessGroup(int world_size, double timeout_s, std::shared_ptr
       staging_(std::move(staging)),
       mailbox_(world_size_),
       sent_(world_size_, 0),
-      received_(world_size_, 0) {}
+      received_(world_size_, 0),
+      unreceived_(world_size_, 0) {}
 
 std::unique_ptr<Comm> InProcessGroup::Endpoint(int rank) {
   if (rank < 0 || rank >= world_size_) return nullptr;
@@ -233,6 +240,7 @@ absl::Status InProcessGroup::Send(int src, int dst, uint64_t tag, const ir::Tens
     RETURN_IF_ERROR(AbortedLocked());
     mailbox_[dst].push_back(Message{src, tag, std::move(staged), std::move(ready), std::move(pooled)});
     sent_[src] += t.num_bytes();
+    ++unreceived_[src];
   }
   cv_.notify_all();
   return absl::OkStatus();
@@ -257,6 +265,8 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
     if (match->tag != tag) return OutOfOrder(dst, src, tag, match->tag);
     m = std::move(*match);
     q.erase(match);
+    --unreceived_[src];
+    cv_.notify_all();
     received_[dst] += m.staged.num_bytes();
   }
   if (!SameShape(m.staged, into)) {
@@ -272,6 +282,13 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
     staging_->free_.emplace(m.staged.num_bytes(), StagingPool::Entry{std::move(m.pooled), {std::move(done)}});
   }
   return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::AwaitSent(int rank) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return WaitLocked(
+      lock, [&] { return unreceived_[rank] == 0; },
+      [&] { return "rank " + std::to_string(rank) + " waited for its sends to be received"; });
 }
 
 absl::Status InProcessGroup::AllReduce(int rank, const ir::Tensor& t, const std::vector<int>& ranks,

@@ -62,6 +62,11 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   // The endpoint of `rank` (0 <= rank < size()); several endpoints of one rank share its mailbox.
   std::unique_ptr<Comm> Endpoint(int rank);
 
+  // NCCL's point-to-point semantics (comm.h's holding), for tests that run a driver as NCCL would: each rank's sends
+  // are held until its next group, receive or Flush, and a group returns only once its sends have been received.
+  // Call before the first transfer.
+  void UseNcclSemantics() { nccl_semantics_ = true; }
+
   void Abort(const absl::Status& reason);
   absl::Status abort_status() const;
   // Messages sent and not yet received, over all ranks (0 after a clean step).
@@ -94,6 +99,8 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   absl::Status CheckPeer(int self, int peer, const char* verb) const;
   absl::Status Send(int src, int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream);
   absl::Status Recv(int dst, int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream);
+  // Waits until every message `rank` sent has been received (NCCL's semantics).
+  absl::Status AwaitSent(int rank);
   absl::Status AllReduce(int rank, const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream);
   // Waits under `lock` until `done()`, the abort or the timeout; `what` describes the wait.
   absl::Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done,
@@ -120,6 +127,8 @@ class InProcessGroup : public std::enable_shared_from_this<InProcessGroup> {
   std::map<ReductionKey, Reduction> reductions_;
   absl::Status abort_;
   std::vector<int64_t> sent_, received_;  // bytes per rank
+  bool nccl_semantics_ = false;
+  std::vector<int64_t> unreceived_;  // per sender: its messages not yet received
 };
 
 }  // namespace onnxpipe::comm

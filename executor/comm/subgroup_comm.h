@@ -22,6 +22,7 @@ class SubgroupComm : public Comm {
   absl::Status Recv(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) override;
   absl::Status GroupStart() override { return base_.GroupStart(); }
   absl::Status GroupEnd() override { return base_.GroupEnd(); }
+  absl::Status Flush() override { return base_.Flush(); }
   absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) override;
   void Abort(const absl::Status& reason) override { base_.Abort(reason); }
   absl::Status abort_status() const override { return base_.abort_status(); }

@@ -114,7 +114,8 @@ class PipelineExecutor::StageRun {
     if (graphs_ != nullptr) {
       RETURN_IF_ERROR(be_.FromHost(ir::Tensor::Scalar<int64_t>(feeds_.step), graphs_->offset, stream_));
     }
-    for (const partitioner::Action& a : list) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const partitioner::Action& a = list[i];
       switch (a.kind) {
         case ActionKind::kRecvActivation:
           RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_forward.at(a.peer), "F"));
@@ -136,7 +137,9 @@ class PipelineExecutor::StageRun {
           RETURN_IF_ERROR(Post());
           break;
       }
+      if (IsCompute(a.kind) && !ReceivesNext(list, i)) RETURN_IF_ERROR(IssueHeldSends(a));
     }
+    RETURN_IF_ERROR(IssueHeldSends(list.empty() ? partitioner::Action{} : list.back()));
     if (graphs_ != nullptr && sp_.loss != ir::kNoValue) {
       for (size_t m = 0; m < losses.size(); ++m) {
         ASSIGN_OR_RETURN(const ir::Tensor loss, be_.ToHost(graphs_->losses[m], stream_));
@@ -155,6 +158,29 @@ class PipelineExecutor::StageRun {
 
   std::vector<double> losses;
   double grad_norm = std::nan("");
+
+ private:
+  static bool IsCompute(ActionKind k) {
+    return k == ActionKind::kForward || k == ActionKind::kBackward || k == ActionKind::kRecompute;
+  }
+  // Whether the next action after list[i] that is not a SEND (a no-op here) receives: a comm holding sends (NCCL's)
+  // then issues this action's sends with that receive, as ProveTransferOrder proved the plan can.
+  static bool ReceivesNext(const partitioner::ActionList& list, size_t i) {
+    size_t next = i + 1;
+    while (next < list.size() &&
+           (list[next].kind == ActionKind::kSendActivation || list[next].kind == ActionKind::kSendGradient)) {
+      ++next;
+    }
+    return next < list.size() &&
+           (list[next].kind == ActionKind::kRecvActivation || list[next].kind == ActionKind::kRecvGradient);
+  }
+  // Issues the sends a holding comm keeps, at the end of `after` (a no-op for a comm that sends at once).
+  absl::Status IssueHeldSends(const partitioner::Action& after) {
+    return CommError(comm_.Flush(), "stage " + std::to_string(sp_.stage) + ": sending after " +
+                                        partitioner::ActionToString(after));
+  }
+
+ public:
   StageMeasure measure;
   std::vector<TraceEvent> trace;
 
@@ -977,7 +1003,10 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   PrepareGraphs();
   // The stages' comms: this replica's view of the world, or a group of threads made for the step.
   std::shared_ptr<comm::InProcessGroup> group;
-  if (options_.world == nullptr) group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_, staging_);
+  if (options_.world == nullptr) {
+    group = comm::InProcessGroup::Create(K, options_.recv_timeout_s, backend_, staging_);
+    if (options_.nccl_semantics) group->UseNcclSemantics();
+  }
   std::vector<std::unique_ptr<comm::Comm>> comms(K);
   std::vector<std::unique_ptr<StageRun>> runs(K);
   const Clock::time_point t0 = Clock::now();

@@ -98,6 +98,9 @@ struct ExecutorOptions {
   // steps replay. Not with check_numerics or a node_hook (they look at every node's outputs).
   bool graphs = false;
   double recv_timeout_s = 0;  // > 0: a receive waiting longer fails the step (hang detector)
+  // The in-process comm with NCCL's semantics (InProcessGroup::UseNcclSemantics): the stages' transfers run as they
+  // would over NCCL, a send waiting for its receive (tests).
+  bool nccl_semantics = false;
   NodeHook node_hook;
   // Multi-process: this process's comm over the world (comm/tcp_comm.h, ...; it must outlive the
   // executor) and its place in it. The process runs only stage topology.stage() of replica

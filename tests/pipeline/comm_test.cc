@@ -1,6 +1,6 @@
 // What only the in-process comm does: stream order by events (the receiver's stream waits for the
-// sender's) and the staging pool kept across groups. The behaviour every Comm shares is in
-// comm_conformance_test.cc.
+// sender's), the staging pool kept across groups, and NCCL's semantics for tests (held sends, a send
+// waiting for its receive). The behaviour every Comm shares is in comm_conformance_test.cc.
 #include <thread>
 
 #include "executor/backend/checked_backend.h"
@@ -99,6 +99,67 @@ TEST(InProcessComm, APoolKeepsTheAllReducesSumBuffer) {
   size_t waits = 0;
   for (const RecordingStream& s : streams) waits += s.waited.size();
   EXPECT_EQ(waits, static_cast<size_t>(kSteps * 2 * kRanks + (kSteps - 1) * kRanks));
+}
+
+// NCCL's semantics: a send made outside a group is held (its tensor copied at once) and goes out with the rank's next
+// receive, group or Flush, and a group returns once its sends are received. Two ranks that each send first and then
+// receive, each in its own group, deadlock (here: both time out); held sends riding with the next receive complete.
+TEST(InProcessComm, UnderNcclSemanticsSendsAreHeldAndGoOutWithTheNextReceive) {
+  {
+    auto group = InProcessGroup::Create(2, /*timeout_s=*/0.3);
+    group->UseNcclSemantics();
+    std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);
+    ir::Tensor x = Vec({1, 2}), y = Vec({3, 4});
+    ASSERT_TRUE(a->Send(1, 7, x, nullptr).ok());
+    x.mutable_data<float>()[0] = 100;  // the message is x as it was at the Send
+    EXPECT_EQ(group->pending_messages(), 0);  // held: nothing is posted yet
+    ir::Tensor at_a = Zeros(2), at_b = Zeros(2);
+    absl::Status sa, sb;
+    std::thread ta([&] { sa = a->Recv(1, 8, at_a, nullptr); });  // a's held send goes out with this receive
+    std::thread tb([&] {
+      sb = b->Send(0, 8, y, nullptr);
+      if (sb.ok()) sb = b->Recv(0, 7, at_b, nullptr);
+    });
+    ta.join();
+    tb.join();
+    ASSERT_TRUE(sa.ok()) << sa;
+    ASSERT_TRUE(sb.ok()) << sb;
+    EXPECT_EQ(at_a.data<float>()[1], 4.0f);
+    EXPECT_EQ(at_b.data<float>()[0], 1.0f);
+    EXPECT_EQ(group->pending_messages(), 0);
+  }
+  {
+    // Each rank flushes its send before receiving: the sends wait for receives never posted.
+    auto group = InProcessGroup::Create(2, /*timeout_s=*/0.3);
+    group->UseNcclSemantics();
+    std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);
+    absl::Status st[2];
+    std::thread t0([&] {
+      st[0] = a->Send(1, 1, Vec({1}), nullptr);
+      if (st[0].ok()) st[0] = a->Flush();
+    });
+    std::thread t1([&] {
+      st[1] = b->Send(0, 2, Vec({2}), nullptr);
+      if (st[1].ok()) st[1] = b->Flush();
+    });
+    t0.join();
+    t1.join();
+    for (const absl::Status& s : st) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_THAT(s.message(), HasSubstr("waited for its sends to be received"));
+    }
+  }
+}
+
+TEST(InProcessComm, FlushIsANoOpWhereSendsGoOutAtOnce) {
+  auto group = InProcessGroup::Create(2);
+  std::unique_ptr<Comm> a = group->Endpoint(0), b = group->Endpoint(1);
+  ASSERT_TRUE(a->Send(1, 1, Vec({5}), nullptr).ok());
+  EXPECT_EQ(group->pending_messages(), 1);  // posted at once
+  ASSERT_TRUE(a->Flush().ok());
+  ir::Tensor into = Zeros(1);
+  ASSERT_TRUE(b->Recv(0, 1, into, nullptr).ok());
+  EXPECT_EQ(into.data<float>()[0], 5.0f);
 }
 
 }  // namespace

@@ -133,6 +133,7 @@ absl::StatusOr<RunResult> ModelFixture::Pipeline(const RunConfig& c, const ir::G
   eo.graphs = c.graphs;
   eo.node_hook = c.hook;
   eo.recv_timeout_s = c.recv_timeout_s;
+  eo.nccl_semantics = c.nccl_semantics;
   RunResult r;
   ASSIGN_OR_RETURN(r.executor, PipelineExecutor::Create(g, std::move(compiled), eo, c.backend));
   for (int32_t k = 0; k < c.steps; ++k) {

@@ -37,6 +37,7 @@ struct RunConfig {
   bool graphs = false;  // ExecutorOptions::graphs
   NodeHook hook;
   double recv_timeout_s = 0;
+  bool nccl_semantics = false;                      // ExecutorOptions::nccl_semantics
   std::shared_ptr<const backend::Backend> backend;  // null: the CPU backend
 };
 

@@ -107,6 +107,37 @@ class PipelineMatrix : public ::testing::TestWithParam<MatrixCase> {};
 
 // Every K in {1,2,3,4}, M in {1,2,4}, schedule and recompute policy (none, full, selective; auto
 // comes from a partition plan, see PipelinePlan) against the full-batch run.
+// Over a comm with NCCL's semantics (a send waits for its receive; sends held until the stage's next receive or the end
+// of its action) every schedule runs to the end and trains bitwise as over the buffered comm: the transfers post in
+// the order ProveTransferOrder proved. A deadlock would fail at the receive timeout instead of hanging.
+TEST(PipelineTrain, UnderNcclSemanticsEveryScheduleTrainsAsOverTheBufferedComm) {
+  for (const std::string model : {"tiny_gpt", "tiny_bert"}) {
+    const ModelFixture& f = Fixture(model);
+    RunConfig c;
+    c.dtype = ir::DType::kF32;
+    c.microbatches = 4;
+    c.recv_timeout_s = 30;
+    absl::StatusOr<ir::Graph> g = f.MicrobatchTrainingGraph(c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (int32_t K : {2, 3, 4}) {
+      for (ScheduleKind sched : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        for (RecomputePolicy rp : {RecomputePolicy::kNone, RecomputePolicy::kFull}) {
+          c.stages = K;
+          c.schedule = sched;
+          c.recompute = rp;
+          c.nccl_semantics = false;
+          absl::StatusOr<RunResult> buffered = f.Pipeline(c, &*g);
+          ASSERT_TRUE(buffered.ok()) << Describe(c) << ": " << buffered.status();
+          c.nccl_semantics = true;
+          absl::StatusOr<RunResult> nccl = f.Pipeline(c, &*g);
+          ASSERT_TRUE(nccl.ok()) << model << " " << Describe(c) << " under NCCL's semantics: " << nccl.status();
+          ExpectBitwise(*nccl, *buffered, model + " " + Describe(c) + " under NCCL's semantics");
+        }
+      }
+    }
+  }
+}
+
 TEST_P(PipelineMatrix, EveryConfigurationMatchesTheUnpartitionedRun) {
   const MatrixCase& mc = GetParam();
   const ModelFixture& f = Fixture(mc.model);
