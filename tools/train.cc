@@ -261,18 +261,38 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
   return absl::OkStatus();
 }
 
+// `world`: the ranks of a data-parallel run of one stage, each holding the whole model, evaluate every world-th batch
+// and add their counts in rank order; null: this process evaluates every batch. Only the leader reports.
 absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer, const TrainData& data,
-                           const train::TrainOptions& options, train::MetricsWriter* metrics,
-                           io::TensorBoardWriter* tensorboard) {
+                           const train::TrainOptions& options, comm::Comm* world, bool leader,
+                           train::MetricsWriter* metrics, io::TensorBoardWriter* tensorboard) {
   train::EvalOptions eo;
   eo.logits = options.logits;
   eo.labels = options.labels;
   eo.batch = options.batch;
   eo.dtype = options.dtype;
   eo.ignore_index = options.ignore_index;
+  if (world != nullptr) {
+    eo.shard = world->rank();
+    eo.shards = world->size();
+  }
   ASSIGN_OR_RETURN(train::EvalResult r, train::Evaluate(*model.graph, trainer.Parameters(), *data.test, eo));
+  if (world != nullptr) {
+    ir::Tensor sums = ir::Tensor::FromVector<double>(
+        {3}, {static_cast<double>(r.counted), static_cast<double>(r.correct), r.loss_sum});
+    std::vector<int> ranks(world->size());
+    for (int i = 0; i < world->size(); ++i) ranks[i] = i;
+    RETURN_IF_ERROR(Annotate(world->AllReduce(sums, ranks, nullptr), "--eval: adding the ranks' results"));
+    r.counted = static_cast<int64_t>(sums.data<double>()[0]);
+    r.correct = static_cast<int64_t>(sums.data<double>()[1]);
+    r.loss_sum = sums.data<double>()[2];
+    r.accuracy = r.counted > 0 ? static_cast<double>(r.correct) / r.counted : 0;
+    r.loss = r.counted > 0 ? r.loss_sum / r.counted : 0;
+  }
+  if (!leader) return absl::OkStatus();
   const std::string line = train::EvalJson("test", r.accuracy, r.loss);
-  std::printf("eval: %s  (%lld test samples)\n", line.c_str(), static_cast<long long>(r.samples));
+  std::printf("eval: %s  (%lld test samples, %lld predictions scored)\n", line.c_str(),
+              static_cast<long long>(r.samples), static_cast<long long>(r.counted));
   if (metrics) RETURN_IF_ERROR(metrics->WriteLine(line));
   if (tensorboard) {
     RETURN_IF_ERROR(tensorboard->AddScalars(trainer.step(), {{"test/accuracy", static_cast<float>(r.accuracy)},
@@ -572,10 +592,15 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
     std::printf("report: %s (measured.json, measured.trace.json, predicted.trace.json, report.txt, report.html)\n",
                 f.report.c_str());
   }
-  // --eval and --save need the whole model: rank 0 collects it (every rank takes part).
-  if (world && (f.eval || !f.save.empty())) RETURN_IF_ERROR(trainer->GatherModel());
+  // --eval and --save need the whole model: rank 0 collects it (every rank takes part). Data-parallel replicas of one
+  // stage each hold it: they share the evaluation.
+  const bool shared_eval = world && f.eval && trainer->executor().program().num_stages == 1;
+  if (world && ((f.eval && !shared_eval) || !f.save.empty())) RETURN_IF_ERROR(trainer->GatherModel());
+  if (f.eval && (shared_eval || leader)) {
+    RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, shared_eval ? world->comm.get() : nullptr, leader,
+                                  loop.metrics, tensorboard.get()));
+  }
   if (!leader) return 0;
-  if (f.eval) RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, loop.metrics, tensorboard.get()));
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer->Parameters(), data.vocab));
   return 0;
 }

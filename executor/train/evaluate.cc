@@ -15,13 +15,13 @@ namespace onnxpipe::train {
 namespace {
 
 // Adds row r of (rows, classes) logits `z` with label y to `out`.
-void Score(const double* z, int64_t classes, int64_t y, EvalResult& out, double& loss_sum, int64_t& correct) {
+void Score(const double* z, int64_t classes, int64_t y, EvalResult& out) {
   const double zmax = *std::max_element(z, z + classes);
   double sum = 0;
   for (int64_t c = 0; c < classes; ++c) sum += std::exp(z[c] - zmax);
-  loss_sum += std::log(sum) + zmax - z[y];
+  out.loss_sum += std::log(sum) + zmax - z[y];
   const int64_t arg = std::max_element(z, z + classes) - z;  // first maximum on ties
-  correct += arg == y ? 1 : 0;
+  out.correct += arg == y ? 1 : 0;
   ++out.counted;
 }
 
@@ -30,6 +30,7 @@ void Score(const double* z, int64_t classes, int64_t y, EvalResult& out, double&
 absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std::string, ir::Tensor>& params,
                                     const Dataset& data, const EvalOptions& options) {
   RET_CHECK(options.batch >= 1) << "evaluation batch must be >= 1";
+  RET_CHECK(options.shards >= 1 && options.shard >= 0 && options.shard < options.shards) << "bad evaluation shard";
   ir::Graph g = forward;
   RETURN_IF_ERROR(autodiff::SetTrainingDType(g, options.dtype, /*freeze_regex=*/""));
   for (const auto& [name, t] : params) {
@@ -48,11 +49,9 @@ absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std
   cpu::CpuEvaluator evaluator(ctx);
   EvalResult out;
   out.samples = data.rows();
-  double loss_sum = 0;
-  int64_t correct = 0;
   const ir::Tensor& all_labels = data.field(options.labels);
   const int64_t per_row_labels = all_labels.num_elements() / std::max<int64_t>(data.rows(), 1);
-  for (int64_t start = 0; start < data.rows(); start += options.batch) {
+  for (int64_t start = options.shard * options.batch; start < data.rows(); start += options.shards * options.batch) {
     const int64_t valid = std::min(options.batch, data.rows() - start);
     std::vector<int64_t> rows(options.batch);
     for (int64_t j = 0; j < options.batch; ++j) rows[j] = start + (j < valid ? j : j % valid);
@@ -78,13 +77,13 @@ absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std
           return INVALID_ARGUMENT() << "evaluation row " << start + j << ": label " << label
                                     << " is out of range [0, " << classes << ")";
         }
-        Score(z.data<double>() + i * classes, classes, label, out, loss_sum, correct);
+        Score(z.data<double>() + i * classes, classes, label, out);
       }
     }
   }
   if (out.counted > 0) {
-    out.accuracy = static_cast<double>(correct) / out.counted;
-    out.loss = loss_sum / out.counted;
+    out.accuracy = static_cast<double>(out.correct) / out.counted;
+    out.loss = out.loss_sum / out.counted;
   }
   return out;
 }

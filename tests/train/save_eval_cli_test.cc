@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <map>
 
@@ -78,32 +79,53 @@ TEST_F(SaveEvalCliTest, PipelinedSave) {
   TrainAndCheck("models/tiny_classifier.onnx", "--stages 2 --microbatches 2", "--no-eval", /*eval=*/false);
 }
 
+// The last metrics line (the eval) of a training run on the corpus; `launch`: a launcher prefix
+// ("launch --nproc 2 --").
+nlohmann::json EvalLine(const fs::path& dir, const std::string& extra, const std::string& launch = "",
+                        std::string* out = nullptr) {
+  const fs::path metrics = dir / "m.jsonl";
+  CommandResult r = RunCommand(Onnxpipe() + " " + launch + " train " + SourcePath("models/tiny_classifier.onnx") +
+                               " --data " + (dir / "corpus").string() + " --seq 12 --batch 8 --steps 6 " +
+                               "--optimizer adamw --lr 0.003 --shuffle --seed 1 --eval --metrics " + metrics.string() +
+                               " " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (out != nullptr) *out = r.out;
+  std::vector<std::string> lines;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  EXPECT_EQ(lines.size(), 7u);
+  return lines.empty() ? nlohmann::json() : nlohmann::json::parse(lines.back());
+}
+
 // The eval line of a pipelined run against the unpartitioned one after the same training.
 TEST_F(SaveEvalCliTest, PipelinedEvalEqualsUnpartitionedEval) {
-  auto eval_line = [&](const std::string& extra) {
-    const fs::path metrics = dir_ / "m.jsonl";
-    CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
-                                 (dir_ / "corpus").string() + " --seq 12 --batch 8 --steps 6 --optimizer adamw " +
-                                 "--lr 0.003 --shuffle --seed 1 --eval --metrics " + metrics.string() + " " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    const std::vector<std::string> lines = [&] {
-      std::vector<std::string> out;
-      std::ifstream in(metrics);
-      for (std::string line; std::getline(in, line);) out.push_back(line);
-      return out;
-    }();
-    EXPECT_EQ(lines.size(), 7u);
-    return lines.empty() ? nlohmann::json() : nlohmann::json::parse(lines.back());
-  };
   // One micro-batch: the very training and evaluation, bit for bit.
-  const nlohmann::json plain = eval_line("");
+  const nlohmann::json plain = EvalLine(dir_, "");
   ASSERT_EQ(plain["split"], "test");
-  EXPECT_EQ(eval_line("--stages 2 --microbatches 1"), plain);
+  EXPECT_EQ(EvalLine(dir_, "--stages 2 --microbatches 1"), plain);
   // Two micro-batches: the training to rounding (fp64).
-  const nlohmann::json plain64 = eval_line("--dtype fp64");
-  const nlohmann::json piped64 = eval_line("--dtype fp64 --stages 3 --microbatches 2");
+  const nlohmann::json plain64 = EvalLine(dir_, "--dtype fp64");
+  const nlohmann::json piped64 = EvalLine(dir_, "--dtype fp64 --stages 3 --microbatches 2");
   EXPECT_EQ(piped64["accuracy"], plain64["accuracy"]);
   EXPECT_NEAR(piped64["loss"].get<double>(), plain64["loss"].get<double>(), 1e-12);
+}
+
+// Data-parallel ranks of one stage each evaluate every other batch and add their counts: the eval of one process
+// that trained on the same micro-batches (the same training, bit for bit), the loss to the order of its sum.
+TEST_F(SaveEvalCliTest, DataParallelRanksShareTheEvaluation) {
+  std::string one_out, shared_out;
+  const nlohmann::json one = EvalLine(dir_, "--microbatches 2", "", &one_out);
+  const nlohmann::json shared = EvalLine(dir_, "--data-parallel 2", "launch --nproc 2 --", &shared_out);
+  ASSERT_EQ(shared["split"], "test");
+  // Each prediction scored once over the two ranks.
+  std::smatch a, b;
+  const std::regex scored(R"(\(([0-9]+) test samples, ([0-9]+) predictions scored\))");
+  ASSERT_TRUE(std::regex_search(one_out, a, scored)) << one_out;
+  ASSERT_TRUE(std::regex_search(shared_out, b, scored)) << shared_out;
+  EXPECT_EQ(a[2], b[2]);
+  EXPECT_EQ(a[1], a[2]);  // one prediction per text
+  EXPECT_EQ(shared["accuracy"], one["accuracy"]);
+  EXPECT_NEAR(shared["loss"].get<double>(), one["loss"].get<double>(), 1e-12 * std::abs(one["loss"].get<double>()));
 }
 
 // Unpartitioned and pipelined.
