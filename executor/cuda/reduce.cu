@@ -176,8 +176,9 @@ __global__ void __launch_bounds__(kReduceBlock)
 }
 
 // x (..., run) with the innermost dim reduced. A group of `lanes` warps per (output, slice); a block
-// holds kReduceBlock / 32 / lanes groups.
-template <typename X, typename Y, int V>
+// holds kReduceBlock / 32 / lanes groups. kOneRun: the innermost dim is the only reduced one, so a
+// group's elements are contiguous and its loads need no odometer (no 64-bit divisions per load).
+template <typename X, typename Y, int V, bool kOneRun>
 __global__ void __launch_bounds__(kReduceBlock)
     ReduceRowsKernel(ReduceKind kind, ReducePlan p, ReduceGeometry g, const X* __restrict__ x, Y* __restrict__ y,
                      double* __restrict__ partials) {
@@ -198,7 +199,20 @@ __global__ void __launch_bounds__(kReduceBlock)
     int64_t q = r / run, l = r - q * run;  // run index and position in it
     int64_t run_off = RunOffset(p, q);
     double acc[V] = {};
-    for (; r < end; r += kUnroll * step) {
+    if constexpr (kOneRun) {
+      for (; r < end; r += kUnroll * step) {
+        Raw<X, V> v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * step < end) v[u] = LoadRaw<X, V>(base + r + u * step);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * step < end) Accumulate<X, V>(v[u], acc);
+        }
+      }
+    }
+    for (; !kOneRun && r < end; r += kUnroll * step) {
       Raw<X, V> v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -302,12 +316,16 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
       } else if (g.rows) {
         const int groups_per_block = kReduceBlock / (32 * g.lanes);
         const int64_t blocks = (plan.num_out * g.splits + groups_per_block - 1) / groups_per_block;
-        if (g.vec == kVec) {
-          ReduceRowsKernel<X, Y, kVec>
-              <<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
+        const unsigned grid = static_cast<unsigned>(blocks);
+        const bool one_run = plan.reduced_rank == 1;
+        if (g.vec == kVec && one_run) {
+          ReduceRowsKernel<X, Y, kVec, true><<<grid, kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
+        } else if (g.vec == kVec) {
+          ReduceRowsKernel<X, Y, kVec, false><<<grid, kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
+        } else if (one_run) {
+          ReduceRowsKernel<X, Y, 1, true><<<grid, kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
         } else {
-          ReduceRowsKernel<X, Y, 1>
-              <<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
+          ReduceRowsKernel<X, Y, 1, false><<<grid, kReduceBlock, 0, stream>>>(kind, plan, g, px, py, partials);
         }
       } else if (g.vec == kVec) {
         LaunchColumns<X, Y, kVec>(kind, plan, g, px, py, partials, stream);
