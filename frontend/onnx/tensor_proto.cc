@@ -4,6 +4,7 @@
 #include "frontend/onnx/tensor_proto.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +58,28 @@ absl::Status ReadFileRange(const std::string& path, int64_t offset, int64_t n, v
   }
   ::close(fd);
   return absl::OkStatus();
+}
+
+// Large external tensors at 64-byte aligned offsets are mapped from their file instead of read: copy-on-write
+// private pages, resident only once touched, so a process that drops the tensors it does not use (a pipeline rank
+// keeps its own stage's) never reads them. Writes (an optimizer updating a parameter in place) stay in the process;
+// onnxpipe's own writers replace files by rename, so a mapped file is never rewritten under its readers.
+constexpr int64_t kMapBytes = int64_t{1} << 20;
+
+// `n` bytes at `offset` of `path` as a tensor buffer (the mapping lives as long as the buffer), or null when the
+// range is not worth or not fit for mapping, or the mapping fails (the caller then reads the range).
+std::shared_ptr<uint8_t> MapFileRange(const std::string& path, int64_t offset, int64_t n, int64_t* delta) {
+  if (n < kMapBytes || offset % 64 != 0) return std::shared_ptr<uint8_t>();
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t start = offset / page * page;
+  *delta = offset - start;
+  const size_t len = static_cast<size_t>(*delta + n);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::shared_ptr<uint8_t>();  // ReadFileRange names the problem
+  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  ::close(fd);
+  if (m == MAP_FAILED) return std::shared_ptr<uint8_t>();
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [len](uint8_t* q) { ::munmap(q, len); });
 }
 
 // Copies a typed repeated field into the tensor, converting each element with `conv`.
@@ -296,6 +319,14 @@ absl::StatusOr<TensorLayout> InspectTensorProto(const TensorProto& t,
 absl::StatusOr<ir::Tensor> TensorFromProto(const TensorProto& t, const std::string& base_dir,
                                            std::string* external_file) {
   ASSIGN_OR_RETURN(TensorLayout L, InspectTensorProto(t, base_dir));
+  if (L.source == TensorLayout::kExternal) {  // the file's size was checked against the range
+    int64_t delta = 0;
+    std::shared_ptr<uint8_t> mapped = MapFileRange(L.external.path, L.external.offset, L.num_bytes, &delta);
+    if (mapped != nullptr) {
+      if (external_file) *external_file = L.external.path;
+      return ir::Tensor::View(L.dtype, L.dims, std::move(mapped), delta);
+    }
+  }
   // Allocation happens only now, once the data that fills it is known to exist.
   ir::Tensor out(L.dtype, L.dims);
   const int64_t n = L.num_elements;

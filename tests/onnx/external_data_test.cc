@@ -6,9 +6,12 @@
 #include <memory>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "frontend/onnx/loader.h"
+#include "frontend/onnx/tensor_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/onnx/test_util.h"
@@ -159,6 +162,66 @@ TEST(TensorProtoFileTest, MatchesNumpyHelperOnBackendTestData) {
     }
     EXPECT_EQ(Values(*t), expect);
   }
+}
+
+// Resident bytes of this process (/proc/self/statm).
+int64_t ResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// A large external tensor at an aligned offset is mapped, not read: it costs no resident memory until its values are
+// read, reads as the file's bytes, and writes to it stay in the process. One at an unaligned offset is read.
+TEST(ExternalDataTest, LargeTensorsAreMappedCopyOnWrite) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("onnxpipe_map_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr int64_t kN = int64_t{16} << 20;  // 64 MiB of f32
+  std::vector<float> values(kN);
+  for (int64_t i = 0; i < kN; ++i) values[i] = static_cast<float>(i % 1000) * 0.5f;
+  {
+    std::ofstream out(dir / "w.bin", std::ios::binary);
+    const std::vector<char> pad(4096 + 4, 0);
+    out.write(pad.data(), 4096);  // aligned tensor at 4096, the unaligned one right after it at + 4
+    out.write(reinterpret_cast<const char*>(values.data()), kN * 4);
+    out.write(pad.data(), 4);
+    out.write(reinterpret_cast<const char*>(values.data()), (int64_t{1} << 20) * 4);
+  }
+  auto proto = [&](int64_t offset, int64_t n) {
+    onnx::TensorProto t;
+    t.set_name("w" + std::to_string(offset));
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_dims(n);
+    t.set_data_location(onnx::TensorProto::EXTERNAL);
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"location", "w.bin"}, {"offset", std::to_string(offset)}, {"length", std::to_string(n * 4)}}) {
+      auto* e = t.add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    }
+    return t;
+  };
+  const int64_t before = ResidentBytes();
+  absl::StatusOr<ir::Tensor> mapped = TensorFromProto(proto(4096, kN), dir.string());
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_LT(ResidentBytes() - before, 8 << 20);  // not read yet
+  double sum = 0, want = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    sum += mapped->data<float>()[i];
+    want += values[i];
+  }
+  EXPECT_EQ(sum, want);
+  EXPECT_GT(ResidentBytes() - before, 48 << 20);  // read: resident
+  mapped->mutable_data<float>()[7] = -1;  // copy-on-write: the file keeps its bytes
+  absl::StatusOr<ir::Tensor> again = TensorFromProto(proto(4096, kN), dir.string());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data<float>()[7], values[7]);
+  // At 4096 + 4 + kN * 4 + 4: not 64-byte aligned, read into a buffer of its own.
+  absl::StatusOr<ir::Tensor> read = TensorFromProto(proto(4096 + kN * 4 + 4, int64_t{1} << 20), dir.string());
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (int64_t i = 0; i < (int64_t{1} << 20); i += 4099) EXPECT_EQ(read->data<float>()[i], values[i]) << i;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
