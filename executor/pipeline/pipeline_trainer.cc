@@ -4,7 +4,9 @@
 // and optimizer state, and nothing else keeps them, so they are held once.
 #include "executor/pipeline/pipeline_trainer.h"
 
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <cstdio>
 #include <string>
 
@@ -185,6 +187,8 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
 }
 
 absl::Status PipelineTrainer::SetData(train::Dataset data) {
+  if (next_feed_.valid()) next_feed_.wait();  // a batch of the old data being gathered
+  next_step_ = -1;
   if (data.rows() < options_.batch) {
     return INVALID_ARGUMENT() << "the data has " << data.rows() << " rows, fewer than --batch " << options_.batch;
   }
@@ -236,8 +240,21 @@ absl::Status PipelineTrainer::GatherModel() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<PipelineTrainer::Feed> PipelineTrainer::Gather(int64_t step) const {
+  Feed batch;
+  const std::vector<int64_t> rows = data_->BatchRows(step, options_.batch, options_.shuffle, options_.seed);
+  for (const std::string& name : executor_->data_inputs()) {
+    ir::Tensor x = data_->Gather(name, rows);
+    auto it = input_dtypes_.find(name);
+    if (it != input_dtypes_.end() && x.dtype() != it->second) x = x.CastTo(it->second);
+    batch[name] = std::move(x);
+  }
+  return batch;
+}
+
 absl::StatusOr<train::StepMetrics> PipelineTrainer::Step() {
   RET_CHECK(data_.has_value()) << "SetData before Step";
+  const auto begin = std::chrono::steady_clock::now();
   gathered_.reset();  // the step updates the stages' states
   train::StepMetrics m;
   m.step = step_;
@@ -245,18 +262,23 @@ absl::StatusOr<train::StepMetrics> PipelineTrainer::Step() {
   StepFeeds feeds;
   feeds.step = step_;
   feeds.lr = m.lr;
-  const std::vector<int64_t> rows = data_->BatchRows(step_, options_.batch, options_.shuffle, options_.seed);
-  for (const std::string& name : executor_->data_inputs()) {
-    ir::Tensor x = data_->Gather(name, rows);
-    auto it = input_dtypes_.find(name);
-    if (it != input_dtypes_.end() && x.dtype() != it->second) x = x.CastTo(it->second);
-    feeds.batch[name] = std::move(x);
-  }
+  // This step's batch (gathered while the previous step ran, unless the step was moved by a restore), and the next
+  // one's on another thread while this step runs.
+  absl::StatusOr<Feed> batch = next_feed_.valid() && next_step_ == step_ ? next_feed_.get() : Gather(step_);
+  if (next_feed_.valid()) next_feed_.wait();  // a batch gathered for a step that did not come
+  RETURN_IF_ERROR(batch.status());
+  feeds.batch = *std::move(batch);
+  next_step_ = step_ + 1;
+  next_feed_ = std::async(std::launch::async, [this, next = next_step_] { return Gather(next); });
   ASSIGN_OR_RETURN(PipelineStepResult r, executor_->Step(feeds));
   m.loss = r.loss;
   m.grad_norm = r.grad_norm;
-  m.seconds = r.seconds;
-  m.samples_per_s = r.seconds > 0 ? options_.batch / r.seconds : 0;
+  // The whole interval since the previous step ended (the loop's work between steps included), as a process's
+  // throughput counts it; the executor's own time is in the report.
+  const auto end = std::chrono::steady_clock::now();
+  m.seconds = std::chrono::duration<double>(end - last_step_end_.value_or(begin)).count();
+  last_step_end_ = end;
+  m.samples_per_s = m.seconds > 0 ? options_.batch / m.seconds : 0;
   // Keep every step's measurements but only the latest trace (the report draws one step).
   if (!results_.empty()) results_.back().trace.clear();
   results_.push_back(std::move(r));

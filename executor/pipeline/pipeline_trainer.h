@@ -8,7 +8,9 @@
 //   partitioner::CompilePlan --> PipelineExecutor.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -104,6 +106,12 @@ class PipelineTrainer : public train::StepTrainer {
   int64_t num_classes_ = 0, num_trainable_ = 0;
   int64_t step_ = 0;
   std::vector<PipelineStepResult> results_;
+  // The batch of step `next_step_`, gathered on another thread while the previous step runs.
+  using Feed = std::map<std::string, ir::Tensor>;
+  absl::StatusOr<Feed> Gather(int64_t step) const;
+  std::future<absl::StatusOr<Feed>> next_feed_;
+  int64_t next_step_ = -1;
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;  // samples/s counts step to step
   std::optional<std::map<std::string, ir::Tensor>> gathered_;  // GatherModel's, on rank 0
   uint64_t gathers_ = 0;                                       // GatherModel calls (their tags)
 };
