@@ -187,17 +187,14 @@ __global__ void __launch_bounds__(kReduceBlock)
   const int gl = threadIdx.x % group_threads, warp = threadIdx.x / 32;
   const int64_t group = blockIdx.x * int64_t{kReduceBlock / group_threads} + threadIdx.x / group_threads;
   const bool live = group < p.num_out * g.splits;
-  const int64_t o = group / g.splits, s = group - o * g.splits;
+  const int64_t o = g.splits == 1 ? group : group / g.splits, s = group - o * g.splits;  // (64-bit divisions are slow)
   double sum = 0;
   if (live) {
-    const int64_t run = p.reduced_dims[p.reduced_rank - 1];
     const X* base = x + KeptOffset(p, o);
     const int64_t begin = s * g.chunk;
     const int64_t end = begin + g.chunk < p.num_reduced ? begin + g.chunk : p.num_reduced;
     const int64_t step = int64_t{group_threads} * V;
     int64_t r = begin + int64_t{gl} * V;
-    int64_t q = r / run, l = r - q * run;  // run index and position in it
-    int64_t run_off = RunOffset(p, q);
     double acc[V] = {};
     if constexpr (kOneRun) {
       for (; r < end; r += kUnroll * step) {
@@ -212,6 +209,9 @@ __global__ void __launch_bounds__(kReduceBlock)
         }
       }
     }
+    const int64_t run = p.reduced_dims[p.reduced_rank - 1];
+    int64_t q = kOneRun ? 0 : r / run, l = r - q * run;  // run index and position in it
+    int64_t run_off = kOneRun ? 0 : RunOffset(p, q);
     for (; !kOneRun && r < end; r += kUnroll * step) {
       Raw<X, V> v[kUnroll];
 #pragma unroll
@@ -245,6 +245,22 @@ __global__ void __launch_bounds__(kReduceBlock)
     Finish(kind, p, sum, y, o);
   } else {
     partials[s * p.num_out + o] = sum;
+  }
+}
+
+// A warp per output (few outputs, many slices, as a full sum has): lane l adds slices l, l + 32, ... in order, then
+// the lanes are added in a fixed tree.
+template <typename Y>
+__global__ void SumSlicesWarpKernel(ReduceKind kind, ReducePlan p, int64_t splits, const double* __restrict__ partials,
+                                    Y* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t o = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; o < p.num_out;
+       o += int64_t{gridDim.x} * blockDim.x / 32) {
+    double sum = 0;
+    for (int64_t s = lane; s < splits; s += 32) sum += partials[s * p.num_out + o];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if (lane == 0) Finish(kind, p, sum, y, o);
   }
 }
 
@@ -332,7 +348,9 @@ cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dt
       } else {
         LaunchColumns<X, Y, 1>(kind, plan, g, px, py, partials, stream);
       }
-      if (g.splits > 1) {
+      if (g.splits > 1 && plan.num_out * 32 <= int64_t{kThreads} * 1024) {
+        SumSlicesWarpKernel<Y><<<GridFor(plan.num_out * 32), kThreads, 0, stream>>>(kind, plan, g.splits, partials, py);
+      } else if (g.splits > 1) {
         SumSlicesKernel<Y><<<GridFor(plan.num_out), kThreads, 0, stream>>>(kind, plan, g.splits, partials, py);
       }
       return cudaGetLastError();
