@@ -8,7 +8,8 @@
 //  - rows: the innermost dim is reduced in runs of >= 32 elements (a trailing-axis broadcast, a full
 //    sum). A group of warps per output reads the runs in 16-byte vectors;
 //  - with a workspace, the reduced range is cut into slices so that the grid fills the GPU whatever
-//    the number of outputs; each slice writes one double per output, and SumSlicesKernel adds them.
+//    the number of outputs; each slice writes one double per output, and SumSlicesKernel (a thread per
+//    output) or, for few outputs, SumSlicesWarpKernel (a warp per output) adds them in a fixed order.
 #include <type_traits>
 
 #include "executor/cuda/device_util.cuh"
