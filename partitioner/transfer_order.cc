@@ -64,6 +64,16 @@ std::string Describe(const PipelineProgram& p, int32_t stage, const TransferOp& 
 
 }  // namespace
 
+bool ReceivesNext(const ActionList& list, size_t i) {
+  size_t next = i + 1;
+  while (next < list.size() &&
+         (list[next].kind == ActionKind::kSendActivation || list[next].kind == ActionKind::kSendGradient)) {
+    ++next;
+  }
+  return next < list.size() &&
+         (list[next].kind == ActionKind::kRecvActivation || list[next].kind == ActionKind::kRecvGradient);
+}
+
 std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::vector<ActionList>& lists, int32_t k) {
   const StageProgram& sp = p.stages[k];
   Poster post(sp);
@@ -71,13 +81,7 @@ std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::
     const Action& a = lists[k][i];
     const std::string name = ActionToString(a);
     // A compute action's sends go out as one group at its end, or with the receives of a RECV right after it.
-    size_t next = i + 1;
-    while (next < lists[k].size() && (lists[k][next].kind == ActionKind::kSendActivation ||
-                                      lists[k][next].kind == ActionKind::kSendGradient)) {
-      ++next;
-    }
-    const bool recv_next = next < lists[k].size() && (lists[k][next].kind == ActionKind::kRecvActivation ||
-                                                      lists[k][next].kind == ActionKind::kRecvGradient);
+    const bool recv_next = ReceivesNext(lists[k], i);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
         post.Receive(name, a.peer, a.microbatch, sp.recv_forward.at(a.peer));

@@ -46,6 +46,10 @@ struct TransferGroup {
   bool optimizer = false;  // posted by the optimizer phase
 };
 
+// Whether the next action after list[i] that is not a SEND (SENDs post nothing: values leave as they are made)
+// receives: a compute action's held sends then go out with that receive, else at the action's end.
+bool ReceivesNext(const ActionList& list, size_t i);
+
 // Stage k's posts in order, grouped as the comm issues them (see the file comment).
 std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::vector<ActionList>& lists, int32_t k);
 

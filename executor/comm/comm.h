@@ -81,6 +81,9 @@ absl::Status AbortedStatus(const absl::Status& reason);
 // The error of a Recv on rank `self` for message `want` from `src` whose next message is `next`.
 absl::Status OutOfOrder(int self, int src, uint64_t want, uint64_t next);
 
+// "{0, 2, 3}": how errors name a group of ranks.
+std::string RanksString(const std::vector<int>& ranks);
+
 // "f32 (2, 3)": how errors name a tensor.
 std::string DescribeTensor(const ir::Tensor& t);
 

@@ -17,12 +17,6 @@ namespace {
 
 constexpr char kAbortPrefix[] = "pipeline aborted: ";
 
-std::string RanksString(const std::vector<int>& ranks) {
-  std::string s = "{";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s + "}";
-}
-
 bool SameShape(const ir::Tensor& a, const ir::Tensor& b) { return a.dtype() == b.dtype() && a.dims() == b.dims(); }
 
 // The event marking the work issued on `stream` so far (null for host order).
@@ -51,6 +45,12 @@ absl::Status OutOfOrder(int self, int src, uint64_t want, uint64_t next) {
 
 absl::Status AbortedStatus(const absl::Status& reason) {
   return absl::AbortedError(kAbortPrefix + std::string(reason.message()));
+}
+
+std::string RanksString(const std::vector<int>& ranks) {
+  std::string s = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "}";
 }
 
 std::string DescribeTensor(const ir::Tensor& t) {
@@ -266,7 +266,7 @@ absl::Status InProcessGroup::Recv(int dst, int src, uint64_t tag, const ir::Tens
     m = std::move(*match);
     q.erase(match);
     --unreceived_[src];
-    cv_.notify_all();
+    if (nccl_semantics_) cv_.notify_all();  // a sender may wait in AwaitSent
     received_[dst] += m.staged.num_bytes();
   }
   if (!SameShape(m.staged, into)) {

@@ -16,12 +16,6 @@ constexpr char kMeshMagic[] = "onnxpipe-mesh-1";
 constexpr uint64_t kMaxRank = 16;
 constexpr int kNumDTypes = 9;
 
-std::string RanksString(const std::vector<int>& ranks) {
-  std::string s = "{";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s + "}";
-}
-
 // A tag for the n-th all-reduce of a group (FNV-1a over the group, mixed with n).
 uint64_t ReduceTag(const std::vector<int>& ranks, int64_t n) {
   uint64_t h = 1469598103934665603ull;

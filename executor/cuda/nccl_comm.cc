@@ -44,12 +44,6 @@ absl::Status Cuda(cudaError_t e, const std::string& where) {
   return absl::InternalError(where + ": " + cudaGetErrorString(e));
 }
 
-std::string RanksString(const std::vector<int>& ranks) {
-  std::string s = "{";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s + "}";
-}
-
 absl::Status NcclError(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
   return absl::InternalError(what + ": NCCL error " + std::to_string(static_cast<int>(r)) + " (" +
@@ -203,7 +197,7 @@ absl::Status NcclComm::AllReduce(const ir::Tensor& t, const std::vector<int>& ra
   bool world = static_cast<int>(sorted.size()) == size();
   for (int i = 0; world && i < size(); ++i) world = sorted[i] == i;
   if (!world) {
-    return UNIMPLEMENTED() << "rank " << rank() << ": an NCCL all-reduce over ranks " << RanksString(ranks)
+    return UNIMPLEMENTED() << "rank " << rank() << ": an NCCL all-reduce over ranks " << comm::RanksString(ranks)
                            << ": only the whole world's communicator exists (subgroups are not made yet)";
   }
   if (!t.has_data()) return INVALID_ARGUMENT() << "rank " << rank() << ": all-reduce of a tensor without data";

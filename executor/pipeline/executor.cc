@@ -30,6 +30,7 @@
 #include "frontend/ir/align.h"
 #include "frontend/ir/status.h"
 #include "partitioner/memory_planner.h"
+#include "partitioner/transfer_order.h"
 
 namespace onnxpipe::pipeline {
 namespace {
@@ -137,7 +138,7 @@ class PipelineExecutor::StageRun {
           RETURN_IF_ERROR(Post());
           break;
       }
-      if (IsCompute(a.kind) && !ReceivesNext(list, i)) RETURN_IF_ERROR(IssueHeldSends(a));
+      if (IsCompute(a.kind) && !partitioner::ReceivesNext(list, i)) RETURN_IF_ERROR(IssueHeldSends(a));
     }
     RETURN_IF_ERROR(IssueHeldSends(list.empty() ? partitioner::Action{} : list.back()));
     if (graphs_ != nullptr && sp_.loss != ir::kNoValue) {
@@ -162,17 +163,6 @@ class PipelineExecutor::StageRun {
  private:
   static bool IsCompute(ActionKind k) {
     return k == ActionKind::kForward || k == ActionKind::kBackward || k == ActionKind::kRecompute;
-  }
-  // Whether the next action after list[i] that is not a SEND (a no-op here) receives: a comm holding sends (NCCL's)
-  // then issues this action's sends with that receive, as ProveTransferOrder proved the plan can.
-  static bool ReceivesNext(const partitioner::ActionList& list, size_t i) {
-    size_t next = i + 1;
-    while (next < list.size() &&
-           (list[next].kind == ActionKind::kSendActivation || list[next].kind == ActionKind::kSendGradient)) {
-      ++next;
-    }
-    return next < list.size() &&
-           (list[next].kind == ActionKind::kRecvActivation || list[next].kind == ActionKind::kRecvGradient);
   }
   // Issues the sends a holding comm keeps, at the end of `after` (a no-op for a comm that sends at once).
   absl::Status IssueHeldSends(const partitioner::Action& after) {
