@@ -6,8 +6,9 @@
 // belongs to the position of its first forward consumer: so a forward op, its gradient ops and its
 // parameters' updates always land on one stage (the ORT rule; DESIGN.md). Gradient accumulation
 // Sums follow their origin too (the activation's producer, or the parameter's owner). Optimizer nodes without an origin
-// (SumSquares, the norm's Sqrt, ClipScale: the global gradient norm) are "global": they run once
-// per step over every stage's gradients and belong to no stage.
+// (SumScalars, the norm's Sqrt, ClipScale: the global gradient norm) are "global": they run once per
+// step over the per-gradient sums of squares (a SumSquares per gradient, on its parameter's stage)
+// and belong to no stage.
 // Post-step nodes: a backward Sum or Identity whose outputs only optimizer nodes and other post-step
 // nodes read (the Sum of a parameter's gradient contributions, its copy) runs once per step after
 // the last micro-batch, over the contributions accumulated over the micro-batches, like the

@@ -16,7 +16,8 @@
 //   post-step node even when all contributions are on one stage, so the summation order (over the
 //   micro-batches first, then over the contributions) is the same for every stage count;
 // - the global nodes (the gradient norm, the clip scale: optimizer nodes without an origin) run on
-//   one stage, the coordinator (stage 0), over every gradient in the graph's order.
+//   one stage, the coordinator (stage 0), over one scalar per gradient (its sum of squares, made by a
+//   post node of the gradient's stage) in the graph's order: gradients never cross a cut for the norm.
 // Recompute: each region's forward nodes are cloned ("recompute/<name>", Phase::kBackward, origin the
 // forward node; Dropout and Attention clones carry attr rng_key = the forward node's name, so with
 // the micro-batch's context they draw the forward's mask again) and run just before the region's

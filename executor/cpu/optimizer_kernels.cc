@@ -1,4 +1,4 @@
-// Optimizer kernels: SumSquares and ClipScale (global-norm gradient clipping), SGDUpdate and
+// Optimizer kernels: SumSquares, SumScalars and ClipScale (global-norm gradient clipping), SGDUpdate and
 // AdamWUpdate (frontend/ir/op.h states their semantics). f32 and f64.
 //
 // They reproduce torch.optim's single-tensor (foreach=False) code path operation by operation:
@@ -82,28 +82,64 @@ double SumSquaresOf(const ir::Tensor& x) {
   return total;
 }
 
+// The result dtype of SumSquares and SumScalars: attr `to`, input 0's dtype by default.
+absl::StatusOr<ir::DType> ResultDType(const ir::Node& node, ir::DType input) {
+  if (!node.attrs.Has("to")) return input;
+  const std::optional<ir::DType> to = ir::ParseDType(node.attrs.Get<std::string>("to", ""));
+  if (!to || !ir::IsFloat(*to)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": attribute 'to' is not a float type name";
+  }
+  return *to;
+}
+
+// A scalar output of dtype `to` holding `total` rounded to it.
+Result ScalarResult(const ir::Node& node, const EvalContext& ctx, ir::DType input, double total) {
+  ASSIGN_OR_RETURN(const ir::DType to, ResultDType(node, input));
+  return DispatchDType(FloatTypes{}, node, "attribute 'to'", to, [&](auto tag) -> Result {
+    using T = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, to, {}));
+    out.mutable_data<T>()[0] = static_cast<T>(total);
+    return std::vector<ir::Tensor>{out};
+  });
+}
+
+absl::Status ExpectAllOf(const ir::Node& node, const std::vector<ir::Tensor>& in, ir::DType dt) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!HasInput(in, i)) return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is absent";
+    if (in[i].dtype() != dt) {
+      return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is " << ir::DTypeName(in[i].dtype())
+                                << " but input 0 is " << ir::DTypeName(dt);
+    }
+  }
+  return absl::OkStatus();
+}
+
 Result SumSquaresKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                         const EvalContext& ctx) {
   if (in.empty() || !HasInput(in, 0)) {
     return INVALID_ARGUMENT() << Describe(node) << ": needs at least one input";
   }
   const ir::DType dt = in[0].dtype();
+  RETURN_IF_ERROR(ExpectAllOf(node, in, dt));
   return DispatchDType(FloatTypes{}, node, "input 0", dt, [&](auto tag) -> Result {
     using T = typename decltype(tag)::type;
     double total = 0;
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (!HasInput(in, i)) continue;
-      if (in[i].dtype() != dt) {
-        return INVALID_ARGUMENT() << Describe(node) << ": input " << i << " is "
-                                  << ir::DTypeName(in[i].dtype()) << " but input 0 is "
-                                  << ir::DTypeName(dt);
-      }
-      total += SumSquaresOf<T>(in[i]);
-    }
-    ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dt, {}));
-    out.mutable_data<T>()[0] = static_cast<T>(total);
-    return std::vector<ir::Tensor>{out};
+    for (const ir::Tensor& x : in) total += SumSquaresOf<T>(x);
+    return ScalarResult(node, ctx, dt, total);
   });
+}
+
+Result SumScalarsKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
+  if (in.empty() || !HasInput(in, 0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": needs at least one input";
+  }
+  RETURN_IF_ERROR(ExpectAllOf(node, in, in[0].dtype()));
+  double total = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    RETURN_IF_ERROR(ExpectScalar(node, in, i, "term"));
+    total += in[i].GetAsDouble(0);
+  }
+  return ScalarResult(node, ctx, in[0].dtype(), total);
 }
 
 // --- ClipScale -------------------------------------------------------------------------------
@@ -253,6 +289,7 @@ Result AdamWUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
 }
 
 REGISTER_CPU_KERNEL(kSumSquares, SumSquaresKernel);
+REGISTER_CPU_KERNEL(kSumScalars, SumScalarsKernel);
 REGISTER_CPU_KERNEL(kClipScale, ClipScaleKernel);
 REGISTER_CPU_KERNEL(kSGDUpdate, SGDUpdateKernel);
 REGISTER_CPU_KERNEL(kAdamWUpdate, AdamWUpdateKernel);

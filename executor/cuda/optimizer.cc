@@ -103,27 +103,59 @@ absl::Status AdamWStepOnDevice(const std::vector<OptimizerTensor>& tensors, cons
   return AdamWStepWithDeviceScalars(tensors, s, scale, stream);
 }
 
+namespace {
+
+absl::Status CheckSumSquares(const char* fn, const std::vector<const float*>& grads, const std::vector<int64_t>& sizes,
+                             void* workspace, size_t workspace_bytes) {
+  if (grads.size() != sizes.size()) {
+    return INVALID_ARGUMENT() << fn << ": " << grads.size() << " gradients but " << sizes.size() << " sizes";
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (sizes[i] < 0) return INVALID_ARGUMENT() << fn << ": gradient " << i << " has negative size " << sizes[i];
+    if (sizes[i] > 0 && grads[i] == nullptr) return INVALID_ARGUMENT() << fn << ": gradient " << i << " is null";
+  }
+  const size_t need = SumSquaresWorkspaceBytes(sizes);
+  if (workspace == nullptr || workspace_bytes < need) {
+    return INVALID_ARGUMENT() << fn << ": workspace of " << workspace_bytes << " bytes, needs " << need;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SumSquaresBySegment(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes,
+                                 const std::vector<int>& segment_ends, const std::vector<void*>& outs, bool f64_out,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckSumSquares("SumSquaresBySegment", grads, sizes, workspace, workspace_bytes));
+  if (segment_ends.size() != outs.size()) {
+    return INVALID_ARGUMENT() << "SumSquaresBySegment: " << segment_ends.size() << " segments but " << outs.size()
+                              << " outputs";
+  }
+  for (size_t j = 0; j < segment_ends.size(); ++j) {
+    const int before = j == 0 ? 0 : segment_ends[j - 1];
+    if (segment_ends[j] < before || segment_ends[j] > static_cast<int>(grads.size()) || outs[j] == nullptr) {
+      return INVALID_ARGUMENT() << "SumSquaresBySegment: segment " << j << " ends at " << segment_ends[j]
+                                << " (after " << before << ", of " << grads.size() << " gradients) or has no output";
+    }
+  }
+  CUDA_RETURN_IF_ERROR(LaunchSumSquares(grads.data(), sizes.data(), static_cast<int>(grads.size()),
+                                        segment_ends.data(), outs.data(), static_cast<int>(outs.size()), f64_out,
+                                        nullptr, 0, 0, workspace, stream));
+  return absl::OkStatus();
+}
+
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
                       float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
-  if (grads.size() != sizes.size()) {
-    return INVALID_ARGUMENT() << "GradNorm: " << grads.size() << " gradients but " << sizes.size() << " sizes";
-  }
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (sizes[i] < 0) return INVALID_ARGUMENT() << "GradNorm: gradient " << i << " has negative size " << sizes[i];
-    if (sizes[i] > 0 && grads[i] == nullptr) return INVALID_ARGUMENT() << "GradNorm: gradient " << i << " is null";
-  }
+  RETURN_IF_ERROR(CheckSumSquares("GradNorm", grads, sizes, workspace, workspace_bytes));
   if (sum_squares == nullptr) return INVALID_ARGUMENT() << "GradNorm: null sum_squares output";
   if (clip_scale != nullptr && !(max_norm > 0)) {
     return INVALID_ARGUMENT() << "GradNorm: max_norm must be positive, got " << max_norm;
   }
-  const size_t need = GradNormWorkspaceBytes(sizes);
-  if (workspace == nullptr || workspace_bytes < need) {
-    return INVALID_ARGUMENT() << "GradNorm: workspace of " << workspace_bytes << " bytes, needs " << need;
-  }
-  CUDA_RETURN_IF_ERROR(LaunchGradNorm(grads.data(), sizes.data(), static_cast<int>(grads.size()), sum_squares,
-                                      clip_scale, static_cast<float>(max_norm), static_cast<float>(eps), workspace,
-                                      stream));
+  const int end = static_cast<int>(grads.size());
+  void* out = sum_squares;
+  CUDA_RETURN_IF_ERROR(LaunchSumSquares(grads.data(), sizes.data(), end, &end, &out, 1, /*f64_out=*/false, clip_scale,
+                                        static_cast<float>(max_norm), static_cast<float>(eps), workspace, stream));
   return absl::OkStatus();
 }
 

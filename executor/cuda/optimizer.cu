@@ -128,11 +128,19 @@ __global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_
   if (threadIdx.x == 0) partials[first_partial + blockIdx.x] = red[0];
 }
 
-__global__ void FinishNormKernel(const double* partials, int64_t num_partials, float* sum_squares, float* clip_scale,
-                                 float max_norm, float eps) {
+// The finishing launches' table: block j adds partials [begin[j], begin[j + 1]) and writes out[j].
+struct Segments {
+  int64_t begin[kMaxTensors + 1];
+  void* out[kMaxTensors];
+};
+
+// Block j: the sum of its segment's partials (strided per thread, then a fixed tree), written to
+// out[j] as double (f64_out) or rounded to float; with clip_scale (one segment), the clipping factor.
+__global__ void FinishSegmentsKernel(const double* partials, Segments s, bool f64_out, float* clip_scale,
+                                     float max_norm, float eps) {
   __shared__ double red[kThreads];
   double sum = 0;
-  for (int64_t i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partials[i];
+  for (int64_t i = s.begin[blockIdx.x] + threadIdx.x; i < s.begin[blockIdx.x + 1]; i += blockDim.x) sum += partials[i];
   red[threadIdx.x] = sum;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
@@ -140,11 +148,35 @@ __global__ void FinishNormKernel(const double* partials, int64_t num_partials, f
     __syncthreads();
   }
   if (threadIdx.x != 0) return;
-  const float total = static_cast<float>(red[0]);
-  *sum_squares = total;
+  const double total = red[0];
+  if (f64_out) {
+    *static_cast<double*>(s.out[blockIdx.x]) = total;
+    return;
+  }
+  const float rounded = static_cast<float>(total);
+  *static_cast<float*>(s.out[blockIdx.x]) = rounded;
   if (clip_scale != nullptr) {
-    const float coef = __fdiv_rn(max_norm, __fadd_rn(__fsqrt_rn(total), eps));
+    const float coef = __fdiv_rn(max_norm, __fadd_rn(__fsqrt_rn(rounded), eps));
     *clip_scale = coef < 1.f ? coef : (isnan(coef) ? coef : 1.f);
+  }
+}
+
+// *out = ((carry or 0) + terms[0]) + terms[1] + ... in double, then written as double or float; a
+// later launch continues from `carry_out` when the terms do not fit one launch.
+struct Terms {
+  const double* t[kMaxTensors];
+};
+
+__global__ void SumScalarsKernel(Terms terms, int n, const double* carry_in, double* carry_out, void* out,
+                                 bool f64_out) {
+  double total = carry_in != nullptr ? *carry_in : 0.0;
+  for (int i = 0; i < n; ++i) total += *terms.t[i];
+  if (carry_out != nullptr) *carry_out = total;
+  if (out == nullptr) return;
+  if (f64_out) {
+    *static_cast<double*>(out) = total;
+  } else {
+    *static_cast<float*>(out) = static_cast<float>(total);
   }
 }
 
@@ -203,13 +235,14 @@ cudaError_t LaunchClipScale(const float* norm, float max_norm, float eps, float*
   return cudaGetLastError();
 }
 
-size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes) {
+size_t SumSquaresWorkspaceBytes(const std::vector<int64_t>& sizes) {
   return static_cast<size_t>(std::max<int64_t>(1, NumNormChunks(sizes.data(), static_cast<int>(sizes.size())))) *
          sizeof(double);
 }
 
-cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int num_tensors, float* sum_squares,
-                           float* clip_scale, float max_norm, float eps, void* workspace, cudaStream_t stream) {
+cudaError_t LaunchSumSquares(const float* const* grads, const int64_t* sizes, int num_tensors, const int* segment_ends,
+                             void* const* outs, int num_segments, bool f64_out, float* clip_scale, float max_norm,
+                             float eps, void* workspace, cudaStream_t stream) {
   std::vector<OptimizerTensor> tensors(num_tensors);
   for (int i = 0; i < num_tensors; ++i) {
     tensors[i].grad = grads[i];
@@ -223,8 +256,35 @@ cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int 
     return cudaGetLastError();
   });
   if (err != cudaSuccess) return err;
-  FinishNormKernel<<<1, kThreads, 0, stream>>>(partials, done, sum_squares, clip_scale, max_norm, eps);
-  return cudaGetLastError();
+  // The chunks are issued tensor after tensor, so a segment's partials are one range.
+  Segments seg;
+  int tensor = 0, n = 0;
+  int64_t first = 0;
+  for (int j = 0; j < num_segments; ++j) {
+    seg.begin[n] = first;
+    for (; tensor < segment_ends[j]; ++tensor) first += (sizes[tensor] + kNormChunk - 1) / kNormChunk;
+    seg.out[n++] = outs[j];
+    if (n < kMaxTensors && j + 1 < num_segments) continue;
+    seg.begin[n] = first;
+    FinishSegmentsKernel<<<n, kThreads, 0, stream>>>(partials, seg, f64_out, clip_scale, max_norm, eps);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    n = 0;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchSumScalars(const double* const* terms, int num_terms, void* out, bool f64_out, double* carry,
+                             cudaStream_t stream) {
+  Terms t;
+  for (int first = 0; first < num_terms || first == 0; first += kMaxTensors) {
+    const int n = std::min(kMaxTensors, num_terms - first);
+    for (int i = 0; i < n; ++i) t.t[i] = terms[first + i];
+    const bool last = first + n >= num_terms;
+    SumScalarsKernel<<<1, 1, 0, stream>>>(t, n, first > 0 ? carry : nullptr, last ? nullptr : carry,
+                                          last ? out : nullptr, f64_out);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess || last) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace onnxpipe::cuda

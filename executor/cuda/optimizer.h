@@ -1,6 +1,6 @@
 // Fused multi-tensor optimizer steps over fp32 master weights on the GPU, with the semantics of
 // the CPU backend's optimizer ops (frontend/ir/op.h: SGDUpdate, AdamWUpdate, SumSquares,
-// ClipScale; executor/cpu/optimizer_kernels.cc): the host combines the scalar hyper-parameters in
+// SumScalars, ClipScale; executor/cpu/optimizer_kernels.cc): the host combines the scalar hyper-parameters in
 // double and rounds them to fp32, and every tensor op of the update is one fp32 rounding in the
 // CPU kernel's order (no fused multiply-add), so a step equals the CPU's bit for bit up to libm.
 //
@@ -86,13 +86,19 @@ cudaError_t LaunchAdamWScalars(const double* lr, const int64_t* step, double bet
 // *out = min(1, max_norm / (*norm + eps)) in fp32, NaN passing through (ClipScale).
 cudaError_t LaunchClipScale(const float* norm, float max_norm, float eps, float* out, cudaStream_t stream);
 
-// Global gradient norm: *sum_squares = sum of g^2 over every element of every tensor (accumulated
-// in double in a fixed order, rounded to fp32: SumSquares); when clip_scale is set,
-// *clip_scale = min(1, max_norm / (sqrtf(*sum_squares) + eps)) in fp32 (Sqrt then ClipScale; NaN
-// passes through). Both are device fp32 scalars; the workspace holds one double per chunk.
-size_t GradNormWorkspaceBytes(const std::vector<int64_t>& sizes);
-cudaError_t LaunchGradNorm(const float* const* grads, const int64_t* sizes, int num_tensors, float* sum_squares,
-                           float* clip_scale, float max_norm, float eps, void* workspace, cudaStream_t stream);
+// Sums of squares (SumSquares): segment j covers the tensors [segment_ends[j - 1], segment_ends[j]) and
+// *outs[j] = the sum of g^2 over their elements, accumulated in double in a fixed order (per chunk, then
+// the segment's chunks by a fixed tree) and written as double (f64_out) or rounded to fp32. With one
+// fp32 segment and clip_scale set, *clip_scale = min(1, max_norm / (sqrtf(sum) + eps)) in fp32 (Sqrt then
+// ClipScale; NaN passes through). The workspace holds one double per chunk of every tensor.
+size_t SumSquaresWorkspaceBytes(const std::vector<int64_t>& sizes);
+cudaError_t LaunchSumSquares(const float* const* grads, const int64_t* sizes, int num_tensors, const int* segment_ends,
+                             void* const* outs, int num_segments, bool f64_out, float* clip_scale, float max_norm,
+                             float eps, void* workspace, cudaStream_t stream);
+// SumScalars: *out = ((0 + *terms[0]) + *terms[1]) + ... in double, in order, written as double (f64_out)
+// or rounded to fp32; `carry` is one device double (the running total between launches of many terms).
+cudaError_t LaunchSumScalars(const double* const* terms, int num_terms, void* out, bool f64_out, double* carry,
+                             cudaStream_t stream);
 
 #ifndef __CUDACC__
 // lr: the step's learning rate; step: the 1-based update count including this one.
@@ -115,7 +121,12 @@ absl::Status SgdStepOnDevice(const std::vector<OptimizerTensor>& tensors, const 
 absl::Status AdamWStepOnDevice(const std::vector<OptimizerTensor>& tensors, const double* lr, const int64_t* step,
                                double beta1, double beta2, double eps, double weight_decay, const float* scale,
                                void* scalars, cudaStream_t stream);
-// max_norm > 0 is required when clip_scale is set (eps as ClipScale's, default 1e-6).
+// LaunchSumSquares with its arguments checked; max_norm > 0 is required when clip_scale is set (eps as
+// ClipScale's, default 1e-6).
+absl::Status SumSquaresBySegment(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes,
+                                 const std::vector<int>& segment_ends, const std::vector<void*>& outs, bool f64_out,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The global norm's sum of squares of every gradient as one fp32 segment, and optionally the clip factor.
 absl::Status GradNorm(const std::vector<const float*>& grads, const std::vector<int64_t>& sizes, float* sum_squares,
                       float* clip_scale, double max_norm, double eps, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream);

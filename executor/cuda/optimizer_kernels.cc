@@ -1,4 +1,4 @@
-// SGDUpdate, AdamWUpdate, SumSquares and ClipScale (f32 parameters and gradients) in the CUDA
+// SGDUpdate, AdamWUpdate, SumSquares, SumScalars and ClipScale (f32 parameters and gradients) in the CUDA
 // backend's kernel table (optimizer.h). One update node, or a group of them (the
 // optimizer phase's updates of every parameter: Backend::RunGroup), is one multi-tensor step that
 // reads each old parameter and state and writes the new ones (in place when the plan hands the
@@ -167,43 +167,86 @@ GroupResult AdamWUpdates(const KernelContext& ctx, const std::vector<const ir::N
   return UpdateGroup(nodes, in, fits, tensor, step);
 }
 
-// The f32 inputs of SumSquares with their sizes; false when one is not f32 on the device.
-bool SumSquaresOperands(const std::vector<ir::Tensor>& in, std::vector<const float*>* ptrs,
-                        std::vector<int64_t>* sizes) {
-  if (in.empty() || !HasInput(in, 0)) return false;
-  for (const ir::Tensor& t : in) {
-    if (!t.defined()) continue;
-    if (!t.has_data() || t.dtype() != ir::DType::kF32) return false;
-    ptrs->push_back(static_cast<const float*>(t.device_raw()));
-    sizes->push_back(t.num_elements());
-  }
-  return true;
+// SumSquares' and SumScalars' result dtype on the device: f32 or f64 (the `to` attribute, input 0's
+// dtype by default); nullopt for another (the CPU kernel serves it).
+std::optional<bool> F64Result(const ir::Node& node, ir::DType input) {
+  const std::optional<ir::DType> to =
+      node.attrs.Has("to") ? ir::ParseDType(node.attrs.Get<std::string>("to", "")) : input;
+  if (to == ir::DType::kF64) return true;
+  if (to == ir::DType::kF32) return false;
+  return std::nullopt;
 }
 
-// () f32 = sum of x^2 over every element of every input (double accumulation).
-KernelResult SumSquares(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+// Consecutive SumSquares nodes (a stage's per-gradient sums, Backend::RunGroup) in one pass: every
+// node's f32 device inputs are one segment of one LaunchSumSquares. A single node is a group of one.
+GroupResult SumSquaresGroup(const KernelContext& ctx, const std::vector<const ir::Node*>& nodes,
+                            const std::vector<std::vector<ir::Tensor>>& in) {
   std::vector<const float*> ptrs;
   std::vector<int64_t> sizes;
-  if (!SumSquaresOperands(in, &ptrs, &sizes)) return std::nullopt;
-  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, ir::DType::kF32, {});
-  if (!out.ok()) return out.status();
-  const size_t bytes = GradNormWorkspaceBytes(sizes);
-  absl::StatusOr<void*> ws = ctx.Workspace(node, static_cast<int64_t>(bytes));
+  std::vector<int> ends;
+  std::optional<bool> f64;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (in[i].empty() || !in[i][0].defined()) return std::nullopt;
+    const std::optional<bool> node_f64 = F64Result(*nodes[i], in[i][0].dtype());
+    if (!node_f64 || (f64 && *f64 != *node_f64)) return std::nullopt;
+    f64 = node_f64;
+    for (const ir::Tensor& t : in[i]) {
+      if (!t.has_data() || t.on_host() || t.dtype() != ir::DType::kF32) return std::nullopt;
+      ptrs.push_back(CF(t));
+      sizes.push_back(t.num_elements());
+    }
+    ends.push_back(static_cast<int>(ptrs.size()));
+  }
+  std::vector<std::vector<ir::Tensor>> outs;
+  std::vector<void*> out_ptrs;
+  for (const ir::Node* n : nodes) {
+    absl::StatusOr<ir::Tensor> out = ctx.Output(*n, 0, *f64 ? ir::DType::kF64 : ir::DType::kF32, {});
+    if (!out.ok()) return out.status();
+    out_ptrs.push_back(out->device_raw());
+    outs.push_back({*out});
+  }
+  const size_t bytes = SumSquaresWorkspaceBytes(sizes);
+  absl::StatusOr<void*> ws = ctx.Workspace(*nodes[0], static_cast<int64_t>(bytes));
   if (!ws.ok()) return ws.status();
-  if (absl::Status st = GradNorm(ptrs, sizes, MF(*out), nullptr, 0, 0, *ws, bytes, ctx.stream); !st.ok()) return st;
-  return std::vector<ir::Tensor>{*out};
+  if (absl::Status st = SumSquaresBySegment(ptrs, sizes, ends, out_ptrs, *f64, *ws, bytes, ctx.stream); !st.ok()) {
+    return st;
+  }
+  return outs;
 }
 
-int64_t SumSquaresWorkspace(const ir::Graph& g, const ir::Node& node) {
+// The workspace of any group of the graph's SumSquares nodes: a chunk partial for every input of them all.
+int64_t SumSquaresWorkspace(const ir::Graph& g, const ir::Node&) {
   std::vector<int64_t> sizes;
-  for (size_t i = 0; i < node.inputs.size(); ++i) {
-    const auto d = InputDims(g, node, i);
-    if (!d) continue;
-    int64_t n = 1;
-    for (int64_t x : *d) n *= x;
-    sizes.push_back(n);
+  for (ir::NodeId id : g.LiveNodes()) {
+    const ir::Node& n = g.node(id);
+    if (n.op != ir::OpKind::kSumSquares) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const auto d = InputDims(g, n, i);
+      if (!d) continue;
+      int64_t e = 1;
+      for (int64_t x : *d) e *= x;
+      sizes.push_back(e);
+    }
   }
-  return static_cast<int64_t>(GradNormWorkspaceBytes(sizes));
+  return static_cast<int64_t>(SumSquaresWorkspaceBytes(sizes));
+}
+
+// SumScalars over f64 device scalars: one thread adds them in input order.
+KernelResult SumScalars(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
+  std::vector<const double*> terms;
+  for (const ir::Tensor& t : in) {
+    if (!t.has_data() || t.on_host() || t.dtype() != ir::DType::kF64 || t.num_elements() != 1) return std::nullopt;
+    terms.push_back(static_cast<const double*>(t.device_raw()));
+  }
+  const std::optional<bool> f64 = F64Result(node, ir::DType::kF64);
+  if (!f64) return std::nullopt;
+  absl::StatusOr<ir::Tensor> out = ctx.Output(node, 0, *f64 ? ir::DType::kF64 : ir::DType::kF32, {});
+  if (!out.ok()) return out.status();
+  absl::StatusOr<void*> carry = ctx.Workspace(node, sizeof(double));
+  if (!carry.ok()) return carry.status();
+  CUDA_RETURN_IF_ERROR(LaunchSumScalars(terms.data(), static_cast<int>(terms.size()), out->device_raw(), *f64,
+                                        static_cast<double*>(*carry), ctx.stream));
+  return std::vector<ir::Tensor>{*out};
 }
 
 // () f32 = min(1, max_norm / (norm + eps)) in fp32, NaN passing through (the CPU's three fp32
@@ -228,7 +271,11 @@ void RegisterOptimizerKernels(KernelTable& table) {
   table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), scalars, /*host_inputs=*/1u << 2, SgdUpdates};
   table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), scalars, /*host_inputs=*/(1u << 4) | (1u << 5),
                                      AdamWUpdates};
-  table[ir::OpKind::kSumSquares] = {SumSquares, SumSquaresWorkspace};
+  table[ir::OpKind::kSumSquares] = {OneNode(SumSquaresGroup), SumSquaresWorkspace, /*host_inputs=*/0,
+                                     SumSquaresGroup};
+  table[ir::OpKind::kSumScalars] = {SumScalars, [](const ir::Graph&, const ir::Node&) {
+                                      return static_cast<int64_t>(sizeof(double));
+                                    }};
   table[ir::OpKind::kClipScale] = {ClipScale, nullptr};
 }
 

@@ -105,11 +105,24 @@ absl::StatusOr<OptimizerGraphInfo> AddOptimizer(ir::Graph* g,
   OptimizerGraphInfo info;
   const ir::DType dt = g->value(param_grads[0].grad).dtype;
 
-  // Phase 1: the global gradient norm (and the clipping factor).
-  std::vector<ir::ValueId> grads;
-  for (const ParamGrad& pg : param_grads) grads.push_back(pg.grad);
+  // Phase 1: the global gradient norm (and the clipping factor). Each gradient's sum of squares (in
+  // double) is a node of its parameter's, so it runs on the gradient's stage; the global SumScalars adds
+  // those scalars in parameter order.
+  std::vector<ir::ValueId> grads, sums;
+  for (const ParamGrad& pg : param_grads) {
+    grads.push_back(pg.grad);
+    const std::string param = g->value(pg.param).name;
+    sums.push_back(g->AddValue(g->UniqueName("optimizer/" + param + "/grad_sum_squares"), ir::DType::kF64,
+                               ir::Shape{}));
+    ir::Attrs a;
+    a.Set("to", std::string(ir::DTypeName(ir::DType::kF64)));
+    AddOptimizerNode(g, ir::OpKind::kSumSquares, "optimizer/" + param + "/SumSquares", {pg.grad}, {sums.back()},
+                     std::move(a), param, scope_of(pg.param));
+  }
   const ir::ValueId sum_sq = g->AddValue(g->UniqueName("optimizer/grad_sum_squares"), dt, ir::Shape{});
-  AddOptimizerNode(g, ir::OpKind::kSumSquares, "optimizer/SumSquares", grads, {sum_sq}, {},
+  ir::Attrs to;
+  to.Set("to", std::string(ir::DTypeName(dt)));
+  AddOptimizerNode(g, ir::OpKind::kSumScalars, "optimizer/SumSquares", sums, {sum_sq}, std::move(to),
                    /*origin=*/"", /*scope=*/"");
   info.grad_norm = g->AddValue(g->UniqueName(kGradNormName), dt, ir::Shape{});
   AddOptimizerNode(g, ir::OpKind::kSqrt, "optimizer/GradNorm", {sum_sq}, {info.grad_norm}, {},

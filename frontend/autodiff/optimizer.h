@@ -1,8 +1,9 @@
 // Optimizers as graph ops. AddOptimizer appends, after the backward pass that BuildGradients
 // made, the nodes of one training step's update (Phase::kOptimizer):
 //
-//   grad_norm  = Sqrt(SumSquares(all parameter gradients))       graph output kGradNormName
-//   clip_scale = ClipScale(grad_norm) attr max_norm              only with clip_norm > 0
+//   s_g        = SumSquares(g) attr to=f64                        per gradient g, with its parameter
+//   grad_norm  = Sqrt(SumScalars(s_g over every gradient))        graph output kGradNormName
+//   clip_scale = ClipScale(grad_norm) attr max_norm               only with clip_norm > 0
 //   per parameter p with gradient g:
 //     SGD:   p', buf'  = SGDUpdate(p, g, lr, buf?, clip_scale?)   (buf only with momentum != 0)
 //     AdamW: p', m', v' = AdamWUpdate(p, g, m, v, lr, step, clip_scale?)

@@ -1,4 +1,4 @@
-// Shape rules of the optimizer ops (SumSquares, ClipScale, SGDUpdate, AdamWUpdate; op.h states
+// Shape rules of the optimizer ops (SumSquares, SumScalars, ClipScale, SGDUpdate, AdamWUpdate; op.h states
 // their semantics). Updates produce values shaped like the parameter; the norm ops produce scalars.
 #include "frontend/ir/infer_rules.h"
 
@@ -30,12 +30,33 @@ absl::Status ExpectSameAs(const InferContext& ctx, int like, std::initializer_li
   return absl::OkStatus();
 }
 
+// The dtype attribute `to` of SumSquares and SumScalars: a float type name, input 0's by default.
+absl::StatusOr<DType> ResultDType(const InferContext& ctx) {
+  if (!ctx.attrs().Has("to")) return ctx.dtype(0);
+  const std::optional<DType> to = ParseDType(ctx.attrs().Get<std::string>("to", ""));
+  if (!to || !IsFloat(*to)) {
+    return ctx.Error() << "attribute 'to' (" << ctx.attrs().ToString() << ") is not a float type name (f64, f32, ...)";
+  }
+  return *to;
+}
+
 absl::StatusOr<Outputs> InferSumSquares(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   for (int i = 1; i < ctx.num_inputs(); ++i) {
     if (ctx.has_input(i)) RETURN_IF_ERROR(ctx.ExpectSameDType(0, i));
   }
-  return One(ctx.dtype(0), Shape{});
+  ASSIGN_OR_RETURN(const DType to, ResultDType(ctx));
+  return One(to, Shape{});
+}
+
+absl::StatusOr<Outputs> InferSumScalars(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (i > 0) RETURN_IF_ERROR(ctx.ExpectSameDType(0, i));
+    RETURN_IF_ERROR(ExpectScalarInput(ctx, i, "term"));
+  }
+  ASSIGN_OR_RETURN(const DType to, ResultDType(ctx));
+  return One(to, Shape{});
 }
 
 absl::StatusOr<Outputs> InferClipScale(const InferContext& ctx) {
@@ -75,6 +96,7 @@ absl::StatusOr<Outputs> InferAdamWUpdate(const InferContext& ctx) {
 
 void RegisterTrainRules(RuleTable& t) {
   SetRule(t, OpKind::kSumSquares, InferSumSquares);
+  SetRule(t, OpKind::kSumScalars, InferSumScalars);
   SetRule(t, OpKind::kClipScale, InferClipScale);
   SetRule(t, OpKind::kSGDUpdate, InferSGDUpdate);
   SetRule(t, OpKind::kAdamWUpdate, InferAdamWUpdate);

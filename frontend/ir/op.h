@@ -115,8 +115,13 @@
 // Their outputs are the next values of parameters and optimizer state, recorded in
 // Graph::state_updates(); `lr` is an f64 scalar and `step` an i64 scalar graph input fed per step;
 // `scale` is the optional gradient-clipping factor (ClipScale's output) multiplied into the grad.
-// - SumSquares(X0, X1, ...) -> scalar of X0's dtype: sum of x^2 over every element of every input
-//   (accumulated in double); Sqrt of it is the global gradient norm.
+// - SumSquares(X0, X1, ...) attr to (dtype name, default X0's dtype) -> scalar: sum of x^2 over every
+//   element of every input, accumulated in double (input after input, each input's sum formed on its
+//   own first), rounded to `to`. The optimizer makes one per gradient with to = f64, on the gradient's
+//   stage, and adds them with SumScalars on the coordinator: only scalars cross stages.
+// - SumScalars(S0, S1, ...) attr to (dtype name, default S0's dtype) -> scalar: ((0 + S0) + S1) + ...
+//   in double, in input order, rounded to `to`. Sqrt of SumScalars(SumSquares(g_i) for every
+//   gradient g_i) is the global gradient norm, the same bits for every stage count.
 // - ClipScale(norm) attrs max_norm (float), eps (float, default 1e-6) -> min(1, max_norm/(norm+eps))
 //   (torch.nn.utils.clip_grad_norm_).
 // - SGDUpdate(param, grad, lr, momentum_buf?, scale?) attrs momentum, nesterov (int), weight_decay
@@ -240,7 +245,8 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \
   V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \
   V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2, 0)                                                   \
-  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)
+  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)                                               \
+  V(SumScalars, "SumScalars", 1, kVariadic, 1, 1, 0)
 
 enum class OpKind : uint16_t {
 #define V(e, name, min_in, max_in, min_out, max_out, props) k##e,

@@ -25,7 +25,7 @@ const std::set<OpKind>& EmittedByTraining() {
       OpKind::kReluGrad,        OpKind::kSoftmaxGrad,   OpKind::kLogSoftmaxGrad,
       OpKind::kGeluGrad,        OpKind::kLayerNormGrad, OpKind::kRMSNormGrad,
       OpKind::kDropoutGrad,     OpKind::kAttentionGrad, OpKind::kSoftmaxCrossEntropyLossGrad,
-      OpKind::kSumSquares,      OpKind::kClipScale,     OpKind::kSGDUpdate,
+      OpKind::kSumSquares,      OpKind::kSumScalars,    OpKind::kClipScale,     OpKind::kSGDUpdate,
       OpKind::kAdamWUpdate};
   return ops;
 }

@@ -1,5 +1,5 @@
 // Multi-tensor SGD / AdamW steps and the global gradient norm on the GPU against the CPU backend's
-// SGDUpdate / AdamWUpdate / SumSquares -> Sqrt -> ClipScale over several steps (fp32 within 1e-6
+// SGDUpdate / AdamWUpdate / SumSquares (-> SumScalars) -> Sqrt -> ClipScale over several steps (fp32 within 1e-6
 // relative; the kernels round like the CPU's, so the steps are expected bitwise), with clipping
 // scale, bf16 compute copies, batches of many tensors and chunks, and argument errors.
 #include "executor/cuda/optimizer.h"
@@ -311,7 +311,7 @@ TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
       dgs.push_back(std::make_unique<DeviceTensor>(gs.back()));
       ptrs.push_back(dgs.back()->as<float>());
     }
-    const size_t ws_bytes = GradNormWorkspaceBytes(sizes);
+    const size_t ws_bytes = SumSquaresWorkspaceBytes(sizes);
     DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)}), sum(DType::kF32, {}), scale(DType::kF32, {});
     ASSERT_TRUE(
         GradNorm(ptrs, sizes, sum.as<float>(), scale.as<float>(), max_norm, 1e-6, ws.get(), ws_bytes, nullptr).ok());
@@ -340,6 +340,54 @@ TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
   EXPECT_TRUE(std::isnan(scale.ToHost().GetAsDouble(0)));
 }
 
+// A stage's per-gradient sums of squares (SumSquares to=f64, one segment per node, an empty segment
+// included) and their SumScalars over more terms than one launch takes (the carry between launches):
+// against the CPU kernels on the same gradients, within double rounding of the partial sums' order.
+TEST_F(OptimizerTest, SegmentSumsAndSumScalarsEqualCpu) {
+  const std::vector<int64_t> sizes = {5, 1 << 16, 0, 3 * (1 << 16) + 9, 1000, 1};
+  const std::vector<int> ends = {1, 2, 2, 4, 6};  // {5}, {65536}, {}, {0, 196617}, {1000, 1}
+  std::vector<Tensor> gs;
+  std::vector<std::unique_ptr<DeviceTensor>> dgs;
+  std::vector<const float*> ptrs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    gs.push_back(Rand(DType::kF32, {sizes[i]}, 70 + i));
+    dgs.push_back(std::make_unique<DeviceTensor>(gs.back()));
+    ptrs.push_back(dgs.back()->as<float>());
+  }
+  const size_t ws_bytes = SumSquaresWorkspaceBytes(sizes);
+  DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes) + 8}), sums(DType::kF64, {5});
+  std::vector<void*> outs;
+  for (int j = 0; j < 5; ++j) outs.push_back(sums.as<double>() + j);
+  ASSERT_TRUE(SumSquaresBySegment(ptrs, sizes, ends, outs, /*f64_out=*/true, ws.get(), ws_bytes, nullptr).ok());
+  const Tensor got = sums.ToHost();
+  ir::Attrs to64;
+  to64.Set("to", std::string("f64"));
+  std::vector<Tensor> want;
+  for (int j = 0, begin = 0; j < 5; begin = ends[j++]) {
+    const std::vector<Tensor> seg(gs.begin() + begin, gs.begin() + ends[j]);
+    want.push_back(seg.empty() ? Tensor::Scalar<double>(0)
+                               : Eval1(MakeNode(OpKind::kSumSquares, static_cast<int>(seg.size()), 1, to64), seg));
+    EXPECT_NEAR(got.data<double>()[j], want.back().data<double>()[0], 1e-12 * want.back().data<double>()[0]) << j;
+  }
+  EXPECT_EQ(got.data<double>()[2], 0.0);
+  // 150 terms: three launches of SumScalars chained through the carry, added in order as the CPU does.
+  std::vector<Tensor> terms;
+  std::vector<std::unique_ptr<DeviceTensor>> dterms;
+  std::vector<const double*> term_ptrs;
+  for (int i = 0; i < 150; ++i) {
+    terms.push_back(Tensor::Scalar<double>(std::ldexp(1.0, (i * 37) % 70 - 20) * (1 + i % 3)));
+    dterms.push_back(std::make_unique<DeviceTensor>(terms.back()));
+    term_ptrs.push_back(dterms.back()->as<double>());
+  }
+  for (bool f64_out : {true, false}) {
+    DeviceTensor out(f64_out ? DType::kF64 : DType::kF32, {});
+    ASSERT_EQ(LaunchSumScalars(term_ptrs.data(), 150, out.get(), f64_out, ws.as<double>(), nullptr), cudaSuccess);
+    ir::Attrs to;
+    to.Set("to", std::string(f64_out ? "f64" : "f32"));
+    EXPECT_TRUE(out.ToHost().BitwiseEquals(Eval1(MakeNode(OpKind::kSumScalars, 150, 1, to), terms))) << f64_out;
+  }
+}
+
 TEST_F(OptimizerTest, BadArgumentsAreErrors) {
   Param p(10, 1);
   OptimizerTensor t = p.View();
@@ -356,6 +404,8 @@ TEST_F(OptimizerTest, BadArgumentsAreErrors) {
       GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), out.as<float>(), 0.0, 1e-6, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10, 5}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(GradNorm({p.dg->as<float>()}, {10}, out.as<float>(), nullptr, 1.0, 1e-6, ws.get(), 4, nullptr).ok());
+  EXPECT_FALSE(SumSquaresBySegment({p.dg->as<float>()}, {10}, {2}, {out.get()}, false, ws.get(), 8, nullptr).ok());
+  EXPECT_FALSE(SumSquaresBySegment({p.dg->as<float>()}, {10}, {1, 1}, {out.get()}, false, ws.get(), 8, nullptr).ok());
   EXPECT_FALSE(AdamWStepWithDeviceScalars({t}, nullptr, nullptr, nullptr).ok());
   EXPECT_FALSE(
       SgdStepWithDeviceScalars({no_state}, MakeSgdScalars(0.1, 0.9, 0, false), ws.as<SgdScalars>(), nullptr, nullptr)

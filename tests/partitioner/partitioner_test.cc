@@ -104,14 +104,19 @@ TEST(Analysis, ChainPositionsAndCuts) {
   ASSERT_TRUE(a.ok()) << a.status();
   // Forward: 3 x (Linear, Relu) + head Linear + the loss = 8 positions.
   EXPECT_EQ(a->num_positions(), 8);
-  // Every backward and optimizer node has a position (global: SumSquares and the norm's Sqrt).
+  // Every backward and optimizer node has a position but the global ones: the SumScalars of the
+  // per-gradient sums of squares and the norm's Sqrt. Each gradient's SumSquares sits with its parameter.
   for (ir::NodeId id : a->order) {
     if (a->position[id] < 0) {
       EXPECT_EQ(g.node(id).phase, ir::Phase::kOptimizer);
       EXPECT_TRUE(g.node(id).origin.empty()) << g.node(id).name;
     }
+    if (g.node(id).op == ir::OpKind::kSumSquares) {
+      EXPECT_GE(a->position[id], 0) << g.node(id).name;
+    }
   }
-  EXPECT_EQ(a->global_nodes.size(), 2u);
+  ASSERT_EQ(a->global_nodes.size(), 2u);
+  EXPECT_EQ(g.node(a->global_nodes[0]).op, ir::OpKind::kSumScalars);
   // A parameter's update sits with its forward consumer.
   for (ir::NodeId id : a->order) {
     const ir::Node& n = g.node(id);
@@ -369,6 +374,13 @@ TEST(Memory, SharedParameterIsHeldOnEveryStageThatReadsIt) {
       std::set<ir::NodeId> here(order.begin(), order.end());
       std::set<ir::ValueId> once_per_step;
       for (const auto& [peer, vs] : sp->recv_post) once_per_step.insert(vs.begin(), vs.end());
+      // Once per step only the tied weight's contributions and scalars travel: each stage sums its own
+      // gradients' squares, the coordinator adds the scalars, and the norm (clip scale) goes back.
+      for (ir::ValueId v : once_per_step) {
+        if (a.contribution_param[v] == ir::kNoValue) {
+          EXPECT_TRUE(sp->graph.value(v).shape.empty()) << g.value(v).name;
+        }
+      }
       int sums = 0;
       for (ir::NodeId id : sp->post) {
         if (sp->graph.node(id).op != ir::OpKind::kSum || a.tail_param[id] != tied) continue;

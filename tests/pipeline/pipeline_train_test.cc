@@ -4,7 +4,7 @@
 //   BITWISE the same per-step losses, gradient norms and final weights (fp64 and fp32): the stages
 //   run the same kernels on the same operands, recompute re-runs them on the same inputs with the
 //   same random stream, gradients accumulate in micro-batch order 0..M-1 for both schedules, the
-//   global norm is one SumSquares over all gradients in the graph's order, and a tied parameter's
+//   global norm adds one double sum of squares per gradient in the graph's order, and a tied parameter's
 //   contributions are added by the graph's own Sum node.
 // - With M = 1 that run is the unpartitioned full-batch run itself: bitwise equal to train::Trainer.
 // - With M > 1 the batch reductions of the gradients (dW = sum over rows) are split into M partial

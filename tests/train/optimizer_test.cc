@@ -204,6 +204,60 @@ TEST(SumSquares, LargeTensorMatchesDoubleReference) {
   EXPECT_EQ((*r)[0].data<float>()[0], static_cast<float>(want));
 }
 
+ir::Node ReductionNode(ir::OpKind op, const std::string& to) {
+  ir::Node node;
+  node.op = op;
+  node.name = "optimizer/sum";
+  node.outputs = {0};
+  if (!to.empty()) node.attrs.Set("to", to);
+  return node;
+}
+
+TEST(SumSquares, ToF64KeepsTheDoubleSum) {
+  // 1 + (2^-30)^2 is exact in double and rounds to 1 in f32.
+  const float tiny = std::ldexp(1.0f, -30);
+  cpu::CpuEvaluator ev;
+  const std::vector<ir::Tensor> in = {ir::Tensor::FromVector<float>({2}, {1.0f, tiny})};
+  absl::StatusOr<std::vector<ir::Tensor>> wide = ev.Evaluate(ReductionNode(ir::OpKind::kSumSquares, "f64"), in);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  ASSERT_EQ((*wide)[0].dtype(), ir::DType::kF64);
+  EXPECT_EQ((*wide)[0].data<double>()[0], 1.0 + std::ldexp(1.0, -60));
+  absl::StatusOr<std::vector<ir::Tensor>> narrow = ev.Evaluate(ReductionNode(ir::OpKind::kSumSquares, ""), in);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ((*narrow)[0].data<float>()[0], 1.0f);
+}
+
+TEST(SumScalars, AddsInInputOrderInDouble) {
+  // ((0 + 2^53) + 1) + 1 = 2^53 in double (each +1 rounds away); (1 + 1) + 2^53 = 2^53 + 2.
+  const double big = std::ldexp(1.0, 53);
+  auto sum = [](std::vector<double> terms, const std::string& to) {
+    std::vector<ir::Tensor> in;
+    for (double t : terms) in.push_back(ir::Tensor::Scalar<double>(t));
+    return cpu::CpuEvaluator().Evaluate(ReductionNode(ir::OpKind::kSumScalars, to), in);
+  };
+  absl::StatusOr<std::vector<ir::Tensor>> a = sum({big, 1, 1}, "");
+  absl::StatusOr<std::vector<ir::Tensor>> b = sum({1, 1, big}, "");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)[0].data<double>()[0], big);
+  EXPECT_EQ((*b)[0].data<double>()[0], big + 2);
+  absl::StatusOr<std::vector<ir::Tensor>> f = sum({0.1, 0.2}, "f32");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)[0].data<float>()[0], static_cast<float>(0.1 + 0.2));
+}
+
+TEST(SumScalars, RejectsTensorsAndBadTypeNames) {
+  cpu::CpuEvaluator ev;
+  absl::StatusOr<std::vector<ir::Tensor>> r =
+      ev.Evaluate(ReductionNode(ir::OpKind::kSumScalars, ""),
+                  {ir::Tensor::Scalar<double>(1), ir::Tensor::FromVector<double>({2}, {1, 2})});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("optimizer/sum"));
+  EXPECT_THAT(r.status().message(), HasSubstr("1"));
+  r = ev.Evaluate(ReductionNode(ir::OpKind::kSumSquares, "int8"), {ir::Tensor::FromVector<float>({1}, {1})});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'to'"));
+}
+
 TEST(OptimizerKernels, MismatchedGradientNamesNode) {
   ir::Node node;
   node.op = ir::OpKind::kSGDUpdate;
