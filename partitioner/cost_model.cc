@@ -170,6 +170,31 @@ double RingAllReduceSeconds(int64_t bytes, int64_t ranks, double bandwidth, doub
   return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * static_cast<double>(bytes) / bandwidth;
 }
 
+BucketedAllReduce BucketedAllReduceSeconds(const std::vector<int64_t>& tensors, int64_t bucket_bytes,
+                                           double backward_s, int64_t ranks, double bandwidth, double latency_s) {
+  BucketedAllReduce r;
+  double total = 0;
+  for (int64_t b : tensors) total += static_cast<double>(b);
+  double done = 0, end = 0, pending_s = 0;
+  int64_t open = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    done += static_cast<double>(tensors[i]);
+    open += tensors[i];
+    const double s = RingAllReduceSeconds(tensors[i], ranks, bandwidth, latency_s);
+    r.seconds += s;
+    pending_s += s;
+    if (open < bucket_bytes) continue;
+    const double ready = total > 0 ? backward_s * done / total : backward_s;
+    end = std::max(end, ready) + pending_s;
+    ++r.buckets;
+    open = 0;
+    pending_s = 0;
+  }
+  end = std::max(end, backward_s) + pending_s;
+  r.exposed_s = std::max(0.0, end - backward_s);
+  return r;
+}
+
 double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precision) {
   if (c.free) return 0;
   const double peak = (c.gemm ? d.gemm_flops(precision) : d.vector_flops) * d.compute_efficiency;

@@ -67,6 +67,18 @@ double RooflineSeconds(const OpCost& c, const DeviceProfile& d, Precision precis
 // bytes at `bandwidth` (bytes/s). 0 for one rank.
 double RingAllReduceSeconds(int64_t bytes, int64_t ranks, double bandwidth, double latency_s);
 
+// Data parallelism's gradient all-reduce as the executor runs it (ExecutorOptions::dp_bucket_bytes): `tensors`
+// (bytes each, in the order the last micro-batch's backward completes them, spread evenly over its
+// `backward_s`) join buckets of at least `bucket_bytes`; a full bucket's all-reduces (one ring per tensor) start
+// when its last tensor is complete and the previous bucket's are done (one comm stream), the last partial bucket's
+// when the backward ends. `exposed_s`: how long they run past the backward's end.
+struct BucketedAllReduce {
+  int64_t buckets = 0;  // all-reduced during the backward (the last, partial one not counted)
+  double seconds = 0, exposed_s = 0;
+};
+BucketedAllReduce BucketedAllReduceSeconds(const std::vector<int64_t>& tensors, int64_t bucket_bytes,
+                                           double backward_s, int64_t ranks, double bandwidth, double latency_s);
+
 inline constexpr char kOpTimesFormat[] = "onnxpipe-op-times/1";
 
 struct OpTimes {

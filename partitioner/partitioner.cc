@@ -255,17 +255,23 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
                                           plan.device.link_latency_s);
     }
     // Data parallelism: the executor all-reduces every accumulated gradient in place over the
-    // stage's replicas after the last backward, one tensor at a time (no bucket: no memory added).
+    // stage's replicas (no memory added), in buckets as the last micro-batch's backward completes them.
     if (plan.data_parallel > 1) {
-      double dp_s = 0;
-      for (ir::ValueId v : sp.accumulate) {
-        s.data_parallel_bytes += a.value_bytes[v];
-        dp_s += RingAllReduceSeconds(a.value_bytes[v], plan.data_parallel, plan.device.data_parallel_link(),
-                                     plan.device.link_latency_s);
-      }
+      const std::set<ir::ValueId> accumulated(sp.accumulate.begin(), sp.accumulate.end());
+      std::vector<int64_t> completed;  // bytes, in the order the backward makes them
+      for (ir::NodeId id : sp.backward)
+        for (ir::ValueId v : sp.graph.node(id).outputs)
+          if (accumulated.count(v)) completed.push_back(a.value_bytes[v]);
+      for (ir::ValueId v : sp.accumulate) s.data_parallel_bytes += a.value_bytes[v];
+      const BucketedAllReduce dp =
+          BucketedAllReduceSeconds(completed, o.dp_bucket_bytes, bwd + rcp, plan.data_parallel,
+                                   plan.device.data_parallel_link(), plan.device.link_latency_s);
       s.data_parallel_tensors = static_cast<int64_t>(sp.accumulate.size());
-      s.data_parallel_allreduce_ms = dp_s * 1e3;
+      s.data_parallel_buckets = dp.buckets;
+      s.data_parallel_allreduce_ms = dp.seconds * 1e3;
+      s.data_parallel_exposed_ms = dp.exposed_s * 1e3;
       plan.data_parallel_allreduce_ms = std::max(plan.data_parallel_allreduce_ms, s.data_parallel_allreduce_ms);
+      plan.data_parallel_exposed_ms = std::max(plan.data_parallel_exposed_ms, s.data_parallel_exposed_ms);
     }
     for (int32_t p = s.position_begin; p < s.position_end; ++p) {
       const std::string& layer = a.layer_of_position[p];
@@ -296,9 +302,9 @@ absl::StatusOr<PartitionPlan> PlanAssignment(const PartitionContext& ctx, const 
   RETURN_IF_ERROR(ProveTransferOrder(program, actions));
   for (int32_t k = 0; k < K; ++k) plan.stages[k].actions = actions[k];
   ASSIGN_OR_RETURN(plan.timeline, Simulate(actions, timing, parts_s));
-  // The slowest stage's data-parallel all-reduce after the whole pipeline: the stages that drain
-  // earlier start theirs earlier, so this is an upper bound.
-  plan.step_ms = plan.timeline.step_s * 1e3 + plan.data_parallel_allreduce_ms;
+  // The slowest stage's data-parallel all-reduce past its backward, after the whole pipeline: the
+  // stages that drain earlier start theirs earlier, so this is an upper bound.
+  plan.step_ms = plan.timeline.step_s * 1e3 + plan.data_parallel_exposed_ms;
   plan.bubble_fraction = plan.timeline.bubble_fraction;
   plan.samples_per_s = plan.step_ms > 0 ? static_cast<double>(o.batch) / (plan.step_ms * 1e-3) : 0;
   plan.analytic_step_ms = (sum_p + static_cast<double>(o.microbatches - 1) * max_p + comm) * 1e3;

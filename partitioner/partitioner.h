@@ -67,6 +67,9 @@ struct PartitionOptions {
   // B / D, and each stage's step ends with the all-reduce of its accumulated gradients over its D
   // replicas (PartitionPlan::data_parallel_allreduce_ms).
   int64_t data_parallel = 1;
+  // The executor's all-reduce buckets (ExecutorOptions::dp_bucket_bytes): how much of the all-reduce the last
+  // micro-batch's backward hides.
+  int64_t dp_bucket_bytes = int64_t{25} << 20;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   RecomputePolicy recompute = RecomputePolicy::kNone;
   Precision precision = Precision::kFP32;
@@ -115,11 +118,12 @@ struct StagePlan {
   double forward_ms = 0, backward_ms = 0, recompute_ms = 0, optimizer_ms = 0;
   double send_forward_ms = 0, send_backward_ms = 0;
   // Data parallelism (D > 1): the stage's accumulated gradients (StageProgram::accumulate, what the
-  // executor all-reduces in place over the stage's D replicas after its last backward, one
-  // all-reduce per tensor), their bytes and the ring all-reduce time (RingAllReduceSeconds per
-  // tensor over the device's data_parallel_link()); 0 for D = 1.
-  int64_t data_parallel_bytes = 0, data_parallel_tensors = 0;
-  double data_parallel_allreduce_ms = 0;
+  // executor all-reduces in place over the stage's D replicas, one all-reduce per tensor: no memory
+  // added), their bytes, the ring all-reduce time (RingAllReduceSeconds per tensor over the device's
+  // data_parallel_link()), the buckets (PartitionOptions::dp_bucket_bytes) and the part of the time
+  // the last micro-batch's backward does not hide (DataParallelExposedSeconds); 0 for D = 1.
+  int64_t data_parallel_bytes = 0, data_parallel_tensors = 0, data_parallel_buckets = 0;
+  double data_parallel_allreduce_ms = 0, data_parallel_exposed_ms = 0;
   std::vector<std::string> layers;  // layer keys with forward nodes here, in order
 };
 
@@ -157,10 +161,12 @@ struct PartitionPlan {
   std::vector<StagePlan> stages;
   std::vector<LayerPlan> layers;
   std::vector<std::string> global_nodes;
-  // step_ms = the simulated pipeline (timeline.step_s) + data_parallel_allreduce_ms, the slowest
-  // stage's gradient all-reduce, counted after the whole pipeline (not overlapped with the other
-  // stages' drain: an upper bound); samples_per_s = the global batch / step_ms.
+  // step_ms = the simulated pipeline (timeline.step_s) + data_parallel_exposed_ms, the largest
+  // stage's all-reduce time its backward does not hide, counted after the whole pipeline (not
+  // overlapped with the other stages' drain: an upper bound); samples_per_s = the global batch /
+  // step_ms. data_parallel_allreduce_ms: the largest stage's whole all-reduce time.
   double step_ms = 0, bubble_fraction = 0, samples_per_s = 0, data_parallel_allreduce_ms = 0;
+  double data_parallel_exposed_ms = 0;
   double analytic_step_ms = 0;  // T of the chosen plan (the pipeline alone)
   ScheduleResult timeline;
   CostSummary cost;

@@ -139,6 +139,7 @@ ordered_json PlanToJson(const PartitionPlan& p) {
                     {"bubble_fraction", p.bubble_fraction},
                     {"samples_per_s", p.samples_per_s},
                     {"data_parallel_allreduce_ms", p.data_parallel_allreduce_ms},
+                    {"data_parallel_exposed_ms", p.data_parallel_exposed_ms},
                     {"analytic_step_ms", p.analytic_step_ms},
                     {"cost_source", p.cost.source},
                     {"measured_nodes", p.cost.measured_nodes},
@@ -174,6 +175,8 @@ ordered_json PlanToJson(const PartitionPlan& p) {
     predicted["data_parallel_allreduce_ms"] = s.data_parallel_allreduce_ms;
     predicted["data_parallel_bytes"] = s.data_parallel_bytes;
     predicted["data_parallel_tensors"] = s.data_parallel_tensors;
+    predicted["data_parallel_buckets"] = s.data_parallel_buckets;
+    predicted["data_parallel_exposed_ms"] = s.data_parallel_exposed_ms;
     stages.push_back(std::move(st));
   }
   j["stages"] = std::move(stages);
@@ -269,6 +272,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
   if (p.bubble_fraction > 1) return r.Error("predicted.bubble_fraction", "must be in [0, 1]");
   if (pred->contains("data_parallel_allreduce_ms")) {
     ASSIGN_OR_RETURN(p.data_parallel_allreduce_ms, r.Number(*pred, "predicted", "data_parallel_allreduce_ms"));
+  }
+  // Plans written before the bucketed all-reduce: all of it after the backward.
+  p.data_parallel_exposed_ms = p.data_parallel_allreduce_ms;
+  if (pred->contains("data_parallel_exposed_ms")) {
+    ASSIGN_OR_RETURN(p.data_parallel_exposed_ms, r.Number(*pred, "predicted", "data_parallel_exposed_ms"));
   }
 
   ASSIGN_OR_RETURN(const json* stages, r.Field(j, "", "stages"));
@@ -394,6 +402,11 @@ absl::StatusOr<PartitionPlan> PlanFromJson(const json& j, const std::string& wha
       ASSIGN_OR_RETURN(s.data_parallel_allreduce_ms, r.Number(*sp, pp, "data_parallel_allreduce_ms"));
       ASSIGN_OR_RETURN(s.data_parallel_bytes, r.Int(*sp, pp, "data_parallel_bytes"));
       ASSIGN_OR_RETURN(s.data_parallel_tensors, r.Int(*sp, pp, "data_parallel_tensors"));
+    }
+    s.data_parallel_exposed_ms = s.data_parallel_allreduce_ms;
+    if (sp->contains("data_parallel_exposed_ms")) {
+      ASSIGN_OR_RETURN(s.data_parallel_exposed_ms, r.Number(*sp, pp, "data_parallel_exposed_ms"));
+      ASSIGN_OR_RETURN(s.data_parallel_buckets, r.Int(*sp, pp, "data_parallel_buckets"));
     }
     p.stages.push_back(std::move(s));
   }

@@ -115,10 +115,10 @@ std::string DescribeStepParts(const PartitionPlan& p) {
   if (p.data_parallel <= 1) return "";
   int32_t slowest = 0;
   for (const StagePlan& s : p.stages) {
-    if (s.data_parallel_allreduce_ms > p.stages[slowest].data_parallel_allreduce_ms) slowest = s.index;
+    if (s.data_parallel_exposed_ms > p.stages[slowest].data_parallel_exposed_ms) slowest = s.index;
   }
-  return "pipeline " + FormatMs(p.step_ms - p.data_parallel_allreduce_ms) + " + data-parallel all-reduce " +
-         FormatMs(p.data_parallel_allreduce_ms) + " (stage " + std::to_string(slowest) + ")";
+  return "pipeline " + FormatMs(p.step_ms - p.data_parallel_exposed_ms) + " + data-parallel all-reduce " +
+         FormatMs(p.data_parallel_exposed_ms) + " past the backward (stage " + std::to_string(slowest) + ")";
 }
 
 std::string ReportText(const PartitionPlan& p) {
@@ -164,7 +164,9 @@ std::string ReportText(const PartitionPlan& p) {
     if (p.data_parallel <= 1) break;
     os << "all-reduce stage " << s.index << ": " << FormatBytes(s.data_parallel_bytes) << " of gradients ("
        << s.data_parallel_tensors << " tensors) over " << p.data_parallel << " replicas, "
-       << FormatMs(s.data_parallel_allreduce_ms) << " per step, in place (no memory added)\n";
+       << FormatMs(s.data_parallel_allreduce_ms) << " per step, in place (no memory added); "
+       << s.data_parallel_buckets << " buckets during the last backward, " << FormatMs(s.data_parallel_exposed_ms)
+       << " past it\n";
   }
   for (const StagePlan& s : p.stages) {
     if (s.recompute_regions.empty()) continue;
@@ -316,7 +318,8 @@ std::string ScheduleTraceJson(const PartitionPlan& p) {
                             {"step_ms", p.step_ms},
                             {"bubble_fraction", p.bubble_fraction},
                             {"data_parallel", p.data_parallel},
-                            {"data_parallel_allreduce_ms", p.data_parallel_allreduce_ms}});
+                            {"data_parallel_allreduce_ms", p.data_parallel_allreduce_ms},
+                            {"data_parallel_exposed_ms", p.data_parallel_exposed_ms}});
 }
 
 absl::Status WritePlanFiles(const PartitionPlan& plan, const std::string& dir) {

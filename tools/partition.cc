@@ -41,7 +41,7 @@ struct Flags {
   std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest", logits;
   std::string labels = "labels", freeze, train_only;
   int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64, data_parallel = 1;
-  double momentum = 0, clip_norm = 0, cut_slack = 0.05;
+  double momentum = 0, clip_norm = 0, cut_slack = 0.05, dp_bucket_mb = 25;
   bool onnx = true;
 };
 
@@ -102,6 +102,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   o.batch = f.batch;
   o.microbatches = f.microbatches;
   o.data_parallel = f.data_parallel;
+  o.dp_bucket_bytes = static_cast<int64_t>(f.dp_bucket_mb * (1 << 20));
   o.max_stages = f.max_stages;
   o.cut_slack = f.cut_slack;
   ASSIGN_OR_RETURN(o.schedule, part::ParseSchedule(f.schedule));
@@ -132,6 +133,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   if (!f.profile.empty()) {
     ASSIGN_OR_RETURN(part::OpTimes times, part::LoadOpTimes(f.profile));
     o.op_times = std::make_shared<part::OpTimes>(std::move(times));
+  }
+  if (!(f.dp_bucket_mb >= 0 && f.dp_bucket_mb <= 1 << 20)) {
+    return INVALID_ARGUMENT() << "--dp-bucket-mb must be between 0 and 1048576 MiB, got " << f.dp_bucket_mb;
   }
   std::optional<part::SweepSpec> sweep;
   if (!f.sweep.empty()) {
@@ -277,6 +281,9 @@ int RunPartition(const Args& args) {
   fs.Int("data-parallel", &f.data_parallel,
          "D data-parallel replicas of the pipeline (K x D ranks, as train --data-parallel): the plan is made for "
          "the per-replica batch B / D and each stage's step adds the all-reduce of its gradients over D replicas");
+  fs.Double("dp-bucket-mb", &f.dp_bucket_mb,
+            "data parallelism: the all-reduce bucket (as train --dp-bucket-mb): full buckets run during the last "
+            "micro-batch's backward, and only what runs past it counts in the step");
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
   fs.String("schedule", &f.schedule, "gpipe | 1f1b");
   fs.String("recompute", &f.recompute, "none | full | selective | auto");

@@ -68,6 +68,7 @@ struct Flags {
   std::string memory_budget;  // --memory-budget SIZE ("" : the device's free memory)
   std::string resume;         // "" | latest | auto (tools/resume.h)
   int64_t data_parallel = 1;  // D replicas (multi-process)
+  double dp_bucket_mb = 25;   // the backward's all-reduce buckets (data parallelism)
   double rendezvous_timeout = 300, comm_timeout = 0, heartbeat_timeout = 8;
   std::string comm = "auto";  // tcp | nccl | auto
   bool device_given = false;  // --device on the command line (else a rank takes its local rank's GPU)
@@ -180,6 +181,9 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.Int("data-parallel", &f.data_parallel,
          "multi-process: D data-parallel replicas of the pipeline (the world is K stages x D replicas; each "
          "replica trains on 1/D of --batch, gradients summed over the replicas before the update)");
+  fs.Double("dp-bucket-mb", &f.dp_bucket_mb,
+            "data parallelism: the backward all-reduces complete gradients over the replicas in buckets of this "
+            "many MiB while it goes on (PyTorch DDP's bucket_cap_mb); 0: each gradient as soon as it is complete");
   fs.Double("rendezvous-timeout", &f.rendezvous_timeout,
             "multi-process: seconds the ranks wait for each other at the start before failing, naming the "
             "missing ones");
@@ -346,6 +350,17 @@ void PrintGraphs(const pipeline::PipelineTrainer& trainer) {
       static_cast<long long>(failed));
 }
 
+// Data parallelism: how the last step's gradient all-reduce overlapped the backward (this rank's stage).
+void PrintDataParallel(const pipeline::PipelineTrainer& trainer, const Flags& f) {
+  const pipeline::PipelineExecutor& ex = trainer.executor();
+  if (ex.options().topology.replicas < 2 || trainer.results().empty()) return;
+  const int32_t stage = ex.options().topology.stage();
+  std::printf("data parallel: %d replicas; stage %d all-reduced %d gradient buckets of >= %g MiB during the last "
+              "step's backward, the rest at its optimizer step\n",
+              ex.options().topology.replicas, stage, trainer.results().back().stages[stage].dp_buckets_in_backward,
+              f.dp_bucket_mb);
+}
+
 // From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
 // and the external-data rule read), not their initial values, so that they are not held twice. The evaluation
 // graph keeps its own (Evaluate replaces them with the trained ones after converting the graph's dtype).
@@ -468,6 +483,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   po.schedule = f.schedule;
   po.stages = static_cast<int32_t>(f.stages > 0 || !f.plan.empty() ? f.stages : 1);
   po.data_parallel = static_cast<int32_t>(f.data_parallel);
+  po.dp_bucket_bytes = static_cast<int64_t>(f.dp_bucket_mb * (1 << 20));
   if (world) {
     po.world = world->comm.get();
     // Without --stages or --plan the world is the pipeline: K = world / D.
@@ -583,6 +599,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
     return end == LoopEnd::kTerminated ? 0 : 130;
   }
   PrintMemory(*trainer);
+  PrintDataParallel(*trainer, f);
   if (f.cuda_graphs) PrintGraphs(*trainer);
   if (const std::string fb = BackendFallbackSummary(*be); !fb.empty()) std::printf("%s\n", fb.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
@@ -650,6 +667,7 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (f.rendezvous_timeout <= 0) return "--rendezvous-timeout must be > 0 seconds";
   if (f.comm_timeout < 0) return "--comm-timeout must be >= 0 seconds";
   if (f.heartbeat_timeout < 0) return "--heartbeat-timeout must be >= 0 seconds";
+  if (!(f.dp_bucket_mb >= 0 && f.dp_bucket_mb <= 1 << 20)) return "--dp-bucket-mb must be between 0 and 1048576 MiB";
   if (!f.schedule.empty() && f.schedule != "gpipe" && f.schedule != "1f1b") {
     return "--schedule expects gpipe or 1f1b, got '" + f.schedule + "' (the learning-rate schedule is --lr-schedule)";
   }

@@ -100,6 +100,7 @@ class PipelineExecutor::StageRun {
     accumulated_.assign(sp.graph.num_values(), false);
     accumulated_count_.assign(sp.graph.num_values(), 0);
     for (ir::ValueId v : sp.accumulate) accumulated_[v] = true;
+    reduced_.assign(sp.graph.num_values(), false);
     lr_ = ir::Tensor::Scalar<double>(feeds.lr);
     step_ = ir::Tensor::Scalar<int64_t>(feeds.step + 1);
     const std::vector<std::vector<ir::NodeId>> uses = sp.graph.ComputeUses();
@@ -421,7 +422,16 @@ class PipelineExecutor::StageRun {
       }
       RETURN_IF_ERROR(Put(t, m, v, out[k]));
       if (v == sp_.loss) RETURN_IF_ERROR(ReadLoss(out[k], m, replay));  // its slot is reused right after
-      if (accumulated_[v]) RETURN_IF_ERROR(Accumulate(t, v, m, /*issue=*/!replay));
+      if (accumulated_[v]) {
+        RETURN_IF_ERROR(Accumulate(t, v, m, /*issue=*/!replay));
+        if (accumulated_count_[v] == ex_.microbatches_ && replicas_ > 1) {
+          if (seg != nullptr) {
+            pending_ready_.push_back(v);
+          } else {
+            RETURN_IF_ERROR(GradientReady(v));
+          }
+        }
+      }
       for (int32_t peer : sends[v]) {
         if (seg != nullptr) {
           pending_sends_.emplace_back(peer, v);
@@ -448,6 +458,33 @@ class PipelineExecutor::StageRun {
     std::vector<std::pair<int32_t, ir::ValueId>> pending;
     pending.swap(pending_sends_);
     for (const auto& [peer, v] : pending) RETURN_IF_ERROR(Send(t, m, ph, peer, v));
+    std::vector<ir::ValueId> ready;
+    ready.swap(pending_ready_);
+    for (ir::ValueId v : ready) RETURN_IF_ERROR(GradientReady(v));
+    return absl::OkStatus();
+  }
+
+  // Data parallelism, DDP's reducer: a gradient whose last micro-batch is accumulated joins the open bucket, and a
+  // bucket of ExecutorOptions::dp_bucket_bytes is all-reduced over the replicas at once, while the backward goes on
+  // (a comm on its own stream overlaps it with the remaining kernels). Every replica runs the same program, so the
+  // buckets and their order are the same on all of them; the sum is the comm's, in replica order, whenever it runs.
+  absl::Status GradientReady(ir::ValueId v) {
+    bucket_.push_back(v);
+    bucket_bytes_ += arena_.Accumulator(v).num_bytes();
+    if (bucket_bytes_ < ex_.options_.dp_bucket_bytes) return absl::OkStatus();
+    ++measure.dp_buckets_in_backward;
+    return ReduceBucket();
+  }
+  absl::Status ReduceBucket() {
+    const std::vector<int> group = ex_.options_.topology.DataParallelGroup();
+    for (ir::ValueId v : bucket_) {
+      RETURN_IF_ERROR(CommError(ex_.options_.world->AllReduce(arena_.Accumulator(v), group, stream_),
+                                Where(-1, StepPhase::kBackward) + " all-reducing '" + sp_.graph.value(v).name +
+                                    "' over the data-parallel replicas"));
+      reduced_[v] = true;
+    }
+    bucket_.clear();
+    bucket_bytes_ = 0;
     return absl::OkStatus();
   }
   // Micro-batch m's loss: to the host now, or (graphs) copied to its buffer, read after the actions.
@@ -495,6 +532,7 @@ class PipelineExecutor::StageRun {
           arena_.ResetStats();
           arena_.MergeStats(stats);
           pending_sends_.clear();
+          pending_ready_.clear();
           seg = Segment();
           seg.eager = true;
           WarnRecordingFailed(st);
@@ -629,15 +667,16 @@ class PipelineExecutor::StageRun {
     return std::vector<ir::Tensor>{mine};
   }
 
-  // The optimizer updates of one op from post node i on, consecutive and independent, whose
-  // operands are all at hand in `pv` (none to receive): run as one group (Backend::RunGroup: one
-  // multi-tensor kernel on a GPU instead of one launch per parameter).
+  // The optimizer updates (or the per-gradient sums of squares) of one op from post node i on,
+  // consecutive and independent, whose operands are all at hand in `pv` (none to receive): run as one
+  // group (Backend::RunGroup: one multi-tensor kernel on a GPU instead of one launch per parameter).
   std::vector<const ir::Node*> UpdateGroup(size_t i, const std::vector<ir::Tensor>& pv) const {
     std::vector<const ir::Node*> group;
     std::set<ir::ValueId> made;
     for (; i < sp_.post.size(); ++i) {
       const ir::Node& n = sp_.graph.node(sp_.post[i]);
-      if (!partitioner::IsUpdateOp(n.op) || (!group.empty() && n.op != group[0]->op)) break;
+      const bool groups = partitioner::IsUpdateOp(n.op) || n.op == ir::OpKind::kSumSquares;
+      if (!groups || (!group.empty() && n.op != group[0]->op)) break;
       const bool ready = std::all_of(n.inputs.begin(), n.inputs.end(), [&](ir::ValueId v) {
         return v == ir::kNoValue || sp_.graph.value(v).constant || (pv[v].defined() && !made.count(v));
       });
@@ -654,14 +693,15 @@ class PipelineExecutor::StageRun {
     std::vector<ir::Tensor> pv(sg.num_values());
     for (ir::ValueId v : sp_.accumulate) pv[v] = arena_.Accumulator(v);
     // Data parallelism: each replica's accumulated gradients become their sum over the replicas, in replica order
-    // (one process with D x M micro-batches would have added the same terms in micro-batch order).
-    const Topology& topo = ex_.options_.topology;
-    if (topo.replicas > 1) {
-      const std::vector<int> group = topo.DataParallelGroup();
+    // (one process with D x M micro-batches would have added the same terms in micro-batch order). The backward
+    // reduced the full buckets (GradientReady); the last, partial one goes now.
+    if (replicas_ > 1) {
+      RETURN_IF_ERROR(ReduceBucket());
       for (ir::ValueId v : sp_.accumulate) {
-        RETURN_IF_ERROR(CommError(
-            ex_.options_.world->AllReduce(pv[v], group, stream_),
-            Where(-1, StepPhase::kPost) + " all-reducing '" + sg.value(v).name + "' over the data-parallel replicas"));
+        if (!reduced_[v]) {
+          return absl::InternalError(Where(-1, StepPhase::kPost) + ": gradient '" + sg.value(v).name +
+                                     "' was never all-reduced over the data-parallel replicas");
+        }
       }
     }
     for (ir::ValueId v : sp_.step_inputs) {
@@ -927,6 +967,11 @@ class PipelineExecutor::StageRun {
   ir::Tensor lr_, step_;                                        // host scalars (on the backend: buffers_)
   std::set<ir::ValueId> host_step_inputs_;                      // step inputs the optimizer's kernels read on the host
   std::vector<std::pair<int32_t, ir::ValueId>> pending_sends_;  // (peer, value) sent after a segment
+  const int32_t replicas_ = ex_.options_.topology.replicas;
+  std::vector<ir::ValueId> pending_ready_;  // gradients complete inside a segment: GradientReady after it
+  std::vector<ir::ValueId> bucket_;         // complete gradients not yet all-reduced, in order
+  int64_t bucket_bytes_ = 0;
+  std::vector<bool> reduced_;  // by value: all-reduced over the replicas this step
   size_t replayed_ = 0;                                         // the next recorded outputs of the segment replaying
 };
 

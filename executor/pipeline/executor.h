@@ -113,6 +113,10 @@ struct ExecutorOptions {
   // thread over an in-process group (topology must then be K x 1).
   comm::Comm* world = nullptr;
   Topology topology;
+  // Data parallelism: the backward all-reduces its complete gradients in buckets of at least this many bytes
+  // (PyTorch DDP's bucket_cap_mb, 25 MiB by default); 0 or less: each gradient alone, as soon as it is complete.
+  // The rest (the last bucket) goes at the optimizer phase's start.
+  int64_t dp_bucket_bytes = int64_t{25} << 20;
 };
 
 struct StepFeeds {
@@ -147,6 +151,7 @@ struct StageMeasure {
   int64_t workspace_bytes = 0;
   int64_t optimizer_scratch_bytes = 0;  // the optimizer phase's fresh tensors (states update in place)
   int64_t bytes_sent = 0, bytes_received = 0;
+  int32_t dp_buckets_in_backward = 0;  // data parallelism: gradient buckets all-reduced before the optimizer phase
   // Graphs (ExecutorOptions::graphs): launched in the step, and the micro-batch nodes they replayed.
   int32_t graph_launches = 0;
   int64_t replayed_nodes = 0;

@@ -164,6 +164,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   eo.recv_timeout_s = p.recv_timeout_s;
   eo.graphs = p.graphs;
   eo.world = p.world;
+  eo.dp_bucket_bytes = p.dp_bucket_bytes;
   eo.topology = Topology{p.stages, p.data_parallel, p.world ? p.world->rank() : 0};
   // A plan that cannot fit is refused before the executor allocates anything, with how much it needs, how much
   // is free and the smallest change that fits.

@@ -57,6 +57,7 @@ struct PipelineTrainOptions {
   // (topology.h). `data_parallel` is D: every replica trains on its 1/D of the global batch.
   comm::Comm* world = nullptr;
   int32_t data_parallel = 1;
+  int64_t dp_bucket_bytes = int64_t{25} << 20;  // ExecutorOptions::dp_bucket_bytes (--dp-bucket-mb)
 };
 
 class PipelineTrainer : public train::StepTrainer {

@@ -37,8 +37,9 @@ std::unique_ptr<PartitionContext> Context(const ir::Graph& g, const DeviceProfil
 }
 
 PartitionPlan Plan(const PartitionContext& ctx, int64_t stages, int64_t batch, int64_t microbatches,
-                   int64_t data_parallel) {
+                   int64_t data_parallel, int64_t bucket_bytes = int64_t{25} << 20) {
   PartitionOptions o;
+  o.dp_bucket_bytes = bucket_bytes;
   o.num_stages = stages;
   o.batch = batch;
   o.microbatches = microbatches;
@@ -99,6 +100,53 @@ TEST(DataParallel, OneStageAddsTheHandComputedRingAllReduce) {
   const PartitionPlan slow_one = Plan(*slow_ctx, 1, 4, 2, 1);
   const PartitionPlan slow_two = Plan(*slow_ctx, 1, 8, 2, 2);
   ExpectRelativelyNear(slow_two.step_ms, slow_one.step_ms + grad_bytes / 100e9 * 1e3 + 6 * 2 * 3e-3);
+}
+
+// Four 100-byte gradients completed evenly over a 10 s backward, 2 ranks, 10 B/s: 10 s per tensor's ring.
+TEST(DataParallel, BucketsStartAsTheBackwardCompletesThemOneAfterAnother) {
+  const std::vector<int64_t> grads = {100, 100, 100, 100};
+  // Buckets of 200 B: the first is complete at 5 s and runs to 25 s, the second waits for it: 45 s, 35 s past.
+  BucketedAllReduce r = BucketedAllReduceSeconds(grads, 200, 10, 2, 10, 0);
+  EXPECT_EQ(r.buckets, 2);
+  EXPECT_DOUBLE_EQ(r.seconds, 40);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 35);
+  // One bucket larger than all: everything after the backward.
+  r = BucketedAllReduceSeconds(grads, 1000, 10, 2, 10, 0);
+  EXPECT_EQ(r.buckets, 0);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 40);
+  // A fast link (0.1 s per tensor), a tensor per bucket: only the last one's time is left after the backward.
+  r = BucketedAllReduceSeconds(grads, 0, 10, 2, 1000, 0);
+  EXPECT_EQ(r.buckets, 4);
+  EXPECT_NEAR(r.exposed_s, 0.1, 1e-12);
+  // 3 of 100 B, buckets of 150 B: the first (200 B) at 6.67 s, the third alone after the backward.
+  r = BucketedAllReduceSeconds({100, 100, 100}, 150, 9, 2, 10, 0);
+  EXPECT_EQ(r.buckets, 1);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 6 + 20 + 10 - 9);
+}
+
+// Each gradient in its own bucket as the backward makes it: the plan's step holds only what runs past the backward.
+TEST(DataParallel, PerTensorBucketsHideTheAllReduceUnderTheBackward) {
+  ChainSpec spec;
+  spec.batch = 2;
+  spec.widths = {16, 16, 16};
+  const ir::Graph g = BuildChain(spec);
+  DeviceProfile device = RoundDevice();
+  auto ctx = Context(g, device, spec.batch);
+  const PartitionPlan one = Plan(*ctx, 1, 4, 2, 1);
+  const PartitionPlan after = Plan(*ctx, 1, 8, 2, 2);
+  const PartitionPlan during = Plan(*ctx, 1, 8, 2, 2, /*bucket_bytes=*/0);
+  EXPECT_EQ(after.stages[0].data_parallel_buckets, 0);
+  ExpectRelativelyNear(after.data_parallel_exposed_ms, after.data_parallel_allreduce_ms);
+  EXPECT_EQ(during.stages[0].data_parallel_buckets, 6);
+  ExpectRelativelyNear(during.data_parallel_allreduce_ms, after.data_parallel_allreduce_ms);
+  EXPECT_LT(during.data_parallel_exposed_ms, during.data_parallel_allreduce_ms);
+  EXPECT_GT(during.data_parallel_exposed_ms, 0);  // at least the last gradient's all-reduce
+  ExpectRelativelyNear(during.step_ms, one.step_ms + during.data_parallel_exposed_ms);
+  // Written and read back.
+  absl::StatusOr<PartitionPlan> back = PlanFromJson(nlohmann::json::parse(PlanToJson(during).dump()), "plan.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->data_parallel_exposed_ms, during.data_parallel_exposed_ms);
+  EXPECT_EQ(back->stages[0].data_parallel_buckets, 6);
 }
 
 TEST(DataParallel, TheSlowestStagesAllReduceFollowsThePipeline) {
