@@ -580,7 +580,10 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   loop.run = &run;
   if (world) {
     loop.writer = leader;
-    loop.gather = [&trainer] { return trainer->GatherModel(); };
+    const pipeline::Topology& topo = trainer->executor().options().topology;
+    loop.sharding = TrainLoop::Sharding{topo.replica() == 0 ? topo.stage() : -1, topo.stages, [&world] {
+                                          return comm::Barrier(*world->comm, "writing the checkpoint's shards");
+                                        }};
     loop.agree = [&world](int signal) -> absl::StatusOr<int> {
       // [SIGINT seen, SIGTERM seen] summed over the ranks: a SIGTERM anywhere ends the run with success.
       ir::Tensor seen =

@@ -42,9 +42,16 @@ class StopSignalScope {
 };
 
 absl::Status SaveCheckpoint(const train::StepTrainer& trainer, const TrainLoop& loop) {
-  if (loop.gather) RETURN_IF_ERROR(loop.gather());
-  if (!loop.writer) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::string path, loop.checkpoints->Save(train::MakeCheckpoint(trainer, *loop.run)));
+  io::Checkpoint checkpoint = train::MakeCheckpoint(trainer, *loop.run);
+  std::string path;
+  if (const std::optional<TrainLoop::Sharding>& s = loop.sharding) {
+    if (s->shard >= 0) RETURN_IF_ERROR(loop.checkpoints->SaveShard(checkpoint, s->shard, s->shards).status());
+    RETURN_IF_ERROR(s->barrier());
+    if (!loop.writer) return absl::OkStatus();
+    ASSIGN_OR_RETURN(path, loop.checkpoints->SaveManifest(std::move(checkpoint), s->shards));
+  } else {
+    ASSIGN_OR_RETURN(path, loop.checkpoints->Save(checkpoint));
+  }
   std::printf("checkpoint: %s (step %lld)\n", path.c_str(), static_cast<long long>(trainer.step()));
   return absl::OkStatus();
 }

@@ -28,11 +28,17 @@ struct TrainLoop {
   int64_t log_every = 1;         // without a terminal: a progress line every N steps (and the first and last)
   const train::RunIdentity* run = nullptr;
   // Multi-process: every rank runs the loop. `agree` turns this rank's stop signal (0, SIGINT or SIGTERM) into the
-  // world's after every step (so that all ranks stop after the same one); `gather` collects the model on the writer
-  // before each checkpoint, on every rank; only the `writer` (rank 0) prints, writes metrics and saves.
+  // world's after every step (so that all ranks stop after the same one); only the `writer` (rank 0) prints and
+  // writes metrics. A checkpoint is sharded: each rank writes shard `shard` of `shards` (its stage's tensors; -1:
+  // none, its stage's copy is another replica's), `barrier` returns once every shard is on disk, and the writer then
+  // commits the step (CheckpointManager::SaveManifest): a rank that dies before leaves the previous checkpoint.
   std::function<absl::StatusOr<int>(int)> agree;
-  std::function<absl::Status()> gather;
   bool writer = true;
+  struct Sharding {
+    int shard = -1, shards = 0;
+    std::function<absl::Status()> barrier;
+  };
+  std::optional<Sharding> sharding;
 };
 
 enum class LoopEnd { kCompleted, kInterrupted, kTerminated };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -310,7 +311,8 @@ absl::StatusOr<std::vector<IndexEntry>> ParseIndex(const std::string& path, std:
 
 }  // namespace
 
-absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+namespace {
+absl::StatusOr<Checkpoint> LoadOneFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -410,6 +412,35 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
                                       "): the file was damaged after it was written"));
   }
   if (std::memcmp(trailer + 4, kEndMagic, sizeof(kEndMagic)) != 0) return Corrupt(path, "bad end marker");
+  return ckpt;
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(Checkpoint ckpt, LoadOneFile(path));
+  const nlohmann::json& extra = ckpt.metadata.extra;
+  if (!extra.is_object() || !extra.contains(kShardsKey)) return ckpt;
+  const nlohmann::json& shards = extra.at(kShardsKey);
+  if (!shards.is_array()) return Corrupt(path, "metadata 'shards' is not a list of file names");
+  std::set<std::string> names;
+  for (const NamedTensor& t : ckpt.tensors) names.insert(t.name);
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (const nlohmann::json& name : shards) {
+    if (!name.is_string() || name.get<std::string>().empty() || name.get<std::string>().find('/') != std::string::npos) {
+      return Corrupt(path, "metadata 'shards' holds " + name.dump() + ", not a file name");
+    }
+    const std::string shard_path = (dir / name.get<std::string>()).string();
+    absl::StatusOr<Checkpoint> shard = LoadOneFile(shard_path);
+    if (!shard.ok()) return Annotate(shard.status(), "shard of checkpoint '" + path + "'");
+    if (shard->metadata.step != ckpt.metadata.step) {
+      return Corrupt(shard_path, absl::StrCat("a shard of step ", shard->metadata.step, " in the checkpoint of step ",
+                                              ckpt.metadata.step, " ('", path, "')"));
+    }
+    for (NamedTensor& t : shard->tensors) {
+      if (names.insert(t.name).second) ckpt.tensors.push_back(std::move(t));
+    }
+  }
   return ckpt;
 }
 

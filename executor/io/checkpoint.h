@@ -73,7 +73,12 @@ absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoin
 
 // Reads and fully verifies a checkpoint: magic, format version, size (truncation), both CRCs, index bounds and the
 // metadata JSON. Errors name the file; corruption is absl::StatusCode::kDataLoss.
+// A sharded checkpoint (one written by several processes, CheckpointManager::SaveShard) is a manifest whose
+// metadata.extra["shards"] lists shard files beside it: each is loaded and verified the same way, must be of the
+// manifest's step, and adds its tensors (a name already loaded, a shared parameter's copy, is skipped), so the
+// result is the whole checkpoint whatever the number of shards. A missing shard is an error naming it.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
+inline constexpr char kShardsKey[] = "shards";
 
 // What the trainer expects to find in a checkpoint.
 struct TensorSpec {

@@ -39,6 +39,10 @@ CheckpointManager::CheckpointManager(std::string dir, int keep_last) : dir_(std:
 
 std::string CheckpointManager::FileName(int64_t step) { return absl::StrCat("step_", step, ".ckpt"); }
 
+std::string CheckpointManager::ShardFileName(int64_t step, int i, int shards) {
+  return absl::StrCat("step_", step, ".shard-", i, "-of-", shards, ".ckpt");
+}
+
 absl::StatusOr<std::vector<int64_t>> CheckpointManager::ListSteps() const {
   std::vector<int64_t> steps;
   std::error_code ec;
@@ -69,10 +73,15 @@ void CheckpointManager::RemoveStaleTempFiles() const {
   }
 }
 
-absl::StatusOr<std::string> CheckpointManager::Save(const Checkpoint& checkpoint) {
+absl::Status CheckpointManager::MakeFolder() const {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--checkpoint-dir '", dir_, "': ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CheckpointManager::Save(const Checkpoint& checkpoint) {
+  RETURN_IF_ERROR(MakeFolder());
   RemoveStaleTempFiles();
   const int64_t step = checkpoint.metadata.step;
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", step, " is negative"));
@@ -80,21 +89,48 @@ absl::StatusOr<std::string> CheckpointManager::Save(const Checkpoint& checkpoint
   const std::string path = (fs::path(dir_) / name).string();
   RETURN_IF_ERROR(SaveCheckpoint(path, checkpoint));
   RETURN_IF_ERROR(WriteFileAtomically((fs::path(dir_) / kLatest).string(), name + "\n"));
+  RETURN_IF_ERROR(Prune(step));
+  return path;
+}
 
-  if (keep_last_ > 0) {
-    ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListSteps());
-    steps.erase(std::remove(steps.begin(), steps.end(), step), steps.end());
-    // Keep the newest keep_last-1 others plus the one just written.
-    int64_t excess = static_cast<int64_t>(steps.size()) - (keep_last_ - 1);
-    for (int64_t i = 0; i < excess; ++i) {
-      fs::remove(fs::path(dir_) / FileName(steps[i]), ec);
-      if (ec) {
-        return absl::InternalError(absl::StrCat("cannot delete old checkpoint '",
-                                                (fs::path(dir_) / FileName(steps[i])).string(), "': ", ec.message()));
-      }
+absl::StatusOr<std::string> CheckpointManager::SaveShard(const Checkpoint& shard, int i, int shards) {
+  if (shards < 1 || i < 0 || i >= shards) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint shard ", i, " of ", shards));
+  }
+  if (shard.metadata.step < 0) return absl::InvalidArgumentError("checkpoint step is negative");
+  RETURN_IF_ERROR(MakeFolder());
+  const std::string path = (fs::path(dir_) / ShardFileName(shard.metadata.step, i, shards)).string();
+  RETURN_IF_ERROR(SaveCheckpoint(path, shard));
+  return path;
+}
+
+absl::StatusOr<std::string> CheckpointManager::SaveManifest(Checkpoint manifest, int shards) {
+  nlohmann::json names = nlohmann::json::array();
+  for (int i = 0; i < shards; ++i) names.push_back(ShardFileName(manifest.metadata.step, i, shards));
+  manifest.tensors.clear();
+  manifest.metadata.extra[kShardsKey] = std::move(names);
+  return Save(manifest);
+}
+
+absl::Status CheckpointManager::Prune(int64_t step) const {
+  if (keep_last_ <= 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListSteps());
+  steps.erase(std::remove(steps.begin(), steps.end(), step), steps.end());
+  // Keep the newest keep_last-1 others plus the one just written.
+  const int64_t excess = static_cast<int64_t>(steps.size()) - (keep_last_ - 1);
+  std::error_code ec;
+  for (int64_t i = 0; i < excess; ++i) {
+    const std::string shard_prefix = absl::StrCat("step_", steps[i], ".shard-");
+    std::vector<fs::path> doomed = {fs::path(dir_) / FileName(steps[i])};
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
+      if (e.path().filename().string().rfind(shard_prefix, 0) == 0) doomed.push_back(e.path());
+    }
+    for (const fs::path& p : doomed) {
+      fs::remove(p, ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot delete old checkpoint '", p.string(), "': ", ec.message()));
     }
   }
-  return path;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<std::string>> CheckpointManager::LatestPath() const {

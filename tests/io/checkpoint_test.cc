@@ -303,6 +303,60 @@ TEST(CheckpointManagerTest, KeepsLastKAndPointsLatestAtNewest) {
   EXPECT_NE(bad.status().message().find("step_99.ckpt', which does not exist"), std::string::npos) << bad.status();
 }
 
+// A checkpoint written in shards (each process its tensors, a shared one in several) loads as the whole one; the
+// manifest commits the step only once written, and a pruned step takes its shards along.
+TEST(CheckpointManagerTest, ShardsLoadAsTheWholeCheckpoint) {
+  TestDir dir("ckpt_shards");
+  const std::string cdir = dir.Path("ckpts");
+  CheckpointManager m(cdir, /*keep_last=*/1);
+  auto split = [](const Checkpoint& whole) {
+    std::vector<Checkpoint> parts(3);
+    for (size_t i = 0; i < whole.tensors.size(); ++i) {
+      parts[i % 3].tensors.push_back(whole.tensors[i]);
+      if (i == 0) parts[2].tensors.push_back(whole.tensors[i]);  // a shared parameter, held twice
+    }
+    for (Checkpoint& p : parts) p.metadata = whole.metadata;
+    return parts;
+  };
+  for (int64_t step : {7, 8}) {
+    const Checkpoint whole = MakeCheckpoint(step, 16);
+    const std::vector<Checkpoint> parts = split(whole);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.SaveShard(parts[i], i, 3).ok());
+    if (step == 8) {  // written, not committed: the previous step stays the one to resume from
+      EXPECT_EQ(m.LoadLatest()->metadata.step, 7);
+    }
+    ASSERT_TRUE(m.SaveManifest(whole, 3).ok());
+    absl::StatusOr<Checkpoint> back = m.LoadLatest();
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_EQ(back->tensors.size(), whole.tensors.size());
+    for (const NamedTensor& t : whole.tensors) {
+      ASSERT_NE(back->Find(t.name), nullptr) << t.name;
+      EXPECT_TRUE(back->Find(t.name)->BitwiseEquals(t.tensor)) << t.name;
+    }
+    EXPECT_EQ(back->metadata.step, step);
+  }
+  // keep_last 1: step 7's manifest and shards are gone.
+  EXPECT_EQ(*m.ListSteps(), (std::vector<int64_t>{8}));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(fs::exists(cdir + "/" + CheckpointManager::ShardFileName(7, i, 3))) << i;
+    EXPECT_TRUE(fs::exists(cdir + "/" + CheckpointManager::ShardFileName(8, i, 3))) << i;
+  }
+  // A missing shard and a shard of another step are errors naming the shard.
+  const std::string shard1 = cdir + "/" + CheckpointManager::ShardFileName(8, 1, 3);
+  fs::rename(shard1, cdir + "/moved");
+  absl::StatusOr<Checkpoint> bad = m.LoadLatest();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("step_8.shard-1-of-3.ckpt"), std::string::npos) << bad.status();
+  Checkpoint other = MakeCheckpoint(9, 16);
+  ASSERT_TRUE(SaveCheckpoint(shard1, other).ok());
+  bad = m.LoadLatest();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("a shard of step 9 in the checkpoint of step 8"), std::string::npos)
+      << bad.status();
+  EXPECT_FALSE(m.SaveShard(other, 3, 3).ok());
+}
+
 // kill -9 at random moments of a process that saves large checkpoints in a loop: `latest` must always load, and be
 // the last save the child reported complete, or the one it was writing when it died if that reached its rename.
 TEST(CheckpointManagerTest, KillDuringSaveLeavesACompleteCheckpoint) {

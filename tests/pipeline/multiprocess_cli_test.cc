@@ -159,17 +159,29 @@ TEST_F(MultiProcessTest, GradientBucketsAreAllReducedDuringTheBackwardWithTheSam
 TEST_F(MultiProcessTest, CheckpointsOfAnyLayoutResumeInOneProcessAndSaveOneModel) {
   const std::string ck = (dir_ / "ck").string();
   ASSERT_EQ(OneProcess(TrainArgs(8, 6) + "--save " + (dir_ / "one.onnx").string(), "full").exit_code, 0);
-  // 2 stages write the first 3 steps; 2 stages x ... resume is one process.
+  // 2 stages write the first 3 steps; one process resumes them, and so do 4 stage processes.
   CommandResult first = Launch(2, TrainArgs(8, 3) + "--checkpoint-dir " + ck, "first");
   ASSERT_EQ(first.exit_code, 0) << first.err;
   EXPECT_THAT(first.out, HasSubstr("checkpoint: " + ck + "/step_3.ckpt (step 3)"));
   ASSERT_TRUE(fs::exists(ck + "/latest"));
+  // Each stage's rank wrote its own shard; rank 0's step file only names them (no tensor of stage 1 went to rank 0).
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(fs::exists(ck + "/step_3.shard-" + std::to_string(i) + "-of-2.ckpt")) << i;
+  EXPECT_LT(fs::file_size(ck + "/step_3.ckpt"), fs::file_size(ck + "/step_3.shard-1-of-2.ckpt") / 10);
+  const std::string ck4 = (dir_ / "ck4").string();
+  fs::copy(ck, ck4, fs::copy_options::recursive);
   CommandResult rest = OneProcess(
       TrainArgs(8, 6) + "--checkpoint-dir " + ck + " --resume --save " + (dir_ / "resumed.onnx").string(), "rest");
   ASSERT_EQ(rest.exit_code, 0) << rest.err;
   const auto full = LossAndNorm(dir_ / "full.jsonl"), tail = LossAndNorm(dir_ / "rest.jsonl");
   ASSERT_EQ(tail.size(), 3u);
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(full[3 + k], tail[k]) << "step " << 3 + k;
+  // The 2 shards resharded over 4 stage processes, which write 4 shards at the end.
+  CommandResult four_rest = Launch(4, TrainArgs(8, 6) + "--stages 4 --checkpoint-dir " + ck4 + " --resume", "rest4");
+  ASSERT_EQ(four_rest.exit_code, 0) << four_rest.err;
+  const auto tail4 = LossAndNorm(dir_ / "rest4.jsonl");
+  ASSERT_EQ(tail4.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(full[3 + k], tail4[k]) << "step " << 3 + k;
+  EXPECT_TRUE(fs::exists(ck4 + "/step_6.shard-3-of-4.ckpt"));
   // --save from 4 ranks (the model gathered on rank 0): the one-process file, byte for byte.
   CommandResult saved = Launch(4, TrainArgs(8, 6) + "--stages 4 --save " + (dir_ / "four.onnx").string(), "four");
   ASSERT_EQ(saved.exit_code, 0) << saved.err;
