@@ -189,8 +189,8 @@ void Declare(FlagSet& fs, Flags& f) {
             "missing ones");
   fs.String("comm", &f.comm,
             "multi-process transport: tcp (host memory; CPU ranks, or GPU ranks staged through the host) | nccl "
-            "(one GPU per rank; data parallelism only for now: K = 1) | auto (nccl for --backend cuda --stages 1 "
-            "where onnxpipe was built with NCCL, else tcp). --comm nccl without a launcher trains as a world of one");
+            "(one GPU per rank: pipeline transfers and all-reduces) | auto (nccl for --backend cuda --stages 1 where "
+            "onnxpipe was built with NCCL, else tcp). --comm nccl without a launcher trains as a world of one");
   fs.Double("heartbeat-timeout", &f.heartbeat_timeout,
             "multi-process: a rank not heard from for this many seconds (stopped, frozen or cut off; a busy rank "
             "still beats every second) ends the run, named; 0: wait for it");
@@ -505,12 +505,6 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   }
   ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PipelineTrainer> trainer,
                    pipeline::PipelineTrainer::Create(*model.imported, mo.extra_dims, options, po, model_path));
-  if (world && world->nccl && trainer->executor().program().num_stages > 1) {
-    // Both sides of every pipeline transfer post in one order (the plan proves it), but NCCL also needs each compute
-    // action's sends held and issued with the next receive (transfer_order.h), which NcclComm does not do yet.
-    return UNIMPLEMENTED() << "--comm nccl trains data-parallel replicas of one stage only for now; "
-                           << trainer->executor().program().num_stages << " stages need --comm tcp";
-  }
   // --eval runs the whole forward graph (batch B) with the trained parameters.
   if (f.eval) RETURN_IF_ERROR(PrepareModel(model, mo));
   if (!trainer->unreachable_parameters().empty() && leader) {

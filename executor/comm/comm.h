@@ -33,6 +33,9 @@
 //   serial sum in that order. Members call the all-reduces of one group in the same order (the
 //   n-th call of each member is one all-reduce, as NCCL matches collectives); their tensors must
 //   agree in dtype and dims, else every member fails naming both.
+// - PrepareGroups(groups): collective over the whole world, once, before any AllReduce: every rank passes the same
+//   list, the groups its all-reduces will name (the world needs none). NCCL makes a communicator per group there
+//   (ncclCommSplit is collective over its parent); the other comms need nothing.
 // - Abort(reason) stops the whole group: every blocked and every later call on every rank returns an
 //   error carrying the first reason given, so a failure in one stage wakes all others instead of
 //   leaving them waiting forever.
@@ -61,6 +64,7 @@ class Comm {
   virtual absl::Status GroupEnd() = 0;
   virtual absl::Status Flush() = 0;
   virtual absl::Status AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) = 0;
+  virtual absl::Status PrepareGroups(const std::vector<std::vector<int>>& groups) { return absl::OkStatus(); }
 
   // Stops the group (see the header comment). The first reason wins; later calls keep it.
   virtual void Abort(const absl::Status& reason) = 0;

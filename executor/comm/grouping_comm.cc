@@ -45,6 +45,10 @@ absl::Status GroupingComm::GroupEnd() {
   held_.clear();
   ops.insert(ops.end(), grouped_.begin(), grouped_.end());
   grouped_.clear();
+  return IssueGroup(ops);
+}
+
+absl::Status GroupingComm::IssueGroup(const std::vector<Grouped>& ops) {
   bool sends = false;
   for (const Grouped& op : ops) {
     if (!op.send) continue;

@@ -19,6 +19,17 @@ class GroupingComm : public Comm {
   absl::Status Flush() final;
 
  protected:
+  struct Grouped {
+    bool send;
+    int peer;
+    uint64_t tag;
+    ir::Tensor tensor;
+    backend::Stream* stream;
+  };
+  // Issues a group's transfers (GroupEnd, a receive with held sends, Flush): by default the sends (SendNow), then
+  // the receives (RecvNow), then AwaitSends when the group sent anything and the comm holds sends. NCCL issues them
+  // as one ncclGroupStart/End instead.
+  virtual absl::Status IssueGroup(const std::vector<Grouped>& ops);
   // Whether sends are held until the next group, receive or Flush (comm.h), and for those: a copy of t the comm
   // owns (taken on `stream` as the Send is made), and the wait until the sends a group issued have been received.
   virtual bool HoldsSends() const { return false; }
@@ -33,13 +44,6 @@ class GroupingComm : public Comm {
   absl::Status CheckNotGrouped(const char* call) const;
 
  private:
-  struct Grouped {
-    bool send;
-    int peer;
-    uint64_t tag;
-    ir::Tensor tensor;
-    backend::Stream* stream;
-  };
   int depth_ = 0;
   std::vector<Grouped> grouped_, held_;
 };

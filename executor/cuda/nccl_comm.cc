@@ -54,6 +54,13 @@ absl::Status NcclError(ncclResult_t r, const std::string& what) {
 
 struct NcclComm::State {
   ncclComm_t comm = nullptr;
+  // PrepareGroups' communicators of the groups this rank is in, by the group's ranks in ascending order.
+  std::vector<std::pair<std::vector<int>, ncclComm_t>> groups;
+  std::vector<ncclComm_t> All() const {
+    std::vector<ncclComm_t> all = {comm};
+    for (const auto& [ranks, c] : groups) all.push_back(c);
+    return all;
+  }
   cudaStream_t stream = nullptr;
   int device = 0;
   std::atomic<bool> stop{false}, aborted{false};
@@ -97,13 +104,22 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions
     State& s = *self->state_;
     while (!s.stop.load()) {
       absl::Status reason = self->control_->abort_status();
-      ncclResult_t async = ncclSuccess;
-      if (reason.ok() && ncclCommGetAsyncError(s.comm, &async) == ncclSuccess && async != ncclSuccess &&
-          async != ncclInProgress) {
-        reason = NcclError(async, "rank " + std::to_string(self->rank()) + ": NCCL");
-        self->control_->Abort(reason);
+      std::vector<ncclComm_t> comms;
+      {
+        std::lock_guard<std::mutex> lock(s.issue_mu);  // PrepareGroups may be adding one
+        comms = s.All();
       }
-      if (!reason.ok() && !s.aborted.exchange(true)) ncclCommAbort(s.comm);
+      for (ncclComm_t c : comms) {
+        ncclResult_t async = ncclSuccess;
+        if (reason.ok() && ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress) {
+          reason = NcclError(async, "rank " + std::to_string(self->rank()) + ": NCCL");
+          self->control_->Abort(reason);
+        }
+      }
+      if (!reason.ok() && !s.aborted.exchange(true)) {
+        for (ncclComm_t c : comms) ncclCommAbort(c);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -114,7 +130,10 @@ NcclComm::~NcclComm() {
   if (state_ == nullptr) return;
   state_->stop = true;
   if (state_->watcher.joinable()) state_->watcher.join();
-  if (state_->comm != nullptr && !state_->aborted.load()) ncclCommDestroy(state_->comm);
+  if (!state_->aborted.load()) {
+    for (const auto& [ranks, c] : state_->groups) ncclCommDestroy(c);
+    if (state_->comm != nullptr) ncclCommDestroy(state_->comm);
+  }
   if (state_->stream != nullptr) cudaStreamDestroy(state_->stream);
 }
 
@@ -123,41 +142,51 @@ void NcclComm::Abort(const absl::Status& reason) {
 }
 
 absl::Status NcclComm::CheckPeer(int peer, const char* verb) const {
-  if (peer < 0 || peer >= size() || peer == rank()) {
-    return INVALID_ARGUMENT() << "rank " << rank() << " " << verb << " rank " << peer << ", not another rank of a "
-                              << "world of " << size();
+  if (peer < 0 || peer >= size()) {  // itself included: NCCL sends to its own rank within a group
+    return INVALID_ARGUMENT() << "rank " << rank() << " " << verb << " rank " << peer << ", not a rank of a world of "
+                              << size();
   }
   return abort_status().ok() ? absl::OkStatus() : comm::AbortedStatus(abort_status());
 }
 
-absl::Status NcclComm::Issue(const ir::Tensor& t, backend::Stream* stream, bool read_back, const char* what,
-                             const std::function<int(void* data, int64_t bytes)>& issue) {
+absl::Status NcclComm::Issue(const std::vector<Transfer>& transfers, const char* what,
+                             const std::function<int(const std::vector<void*>& data)>& issue) {
   if (!abort_status().ok()) return comm::AbortedStatus(abort_status());
   State& s = *state_;
   const std::string where = "rank " + std::to_string(rank()) + ": " + what;
-  // Host tensors travel through a device copy, made and read back on the comm stream's order.
-  ir::Tensor dev = t;
+  // Host tensors travel through device copies, made before and read back after on the host's order.
+  std::vector<ir::Tensor> dev;
+  std::vector<void*> data;
+  std::vector<cudaStream_t> callers;
+  bool host = false;
   std::unique_ptr<backend::Stream> staging;
-  if (t.on_host()) {
-    staging = backend_->CreateStream();
-    ASSIGN_OR_RETURN(dev, backend_->Upload(t, staging.get()));
-    RETURN_IF_ERROR(staging->Synchronize());
+  for (const Transfer& t : transfers) {
+    dev.push_back(t.tensor);
+    if (t.tensor.on_host()) {
+      if (staging == nullptr) staging = backend_->CreateStream();
+      ASSIGN_OR_RETURN(dev.back(), backend_->Upload(t.tensor, staging.get()));
+      host = true;
+    }
+    data.push_back(dev.back().device_raw());
+    const cudaStream_t caller = t.stream != nullptr ? NativeStream(t.stream) : nullptr;
+    if (caller == nullptr) host = true;
+    if (caller != nullptr && std::find(callers.begin(), callers.end(), caller) == callers.end()) callers.push_back(caller);
   }
+  if (staging != nullptr) RETURN_IF_ERROR(staging->Synchronize());
   CUDA_RETURN_IF_ERROR(cudaSetDevice(s.device));
-  cudaStream_t caller = stream != nullptr ? NativeStream(stream) : nullptr;
   std::lock_guard<std::mutex> lock(s.issue_mu);
-  cudaEvent_t before = nullptr, after = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
-  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  std::vector<cudaEvent_t> events(callers.size() + 1, nullptr);
+  for (cudaEvent_t& e : events) CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaEvent_t after = events.back();
   absl::Status st = absl::OkStatus();
-  if (caller != nullptr) {
-    st = Cuda(cudaEventRecord(before, caller), where);
-    if (st.ok()) st = Cuda(cudaStreamWaitEvent(s.stream, before, 0), where);
+  for (size_t i = 0; i < callers.size() && st.ok(); ++i) {
+    st = Cuda(cudaEventRecord(events[i], callers[i]), where);
+    if (st.ok()) st = Cuda(cudaStreamWaitEvent(s.stream, events[i], 0), where);
   }
-  if (st.ok()) st = NcclError(static_cast<ncclResult_t>(issue(dev.device_raw(), dev.num_bytes())), where);
+  if (st.ok()) st = NcclError(static_cast<ncclResult_t>(issue(data)), where);
   if (st.ok()) st = Cuda(cudaEventRecord(after, s.stream), where);
-  if (st.ok() && caller != nullptr) st = Cuda(cudaStreamWaitEvent(caller, after, 0), where);
-  if (st.ok() && (caller == nullptr || t.on_host())) {
+  for (size_t i = 0; i < callers.size() && st.ok(); ++i) st = Cuda(cudaStreamWaitEvent(callers[i], after, 0), where);
+  if (st.ok() && host) {
     // A host caller waits here; the control plane's abort releases a wait for a peer that is gone.
     while (st.ok() && cudaEventQuery(after) == cudaErrorNotReady) {
       if (!abort_status().ok()) st = comm::AbortedStatus(abort_status());
@@ -165,29 +194,74 @@ absl::Status NcclComm::Issue(const ir::Tensor& t, backend::Stream* stream, bool 
     }
     if (st.ok()) st = Cuda(cudaEventSynchronize(after), where);
   }
-  cudaEventDestroy(before);
-  cudaEventDestroy(after);
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
   RETURN_IF_ERROR(st);
-  if (t.on_host() && read_back) {
-    ASSIGN_OR_RETURN(const ir::Tensor back, backend_->ToHost(dev));
-    ir::Tensor dst = t;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    if (!transfers[i].tensor.on_host() || !transfers[i].read_back) continue;
+    ASSIGN_OR_RETURN(const ir::Tensor back, backend_->ToHost(dev[i]));
+    ir::Tensor dst = transfers[i].tensor;
     if (back.num_bytes() > 0) std::memcpy(dst.raw(), back.raw(), back.num_bytes());
   }
   return absl::OkStatus();
 }
 
-absl::Status NcclComm::SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) {
-  sent_ += t.num_bytes();
-  return Issue(t, stream, /*read_back=*/false, "ncclSend", [&](void* data, int64_t bytes) {
-    return static_cast<int>(ncclSend(data, static_cast<size_t>(bytes), ncclUint8, dst, state_->comm, state_->stream));
+absl::StatusOr<ir::Tensor> NcclComm::Own(const ir::Tensor& t, backend::Stream* stream) {
+  return backend_->Clone(t, stream);
+}
+
+absl::Status NcclComm::IssueGroup(const std::vector<Grouped>& ops) {
+  std::vector<Transfer> transfers;
+  for (const Grouped& op : ops) {
+    transfers.push_back({op.tensor, op.stream, !op.send});
+    (op.send ? sent_ : received_) += op.tensor.num_bytes();
+  }
+  return Issue(transfers, "ncclGroupStart/End of sends and receives", [&](const std::vector<void*>& data) {
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < ops.size() && r == ncclSuccess; ++i) {
+      const size_t bytes = static_cast<size_t>(ops[i].tensor.num_bytes());
+      r = ops[i].send ? ncclSend(data[i], bytes, ncclUint8, ops[i].peer, state_->comm, state_->stream)
+                      : ncclRecv(data[i], bytes, ncclUint8, ops[i].peer, state_->comm, state_->stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return static_cast<int>(r != ncclSuccess ? r : end);
   });
 }
 
+absl::Status NcclComm::SendNow(int dst, uint64_t tag, const ir::Tensor& t, backend::Stream* stream) {
+  return IssueGroup({Grouped{true, dst, tag, t, stream}});
+}
+
 absl::Status NcclComm::RecvNow(int src, uint64_t tag, const ir::Tensor& into, backend::Stream* stream) {
-  received_ += into.num_bytes();
-  return Issue(into, stream, /*read_back=*/true, "ncclRecv", [&](void* data, int64_t bytes) {
-    return static_cast<int>(ncclRecv(data, static_cast<size_t>(bytes), ncclUint8, src, state_->comm, state_->stream));
-  });
+  return IssueGroup({Grouped{false, src, tag, into, stream}});
+}
+
+absl::Status NcclComm::PrepareGroups(const std::vector<std::vector<int>>& groups) {
+  State& s = *state_;
+  std::vector<std::vector<int>> made;
+  for (const std::vector<int>& g : groups) {
+    std::vector<int> sorted = g;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.empty() || sorted.front() < 0 || sorted.back() >= size() ||
+        std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return INVALID_ARGUMENT() << "rank " << rank() << ": group " << comm::RanksString(g)
+                                << " is not a set of ranks of a world of " << size();
+    }
+    if (static_cast<int>(sorted.size()) == size() || std::find(made.begin(), made.end(), sorted) != made.end()) {
+      continue;  // the world's communicator, or one made already: every rank skips the same ones
+    }
+    made.push_back(sorted);
+    const bool member = std::binary_search(sorted.begin(), sorted.end(), rank());
+    ncclComm_t sub = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(s.device));
+    RETURN_IF_ERROR(NcclError(ncclCommSplit(s.comm, member ? 0 : NCCL_SPLIT_NOCOLOR, rank(), &sub, nullptr),
+                              "rank " + std::to_string(rank()) + ": ncclCommSplit for the group " +
+                                  comm::RanksString(g)));
+    if (member) {
+      std::lock_guard<std::mutex> lock(s.issue_mu);
+      s.groups.emplace_back(sorted, sub);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NcclComm::AllReduce(const ir::Tensor& t, const std::vector<int>& ranks, backend::Stream* stream) {
@@ -196,16 +270,20 @@ absl::Status NcclComm::AllReduce(const ir::Tensor& t, const std::vector<int>& ra
   std::sort(sorted.begin(), sorted.end());
   bool world = static_cast<int>(sorted.size()) == size();
   for (int i = 0; world && i < size(); ++i) world = sorted[i] == i;
-  if (!world) {
-    return UNIMPLEMENTED() << "rank " << rank() << ": an NCCL all-reduce over ranks " << comm::RanksString(ranks)
-                           << ": only the whole world's communicator exists (subgroups are not made yet)";
+  ncclComm_t comm = world ? state_->comm : nullptr;
+  for (const auto& [members, c] : state_->groups) {
+    if (!world && members == sorted) comm = c;
+  }
+  if (comm == nullptr) {
+    return FAILED_PRECONDITION() << "rank " << rank() << ": an NCCL all-reduce over ranks " << comm::RanksString(ranks)
+                                 << ", a group PrepareGroups did not make (with this rank in it)";
   }
   if (!t.has_data()) return INVALID_ARGUMENT() << "rank " << rank() << ": all-reduce of a tensor without data";
   ASSIGN_OR_RETURN(const ncclDataType_t type, NcclType(t.dtype()));
   const int64_t count = t.num_elements();
-  return Issue(t, stream, /*read_back=*/true, "ncclAllReduce", [&](void* data, int64_t) {
+  return Issue({{t, stream, true}}, "ncclAllReduce", [&](const std::vector<void*>& data) {
     return static_cast<int>(
-        ncclAllReduce(data, data, static_cast<size_t>(count), type, ncclSum, state_->comm, state_->stream));
+        ncclAllReduce(data[0], data[0], static_cast<size_t>(count), type, ncclSum, comm, state_->stream));
   });
 }
 

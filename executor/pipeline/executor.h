@@ -243,6 +243,7 @@ class PipelineExecutor {
   // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
   // their holders, with the group in the Sum's operand order (the reduction order).
   std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
+  std::vector<std::vector<int>> AllReduceGroups(const Topology& topo) const;
   std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageLayout>> layouts_;
   std::vector<std::unique_ptr<StageArena>> arenas_;

@@ -50,6 +50,26 @@ PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
   return u;
 }
 
+// The world ranks of every group an all-reduce of the run names (comm::Comm::PrepareGroups), the same list on every
+// rank: each stage's data-parallel replicas, then per replica each shared parameter's holders.
+std::vector<std::vector<int>> PipelineExecutor::AllReduceGroups(const Topology& topo) const {
+  std::vector<std::vector<int>> groups;
+  auto add = [&](std::vector<int> g) {
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(std::move(g));
+  };
+  for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s) add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
+  for (int32_t d = 0; d < topo.replicas; ++d) {
+    for (const std::map<ir::NodeId, std::vector<int>>& sums : all_reduced_) {
+      for (const auto& [id, stages] : sums) {
+        std::vector<int> g;
+        for (int s : stages) g.push_back(topo.RankOf(s, d));
+        add(std::move(g));
+      }
+    }
+  }
+  return groups;
+}
+
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
     std::shared_ptr<const backend::Backend> backend) {
@@ -114,6 +134,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     ASSIGN_OR_RETURN(buffers->step, be->Upload(ir::Tensor::Scalar<int64_t>(0), ex->streams_.back().get()));
     ex->buffers_.push_back(std::move(buffers));
   }
+  if (options.world != nullptr) RETURN_IF_ERROR(options.world->PrepareGroups(ex->AllReduceGroups(topo)));
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
   // on the stage's stream, except those only read on the host (shape operands, Slice bounds).
   for (size_t s = 0; s < ex->program_.stages.size(); ++s) {

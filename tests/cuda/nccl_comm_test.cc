@@ -58,11 +58,51 @@ TEST_F(NcclCommTest, AWorldOfOneAllReducesDeviceAndHostTensorsToThemselves) {
   EXPECT_TRUE(be_->ToHost(*dbf, s.get())->BitwiseEquals(bf));
 }
 
+// Point-to-point on one GPU: a rank sending to itself (an NCCL send completes only with its receive in the same
+// group here). Sends are held (copied at once, so the caller may overwrite them) and issued with the next group
+// as one ncclGroupStart/End; a group posting its receives before its sends still completes. Device tensors on a
+// stream and host tensors both.
+TEST_F(NcclCommTest, HeldSendsAndGroupsReachTheirReceivesInOrder) {
+  std::unique_ptr<backend::Stream> s = be_->CreateStream();
+  const ir::Tensor a = ir::Tensor::FromVector<float>({3}, {1, 2, 3}), b = ir::Tensor::FromVector<float>({2}, {-4, 5});
+  absl::StatusOr<ir::Tensor> da = be_->Upload(a, s.get()), db = be_->Upload(b, s.get());
+  absl::StatusOr<ir::Tensor> ra = be_->Zeros(ir::DType::kF32, {3}, s.get()), rb = be_->Zeros(ir::DType::kF32, {2}, s.get());
+  ASSERT_TRUE(da.ok() && db.ok() && ra.ok() && rb.ok());
+  ASSERT_TRUE(comm_->Send(0, 7, *da, s.get()).ok());
+  ASSERT_TRUE(comm_->Send(0, 8, *db, s.get()).ok());
+  ASSERT_TRUE(be_->Fill(*da, 0, s.get()).ok());  // the held copy, not this buffer, is sent
+  ASSERT_TRUE(comm_->GroupStart().ok());
+  ASSERT_TRUE(comm_->Recv(0, 7, *ra, s.get()).ok());
+  ASSERT_TRUE(comm_->Recv(0, 8, *rb, s.get()).ok());
+  ASSERT_TRUE(comm_->GroupEnd().ok());
+  EXPECT_TRUE(be_->ToHost(*ra, s.get())->BitwiseEquals(a));
+  EXPECT_TRUE(be_->ToHost(*rb, s.get())->BitwiseEquals(b));
+  // Receives posted before the sends, host buffers.
+  ir::Tensor host_in = ir::Tensor::FromVector<double>({2}, {0, 0});
+  const ir::Tensor host_out = ir::Tensor::FromVector<double>({2}, {0.5, -1e300});
+  ASSERT_TRUE(comm_->GroupStart().ok());
+  ASSERT_TRUE(comm_->Recv(0, 9, host_in, nullptr).ok());
+  ASSERT_TRUE(comm_->Send(0, 9, host_out, nullptr).ok());
+  ASSERT_TRUE(comm_->GroupEnd().ok());
+  EXPECT_TRUE(host_in.BitwiseEquals(host_out));
+  // A held send goes out with the next receive, as one group.
+  ASSERT_TRUE(comm_->Send(0, 10, b, nullptr).ok());
+  ir::Tensor late = ir::Tensor::FromVector<float>({2}, {0, 0});
+  ASSERT_TRUE(comm_->Recv(0, 10, late, nullptr).ok());
+  EXPECT_TRUE(late.BitwiseEquals(b));
+  EXPECT_TRUE(comm_->Flush().ok());
+  EXPECT_EQ(comm_->bytes_sent(), comm_->bytes_received());
+}
+
 TEST_F(NcclCommTest, RefusesWhatTheContractRefusesAndStopsOnAbort) {
   const ir::Tensor x = ir::Tensor::FromVector<float>({1}, {1});
-  absl::Status st = comm_->Send(0, 1, x, nullptr);
+  absl::Status st = comm_->Send(1, 1, x, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), HasSubstr("not another rank"));
+  EXPECT_THAT(st.message(), HasSubstr("not a rank of a world of 1"));
+  // Groups must be sets of ranks; the world needs no communicator of its own.
+  EXPECT_THAT(comm_->PrepareGroups({{1}}).message(), HasSubstr("not a set of ranks"));
+  EXPECT_THAT(comm_->PrepareGroups({{0, 0}}).message(), HasSubstr("not a set of ranks"));
+  EXPECT_TRUE(comm_->PrepareGroups({{0}}).ok());
   EXPECT_EQ(comm_->AllReduce(ir::Tensor::FromVector<bool>({1}, {true}), {0}, nullptr).code(),
             absl::StatusCode::kUnimplemented);
   ASSERT_TRUE(comm_->GroupStart().ok());
