@@ -710,10 +710,6 @@ int RunTrain(const Args& args) {
                       std::to_string(f.data_parallel),
                   2);
     }
-    if (!f.report.empty()) {
-      return Fail("train", "--report is not available with several processes yet (each rank measures its own stage)",
-                  2);
-    }
     world.emplace();
     world->env = e;
     who = "rank " + std::to_string(e.rank) + " of " + std::to_string(e.world_size) + ": ";

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <cstdio>
 #include <string>
@@ -293,7 +294,29 @@ absl::Status PipelineTrainer::WriteReport() const {
   ctx.model = model_name_;
   ctx.plan = plan_ ? &*plan_ : nullptr;
   ctx.plan_dir = pipeline_.plan_dir;
-  return WriteRunReport(pipeline_.report_dir, *executor_, results_, ctx);
+  if (pipeline_.world == nullptr) return WriteRunReport(pipeline_.report_dir, *executor_, results_, ctx);
+  // Replica 0's stages send rank 0 their records (a tensor of JSON bytes each); rank 0 writes the report.
+  const Topology topo{pipeline_.stages, pipeline_.data_parallel, pipeline_.world->rank()};
+  if (topo.replica() != 0) return absl::OkStatus();
+  constexpr uint64_t kReportTag = uint64_t{3} << 59;
+  std::vector<int> senders;
+  for (int32_t s = 1; s < topo.stages; ++s) senders.push_back(topo.RankOf(s, 0));
+  const std::string mine = StageRecordJson(*executor_, results_, topo.stage());
+  ir::Tensor bytes(ir::DType::kU8, {static_cast<int64_t>(mine.size())});
+  if (!mine.empty()) std::memcpy(bytes.raw(), mine.data(), mine.size());
+  absl::StatusOr<comm::NamedTensors> records = comm::GatherNamedTensors(
+      *pipeline_.world, senders, 0, kReportTag, {{"stage " + std::to_string(topo.stage()), bytes}});
+  if (!records.ok()) return Annotate(records.status(), topo.Describe() + ": collecting the stages' measurements");
+  if (topo.rank != 0) return absl::OkStatus();
+  std::vector<PipelineStepResult> steps = results_;
+  ctx.predicted_memory.resize(topo.stages);
+  ctx.predicted_memory[0] = PredictStageMemory(executor_->program().stages[0], executor_->layout(0));
+  for (const auto& [name, t] : *records) {
+    if (name == "stage 0") continue;  // this rank's own, already in results_
+    const std::string record(static_cast<const char*>(t.raw()), static_cast<size_t>(t.num_bytes()));
+    RETURN_IF_ERROR(MergeStageRecord(record, &steps, &ctx.predicted_memory));
+  }
+  return WriteRunReport(pipeline_.report_dir, *executor_, steps, ctx);
 }
 
 absl::Status PipelineTrainer::Restore(const std::map<std::string, ir::Tensor>& state, int64_t step) {

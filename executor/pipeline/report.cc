@@ -64,7 +64,79 @@ std::string Bytes(int64_t b) {
   return buf;
 }
 
+// The StageMeasure and StageMemoryPrediction fields a record carries.
+constexpr std::pair<const char*, double StageMeasure::*> kMeasureTimes[] = {
+    {"forward_s", &StageMeasure::forward_s}, {"backward_s", &StageMeasure::backward_s},
+    {"recompute_s", &StageMeasure::recompute_s}, {"post_s", &StageMeasure::post_s},
+    {"recv_wait_s", &StageMeasure::recv_wait_s}};
+constexpr std::pair<const char*, int64_t StageMeasure::*> kMeasureBytes[] = {
+    {"saved_bytes", &StageMeasure::saved_bytes},
+    {"activations_peak", &StageMeasure::activations_peak},
+    {"transient_bytes", &StageMeasure::transient_bytes},
+    {"arena_bytes", &StageMeasure::arena_bytes},
+    {"accumulator_bytes", &StageMeasure::accumulator_bytes},
+    {"workspace_bytes", &StageMeasure::workspace_bytes},
+    {"optimizer_scratch_bytes", &StageMeasure::optimizer_scratch_bytes},
+    {"bytes_sent", &StageMeasure::bytes_sent},
+    {"bytes_received", &StageMeasure::bytes_received}};
+constexpr std::pair<const char*, int64_t StageMemoryPrediction::*> kPredicted[] = {
+    {"saved", &StageMemoryPrediction::saved},           {"in_flight", &StageMemoryPrediction::in_flight},
+    {"activations", &StageMemoryPrediction::activations}, {"arena", &StageMemoryPrediction::arena},
+    {"transient", &StageMemoryPrediction::transient},   {"peak", &StageMemoryPrediction::peak},
+    {"accumulators", &StageMemoryPrediction::accumulators}, {"workspace", &StageMemoryPrediction::workspace},
+    {"parameters", &StageMemoryPrediction::parameters}, {"optimizer_state", &StageMemoryPrediction::optimizer_state},
+    {"total", &StageMemoryPrediction::total}};
+
 }  // namespace
+
+std::string StageRecordJson(const PipelineExecutor& ex, const std::vector<PipelineStepResult>& steps, int32_t stage) {
+  ojson steps_json = ojson::array();
+  for (const PipelineStepResult& r : steps) {
+    const StageMeasure& m = r.stages.at(stage);
+    ojson sj = {{"max_in_flight", m.max_in_flight}};
+    for (const auto& [key, f] : kMeasureTimes) sj[key] = m.*f;
+    for (const auto& [key, f] : kMeasureBytes) sj[key] = m.*f;
+    ojson trace = ojson::array();
+    for (const TraceEvent& e : r.trace) {
+      if (e.stage != stage) continue;
+      trace.push_back({e.lane, e.name, e.category, e.microbatch, e.start_us, e.dur_us});
+    }
+    sj["trace"] = std::move(trace);
+    steps_json.push_back(std::move(sj));
+  }
+  const StageMemoryPrediction pr = PredictStageMemory(ex.program().stages.at(stage), ex.layout(stage));
+  ojson predicted;
+  for (const auto& [key, f] : kPredicted) predicted[key] = pr.*f;
+  return ojson{{"stage", stage}, {"steps", std::move(steps_json)}, {"predicted_memory", std::move(predicted)}}.dump();
+}
+
+absl::Status MergeStageRecord(const std::string& record, std::vector<PipelineStepResult>* steps,
+                              std::vector<StageMemoryPrediction>* predicted) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(record);
+    const int32_t stage = j.at("stage").get<int32_t>();
+    const nlohmann::json& sj = j.at("steps");
+    if (stage < 0 || stage >= static_cast<int32_t>(predicted->size()) || sj.size() != steps->size()) {
+      return INVALID_ARGUMENT() << "--report: stage " << stage << "'s rank measured " << sj.size() << " steps, rank 0 "
+                                << steps->size() << " (of " << predicted->size() << " stages)";
+    }
+    for (size_t k = 0; k < steps->size(); ++k) {
+      StageMeasure& m = (*steps)[k].stages.at(stage);
+      m.max_in_flight = sj[k].at("max_in_flight").get<int32_t>();
+      for (const auto& [key, f] : kMeasureTimes) m.*f = sj[k].at(key).get<double>();
+      for (const auto& [key, f] : kMeasureBytes) m.*f = sj[k].at(key).get<int64_t>();
+      for (const nlohmann::json& e : sj[k].at("trace")) {
+        (*steps)[k].trace.push_back({stage, e.at(0).get<int32_t>(), e.at(1).get<std::string>(),
+                                     e.at(2).get<std::string>(), e.at(3).get<int32_t>(), e.at(4).get<double>(),
+                                     e.at(5).get<double>()});
+      }
+    }
+    for (const auto& [key, f] : kPredicted) (*predicted)[stage].*f = j.at("predicted_memory").at(key).get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return INVALID_ARGUMENT() << "--report: a stage's record is malformed: " << e.what();
+  }
+  return absl::OkStatus();
+}
 
 std::string MeasuredTraceJson(const PipelineStepResult& step, int32_t num_stages, const std::string& model) {
   ojson spans = ojson::array();
@@ -112,7 +184,8 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
   std::ostringstream plan_lines;
   for (int32_t s = 0; s < K; ++s) {
     const StageMeasure& m = means[s].worst;
-    const StageMemoryPrediction pr = PredictStageMemory(p.stages[s], ex.layout(s));
+    const StageMemoryPrediction pr =
+        ctx.predicted_memory.empty() ? PredictStageMemory(p.stages[s], ex.layout(s)) : ctx.predicted_memory.at(s);
     ojson st = {
         {"index", s},
         {"measured",

@@ -14,7 +14,9 @@
 //                         stage times, i.e. what the schedule alone explains of the measured timeline
 //   report.txt            a per-stage table, measured | predicted
 //   report.html           the same table and both timelines as inline SVG (self-contained)
-// Files are written atomically; DIR is created.
+// Files are written atomically; DIR is created. A multi-process run's report is written by rank 0 with every
+// stage's numbers: each stage's rank sends its record (StageRecordJson) and rank 0 merges them (MergeStageRecord);
+// the trace's times of a stage are then from that rank's own start of the step.
 #pragma once
 
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "executor/pipeline/executor.h"
+#include "executor/pipeline/memory.h"
 #include "nlohmann/json.hpp"
 #include "partitioner/partitioner.h"
 
@@ -31,7 +34,18 @@ struct ReportContext {
   std::string model;
   const partitioner::PartitionPlan* plan = nullptr;  // with --plan
   std::string plan_dir;                              // its folder (for schedule.trace.json)
+  // Per stage, the static planner's memory (memory.h); empty: computed from the executor's layouts, which a
+  // multi-process run's rank holds for its own stage only.
+  std::vector<StageMemoryPrediction> predicted_memory;
 };
+
+// What stage `stage` of this process measured in every step (its StageMeasure, its trace events) and its predicted
+// memory, as JSON.
+std::string StageRecordJson(const PipelineExecutor& ex, const std::vector<PipelineStepResult>& steps, int32_t stage);
+// Puts another rank's record into `steps` (the same steps: an error naming the stage when the counts differ) and its
+// predicted memory into `predicted` (indexed by stage).
+absl::Status MergeStageRecord(const std::string& record, std::vector<PipelineStepResult>* steps,
+                              std::vector<StageMemoryPrediction>* predicted);
 
 absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                             const std::vector<PipelineStepResult>& steps, const ReportContext& ctx);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -154,6 +155,35 @@ TEST_F(MultiProcessTest, GradientBucketsAreAllReducedDuringTheBackwardWithTheSam
     EXPECT_GT(buckets(each.out), 5) << each.out;
     ExpectBitwise("whole", "each", 3);
   }
+}
+
+// --report of stage processes: rank 0 writes one report with every stage's measurements, which its rank sent. The
+// memory each stage measured is the one process's (the same plan, kernels writing into planned slots).
+TEST_F(MultiProcessTest, ReportOfStageProcessesHoldsEveryStage) {
+  const std::string args = TrainArgs(8, 3) + "--stages 2 --microbatches 2 --report ";
+  ASSERT_EQ(OneProcess(args + (dir_ / "one").string(), "one").exit_code, 0);
+  CommandResult many = Launch(2, args + (dir_ / "many").string(), "many");
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  EXPECT_THAT(many.out, HasSubstr("report: " + (dir_ / "many").string()));
+  auto load = [&](const std::string& name) { return nlohmann::json::parse(ReadAll((dir_ / name).string())); };
+  const nlohmann::json one = load("one/measured.json"), many_j = load("many/measured.json");
+  ASSERT_EQ(many_j["stages"].size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const nlohmann::json &a = one["stages"][s], &b = many_j["stages"][s];
+    EXPECT_EQ(b["measured"]["memory"]["arena"], a["measured"]["memory"]["arena"]) << s;
+    EXPECT_EQ(b["measured"]["memory"]["accumulators"], a["measured"]["memory"]["accumulators"]) << s;
+    EXPECT_EQ(b["predicted"]["memory"], a["predicted"]["memory"]) << s;
+    EXPECT_GT(b["measured"]["forward_ms"].get<double>(), 0) << s;
+    EXPECT_GT(b["measured"]["bytes_sent"].get<int64_t>(), 0) << s;
+  }
+  // The trace has both stages' forwards of the last step.
+  const nlohmann::json trace = load("many/measured.trace.json");
+  std::set<int> stages_with_forward;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "forward") stages_with_forward.insert(e["pid"].get<int>());
+  }
+  EXPECT_EQ(stages_with_forward, (std::set<int>{0, 1}));
+  EXPECT_TRUE(fs::exists(dir_ / "many" / "report.html"));
 }
 
 TEST_F(MultiProcessTest, CheckpointsOfAnyLayoutResumeInOneProcessAndSaveOneModel) {
