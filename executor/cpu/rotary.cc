@@ -40,8 +40,8 @@ absl::StatusOr<RotaryGeometry> Geometry(const ir::Node& node, const std::vector<
       cos.dims().back() != geo.rotary_dim || geo.rotary_dim <= 0 || geo.rotary_dim % 2 != 0 ||
       geo.rotary_dim > xd.back() || cos.dtype() != x.dtype() || sin.dtype() != x.dtype()) {
     return INVALID_ARGUMENT() << Describe(node) << ": X " << DimsToString(xd) << ", cos " << DimsToString(cos.dims())
-                              << " and sin " << DimsToString(sin.dims()) << " do not fit rotary_dim "
-                              << geo.rotary_dim << " (op.h: tables (..., rotary_dim) of X's dtype)";
+                              << " and sin " << DimsToString(sin.dims()) << " do not fit rotary_dim " << geo.rotary_dim
+                              << " (op.h: tables (..., rotary_dim) of X's dtype)";
   }
   geo.width = xd.back();
   geo.lead_dims.assign(xd.begin(), xd.end() - 1);
@@ -49,8 +49,8 @@ absl::StatusOr<RotaryGeometry> Geometry(const ir::Node& node, const std::vector<
   for (size_t k = 0; k < table_lead.size(); ++k) {
     const int64_t t = table_lead[table_lead.size() - 1 - k], d = geo.lead_dims[geo.lead_dims.size() - 1 - k];
     if (t != 1 && t != d)
-      return INVALID_ARGUMENT() << Describe(node) << ": cos " << DimsToString(cos.dims())
-                                << " does not broadcast to X " << DimsToString(xd);
+      return INVALID_ARGUMENT() << Describe(node) << ": cos " << DimsToString(cos.dims()) << " does not broadcast to X "
+                                << DimsToString(xd);
   }
   geo.table_strides = BroadcastStrides(table_lead, geo.lead_dims.size());
   geo.rows = x.num_elements() / std::max<int64_t>(geo.width, 1);

@@ -14,8 +14,7 @@ absl::StatusOr<RotaryDims> MakeRotaryDims(const std::vector<int64_t>& x, const s
   if (x.empty() || table.empty() || table.size() > x.size() || table.back() != rotary_dim || rotary_dim <= 0 ||
       rotary_dim % 2 != 0 || rotary_dim > x.back()) {
     return absl::InvalidArgumentError(absl::StrCat("Rotary: x (", absl::StrJoin(x, ", "), ") and tables (",
-                                                   absl::StrJoin(table, ", "), ") do not fit rotary_dim ",
-                                                   rotary_dim));
+                                                   absl::StrJoin(table, ", "), ") do not fit rotary_dim ", rotary_dim));
   }
   RotaryDims d;
   d.width = x.back();

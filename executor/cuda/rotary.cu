@@ -139,8 +139,7 @@ cudaError_t LaunchRotary(const RotaryDims& d, bool transpose, const T* x, const 
 
 template cudaError_t LaunchRotary<float>(const RotaryDims&, bool, const float*, const float*, const float*, float*,
                                          cudaStream_t);
-template cudaError_t LaunchRotary<__nv_bfloat16>(const RotaryDims&, bool, const __nv_bfloat16*,
-                                                 const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                 cudaStream_t);
+template cudaError_t LaunchRotary<__nv_bfloat16>(const RotaryDims&, bool, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                 const __nv_bfloat16*, __nv_bfloat16*, cudaStream_t);
 
 }  // namespace onnxpipe::cuda

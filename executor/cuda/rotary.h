@@ -25,9 +25,9 @@ constexpr int kMaxRotaryLeadDims = 6;
 struct RotaryDims {
   int64_t rows = 0, width = 0, rotary_dim = 0;
   bool interleaved = false;
-  int lead_rank = 0;                                  // merged leading dims of x (size-1 dims dropped)
-  int64_t lead_dims[kMaxRotaryLeadDims] = {};         // outermost first
-  int64_t table_strides[kMaxRotaryLeadDims] = {};     // in table rows; 0 where the tables broadcast
+  int lead_rank = 0;                               // merged leading dims of x (size-1 dims dropped)
+  int64_t lead_dims[kMaxRotaryLeadDims] = {};      // outermost first
+  int64_t table_strides[kMaxRotaryLeadDims] = {};  // in table rows; 0 where the tables broadcast
 };
 
 template <typename T>

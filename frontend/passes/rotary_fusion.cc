@@ -117,8 +117,7 @@ class RotaryMatcher {
   // y = Add(m_cos, m_sin), m_cos = Mul(x, cos), m_sin = Mul(rot(x), sin).
   bool TryProducts(NodeId add, ValueId m_cos, ValueId m_sin) {
     const NodeId mc = PatternProducer(*g_, uses_, m_cos), ms = PatternProducer(*g_, uses_, m_sin);
-    if (mc == ir::kNoNode || ms == ir::kNoNode || g_->node(mc).op != OpKind::kMul ||
-        g_->node(ms).op != OpKind::kMul)
+    if (mc == ir::kNoNode || ms == ir::kNoNode || g_->node(mc).op != OpKind::kMul || g_->node(ms).op != OpKind::kMul)
       return false;
     const std::vector<ValueId> mc_in = g_->node(mc).inputs, ms_in = g_->node(ms).inputs;
     for (int k = 0; k < 2; ++k) {

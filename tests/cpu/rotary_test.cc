@@ -78,11 +78,14 @@ TEST(Rotary, GradientIsTheAdjoint) {
 
 TEST(Rotary, RejectsTablesThatDoNotFit) {
   const Tensor x = Rand(DType::kF32, {2, 8}, 1);
-  EXPECT_FALSE(Eval(RotaryNode(OpKind::kRotary, 4, false), {x, Rand(DType::kF32, {2, 6}, 2), Rand(DType::kF32, {2, 6}, 3)})
-                   .ok());
-  EXPECT_FALSE(Eval(RotaryNode(OpKind::kRotary, 4, false), {x, Rand(DType::kF32, {3, 4}, 2), Rand(DType::kF32, {3, 4}, 3)})
-                   .ok());
-  EXPECT_FALSE(Eval(RotaryNode(OpKind::kRotary, 5, false), {x, Rand(DType::kF32, {5}, 2), Rand(DType::kF32, {5}, 3)}).ok());
+  EXPECT_FALSE(
+      Eval(RotaryNode(OpKind::kRotary, 4, false), {x, Rand(DType::kF32, {2, 6}, 2), Rand(DType::kF32, {2, 6}, 3)})
+          .ok());
+  EXPECT_FALSE(
+      Eval(RotaryNode(OpKind::kRotary, 4, false), {x, Rand(DType::kF32, {3, 4}, 2), Rand(DType::kF32, {3, 4}, 3)})
+          .ok());
+  EXPECT_FALSE(
+      Eval(RotaryNode(OpKind::kRotary, 5, false), {x, Rand(DType::kF32, {5}, 2), Rand(DType::kF32, {5}, 3)}).ok());
 }
 
 }  // namespace

@@ -37,10 +37,14 @@ struct Shape {
 // tables per head, and widths off the 16-byte path.
 const std::vector<Shape>& Shapes() {
   static const std::vector<Shape> kShapes = {
-      {{2, 4, 7, 64}, {2, 1, 7, 64}, false},  {{2, 4, 7, 64}, {2, 1, 7, 16}, false},
-      {{2, 7, 4, 64}, {2, 7, 1, 32}, true},   {{2, 3, 5, 32}, {2, 3, 5, 32}, true},
-      {{3, 5, 6}, {5, 6}, false},             {{3, 5, 10}, {1, 5, 6}, true},
-      {{2, 3, 5, 12}, {5, 4}, false},         {{1, 2, 9, 128}, {1, 1, 9, 128}, true},
+      {{2, 4, 7, 64}, {2, 1, 7, 64}, false},
+      {{2, 4, 7, 64}, {2, 1, 7, 16}, false},
+      {{2, 7, 4, 64}, {2, 7, 1, 32}, true},
+      {{2, 3, 5, 32}, {2, 3, 5, 32}, true},
+      {{3, 5, 6}, {5, 6}, false},
+      {{3, 5, 10}, {1, 5, 6}, true},
+      {{2, 3, 5, 12}, {5, 4}, false},
+      {{1, 2, 9, 128}, {1, 1, 9, 128}, true},
   };
   return kShapes;
 }
@@ -151,7 +155,8 @@ TEST_F(RotaryTest, KernelTableRunsBothOpsOnTheDevice) {
       ir::Graph g;
       std::vector<ir::ValueId> ins;
       for (size_t i = 0; i < host.size(); ++i)
-        ins.push_back(g.AddValue("in" + std::to_string(i), dt, ir::Shape(host[i].dims().begin(), host[i].dims().end())));
+        ins.push_back(
+            g.AddValue("in" + std::to_string(i), dt, ir::Shape(host[i].dims().begin(), host[i].dims().end())));
       ir::Attrs a;
       a.Set("rotary_dim", s.table.back());
       const ir::NodeId n = g.AddNode(op, "rotary", ins, {g.AddValue("y", dt, ir::Shape(s.x.begin(), s.x.end()))}, a);

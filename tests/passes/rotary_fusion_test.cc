@@ -76,7 +76,8 @@ TEST(RotaryFusionTest, PassThroughFirstKeepsTheConcat) {
   absl::StatusOr<bool> r = pass.Run(&g);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(*r);
-  EXPECT_EQ(Histogram(g), (Hist{{"Mul", 1}, {"Rotary", 1}, {"Slice", 2}, {"Concat", 1}})) << testing::HistogramString(g);
+  EXPECT_EQ(Histogram(g), (Hist{{"Mul", 1}, {"Rotary", 1}, {"Slice", 2}, {"Concat", 1}}))
+      << testing::HistogramString(g);
   EXPECT_EQ(testing::NodesOf(g, OpKind::kRotary)[0]->attrs.Get<int64_t>("rotary_dim", 0), 8);
 }
 
