@@ -119,7 +119,8 @@ TEST_F(RotaryTest, Bf16IsTheFp32ResultRoundedOnce) {
   }
 }
 
-TEST_F(RotaryTest, GeometryMergesLeadingDimsAndRefusesMisfits) {
+// Host-only: runs without a GPU.
+TEST(RotaryGeometryTest, MergesLeadingDimsAndRefusesMisfits) {
   // (B, H, S) against (B, 1, S): B and S keep their strides, H broadcasts.
   absl::StatusOr<RotaryDims> d = MakeRotaryDims({2, 4, 7, 64}, {2, 1, 7, 64}, 64, false);
   ASSERT_TRUE(d.ok()) << d.status();
