@@ -61,6 +61,9 @@ double ElementwiseFlops(OpKind op) {
       return 5;
     case OpKind::kRMSNormGrad:
       return 9;
+    case OpKind::kRotary:  // x * cos + rot(x) * sin on the rotated features
+    case OpKind::kRotaryGrad:
+      return 3;
     case OpKind::kDropout:
     case OpKind::kDropoutGrad:
       return 3;

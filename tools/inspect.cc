@@ -123,7 +123,7 @@ ordered_json DescribeFrozen(const ir::Graph& g, const autodiff::TrainableReport&
 // producer.
 ordered_json FusedPerLayer(const ir::Graph& g) {
   static const std::set<ir::OpKind> fused = {ir::OpKind::kAttention, ir::OpKind::kLayerNorm, ir::OpKind::kRMSNorm,
-                                             ir::OpKind::kGelu, ir::OpKind::kLinear};
+                                             ir::OpKind::kGelu,      ir::OpKind::kLinear,    ir::OpKind::kRotary};
   static const std::regex indexed_param(R"(^(.*?[._]\d+)[._].*$)");
   const std::vector<ir::NodeId> order = g.LiveNodes();
   std::vector<std::string> layer(order.size());

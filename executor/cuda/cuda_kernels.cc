@@ -63,6 +63,7 @@ KernelTable RegisterAllKernels(const CudaOptions& options, int device,
   RegisterDropoutKernels(table);
   RegisterOptimizerKernels(table);
   RegisterLayoutKernels(table);
+  RegisterRotaryKernels(table);
   RegisterAttentionKernels(table, options, device, std::move(attention_counts));
   return table;
 }

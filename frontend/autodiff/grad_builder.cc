@@ -260,6 +260,7 @@ GradRegistry::GradRegistry() : rules_(static_cast<size_t>(ir::OpKind::kNumOps)) 
   RegisterAttentionGradients(*this);
   RegisterGatherDropoutLossGradients(*this);
   RegisterMathGradients(*this);
+  RegisterRotaryGradients(*this);
 }
 
 const GradRegistry& GradRegistry::Get() {

@@ -155,5 +155,6 @@ void RegisterNormActivationGradients(GradRegistry& r);
 void RegisterAttentionGradients(GradRegistry& r);
 void RegisterGatherDropoutLossGradients(GradRegistry& r);
 void RegisterMathGradients(GradRegistry& r);  // grad_math.cc: Sin, Cos, Abs, Min, Max
+void RegisterRotaryGradients(GradRegistry& r);  // grad_rotary.cc
 
 }  // namespace onnxpipe::autodiff

@@ -1,5 +1,6 @@
 // Shape rules for the compute ops of a transformer: MatMul (numpy semantics), Gemm, reductions,
-// Softmax/LogSoftmax, SoftmaxCrossEntropyLoss, and the fused Linear, LayerNorm and Attention.
+// Softmax/LogSoftmax, SoftmaxCrossEntropyLoss, and the fused Linear, LayerNorm, Attention and
+// Rotary (with RotaryGrad, which has its forward's operands).
 #include <algorithm>
 
 #include "frontend/ir/attention_views.h"
@@ -186,6 +187,33 @@ absl::StatusOr<Outputs> RMSNormRule(const InferContext& ctx) {
   return out;
 }
 
+// Rotary and RotaryGrad (op.h): X's type; cos and sin of one shape (..., rotary_dim) whose leading
+// dims broadcast to X's.
+absl::StatusOr<Outputs> RotaryRule(const InferContext& ctx) {
+  RETURN_IF_ERROR(ctx.ExpectFloat(0));
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, 2));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(0, 1));
+  RETURN_IF_ERROR(ctx.ExpectRankAtLeast(1, 1));
+  const Shape& x = ctx.shape(0);
+  const int64_t rotary_dim = ctx.attrs().Get<int64_t>("rotary_dim", -1);
+  const Dim& head = x.back();
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || (head.is_concrete() && rotary_dim > head.value()))
+    return ctx.Error() << "rotary_dim " << rotary_dim << " must be even, positive and at most " << ctx.Describe(0)
+                       << "'s last dim";
+  const int64_t interleaved = ctx.attrs().Get<int64_t>("interleaved", 0);
+  if (interleaved != 0 && interleaved != 1) return ctx.Error() << "interleaved must be 0 or 1, not " << interleaved;
+  if (ctx.shape(1) != ctx.shape(2))
+    return ctx.Error() << ctx.Describe(1) << " and " << ctx.Describe(2) << " must have one shape";
+  Shape table_to = x;
+  table_to.back() = Dim(rotary_dim);
+  const Dim& r = ctx.shape(1).back();
+  if (!r.is_concrete() || r.value() != rotary_dim)
+    return ctx.Error() << ctx.Describe(1) << "'s last dim must be rotary_dim " << rotary_dim;
+  RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 1, table_to));
+  return One(ctx.dtype(0), x);
+}
+
 absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
@@ -310,6 +338,8 @@ void RegisterNnRules(RuleTable& t) {
   SetRule(t, OpKind::kRMSNorm, RMSNormRule);
   SetRule(t, OpKind::kSoftmaxCrossEntropyLoss, SoftmaxCrossEntropyRule);
   SetRule(t, OpKind::kAttention, AttentionRule);
+  SetRule(t, OpKind::kRotary, RotaryRule);
+  SetRule(t, OpKind::kRotaryGrad, RotaryRule);  // dX like X
 }
 
 }  // namespace onnxpipe::ir::infer_internal

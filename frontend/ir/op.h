@@ -50,6 +50,16 @@
 //   Stats: f32, O's dims through the views without the last ((..., Sq)), the natural-log
 //   log-sum-exp of each row's scaled, masked scores over its visible keys (-inf for a row with
 //   none); autodiff asks for it so that a backward may skip re-running the forward.
+// - Rotary(X (..., D), cos (..., R), sin (..., R)) attrs rotary_dim (R, even, <= D), interleaved
+//   (int, default 0) -> Y, X's dims and dtype: rotary position embedding, exactly the exporters'
+//   arithmetic Y = X * cos + rot(X) * sin over the first R features of each row, the other D - R
+//   passed through (partial rotary, GPT-NeoX/Phi). rot pairs feature i with i + R/2 (rotate-half,
+//   Llama: rot(x)[i] = -x[i + R/2], rot(x)[i + R/2] = x[i] for i < R/2), or with interleaved = 1
+//   feature 2i with 2i + 1 (GPT-J: rot(x)[2i] = -x[2i + 1], rot(x)[2i + 1] = x[2i]). cos and sin
+//   have one shape and X's dtype; their last dim is R and the others broadcast to X's leading dims
+//   right-aligned (numpy rules, cos's rank <= X's; each dim 1 or X's): Llama's (B, 1, S, R) tables
+//   against X (B, H, S, D), GPT-J's (B, S, 1, R) against (B, S, H, D). No assumption is made about
+//   the tables' values (cos[i] need not equal cos[i + R/2]).
 // Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
 // Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
 // so once symbols are bound a memory planner need not keep their buffers alive for them.
@@ -109,6 +119,12 @@
 //   Views as the forward's: dO is read through o_view; each gradient has its input's dims and is
 //   written through that input's view. Inputs that are one value, each through a view, share one
 //   gradient: the first of them (ir::AttentionGradSlot) carries it, the views covering it exactly.
+// - RotaryGrad(dY, cos, sin) attrs as the forward Rotary -> dX: the transpose of Rotary's linear
+//   map, dX = dY * cos + rot^T(dY * sin) on the first R features (rot^T = -rot, applied after the
+//   table: dX[i] = dY[i] cos[i] + dY[i + R/2] sin[i + R/2], dX[i + R/2] = dY[i + R/2] cos[i + R/2] -
+//   dY[i] sin[i] for rotate-half, likewise for the pairs (2i, 2i + 1)), dY passed through on the
+//   rest. It is Rotary with -sin whenever sin repeats over each pair (as every exporter's table does).
+//   cos and sin get no gradient (autodiff requires that they reach only constants and inputs).
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
@@ -246,7 +262,9 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \
   V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2, 0)                                                   \
   V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)                                               \
-  V(SumScalars, "SumScalars", 1, kVariadic, 1, 1, 0)
+  V(SumScalars, "SumScalars", 1, kVariadic, 1, 1, 0)                                         \
+  V(Rotary, "Rotary", 3, 3, 1, 1, 0)                                                         \
+  V(RotaryGrad, "RotaryGrad", 3, 3, 1, 1, 0)
 
 enum class OpKind : uint16_t {
 #define V(e, name, min_in, max_in, min_out, max_out, props) k##e,

@@ -246,6 +246,8 @@ class Exporter {
       }
       case ir::OpKind::kAttention:
         return Attention(n, ins, outs[0], outs.size() > 1 && !outs[1].empty() ? &outs[1] : nullptr);
+      case ir::OpKind::kRotary:
+        return Rotary(n, ins, outs[0]);
       case ir::OpKind::kReduceSum:
       case ir::OpKind::kSqueeze:
       case ir::OpKind::kUnsqueeze:
@@ -268,7 +270,8 @@ class Exporter {
       default:
         break;
     }
-    // The op list puts the gradient and training ops after Sum; none has a standard ONNX form.
+    // The op list puts the gradient and training ops after Sum (Rotary, appended later, is handled
+    // above); none has a standard ONNX form.
     if (static_cast<int>(n.op) > static_cast<int>(ir::OpKind::kSum)) {
       return INVALID_ARGUMENT() << "node '" << n.name << "' (" << op
                                 << ") has no ONNX form: stage files hold forward nodes only";
@@ -326,6 +329,57 @@ class Exporter {
     Emit("Reciprocal", n.name + "/Reciprocal", {rms}, {inv});
     Emit("Mul", n.name + "/Mul_inv", {ins[0], inv}, {xn});
     Emit("Mul", n.name, {xn, ins[1]}, {outs[0]});
+    return absl::OkStatus();
+  }
+
+  // The exporters' arithmetic (rotary_fusion.h), which re-imports into the same Rotary:
+  // xr * cos + rot(xr) * sin on xr = x[..., :R], concatenated with x[..., R:] for a partial rotary.
+  absl::Status Rotary(const ir::Node& n, const std::vector<std::string>& ins, const std::string& y) {
+    const ir::Value& xv = g_.value(n.inputs[0]);
+    const int64_t rank = static_cast<int64_t>(xv.shape.size());
+    const int64_t r = n.attrs.Get<int64_t>("rotary_dim", -1), half = r / 2;
+    if (!xv.shape_known || rank == 0 || !xv.shape.back().is_concrete() || r <= 0 || r % 2 != 0 ||
+        r > xv.shape.back().value()) {
+      return INVALID_ARGUMENT() << "node '" << n.name << "': Rotary rotary_dim " << r << " does not fit input "
+                                << ir::ShapeToString(xv.shape);
+    }
+    const int64_t width = xv.shape.back().value();
+    auto tmp = [&](const std::string& hint) { return Fresh(n.name + "/" + hint); };
+    auto slice = [&](const std::string& hint, const std::string& in, int64_t start, int64_t end, int64_t step) {
+      const std::string out = tmp(hint), base = n.name + "/" + hint;
+      std::vector<std::string> args = {in, IntsConst(base + "_starts", {start}), IntsConst(base + "_ends", {end}),
+                                       IntsConst(base + "_axes", {-1})};
+      if (step != 1) args.push_back(IntsConst(base + "_steps", {step}));
+      Emit("Slice", base + "/Slice", args, {out});
+      return out;
+    };
+    const std::string xr = r == width ? ins[0] : slice("rotated", ins[0], 0, r, 1);
+    const std::string neg = tmp("neg"), rot = tmp("rot");
+    if (n.attrs.Get<int64_t>("interleaved", 0) == 0) {
+      const std::string x1 = slice("x1", xr, 0, half, 1), x2 = slice("x2", xr, half, r, 1);
+      Emit("Neg", n.name + "/Neg", {x2}, {neg});
+      SetInt(Emit("Concat", n.name + "/Concat_rot", {neg, x1}, {rot}), "axis", -1);
+    } else {
+      // stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2): the flatten as Reshape to
+      // (0, ..., 0, R), 0 copying the leading dims.
+      const std::string odd = slice("odd", xr, 1, r, 2), even = slice("even", xr, 0, r, 2), u0 = tmp("neg_pair"),
+                        u1 = tmp("even_pair"), pairs = tmp("pairs");
+      Emit("Neg", n.name + "/Neg", {odd}, {neg});
+      const std::string axis = IntsConst(n.name + "/pair_axis", {rank});
+      Emit("Unsqueeze", n.name + "/Unsqueeze_neg", {neg, axis}, {u0});
+      Emit("Unsqueeze", n.name + "/Unsqueeze_even", {even, axis}, {u1});
+      SetInt(Emit("Concat", n.name + "/Concat_pairs", {u0, u1}, {pairs}), "axis", -1);
+      std::vector<int64_t> dims(rank - 1, 0);
+      dims.push_back(r);
+      Emit("Reshape", n.name + "/Reshape_rot", {pairs, IntsConst(n.name + "/rot_shape", dims)}, {rot});
+    }
+    const std::string xc = tmp("x_cos"), rs = tmp("rot_sin"), yr = r == width ? y : tmp("rotated_out");
+    Emit("Mul", n.name + "/Mul_cos", {xr, ins[1]}, {xc});
+    Emit("Mul", n.name + "/Mul_sin", {rot, ins[2]}, {rs});
+    Emit("Add", r == width ? n.name : n.name + "/Add", {xc, rs}, {yr});
+    if (r == width) return absl::OkStatus();
+    const std::string pass = slice("pass", ins[0], r, width, 1);
+    SetInt(Emit("Concat", n.name, {yr, pass}, {y}), "axis", -1);
     return absl::OkStatus();
   }
 

@@ -14,6 +14,7 @@
 #include "frontend/passes/pass.h"
 #include "frontend/passes/residual_norm_fusion.h"
 #include "frontend/passes/rms_norm_fusion.h"
+#include "frontend/passes/rotary_fusion.h"
 #include "frontend/passes/row_layout_motion.h"
 #include "frontend/passes/tie_transposed_initializers.h"
 #include "frontend/passes/upcast_half_precision.h"
@@ -36,6 +37,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<LinearFusion>();
     pipeline.AddPass<LayerNormFusion>();
     pipeline.AddPass<RMSNormFusion>();
+    pipeline.AddPass<RotaryFusion>();
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<DropoutFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);

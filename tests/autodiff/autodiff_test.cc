@@ -391,5 +391,20 @@ TEST(LossTest, BadLogitsAreErrorsNamingThem) {
   EXPECT_FALSE(AddCrossEntropyLoss(&t.g(), t.g().value(y).name, "labels", bad).ok());
 }
 
+// Rotary's tables get no gradient: one that depends on a trainable parameter is an error naming
+// the node, never a silently dropped gradient (the rotary fusion fuses only constant tables).
+TEST(AutodiffTest, RotaryTableThatNeedsAGradientIsAnError) {
+  TestGraph t;
+  ValueId y = t.Op1(OpKind::kRotary,
+                    {t.Param("x", {2, 3, 8}, -1, 1), t.Param("cos", {3, 8}, -1, 1), t.ConstF("sin", {3, 8}, -1, 1)},
+                    MakeAttrs({{"rotary_dim", int64_t{8}}}));
+  auto loss = t.AddWeightedSumLoss({y});
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(ir::InferShapes(t.g()).ok());
+  auto info = BuildGradients(&t.g(), *loss, {});
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(std::string(info.status().message()).find("rotary tables"), std::string::npos) << info.status();
+}
+
 }  // namespace
 }  // namespace onnxpipe::autodiff

@@ -231,6 +231,15 @@ std::vector<GradCase> ReduceNormCases() {
       {"LayerNorm_frozen_input", [](TestGraph& t) {
          return V{t.Op1(OpKind::kLayerNorm, {t.ConstF("x", {3, 5}, -2, 2), t.Param("scale", {5}, 0.5, 1.5),
                                              t.Param("bias", {5})})}; }},
+      // Rotary: x trained, the tables constants (no gradient): RotaryGrad against finite differences.
+      {"Rotary_rotate_half_partial", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kRotary, {t.Param("x", {2, 3, 4, 10}, -2, 2), t.ConstF("cos", {2, 1, 4, 6}, -1, 1),
+                                          t.ConstF("sin", {2, 1, 4, 6}, -1, 1)},
+                        MakeAttrs({{"rotary_dim", int64_t{6}}}))}; }},
+      {"Rotary_interleaved_gptj_layout", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kRotary, {t.Param("x", {2, 4, 3, 8}, -2, 2), t.ConstF("cos", {2, 4, 1, 4}, -1, 1),
+                                          t.ConstF("sin", {2, 4, 1, 4}, -1, 1)},
+                        MakeAttrs({{"rotary_dim", int64_t{4}}, {"interleaved", int64_t{1}}}))}; }},
       {"Gelu_erf", [](TestGraph& t) {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {3, 4}, -3, 3)}, MakeAttrs({{"approximate", std::string("none")}}))}; }},
       {"Gelu_tanh", [](TestGraph& t) {

@@ -15,7 +15,8 @@ against the PyTorch references stored beside it:
      for SGD with momentum and AdamW, 1e-7 relative in fp64 (--fp64-loss-tol) and 1e-4 in fp32;
   5. `onnxpipe inspect` at the training batch and sequence length fuses one Attention per attention block (one per
      layer; an encoder-decoder's decoder layers have two, self and cross) and leaves no Softmax, and lists the fused
-     ops per layer with one Attention in each layer that has attention;
+     ops per layer with one Attention in each layer that has attention, and, for a rotary family, one Rotary per
+     query and key and no Neg left;
   6. `onnxpipe train --dtype bf16` (mixed precision) with the fp32 AdamW run's settings gives PyTorch's fp32 losses
      within 2e-2 relative (bf16 keeps 8 significant bits);
   7. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
@@ -157,6 +158,12 @@ def attention_blocks(side):
     return layers, {1}
 
 
+# The Hugging Face families whose attention rotates queries and keys (rotate-half; GPT-NeoX, Phi and StableLM
+# partially, GPT-J interleaved and partially): the rotary fusion makes each rotation one Rotary.
+ROTARY_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "olmo2", "falcon", "gpt_neox", "phi", "stablelm",
+                   "gptj"}
+
+
 def check_fusion(c, exe, model, side):
     blocks, per_layer = attention_blocks(side)
     cmd = [exe, "inspect", model, "--json"]
@@ -170,6 +177,10 @@ def check_fusion(c, exe, model, side):
     c.check(f"one fused Attention per attention block ({blocks})", hist.get("Attention", 0) == blocks,
             f"Attention {hist.get('Attention', 0)}, Softmax {hist.get('Softmax', 0)}")
     c.check("no Softmax left unfused", hist.get("Softmax", 0) == 0, f"Softmax {hist.get('Softmax', 0)}")
+    if side.get("family") in ROTARY_FAMILIES:
+        c.check(f"one fused Rotary per query and key ({2 * blocks}), no Neg left",
+                hist.get("Rotary", 0) == 2 * blocks and hist.get("Neg", 0) == 0,
+                f"Rotary {hist.get('Rotary', 0)}, Neg {hist.get('Neg', 0)}")
     counts = [row["ops"].get("Attention", 0) for row in info["fused_per_layer"]]
     c.check("inspect's per-layer fused counts hold the attention blocks",
             sum(counts) == blocks and {n for n in counts if n} <= per_layer, str(info["fused_per_layer"]))

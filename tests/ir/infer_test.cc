@@ -453,6 +453,30 @@ TEST(InferTest, RMSNormAndItsGradient) {
   EXPECT_THAT(bad.Infer().message(), HasSubstr("/rms"));
 }
 
+TEST(InferTest, RotaryAndItsGradient) {
+  Builder b;
+  // Llama's (B, 1, S, 8) tables against (B, H, S, 16): a partial rotary over 8 of 16 features.
+  ValueId x = b.Input("x", {B, 4, S, 16}), cos = b.Input("cos", {B, 1, S, 8}), sin = b.Input("sin", {B, 1, S, 8});
+  const Attrs partial = A({{"rotary_dim", int64_t{8}}, {"interleaved", int64_t{1}}});
+  ValueId y = b.Op(OpKind::kRotary, {x, cos, sin}, partial);
+  ValueId dx = b.Op(OpKind::kRotaryGrad, {b.Input("dy", {B, 4, S, 16}), cos, sin}, partial);
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(y), "(B, 4, S, 16)");
+  EXPECT_EQ(b.Str(dx), "(B, 4, S, 16)");
+
+  auto error = [](Shape table, int64_t rotary_dim) {
+    Builder bad;
+    bad.Op(OpKind::kRotary, {bad.Input("x", {B, 4, S, 16}), bad.Input("cos", table), bad.Input("sin", table)},
+           A({{"rotary_dim", rotary_dim}}), "/rot");
+    return std::string(bad.Infer().message());
+  };
+  EXPECT_THAT(error({B, 1, S, 8}, 6), HasSubstr("rotary_dim 6"));  // the tables' width
+  EXPECT_THAT(error({B, 1, S, 7}, 7), HasSubstr("must be even"));
+  EXPECT_THAT(error({B, 1, S, 32}, 32), HasSubstr("at most"));
+  EXPECT_THAT(error({B, 3, S, 8}, 8), HasSubstr("does not broadcast"));
+  EXPECT_THAT(error({B, 1, S, 8}, 6), HasSubstr("/rot"));
+}
+
 TEST(InferTest, SoftmaxCrossEntropyLossShapes) {
   Builder b;
   ValueId scores = b.Input("scores", {B, 10}), labels = b.Input("labels", {B}, DType::kI64);

@@ -79,6 +79,72 @@ RMSNormGraph BuildDecomposedRMSNorm(GraphBuilder& b, const RMSNormVariant& v) {
   return out;
 }
 
+RotaryGraph BuildRotary(GraphBuilder& b, const RotaryVariant& v) {
+  const int64_t w = v.width, r = v.rotary_dim, h = r / 2;
+  const Dim B(2), H(2), S(8);
+  auto shape = [&](int64_t last) {
+    return v.gptj_layout ? ir::Shape{B, S, H, Dim(last)} : ir::Shape{B, H, S, Dim(last)};
+  };
+  const ir::Shape tables = v.gptj_layout ? ir::Shape{B, S, Dim(1), Dim(r)} : ir::Shape{B, Dim(1), S, Dim(r)};
+  const int64_t end = std::numeric_limits<int64_t>::max();
+  auto slice = [&](ValueId in, int64_t start, int64_t stop, int64_t step, int64_t axis, const ir::Shape& out) {
+    std::vector<ValueId> args = {in, b.IntVec({start}), b.IntVec({stop}), b.IntVec({axis})};
+    if (step != 1) args.push_back(b.IntVec({step}));
+    return b.Op(OpKind::kSlice, args, out);
+  };
+  RotaryGraph out;
+  const ValueId xin = b.Input("xin", shape(w));
+  out.x = b.Op(OpKind::kMul, {xin, b.Param("w", {w})}, shape(w));
+  out.cos = v.table_parameter ? b.Param("cos", ir::ToInts(tables)) : b.Input("cos", tables);
+  out.sin = b.Input("sin", tables);
+  const ValueId xr = r == w ? out.x : slice(out.x, 0, r, 1, -1, shape(r));
+  ValueId rot;
+  if (v.interleaved) {
+    ir::Shape pair = shape(h);
+    const ValueId odd = slice(xr, v.same_half_twice ? 0 : 1, v.end_as_width ? r : end, 2, -1, pair);
+    const ValueId even = slice(xr, 0, v.end_as_width ? r : end, 2, -1, pair);
+    pair.push_back(Dim(1));
+    const ir::Attrs last = MakeAttrs({{"axes", std::vector<int64_t>{-1}}});
+    const ValueId u0 =
+        b.Op(OpKind::kUnsqueeze, {v.neg_first_half ? odd : b.Op(OpKind::kNeg, {odd}, shape(h))}, pair, last);
+    const ValueId u1 =
+        b.Op(OpKind::kUnsqueeze, {v.neg_first_half ? b.Op(OpKind::kNeg, {even}, shape(h)) : even}, pair, last);
+    ir::Shape pairs = shape(h);
+    pairs.push_back(Dim(2));
+    const ValueId stacked = b.Op(OpKind::kConcat, {u0, u1}, pairs, MakeAttrs({{"axis", int64_t{-1}}}));
+    rot = b.Op(OpKind::kReshape, {stacked, b.IntVec(ir::ToInts(shape(r)))}, shape(r));
+  } else {
+    const int64_t axis = v.seq_axis ? -2 : -1;
+    ir::Shape half = shape(r);
+    if (v.seq_axis) {
+      half[half.size() - 2] = Dim(half[half.size() - 2].value() / 2);
+    } else {
+      half.back() = Dim(h);
+    }
+    const int64_t extent = v.seq_axis ? 8 : r, mid = extent / 2;
+    const ValueId x1 = slice(xr, 0, mid, 1, axis, half);
+    const ValueId x2 = slice(xr, v.same_half_twice ? 0 : mid, v.same_half_twice ? mid : (v.end_as_width ? extent : end),
+                             1, axis, half);
+    const ValueId first = v.neg_first_half ? b.Op(OpKind::kNeg, {x1}, half) : b.Op(OpKind::kNeg, {x2}, half);
+    const ValueId second = v.neg_first_half ? x2 : x1;
+    rot = b.Op(OpKind::kConcat, {first, second}, shape(r), MakeAttrs({{"axis", axis}}));
+  }
+  const ValueId other = v.other_x ? b.Op(OpKind::kRelu, {xr}, shape(r)) : xr;
+  const ValueId xc =
+      b.Op(OpKind::kMul, v.swap_muls ? std::vector<ValueId>{out.cos, other} : std::vector<ValueId>{other, out.cos},
+           shape(r));
+  const ValueId rs = b.Op(
+      OpKind::kMul, v.swap_muls ? std::vector<ValueId>{out.sin, rot} : std::vector<ValueId>{rot, out.sin}, shape(r));
+  out.y = b.Op(OpKind::kAdd, v.swap_add ? std::vector<ValueId>{rs, xc} : std::vector<ValueId>{xc, rs}, shape(r));
+  if (r < w) {
+    const ValueId pass = slice(out.x, r, v.end_as_width ? w : end, 1, -1, shape(w - r));
+    out.y = b.Op(OpKind::kConcat, v.pass_first ? std::vector<ValueId>{pass, out.y} : std::vector<ValueId>{out.y, pass},
+                 shape(w), MakeAttrs({{"axis", int64_t{-1}}}));
+  }
+  b.Output(out.y);
+  return out;
+}
+
 DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale) {
   const Dim B = Dim(2), H = Dim(4), KVH = Dim(2), S = Dim(kS), Dh = Dim(4);
   DynamoSdpaGraph out;

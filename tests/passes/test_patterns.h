@@ -76,6 +76,31 @@ struct GeluOptions {
 // Builds y = gelu(x) in the requested form, output through a Relu; returns {x, y}.
 std::pair<ValueId, ValueId> BuildGelu(GraphBuilder& b, const GeluOptions& o);
 
+// Rotary position embedding as torch's exporters write Hugging Face's apply_rotary_pos_emb
+// (rotary_fusion.h): x = xin * w (w a parameter, so gradients reach one) of (B, H, S, W) = (2, 2, 8,
+// width), tables (B, 1, S, R) graph inputs; GPT-J's layout (B, S, H, W) with tables (B, S, 1, R).
+// With rotary_dim < width the rotated slice is concatenated back in front of the rest (partial).
+struct RotaryVariant {
+  bool interleaved = false;
+  int64_t width = 8, rotary_dim = 8;
+  bool gptj_layout = false;
+  bool swap_add = false;         // Add(rot * sin, x * cos)
+  bool swap_muls = false;        // Mul(cos, x), Mul(sin, rot)
+  bool end_as_width = false;     // slice ends written as the width (else INT64_MAX, as TorchScript)
+  bool neg_first_half = false;   // negative: Concat(Neg(x1), x2), the other sign
+  bool same_half_twice = false;  // negative: both slices take the first half
+  bool seq_axis = false;         // negative: halves sliced and concatenated along the sequence axis
+  bool table_parameter = false;  // negative: cos is a trainable parameter
+  bool other_x = false;          // negative: the cos product reads another value than the rotation
+  bool pass_first = false;       // negative for the partial rewrite: Concat(pass, rotated)
+};
+
+struct RotaryGraph {
+  ValueId x, cos, sin, y;
+};
+
+RotaryGraph BuildRotary(GraphBuilder& b, const RotaryVariant& v);
+
 inline constexpr int64_t kS = 5;
 inline const float kInf = std::numeric_limits<float>::infinity();
 
