@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Decoder LLM training on one GPU: `onnxpipe train --backend cuda` of a Hugging Face transformers model's ONNX
+export against PyTorch eager and torch.compile of the very same model (same seeded weights, same batches, bf16
+autocast, SGD), in one command.
+
+The bench builds the model from a transformers config (--family llama | qwen2 | mistral and the sizes; presets by
+--preset), exports it with torch's dynamo exporter (external data), writes next-token data (labels = the tokens
+shifted left, the last position ignored) and runs:
+  onnxpipe   twice, N1 = warmup + 2 and N2 = N1 + steps steps: samples/s = batch x (N2 - N1) / (wall2 - wall1), the
+             whole process's step-to-step rate; its losses, peak GPU memory line and host fallbacks from the N2 run
+  eager      PyTorch, bf16 autocast, the same rows in the same order: samples/s over the steps after warmup
+  compile    the same under torch.compile
+MFU = tokens/s x (6 N + 12 L d S) / the card's dense bf16 peak (N the parameters, a tied embedding counted once).
+Writes bench/results/llm_train_<date>_<tag>_<preset>.json.
+
+  python3 bench/llm_train_bench.py --onnxpipe .build/main/tools/onnxpipe --preset llama-426m --batch 8 --tag h100
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (family, layers, hidden, heads, kv heads, intermediate, vocab, tied)
+PRESETS = {
+    "llama-426m": ("llama", 8, 2048, 16, 4, 5632, 32000, True),  # the issue's Llama-shaped model
+    "qwen2-0.5b": ("qwen2", 24, 896, 14, 2, 4864, 151936, True),  # Qwen2-0.5B's shape
+    "mistral-0.5b": ("mistral", 8, 2048, 16, 4, 5632, 32000, False),
+    "llama-1b": ("llama", 16, 2048, 32, 8, 8192, 128256, True),  # Llama-3.2-1B's shape
+    "tiny": ("llama", 2, 128, 4, 2, 256, 512, True),  # a CPU smoke test of the bench itself
+}
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def build(a):
+    import torch
+    import transformers as tr
+
+    family, layers, hidden, heads, kv, inter, vocab, tied = PRESETS[a.preset]
+    cls = {"llama": tr.LlamaConfig, "qwen2": tr.Qwen2Config, "mistral": tr.MistralConfig}[family]
+    cfg = cls(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+              num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=max(a.seq, 2048),
+              tie_word_embeddings=tied, attn_implementation="sdpa", attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = tr.AutoModelForCausalLM.from_config(cfg)
+    params = sum(p.numel() for p in model.parameters())  # shared tensors once
+    return model, dict(family=family, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, intermediate=inter,
+                       vocab=vocab, tied=tied, parameters=params)
+
+
+def logits_only(model):
+    """forward(input_ids) -> logits: the graph onnxpipe trains (its loss comes from --logits and the labels)."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids, use_cache=False).logits
+
+    return LogitsOnly()
+
+
+def export(model, a, path):
+    import torch
+
+    wrapped = logits_only(model).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, a.seq))
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    prog = torch.onnx.export(wrapped, (ids,), None, dynamo=True, input_names=["input_ids"], output_names=["logits"],
+                             dynamic_shapes=({0: batch},), opset_version=18)
+    prog.save(path, external_data=True)
+
+
+def make_data(a, vocab, rows, work):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (rows, a.seq), dtype=np.int64)
+    labels = np.concatenate([tokens[:, 1:], np.full((rows, 1), -100, dtype=np.int64)], axis=1)
+    data = os.path.join(work, "data")
+    os.makedirs(data, exist_ok=True)
+    np.save(os.path.join(data, "input_ids.npy"), tokens)
+    np.save(os.path.join(data, "labels.npy"), labels)
+    return data, tokens, labels
+
+
+def onnxpipe_run(a, model, data, work):
+    n1 = a.warmup + 2
+    n2 = n1 + a.steps
+    out = {}
+    walls = {}
+    for n in (n1, n2):
+        metrics = os.path.join(work, f"m{n}.jsonl")
+        cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(a.batch), "--steps", str(n), "--optimizer",
+               "sgd", "--lr", str(a.lr), "--backend", "cuda", "--dtype", "bf16", "--logits", "logits", "--metrics",
+               metrics, "--log-every", "1000000", *a.onnxpipe_flags]
+        t = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        walls[n] = time.monotonic() - t
+        if r.returncode != 0:
+            return dict(error=(r.stderr or r.stdout).strip()[-3000:], command=" ".join(["onnxpipe", *cmd[1:]]))
+        lines = r.stdout.splitlines()
+        out.update(losses=[json.loads(l)["loss"] for l in open(metrics)][:a.losses],
+                   memory=next((l for l in lines if l.startswith("cuda memory:")), ""),
+                   host_fallbacks=next((l for l in lines if l.startswith("cuda: ran on the host")), ""),
+                   attention=next((l for l in lines if l.startswith("cuda attention:")), ""),
+                   command=" ".join(["onnxpipe", *cmd[1:]]).replace(work, "WORK"))
+    out["samples_s"] = a.batch * (n2 - n1) / (walls[n2] - walls[n1])
+    out["wall_s"] = {str(k): round(v, 3) for k, v in walls.items()}
+    return out
+
+
+def torch_run(a, tokens, labels, compiled):
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    m = build(a)[0].to(dev).train()  # the exported weights again (seeded)
+    step_fn = m
+    if compiled:
+        step_fn = torch.compile(m)
+    opt = torch.optim.SGD(m.parameters(), lr=a.lr)
+    torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    rows = tokens.shape[0]
+    for k in range(a.warmup + a.steps):
+        lo = (k * a.batch) % rows
+        ids = torch.from_numpy(tokens[lo:lo + a.batch]).to(dev)
+        lab = torch.from_numpy(labels[lo:lo + a.batch]).to(dev)
+        torch.cuda.synchronize()
+        t = time.monotonic()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = step_fn(input_ids=ids, use_cache=False).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), lab.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append(time.monotonic() - t)
+        losses.append(loss.item())
+    return dict(samples_s=a.batch / statistics.median(times[a.warmup:]), losses=losses[:a.losses],
+                peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--onnxpipe", default=os.path.join(ROOT, ".build/main/tools/onnxpipe"))
+    p.add_argument("--preset", default="llama-426m", choices=sorted(PRESETS))
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--losses", type=int, default=3, help="first losses recorded side by side")
+    p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"])
+    p.add_argument("--onnxpipe-flags", nargs="*", default=[], help="more `onnxpipe train` flags")
+    p.add_argument("--device-name", default="")
+    p.add_argument("--tag", default="gpu")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    a = p.parse_args()
+    import torch
+
+    device = a.device_name or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+    model, shape = build(a)
+    rows = a.batch * (a.warmup + 2 + a.steps)
+    result = dict(benchmark="llm_train", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  device=device, preset=a.preset, model=shape, seq=a.seq, batch=a.batch, dtype="bf16",
+                  optimizer=f"sgd lr {a.lr}", steps=a.steps, warmup=a.warmup)
+    with tempfile.TemporaryDirectory(prefix="llm_train_bench_") as work:
+        path = os.path.join(work, "model.onnx")
+        t = time.monotonic()
+        export(model, a, path)
+        result["export_s"] = round(time.monotonic() - t, 1)
+        data, tokens, labels = make_data(a, shape["vocab"], rows, work)
+        result["onnxpipe"] = onnxpipe_run(a, path, data, work)
+    for name in a.peers:
+        result[name] = torch_run(a, tokens, labels, compiled=name == "compile")
+    tokens_per_sample = a.seq
+    flops_per_token = 6 * shape["parameters"] + 12 * shape["layers"] * shape["hidden"] * a.seq
+    peak = next((v for k, v in PEAK_BF16.items() if k in device), None)
+    for name in ["onnxpipe", *a.peers]:
+        r = result[name]
+        if "samples_s" not in r:
+            continue
+        r["tokens_s"] = round(r["samples_s"] * tokens_per_sample, 1)
+        if peak:
+            r["mfu"] = round(r["tokens_s"] * flops_per_token / peak, 4)
+        if name != "onnxpipe" and "samples_s" in result["onnxpipe"]:
+            result[f"onnxpipe_over_{name}"] = round(result["onnxpipe"]["samples_s"] / r["samples_s"], 4)
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.join(a.out, f"llm_train_{datetime.date.today():%Y%m%d}_{a.tag}_{a.preset}.json")
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("model",)}, indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
