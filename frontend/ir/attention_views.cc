@@ -26,6 +26,18 @@ absl::StatusOr<StridedView> ViewOf(const Node& node, int operand, const std::vec
 
 }  // namespace
 
+int64_t AttentionKvGroup(const Shape& q, const Shape& k, const Shape& v) {
+  if (q.size() < 3 || k.size() < 3 || v.size() < 3) return 1;
+  const Dim &hq = q.end()[-3], &hk = k.end()[-3], &hv = v.end()[-3];
+  if (!hq.is_concrete() || !hk.is_concrete() || hk != hv) return 1;
+  const int64_t nq = hq.value(), nk = hk.value();
+  return nk > 1 && nq > nk && nq % nk == 0 ? nq / nk : 1;
+}
+
+int64_t AttentionKvGroup(const std::vector<int64_t>& q, const std::vector<int64_t>& k, const std::vector<int64_t>& v) {
+  return AttentionKvGroup(FromInts(q), FromInts(k), FromInts(v));
+}
+
 const char* AttentionViewAttr(int operand) {
   static const char* const kNames[] = {"q_view", "k_view", "v_view", "o_view"};
   return kNames[operand];
