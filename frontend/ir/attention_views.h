@@ -50,7 +50,8 @@ int AttentionGradSlot(const Node& node, int operand);
 // Whether an AttentionGrad node computes operand i's gradient (its slot's output is present).
 bool AttentionGradWanted(const Node& node, int operand);
 // Under views an AttentionGrad node writes each gradient through its operand's view, never summing:
-// that is the gradient only when no operand whose gradient is wanted broadcasts over `batch` and the
+// that is the gradient only when no operand whose gradient is wanted broadcasts over `batch` (grouped K
+// and V do not: ir::AttentionKvGroup, their kernels sum each group) and the
 // views into each wanted gradient output cover it exactly. `buffers`: the Q, K, V inputs' dims.
 // InvalidArgument naming the operand or output otherwise; OK for a node without views.
 absl::Status CheckAttentionViewGradients(const Node& node, const std::vector<int64_t>* const buffers[3],
