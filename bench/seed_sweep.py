@@ -240,6 +240,10 @@ def main():
                             row[f"{side}_max_stage_mib"] = round(max(r["stage_bytes"]) / 2**20, 1)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    write_files(rows, a)  # after every row: a run cut short keeps what it measured
+
+
+def write_files(rows, a):
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"seed_sweep_{datetime.date.today():%Y%m%d}_{a.tag}")
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("stages", "batch", "chunks"), k))
@@ -248,7 +252,6 @@ def main():
         w.writeheader()
         w.writerows(rows)
     write_html(stem + ".html", rows, a)
-    print("wrote", stem + ".csv", stem + ".html")
 
 
 if __name__ == "__main__":
