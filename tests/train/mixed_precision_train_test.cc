@@ -185,6 +185,8 @@ TEST_P(Bf16GradientTest, AgainstFp64AndPyTorchAutocast) {
                                          src + "/models/" + name + ".onnx " + g.data_dir + " --batch " +
                                          std::to_string(g.golden["batch"].get<int64_t>()) +
                                          " --dtype float32 --autocast"));
+  // Both bf16 runs hold their own rounding (PyTorch's CPU autocast kernels round differently on different
+  // processors): onnxpipe's norm is within 2% of the exact (fp64) one, or no further from it than twice PyTorch's.
   double worst_norm = 0;
   for (const auto& [p, w] : torch["grads"].items()) {
     ASSERT_TRUE(got->count(p)) << p;
@@ -192,9 +194,11 @@ TEST_P(Bf16GradientTest, AgainstFp64AndPyTorchAutocast) {
     const ir::Tensor& a = got->at(p);
     double sq = 0;
     for (int64_t i = 0; i < a.num_elements(); ++i) sq += a.GetAsDouble(i) * a.GetAsDouble(i);
-    const double norm = w["norm"].get<double>();
-    EXPECT_LE(std::abs(std::sqrt(sq) - norm), 2e-2 * std::max(norm, 1e-3))
-        << "gradient norm of " << p << ": onnxpipe bf16 " << std::sqrt(sq) << ", PyTorch autocast " << norm;
+    const double norm = w["norm"].get<double>(), exact = std::sqrt(sq_norm[p]);
+    const double ours = std::abs(std::sqrt(sq) - exact), theirs = std::abs(norm - exact);
+    EXPECT_LE(ours, std::max(2e-2 * std::max(exact, 1e-3), 2 * theirs))
+        << "gradient norm of " << p << ": onnxpipe bf16 " << std::sqrt(sq) << ", PyTorch autocast " << norm
+        << ", fp64 " << exact;
     worst_norm = std::max(worst_norm, std::abs(std::sqrt(sq) - norm) / norm);
   }
   std::printf("%s: gradient norms against PyTorch autocast: worst relative difference %.3g\n", name.c_str(),
