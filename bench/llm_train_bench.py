@@ -123,6 +123,24 @@ def onnxpipe_run(a, model, data, work):
     return out
 
 
+def onnxpipe_profile(a, model, work, top=20):
+    """Kernel time per op kind of one training step (`onnxpipe profile`), the longest first."""
+    out = os.path.join(work, "profile.json")
+    cmd = [a.onnxpipe, "profile", model, "--backend", "cuda", "--dtype", "bf16", "--batch", str(a.batch),
+           "--optimizer", "sgd", "--logits", "logits", "--repeats", "3", "--warmup", "1", "--out", out]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(error=(r.stderr or r.stdout).strip()[-3000:])
+    by_op = {}
+    for n in json.load(open(out))["ops"]:
+        e = by_op.setdefault(n["op"], [0.0, 0])
+        e[0] += n["ms"]
+        e[1] += 1
+    ranked = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(total_ms=round(sum(v[0] for v in by_op.values()), 2),
+                ops=[dict(op=k, ms=round(v[0], 3), calls=v[1]) for k, v in ranked])
+
+
 def torch_run(a, tokens, labels, compiled):
     import torch
     import torch.nn.functional as F
@@ -167,6 +185,8 @@ def main():
     p.add_argument("--losses", type=int, default=3, help="first losses recorded side by side")
     p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"])
     p.add_argument("--onnxpipe-flags", nargs="*", default=[], help="more `onnxpipe train` flags")
+    p.add_argument("--profile", action="store_true",
+                   help="also `onnxpipe profile --backend cuda` one training step: the ops that took longest")
     p.add_argument("--device-name", default="")
     p.add_argument("--tag", default="gpu")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
@@ -186,6 +206,8 @@ def main():
         result["export_s"] = round(time.monotonic() - t, 1)
         data, tokens, labels = make_data(a, shape["vocab"], rows, work)
         result["onnxpipe"] = onnxpipe_run(a, path, data, work)
+        if a.profile:
+            result["onnxpipe_profile"] = onnxpipe_profile(a, path, work)
     for name in a.peers:
         result[name] = torch_run(a, tokens, labels, compiled=name == "compile")
     tokens_per_sample = a.seq

@@ -1,8 +1,10 @@
 #include "tools/distributed.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::tools {
@@ -34,6 +36,9 @@ absl::StatusOr<LaunchEnv> FromTorchrun(const EnvLookup& env) {
   if (env("LOCAL_RANK")) {
     ASSIGN_OR_RETURN(e.local_rank, IntVar(env, "LOCAL_RANK", e.source));
   }
+  if (env("LOCAL_WORLD_SIZE")) {
+    ASSIGN_OR_RETURN(e.local_world_size, IntVar(env, "LOCAL_WORLD_SIZE", e.source));
+  }
   const std::optional<std::string> addr = env("MASTER_ADDR");
   if (!addr || addr->empty()) return INVALID_ARGUMENT() << e.source << ": MASTER_ADDR is not set";
   e.master_addr = *addr;
@@ -49,6 +54,10 @@ absl::StatusOr<LaunchEnv> FromSlurm(const EnvLookup& env) {
   ASSIGN_OR_RETURN(e.world_size, IntVar(env, tasks, e.source));
   ASSIGN_OR_RETURN(e.rank, IntVar(env, "SLURM_PROCID", e.source));
   ASSIGN_OR_RETURN(e.local_rank, IntVar(env, "SLURM_LOCALID", e.source));
+  if (const std::optional<std::string> per_node = FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+    ASSIGN_OR_RETURN(const int node, IntVar(env, "SLURM_NODEID", e.source));
+    ASSIGN_OR_RETURN(e.local_world_size, SlurmTasksOnNode(*per_node, node));
+  }
   if (std::optional<std::string> addr = env("MASTER_ADDR"); addr && !addr->empty()) {
     e.master_addr = *addr;
   } else {
@@ -70,6 +79,33 @@ absl::StatusOr<LaunchEnv> FromSlurm(const EnvLookup& env) {
 }
 
 }  // namespace
+
+absl::StatusOr<int> SlurmTasksOnNode(const std::string& tasks_per_node, int node) {
+  auto bad = [&]() -> absl::Status {
+    return INVALID_ARGUMENT() << "slurm: cannot read the tasks per node '" << tasks_per_node << "'";
+  };
+  int first = 0;  // the first node of the entry being read
+  for (absl::string_view entry : absl::StrSplit(tasks_per_node, ',')) {
+    int tasks = 0, repeat = 1;
+    const size_t paren = entry.find("(x");
+    if (!absl::SimpleAtoi(entry.substr(0, paren), &tasks) || tasks < 1) return bad();
+    if (paren != absl::string_view::npos) {
+      if (entry.back() != ')' || !absl::SimpleAtoi(entry.substr(paren + 2, entry.size() - paren - 3), &repeat) ||
+          repeat < 1) {
+        return bad();
+      }
+    }
+    if (node < first + repeat) return tasks;
+    first += repeat;
+  }
+  return INVALID_ARGUMENT() << "slurm: the tasks per node '" << tasks_per_node << "' list " << first
+                            << " nodes, none for SLURM_NODEID " << node;
+}
+
+int RankThreads(int usable, int machine, int local_ranks) {
+  if (local_ranks <= 1 || usable < machine) return std::max(1, usable);
+  return std::max(1, usable / local_ranks);
+}
 
 EnvLookup ProcessEnv() {
   return [](const std::string& name) -> std::optional<std::string> {

@@ -15,6 +15,7 @@ namespace onnxpipe::tools {
 
 struct LaunchEnv {
   int rank = 0, world_size = 1, local_rank = 0;
+  int local_world_size = 0;  // ranks on this node (LOCAL_WORLD_SIZE; Slurm's tasks per node); 0 when not told
   std::string master_addr;
   int master_port = 0;
   std::string source;  // "torchrun / onnxpipe launch" or "slurm": how errors name the variables
@@ -27,6 +28,14 @@ EnvLookup ProcessEnv();
 // nullopt when no launcher started this process (or started it as the only rank); an error naming the variable
 // when one is missing, not a number, or inconsistent with the others.
 absl::StatusOr<std::optional<LaunchEnv>> ReadLaunchEnv(const EnvLookup& env);
+
+// This node's entry of a Slurm tasks-per-node list: "4(x2),3" with node 2 -> 3. An error naming the list when it
+// cannot be read or has no entry for the node.
+absl::StatusOr<int> SlurmTasksOnNode(const std::string& tasks_per_node, int node);
+
+// CPU threads for one rank's kernels: all `usable` CPUs when it is alone on its node or its launcher bound it to
+// fewer CPUs than the machine has (`usable` < `machine`: srun --cpu-bind, taskset), else an equal share of the node.
+int RankThreads(int usable, int machine, int local_ranks);
 
 // The first host of a Slurm node list: "gpu[03-05,9],login1" -> "gpu03", "a1,b2" -> "a1".
 absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);

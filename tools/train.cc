@@ -10,9 +10,13 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <thread>
 
+#include "executor/backend/backend_evaluator.h"
 #include "executor/comm/gather.h"
 #include "executor/comm/tcp_comm.h"
+#include "executor/cpu/kernel_util.h"
+#include "executor/cpu/thread_pool.h"
 #ifdef ONNXPIPE_HAVE_NCCL
 #include "executor/cuda/nccl_comm.h"
 #endif
@@ -267,10 +271,18 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
 
 // `world`: the ranks of a data-parallel run of one stage, each holding the whole model, evaluate every world-th batch
 // and add their counts in rank order; null: this process evaluates every batch. Only the leader reports.
+// The forward runs on the training backend: its nodes on the device, the parameters uploaded once.
 absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer, const TrainData& data,
-                           const train::TrainOptions& options, comm::Comm* world, bool leader,
-                           train::MetricsWriter* metrics, io::TensorBoardWriter* tensorboard) {
+                           const train::TrainOptions& options, std::shared_ptr<const backend::Backend> be,
+                           comm::Comm* world, bool leader, train::MetricsWriter* metrics,
+                           io::TensorBoardWriter* tensorboard) {
   train::EvalOptions eo;
+  if (!be->placement().host()) {
+    eo.evaluator = [be](const ir::Graph& g) -> absl::StatusOr<std::unique_ptr<ir::OpEvaluator>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<backend::BackendEvaluator> ev, backend::BackendEvaluator::Resident(be, g));
+      return std::unique_ptr<ir::OpEvaluator>(std::move(ev));
+    };
+  }
   eo.logits = options.logits;
   eo.labels = options.labels;
   eo.batch = options.batch;
@@ -611,8 +623,8 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   const bool shared_eval = world && f.eval && trainer->executor().program().num_stages == 1;
   if (world && ((f.eval && !shared_eval) || !f.save.empty())) RETURN_IF_ERROR(trainer->GatherModel());
   if (f.eval && (shared_eval || leader)) {
-    RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, shared_eval ? world->comm.get() : nullptr, leader,
-                                  loop.metrics, tensorboard.get()));
+    RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, be, shared_eval ? world->comm.get() : nullptr,
+                                  leader, loop.metrics, tensorboard.get()));
   }
   if (!leader) return 0;
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer->Parameters(), data.vocab));
@@ -713,11 +725,16 @@ int RunTrain(const Args& args) {
     world.emplace();
     world->env = e;
     who = "rank " + std::to_string(e.rank) + " of " + std::to_string(e.world_size) + ": ";
+    // Ranks on one node share its CPUs (each would otherwise run a thread per CPU), unless told otherwise.
+    const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = RankThreads(cpu::ThreadPool::UsableCpus(), machine, e.local_world_size);
+    if (!std::getenv("ONNXPIPE_NUM_THREADS")) cpu::ThreadPool::SetGlobalNumThreads(threads);
+    if (!std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) cpu::SetBlasThreads(threads);
     // One copy of the run's output: the other ranks speak only to report errors.
     if (e.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return Fail("train", who + "cannot silence stdout");
   } else if (f.comm == "nccl") {  // a world of one on NCCL (what one GPU allows)
     world.emplace();
-    world->env = {0, 1, 0, "127.0.0.1", 29500, "single process"};
+    world->env = {0, 1, 0, 1, "127.0.0.1", 29500, "single process"};
   } else if (f.data_parallel > 1) {
     return Fail("train",
                 "--data-parallel " + std::to_string(f.data_parallel) +

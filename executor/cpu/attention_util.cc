@@ -40,11 +40,14 @@ absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir:
                               << DimsToString(qd) << ", " << DimsToString(kd) << ", " << DimsToString(vd);
   }
   auto batch_of = [](const std::vector<int64_t>& d) { return std::vector<int64_t>(d.begin(), d.end() - 2); };
-  ASSIGN_OR_RETURN(a.batch, BroadcastDims(node, {batch_of(qd), batch_of(kd), batch_of(vd)}));
+  a.kv_group = ir::AttentionKvGroup(qd, kd, vd);
+  ASSIGN_OR_RETURN(a.batch, BroadcastDims(node, {batch_of(qd), ir::UngroupedBatch(batch_of(kd), a.kv_group),
+                                                 ir::UngroupedBatch(batch_of(vd), a.kv_group)}));
   const size_t br = a.batch.size();
   for (int64_t d : a.batch) a.nbatch *= d;
   MatrixLayout* layouts[3] = {&a.q, &a.k, &a.v};
   for (int i = 0; i < 3; ++i) *layouts[i] = LayoutOf(views[i], br);
+  a.k.head_group = a.v.head_group = a.kv_group;
   std::vector<int64_t> o_dims = a.batch;
   o_dims.push_back(a.sq);
   o_dims.push_back(a.dv);
@@ -64,14 +67,15 @@ absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir:
   return a;
 }
 
-MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols) {
+MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols, int64_t group) {
   MatrixLayout m;
   m.row = cols;
+  m.head_group = group;
   m.batch_strides.assign(a.batch.size(), 0);
   int64_t stride = rows * cols;
   for (size_t d = a.batch.size(); d-- > 0;) {
     m.batch_strides[d] = stride;
-    stride *= a.batch[d];
+    stride *= d + 1 == a.batch.size() ? a.batch[d] / group : a.batch[d];
   }
   return m;
 }
@@ -79,7 +83,8 @@ MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols) {
 int64_t MatrixOffset(const AttentionShape& a, const MatrixLayout& m, int64_t t) {
   int64_t at = m.offset;
   for (size_t d = a.batch.size(); d-- > 0;) {
-    at += (t % a.batch[d]) * m.batch_strides[d];
+    const int64_t idx = t % a.batch[d];
+    at += (d + 1 == a.batch.size() ? idx / m.head_group : idx) * m.batch_strides[d];
     t /= a.batch[d];
   }
   return at;

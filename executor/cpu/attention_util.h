@@ -20,6 +20,8 @@ struct MatrixLayout {
   int64_t offset = 0;
   std::vector<int64_t> batch_strides;
   int64_t row = 0;
+  // Grouped K and V (AttentionShape::kv_group): the last batch dim's index is divided by it.
+  int64_t head_group = 1;
 };
 
 // What Attention and AttentionGrad read alike from Q (..., Sq, Dh), K (..., Sk, Dh) and
@@ -29,6 +31,7 @@ struct AttentionShape {
   int64_t sq = 0, dh = 0, sk = 0, dv = 0;
   std::vector<int64_t> batch;     // the broadcast batch dims
   int64_t nbatch = 1;             // batch matrices
+  int64_t kv_group = 1;           // query heads per K/V head (ir::AttentionKvGroup; 1: plain broadcast)
   MatrixLayout q, k, v, o;        // in the Q, K, V buffers and in the output buffer
   std::vector<int64_t> out_dims;  // the output buffer's dims (O's, or o_shape)
   bool views = false;             // the node reads or writes through a view
@@ -40,8 +43,9 @@ struct AttentionShape {
 // checked ranks (>= 2) and dtypes.
 absl::StatusOr<AttentionShape> GetAttentionShape(const ir::Node& node, const ir::Tensor& q, const ir::Tensor& k,
                                                  const ir::Tensor& v);
-// A dense (batch..., rows, cols) buffer over the broadcast batch.
-MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols);
+// A dense (batch..., rows, cols) buffer over the broadcast batch; with `group` > 1 over the batch
+// with its last dim divided by it (a grouped K's or V's gradient), read through head_group.
+MatrixLayout DenseLayout(const AttentionShape& a, int64_t rows, int64_t cols, int64_t group = 1);
 // The buffer offset of batch matrix t (row-major over `batch`) in `m`.
 int64_t MatrixOffset(const AttentionShape& a, const MatrixLayout& m, int64_t t);
 

@@ -7,7 +7,8 @@
 // five GEMMs through BLAS and the row work on the thread pool. Dropout replay: the node carries
 // the forward node's `rng_key` (autodiff sets it), so MakeDropoutStream gives the forward's
 // stream, and elements are indexed by the same flat position in (batch..., Sq, Sk). Operands whose
-// batch dims were broadcast get their gradient summed back (ReduceToDims). dMask, for an additive
+// batch dims were broadcast get their gradient summed back (ReduceToDims); grouped K and V (fewer
+// heads than Q: grouped-query attention) sum their group's query heads as they go. dMask, for an additive
 // mask that is a learned bias, is dS summed into the mask's shape in a fixed order (batch matrix,
 // row, column), written straight into the output.
 
@@ -76,8 +77,11 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
 
   return DispatchDType(FloatTypes{}, node, "input 1", q.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    auto with_batch = [&](int64_t a, int64_t b) {
+    // K's and V's gradients have their operand's grouped head dim (the last batch dim over group).
+    const int64_t group = shape.kv_group;
+    auto with_batch = [&](int64_t a, int64_t b, int64_t heads_over = 1) {
       std::vector<int64_t> d = batch;
+      if (heads_over > 1) d.back() /= heads_over;
       d.push_back(a);
       d.push_back(b);
       return d;
@@ -85,8 +89,10 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     // dQ, dK, dV over the broadcast batch: the outputs themselves unless an input was broadcast
     // (then a temporary, summed back into the output by ReduceToDims below). Under views each is
     // written through its operand's view into its gradient slot's output (ir::CheckAttentionViewGradients).
-    const std::vector<int64_t> full_dims[3] = {with_batch(sq, dh), with_batch(sk, dh), with_batch(sk, dv)};
-    const MatrixLayout dense[3] = {DenseLayout(shape, sq, dh), DenseLayout(shape, sk, dh), DenseLayout(shape, sk, dv)};
+    const std::vector<int64_t> full_dims[3] = {with_batch(sq, dh), with_batch(sk, dh, group),
+                                               with_batch(sk, dv, group)};
+    const MatrixLayout dense[3] = {DenseLayout(shape, sq, dh), DenseLayout(shape, sk, dh, group),
+                                   DenseLayout(shape, sk, dv, group)};
     ir::Tensor fulls[3];
     const MatrixLayout* at[3] = {&dense[0], &dense[1], &dense[2]};
     for (int i = 0; i < 3; ++i) {
@@ -106,6 +112,9 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
     }
     auto grad_at = [&](int i, int64_t t) { return fulls[i].mutable_data<T>() + MatrixOffset(shape, *at[i], t); };
     auto wants_grad = [&](int i) { return ir::AttentionGradWanted(node, i); };
+    // Grouped K and V: the query heads of a group are consecutive batch matrices; the first writes
+    // the group's dK and dV, the others add to them (a fixed order: deterministic).
+    auto kv_beta = [&](int64_t t) { return group > 1 && t % batch.back() % group != 0 ? T(1) : T(0); };
     ir::Tensor dmask;
     if (wants(3)) {
       ASSIGN_OR_RETURN(dmask, AllocOutput(node, ctx, 3, q.dtype(), in[4].dims()));
@@ -153,9 +162,9 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         if (dropout) {
           T* dmat = ws.at<T>(layout.dropped);
           for (int64_t x = 0; x < sq * sk; ++x) dmat[x] = keep[x] ? p[x] * drop_scale : T(0);
-          Gemm<T>(true, false, sk, dv, sq, T(1), dmat, sk, dot, lo, T(0), grad_at(2, t), at[2]->row);
+          Gemm<T>(true, false, sk, dv, sq, T(1), dmat, sk, dot, lo, kv_beta(t), grad_at(2, t), at[2]->row);
         } else {
-          Gemm<T>(true, false, sk, dv, sq, T(1), p, sk, dot, lo, T(0), grad_at(2, t), at[2]->row);
+          Gemm<T>(true, false, sk, dv, sq, T(1), p, sk, dot, lo, kv_beta(t), grad_at(2, t), at[2]->row);
         }
       }
       // dS = P * (dP - rowsum(dP * P)), dP = dD * keep * drop_scale (in place in dp).
@@ -182,7 +191,8 @@ Outputs AttentionGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         Gemm<T>(false, false, sq, dh, sk, static_cast<T>(scale), dp, sk, kt, lk, T(0), grad_at(0, t), at[0]->row);
       }
       if (wants_grad(1) && dh > 0) {
-        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp, sk, qt, lq, T(0), grad_at(1, t), at[1]->row);
+        Gemm<T>(true, false, sk, dh, sq, static_cast<T>(scale), dp, sk, qt, lq, kv_beta(t), grad_at(1, t),
+                at[1]->row);
       }
     }
     std::vector<ir::Tensor> outs(4);

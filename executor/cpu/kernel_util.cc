@@ -262,6 +262,8 @@ absl::StatusOr<ir::Tensor> ViewOutput(const ir::Node& node, const EvalContext& c
   return out;
 }
 
+void SetBlasThreads(int num_threads) { openblas_set_num_threads(std::max(1, num_threads)); }
+
 absl::Status CheckGemmSize(const ir::Node& node, int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (m > kMax || n > kMax || k > kMax) {

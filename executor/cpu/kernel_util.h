@@ -203,5 +203,7 @@ void BroadcastBatchGemm(const std::vector<int64_t>& batch, const std::vector<int
 }
 // CBLAS takes 32-bit sizes; InvalidArgument naming the node when a GEMM exceeds them.
 absl::Status CheckGemmSize(const ir::Node& node, int64_t m, int64_t n, int64_t k);
+// The threads OpenBLAS runs each GEMM on (its own pool, sized by OPENBLAS_NUM_THREADS or the CPUs otherwise).
+void SetBlasThreads(int num_threads);
 
 }  // namespace onnxpipe::cpu

@@ -3,6 +3,8 @@
 // threads) always make progress even when every worker is busy with another caller's loop.
 #include "executor/cpu/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
@@ -128,7 +130,14 @@ int ThreadPool::DefaultNumThreads() {
     long v = std::strtol(env, &end, 10);
     if (end != env && *end == '\0' && v > 0 && v <= 4096) return static_cast<int>(v);
   }
-  unsigned hc = std::thread::hardware_concurrency();
+  return UsableCpus();
+}
+
+int ThreadPool::UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);
 }
 

@@ -9,7 +9,8 @@
 //   depend on the number of threads.
 // - Safe to call from several threads at once (pipeline stages run concurrently) and from inside
 //   a worker (the nested loop then runs inline, so workers never wait on each other).
-// - Size: ONNXPIPE_NUM_THREADS when set to a positive integer, else hardware_concurrency().
+// - Size: ONNXPIPE_NUM_THREADS when set to a positive integer, else the CPUs this process may run on
+//   (its affinity mask: what taskset, cgroups' cpusets and Slurm's CPU binding leave it).
 #pragma once
 
 #include <condition_variable>
@@ -39,8 +40,10 @@ class ThreadPool {
   // Replaces the global pool with one of `num_threads` threads (<= 0: the default size). Must not
   // race with kernels running on the old pool; meant for tests and command-line flags.
   static void SetGlobalNumThreads(int num_threads);
-  // ONNXPIPE_NUM_THREADS if set and valid, else hardware_concurrency() (at least 1).
+  // ONNXPIPE_NUM_THREADS if set and valid, else UsableCpus().
   static int DefaultNumThreads();
+  // The CPUs in this process's affinity mask (hardware_concurrency() where it cannot be read; at least 1).
+  static int UsableCpus();
 
  private:
   void WorkerLoop();

@@ -14,7 +14,7 @@
 //
 // cuDNN SDPA (attention.h; compiled in where cuDNN and its frontend were found,
 // ONNXPIPE_CUDNN_ATTENTION), bf16 and fp16: Q, K, V of dims (B, H, S, D) (ranks 2 and 3 read with
-// leading 1s), K and V with H or 1 heads; no mask, causal, a bool key-padding mask (B, 1, 1, Sk)
+// leading 1s), K and V with H heads or fewer (Hkv dividing H: 1 or grouped-query attention); no mask, causal, a bool key-padding mask (B, 1, 1, Sk)
 // read as per-batch lengths (a right-padded prefix of trues: attention.h), or an additive bias
 // (1|B, 1|H, Sq, Sk). `auto` takes it when the config maps and cuDNN builds its graphs (forward
 // and backward, with and without dropout), else flash; `cudnn` makes a config it cannot take an
@@ -341,10 +341,11 @@ absl::StatusOr<AttentionConfig> CudnnConfigFor(const ir::Node& node, const Atten
   AttentionConfig c;
   c.batch = q[0], c.heads = q[1], c.seq_q = q[2], c.head_dim = q[3];
   c.kv_heads = k[1], c.seq_kv = k[2], c.value_dim = v[3];
-  if (k[0] != c.batch || v[0] != c.batch || v[1] != k[1] || (k[1] != c.heads && k[1] != 1) || k[3] != c.head_dim ||
-      v[2] != c.seq_kv) {
+  // K and V with H heads, 1 (broadcast) or a divisor of H (grouped-query attention): cuDNN's h_k, h_v.
+  if (k[0] != c.batch || v[0] != c.batch || v[1] != k[1] || k[1] < 1 || c.heads % k[1] != 0 ||
+      k[3] != c.head_dim || v[2] != c.seq_kv) {
     return refuse("Q ", DimsString(s.q), ", K ", DimsString(s.k), ", V ", DimsString(s.v),
-                  " (cuDNN SDPA takes K (B, H or 1, Sk, Dh) and V (B, H or 1, Sk, Dv) for Q (B, H, Sq, Dh))");
+                  " (cuDNN SDPA takes K (B, Hkv, Sk, Dh) and V (B, Hkv, Sk, Dv), Hkv dividing H, for Q (B, H, Sq, Dh))");
   }
   // Strides over (B, H, S, D): a missing leading dim (extent 1) steps over the whole operand.
   auto four_strides = [](const std::vector<int64_t>& dims, std::vector<int64_t> st) {
@@ -603,7 +604,7 @@ KernelResult CudnnForward(AttentionState& state, const CudnnPlan& p, const Kerne
   std::vector<int64_t> o_dims = s.q;
   o_dims.back() = s.v.back();
   ASSIGN_OR_RETURN(ir::Tensor o, ctx.FullOutput(node, 0, in[0].dtype(), ir::AttentionOutputDims(node, o_dims)));
-  // cuDNN's Q has the attention's batch dims (K and V match them or have 1 head).
+  // cuDNN's Q has the attention's batch dims (K and V match them, have 1 head or fewer: grouped).
   ASSIGN_OR_RETURN(ir::Tensor stats,
                    StatsOutput(ctx, node, std::vector<int64_t>(s.q.begin(), s.q.end() - 2), s.q[s.q.size() - 2]));
   ASSIGN_OR_RETURN(const CudnnCall call, StartCudnnCall(ctx, node, p, layout));

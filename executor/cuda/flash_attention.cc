@@ -9,6 +9,7 @@
 #include "executor/cuda/cuda_status.h"
 #include "executor/cuda/elementwise.h"
 #include "executor/cuda/reduce.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::cuda {
@@ -141,21 +142,24 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   }
   FlashAttentionPlan p;
   p.config = c;
-  ASSIGN_OR_RETURN(p.batch, BroadcastShape({BatchOf(c.q_dims), BatchOf(c.k_dims), BatchOf(c.v_dims)}));
+  const int64_t group = ir::AttentionKvGroup(c.q_dims, c.k_dims, c.v_dims);
+  ASSIGN_OR_RETURN(p.batch, BroadcastShape({BatchOf(c.q_dims), ir::UngroupedBatch(BatchOf(c.k_dims), group),
+                                            ir::UngroupedBatch(BatchOf(c.v_dims), group)}));
   const size_t br = p.batch.size();
   if (br > kFlashMaxBatchRank) {
     return UNIMPLEMENTED() << "flash attention: " << br << " batch dims, at most " << kFlashMaxBatchRank;
   }
-  auto with_batch = [&](int64_t a, int64_t b) {
+  auto with_batch = [&](int64_t a, int64_t b, int64_t heads_over = 1) {
     std::vector<int64_t> d = p.batch;
+    if (heads_over > 1) d.back() /= heads_over;  // grouped K, V: their own heads
     d.push_back(a);
     d.push_back(b);
     return d;
   };
   p.out_dims = with_batch(sq, dv);
   p.full_grad_dims[0] = with_batch(sq, dh);
-  p.full_grad_dims[1] = with_batch(sk, dh);
-  p.full_grad_dims[2] = with_batch(sk, dv);
+  p.full_grad_dims[1] = with_batch(sk, dh, group);
+  p.full_grad_dims[2] = with_batch(sk, dv, group);
   RETURN_IF_ERROR(CheckStrides("O", p.out_dims, c.o_strides));
 
   const int64_t head = std::max(dh, dv);
@@ -173,6 +177,7 @@ absl::StatusOr<FlashAttentionPlan> PlanFlashAttention(const FlashAttentionConfig
   g.sq = sq, g.sk = sk, g.dh = dh, g.dv = dv;
   g.nbatch = ir::ElementCount(p.batch);
   g.batch_rank = static_cast<int>(br);
+  g.kv_group = group;
   for (size_t d = 0; d < br; ++d) g.batch_dims[d] = p.batch[d];
   int64_t* operand_strides[3] = {g.q_stride, g.k_stride, g.v_stride};
   int64_t* grad_strides[3] = {g.dq_stride, g.dk_stride, g.dv_stride};

@@ -307,15 +307,17 @@ struct BatchOffsets {
   int64_t q = 0, k = 0, v = 0, mask = 0;
 };
 
-// The element offsets of batch matrix b (row-major over batch_dims) in Q, K, V and the mask.
+// The element offsets of batch matrix b (row-major over batch_dims) in Q, K, V and the mask; K and V
+// grouped (kv_group > 1) read head h / kv_group.
 __device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_t b) {
   BatchOffsets o;
   for (int d = g.batch_rank - 1; d >= 0; --d) {
     const int64_t idx = b % g.batch_dims[d];
+    const int64_t kv_idx = d == g.batch_rank - 1 ? idx / g.kv_group : idx;
     b /= g.batch_dims[d];
     o.q += idx * g.q_stride[d];
-    o.k += idx * g.k_stride[d];
-    o.v += idx * g.v_stride[d];
+    o.k += kv_idx * g.k_stride[d];
+    o.v += kv_idx * g.v_stride[d];
     o.mask += idx * g.mask_stride[d];
   }
   return o;
@@ -326,12 +328,15 @@ __device__ __forceinline__ BatchOffsets OffsetsOf(const FlashGeometry& g, int64_
 // the accumulators are live, so the index arithmetic is 32-bit (inline, where 64-bit division is a
 // called routine that needs registers): b and the batch dims fit, as the launches keep the grid
 // (nbatch tiles or more) under 2^31.
-__device__ __forceinline__ int64_t OffsetOf(const FlashGeometry& g, const int64_t* batch_strides, int64_t b) {
+// `group`: the last batch dim's index is divided by it (dK and dV of grouped K and V: kv_group).
+__device__ __forceinline__ int64_t OffsetOf(const FlashGeometry& g, const int64_t* batch_strides, int64_t b,
+                                            int64_t group = 1) {
   int64_t at = 0;
   uint32_t rest = static_cast<uint32_t>(b);
   for (int d = g.batch_rank - 1; d >= 0; --d) {
     const uint32_t n = static_cast<uint32_t>(g.batch_dims[d]);
-    at += static_cast<int64_t>(rest % n) * batch_strides[d];
+    const uint32_t idx = rest % n;
+    at += static_cast<int64_t>(d == g.batch_rank - 1 ? idx / static_cast<uint32_t>(group) : idx) * batch_strides[d];
     rest /= n;
   }
   return at;

@@ -3,7 +3,9 @@
 // AttentionGrad (executor/cpu/attention.cc, grad_attention.cc, frontend/ir/op.h):
 //   O = dropout(softmax(scale * Q K^T + mask [causal: key j visible from query i iff j <= i])) V
 // - Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv): dense row-major, batch dims broadcast among
-//   them (numpy rules); O and dO are (batch..., Sq, Dv) over the broadcast batch. Each of Q, K, V
+//   them (numpy rules) or K and V have fewer heads (dim -3) than Q, a divisor (grouped-query
+//   attention, op.h: query head h reads K/V head h / (Hq / Hkv)); O and dO are (batch..., Sq, Dv)
+//   over the broadcast batch. Each of Q, K, V
 //   and O (dO with O's) may instead have element strides (FlashAttentionConfig::q_strides, ...):
 //   a strided view of a larger buffer (a packed QKV projection), the last stride 1.
 // - mask (optional) broadcasts to (batch..., Sq, Sk): additive (the inputs' dtype) or bool (one
@@ -13,7 +15,9 @@
 //   counter_base + (b * Sq + i) * Sk + j (b the flat batch index), scaled by 1 / (1 - ratio)
 //   rounded to the dtype, active only while training with ratio > 0 (dropout.h's DropoutParams).
 // - dQ, dK, dV have the shapes of Q, K, V: gradients of broadcast operands are summed over the
-//   broadcast dims (the CPU's ReduceToDims), through Reduce (reduce.h) on the device. The gradient
+//   broadcast dims (the CPU's ReduceToDims), through Reduce (reduce.h) on the device; grouped K and
+//   V get dK and dV summed over their group's query heads by the dK/dV kernel itself (each CTA
+//   walks the group's heads in order: no atomics, the same bits every run). The gradient
 //   of an operand with strides is written with that operand's strides (it may not broadcast).
 // Arithmetic: fp32 FMAs with fp32 accumulation (no TF32); online softmax with the running row
 // maximum, exponentials through exp2. Deterministic: no atomics, fixed summation order.
@@ -60,6 +64,10 @@ struct FlashGeometry {
   int64_t nbatch = 1;  // product of batch_dims
   int batch_rank = 0;
   int64_t batch_dims[kFlashMaxBatchRank] = {};
+  // Grouped-query attention: query heads per K/V head (ir::AttentionKvGroup; 1 otherwise). The last
+  // batch dim's index h reads K, V (and writes dK, dV) at h / kv_group; the batch matrices of one
+  // group are kv_group consecutive flat indices.
+  int64_t kv_group = 1;
   // Element offset of one step along batch dim d in each operand (0 where it broadcasts), in O and
   // dO, and in the gradients dQ, dK, dV as the kernels write them.
   int64_t q_stride[kFlashMaxBatchRank] = {}, k_stride[kFlashMaxBatchRank] = {}, v_stride[kFlashMaxBatchRank] = {},
@@ -118,7 +126,8 @@ struct FlashAttentionPlan {
   FlashAttentionConfig config;
   std::vector<int64_t> batch;     // the broadcast batch dims
   std::vector<int64_t> out_dims;  // O: (batch..., Sq, Dv)
-  // dQ, dK, dV over the full batch; an operand whose dims differ was broadcast.
+  // dQ, dK, dV over the full batch (dK, dV with K's grouped heads); an operand whose dims differ was
+  // broadcast.
   std::vector<int64_t> full_grad_dims[3];
   // dQ, dK, dV written with their operand's strides (the config gave them): in place, never summed.
   bool strided_grad[3] = {false, false, false};

@@ -234,46 +234,51 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = warp * 16, r = lane >> 2, t = lane & 3;
 
+  // As the fp32 kernel: the CTA walks the query tiles of each query head of its K/V group in order.
   const int64_t nkt = (g.sk + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / nkt;
+  const int64_t b0 = blockIdx.x / nkt * g.kv_group;
   const int64_t j0 = (blockIdx.x % nkt) * kTile;
-  const BatchOffsets off = OffsetsOf(g, b);
-  const TileSource<bf16> q_src{q + off.q, g.dh, g.q_ld, vec.q};
-  const TileSource<bf16> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
+  const BatchOffsets off = OffsetsOf(g, b0);
   const int64_t n_rows = g.nbatch * g.sq;
-  const float* st_max = stats + b * g.sq;
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
-  auto load_qd = [&](int64_t qt) {
-    LoadTilePair<bf16, D, Swizzle<D>>(qd + (qt & 1) * 2 * kTile * D, q_src, do_src, qt * kTile, g.sq);
-    LoadStats(st + (qt & 1) * 3 * kTile, st_max, n_rows, qt * kTile, g.sq);
+  const int64_t per_head = nqt > qt_begin ? nqt - qt_begin : 0;
+  const int64_t n_it = per_head * g.kv_group;  // step it: batch matrix b0 + it / per_head, its tile it % per_head
+  auto load_qd = [&](int64_t it) {
+    const int64_t b = b0 + it / per_head, i0 = (qt_begin + it % per_head) * kTile;
+    const TileSource<bf16> q_src{q + OffsetOf(g, g.q_stride, b), g.dh, g.q_ld, vec.q};
+    const TileSource<bf16> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
+    LoadTilePair<bf16, D, Swizzle<D>>(qd + (it & 1) * 2 * kTile * D, q_src, do_src, i0, g.sq);
+    LoadStats(st + (it & 1) * 3 * kTile, stats + b * g.sq, n_rows, i0, g.sq);
   };
   LoadTilePair<bf16, D, Swizzle<D>>(ks, {k + off.k, g.dh, g.k_ld, vec.k}, {v + off.v, g.dv, g.v_ld, vec.v}, j0,
                                     g.sk);  // K, V
-  if (qt_begin < nqt) load_qd(qt_begin);
+  if (n_it > 0) load_qd(0);
   CpAsyncCommit();
-  if (qt_begin >= nqt) CpAsyncWaitAll();  // no query tile: dK = dV = 0
+  if (n_it == 0) CpAsyncWaitAll();  // no query tile: dK = dV = 0
 
   const cpu::DropoutStream stream = g.dropout ? WithOffset(g.stream, g.device_offset) : g.stream;
-  auto row_counter = [&](int64_t i) { return g.counter_base + static_cast<uint64_t>((b * g.sq + i) * g.sk); };
   const float scale = static_cast<float>(g.scale), drop_scale = static_cast<float>(g.drop_scale);
   float dk_acc[1][D / 8][4], dv_acc[1][D / 8][4];
   mma::Zero(dk_acc);
   mma::Zero(dv_acc);
 
-  for (int64_t qt = qt_begin; qt < nqt; ++qt) {
+  for (int64_t it = 0; it < n_it; ++it) {
     CpAsyncWaitAll();
-    __syncthreads();  // tile qt landed; every warp is done with tile qt - 1
-    if (qt + 1 < nqt) {
-      load_qd(qt + 1);
+    __syncthreads();  // step it's tiles landed; every warp is done with step it - 1
+    if (it + 1 < n_it) {
+      load_qd(it + 1);
       CpAsyncCommit();
     }
-    const bf16* qs = qd + (qt & 1) * 2 * kTile * D;
+    const bf16* qs = qd + (it & 1) * 2 * kTile * D;
     const bf16* dos = qs + kTile * D;
-    const float* c_max = st + (qt & 1) * 3 * kTile;
+    const float* c_max = st + (it & 1) * 3 * kTile;
     const float* c_inv = c_max + kTile;
     const float* c_dot = c_max + 2 * kTile;
-    const int64_t i0 = qt * kTile;
+    const int64_t b = b0 + it / per_head;
+    const int64_t i0 = (qt_begin + it % per_head) * kTile;
+    const int64_t mask_offset = OffsetOf(g, g.mask_stride, b);
+    auto row_counter = [&](int64_t i) { return g.counter_base + static_cast<uint64_t>((b * g.sq + i) * g.sk); };
 
     float st[1][8][4], dpt[1][8][4];
     mma::Zero(st);
@@ -291,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * n + 2 * t + (e & 1);  // the query's column in the tile
         const float x =
-            mma::Log2Score(g, mask, off.mask, all_visible, i0 + c, j0 + row0 + r + 8 * (e >> 1), s[n][e], scale);
+            mma::Log2Score(g, mask, mask_offset, all_visible, i0 + c, j0 + row0 + r + 8 * (e >> 1), s[n][e], scale);
         const float p = mma::Exp2(x - c_max[c]) * c_inv[c];
         const bool kept = !g.dropout || ((keep[n][e >> 1] >> (e & 1)) & 1u) != 0;
         const float gv = kept ? (g.dropout ? dp[n][e] * drop_scale : dp[n][e]) : 0.f;
@@ -312,10 +317,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int e = 0; e < 4; ++e) dk_acc[0][n][e] *= scale;
   }
   if (dk != nullptr) {
-    mma::StoreRows<D>(dk + OffsetOf(g, g.dk_stride, b), j0 + row0, g.sk, g.dh, g.dk_ld, vec.dk, dk_acc[0], lane);
+    mma::StoreRows<D>(dk + OffsetOf(g, g.dk_stride, b0, g.kv_group), j0 + row0, g.sk, g.dh, g.dk_ld, vec.dk,
+                      dk_acc[0], lane);
   }
   if (dv != nullptr) {
-    mma::StoreRows<D>(dv + OffsetOf(g, g.dv_stride, b), j0 + row0, g.sk, g.dv, g.dv_ld, vec.dv, dv_acc[0], lane);
+    mma::StoreRows<D>(dv + OffsetOf(g, g.dv_stride, b0, g.kv_group), j0 + row0, g.sk, g.dv, g.dv_ld, vec.dv,
+                      dv_acc[0], lane);
   }
 }
 
@@ -341,7 +348,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const
         static_cast<const bf16*>(v), mask, static_cast<bf16*>(dq), want_kv ? static_cast<float*>(stats) : nullptr, vec);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  const int64_t kv_blocks = (g.sk + kTile - 1) / kTile * g.nbatch;
+  const int64_t kv_blocks = (g.sk + kTile - 1) / kTile * (g.nbatch / g.kv_group);  // one per K/V batch matrix
   if (kv_blocks > INT_MAX) return cudaErrorInvalidValue;
   if (kv_blocks > 0 && want_kv) {
     constexpr size_t smem = KVSmemBytes<D>();

@@ -214,28 +214,31 @@ __global__ void __launch_bounds__(kThreads)
   T* pw = qd + 4 * kTile * D + warp * 16 * kTile;  // this warp's (16 keys, 64 queries) buffer
   const int arow = warp * 16 + rg * 4;
 
+  // A CTA owns 64 keys of one K/V batch matrix and walks the query tiles of each query head that
+  // reads it (kv_group of them, consecutive batch matrices from b0: grouped-query attention), in
+  // order, so a grouped dK and dV are summed in registers, the same way every run.
   const int64_t nkt = (g.sk + kTile - 1) / kTile;
-  const int64_t b = blockIdx.x / nkt;
+  const int64_t b0 = blockIdx.x / nkt * g.kv_group;
   const int64_t j0 = (blockIdx.x % nkt) * kTile;
-  const BatchOffsets off = OffsetsOf(g, b);
-  const TileSource<T> q_src{q + off.q, g.dh, g.q_ld, vec.q};
-  const TileSource<T> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
+  const BatchOffsets off = OffsetsOf(g, b0);
   const int64_t nqt = (g.sq + kTile - 1) / kTile;
   const int64_t qt_begin = g.causal ? j0 / kTile : 0;  // queries i >= j0 only
-  auto load_qd = [&](int64_t qt) {
-    LoadTilePair<T, D>(qd + (qt & 1) * 2 * kTile * D, q_src, do_src, qt * kTile, g.sq);
+  const int64_t per_head = nqt > qt_begin ? nqt - qt_begin : 0;
+  const int64_t n_it = per_head * g.kv_group;  // step it: batch matrix b0 + it / per_head, its tile it % per_head
+  auto load_qd = [&](int64_t it) {
+    const int64_t b = b0 + it / per_head;
+    const TileSource<T> q_src{q + OffsetOf(g, g.q_stride, b), g.dh, g.q_ld, vec.q};
+    const TileSource<T> do_src{d_o + OffsetOf(g, g.o_stride, b), g.dv, g.o_ld, vec.d_o};
+    LoadTilePair<T, D>(qd + (it & 1) * 2 * kTile * D, q_src, do_src, (qt_begin + it % per_head) * kTile, g.sq);
   };
   LoadTilePair<T, D>(ks, {k + off.k, g.dh, g.k_ld, vec.k}, {v + off.v, g.dv, g.v_ld, vec.v}, j0, g.sk);  // K, V
-  if (qt_begin < nqt) load_qd(qt_begin);
+  if (n_it > 0) load_qd(0);
   CpAsyncCommit();
-  if (qt_begin >= nqt) CpAsyncWaitAll();  // no query tile: dK = dV = 0
+  if (n_it == 0) CpAsyncWaitAll();  // no query tile: dK = dV = 0
 
   const cpu::DropoutStream stream = g.dropout ? WithOffset(g.stream, g.device_offset) : g.stream;
   const T scale = static_cast<T>(g.scale), drop_scale = static_cast<T>(g.drop_scale);
   const int64_t n_rows = g.nbatch * g.sq;
-  const T* st_max = stats + b * g.sq;
-  const T* st_inv = st_max + n_rows;
-  const T* st_dot = st_max + 2 * n_rows;
   T dk_acc[4][D / 8], dv_acc[4][D / 8];
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
@@ -243,16 +246,21 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < D / 8; ++e) dk_acc[m][e] = dv_acc[m][e] = 0;
   }
 
-  for (int64_t qt = qt_begin; qt < nqt; ++qt) {
+  for (int64_t it = 0; it < n_it; ++it) {
     CpAsyncWaitAll();
-    __syncthreads();  // tile qt landed; every warp is done with tile qt - 1
-    if (qt + 1 < nqt) {
-      load_qd(qt + 1);
+    __syncthreads();  // step it's tiles landed; every warp is done with step it - 1
+    if (it + 1 < n_it) {
+      load_qd(it + 1);
       CpAsyncCommit();
     }
-    const T* qs = qd + (qt & 1) * 2 * kTile * D;
+    const T* qs = qd + (it & 1) * 2 * kTile * D;
     const T* dos = qs + kTile * D;
-    const int64_t i0 = qt * kTile;
+    const int64_t b = b0 + it / per_head;
+    const int64_t i0 = (qt_begin + it % per_head) * kTile;
+    const int64_t mask_offset = OffsetOf(g, g.mask_stride, b);
+    const T* st_max = stats + b * g.sq;
+    const T* st_inv = st_max + n_rows;
+    const T* st_dot = st_max + 2 * n_rows;
     // The row statistics of this thread's 8 queries (zeros past Sq).
     T c_max[8], c_inv[8], c_dot[8];
 #pragma unroll
@@ -280,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         T x = s[m][c] * scale;
-        if (!all_visible) x = MaskedScore(g, mask, off.mask, i, j0 + arow + m, x);
+        if (!all_visible) x = MaskedScore(g, mask, mask_offset, i, j0 + arow + m, x);
         const T p = ExpNonPositive(x - c_max[c]) * c_inv[c];
         const bool kept = ((keep >> m) & 1u) != 0;
         const T gv = g.dropout ? (kept ? dp[m][c] * drop_scale : T(0)) : dp[m][c];
@@ -303,10 +311,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < D / 8; ++e) dk_acc[m][e] *= scale;
   }
   if (dk != nullptr) {
-    StoreRows<T, D>(dk + OffsetOf(g, g.dk_stride, b), j0 + arow, g.sk, g.dh, g.dk_ld, cg, vec.dk, dk_acc);
+    StoreRows<T, D>(dk + OffsetOf(g, g.dk_stride, b0, g.kv_group), j0 + arow, g.sk, g.dh, g.dk_ld, cg, vec.dk,
+                    dk_acc);
   }
   if (dv != nullptr) {
-    StoreRows<T, D>(dv + OffsetOf(g, g.dv_stride, b), j0 + arow, g.sk, g.dv, g.dv_ld, cg, vec.dv, dv_acc);
+    StoreRows<T, D>(dv + OffsetOf(g, g.dv_stride, b0, g.kv_group), j0 + arow, g.sk, g.dv, g.dv_ld, cg, vec.dv,
+                    dv_acc);
   }
 }
 
@@ -330,7 +340,7 @@ cudaError_t Launch(const FlashGeometry& g, const void* d_o, const void* q, const
         mask, static_cast<T*>(dq), want_kv ? static_cast<T*>(stats) : nullptr, vec);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  const int64_t kv_blocks = (g.sk + kTile - 1) / kTile * g.nbatch;
+  const int64_t kv_blocks = (g.sk + kTile - 1) / kTile * (g.nbatch / g.kv_group);  // one per K/V batch matrix
   if (kv_blocks > INT_MAX) return cudaErrorInvalidValue;
   if (kv_blocks > 0 && want_kv) {
     if (cudaError_t e = cudaFuncSetAttribute(KVKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

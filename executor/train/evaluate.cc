@@ -1,4 +1,5 @@
-// Evaluation runs the interpreter on a copy of the forward graph whose parameter constants hold the trained values;
+// Evaluation runs the interpreter on a copy of the forward graph whose parameter constants hold the trained values
+// (on the CPU kernels or a backend's);
 // the loss is computed on the host in double so that it does not depend on a loss graph's reduction order.
 #include "executor/train/evaluate.h"
 
@@ -46,7 +47,12 @@ absl::StatusOr<EvalResult> Evaluate(const ir::Graph& forward, const std::map<std
 
   cpu::EvalContext ctx;
   ctx.training = false;  // inference: Dropout is the identity
-  cpu::CpuEvaluator evaluator(ctx);
+  cpu::CpuEvaluator cpu_evaluator(ctx);
+  std::unique_ptr<ir::OpEvaluator> backend_evaluator;
+  if (options.evaluator) {
+    ASSIGN_OR_RETURN(backend_evaluator, options.evaluator(g));
+  }
+  const ir::OpEvaluator& evaluator = backend_evaluator ? *backend_evaluator : cpu_evaluator;
   EvalResult out;
   out.samples = data.rows();
   const ir::Tensor& all_labels = data.field(options.labels);

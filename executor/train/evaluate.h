@@ -1,14 +1,17 @@
 // Evaluation of a trained classifier on a held-out split (`onnxpipe train --eval`): the forward graph in inference
-// mode (every Dropout the identity) with the trained parameters, batch by batch, and the accuracy and mean
-// cross-entropy of its logits computed on the host.
+// mode (every Dropout the identity) with the trained parameters, batch by batch, on the CPU kernels or the training
+// backend, and the accuracy and mean cross-entropy of its logits computed on the host.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "executor/train/dataset.h"
+#include "frontend/ir/evaluator.h"
 #include "frontend/ir/graph.h"
 
 namespace onnxpipe::train {
@@ -30,6 +33,9 @@ struct EvalOptions {
   int64_t ignore_index = -100;
   // Evaluates the batches b (of `batch` rows, in order) with b % shards == shard: a data-parallel rank's share.
   int64_t shard = 0, shards = 1;
+  // Where the nodes run: an evaluator made for the evaluated graph (which outlives it) that hands the graph's outputs
+  // back on the host (backend::BackendEvaluator::Resident, the training backend); unset: the CPU kernels.
+  std::function<absl::StatusOr<std::unique_ptr<ir::OpEvaluator>>(const ir::Graph&)> evaluator;
 };
 
 // `forward`: a prepared forward graph (batch bound to options.batch). `params`: trained values by initializer name

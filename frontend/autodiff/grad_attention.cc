@@ -19,7 +19,7 @@ using ir::OpKind;
 using ir::ValueId;
 
 // The shape of the forward's Stats output, Q's dims (through q_view) without the last, when Q's
-// batch dims are the attention's (K and V the same or broadcast from 1); nullopt otherwise (the
+// batch dims are the attention's (K and V the same, broadcast from 1 or grouped); nullopt otherwise (the
 // backward then recomputes everything from Q, K and V).
 std::optional<ir::Shape> StatsShape(GradBuilder& b) {
   ir::Shape dims[3];
@@ -33,9 +33,12 @@ std::optional<ir::Shape> StatsShape(GradBuilder& b) {
   }
   const ir::Shape& q = dims[0];
   if (q.size() < 2 || dims[1].size() != q.size() || dims[2].size() != q.size()) return std::nullopt;
+  // Grouped K and V (fewer heads than Q) read as Q's heads.
+  const int64_t group = ir::AttentionKvGroup(dims[0], dims[1], dims[2]);
   for (size_t d = 0; d + 2 < q.size(); ++d) {
     for (int i = 1; i < 3; ++i) {
-      if (!(dims[i][d] == q[d]) && !(dims[i][d] == ir::Dim(1))) return std::nullopt;
+      const ir::Dim kd = d + 3 == q.size() && group > 1 ? dims[i][d] * ir::Dim(group) : dims[i][d];
+      if (!(kd == q[d]) && !(kd == ir::Dim(1))) return std::nullopt;
     }
   }
   return ir::Shape(q.begin(), q.end() - 1);

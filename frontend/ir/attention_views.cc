@@ -26,6 +26,18 @@ absl::StatusOr<StridedView> ViewOf(const Node& node, int operand, const std::vec
 
 }  // namespace
 
+int64_t AttentionKvGroup(const Shape& q, const Shape& k, const Shape& v) {
+  if (q.size() < 3 || k.size() != q.size() || v.size() != q.size()) return 1;
+  const Dim &hq = q.end()[-3], &hk = k.end()[-3], &hv = v.end()[-3];
+  if (!hq.is_concrete() || !hk.is_concrete() || hk != hv) return 1;
+  const int64_t nq = hq.value(), nk = hk.value();
+  return nk >= 1 && nq > nk && nq % nk == 0 ? nq / nk : 1;
+}
+
+int64_t AttentionKvGroup(const std::vector<int64_t>& q, const std::vector<int64_t>& k, const std::vector<int64_t>& v) {
+  return AttentionKvGroup(FromInts(q), FromInts(k), FromInts(v));
+}
+
 const char* AttentionViewAttr(int operand) {
   static const char* const kNames[] = {"q_view", "k_view", "v_view", "o_view"};
   return kNames[operand];
@@ -69,19 +81,27 @@ bool AttentionGradWanted(const Node& node, int operand) {
 absl::Status CheckAttentionViewGradients(const Node& node, const std::vector<int64_t>* const buffers[3],
                                          const std::vector<int64_t>& batch) {
   if (!HasAttentionViews(node)) return absl::OkStatus();
+  // Grouped K and V (fewer heads than Q) are not broadcast: their gradient sums its group in the kernel.
+  StridedView read[3];
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<StridedView> v = AttentionOperandView(node, i, *buffers[i]);
+    if (!v.ok()) return v.status();
+    read[i] = *std::move(v);
+  }
+  const int64_t group = AttentionKvGroup(read[0].dims, read[1].dims, read[2].dims);
   for (int slot = 0; slot < 3; ++slot) {
     if (AttentionGradSlot(node, slot) != slot || !AttentionGradWanted(node, slot)) continue;
     std::vector<StridedView> views;
     for (int i = slot; i < 3; ++i) {
       if (AttentionGradSlot(node, i) != slot) continue;
-      absl::StatusOr<StridedView> v = AttentionOperandView(node, i, *buffers[i]);
-      if (!v.ok()) return v.status();
-      if (std::vector<int64_t>(v->dims.begin(), v->dims.end() - 2) != batch) {
+      const StridedView* v = &read[i];
+      const std::vector<int64_t> own(v->dims.begin(), v->dims.end() - 2);
+      if ((i == 0 ? own : UngroupedBatch(own, group)) != batch) {
         return absl::InvalidArgumentError(absl::StrCat(std::string(OpName(node.op)), " node '", node.name,
                                                        "': operand ", i, " is read through a view and broadcast; ",
                                                        "its gradient would be written, not summed, over the batch"));
       }
-      views.push_back(*std::move(v));
+      views.push_back(*v);
     }
     if (!CoversExactly(ElementCount(*buffers[slot]), views)) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(OpName(node.op)), " node '", node.name,

@@ -263,7 +263,10 @@ absl::StatusOr<Outputs> AttentionRule(const InferContext& ctx) {
   ASSIGN_OR_RETURN(Dim dh, Agree(ctx, q.back(), k.back(), "head dims of Q and K", 0, 1));
   (void)dh;
   ASSIGN_OR_RETURN(Dim skv, Agree(ctx, sk, v[v.size() - 2], "key lengths of K and V", 1, 2));
-  const Shape qb(q.begin(), q.end() - 2), kb(k.begin(), k.end() - 2), vb(v.begin(), v.end() - 2);
+  // Grouped-query attention: K and V with fewer heads than Q (AttentionKvGroup).
+  const int64_t group = AttentionKvGroup(q, k, v);
+  const Shape qb(q.begin(), q.end() - 2), kb = UngroupedBatch(Shape(k.begin(), k.end() - 2), group),
+      vb = UngroupedBatch(Shape(v.begin(), v.end() - 2), group);
   absl::StatusOr<Shape> batch = BroadcastShapes(ctx, {qb, kb, vb});
   if (!batch.ok()) {
     return ctx.Error() << "batch dims of Q, K, V do not broadcast: " << ctx.Describe(0) << ", " << ctx.Describe(1)

@@ -42,7 +42,11 @@
 // - Attention(Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), mask?) attrs scale (float),
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
 //   softmax(scale * Q K^T + mask [causal: -inf above the diagonal]) then dropout, times V.
-//   The mask broadcasts to (..., Sq, Sk). Optional strided views (frontend/ir/strided_view.h,
+//   The mask broadcasts to (..., Sq, Sk). Grouped-query attention: K and V may have fewer heads
+//   than Q, Q (..., Hq, Sq, Dh) with K (..., Hkv, Sk, Dh), V (..., Hkv, Sk, Dv), 1 < Hkv < Hq, Hkv
+//   dividing Hq (ir::AttentionKvGroup): query head h reads K/V head h / (Hq / Hkv), as transformers'
+//   repeat_kv lays them out (K/V head j serves query heads [j n_rep, (j + 1) n_rep)); O, the mask's
+//   broadcast and Stats have Q's Hq heads. Optional strided views (frontend/ir/strided_view.h,
 //   attribute form [offset, dim, stride, ...]; the last stride 1): q_view, k_view, v_view read that
 //   operand in place from the input's buffer with the view's dims (Q, K, V may then be one value: a
 //   packed projection); o_view writes O in place into an output of dims o_shape (required with
@@ -117,7 +121,8 @@
 //   dMask (an additive mask's gradient, in the mask's shape: the scores' gradient summed over the
 //   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
 //   Views as the forward's: dO is read through o_view; each gradient has its input's dims and is
-//   written through that input's view. Inputs that are one value, each through a view, share one
+//   written through that input's view; grouped K and V (fewer heads) get dK and dV with their
+//   Hkv heads, each the sum over its group's query heads, summed in the kernel. Inputs that are one value, each through a view, share one
 //   gradient: the first of them (ir::AttentionGradSlot) carries it, the views covering it exactly.
 // - RotaryGrad(dY, cos, sin) attrs as the forward Rotary -> dX: the transpose of Rotary's linear
 //   map, dX = dY * cos + rot^T(dY * sin) on the first R features (rot^T = -rot, applied after the

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
@@ -476,6 +477,28 @@ class Exporter {
     return absl::OkStatus();
   }
 
+  // x (..., Hkv, S, D) -> (..., Hkv * group, S, D), kv head j repeated as query heads
+  // [j group, (j + 1) group): Unsqueeze, Expand and Reshape, as transformers' repeat_kv.
+  absl::StatusOr<std::string> RepeatKv(const ir::Node& n, const std::string& x, const std::vector<int64_t>& dims,
+                                       int64_t group, const char* what) {
+    const int r = static_cast<int>(dims.size());
+    if (dims.back() < 0) {
+      return INVALID_ARGUMENT() << "node '" << n.name << "': grouped " << what << " needs a concrete last dim, got "
+                                << absl::StrJoin(dims, ", ");
+    }
+    const std::string base = n.name + "/repeat_" + what;
+    const std::string unsq = Fresh(base + "_unsqueezed"), expanded = Fresh(base + "_expanded"),
+                      repeated = Fresh(base + "_repeated");
+    Emit("Unsqueeze", base + "/Unsqueeze", {x, IntsConst(base + "/axis", {r - 2})}, {unsq});
+    std::vector<int64_t> expand(r + 1, 1);
+    expand[r - 2] = group;
+    Emit("Expand", base + "/Expand", {unsq, IntsConst(base + "/expand", expand)}, {expanded});
+    std::vector<int64_t> merged(r - 3, 0);  // the batch dims before the heads, copied
+    merged.insert(merged.end(), {dims[r - 3] * group, -1, dims.back()});
+    Emit("Reshape", base + "/Reshape", {expanded, IntsConst(base + "/merged", merged)}, {repeated});
+    return repeated;
+  }
+
   absl::Status Attention(const ir::Node& n, std::vector<std::string> ins, const std::string& result,
                          const std::string* stats) {
     const ir::Value& q = g_.value(n.inputs[0]);
@@ -494,6 +517,12 @@ class Exporter {
     const int r = static_cast<int>(dims[0].size());
     if (r < 2 || dims[1].size() != dims[0].size()) {
       return INVALID_ARGUMENT() << "node '" << n.name << "': Attention needs Q and K of equal rank >= 2";
+    }
+    // Grouped K and V (fewer heads than Q): repeated over the query heads as transformers' repeat_kv.
+    if (const int64_t group = ir::AttentionKvGroup(dims[0], dims[1], dims[2]); group > 1) {
+      for (int i = 1; i < 3; ++i) {
+        ASSIGN_OR_RETURN(ins[i], RepeatKv(n, ins[i], dims[i], group, i == 1 ? "K" : "V"));
+      }
     }
     const std::string out = ir::HasAttentionView(n, 3) ? Fresh(n.name + "/O") : result;
     const ir::DType dt = q.dtype;

@@ -12,6 +12,7 @@
 #include "frontend/passes/layer_norm_fusion.h"
 #include "frontend/passes/linear_fusion.h"
 #include "frontend/passes/pass.h"
+#include "frontend/passes/repeat_kv_fold.h"
 #include "frontend/passes/residual_norm_fusion.h"
 #include "frontend/passes/rms_norm_fusion.h"
 #include "frontend/passes/rotary_fusion.h"
@@ -41,6 +42,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<DropoutFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
+    pipeline.AddPass<RepeatKvFold>();
     pipeline.AddPass<GathersToSplit>();
     pipeline.AddPass<RowLayoutMotion>();
     pipeline.AddPass<AttentionLayout>();

@@ -279,6 +279,12 @@ std::vector<GradCase> AttentionCases() {
       {"Attention_learned_bias_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}),
                                               [](TestGraph& t) { return t.Param("bias", {4, 6}, -1, 1); })},
       {"Attention_dropout", attn({2, 4, 4}, {2, 6, 4}, {2, 6, 3}, MakeAttrs({{"dropout", 0.3}}), nullptr)},
+      // Grouped-query attention: 6 query heads over 2 K/V heads (query head h reads K/V head h / 3).
+      {"Attention_grouped_kv", attn({2, 6, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}, MakeAttrs({{"causal", int64_t{1}}}),
+                                    nullptr)},
+      {"Attention_grouped_kv_mask_dropout", attn({1, 4, 4, 4}, {1, 2, 6, 4}, {1, 2, 6, 2},
+                                                 MakeAttrs({{"dropout", 0.2}}),
+                                                 [](TestGraph& t) { return t.Param("bias", {4, 4, 6}, -1, 1); })},
       {"Attention_dropout_causal", attn({2, 5, 4}, {2, 5, 4}, {2, 5, 4},
                                         MakeAttrs({{"dropout", 0.2}, {"causal", int64_t{1}}}), nullptr)},
   };

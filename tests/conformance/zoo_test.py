@@ -20,7 +20,9 @@ against the PyTorch references stored beside it:
   6. `onnxpipe train --dtype bf16` (mixed precision) with the fp32 AdamW run's settings gives PyTorch's fp32 losses
      within 2e-2 relative (bf16 keeps 8 significant bits);
   7. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
-     fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums).
+     fixed batch) gives the unpartitioned run's losses within 1e-12 relative (micro-batching only reorders sums);
+  8. with --backend cuda (on a GPU): instead of 2-7, the fp32 runs of 4 and the bf16 run of 6 on the GPU, to the
+     same tolerances, with no node run on the host.
 
   /usr/bin/python3 tests/conformance/zoo_test.py --onnxpipe BUILD/tools/onnxpipe tests/data/zoo/llama_o17_fixed
 Prints one line per check and `N passed, N failed`; exit 1 on any failure. Known failures are listed with their
@@ -236,16 +238,22 @@ def check_pipelined(c, exe, model, side, folder, tmp, stage_counts, by_flag):
                     f"pipelined {got[k]} unpartitioned {got[0]}")
 
 
-def check_training(c, exe, model, side, folder, tmp, by_flag):
+def check_training(c, exe, model, side, folder, tmp, by_flag, backend="cpu"):
     tr = side["train"]
+    extra = [] if backend == "cpu" else ["--backend", backend]
     for i, r in enumerate(tr["runs"]):
         dtype = "fp64" if r["dtype"] == "float64" else "fp32"
+        if extra and dtype == "fp64":  # a GPU's fp64 is not what it trains in
+            continue
         metrics = os.path.join(tmp, f"metrics_{i}.jsonl")
-        cmd = train_command(exe, model, side, folder, r, metrics, by_flag)
-        what = f"train {r['optimizer']} {dtype}"
-        rc, _, err = run(cmd)
+        cmd = train_command(exe, model, side, folder, r, metrics, by_flag) + extra
+        what = f"train {r['optimizer']} {dtype}" + (f" --backend {backend}" if extra else "")
+        rc, out, err = run(cmd)
         if not c.check(what, rc == 0, err.strip()[-2000:]):
             continue
+        if extra:
+            fallbacks = [l for l in out.splitlines() if "ran on the host" in l]
+            c.check(f"{what}: no node ran on the host", not fallbacks, "; ".join(fallbacks))
         got = read_losses(metrics)
         want = r["losses"]
         tol = LOSS_TOL[r["dtype"]]
@@ -253,7 +261,7 @@ def check_training(c, exe, model, side, folder, tmp, by_flag):
         c.check(f"{what} losses equal PyTorch (rel {tol:g})", ok, f"onnxpipe {got} PyTorch {want}")
     for r in [r for r in tr["runs"] if r["dtype"] == "float32" and r["optimizer"] == "adamw"][:1]:
         metrics = os.path.join(tmp, "metrics_bf16.jsonl")
-        rc, _, err = run(train_command(exe, model, side, folder, r, metrics, by_flag, dtype="bf16"))
+        rc, _, err = run(train_command(exe, model, side, folder, r, metrics, by_flag, dtype="bf16") + extra)
         if not c.check("train adamw bf16", rc == 0, err.strip()[-2000:]):
             continue
         got, want = read_losses(metrics), r["losses"]
@@ -269,6 +277,9 @@ def main(argv=None):
     p.add_argument("--pipeline-stages", type=int, action="append", default=[],
                    help="also check that the fp64 AdamW run over this many stages equals the unpartitioned run "
                         "(repeatable)")
+    p.add_argument("--backend", default="cpu",
+                   help="train on this backend (cuda: the fp32 and bf16 runs against PyTorch's losses, and no node "
+                        "on the host; the other checks are the CPU's)")
     p.add_argument("models", nargs="+", help="zoo folders (each with zoo.json and model.onnx)")
     p.add_argument("--expected", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "zoo",
                                                       "expected_failures.txt"),
@@ -291,7 +302,9 @@ def main(argv=None):
         by_flag = freeze_by_flag.get(side["name"], {})
         with tempfile.TemporaryDirectory(prefix="zoo_") as tmp:
             check_inspect(c, a.onnxpipe, model, side, by_flag)
-            if c.failed == 0:
+            if c.failed == 0 and a.backend != "cpu":
+                check_training(c, a.onnxpipe, model, side, folder, tmp, by_flag, a.backend)
+            elif c.failed == 0:
                 check_fusion(c, a.onnxpipe, model, side)
                 check_forward(c, a.onnxpipe, model, side, folder, tmp)
                 check_training(c, a.onnxpipe, model, side, folder, tmp, by_flag)

@@ -1,5 +1,6 @@
 // Fused Attention against the same computation decomposed into primitive kernels
-// (MatMul, Transpose, Mul, Add, Softmax, MatMul), and its dropout against an explicit mask.
+// (MatMul, Transpose, Mul, Add, Softmax, MatMul), and its dropout against an explicit mask;
+// grouped-query attention (fewer K/V heads), forward and backward, against numpy.
 #include <cmath>
 #include <limits>
 
@@ -153,6 +154,56 @@ TEST(Attention, ShapeAndKindErrors) {
   EXPECT_FALSE(Eval(AttentionNode(4, 1, 0), {q, k, v, Rand(DType::kF32, {3, 4}, 2)}).ok());
   EXPECT_FALSE(Eval(AttentionNode(4, 1, 0, "bool"), {q, k, v, Rand(DType::kF32, {2, 4}, 2)}).ok());
   EXPECT_FALSE(Eval(AttentionNode(3, 1, 0), {q.CastTo(DType::kF64), k, v}).ok());
+}
+
+// Grouped-query attention (K and V with fewer heads than Q) against numpy: K and V repeated over the
+// query heads as transformers' repeat_kv does (np.repeat on the head axis: K/V head j serves query
+// heads [j n_rep, (j + 1) n_rep)), the forward, and the backward with dK, dV summed over each group.
+TEST(Attention, GroupedKvHeadsMatchNumpyRepeatKvForwardAndBackward) {
+  for (DType dt : FloatDTypes()) {
+    for (int64_t causal : {0, 1}) {
+      const double scale = 0.41;
+      Tensor q = Rand(dt, {2, 6, 4, 8}, 11), k = Rand(dt, {2, 2, 5, 8}, 12), v = Rand(dt, {2, 2, 5, 3}, 13);
+      Tensor d_o = Rand(dt, {2, 6, 4, 3}, 14);
+      const std::string code = "scale = " + std::to_string(scale) + "\ncausal = " + std::to_string(causal) + R"(
+q, k, v, do = (a[n].astype(np.float64) for n in ('q', 'k', 'v', 'do'))
+n_rep = q.shape[1] // k.shape[1]
+kr, vr = np.repeat(k, n_rep, axis=1), np.repeat(v, n_rep, axis=1)
+s = scale * q @ kr.swapaxes(-1, -2)
+if causal:
+    s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+p = np.exp(s - s.max(-1, keepdims=True))
+p /= p.sum(-1, keepdims=True)
+out['o'] = p @ vr
+dp = do @ vr.swapaxes(-1, -2)
+ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+out['dq'] = scale * ds @ kr
+out['dk'] = (scale * ds.swapaxes(-1, -2) @ q).reshape(k.shape[0], k.shape[1], n_rep, *k.shape[2:]).sum(2)
+out['dv'] = (p.swapaxes(-1, -2) @ do).reshape(v.shape[0], v.shape[1], n_rep, *v.shape[2:]).sum(2)
+)";
+      auto ref = Numpy({{"q", q}, {"k", k}, {"v", v}, {"do", d_o}}, code);
+      const double tol = RelTol(dt) * 10;
+      Tensor o = Eval1(AttentionNode(3, scale, causal), {q, k, v});
+      EXPECT_EQ(o.dims(), (std::vector<int64_t>{2, 6, 4, 3}));
+      EXPECT_TRUE(AllClose(o, ref["o"].CastTo(dt), tol, tol)) << ir::DTypeName(dt) << " causal " << causal;
+      ir::Node grad = MakeNode(OpKind::kAttentionGrad, 4, 3, AttentionNode(3, scale, causal).attrs, "attn_grad");
+      absl::StatusOr<std::vector<Tensor>> g = Eval(grad, {d_o, q, k, v});
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_EQ((*g)[1].dims(), k.dims());
+      EXPECT_EQ((*g)[2].dims(), v.dims());
+      const char* names[3] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(AllClose((*g)[i], ref[names[i]].CastTo(dt), tol, tol))
+            << names[i] << " " << ir::DTypeName(dt) << " causal " << causal;
+      }
+    }
+  }
+}
+
+TEST(Attention, KvHeadsThatDoNotDivideTheQueryHeadsAreAnError) {
+  Tensor q = Rand(DType::kF32, {1, 6, 4, 8}, 1), k = Rand(DType::kF32, {1, 4, 5, 8}, 2),
+         v = Rand(DType::kF32, {1, 4, 5, 3}, 3);
+  EXPECT_FALSE(Eval(AttentionNode(3, 0.5, 0), {q, k, v}).ok());
 }
 
 }  // namespace

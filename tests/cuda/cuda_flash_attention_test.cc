@@ -352,6 +352,23 @@ INSTANTIATE_TEST_SUITE_P(
         }()),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// Grouped-query attention: K and V with fewer heads than Q (query head h reads K/V head h / n_rep),
+// dK and dV summed over each group inside the dK/dV kernel.
+INSTANTIATE_TEST_SUITE_P(
+    GroupedKv, FlashAttentionTest,
+    ::testing::Values(Shape("gqa_8_over_2", {2, 8, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32}),
+                      Causal(Shape("gqa_causal", {2, 6, 150, 64}, {2, 3, 150, 64}, {2, 3, 150, 64})),
+                      Shape("gqa_rank3", {6, 40, 16}, {2, 40, 16}, {2, 40, 16}),
+                      Dropout(Shape("gqa_dropout", {2, 4, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32})),
+                      WithMask(Shape("gqa_per_head_mask", {2, 4, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 24}),
+                               {2, 4, 70, 90}, DType::kF32),
+                      [] {
+                        Case c = Shape("gqa_only_dkdv", {2, 4, 70, 32}, {2, 2, 90, 32}, {2, 2, 90, 32});
+                        c.absent_grads = {0};
+                        return c;
+                      }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
 // The bench shape's forward+backward in one test that exercises many tiles (GEMM-sized work).
 INSTANTIATE_TEST_SUITE_P(Large, FlashAttentionTest,
                          ::testing::Values(Causal(Shape("causal_b4_h8_s384", {4, 8, 384, 64}, {4, 8, 384, 64},
@@ -469,6 +486,15 @@ INSTANTIATE_TEST_SUITE_P(
           c.ctx.training = false;
           return c;
         }()),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    GroupedKv, FlashAttentionBf16Test,
+    ::testing::Values(Shape("gqa_8_over_2", {2, 8, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
+                      Causal(Shape("gqa_causal_d128", {2, 6, 150, 128}, {2, 3, 150, 128}, {2, 3, 150, 128})),
+                      Dropout(Shape("gqa_dropout", {2, 4, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64})),
+                      WithMask(Shape("gqa_bool_key_padding", {3, 4, 70, 64}, {3, 2, 90, 64}, {3, 2, 90, 64}),
+                               {3, 1, 1, 90}, DType::kBool)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(

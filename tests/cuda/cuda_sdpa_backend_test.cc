@@ -224,6 +224,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SdpaMatchesTheCpuTest,
                                return c;
                              }(),
                              Shape("kv_head1", {2, 4, 70, 64}, {2, 1, 90, 64}, {2, 1, 90, 64}),
+                             // Grouped-query attention: cuDNN's h_k = h_v < h_q, dK and dV per K/V head.
+                             Shape("gqa_8_over_2", {2, 8, 70, 64}, {2, 2, 90, 64}, {2, 2, 90, 64}),
+                             [] {
+                               Case c = Shape("gqa_causal", {2, 6, 128, 64}, {2, 3, 128, 64}, {2, 3, 128, 64});
+                               c.causal = true;
+                               return c;
+                             }(),
                              [] {
                                Case c = Shape("only_dkdv", {2, 2, 64, 64}, {2, 2, 64, 64}, {2, 2, 64, 64});
                                c.absent_grads = {0};

@@ -4,6 +4,7 @@
 // rewritten graph all equal the graph with the copies on the CPU backend.
 
 #include "frontend/ir/attention_views.h"
+#include "frontend/ir/infer.h"
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_layout.h"
 #include "frontend/passes/dead_code_elimination.h"
@@ -220,6 +221,30 @@ TEST(AttentionLayoutTest, StageOnnxWritesTheStatsOutput) {
     EXPECT_EQ((*got)[1].dtype(), ir::DType::kF32);
     EXPECT_LE(*testing::MaxAbsDiff(*want, *got), dt == ir::DType::kF32 ? 1e-5 : 2e-2) << ir::DTypeName(dt);
   }
+}
+
+TEST(AttentionLayoutTest, StageOnnxRepeatsGroupedKAndVOverTheQueryHeads) {
+  // Grouped-query attention (K and V with 2 heads for Q's 6) written with standard ops: K and V
+  // repeated as transformers' repeat_kv (Unsqueeze, Expand, Reshape), then the plain attention; the
+  // file computes what the CPU kernel does, with the batch and key length symbolic in the file.
+  GraphBuilder b;
+  const Dim batch = Dim::Symbol("B"), keys = Dim::Symbol("S");
+  const ValueId q = b.Input("q", {batch, Dim(6), Dim(4), Dim(8)});
+  const ValueId k = b.Input("k", {batch, Dim(2), keys, Dim(8)}), v = b.Input("v", {batch, Dim(2), keys, Dim(3)});
+  const ValueId o = b.Op(OpKind::kAttention, {q, k, v}, {batch, Dim(6), Dim(4), Dim(3)}, MakeAttrs({{"scale", 0.5}}));
+  b.Output(o);
+  ir::Graph& g = b.graph();
+  absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(g, "attention_gqa_stage.onnx");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(ir::BindSymbols(g, {{"B", 2}, {"S", 5}}).ok());
+  ASSERT_TRUE(ir::InferShapes(g).ok());
+  ASSERT_TRUE(ir::BindSymbols(*back, {{"B", 2}, {"S", 5}}).ok());
+  ASSERT_TRUE(ir::InferShapes(*back).ok());
+  const std::vector<ir::Tensor> feeds = *testing::RandomFeeds(g, {}, 3);
+  absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, feeds);
+  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, feeds);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
 }
 
 TEST(AttentionLayoutTest, ViewsThatLeaveAPieceUnreadAreNotTaken) {

@@ -3,7 +3,7 @@
 // parallelism with one micro-batch per replica is bitwise one process running the D x M micro-batches (the gradient
 // all-reduce folds the replicas in replica order, as the one process accumulates its micro-batches); with several
 // micro-batches per replica the sum is grouped per replica and agrees within fp32 rounding. Checkpoints written by
-// any K x D resume in one process; a killed rank, a stopped rank, a rank with bad data and a rank that never arrives
+// any K x D resume in one process, and kill -9 of a rank while they are written leaves the previous one; a killed rank, a stopped rank, a rank with bad data and a rank that never arrives
 // end every rank within 10 s with an error naming it.
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +17,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "executor/io/checkpoint_manager.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_util.h"
@@ -216,6 +217,37 @@ TEST_F(MultiProcessTest, CheckpointsOfAnyLayoutResumeInOneProcessAndSaveOneModel
   CommandResult saved = Launch(4, TrainArgs(8, 6) + "--stages 4 --save " + (dir_ / "four.onnx").string(), "four");
   ASSERT_EQ(saved.exit_code, 0) << saved.err;
   EXPECT_EQ(ReadAll((dir_ / "four.onnx").string()), ReadAll((dir_ / "one.onnx").string()));
+}
+
+// kill -9 of either rank at several moments of a 2-stage run that checkpoints every step (each rank its shard, rank 0
+// the manifest and `latest` once both are on disk): `latest` always loads with its shards, and the run resumes.
+TEST_F(MultiProcessTest, KillDashNineOfARankDuringShardedCheckpointsLeavesALoadableLatest) {
+  const std::string ck = (dir_ / "ck").string();
+  int64_t previous = -1;
+  for (int round = 0; round < 4; ++round) {
+    const std::string tag = "launcher" + std::to_string(round);
+    Child launcher = testing::Spawn(Onnxpipe() + " launch --nproc 2 -- " + TrainArgs(8, 1000000) +
+                                        "--stages 2 --checkpoint-every 1 --keep-checkpoints 2 --checkpoint-dir " + ck +
+                                        (previous >= 0 ? " --resume" : ""),
+                                    dir_, tag);
+    ASSERT_TRUE(testing::WaitForOutput(launcher, "checkpoint: ")) << ReadAll(launcher.err.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(11 * round));
+    const int victim_rank = round % 2;
+    const std::string err = ReadAll(launcher.err.string());
+    const std::string key = "rank " + std::to_string(victim_rank) + " of 2: pid ";
+    const size_t at = err.find(key);
+    ASSERT_NE(at, std::string::npos) << err;
+    ASSERT_EQ(kill(std::stoi(err.substr(at + key.size())), SIGKILL), 0);
+    EXPECT_NE(ExitCode(launcher.pid), 0);
+    absl::StatusOr<io::Checkpoint> latest = io::CheckpointManager(ck, 2).LoadLatest();
+    ASSERT_TRUE(latest.ok()) << "round " << round << ": " << latest.status();
+    EXPECT_GT(latest->metadata.step, previous) << "round " << round;
+    previous = latest->metadata.step;
+  }
+  CommandResult rest = Launch(2, TrainArgs(8, previous + 2) + "--stages 2 --checkpoint-dir " + ck + " --resume", "rest");
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
+  EXPECT_THAT(rest.out, HasSubstr("at step " + std::to_string(previous)));
+  EXPECT_EQ(LossAndNorm(dir_ / "rest.jsonl").size(), 2u);
 }
 
 TEST_F(MultiProcessTest, SigtermToTheLauncherStopsEveryRankAfterTheSameStepWithACheckpoint) {

@@ -21,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::CommandResult;
 using testing::Onnxpipe;
 using testing::RunCommand;
@@ -108,6 +109,29 @@ TEST_F(SaveEvalCliTest, PipelinedEvalEqualsUnpartitionedEval) {
   const nlohmann::json piped64 = EvalLine(dir_, "--dtype fp64 --stages 3 --microbatches 2");
   EXPECT_EQ(piped64["accuracy"], plain64["accuracy"]);
   EXPECT_NEAR(piped64["loss"].get<double>(), plain64["loss"].get<double>(), 1e-12);
+}
+
+// --eval runs on the training backend: over the checked backend (device memory the host must not touch) it is the
+// CPU's evaluation bit for bit, unpartitioned and after a pipelined training; on a GPU within fp32 rounding.
+TEST_F(SaveEvalCliTest, EvalRunsOnTheTrainingBackend) {
+  const nlohmann::json plain = EvalLine(dir_, "");
+  ASSERT_EQ(plain["split"], "test");
+  EXPECT_EQ(EvalLine(dir_, "--backend checked"), plain);
+  EXPECT_EQ(EvalLine(dir_, "--backend checked --stages 2 --microbatches 1"), plain);
+  const fs::path metrics = dir_ / "gpu.jsonl";
+  CommandResult gpu = RunCommand(Onnxpipe() + " train " + SourcePath("models/tiny_classifier.onnx") + " --data " +
+                                 (dir_ / "corpus").string() + " --seq 12 --batch 8 --steps 6 --optimizer adamw " +
+                                 "--lr 0.003 --shuffle --seed 1 --eval --backend cuda --metrics " + metrics.string());
+  if (gpu.exit_code != 0) GTEST_SKIP() << "no GPU here: " << gpu.err;
+  EXPECT_THAT(gpu.out, Not(HasSubstr("ran on the host")));
+  std::string last;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) last = line;
+  const nlohmann::json on_gpu = nlohmann::json::parse(last);
+  EXPECT_EQ(on_gpu["split"], "test");
+  EXPECT_NEAR(on_gpu["loss"].get<double>(), plain["loss"].get<double>(), 1e-4 * plain["loss"].get<double>());
+  // fp32 rounding may flip a near tie of the argmax: one prediction of the 30 at most.
+  EXPECT_NEAR(on_gpu["accuracy"].get<double>(), plain["accuracy"].get<double>(), 1.5 / 30);
 }
 
 // Data-parallel ranks of one stage each evaluate every other batch and add their counts: the eval of one process
