@@ -61,6 +61,10 @@ double ElementwiseFlops(OpKind op) {
       return 5;
     case OpKind::kRMSNormGrad:
       return 9;
+    case OpKind::kGatedActivation:  // act(gate) * up: Gelu's cost (SiLU's Sigmoid and Mul are about as much)
+      return 13;
+    case OpKind::kGatedActivationGrad:  // act'(gate) and act(gate), three products, two outputs
+      return 24;
     case OpKind::kRotary:  // x * cos + rot(x) * sin on the rotated features
     case OpKind::kRotaryGrad:
       return 3;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "executor/cpu/activation.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/half.h"
 #include "executor/cpu/kernel_util.h"
@@ -96,12 +97,9 @@ struct ReluOp {
   }
 };
 struct SigmoidOp {
-  // Split on the sign so exp never overflows.
   template <typename T>
   static T Apply(T x) {
-    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-    T e = std::exp(x);
-    return e / (T(1) + e);
+    return Sigmoid(x);
   }
 };
 
@@ -156,8 +154,6 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node, const s
   return DispatchDType(
       FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> absl::StatusOr<std::vector<ir::Tensor>> {
         using T = typename decltype(tag)::type;
-        const T c = static_cast<T>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-        const T r = static_cast<T>(0.70710678118654752440084436210485);  // 1/sqrt(2)
         // One loop per form, the form decided outside it.
         auto run = [&](auto gelu) -> absl::StatusOr<std::vector<ir::Tensor>> {
           if (!drop.active) return MapUnary<T>(node, ctx, in[0], gelu);
@@ -169,10 +165,8 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node, const s
                       [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); });
           return std::vector<ir::Tensor>{out};
         };
-        if (tanh_form) {
-          return run([c](T x) { return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x))); });
-        }
-        return run([r](T x) { return T(0.5) * x * (T(1) + std::erf(x * r)); });
+        if (tanh_form) return run([](T x) { return GeluTanh(x); });
+        return run([](T x) { return GeluErf(x); });
       });
 }
 REGISTER_CPU_KERNEL(kGelu, GeluKernel);

@@ -4,6 +4,7 @@
 // rows column-block by column-block in row order, so nothing depends on the thread count.
 #include <cmath>
 
+#include "executor/cpu/activation.h"
 #include "executor/cpu/dropout.h"
 #include "executor/cpu/grad_util.h"
 #include "executor/cpu/norm_util.h"
@@ -57,10 +58,6 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
   ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, in[0].num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    // tanh: gelu = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3); erf: gelu = x Phi(x), whose
-    // derivative is Phi(x) + x phi(x).
-    const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
-    const T inv_sqrt2 = static_cast<T>(M_SQRT1_2), inv_sqrt2pi = static_cast<T>(0.5 * M_2_SQRTPI * M_SQRT1_2);
     // One loop per form, the form decided outside it.
     auto run = [&](auto derivative) -> Outputs {
       if (!drop.active) return Pointwise<T>(node, ctx, in[0], in[1], [&](T g, T x) { return g * derivative(x); });
@@ -75,18 +72,8 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
       });
       return std::vector<ir::Tensor>{out};
     };
-    if (tanh_form) {
-      return run([c](T x) {
-        const T t = std::tanh(c * (x + T(0.044715) * x * x * x));
-        const T du = c * (T(1) + T(3) * T(0.044715) * x * x);
-        return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
-      });
-    }
-    return run([=](T x) {
-      const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
-      const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
-      return cdf + x * pdf;
-    });
+    if (tanh_form) return run([](T x) { return GeluTanhDerivative(x); });
+    return run([](T x) { return GeluErfDerivative(x); });
   });
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);

@@ -101,6 +101,18 @@ ValueId GradBuilder::Emit(ir::OpKind op, std::vector<ValueId> inputs, const Valu
   return EmitMulti(op, std::move(inputs), {out}, std::move(attrs))[0];
 }
 
+std::vector<std::optional<ValueType>> GradBuilder::InputGradTypes(int n) const {
+  std::vector<std::optional<ValueType>> outs;
+  for (int i = 0; i < n; ++i) outs.push_back(NeedsGI(i) ? std::optional<ValueType>(TypeOf(I(i))) : std::nullopt);
+  while (outs.size() > 1 && !outs.back()) outs.pop_back();
+  return outs;
+}
+
+void GradBuilder::SetInputGrads(const std::vector<ValueId>& grads) {
+  for (int i = 0; i < static_cast<int>(grads.size()); ++i)
+    if (NeedsGI(i)) SetGI(i, grads[i]);
+}
+
 ValueId GradBuilder::Scalar(double v, DType dtype) {
   const std::string base = (node_.name.empty() ? "node" : node_.name) + "_grad_const";
   return g_->AddConstant(g_->UniqueName(base), ir::Tensor::Scalar<double>(v).CastTo(dtype));
@@ -261,6 +273,7 @@ GradRegistry::GradRegistry() : rules_(static_cast<size_t>(ir::OpKind::kNumOps)) 
   RegisterGatherDropoutLossGradients(*this);
   RegisterMathGradients(*this);
   RegisterRotaryGradients(*this);
+  RegisterGatedActivationGradients(*this);
 }
 
 const GradRegistry& GradRegistry::Get() {

@@ -68,6 +68,11 @@ class GradBuilder {
   // Adds a backward node with several outputs; an output whose type is nullopt is left absent.
   std::vector<ir::ValueId> EmitMulti(ir::OpKind op, std::vector<ir::ValueId> inputs,
                                      const std::vector<std::optional<ValueType>>& outs, ir::Attrs attrs = {});
+  // The outputs of a backward node that gives inputs 0..n-1 their gradients in order: input i's
+  // type where NeedsGI(i), else absent (nullopt); trailing absent ones dropped (one kept), for EmitMulti.
+  std::vector<std::optional<ValueType>> InputGradTypes(int n) const;
+  // Hands back output i of such a node as input i's gradient for every i that needs one.
+  void SetInputGrads(const std::vector<ir::ValueId>& grads);
   // A scalar constant of the given dtype.
   ir::ValueId Scalar(double v, ir::DType dtype);
   // Makes forward output i exist (creating it with type `t` when the node had it absent), so a
@@ -156,5 +161,6 @@ void RegisterAttentionGradients(GradRegistry& r);
 void RegisterGatherDropoutLossGradients(GradRegistry& r);
 void RegisterMathGradients(GradRegistry& r);  // grad_math.cc: Sin, Cos, Abs, Min, Max
 void RegisterRotaryGradients(GradRegistry& r);  // grad_rotary.cc
+void RegisterGatedActivationGradients(GradRegistry& r);  // grad_gated_activation.cc
 
 }  // namespace onnxpipe::autodiff

@@ -91,13 +91,7 @@ absl::Status RMSNormGrad(GradBuilder& b) {
   a.Set("epsilon", b.node().attrs.Get<double>("epsilon", 1e-5));
   std::vector<ValueId> ins = {b.GO(0), x, b.I(1)};
   if (b.O(1) != ir::kNoValue && b.TypeOf(b.O(1)).dtype == b.TypeOf(x).dtype) ins.push_back(b.O(1));
-  std::vector<std::optional<ValueType>> outs = {
-      b.NeedsGI(0) ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
-      b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt};
-  while (outs.size() > 1 && !outs.back()) outs.pop_back();
-  std::vector<ValueId> g = b.EmitMulti(OpKind::kRMSNormGrad, ins, outs, std::move(a));
-  for (int i = 0; i < static_cast<int>(g.size()); ++i)
-    if (b.NeedsGI(i)) b.SetGI(i, g[i]);
+  b.SetInputGrads(b.EmitMulti(OpKind::kRMSNormGrad, ins, b.InputGradTypes(2), std::move(a)));
   return absl::OkStatus();
 }
 

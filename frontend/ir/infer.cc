@@ -73,6 +73,20 @@ absl::Status InferContext::ExpectRankAtLeast(int i, int64_t min_rank) const {
   return Error() << Describe(i) << " must have rank >= " << min_rank;
 }
 
+absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j) {
+  bool ok = ctx.rank(i) == ctx.rank(j);
+  Shape out = ctx.shape(i);
+  for (size_t k = 0; ok && k < out.size(); ++k) {
+    std::optional<Dim> d = UnifyDims(out[k], ctx.shape(j)[k]);
+    if (!d)
+      ok = false;
+    else
+      out[k] = *d;
+  }
+  if (!ok) return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j) << " must have the same shape";
+  return out;
+}
+
 absl::StatusOr<Shape> BroadcastShapes(const InferContext& ctx, const std::vector<Shape>& shapes) {
   size_t rank = 0;
   for (const Shape& s : shapes) rank = std::max(rank, s.size());

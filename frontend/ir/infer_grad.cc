@@ -11,21 +11,6 @@
 namespace onnxpipe::ir::infer_internal {
 namespace {
 
-// Inputs i and j must have the same shape (up to symbolic refinement).
-absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j) {
-  bool ok = ctx.rank(i) == ctx.rank(j);
-  Shape out = ctx.shape(i);
-  for (size_t k = 0; ok && k < out.size(); ++k) {
-    std::optional<Dim> d = UnifyDims(out[k], ctx.shape(j)[k]);
-    if (!d)
-      ok = false;
-    else
-      out[k] = *d;
-  }
-  if (!ok) return ctx.Error() << ctx.Describe(i) << " and " << ctx.Describe(j) << " must have the same shape";
-  return out;
-}
-
 // `from` right-aligned must broadcast to `to` (numpy rules, `to` unchanged).
 bool BroadcastsTo(const Shape& from, const Shape& to) {
   if (from.size() > to.size()) return false;

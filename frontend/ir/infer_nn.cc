@@ -1,9 +1,11 @@
 // Shape rules for the compute ops of a transformer: MatMul (numpy semantics), Gemm, reductions,
-// Softmax/LogSoftmax, SoftmaxCrossEntropyLoss, and the fused Linear, LayerNorm, Attention and
-// Rotary (with RotaryGrad, which has its forward's operands).
+// Softmax/LogSoftmax, SoftmaxCrossEntropyLoss, and the fused Linear, LayerNorm, Attention,
+// Rotary and GatedActivation (with RotaryGrad and GatedActivationGrad, which have their forward's
+// operands).
 #include <algorithm>
 
 #include "frontend/ir/attention_views.h"
+#include "frontend/ir/gated_activation.h"
 #include "frontend/ir/infer_rules.h"
 
 namespace onnxpipe::ir::infer_internal {
@@ -214,6 +216,26 @@ absl::StatusOr<Outputs> RotaryRule(const InferContext& ctx) {
   return One(ctx.dtype(0), x);
 }
 
+// GatedActivation (gate, up) -> Y and GatedActivationGrad (dY, gate, up) -> dGate, dUp (op.h): gate,
+// up (and dY) of one float dtype and one shape, no broadcast.
+absl::StatusOr<Outputs> GatedActivationRule(const InferContext& ctx) {
+  const bool grad = ctx.node().op == OpKind::kGatedActivationGrad;
+  const int gate = grad ? 1 : 0, up = gate + 1;
+  if (!GatedActOf(ctx.attrs()))
+    return ctx.Error() << "attributes " << ctx.attrs().ToString()
+                       << " name no gated activation (activation \"silu\", or \"gelu\" with approximate "
+                          "\"none\" | \"tanh\")";
+  RETURN_IF_ERROR(ctx.ExpectFloat(gate));
+  RETURN_IF_ERROR(ctx.ExpectSameDType(gate, up));
+  ASSIGN_OR_RETURN(Shape shape, SameShape(ctx, gate, up));
+  if (!grad) return One(ctx.dtype(gate), std::move(shape));
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, gate));
+  RETURN_IF_ERROR(SameShape(ctx, 0, gate).status());
+  Outputs out = One(ctx.dtype(gate), shape);  // dGate, then dUp when the node has it
+  if (ctx.num_outputs() > 1) out.push_back({ctx.dtype(up), shape});
+  return out;
+}
+
 absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectInteger(1));
@@ -343,6 +365,8 @@ void RegisterNnRules(RuleTable& t) {
   SetRule(t, OpKind::kAttention, AttentionRule);
   SetRule(t, OpKind::kRotary, RotaryRule);
   SetRule(t, OpKind::kRotaryGrad, RotaryRule);  // dX like X
+  SetRule(t, OpKind::kGatedActivation, GatedActivationRule);
+  SetRule(t, OpKind::kGatedActivationGrad, GatedActivationRule);  // dGate, dUp like gate, up
 }
 
 }  // namespace onnxpipe::ir::infer_internal

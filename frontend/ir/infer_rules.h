@@ -118,6 +118,9 @@ class InferContext {
   const Node& n_;
 };
 
+// Inputs i and j must have the same shape (up to symbolic refinement): the unified shape, or an
+// error naming both.
+absl::StatusOr<Shape> SameShape(const InferContext& ctx, int i, int j);
 // numpy broadcasting of several shapes; fails naming the node and the shapes.
 absl::StatusOr<Shape> BroadcastShapes(const InferContext& ctx, const std::vector<Shape>& shapes);
 

@@ -64,6 +64,11 @@
 //   right-aligned (numpy rules, cos's rank <= X's; each dim 1 or X's): Llama's (B, 1, S, R) tables
 //   against X (B, H, S, D), GPT-J's (B, S, 1, R) against (B, S, H, D). No assumption is made about
 //   the tables' values (cos[i] need not equal cos[i + R/2]).
+// - GatedActivation(gate, up) attrs activation "silu" | "gelu", approximate ("none" (erf) | "tanh",
+//   as Gelu's; gelu only, default "none") -> Y = act(gate) * up, gate's dims and dtype: the gated MLP
+//   activation (SwiGLU: Llama, Qwen2, Mistral; GeGLU: Gemma), silu(x) = x * sigmoid(x) computed as
+//   the exporters' Mul(x, Sigmoid(x)), gelu as Gelu. gate and up have one shape (no broadcast) and
+//   one float dtype.
 // Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
 // Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
 // so once symbols are bound a memory planner need not keep their buffers alive for them.
@@ -130,6 +135,10 @@
 //   dY[i] sin[i] for rotate-half, likewise for the pairs (2i, 2i + 1)), dY passed through on the
 //   rest. It is Rotary with -sin whenever sin repeats over each pair (as every exporter's table does).
 //   cos and sin get no gradient (autodiff requires that they reach only constants and inputs).
+// - GatedActivationGrad(dY, gate, up) attrs as the forward GatedActivation -> dGate, dUp, each
+//   optional (absent when autodiff wants no gradient there): dGate = dY * up * act'(gate), dUp =
+//   dY * act(gate), computed from the forward's inputs (nothing saved). silu'(x) = s (1 + x (1 - s)),
+//   s = sigmoid(x); gelu' as GeluGrad's.
 // - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
 //   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
@@ -269,7 +278,9 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)                                               \
   V(SumScalars, "SumScalars", 1, kVariadic, 1, 1, 0)                                         \
   V(Rotary, "Rotary", 3, 3, 1, 1, 0)                                                         \
-  V(RotaryGrad, "RotaryGrad", 3, 3, 1, 1, 0)
+  V(RotaryGrad, "RotaryGrad", 3, 3, 1, 1, 0)                                                 \
+  V(GatedActivation, "GatedActivation", 2, 2, 1, 1, 0)                                       \
+  V(GatedActivationGrad, "GatedActivationGrad", 3, 3, 1, 2, 0)
 
 enum class OpKind : uint16_t {
 #define V(e, name, min_in, max_in, min_out, max_out, props) k##e,

@@ -406,5 +406,35 @@ TEST(AutodiffTest, RotaryTableThatNeedsAGradientIsAnError) {
   EXPECT_NE(std::string(info.status().message()).find("rotary tables"), std::string::npos) << info.status();
 }
 
+// GatedActivation's backward is one GatedActivationGrad reading dY, gate and up (nothing the forward
+// saves), with an output only for the operands that need a gradient.
+TEST(AutodiffTest, GatedActivationGradIsOneNodeOnTheForwardsInputs) {
+  for (bool gate_trained : {true, false}) {
+    TestGraph t;
+    const ValueId gate = gate_trained ? t.Param("gate", {2, 8}, -3, 3) : t.ConstF("gate", {2, 8}, -3, 3);
+    const ValueId up = t.Param("up", {2, 8});
+    ValueId y = t.Op1(OpKind::kGatedActivation, {gate, up}, MakeAttrs({{"activation", std::string("silu")}}));
+    auto loss = t.AddWeightedSumLoss({y});
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(ir::InferShapes(t.g()).ok());
+    auto info = BuildGradients(&t.g(), *loss, {});
+    ASSERT_TRUE(info.ok()) << info.status();
+    std::vector<const ir::Node*> grads;
+    for (ir::NodeId id : t.g().LiveNodes()) {
+      const ir::Node& n = t.g().node(id);
+      if (n.op == OpKind::kGatedActivationGrad) grads.push_back(&n);
+      if (n.op == OpKind::kGatedActivation) {
+        EXPECT_EQ(n.outputs.size(), 1u);  // nothing saved
+      }
+    }
+    ASSERT_EQ(grads.size(), 1u);
+    EXPECT_EQ(grads[0]->inputs[1], gate);
+    EXPECT_EQ(grads[0]->inputs[2], up);
+    ASSERT_EQ(grads[0]->outputs.size(), 2u);
+    EXPECT_EQ(grads[0]->outputs[0] != ir::kNoValue, gate_trained);
+    EXPECT_NE(grads[0]->outputs[1], ir::kNoValue);
+  }
+}
+
 }  // namespace
 }  // namespace onnxpipe::autodiff

@@ -248,6 +248,27 @@ std::vector<GradCase> ReduceNormCases() {
          return V{t.Op1(OpKind::kGelu, {t.Param("x", {4, 8}, -3, 3)},
                         MakeAttrs({{"approximate", std::string("none")}, {"dropout", 0.3},
                                    {"rng_key", std::string("mlp_dropout")}}))}; }},
+      // GatedActivation: act(gate) * up, both trained; GatedActivationGrad's dGate and dUp in one node.
+      {"GatedActivation_silu", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGatedActivation, {t.Param("gate", {2, 3, 4}, -4, 4), t.Param("up", {2, 3, 4}, -2, 2)},
+                        MakeAttrs({{"activation", std::string("silu")}}))}; }},
+      {"GatedActivation_gelu_erf", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGatedActivation, {t.Param("gate", {3, 5}, -3, 3), t.Param("up", {3, 5}, -2, 2)},
+                        MakeAttrs({{"activation", std::string("gelu")}, {"approximate", std::string("none")}}))}; }},
+      {"GatedActivation_gelu_tanh", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGatedActivation, {t.Param("gate", {3, 5}, -3, 3), t.Param("up", {3, 5}, -2, 2)},
+                        MakeAttrs({{"activation", std::string("gelu")}, {"approximate", std::string("tanh")}}))}; }},
+      // One value as gate and up (silu(x) * x): the two contributions add up.
+      {"GatedActivation_silu_gate_is_up", [](TestGraph& t) {
+         const ValueId x = t.Param("x", {3, 4}, -3, 3);
+         return V{t.Op1(OpKind::kGatedActivation, {x, x}, MakeAttrs({{"activation", std::string("silu")}}))}; }},
+      // Only up trained: the backward node has dUp alone (dGate absent).
+      {"GatedActivation_frozen_gate", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGatedActivation, {t.ConstF("gate", {3, 4}, -3, 3), t.Param("up", {3, 4}, -2, 2)},
+                        MakeAttrs({{"activation", std::string("gelu")}, {"approximate", std::string("tanh")}}))}; }},
+      {"GatedActivation_frozen_up", [](TestGraph& t) {
+         return V{t.Op1(OpKind::kGatedActivation, {t.Param("gate", {3, 4}, -3, 3), t.ConstF("up", {3, 4}, -2, 2)},
+                        MakeAttrs({{"activation", std::string("silu")}}))}; }},
   };
 }
 

@@ -26,7 +26,7 @@ const std::set<OpKind>& EmittedByTraining() {
       OpKind::kGeluGrad,        OpKind::kLayerNormGrad, OpKind::kRMSNormGrad,
       OpKind::kDropoutGrad,     OpKind::kAttentionGrad, OpKind::kSoftmaxCrossEntropyLossGrad,
       OpKind::kSumSquares,      OpKind::kSumScalars,    OpKind::kClipScale,     OpKind::kSGDUpdate,
-      OpKind::kAdamWUpdate,     OpKind::kRotaryGrad};
+      OpKind::kAdamWUpdate,     OpKind::kRotaryGrad,    OpKind::kGatedActivationGrad};
   return ops;
 }
 

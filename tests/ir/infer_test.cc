@@ -477,6 +477,29 @@ TEST(InferTest, RotaryAndItsGradient) {
   EXPECT_THAT(error({B, 1, S, 8}, 6), HasSubstr("/rot"));
 }
 
+TEST(InferTest, GatedActivationAndItsGradient) {
+  Builder b;
+  ValueId gate = b.Input("gate", {B, S, 32}), up = b.Input("up", {B, S, 32});
+  const Attrs silu = A({{"activation", std::string("silu")}});
+  ValueId y = b.Op(OpKind::kGatedActivation, {gate, up}, silu);
+  std::vector<ValueId> d = b.Node(OpKind::kGatedActivationGrad, {b.Input("dy", {B, S, 32}), gate, up}, 2, silu);
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Str(y), "(B, S, 32)");
+  EXPECT_EQ(b.Str(d[0]), "(B, S, 32)");
+  EXPECT_EQ(b.Str(d[1]), "(B, S, 32)");
+
+  auto error = [](Shape up, Attrs attrs, DType up_dtype = DType::kF32) {
+    Builder bad;
+    bad.Op(OpKind::kGatedActivation, {bad.Input("gate", {B, S, 32}), bad.Input("up", up, up_dtype)}, attrs, "/act");
+    return std::string(bad.Infer().message());
+  };
+  EXPECT_THAT(error({B, S, 1}, silu), HasSubstr("same shape"));  // no broadcast
+  EXPECT_THAT(error({B, S, 32}, silu, DType::kF64), HasSubstr("same element type"));
+  EXPECT_THAT(error({B, S, 32}, A({{"activation", std::string("relu")}})), HasSubstr("no gated activation"));
+  EXPECT_THAT(error({B, S, 32}, A({{"activation", std::string("gelu")}, {"approximate", std::string("fast")}})),
+              HasSubstr("/act"));
+}
+
 TEST(InferTest, SoftmaxCrossEntropyLossShapes) {
   Builder b;
   ValueId scores = b.Input("scores", {B, 10}), labels = b.Input("labels", {B}, DType::kI64);
