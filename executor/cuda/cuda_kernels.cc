@@ -64,6 +64,7 @@ KernelTable RegisterAllKernels(const CudaOptions& options, int device,
   RegisterOptimizerKernels(table);
   RegisterLayoutKernels(table);
   RegisterRotaryKernels(table);
+  RegisterGatedActivationKernels(table);
   RegisterAttentionKernels(table, options, device, std::move(attention_counts));
   return table;
 }

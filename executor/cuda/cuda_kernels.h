@@ -127,6 +127,7 @@ void RegisterDropoutKernels(KernelTable& table);
 void RegisterOptimizerKernels(KernelTable& table);
 void RegisterLayoutKernels(KernelTable& table);
 void RegisterRotaryKernels(KernelTable& table);
+void RegisterGatedActivationKernels(KernelTable& table);
 // Attention/AttentionGrad evaluations per implementation (CudaBackend::AttentionRuns).
 struct AttentionRunCounts {
   std::atomic<int64_t> cudnn{0}, flash{0};

@@ -3,6 +3,7 @@
 #include <cuda/std/limits>
 #include <utility>
 
+#include "executor/cuda/activation.cuh"
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/elementwise.h"
 #include "executor/cuda/map.cuh"
@@ -128,12 +129,8 @@ __device__ __forceinline__ C ApplyUnary(UnaryOp op, C x) {
         return tanhf(x);
       case UnaryOp::kErf:
         return erff(x);
-      case UnaryOp::kSigmoid: {
-        // Split on the sign so that expf never overflows.
-        if (x >= 0.f) return 1.f / (1.f + expf(-x));
-        const float e = expf(x);
-        return e / (1.f + e);
-      }
+      case UnaryOp::kSigmoid:
+        return SigmoidValue(x);
       case UnaryOp::kRelu:
         return x < 0.f ? 0.f : x;  // keeps NaN
       case UnaryOp::kAbs:

@@ -1,4 +1,5 @@
 // GELU kernels: dense maps (map.cuh) over a flat (n) buffer, computing in fp32.
+#include "executor/cuda/activation.cuh"
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/dropout_device.cuh"
 #include "executor/cuda/gelu.h"
@@ -6,27 +7,6 @@
 
 namespace onnxpipe::cuda {
 namespace {
-
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-constexpr float kTanhC = 0.79788456080286536f;  // sqrt(2 / pi)
-
-__device__ __forceinline__ float GeluValue(float x, bool tanh_approx) {
-  if (tanh_approx) return 0.5f * x * (1.f + tanhf(kTanhC * (x + 0.044715f * x * x * x)));
-  return 0.5f * x * (1.f + erff(x * kInvSqrt2));
-}
-
-__device__ __forceinline__ float GeluDerivative(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float inner = kTanhC * (x + 0.044715f * x * x * x);
-    const float t = tanhf(inner);
-    const float dinner = kTanhC * (1.f + 3.f * 0.044715f * x * x);
-    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * dinner;
-  }
-  const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
-  const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
-  return cdf + x * pdf;
-}
 
 // The functors take the form as a template argument: one kernel per form, no per-element branch.
 template <bool kTanh>

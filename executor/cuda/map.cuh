@@ -5,10 +5,11 @@
 // results are bitwise those of a one-element-per-thread loop.
 //
 // f takes each input's compute value (Load: fp32 for the 16-bit floats) and returns the output
-// element's value, converted by Convert<Out>.
+// element's value, converted by Convert<Out> (a pair of values for LaunchMapPair's two outputs).
 #pragma once
 
 #include <cuda/std/tuple>
+#include <cuda/std/utility>
 #include <type_traits>
 
 #include "executor/cuda/device_util.cuh"
@@ -103,19 +104,56 @@ constexpr size_t MaxSize() {
   }
 }
 
-// Launches out[i] = f(in[i]...) for i < n on `stream`. `out` may be one of the inputs (in place).
-template <typename F, typename Out, typename... In>
-cudaError_t LaunchMap(int64_t n, F f, cudaStream_t stream, Out* out, const In*... in) {
+// Two outputs per element: out0[i], out1[i] = f(in[i]...), f returning a ::cuda::std::pair of compute
+// values (a backward producing two gradients from one read of its operands).
+template <int V, typename F, typename Out, typename... In>
+__global__ void MapPairKernel(int64_t n, F f, Out* out0, Out* out1, const In*... in) {
+  ForEachRun<V>(n, [&](int64_t i, auto w) {
+    constexpr int W = decltype(w)::value;
+    const ::cuda::std::tuple<Run<In, W>...> args{LoadRun<W>(in, i)...};
+    Run<Out, W> r0, r1;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const auto p = ::cuda::std::apply([&](const auto&... a) { return f(a[k]...); }, args);
+      r0.v[k] = Convert<Out>(p.first);
+      r1.v[k] = Convert<Out>(p.second);
+    }
+    StoreRun<W>(out0, i, r0);
+    StoreRun<W>(out1, i, r1);
+  });
+}
+
+// Calls launch(integral_constant<int, V>{}, grid) for a map over n elements with runs of V = kVec
+// elements when `aligned` (every pointer 16-byte aligned), else V = 1; the launch's error.
+template <int kVec, typename Launch>
+cudaError_t LaunchWidest(int64_t n, bool aligned, Launch&& launch) {
   if (n == 0) return cudaSuccess;
-  constexpr int kVec = static_cast<int>(16 / MaxSize<Out, In...>());
   if constexpr (kVec > 1) {
-    if (Aligned16(out) && (Aligned16(in) && ...)) {
-      MapKernel<kVec><<<GridFor((n + kVec - 1) / kVec), kThreads, 0, stream>>>(n, f, out, in...);
+    if (aligned) {
+      launch(std::integral_constant<int, kVec>{}, GridFor((n + kVec - 1) / kVec));
       return cudaGetLastError();
     }
   }
-  MapKernel<1><<<GridFor(n), kThreads, 0, stream>>>(n, f, out, in...);
+  launch(std::integral_constant<int, 1>{}, GridFor(n));
   return cudaGetLastError();
+}
+
+// Launches out[i] = f(in[i]...) for i < n on `stream`. `out` may be one of the inputs (in place).
+template <typename F, typename Out, typename... In>
+cudaError_t LaunchMap(int64_t n, F f, cudaStream_t stream, Out* out, const In*... in) {
+  constexpr int kVec = static_cast<int>(16 / MaxSize<Out, In...>());
+  return LaunchWidest<kVec>(n, Aligned16(out) && (Aligned16(in) && ...), [&](auto v, int grid) {
+    MapKernel<decltype(v)::value><<<grid, kThreads, 0, stream>>>(n, f, out, in...);
+  });
+}
+
+// Launches out0[i], out1[i] = f(in[i]...) for i < n on `stream` (MapPairKernel).
+template <typename F, typename Out, typename... In>
+cudaError_t LaunchMapPair(int64_t n, F f, cudaStream_t stream, Out* out0, Out* out1, const In*... in) {
+  constexpr int kVec = static_cast<int>(16 / MaxSize<Out, In...>());
+  return LaunchWidest<kVec>(n, Aligned16(out0) && Aligned16(out1) && (Aligned16(in) && ...), [&](auto v, int grid) {
+    MapPairKernel<decltype(v)::value><<<grid, kThreads, 0, stream>>>(n, f, out0, out1, in...);
+  });
 }
 
 }  // namespace onnxpipe::cuda
