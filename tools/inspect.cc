@@ -122,8 +122,9 @@ ordered_json DescribeFrozen(const ir::Graph& g, const autodiff::TrainableReport&
 // between two nodes of one layer takes that layer, and any other the layer of its first input's
 // producer.
 ordered_json FusedPerLayer(const ir::Graph& g) {
-  static const std::set<ir::OpKind> fused = {ir::OpKind::kAttention, ir::OpKind::kLayerNorm, ir::OpKind::kRMSNorm,
-                                             ir::OpKind::kGelu,      ir::OpKind::kLinear,    ir::OpKind::kRotary};
+  static const std::set<ir::OpKind> fused = {ir::OpKind::kAttention,      ir::OpKind::kLayerNorm, ir::OpKind::kRMSNorm,
+                                             ir::OpKind::kGelu,           ir::OpKind::kLinear,    ir::OpKind::kRotary,
+                                             ir::OpKind::kGatedActivation};
   static const std::regex indexed_param(R"(^(.*?[._]\d+)[._].*$)");
   const std::vector<ir::NodeId> order = g.LiveNodes();
   std::vector<std::string> layer(order.size());

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "frontend/ir/attention_views.h"
+#include "frontend/ir/gated_activation.h"
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/file_io.h"
@@ -233,11 +234,11 @@ class Exporter {
         return RMSNorm(n, ins, outs);
       case ir::OpKind::kGelu: {
         const double ratio = n.attrs.Get<double>("dropout", 0.0);
-        if (ratio == 0.0) return Gelu(n, ins[0], outs[0]);
+        if (ratio == 0.0) return Gelu(n, ins[0], outs[0], n.name);
         // The fused dropout becomes the Dropout it was, named by its random-stream key so that
         // the stage file, imported, draws the same mask.
         const std::string gelu = Fresh(n.name + "/gelu");
-        RETURN_IF_ERROR(Gelu(n, ins[0], gelu));
+        RETURN_IF_ERROR(Gelu(n, ins[0], gelu, n.name));
         const std::string key = n.attrs.Get<std::string>("rng_key", n.name + "/Dropout");
         Emit("Dropout", key,
              {gelu, Const(key + "/ratio", Scalar(ir::DType::kF32, ratio)),
@@ -249,6 +250,8 @@ class Exporter {
         return Attention(n, ins, outs[0], outs.size() > 1 && !outs[1].empty() ? &outs[1] : nullptr);
       case ir::OpKind::kRotary:
         return Rotary(n, ins, outs[0]);
+      case ir::OpKind::kGatedActivation:
+        return GatedActivation(n, ins, outs[0]);
       case ir::OpKind::kReduceSum:
       case ir::OpKind::kSqueeze:
       case ir::OpKind::kUnsqueeze:
@@ -271,8 +274,8 @@ class Exporter {
       default:
         break;
     }
-    // The op list puts the gradient and training ops after Sum (Rotary, appended later, is handled
-    // above); none has a standard ONNX form.
+    // The op list puts the gradient and training ops after Sum (Rotary and GatedActivation, appended
+    // later, are handled above); none has a standard ONNX form.
     if (static_cast<int>(n.op) > static_cast<int>(ir::OpKind::kSum)) {
       return INVALID_ARGUMENT() << "node '" << n.name << "' (" << op
                                 << ") has no ONNX form: stage files hold forward nodes only";
@@ -384,6 +387,23 @@ class Exporter {
     return absl::OkStatus();
   }
 
+  // act(gate) * up as the exporters write it (gated_activation_fusion.h), which re-imports into the
+  // same GatedActivation: Mul(gate, Sigmoid(gate)) for silu, the Gelu's arithmetic for gelu.
+  absl::Status GatedActivation(const ir::Node& n, const std::vector<std::string>& ins, const std::string& y) {
+    const std::optional<ir::GatedAct> act = ir::GatedActOf(n.attrs);
+    if (!act) return INVALID_ARGUMENT() << "node '" << n.name << "': GatedActivation " << n.attrs.ToString();
+    const std::string activated = Fresh(n.name + "/act");
+    if (*act == ir::GatedAct::kSilu) {
+      const std::string s = Fresh(n.name + "/sigmoid");
+      Emit("Sigmoid", n.name + "/Sigmoid", {ins[0]}, {s});
+      Emit("Mul", n.name + "/Mul_silu", {ins[0], s}, {activated});
+    } else {
+      RETURN_IF_ERROR(Gelu(n, ins[0], activated, n.name + "/gelu"));
+    }
+    Emit("Mul", n.name, {activated, ins[1]}, {y});
+    return absl::OkStatus();
+  }
+
   // A LayerNorm's fused residual (op.h) as the Dropout (if any) and Add it was: ins[0] becomes the
   // sum, named as output 3 when the node has it.
   absl::Status ResidualSum(const ir::Node& n, std::vector<std::string>& ins, const std::vector<std::string>& outs) {
@@ -402,24 +422,26 @@ class Exporter {
     return absl::OkStatus();
   }
 
-  absl::Status Gelu(const ir::Node& n, const std::string& x, const std::string& y) {
+  // The GELU of x (n's input 0, approximate as n's attribute) into y, as the exporters' arithmetic;
+  // the nodes are named under `base`, the last one `base`.
+  absl::Status Gelu(const ir::Node& n, const std::string& x, const std::string& y, const std::string& base) {
     const ir::DType dt = g_.value(n.inputs[0]).dtype;
-    auto c = [&](const char* hint, double v) { return Const(n.name + "/" + hint, Scalar(dt, v)); };
-    auto tmp = [&](const char* hint) { return Fresh(n.name + "/" + hint); };
+    auto c = [&](const char* hint, double v) { return Const(base + "/" + hint, Scalar(dt, v)); };
+    auto tmp = [&](const char* hint) { return Fresh(base + "/" + hint); };
     const std::string approximate = n.attrs.Get<std::string>("approximate", "none");
     if (approximate == "tanh") {
       // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
       const std::string x2 = tmp("x2"), x3 = tmp("x3"), a = tmp("cubic"), s = tmp("inner"), sc = tmp("scaled"),
                         t = tmp("tanh"), t1 = tmp("tanh_plus_1"), hx = tmp("half_x");
-      Emit("Mul", n.name + "/Mul_x2", {x, x}, {x2});
-      Emit("Mul", n.name + "/Mul_x3", {x2, x}, {x3});
-      Emit("Mul", n.name + "/Mul_c", {x3, c("c", 0.044715)}, {a});
-      Emit("Add", n.name + "/Add_inner", {x, a}, {s});
-      Emit("Mul", n.name + "/Mul_k", {s, c("k", std::sqrt(2.0 / std::numbers::pi))}, {sc});
-      Emit("Tanh", n.name + "/Tanh", {sc}, {t});
-      Emit("Add", n.name + "/Add_1", {t, c("one", 1.0)}, {t1});
-      Emit("Mul", n.name + "/Mul_half", {x, c("half", 0.5)}, {hx});
-      Emit("Mul", n.name, {hx, t1}, {y});
+      Emit("Mul", base + "/Mul_x2", {x, x}, {x2});
+      Emit("Mul", base + "/Mul_x3", {x2, x}, {x3});
+      Emit("Mul", base + "/Mul_c", {x3, c("c", 0.044715)}, {a});
+      Emit("Add", base + "/Add_inner", {x, a}, {s});
+      Emit("Mul", base + "/Mul_k", {s, c("k", std::sqrt(2.0 / std::numbers::pi))}, {sc});
+      Emit("Tanh", base + "/Tanh", {sc}, {t});
+      Emit("Add", base + "/Add_1", {t, c("one", 1.0)}, {t1});
+      Emit("Mul", base + "/Mul_half", {x, c("half", 0.5)}, {hx});
+      Emit("Mul", base, {hx, t1}, {y});
       return absl::OkStatus();
     }
     if (approximate != "none") {
@@ -427,11 +449,11 @@ class Exporter {
     }
     // x * 0.5 * (1 + erf(x / sqrt 2))
     const std::string d = tmp("div"), e = tmp("erf"), e1 = tmp("erf_plus_1"), m = tmp("x_times");
-    Emit("Div", n.name + "/Div", {x, c("sqrt2", std::sqrt(2.0))}, {d});
-    Emit("Erf", n.name + "/Erf", {d}, {e});
-    Emit("Add", n.name + "/Add", {e, c("one", 1.0)}, {e1});
-    Emit("Mul", n.name + "/Mul", {x, e1}, {m});
-    Emit("Mul", n.name, {m, c("half", 0.5)}, {y});
+    Emit("Div", base + "/Div", {x, c("sqrt2", std::sqrt(2.0))}, {d});
+    Emit("Erf", base + "/Erf", {d}, {e});
+    Emit("Add", base + "/Add", {e, c("one", 1.0)}, {e1});
+    Emit("Mul", base + "/Mul", {x, e1}, {m});
+    Emit("Mul", base, {m, c("half", 0.5)}, {y});
     return absl::OkStatus();
   }
 

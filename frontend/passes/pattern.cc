@@ -50,6 +50,11 @@ bool RewriteEachNode(ir::Graph* g, const std::function<bool(ir::Graph*, const Us
   return changed;
 }
 
+bool SameShapeAndDType(const ir::Graph& g, ir::ValueId a, ir::ValueId b) {
+  const ir::Value &va = g.value(a), &vb = g.value(b);
+  return va.shape_known && vb.shape_known && va.shape == vb.shape && va.dtype == vb.dtype;
+}
+
 bool IsFloatCast(const ir::Graph& g, const ir::Node& n) {
   return n.op == ir::OpKind::kCast && ir::IsFloat(g.value(n.inputs[0]).dtype) &&
          ir::IsFloat(g.value(n.outputs[0]).dtype);

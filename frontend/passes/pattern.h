@@ -56,6 +56,10 @@ void SetOutput(ir::Graph* g, ir::NodeId id, int k, ir::ValueId v);
 // rewrite that changed the graph (it returns true then); whether any did.
 bool RewriteEachNode(ir::Graph* g, const std::function<bool(ir::Graph*, const UseInfo&, ir::NodeId)>& rewrite);
 
+// a and b have known shapes, equal dim for dim (a symbolic dim equals only the same symbol), and one
+// dtype: an elementwise op of the two broadcasts nothing.
+bool SameShapeAndDType(const ir::Graph& g, ir::ValueId a, ir::ValueId b);
+
 // A Cast from a float dtype to a float dtype.
 bool IsFloatCast(const ir::Graph& g, const ir::Node& n);
 // Follows float Casts upwards from `v` while each one's output is internal to the pattern,

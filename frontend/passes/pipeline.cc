@@ -7,6 +7,7 @@
 #include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/dropout_fusion.h"
 #include "frontend/passes/freeze_buffers.h"
+#include "frontend/passes/gated_activation_fusion.h"
 #include "frontend/passes/gathers_to_split.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "frontend/passes/layer_norm_fusion.h"
@@ -40,6 +41,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<RMSNormFusion>();
     pipeline.AddPass<RotaryFusion>();
     pipeline.AddPass<GeluFusion>();
+    pipeline.AddPass<GatedActivationFusion>();  // reads the fused Gelu
     pipeline.AddPass<DropoutFusion>();
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
     pipeline.AddPass<RepeatKvFold>();

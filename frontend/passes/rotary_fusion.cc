@@ -65,11 +65,6 @@ std::optional<LastAxisSlice> SliceOf(const Graph& g, const Node& n) {
   return s;
 }
 
-bool SameShape(const Graph& g, ValueId a, ValueId b) {
-  const ir::Value &va = g.value(a), &vb = g.value(b);
-  return va.shape_known && vb.shape_known && va.shape == vb.shape && va.dtype == vb.dtype;
-}
-
 class RotaryMatcher {
  public:
   explicit RotaryMatcher(Graph* g) : g_(g), uses_(*g) {}
@@ -99,7 +94,7 @@ class RotaryMatcher {
     if (!head || !rest || head->x != rest->x || head->step != 1 || rest->step != 1) return false;
     const std::optional<int64_t> width = Width(*g_, head->x);
     if (head->start != 0 || head->length != *rotated || rest->start != *rotated ||
-        rest->start + rest->length != *width || rest->length == 0 || !SameShape(*g_, head->x, y))
+        rest->start + rest->length != *width || rest->length == 0 || !SameShapeAndDType(*g_, head->x, y))
       return false;
     ir::Attrs attrs = rot.attrs;
     const ValueId x = head->x, cos = rot.inputs[1], sin = rot.inputs[2];
@@ -130,8 +125,8 @@ class RotaryMatcher {
       if (mc_in[0] == x && mc_in[1] != x) cos = mc_in[1];
       if (mc_in[1] == x && mc_in[0] != x) cos = mc_in[0];
       const ValueId y = g_->node(add).outputs[0];
-      if (cos == ir::kNoValue || sin == x || !TablesFit(x, cos, sin) || !SameShape(*g_, x, y) ||
-          !SameShape(*g_, x, m_cos) || !SameShape(*g_, x, m_sin))
+      if (cos == ir::kNoValue || sin == x || !TablesFit(x, cos, sin) || !SameShapeAndDType(*g_, x, y) ||
+          !SameShapeAndDType(*g_, x, m_cos) || !SameShapeAndDType(*g_, x, m_sin))
         continue;
       ir::Attrs attrs;
       attrs.Set("rotary_dim", *Width(*g_, x));
@@ -152,7 +147,7 @@ class RotaryMatcher {
     if (n.op == OpKind::kConcat) {
       if (!ConcatsLastAxis(n) || n.inputs.size() != 2) return std::nullopt;
       const std::optional<ValueId> x = NegatedPair(n.inputs[0], n.inputs[1], /*interleaved=*/false);
-      if (!x || !SameShape(*g_, *x, r)) return std::nullopt;
+      if (!x || !SameShapeAndDType(*g_, *x, r)) return std::nullopt;
       nodes_.insert(p);
       return Rotation{*x, false};
     }
@@ -178,7 +173,7 @@ class RotaryMatcher {
       taken.push_back(un);
     }
     const std::optional<ValueId> x = NegatedPair(unsqueezed[0], unsqueezed[1], /*interleaved=*/true);
-    if (!x || !SameShape(*g_, *x, r)) return std::nullopt;
+    if (!x || !SameShapeAndDType(*g_, *x, r)) return std::nullopt;
     nodes_.insert(taken.begin(), taken.end());
     return Rotation{*x, true};
   }
@@ -208,8 +203,9 @@ class RotaryMatcher {
   bool TablesFit(ValueId x, ValueId cos, ValueId sin) const {
     const ir::Value &xv = g_->value(x), &cv = g_->value(cos);
     const std::optional<int64_t> width = Width(*g_, x);
-    if (!width || !SameShape(*g_, cos, sin) || cv.dtype != xv.dtype || !ir::IsFloat(xv.dtype) || cv.shape.empty() ||
-        cv.shape.size() > xv.shape.size() || !cv.shape.back().is_concrete() || cv.shape.back().value() != *width)
+    if (!width || !SameShapeAndDType(*g_, cos, sin) || cv.dtype != xv.dtype || !ir::IsFloat(xv.dtype) ||
+        cv.shape.empty() || cv.shape.size() > xv.shape.size() || !cv.shape.back().is_concrete() ||
+        cv.shape.back().value() != *width)
       return false;
     for (size_t k = 2; k <= cv.shape.size(); ++k) {
       const ir::Dim &t = cv.shape[cv.shape.size() - k], &d = xv.shape[xv.shape.size() - k];

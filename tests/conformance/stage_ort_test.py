@@ -4,7 +4,8 @@
   1. `onnxpipe inspect` at batch 2, seq 12 fuses the ops named by --expect-fused (e.g. Rotary: the rotary fusion
      fired on the export);
   2. `onnxpipe partition --stages 2` writes stage_0.onnx, where the fused ops are written back as standard ONNX
-     (Rotary as the exporters' arithmetic);
+     (Rotary as the exporters' arithmetic, GatedActivation as Mul(gate, Sigmoid(gate)) * up or the GELU's
+     arithmetic times up: stage 0 must hold that activation when GatedActivation is expected);
   3. onnxruntime's values of stage 0's outputs on the first two training rows equal onnxruntime's values of the
      same names in the export (exposed as extra outputs), within 1e-5 of their largest magnitude.
 
@@ -54,6 +55,9 @@ def main():
         run([a.onnxpipe, "partition", model, "--stages", "2", "--batch", str(BATCH), "--seq", str(SEQ), "--device",
              "cpu", "--out", tmp])
         stage = onnx.load(os.path.join(tmp, "stage_0.onnx"))
+    stage_ops = {n.op_type for n in stage.graph.node}
+    if "GatedActivation" in a.expect_fused and not stage_ops & {"Sigmoid", "Tanh", "Erf"}:
+        fail(f"stage 0 holds no gated activation written back (Sigmoid, Tanh or Erf): {sorted(stage_ops)}")
     names = [o.name for o in stage.graph.output]
     feeds = {i.name: np.load(os.path.join(a.model_dir, "train", i.name + ".npy"))[:BATCH] for i in stage.graph.input}
     got = ort.InferenceSession(stage.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -16,7 +16,8 @@ against the PyTorch references stored beside it:
   5. `onnxpipe inspect` at the training batch and sequence length fuses one Attention per attention block (one per
      layer; an encoder-decoder's decoder layers have two, self and cross) and leaves no Softmax, and lists the fused
      ops per layer with one Attention in each layer that has attention, and, for a rotary family, one Rotary per
-     query and key and no Neg left;
+     query and key and no Neg left; for a gated-MLP family (SwiGLU, GeGLU), one GatedActivation per layer, listed
+     in that layer, and no Sigmoid or Gelu left;
   6. `onnxpipe train --dtype bf16` (mixed precision) with the fp32 AdamW run's settings gives PyTorch's fp32 losses
      within 2e-2 relative (bf16 keeps 8 significant bits);
   7. with --pipeline-stages K (repeatable): the fp64 AdamW run pipelined over K stages (2 micro-batches; 1 for an export with a
@@ -166,6 +167,11 @@ ROTARY_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "olmo2", "falc
                    "gptj"}
 
 
+# The Hugging Face families whose MLP is down(act(gate(x)) * up(x)) (SiLU; Gemma's tanh GELU): the gated activation
+# fusion makes each layer's act(gate) * up one GatedActivation.
+GATED_MLP_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "olmo2", "stablelm"}
+
+
 def check_fusion(c, exe, model, side):
     blocks, per_layer = attention_blocks(side)
     cmd = [exe, "inspect", model, "--json"]
@@ -183,9 +189,19 @@ def check_fusion(c, exe, model, side):
         c.check(f"one fused Rotary per query and key ({2 * blocks}), no Neg left",
                 hist.get("Rotary", 0) == 2 * blocks and hist.get("Neg", 0) == 0,
                 f"Rotary {hist.get('Rotary', 0)}, Neg {hist.get('Neg', 0)}")
+    if side.get("family") in GATED_MLP_FAMILIES:
+        layers = side["config"]["layers"]
+        left = {op: hist.get(op, 0) for op in ("Sigmoid", "Gelu")}
+        c.check(f"one fused GatedActivation per layer ({layers}), no Sigmoid or Gelu left",
+                hist.get("GatedActivation", 0) == layers and not any(left.values()),
+                f"GatedActivation {hist.get('GatedActivation', 0)}, {left}")
     counts = [row["ops"].get("Attention", 0) for row in info["fused_per_layer"]]
     c.check("inspect's per-layer fused counts hold the attention blocks",
             sum(counts) == blocks and {n for n in counts if n} <= per_layer, str(info["fused_per_layer"]))
+    if side.get("family") in GATED_MLP_FAMILIES:
+        gated = [row["ops"].get("GatedActivation", 0) for row in info["fused_per_layer"]]
+        c.check("inspect's per-layer fused counts hold one GatedActivation per layer",
+                sorted(n for n in gated if n) == [1] * side["config"]["layers"], str(info["fused_per_layer"]))
 
 
 PIPELINE_TOL = 1e-12

@@ -145,6 +145,38 @@ RotaryGraph BuildRotary(GraphBuilder& b, const RotaryVariant& v) {
   return out;
 }
 
+GatedMlpGraph BuildGatedMlp(GraphBuilder& b, const GatedMlpVariant& v) {
+  const Dim B = v.symbolic ? Dim::Symbol("B") : Dim(2), S = v.symbolic ? Dim::Symbol("S") : Dim(3);
+  const ir::Shape in = {B, S, Dim(8)}, hidden = {B, S, Dim(16)};
+  GatedMlpGraph out;
+  const ValueId x = b.Input("x", in);
+  out.gate = b.Op(OpKind::kMatMul, {x, b.Param("gate_proj", {8, 16})}, hidden);
+  out.up = v.up_is_gate     ? out.gate
+           : v.broadcast_up ? b.Op(OpKind::kMatMul, {x, b.Param("up_proj", {8, 1})}, {B, S, Dim(1)})
+                            : b.Op(OpKind::kMatMul, {x, b.Param("up_proj", {8, 16})}, hidden);
+  ValueId act;
+  if (v.act == GatedMlpVariant::kSilu) {
+    const ValueId s = v.tanh_not_sigmoid ? b.Op(OpKind::kTanh, {out.gate}, hidden)
+                                         : b.Op(OpKind::kSigmoid, {v.sigmoid_of_other ? out.up : out.gate}, hidden);
+    if (v.sigmoid_used) b.Output(s);
+    act = b.Op(OpKind::kMul, v.sigmoid_first ? std::vector<ValueId>{s, out.gate} : std::vector<ValueId>{out.gate, s},
+               hidden);
+  } else {
+    ir::Attrs a = MakeAttrs({{"approximate", std::string(v.act == GatedMlpVariant::kGeluTanh ? "tanh" : "none")}});
+    if (v.gelu_dropout) {
+      a.Set("dropout", 0.1);
+      a.Set("rng_key", std::string("mlp/dropout"));
+    }
+    act = b.Op(OpKind::kGelu, {out.gate}, hidden, a);
+  }
+  if (v.act_used) b.Output(act);
+  out.h =
+      b.Op(OpKind::kMul, v.up_first ? std::vector<ValueId>{out.up, act} : std::vector<ValueId>{act, out.up}, hidden);
+  out.y = b.Op(OpKind::kMatMul, {out.h, b.Param("down_proj", {16, 8})}, in);
+  b.graph().outputs().insert(b.graph().outputs().begin(), out.y);
+  return out;
+}
+
 DynamoSdpaGraph BuildDynamoSdpa(GraphBuilder& b, bool trainable_scale) {
   const Dim B = Dim(2), H = Dim(4), KVH = Dim(2), S = Dim(kS), Dh = Dim(4);
   DynamoSdpaGraph out;

@@ -101,6 +101,29 @@ struct RotaryGraph {
 
 RotaryGraph BuildRotary(GraphBuilder& b, const RotaryVariant& v);
 
+// A gated MLP as torch's exporters write Llama's (SwiGLU) and, after GeluFusion, Gemma's (GeGLU):
+// down(act(gate) * up), gate = MatMul(x, Wg), up = MatMul(x, Wu) of (B, S, 16) from x (B, S, 8), Wg,
+// Wu, Wd parameters (gradients reach them through the activation), y = MatMul(h, Wd) the output.
+struct GatedMlpVariant {
+  enum Act { kSilu, kGeluErf, kGeluTanh } act = kSilu;
+  bool symbolic = true;           // B and S symbolic dims (else 2 and 3)
+  bool sigmoid_first = false;     // SiLU as Mul(Sigmoid(gate), gate)
+  bool up_first = false;          // Mul(up, act(gate))
+  bool up_is_gate = false;        // act(gate) * gate (one value read twice)
+  bool act_used = false;          // negative: act(gate) is also a graph output
+  bool sigmoid_used = false;      // negative: Sigmoid(gate) is also a graph output
+  bool broadcast_up = false;      // negative: up is (B, S, 1), broadcast over the features
+  bool sigmoid_of_other = false;  // negative: Mul(gate, Sigmoid(up)) is no SiLU
+  bool tanh_not_sigmoid = false;  // negative: Mul(gate, Tanh(gate)) is no SiLU
+  bool gelu_dropout = false;      // negative: the Gelu carries a fused dropout
+};
+
+struct GatedMlpGraph {
+  ValueId gate, up, h, y;
+};
+
+GatedMlpGraph BuildGatedMlp(GraphBuilder& b, const GatedMlpVariant& v);
+
 inline constexpr int64_t kS = 5;
 inline const float kInf = std::numeric_limits<float>::infinity();
 
