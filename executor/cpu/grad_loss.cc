@@ -1,5 +1,9 @@
-// SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) -> dScores, from the forward's
-// log-probabilities (class axis 1, scores (N, C, d1, ...), labels (N, d1, ...)). With p = exp(log_prob),
+// SoftmaxCrossEntropyLossGrad(dLoss, X, labels, weights?, Stats?) -> dScores, from the forward's
+// log-probabilities (class axis 1, scores (N, C, d1, ...), labels (N, d1, ...)): X is log_prob, or
+// with the forward's Stats (m, s per position) X is the scores and log_prob = (x - m) - s is
+// recomputed exactly as the forward evaluates it (loss.cc), so both forms give the same bits. Half
+// scores reach this kernel widened to f32 and dScores is rounded to their dtype (cpu_evaluator.cc).
+// With p = exp(log_prob),
 // class weights w (1 when absent), W = sum(w) and label smoothing e, the loss of one element with
 // label l is (1-e) w_l (-log p_l) + e/C sum_c w_c (-log p_c) (PyTorch's CrossEntropyLoss), whose
 // gradient with respect to the scores is
@@ -18,10 +22,13 @@ using Outputs = absl::StatusOr<std::vector<ir::Tensor>>;
 Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                                           const EvalContext& ctx) {
   const ir::Tensor& dloss = in[0];
-  const ir::Tensor& lp = in[1];
+  const ir::Tensor& lp = in[1];  // log_prob, or the scores with Stats
   const ir::Tensor& labels = in[2];
   const bool has_w = HasInput(in, 3);
-  if (lp.rank() < 2) return INVALID_ARGUMENT() << Describe(node) << ": log_prob must be (N, C, ...)";
+  const bool has_stats = HasInput(in, 4);
+  if (lp.rank() < 2) {
+    return INVALID_ARGUMENT() << Describe(node) << ": " << (has_stats ? "scores" : "log_prob") << " must be (N, C, ...)";
+  }
   const int64_t n = lp.dims()[0], c = lp.dims()[1];
   std::vector<int64_t> label_dims = {n};
   label_dims.insert(label_dims.end(), lp.dims().begin() + 2, lp.dims().end());
@@ -33,6 +40,15 @@ Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vecto
   if (dloss.dtype() != lp.dtype() || (has_w && (in[3].dtype() != lp.dtype() || in[3].num_elements() != c))) {
     return INVALID_ARGUMENT() << Describe(node) << ": dLoss and weights must be " << ir::DTypeName(lp.dtype())
                               << ", weights of " << c << " elements";
+  }
+  if (has_stats) {
+    std::vector<int64_t> stats_dims = label_dims;
+    stats_dims.push_back(2);
+    if (in[4].dtype() != lp.dtype() || in[4].dims() != stats_dims) {
+      return INVALID_ARGUMENT() << Describe(node) << ": Stats are " << ir::DTypeName(in[4].dtype())
+                                << DimsToString(in[4].dims()) << ", expected " << ir::DTypeName(lp.dtype())
+                                << DimsToString(stats_dims);
+    }
   }
   const std::string reduction = node.attrs.Get<std::string>("reduction", "mean");
   if (reduction != "mean" && reduction != "sum" && reduction != "none") {
@@ -61,6 +77,7 @@ Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vecto
   return DispatchDType(FloatTypes{}, node, "input 1", lp.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const T* pl = lp.data<T>();
+    const T* st = has_stats ? in[4].data<T>() : nullptr;
     const T* pw = has_w ? in[3].data<T>() : nullptr;
     const T* pd = dloss.data<T>();
     auto weight = [&](int64_t k) { return pw ? static_cast<double>(pw[k]) : 1.0; };
@@ -88,7 +105,8 @@ Outputs SoftmaxCrossEntropyLossGradKernel(const ir::Node& node, const std::vecto
         }
         const double wl = weight(l);
         for (int64_t k = 0; k < c; ++k) {
-          const double p = std::exp(static_cast<double>(pl[base + k * inner]));
+          const T lpk = st ? pl[base + k * inner] - st[2 * i] - st[2 * i + 1] : pl[base + k * inner];
+          const double p = std::exp(static_cast<double>(lpk));
           double g = (1.0 - eps) * wl * (p - (k == l ? 1.0 : 0.0));
           if (eps != 0) g += eps / static_cast<double>(c) * (wsum * p - weight(k));
           po[base + k * inner] = static_cast<T>(coef * g);

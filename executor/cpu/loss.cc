@@ -3,6 +3,10 @@
 // label equals ignore_index contribute 0 and no weight. reduction: "none" (N, D1..Dk), "sum",
 // "mean" = sum / sum of the weights of the non-ignored positions (their count without weights),
 // as the ONNX reference and PyTorch. Optional second output: log_prob, shaped like scores.
+// Optional third output (op.h): Stats, the labels' dims + (2): per position the maximum m and
+// s = log(sum exp(x - m)) of which log_prob = (x - m) - s is made; the loss is computed from them
+// (not from a stored log_prob), with the same values to the bit. Half scores reach this kernel
+// widened to f32 (cpu_evaluator.cc), and its outputs stay f32 (ir::KeepsF32Output).
 // A label outside [0, C) that is not ignore_index is an error naming the position.
 // Attr label_smoothing e (op.h; PyTorch's CrossEntropyLoss(label_smoothing)): the loss of a
 // position becomes (1-e) w[label] (-log p[label]) + e/C sum_c w[c] (-log p[c]), same reductions.
@@ -63,17 +67,25 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
   }
   return DispatchDType(FloatTypes{}, node, "input 0", scores.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
-    // log_prob is output 1; a temporary only when the node does not output it.
+    const int64_t lines = n * d;
+    // Stats: output 2, or a temporary of two values per line when the node does not output it.
+    ir::Tensor stats;
+    if (WantsOutput(node, 2)) {
+      std::vector<int64_t> stats_dims = label_dims;
+      stats_dims.push_back(2);
+      ASSIGN_OR_RETURN(stats, AllocOutput(node, ctx, 2, scores.dtype(), stats_dims));
+    } else {
+      stats = ir::Tensor(scores.dtype(), {lines, 2});
+    }
     ir::Tensor log_prob;
     if (WantsOutput(node, 1)) {
       ASSIGN_OR_RETURN(log_prob, AllocOutput(node, ctx, 1, scores.dtype(), scores.dims()));
-    } else {
-      log_prob = ir::Tensor(scores.dtype(), scores.dims());
     }
     const T* x = scores.data<T>();
-    T* lp = log_prob.mutable_data<T>();
-    // log_softmax over C for each (n, d) line (stride d).
-    ParallelFor(n * d, std::max<int64_t>(1, 8192 / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
+    T* st = stats.mutable_data<T>();
+    T* lp = log_prob.defined() ? log_prob.mutable_data<T>() : nullptr;
+    // The statistics of log_softmax over C for each (n, d) line (stride d).
+    ParallelFor(lines, std::max<int64_t>(1, 8192 / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
       for (int64_t line = b; line < e; ++line) {
         const int64_t base = (line / d) * c * d + line % d;
         T mx = -std::numeric_limits<T>::infinity();
@@ -81,23 +93,31 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
         double sum = 0;
         for (int64_t j = 0; j < c; ++j) sum += std::exp(x[base + j * d] - mx);
         const T lse = static_cast<T>(std::log(sum));
-        for (int64_t j = 0; j < c; ++j) lp[base + j * d] = x[base + j * d] - mx - lse;
+        st[2 * line] = mx;
+        st[2 * line + 1] = lse;
+        if (lp != nullptr) {
+          for (int64_t j = 0; j < c; ++j) lp[base + j * d] = x[base + j * d] - mx - lse;
+        }
       }
     });
+    // log_prob[line, j], evaluated as the loop above stores it.
+    auto logp = [&](int64_t line, int64_t j) -> T {
+      return x[(line / d) * c * d + j * d + line % d] - st[2 * line] - st[2 * line + 1];
+    };
     const bool per_line = reduction == "none";
     ASSIGN_OR_RETURN(ir::Tensor loss, AllocOutput(node, ctx, 0, scores.dtype(),
                                                   per_line ? label_dims : std::vector<int64_t>{}));
     T* l = loss.mutable_data<T>();
     const T* w = has_w ? in[2].data<T>() : nullptr;
     double total = 0, weight_sum = 0;
-    for (int64_t line = 0; line < n * d; ++line) {
+    for (int64_t line = 0; line < lines; ++line) {
       const int64_t label = labels.GetAsInt(line);
       if (has_ignore && label == ignore) continue;
       const T wt = w ? w[label] : T(1);
-      T li = -wt * lp[(line / d) * c * d + label * d + line % d];
+      T li = -wt * logp(line, label);
       if (smoothing != 0.0) {
         double smooth = 0;
-        for (int64_t j = 0; j < c; ++j) smooth -= (w ? w[j] : T(1)) * lp[(line / d) * c * d + j * d + line % d];
+        for (int64_t j = 0; j < c; ++j) smooth -= (w ? w[j] : T(1)) * logp(line, j);
         li = static_cast<T>((1.0 - smoothing) * li + smoothing / static_cast<double>(c) * smooth);
       }
       if (per_line) l[line] = li;
@@ -109,7 +129,7 @@ Outputs SceKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const
     } else if (!per_line) {
       l[0] = static_cast<T>(total / weight_sum);
     }
-    return std::vector<ir::Tensor>{loss, log_prob};
+    return std::vector<ir::Tensor>{loss, log_prob, WantsOutput(node, 2) ? stats : ir::Tensor()};
   });
 }
 REGISTER_CPU_KERNEL(kSoftmaxCrossEntropyLoss, SceKernel);

@@ -63,11 +63,33 @@ absl::Status CrossEntropy(const CrossEntropyArgs<T, L>& a, cudaStream_t stream) 
   return absl::OkStatus();
 }
 
+template <typename T, typename L>
+absl::Status CrossEntropyGrad(const CrossEntropyArgs<T, L>& a, cudaStream_t stream) {
+  constexpr const char* kFn = "CrossEntropyGrad";
+  RETURN_IF_ERROR(CheckRows(kFn, a.rows, "classes", a.classes, 1));
+  RETURN_IF_ERROR(Require(kFn, a.logits != nullptr && a.labels != nullptr && a.dlogits != nullptr,
+                          "logits (rows, classes), labels (rows) and dlogits (rows, classes) must be device pointers, "
+                          "got null"));
+  RETURN_IF_ERROR(Require(kFn, a.stats != nullptr, "stats (rows, 2), the forward's, must be a device pointer, got null"));
+  RETURN_IF_ERROR(Require(kFn, a.dloss != nullptr,
+                          "dloss must be a device pointer: () for mean/sum, (rows) for reduction none"));
+  RETURN_IF_ERROR(Require(kFn, a.workspace != nullptr,
+                          "workspace must hold CrossEntropyWorkspaceBytes(rows) bytes, got null"));
+  if (!(a.label_smoothing >= 0.f && a.label_smoothing <= 1.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFn, ": label_smoothing is ", a.label_smoothing, ", expected a value in [0, 1]"));
+  }
+  CUDA_RETURN_IF_ERROR(LaunchCrossEntropyGrad(a, stream));
+  return absl::OkStatus();
+}
+
 #define ONNXPIPE_SOFTMAX_INSTANTIATE(T)                                                                    \
   template absl::Status SoftmaxForward<T>(const T*, T*, int64_t, int64_t, bool, cudaStream_t);           \
   template absl::Status SoftmaxBackward<T>(const T*, const T*, T*, int64_t, int64_t, bool, cudaStream_t); \
   template absl::Status CrossEntropy<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t);     \
-  template absl::Status CrossEntropy<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);
+  template absl::Status CrossEntropy<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);     \
+  template absl::Status CrossEntropyGrad<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t); \
+  template absl::Status CrossEntropyGrad<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);
 ONNXPIPE_SOFTMAX_INSTANTIATE(float)
 ONNXPIPE_SOFTMAX_INSTANTIATE(__nv_bfloat16)
 #undef ONNXPIPE_SOFTMAX_INSTANTIATE

@@ -141,7 +141,34 @@ __device__ __forceinline__ bool Counted(const CrossEntropyArgs<T, L>& a, int64_t
 
 template <typename T, typename L>
 __device__ __forceinline__ float Weight(const CrossEntropyArgs<T, L>& a, int64_t c) {
-  return a.weights != nullptr ? ToFloat(a.weights[c]) : 1.f;
+  return a.weights != nullptr ? a.weights[c] : 1.f;
+}
+
+// What a row's dlogits are made of: coef (0 on rows that count nothing), its label and w_label, W and e / C.
+struct RowGrad {
+  float coef, w_label, w_total, e_over_c;
+  int64_t label;
+};
+
+template <typename T, typename L>
+__device__ __forceinline__ RowGrad MakeRowGrad(const CrossEntropyArgs<T, L>& a, int64_t row, int64_t label) {
+  RowGrad r{0.f, 0.f, a.workspace[1], a.label_smoothing / static_cast<float>(a.classes), label};
+  if (Counted(a, label)) {
+    const float dl = a.dloss == nullptr ? 1.f : a.dloss[a.reduction == LossReduction::kNone ? row : 0];
+    const float denom = a.workspace[0];
+    r.coef = a.reduction != LossReduction::kMean ? dl : (denom != 0.f ? dl / denom : 0.f);
+    r.w_label = Weight(a, label);
+  }
+  return r;
+}
+
+// dlogits[k] for probability p of class k.
+template <typename T, typename L>
+__device__ __forceinline__ float GradAt(const CrossEntropyArgs<T, L>& a, const RowGrad& r, int64_t k, float p) {
+  const float e = a.label_smoothing;
+  float g = (1.f - e) * r.w_label * (k == r.label ? p - 1.f : p);
+  if (e != 0.f) g += r.e_over_c * (r.w_total * p - Weight(a, k));
+  return r.coef == 0.f ? 0.f : r.coef * g;
 }
 
 // Loads per thread in flight in the one-block loops below (a single block must keep many loads
@@ -200,7 +227,8 @@ __global__ void __launch_bounds__(kMaxThreads) CrossEntropyRowKernel(CrossEntrop
   const float mx = BlockMax(acc.m, smem);
   float sums[2] = {acc.ScaledTo(mx), wx};
   BlockSum<2>(sums, smem);
-  const float lse = mx + logf(sums[0]);
+  const float log_sum = logf(sums[0]);
+  const float lse = mx + log_sum;
   const float w_total = a.workspace[1];
   const float w_label = valid ? Weight(a, label) : 0.f;
   const float e_over_c = e / static_cast<float>(c_count);
@@ -215,26 +243,36 @@ __global__ void __launch_bounds__(kMaxThreads) CrossEntropyRowKernel(CrossEntrop
     } else {
       a.workspace[2 + row] = row_loss;
     }
+    if (a.stats != nullptr) {
+      a.stats[2 * row] = mx;
+      a.stats[2 * row + 1] = log_sum;
+    }
   }
   if (a.dlogits == nullptr) return;
-  float coef = 0.f;
-  if (valid) {
-    const float dl = a.dloss == nullptr ? 1.f : a.dloss[a.reduction == LossReduction::kNone ? row : 0];
-    const float denom = a.workspace[0];
-    coef = a.reduction != LossReduction::kMean ? dl : (denom != 0.f ? dl / denom : 0.f);
-  }
+  const RowGrad rg = MakeRowGrad(a, row, label);
   ForRow<T, VEC>(a.logits + base, c_count, [&](auto w, int64_t i) {
     constexpr int W = decltype(w)::value;
     float v[W];
     LoadFloats<T, W>(a.logits + base + i, v);
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      const int64_t k = i + j;
-      const float p = expf(v[j] - lse);
-      float g = (1.f - e) * w_label * (k == label ? p - 1.f : p);
-      if (e != 0.f) g += e_over_c * (w_total * p - Weight(a, k));
-      v[j] = coef == 0.f ? 0.f : coef * g;
-    }
+    for (int j = 0; j < W; ++j) v[j] = GradAt(a, rg, i + j, expf(v[j] - lse));
+    StoreFloats<T, W>(a.dlogits + base + i, v);
+  });
+}
+
+// dlogits of a row from the forward's statistics: p = exp((x - m) - s), one pass over the logits.
+template <typename T, typename L, int VEC>
+__global__ void __launch_bounds__(kMaxThreads) CrossEntropyGradKernel(CrossEntropyArgs<T, L> a) {
+  const int64_t row = blockIdx.x;
+  const int64_t base = row * a.classes;
+  const RowGrad rg = MakeRowGrad(a, row, static_cast<int64_t>(a.labels[row]));
+  const float m = a.stats[2 * row], s = a.stats[2 * row + 1];
+  ForRow<T, VEC>(a.logits + base, a.classes, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float v[W];
+    LoadFloats<T, W>(a.logits + base + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = GradAt(a, rg, i + j, expf((v[j] - m) - s));
     StoreFloats<T, W>(a.dlogits + base + i, v);
   });
 }
@@ -304,11 +342,25 @@ cudaError_t LaunchCrossEntropy(const CrossEntropyArgs<T, L>& a, cudaStream_t str
   return cudaGetLastError();
 }
 
+template <typename T, typename L>
+cudaError_t LaunchCrossEntropyGrad(const CrossEntropyArgs<T, L>& a, cudaStream_t stream) {
+  CrossEntropyPrepKernel<T, L><<<1, kMaxThreads, 0, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || a.rows == 0) return err;
+  return WithVec<T>(SameMisalignment(a.logits, a.dlogits), [&](auto vec) {
+    constexpr int kVec = decltype(vec)::value;
+    CrossEntropyGradKernel<T, L, kVec><<<static_cast<unsigned>(a.rows), ThreadsForRow(a.classes, kVec), 0, stream>>>(a);
+    return cudaGetLastError();
+  });
+}
+
 #define ONNXPIPE_SOFTMAX_INSTANTIATE(T)                                                                        \
   template cudaError_t LaunchSoftmaxForward<T>(const T*, T*, int64_t, int64_t, bool, cudaStream_t);            \
   template cudaError_t LaunchSoftmaxBackward<T>(const T*, const T*, T*, int64_t, int64_t, bool, cudaStream_t); \
   template cudaError_t LaunchCrossEntropy<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t);      \
-  template cudaError_t LaunchCrossEntropy<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);
+  template cudaError_t LaunchCrossEntropy<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);      \
+  template cudaError_t LaunchCrossEntropyGrad<T, int64_t>(const CrossEntropyArgs<T, int64_t>&, cudaStream_t);  \
+  template cudaError_t LaunchCrossEntropyGrad<T, int32_t>(const CrossEntropyArgs<T, int32_t>&, cudaStream_t);
 ONNXPIPE_SOFTMAX_INSTANTIATE(float)
 ONNXPIPE_SOFTMAX_INSTANTIATE(__nv_bfloat16)
 #undef ONNXPIPE_SOFTMAX_INSTANTIATE

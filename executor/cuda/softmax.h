@@ -14,8 +14,13 @@
 //   loss_row themselves (kNone);
 //   dlogits[row, c] = coef * ((1 - e) w_l (p_c - [c == l]) + e / C (W p_c - w_c)), p = exp(lp),
 //   coef = dloss (kSum), dloss / sum of w_l (kMean), dloss[row] (kNone), 0 on ignored rows.
-// One pass over the logits computes max, log-sum-exp and the row loss; a second pass (from L2 for
-// realistic row lengths) writes dlogits. Sums over rows are fixed-order (bitwise reproducible).
+// The logits are f32 or bf16 (read as they are, computed in fp32; dlogits in the logits' type);
+// class weights, losses and statistics are fp32.
+// CrossEntropy: one pass over the logits computes max, log-sum-exp and the row loss, and the row's
+// statistics (m, s) = (max, log(sum(exp(x - max)))) when `stats` is set (the IR's Stats output, from
+// which lp = (x - m) - s); with dlogits set, a second pass (from L2 for realistic row lengths) writes
+// them. CrossEntropyGrad: dlogits from the logits and the forward's statistics in one pass (the
+// backward keeps no log_prob). Sums over rows are fixed-order (bitwise reproducible).
 // A label outside [0, classes) that is not ignore_index cannot be reported from the device: its
 // row's loss is NaN (so is a reduced loss) and its dlogits row is zero.
 #pragma once
@@ -47,14 +52,15 @@ struct CrossEntropyArgs {
   int64_t classes = 0;
   const T* logits = nullptr;      // (rows, classes)
   const L* labels = nullptr;      // (rows)
-  const T* weights = nullptr;     // (classes) optional class weights
+  const float* weights = nullptr; // (classes) optional class weights
   bool has_ignore_index = false;
   int64_t ignore_index = 0;
   float label_smoothing = 0.f;    // in [0, 1]
   LossReduction reduction = LossReduction::kMean;
   const float* dloss = nullptr;   // () for kMean/kSum, (rows) for kNone; null means 1
-  float* loss = nullptr;          // () for kMean/kSum, (rows) for kNone
-  T* dlogits = nullptr;           // (rows, classes) optional; may alias logits
+  float* loss = nullptr;          // () for kMean/kSum, (rows) for kNone; CrossEntropy only
+  T* dlogits = nullptr;           // (rows, classes) optional (CrossEntropy), required (CrossEntropyGrad); may alias logits
+  float* stats = nullptr;         // (rows, 2) CrossEntropy writes (m, s) per row when set; CrossEntropyGrad reads them
   float* workspace = nullptr;     // CrossEntropyWorkspaceBytes(rows) bytes
 };
 
@@ -62,6 +68,8 @@ int64_t CrossEntropyWorkspaceBytes(int64_t rows);
 
 template <typename T, typename L>
 cudaError_t LaunchCrossEntropy(const CrossEntropyArgs<T, L>& args, cudaStream_t stream);
+template <typename T, typename L>
+cudaError_t LaunchCrossEntropyGrad(const CrossEntropyArgs<T, L>& args, cudaStream_t stream);
 
 #ifndef __CUDACC__
 // Check the arguments (InvalidArgument naming what was wrong and what was expected), then launch.
@@ -72,6 +80,8 @@ absl::Status SoftmaxBackward(const T* dy, const T* y, T* dx, int64_t rows, int64
                              cudaStream_t stream);
 template <typename T, typename L>
 absl::Status CrossEntropy(const CrossEntropyArgs<T, L>& args, cudaStream_t stream);
+template <typename T, typename L>
+absl::Status CrossEntropyGrad(const CrossEntropyArgs<T, L>& args, cudaStream_t stream);
 #endif
 
 }  // namespace onnxpipe::cuda

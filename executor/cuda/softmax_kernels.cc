@@ -1,12 +1,16 @@
 // Softmax, LogSoftmax and their gradients (f32 or bf16, computed in fp32 and rounded once),
-// SoftmaxCrossEntropyLoss and its gradient (f32: a bf16 graph casts its logits to f32 first) in the
-// CUDA backend's kernel table (softmax.h). Covered: the softmax axis is the last non-trivial one
-// (rows of contiguous classes), i.e. scores (N, C) for the loss; other layouts run on the host.
+// SoftmaxCrossEntropyLoss and its gradient (f32 or bf16 scores, computed in fp32; losses, class
+// weights and Stats f32) in the CUDA backend's kernel table (softmax.h). Covered: the softmax axis
+// is the last non-trivial one (rows of contiguous classes), i.e. scores (N, C) for the loss; other
+// layouts run on the host.
 //
-// The loss gradient is the fused cross-entropy applied to the forward's log_prob: log_softmax of
-// log-probabilities is themselves (their log-sum-exp is 0), so p = exp(log_prob) as in the CPU
-// kernel. Labels are checked on the host first (a copy of N integers) so that an out-of-range
-// label is the CPU kernel's error rather than a NaN.
+// The forward is one fused pass per row writing the loss and the row's Stats (op.h); no log_prob
+// is made unless the graph asks for it. The gradient with Stats (what autodiff builds) re-reads the
+// scores once and writes dScores in their dtype. The gradient from a log_prob (the graph had one)
+// is the fused cross-entropy applied to it: log_softmax of log-probabilities is themselves (their
+// log-sum-exp is 0), so p = exp(log_prob) as in the CPU kernel. Labels are checked on the host
+// first (a copy of N integers) so that an out-of-range label is the CPU kernel's error rather than
+// a NaN.
 #include "executor/cuda/cuda_kernels.h"
 #include "executor/cuda/softmax.h"
 #include "frontend/ir/status.h"
@@ -117,87 +121,106 @@ std::vector<int64_t> LabelDims(const ir::Tensor& scores) {
   return d;
 }
 
-// Scores (N, C) (trailing extents 1 allowed) with labels (N, 1...) of i64/i32 and fp32 weights (C)?.
+// Scores (N, C) (trailing extents 1 allowed) of f32 or bf16 with labels (N, 1...) of i64/i32 and fp32 weights (C)?.
 bool LossShapesCovered(const ir::Tensor& scores, const ir::Tensor& labels, const ir::Tensor* weights) {
-  if (scores.dtype() != ir::DType::kF32 || scores.rank() < 2) return false;
+  if (!IsKernelFloat(scores.dtype()) || scores.rank() < 2) return false;
   if (labels.dtype() != ir::DType::kI64 && labels.dtype() != ir::DType::kI32) return false;
   for (int64_t i = 2; i < scores.rank(); ++i)
     if (scores.dims()[i] != 1) return false;
   if (labels.dims() != LabelDims(scores)) return false;
-  if (weights != nullptr && (weights->dtype() != ir::DType::kF32 || weights->num_elements() != scores.dims()[1]))
+  if (weights != nullptr &&
+      (weights->dtype() != ir::DType::kF32 || weights->rank() != 1 || weights->num_elements() != scores.dims()[1]))
     return false;
   return true;
 }
 
-template <typename L>
-absl::Status RunCrossEntropy(const KernelContext& ctx, CrossEntropyArgs<float, L> args, const LossAttrs& a) {
+// The Stats' dims for scores (N, C, d...): (N, d..., 2).
+std::vector<int64_t> StatsDims(const ir::Tensor& scores) {
+  std::vector<int64_t> d = LabelDims(scores);
+  d.push_back(2);
+  return d;
+}
+
+// Runs the forward (grad = false) or the gradient from Stats (grad = true) with the labels' type.
+template <typename T>
+absl::Status CrossEntropyAnyLabels(const KernelContext& ctx, const ir::Tensor& labels, const LossAttrs& a,
+                                   CrossEntropyArgs<T, int64_t> args, bool grad) {
   args.has_ignore_index = a.has_ignore;
   args.ignore_index = a.ignore;
   args.label_smoothing = a.smoothing;
   args.reduction = a.reduction;
-  return CrossEntropy(args, ctx.stream);
-}
-
-absl::Status CrossEntropyAnyLabels(const KernelContext& ctx, const ir::Tensor& labels, const LossAttrs& a,
-                                   CrossEntropyArgs<float, int64_t> args) {
   if (labels.dtype() == ir::DType::kI64) {
     args.labels = static_cast<const int64_t*>(labels.device_raw());
-    return RunCrossEntropy(ctx, args, a);
+    return grad ? CrossEntropyGrad(args, ctx.stream) : CrossEntropy(args, ctx.stream);
   }
-  CrossEntropyArgs<float, int32_t> a32;
+  CrossEntropyArgs<T, int32_t> a32;
   a32.rows = args.rows, a32.classes = args.classes, a32.logits = args.logits;
   a32.labels = static_cast<const int32_t*>(labels.device_raw());
   a32.weights = args.weights, a32.dloss = args.dloss, a32.loss = args.loss, a32.dlogits = args.dlogits;
-  a32.workspace = args.workspace;
-  return RunCrossEntropy(ctx, a32, a);
+  a32.stats = args.stats, a32.workspace = args.workspace;
+  a32.has_ignore_index = args.has_ignore_index, a32.ignore_index = args.ignore_index;
+  a32.label_smoothing = args.label_smoothing, a32.reduction = args.reduction;
+  return grad ? CrossEntropyGrad(a32, ctx.stream) : CrossEntropy(a32, ctx.stream);
 }
 
-// Forward scratch: the cross-entropy's, then log_prob when the graph does not keep it.
-int64_t LossWorkspace(int64_t rows, int64_t classes, bool log_prob_kept) {
-  return Aligned(CrossEntropyWorkspaceBytes(rows)) + (log_prob_kept ? 0 : rows * classes * 4);
+// Forward scratch: the cross-entropy's.
+int64_t LossWorkspace(int64_t rows) { return Aligned(CrossEntropyWorkspaceBytes(rows)); }
+// Backward scratch: the cross-entropy's, then (from a log_prob) the unused recomputed loss.
+int64_t LossGradWorkspace(int64_t rows, bool from_log_prob) {
+  return Aligned(CrossEntropyWorkspaceBytes(rows)) + (from_log_prob ? rows * 4 : 0);
 }
-// Backward scratch: the cross-entropy's, then the (unused) recomputed loss.
-int64_t LossGradWorkspace(int64_t rows) { return Aligned(CrossEntropyWorkspaceBytes(rows)) + rows * 4; }
 
-// Loss, log_prob? = SoftmaxCrossEntropyLoss(scores, labels, weights?).
+// Loss, log_prob?, Stats? = SoftmaxCrossEntropyLoss(scores, labels, weights?).
 KernelResult Sce(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<LossAttrs> a = ReadLossAttrs(node);
+  const bool keep_lp = WantsOutput(node, 1);
+  // log_prob (f32, the scores' dims) is made by the f32 softmax kernel: bf16 scores with it run on the host.
   if (!a || !LossShapesCovered(in[0], in[1], HasInput(in, 2) ? &in[2] : nullptr) || in[0].num_elements() == 0 ||
-      (HasInput(in, 2) && in[2].rank() != 1)) {
+      (keep_lp && in[0].dtype() != ir::DType::kF32)) {
     return std::nullopt;
   }
   const int64_t rows = in[0].dims()[0], classes = in[0].dims()[1];
   if (const absl::Status st = CheckLabels(ctx, node, in[1], classes, *a); !st.ok()) return st;
-  const bool keep_lp = WantsOutput(node, 1);
-  absl::StatusOr<void*> ws = ctx.Workspace(node, LossWorkspace(rows, classes, keep_lp));
+  absl::StatusOr<void*> ws = ctx.Workspace(node, LossWorkspace(rows));
   if (!ws.ok()) return ws.status();
-  std::vector<ir::Tensor> out(2);
+  std::vector<ir::Tensor> out(3);
   absl::StatusOr<ir::Tensor> loss = ctx.Output(
       node, 0, ir::DType::kF32, a->reduction == LossReduction::kNone ? in[1].dims() : std::vector<int64_t>{});
   if (!loss.ok()) return loss.status();
   out[0] = *loss;
-  float* lp = static_cast<float*>(*ws) + Aligned(CrossEntropyWorkspaceBytes(rows)) / 4;
   if (keep_lp) {
-    absl::StatusOr<ir::Tensor> t = ctx.Output(node, 1, ir::DType::kF32, in[0].dims());
+    absl::StatusOr<ir::Tensor> t = ctx.FullOutput(node, 1, ir::DType::kF32, in[0].dims());
     if (!t.ok()) return t.status();
     out[1] = *t;
-    lp = MF(*t);
+    if (absl::Status st = SoftmaxForward(F(in[0]), MF(*t), rows, classes, /*log=*/true, ctx.stream); !st.ok()) return st;
   }
-  if (absl::Status st = SoftmaxForward(F(in[0]), lp, rows, classes, /*log=*/true, ctx.stream); !st.ok()) return st;
-  CrossEntropyArgs<float, int64_t> args;
-  args.rows = rows, args.classes = classes, args.logits = F(in[0]);
-  args.weights = HasInput(in, 2) ? F(in[2]) : nullptr;
-  args.loss = MF(*loss);
-  args.workspace = static_cast<float*>(*ws);
-  if (absl::Status st = CrossEntropyAnyLabels(ctx, in[1], *a, args); !st.ok()) return st;
-  return out;
+  if (WantsOutput(node, 2)) {
+    absl::StatusOr<ir::Tensor> t = ctx.FullOutput(node, 2, ir::DType::kF32, StatsDims(in[0]));
+    if (!t.ok()) return t.status();
+    out[2] = *t;
+  }
+  return WithFloatElement(in[0].dtype(), [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    CrossEntropyArgs<T, int64_t> args;
+    args.rows = rows, args.classes = classes, args.logits = DevicePtr<const T>(in[0]);
+    args.weights = HasInput(in, 2) ? F(in[2]) : nullptr;
+    args.loss = MF(*loss);
+    args.stats = out[2].defined() ? MF(out[2]) : nullptr;
+    args.workspace = static_cast<float*>(*ws);
+    if (absl::Status st = CrossEntropyAnyLabels(ctx, in[1], *a, args, /*grad=*/false); !st.ok()) return st;
+    out.resize(node.outputs.size());
+    return out;
+  });
 }
 
-// dScores = SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?).
+// dScores = SoftmaxCrossEntropyLossGrad(dLoss, scores, labels, weights?, Stats) in the scores' dtype, or
+// SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) (f32).
 KernelResult SceGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<LossAttrs> a = ReadLossAttrs(node);
+  const bool has_stats = HasInput(in, 4);
   if (!a || in[0].dtype() != ir::DType::kF32 || !LossShapesCovered(in[1], in[2], HasInput(in, 3) ? &in[3] : nullptr) ||
-      in[1].num_elements() == 0) {
+      in[1].num_elements() == 0 || (!has_stats && in[1].dtype() != ir::DType::kF32) ||
+      (has_stats && (in[4].dtype() != ir::DType::kF32 || in[4].dims() != StatsDims(in[1])))) {
     return std::nullopt;
   }
   const int64_t rows = in[1].dims()[0], classes = in[1].dims()[1];
@@ -205,30 +228,38 @@ KernelResult SceGrad(const KernelContext& ctx, const ir::Node& node, const std::
     return std::nullopt;
   }
   if (const absl::Status st = CheckLabels(ctx, node, in[2], classes, *a); !st.ok()) return st;
-  absl::StatusOr<void*> ws = ctx.Workspace(node, LossGradWorkspace(rows));
+  absl::StatusOr<void*> ws = ctx.Workspace(node, LossGradWorkspace(rows, !has_stats));
   if (!ws.ok()) return ws.status();
-  absl::StatusOr<ir::Tensor> d = ctx.Output(node, 0, ir::DType::kF32, in[1].dims());
+  absl::StatusOr<ir::Tensor> d = ctx.FullOutput(node, 0, in[1].dtype(), in[1].dims());
   if (!d.ok()) return d.status();
-  CrossEntropyArgs<float, int64_t> args;
-  args.rows = rows, args.classes = classes, args.logits = F(in[1]);
-  args.weights = HasInput(in, 3) ? F(in[3]) : nullptr;
-  args.dloss = F(in[0]);
-  args.workspace = static_cast<float*>(*ws);
-  args.loss = args.workspace + Aligned(CrossEntropyWorkspaceBytes(rows)) / 4;
-  args.dlogits = MF(*d);
-  if (absl::Status st = CrossEntropyAnyLabels(ctx, in[2], *a, args); !st.ok()) return st;
-  return std::vector<ir::Tensor>{*d};
+  return WithFloatElement(in[1].dtype(), [&](auto tag) -> KernelResult {
+    using T = typename decltype(tag)::type;
+    CrossEntropyArgs<T, int64_t> args;
+    args.rows = rows, args.classes = classes, args.logits = DevicePtr<const T>(in[1]);
+    args.weights = HasInput(in, 3) ? F(in[3]) : nullptr;
+    args.dloss = F(in[0]);
+    args.workspace = static_cast<float*>(*ws);
+    args.dlogits = DevicePtr<T>(*d);
+    if (has_stats) {
+      args.stats = MF(in[4]);
+    } else {
+      args.loss = args.workspace + Aligned(CrossEntropyWorkspaceBytes(rows)) / 4;
+    }
+    if (absl::Status st = CrossEntropyAnyLabels(ctx, in[2], *a, args, /*grad=*/has_stats); !st.ok()) return st;
+    return std::vector<ir::Tensor>{*d};
+  });
 }
 
 int64_t SceWorkspace(const ir::Graph& g, const ir::Node& node) {
   const auto s = InputDims(g, node, 0);
   if (!s || s->size() < 2) return 0;
-  return LossWorkspace((*s)[0], (*s)[1], WantsOutput(node, 1));
+  return LossWorkspace((*s)[0]);
 }
 int64_t SceGradWorkspace(const ir::Graph& g, const ir::Node& node) {
   const auto s = InputDims(g, node, 1);
   if (!s || s->size() < 2) return 0;
-  return LossGradWorkspace((*s)[0]);
+  const bool has_stats = node.inputs.size() > 4 && node.inputs[4] != ir::kNoValue;
+  return LossGradWorkspace((*s)[0], !has_stats);
 }
 
 }  // namespace

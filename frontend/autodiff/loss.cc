@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::autodiff {
@@ -96,7 +97,8 @@ absl::StatusOr<LossInfo> AddCrossEntropyLoss(ir::Graph* g, const std::string& lo
   a.Set("reduction", std::string("mean"));
   a.Set("ignore_index", options.ignore_index);
   if (options.label_smoothing != 0.0) a.Set("label_smoothing", options.label_smoothing);
-  ValueId loss = g->AddValue(g->UniqueName("loss"), lv.dtype, ir::Shape{});
+  // Half-precision logits: the loss computes in f32 and is f32 (op.h).
+  ValueId loss = g->AddValue(g->UniqueName("loss"), ir::IsHalf(lv.dtype) ? ir::DType::kF32 : lv.dtype, ir::Shape{});
   g->AddNode(ir::OpKind::kSoftmaxCrossEntropyLoss, "loss/SoftmaxCrossEntropyLoss",
              {scores, targets}, {loss}, std::move(a));
   g->outputs().push_back(loss);

@@ -24,22 +24,24 @@ void DisableDropout(ir::Graph& g) {
   }
 }
 
-// The value the loss reads: `logits`, or an f32 Cast of it when the graph computes it in half
-// precision (the loss and its gradient run in f32). A graph with its own loss keeps it.
-std::string F32Logits(ir::Graph& g, const std::string& logits) {
+// The value the loss reads: `logits` as the graph computes them. The loss reads half-precision logits
+// directly and computes in f32 inside its kernels (op.h), so under mixed precision that is the bf16
+// value, and the f32 copy MixedPrecision made of it as a graph output (a Cast under the output's name)
+// is removed when nothing else reads it: nothing of (rows x vocabulary) f32 remains around the loss.
+// A graph with its own loss keeps it.
+std::string LossLogits(ir::Graph& g, const std::string& logits) {
   const ir::ValueId v = g.FindValue(logits);
-  if (v == ir::kNoValue || !ir::IsHalf(g.value(v).dtype) || FindExistingLoss(g) != ir::kNoValue) {
-    return logits;
+  if (v == ir::kNoValue || FindExistingLoss(g) != ir::kNoValue || g.value(v).dtype != ir::DType::kF32) return logits;
+  const ir::NodeId cast = g.value(v).producer;
+  if (cast == ir::kNoNode || g.node(cast).op != ir::OpKind::kCast) return logits;
+  const ir::ValueId half = g.node(cast).inputs[0];
+  if (!ir::IsHalf(g.value(half).dtype)) return logits;
+  if (g.ComputeUses()[v].empty()) {
+    std::erase(g.outputs(), v);
+    g.RemoveNode(cast);
   }
-  const ir::Value& val = g.value(v);
-  const std::string name = g.UniqueName(logits + "/f32");
-  const ir::ValueId wide = g.AddValue(name, ir::DType::kF32, val.shape, val.shape_known);
-  ir::Attrs a;
-  a.Set("to", std::string(ir::DTypeName(ir::DType::kF32)));
-  g.AddNode(ir::OpKind::kCast, name, {v}, {wide}, std::move(a));
-  return name;
+  return g.value(half).name;
 }
-
 }  // namespace
 
 absl::Status SetTrainingDType(ir::Graph& g, ir::DType dtype, const std::string& freeze_regex) {
@@ -65,11 +67,11 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(const ir::Graph& forward, const
   RETURN_IF_ERROR(SetTrainingDType(g, spec.dtype, spec.freeze_regex));
   if (!spec.dropout) DisableDropout(g);
 
-  // Phase 1: the loss, in f32 under mixed precision.
+  // Phase 1: the loss (an f32 value, from bf16 logits under mixed precision).
   CrossEntropyOptions ce;
   ce.ignore_index = spec.ignore_index;
   ce.label_smoothing = spec.label_smoothing;
-  const std::string logits = F32Logits(g, spec.logits);
+  const std::string logits = LossLogits(g, spec.logits);
   ASSIGN_OR_RETURN(LossInfo loss, AddCrossEntropyLoss(&g, logits, spec.labels, ce));
   t.loss = loss.loss;
   if (!loss.existing) {

@@ -7,6 +7,7 @@
 
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/infer_rules.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::ir::infer_internal {
 namespace {
@@ -212,11 +213,24 @@ absl::StatusOr<Outputs> AttentionGradRule(const InferContext& ctx) {
   return out;
 }
 
+// Input 1 is the forward's scores when Stats (input 4) is given, else its log_prob (op.h).
 absl::StatusOr<Outputs> SoftmaxCrossEntropyLossGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(1));
   RETURN_IF_ERROR(ctx.ExpectInteger(2));
+  const char* x = ctx.has_input(4) ? "scores" : "log_prob";
   if (ctx.rank(2) + 1 != ctx.rank(1)) {
-    return ctx.Error() << "labels " << ctx.Describe(2) << " do not match log_prob " << ctx.Describe(1);
+    return ctx.Error() << "labels " << ctx.Describe(2) << " do not match " << x << " " << ctx.Describe(1);
+  }
+  if (ctx.has_input(4)) {
+    const DType compute = IsHalf(ctx.dtype(1)) ? DType::kF32 : ctx.dtype(1);
+    Shape stats = ctx.shape(2);
+    stats.push_back(Dim(2));
+    bool ok = ctx.dtype(4) == compute && ctx.rank(4) == static_cast<int64_t>(stats.size());
+    for (size_t k = 0; ok && k < stats.size(); ++k) ok = UnifyDims(stats[k], ctx.shape(4)[k]).has_value();
+    if (!ok) {
+      return ctx.Error() << "the forward's Stats " << ctx.Describe(4) << " must be " << DTypeName(compute)
+                         << ShapeToString(stats) << " (the labels' dims and 2)";
+    }
   }
   return One(ctx.dtype(1), ctx.shape(1));
 }

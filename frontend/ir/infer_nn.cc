@@ -7,6 +7,7 @@
 #include "frontend/ir/attention_views.h"
 #include "frontend/ir/gated_activation.h"
 #include "frontend/ir/infer_rules.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::ir::infer_internal {
 namespace {
@@ -256,21 +257,31 @@ absl::StatusOr<Outputs> SoftmaxCrossEntropyRule(const InferContext& ctx) {
     }
     per_item.push_back(*d);
   }
+  // Half scores are read as they are and the loss computes in f32 (op.h): its outputs are f32.
+  const DType compute = IsHalf(ctx.dtype(0)) ? DType::kF32 : ctx.dtype(0);
   if (ctx.has_input(2)) {
-    RETURN_IF_ERROR(ctx.ExpectSameDType(0, 2));
+    if (ctx.dtype(2) != ctx.dtype(0) && ctx.dtype(2) != compute) {
+      return ctx.Error() << "weights " << ctx.Describe(2) << " must have the scores' dtype "
+                         << DTypeName(ctx.dtype(0)) << (compute != ctx.dtype(0) ? " or f32" : "");
+    }
     if (ctx.rank(2) != 1 || !UnifyDims(ctx.shape(2)[0], scores[1]))
       return ctx.Error() << "weights " << ctx.Describe(2) << " must be (C) with C = " << scores[1].ToString();
   }
   const std::string reduction = ctx.attrs().Get<std::string>("reduction", "mean");
   Outputs out;
   if (reduction == "none") {
-    out = One(ctx.dtype(0), per_item);
+    out = One(compute, per_item);
   } else if (reduction == "mean" || reduction == "sum") {
-    out = One(ctx.dtype(0), {});
+    out = One(compute, {});
   } else {
     return ctx.Error() << "reduction must be none, mean or sum, got \"" << reduction << "\"";
   }
-  if (ctx.num_outputs() > 1) out.push_back({ctx.dtype(0), scores});  // log_prob
+  if (ctx.num_outputs() > 1) out.push_back({compute, scores});  // log_prob
+  if (ctx.num_outputs() > 2) {  // Stats: (m, s) per position
+    Shape stats = per_item;
+    stats.push_back(Dim(2));
+    out.push_back({compute, stats});
+  }
   return out;
 }
 

@@ -72,8 +72,14 @@
 // Gradient and training ops (frontend/autodiff builds them; CPU kernels in executor/cpu/grad_*.cc).
 // Inputs called `like` are SHAPE-ONLY: a kernel reads their dims (and dtype), never their data,
 // so once symbols are bound a memory planner need not keep their buffers alive for them.
-// - SoftmaxCrossEntropyLoss additionally takes attr label_smoothing (float, default 0), with the
-//   semantics of PyTorch's CrossEntropyLoss(label_smoothing): target = (1-e) onehot + e/C.
+// - SoftmaxCrossEntropyLoss(scores (N, C, D1..Dk), labels (N, D1..Dk), weights (C)?) -> loss,
+//   log_prob?, Stats? as ONNX's, plus attr label_smoothing (float, default 0), with the semantics
+//   of PyTorch's CrossEntropyLoss(label_smoothing): target = (1-e) onehot + e/C. Half-precision
+//   (bf16/f16) scores are read as they are and the loss computes in f32: its outputs are then f32
+//   (ir::KeepsF32Output), and so are the weights (or in the scores' dtype). Optional output 2,
+//   Stats (onnxpipe only; autodiff asks for it): the labels' dims + (2), f32 (f64 for f64 scores):
+//   per position, the maximum m of its C scores and s = log(sum_c exp(x_c - m)), each rounded to
+//   that dtype, so that log_prob = (x - m) - s evaluated in it is log_prob to the bit.
 // - Sum(X0, X1, ...) -> elementwise sum with numpy broadcasting (accumulates gradients).
 // - FusedMatMul(A, B) attrs trans_a, trans_b (0/1: transpose the last two dims), alpha (float,
 //   default 1) -> alpha * op(A) @ op(B); ranks >= 2, batch dims broadcast as in MatMul.
@@ -139,8 +145,11 @@
 //   optional (absent when autodiff wants no gradient there): dGate = dY * up * act'(gate), dUp =
 //   dY * act(gate), computed from the forward's inputs (nothing saved). silu'(x) = s (1 + x (1 - s)),
 //   s = sigmoid(x); gelu' as GeluGrad's.
-// - SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) attrs reduction,
-//   ignore_index, label_smoothing as the forward -> dScores; log_prob = the forward's 2nd output.
+// - SoftmaxCrossEntropyLossGrad(dLoss, X, labels, weights?, Stats?) attrs reduction,
+//   ignore_index, label_smoothing as the forward -> dScores in X's dtype and dims. With Stats (the
+//   forward's output 2) X is the forward's scores (any float dtype: half scores give half dScores,
+//   computed in f32) and log_prob is recomputed from them as (x - m) - s, so the forward keeps one
+//   pair of numbers per position instead of log_prob; without, X is the forward's log_prob.
 // Optimizer ops (frontend/autodiff/optimizer.h builds them; kernels executor/cpu/optimizer_kernels.cc).
 // Their outputs are the next values of parameters and optimizer state, recorded in
 // Graph::state_updates(); `lr` is an f64 scalar and `step` an i64 scalar graph input fed per step;
@@ -244,7 +253,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(GatherElements, "GatherElements", 2, 2, 1, 1, 0)                                         \
   V(GatherND, "GatherND", 2, 2, 1, 1, 0)                                                     \
   V(ArgMax, "ArgMax", 1, 1, 1, 1, 0)                                                         \
-  V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 2, kOpCostly)               \
+  V(SoftmaxCrossEntropyLoss, "SoftmaxCrossEntropyLoss", 2, 3, 1, 3, kOpCostly)               \
   /* Fused ops */                                                                            \
   V(Linear, "Linear", 2, 3, 1, 1, kOpGemm | kOpCostly)                                       \
   V(LayerNorm, "LayerNorm", 2, 4, 1, 4, 0)                                                   \
@@ -271,7 +280,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(RMSNormGrad, "RMSNormGrad", 3, 5, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \
-  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 4, 1, 1, 0)               \
+  V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 5, 1, 1, 0)               \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \
   V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \
   V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2, 0)                                                   \

@@ -35,6 +35,7 @@ bool KeepsF32Output(const Node& node, int index) {
     case OpKind::kRMSNorm: return index == 1;
     case OpKind::kAttention: return index == 1;  // Stats
     case OpKind::kFusedMatMul: return node.attrs.Has("to");
+    case OpKind::kSoftmaxCrossEntropyLoss: return true;  // loss, log_prob, Stats (op.h)
     default: return false;
   }
 }

@@ -270,7 +270,7 @@ class Exporter {
           return INVALID_ARGUMENT() << "node '" << n.name
                                     << "': SoftmaxCrossEntropyLoss with label smoothing has no ONNX form";
         }
-        return CopyAttrs(n, Emit(op, n.name, ins, outs));
+        return SoftmaxCrossEntropyLoss(n, std::move(ins), std::move(outs));
       default:
         break;
     }
@@ -519,6 +519,44 @@ class Exporter {
     merged.insert(merged.end(), {dims[r - 3] * group, -1, dims.back()});
     Emit("Reshape", base + "/Reshape", {expanded, IntsConst(base + "/merged", merged)}, {repeated});
     return repeated;
+  }
+
+  // The loss computes in f32 from half scores (op.h) where ONNX's has its scores' type: half scores (and
+  // class weights) are cast to f32 first. The onnxpipe-only Stats output (per position m, the maximum over
+  // the class axis 1, and s = log(sum(exp(x - m)))) is written with standard ops, stacked on a last axis.
+  absl::Status SoftmaxCrossEntropyLoss(const ir::Node& n, std::vector<std::string> ins, std::vector<std::string> outs) {
+    auto tmp = [&](const char* hint) { return Fresh(n.name + "/" + hint); };
+    const ir::Value& scores = g_.value(n.inputs[0]);
+    if (ir::IsHalf(scores.dtype)) {
+      for (size_t i : {size_t{0}, size_t{2}}) {
+        if (i >= ins.size() || ins[i].empty() || !ir::IsHalf(g_.value(n.inputs[i]).dtype)) continue;
+        const std::string wide = tmp(i == 0 ? "scores_f32" : "weights_f32");
+        SetInt(Emit("Cast", n.name + (i == 0 ? "/Cast_scores" : "/Cast_weights"), {ins[i]}, {wide}), "to",
+               onnx::TensorProto::FLOAT);
+        ins[i] = wide;
+      }
+    }
+    const std::string stats = outs.size() > 2 ? outs[2] : "";
+    outs.resize(std::min<size_t>(outs.size(), 2));
+    RETURN_IF_ERROR(CopyAttrs(n, Emit("SoftmaxCrossEntropyLoss", n.name, ins, outs)));
+    if (stats.empty()) return absl::OkStatus();
+    const int64_t rank = static_cast<int64_t>(scores.shape.size());
+    const std::string mx = tmp("max"), d = tmp("centred"), e = tmp("exp"), sum = tmp("sum"), lsum = tmp("log_sum"),
+                      both = tmp("stats_class_axis");
+    onnx::NodeProto* r = Emit("ReduceMax", n.name + "/Stats_ReduceMax", {ins[0]}, {mx});
+    SetInts(r, "axes", {1});
+    SetInt(r, "keepdims", 1);
+    Emit("Sub", n.name + "/Stats_Sub", {ins[0], mx}, {d});
+    Emit("Exp", n.name + "/Stats_Exp", {d}, {e});
+    SetInt(Emit("ReduceSum", n.name + "/Stats_ReduceSum", {e, IntsConst(n.name + "/class_axis", {1})}, {sum}),
+           "keepdims", 1);
+    Emit("Log", n.name + "/Stats_Log", {sum}, {lsum});
+    SetInt(Emit("Concat", n.name + "/Stats_Concat", {mx, lsum}, {both}), "axis", 1);  // (N, 2, D1, ...)
+    std::vector<int64_t> perm = {0};
+    for (int64_t i = 2; i < rank; ++i) perm.push_back(i);
+    perm.push_back(1);
+    SetInts(Emit("Transpose", n.name + "/Stats_Transpose", {both}, {stats}), "perm", perm);  // (N, D1, ..., 2)
+    return absl::OkStatus();
   }
 
   absl::Status Attention(const ir::Node& n, std::vector<std::string> ins, const std::string& result,

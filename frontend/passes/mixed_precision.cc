@@ -22,6 +22,12 @@ using ir::ValueId;
 // Ops that compute in f32 whatever the compute dtype: the loss (autocast's fp32 list).
 bool StaysF32(ir::OpKind op) { return op == ir::OpKind::kSoftmaxCrossEntropyLoss; }
 
+// Operands such an op reads in whatever float dtype they have: the loss's scores, which its kernels
+// widen to f32 as they read them (op.h), so no f32 copy of the logits (rows x vocabulary) exists.
+bool ReadsAnyFloat(ir::OpKind op, size_t input) {
+  return op == ir::OpKind::kSoftmaxCrossEntropyLoss && input == 0;
+}
+
 ir::Attrs CastTo(DType t) {
   ir::Attrs a;
   a.Set("to", std::string(ir::DTypeName(t)));
@@ -95,7 +101,7 @@ absl::StatusOr<bool> MixedPrecision::Run(ir::Graph* g) {
     const DType want = StaysF32(g->node(id).op) ? DType::kF32 : compute;
     for (size_t i = 0; i < g->node(id).inputs.size(); ++i) {
       const ValueId v = g->node(id).inputs[i];
-      if (v == ir::kNoValue) continue;
+      if (v == ir::kNoValue || ReadsAnyFloat(g->node(id).op, i)) continue;
       const DType have = g->value(v).dtype;
       if (have == want || (have != DType::kF32 && have != compute)) continue;
       const std::string scope = g->node(id).scope;

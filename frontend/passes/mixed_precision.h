@@ -2,7 +2,8 @@
 // PyTorch autocast and Megatron-LM's bf16 mode train:
 //   - every f32 value a node computes becomes the compute dtype, except the outputs
 //     ir::KeepsF32Output names (normalisation statistics) and those of the ops that stay in f32
-//     (the loss, SoftmaxCrossEntropyLoss, whose float operands are cast to f32);
+//     (the loss, SoftmaxCrossEntropyLoss: it reads its scores, the logits, in the compute dtype and
+//     computes in f32 inside its kernels; its other float operand, the class weights, is cast to f32);
 //   - a trainable parameter (a float initializer not frozen by the trainable rule and not matched by
 //     freeze_regex: autodiff's own test) stays an f32 master, and each of its uses reads it through
 //     its own Cast, so the backward turns each use's gradient back into f32 (Cast's gradient) and

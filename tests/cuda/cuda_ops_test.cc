@@ -425,6 +425,20 @@ TEST_F(CudaOpsTest, SoftmaxCrossEntropyLossAndItsGradient) {
         const bool none = attrs.Get<std::string>("reduction", "mean") == "none";
         const Tensor dloss = none ? Rand({12}, 3) : Tensor::FromVector<float>({}, {0.75f});
         Check({ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss, (*fwd)[1], l, w}, attrs});
+        // What autodiff builds: the forward's loss and Stats, the gradient from the scores and the CPU's Stats; f32
+        // scores, then bf16 ones (the loss and Stats f32, dScores bf16).
+        Check({ir::OpKind::kSoftmaxCrossEntropyLoss, {scores, l, w}, attrs, 3, {1}});
+        const std::vector<Tensor> stats =
+            CpuOutputs({ir::OpKind::kSoftmaxCrossEntropyLoss, {scores, l, w}, attrs, 3, {1}}, {scores, l, w});
+        ASSERT_EQ(stats.size(), 3u);
+        Check({ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss, scores, l, w, stats[2]}, attrs});
+        const Tensor half = scores.CastTo(DType::kBF16);
+        CheckBf16({ir::OpKind::kSoftmaxCrossEntropyLoss, {half, l, w}, attrs, 3, {1}},
+                  {DType::kF32, DType::kF32, DType::kF32});
+        const std::vector<Tensor> half_stats = CpuOutputs({ir::OpKind::kSoftmaxCrossEntropyLoss, {half, l, w}, attrs, 3, {1}},
+                                                          Widened({half, l, w}));
+        CheckBf16({ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss, half, l, w, half_stats[2]}, attrs},
+                  {DType::kBF16});
       }
     }
   }

@@ -196,7 +196,8 @@ template <typename T, typename L>
 CeResult RunCrossEntropy(const CeCase& c, const std::vector<float>& logits, const std::vector<L>& labels,
                          const std::vector<float>& weights, const std::vector<float>& dloss, bool in_place) {
   const int64_t n = c.rows * c.classes;
-  DeviceBuffer<T> logits_d(n), dlogits_d(in_place ? 0 : n), weights_d(c.weights ? c.classes : 0);
+  DeviceBuffer<T> logits_d(n), dlogits_d(in_place ? 0 : n);
+  DeviceBuffer<float> weights_d(c.weights ? c.classes : 0);
   DeviceBuffer<L> labels_d(c.rows);
   DeviceBuffer<float> dloss_d(dloss.size()), loss_d(c.reduction == LossReduction::kNone ? c.rows : 1);
   DeviceBuffer<float> ws((CrossEntropyWorkspaceBytes(c.rows) + 3) / 4);
@@ -271,6 +272,76 @@ TYPED_TEST(SoftmaxCudaTest, CrossEntropyMatchesCpuLossAndGradient) {
     }
   }
   CheckCrossEntropyAgainstCpu<T, int64_t>(CeCases()[1], /*in_place=*/true);
+}
+
+// The IR's path: the forward writes the loss and Stats (m, s per row) and no log_prob; the backward reads the
+// logits (f32 or bf16, as they are) and Stats once and writes dlogits in the logits' type. Each against the
+// CPU kernels on the same values: SoftmaxCrossEntropyLoss with Stats, SoftmaxCrossEntropyLossGrad from them.
+template <typename T, typename L>
+void CheckCrossEntropyStatsPathAgainstCpu(const CeCase& c, bool in_place) {
+  const std::vector<float> logits = Representable<T>(Uniform(c.rows * c.classes, 90, -6.f, 6.f));
+  const std::vector<float> weights = Uniform(c.classes, 91, 0.2f, 2.f);
+  const std::vector<L> labels = Labels<L>(c, 92);
+  const bool per_row = c.reduction == LossReduction::kNone;
+  const std::vector<float> dloss = per_row ? Uniform(c.rows, 93, -1.f, 1.f) : std::vector<float>{c.dloss};
+  ir::Attrs attrs;
+  const char* red[] = {"mean", "sum", "none"};
+  attrs.Set("reduction", std::string(red[static_cast<int>(c.reduction)]));
+  if (c.ignore) attrs.Set("ignore_index", c.ignore_index);
+  attrs.Set("label_smoothing", static_cast<double>(c.smoothing));
+  const ir::Tensor labels_t = ir::Tensor::FromVector<L>({c.rows}, labels);
+  const ir::Tensor logits_t = F32({c.rows, c.classes}, logits);
+  const ir::Tensor weights_t = c.weights ? F32({c.classes}, weights) : ir::Tensor();
+  const auto fwd = CpuEval(ir::OpKind::kSoftmaxCrossEntropyLoss, {logits_t, labels_t, weights_t}, 3, attrs);
+  const ir::Tensor dloss_t = per_row ? F32({c.rows}, dloss) : ir::Tensor::Scalar<float>(c.dloss);
+  const auto grad =
+      CpuEval(ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss_t, logits_t, labels_t, weights_t, fwd[2]}, 1, attrs);
+
+  const int64_t n = c.rows * c.classes;
+  DeviceBuffer<T> logits_d(n), dlogits_d(in_place ? 0 : n);
+  DeviceBuffer<float> weights_d(c.weights ? c.classes : 0), dloss_d(dloss.size()), stats_d(2 * c.rows);
+  DeviceBuffer<float> loss_d(per_row ? c.rows : 1), ws((CrossEntropyWorkspaceBytes(c.rows) + 3) / 4);
+  DeviceBuffer<L> labels_d(c.rows);
+  Upload(logits, logits_d);
+  UploadRaw(labels, labels_d);
+  if (c.weights) Upload(weights, weights_d);
+  UploadRaw(dloss, dloss_d);
+  CrossEntropyArgs<T, L> a;
+  a.rows = c.rows;
+  a.classes = c.classes;
+  a.logits = logits_d.get();
+  a.labels = labels_d.get();
+  a.weights = weights_d.get();
+  a.has_ignore_index = c.ignore;
+  a.ignore_index = c.ignore_index;
+  a.label_smoothing = c.smoothing;
+  a.reduction = c.reduction;
+  a.loss = loss_d.get();
+  a.stats = stats_d.get();
+  a.workspace = ws.get();
+  const std::string what = Name(c) + (in_place ? " in place" : "");
+  ASSERT_TRUE(CrossEntropy(a, nullptr).ok()) << what;
+  EXPECT_TRUE(AllClose(Download(loss_d), Floats(fwd[0]), 1e-5)) << "loss " << what;
+  EXPECT_TRUE(AllClose(Download(stats_d), Floats(fwd[2]), 1e-5)) << "stats " << what;
+  // The backward from the CPU's Stats, so that both sides compute the same dlogits.
+  UploadRaw(Floats(fwd[2]), stats_d);
+  a.loss = nullptr;
+  a.dloss = dloss_d.get();
+  a.dlogits = in_place ? logits_d.get() : dlogits_d.get();
+  ASSERT_TRUE(CrossEntropyGrad(a, nullptr).ok()) << what;
+  ExpectMatch<T>(in_place ? Download(logits_d) : Download(dlogits_d), Floats(grad[0]), "dlogits " + what);
+}
+
+TYPED_TEST(SoftmaxCudaTest, CrossEntropyStatsAndGradientFromStatsMatchCpu) {
+  using T = TypeParam;
+  for (const CeCase& c : CeCases()) {
+    if (c.int32_labels) {
+      CheckCrossEntropyStatsPathAgainstCpu<T, int32_t>(c, /*in_place=*/false);
+    } else {
+      CheckCrossEntropyStatsPathAgainstCpu<T, int64_t>(c, /*in_place=*/false);
+    }
+  }
+  CheckCrossEntropyStatsPathAgainstCpu<T, int64_t>(CeCases()[2], /*in_place=*/true);
 }
 
 TYPED_TEST(SoftmaxCudaTest, CrossEntropyWithoutGradientAndOutOfRangeLabels) {
@@ -359,6 +430,27 @@ TEST(SoftmaxArgumentsTest, BadArgumentsAreRejectedWithAMessage) {
   bad = ok;
   bad.label_smoothing = 1.5f;
   expect_error(CrossEntropy(bad, nullptr), "label_smoothing");
+
+  // The gradient from Stats needs them, dlogits and dloss.
+  CrossEntropyArgs<__nv_bfloat16, int64_t> grad;
+  __nv_bfloat16 half[8] = {};
+  grad.rows = 2;
+  grad.classes = 4;
+  grad.logits = half;
+  grad.labels = labels;
+  grad.dlogits = half;
+  grad.dloss = buf;
+  grad.stats = buf;
+  grad.workspace = buf;
+  auto bad_grad = grad;
+  bad_grad.stats = nullptr;
+  expect_error(CrossEntropyGrad(bad_grad, nullptr), "stats");
+  bad_grad = grad;
+  bad_grad.dlogits = nullptr;
+  expect_error(CrossEntropyGrad(bad_grad, nullptr), "got null");
+  bad_grad = grad;
+  bad_grad.dloss = nullptr;
+  expect_error(CrossEntropyGrad(bad_grad, nullptr), "dloss");
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "frontend/autodiff/training_graph.h"
+#include "frontend/ir/infer.h"
 #include "frontend/ir/verifier.h"
 #include "gtest/gtest.h"
 #include "tests/passes/test_util.h"
@@ -144,24 +146,77 @@ TEST(MixedPrecisionTest, FrozenConstantsBecomeBf16Saturating) {
   }
 }
 
-// The loss op computes in f32: its float operands are cast up and its outputs stay f32.
-TEST(MixedPrecisionTest, LossStaysF32) {
+// The loss op computes in f32 from the bf16 logits it reads as they are (no f32 copy of them); its
+// other float operand, the class weights, is cast up, and its outputs stay f32.
+TEST(MixedPrecisionTest, LossReadsBf16LogitsAndStaysF32) {
   GraphBuilder b;
   ir::Graph& g = b.graph();
   ValueId x = b.Input("x", {Dim(2), Dim(3)});
   ValueId labels = b.Input("labels", {Dim(2)}, DType::kI64);
   ValueId z = b.Op(OpKind::kMatMul, {x, b.Param("w", {3, 3})}, {Dim(2), Dim(3)});
-  ValueId loss = b.Op(OpKind::kSoftmaxCrossEntropyLoss, {z, labels}, {},
+  ValueId weights = b.Const("class_weights", Tensor::FromVector<float>({3}, {0.5f, 1.0f, 2.0f}));
+  ValueId loss = b.Op(OpKind::kSoftmaxCrossEntropyLoss, {z, labels, weights}, {},
                       MakeAttrs({{"reduction", std::string("mean")}}));
   b.Output(loss);
   ASSERT_TRUE(Bf16().Run(&g).ok());
   EXPECT_EQ(g.value(z).dtype, DType::kBF16);
   const ir::Node& sce = *testing::NodesOf(g, OpKind::kSoftmaxCrossEntropyLoss)[0];
-  EXPECT_EQ(g.value(sce.inputs[0]).dtype, DType::kF32);
-  EXPECT_EQ(g.node(g.value(sce.inputs[0]).producer).op, OpKind::kCast);
+  EXPECT_EQ(sce.inputs[0], z);  // no Cast
+  EXPECT_EQ(g.value(sce.inputs[2]).dtype, DType::kF32);
+  EXPECT_EQ(g.node(g.value(sce.inputs[2]).producer).op, OpKind::kCast);
   EXPECT_EQ(g.value(sce.outputs[0]).dtype, DType::kF32);
   EXPECT_EQ(g.outputs()[0], loss);
   EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+  EXPECT_TRUE(ir::InferShapes(g).ok());  // the shape rules agree: bf16 scores, f32 weights and loss
+  EXPECT_EQ(g.value(loss).dtype, DType::kF32);
+}
+
+// A per-token language-model head trained in bf16 (autodiff::BuildTrainingGraph, the trainer's graph):
+// the loss reads the bf16 logits, keeps (m, s) per token for the backward, and the backward writes the
+// logits' gradient in bf16; no f32 tensor of (tokens x vocabulary) elements is left anywhere in the
+// training graph (today's was three: the logits cast up, log_prob and its gradient).
+TEST(MixedPrecisionTest, TrainingGraphHasNoF32LogitsSizedTensor) {
+  constexpr int64_t kBatch = 2, kSeq = 8, kHidden = 12, kVocab = 50, kTokens = kBatch * kSeq;
+  for (double smoothing : {0.0, 0.1}) {
+    GraphBuilder b;
+    ValueId x = b.Input("x", {Dim(kBatch), Dim(kSeq), Dim(kHidden)});
+    ValueId h = b.Op(OpKind::kRelu, {x}, {Dim(kBatch), Dim(kSeq), Dim(kHidden)});
+    ValueId logits = b.Op(OpKind::kMatMul, {h, b.Param("head", {kHidden, kVocab})}, {Dim(kBatch), Dim(kSeq), Dim(kVocab)});
+    b.Output(logits);
+    autodiff::TrainingGraphSpec spec;
+    spec.logits = b.graph().value(logits).name;
+    spec.dtype = DType::kBF16;
+    spec.label_smoothing = smoothing;
+    spec.optimizer.kind = autodiff::OptimizerKind::kAdamW;
+    absl::StatusOr<autodiff::TrainingGraph> t = autodiff::BuildTrainingGraph(b.graph(), spec);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const ir::Graph& g = t->graph;
+    EXPECT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+    const std::vector<const ir::Node*> loss = testing::NodesOf(g, OpKind::kSoftmaxCrossEntropyLoss);
+    const std::vector<const ir::Node*> grad = testing::NodesOf(g, OpKind::kSoftmaxCrossEntropyLossGrad);
+    ASSERT_EQ(loss.size(), 1u);
+    ASSERT_EQ(grad.size(), 1u);
+    EXPECT_EQ(g.value(loss[0]->inputs[0]).dtype, DType::kBF16);
+    EXPECT_EQ(g.value(loss[0]->outputs[0]).dtype, DType::kF32);
+    ASSERT_EQ(loss[0]->outputs.size(), 3u);
+    EXPECT_EQ(loss[0]->outputs[1], ir::kNoValue);  // no log_prob
+    const ir::Value& stats = g.value(loss[0]->outputs[2]);
+    EXPECT_EQ(stats.dtype, DType::kF32);
+    EXPECT_EQ(stats.shape, (ir::Shape{Dim(kTokens), Dim(2)}));
+    ASSERT_EQ(grad[0]->inputs.size(), 5u);
+    EXPECT_EQ(grad[0]->inputs[1], loss[0]->inputs[0]);  // the bf16 scores
+    EXPECT_EQ(grad[0]->inputs[4], loss[0]->outputs[2]);
+    EXPECT_EQ(g.value(grad[0]->outputs[0]).dtype, DType::kBF16);
+    for (ir::NodeId id : g.LiveNodes()) {
+      for (ValueId v : g.node(id).outputs) {
+        if (v == ir::kNoValue || g.value(v).dtype != DType::kF32 || !g.value(v).shape_known) continue;
+        int64_t numel = 1;
+        for (const Dim& d : g.value(v).shape) numel *= d.is_concrete() ? d.value() : 1;
+        EXPECT_LT(numel, kTokens * kVocab) << g.value(v).name << " " << ir::ShapeToString(g.value(v).shape)
+                                           << " from " << ir::OpName(g.node(id).op);
+      }
+    }
+  }
 }
 
 TEST(MixedPrecisionTest, RejectsANonHalfComputeDtype) {

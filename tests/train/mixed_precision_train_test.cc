@@ -207,7 +207,7 @@ TEST_P(Bf16GradientTest, AgainstFp64AndPyTorchAutocast) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Bf16GradientTest, ::testing::Values("tiny_classifier", "tiny_gpt", "tiny_bert"));
 
-// tiny_gpt's training graph in bf16: the fusions fire and read bf16, the loss reads f32 logits, every
+// tiny_gpt's training graph in bf16: the fusions fire and read bf16, the loss reads the bf16 logits, every
 // optimizer update reads an f32 parameter and an f32 gradient, and the tied embedding's gradient sums
 // f32 contributions that come out of its uses' Casts.
 TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
@@ -235,9 +235,14 @@ TEST(Bf16TrainingGraph, LossGradientsAndOptimizerInF32) {
         EXPECT_EQ(dtype(0), ir::DType::kBF16) << n.name;
         EXPECT_EQ(graph.value(n.outputs[0]).dtype, ir::DType::kF32) << n.name;
         break;
-      case ir::OpKind::kSoftmaxCrossEntropyLoss:
+      case ir::OpKind::kSoftmaxCrossEntropyLoss:  // reads the bf16 logits, computes (and is) f32
         ++losses;
-        EXPECT_EQ(dtype(0), ir::DType::kF32) << n.name;
+        EXPECT_EQ(dtype(0), ir::DType::kBF16) << n.name;
+        EXPECT_EQ(graph.value(n.outputs[0]).dtype, ir::DType::kF32) << n.name;
+        break;
+      case ir::OpKind::kSoftmaxCrossEntropyLossGrad:  // the logits' gradient in bf16, from their Stats
+        EXPECT_EQ(dtype(1), ir::DType::kBF16) << n.name;
+        EXPECT_EQ(graph.value(n.outputs[0]).dtype, ir::DType::kBF16) << n.name;
         break;
       case ir::OpKind::kAdamWUpdate:
         ++updates;
