@@ -473,8 +473,9 @@ TEST(Recompute, PoliciesTradeMemoryForTime) {
   }
   // Full recompute on stage 1 keeps its input (32 x 64 f32) and the labels (32 i64) for the
   // recompute, and the loss node's outputs, which are not recomputed (the loss is a graph output):
-  // log-probabilities (32 x 4 f32) and the scalar loss (one 64-byte slot).
-  EXPECT_EQ(plans[RecomputePolicy::kFull].stages[1].memory.saved, 32 * 64 * 4 + 32 * 8 + 32 * 4 * 4 + 64);
+  // its Stats (32 x 2 f32; the logits its gradient reads are recomputed) and the scalar loss (one
+  // 64-byte slot).
+  EXPECT_EQ(plans[RecomputePolicy::kFull].stages[1].memory.saved, 32 * 64 * 4 + 32 * 8 + 32 * 2 * 4 + 64);
   // Each Gelu region runs just before the first backward node reading its output: the gradient
   // of the block's second Linear.
   for (const RegionPlan& r : plans[RecomputePolicy::kSelective].stages[0].recompute_regions) {
@@ -545,16 +546,18 @@ TEST(Memory, Bf16TrainingGraphHalvesActivations) {
   const StageMemory& b = plans[Precision::kBF16].stages[0].memory;
   // By hand, per micro-batch of 16 rows. Saved across the forward/backward boundary: the inputs of
   // the three hidden Linears' and the head's dW, x and the Relu outputs r0..r2 (4 of 16 x 64, which
-  // the Relu gradients read too), the loss's log-probabilities (16 x 4, f32 in both: the loss runs
-  // in f32), the labels (16 i64) and the loss slot (one aligned 64-byte buffer).
-  const int64_t activations_f32 = 4 * 16 * 64 * 4, log_prob = 16 * 4 * 4, labels = 16 * 8, loss = 64;
-  EXPECT_EQ(f.saved, activations_f32 + log_prob + labels + loss);
+  // the Relu gradients read too), the logits the loss gradient reads (16 x 4, in the run's dtype) and
+  // the loss's Stats (16 x 2, f32 in both: the loss computes in f32), the labels (16 i64) and the loss
+  // slot (one aligned 64-byte buffer).
+  const int64_t activations_f32 = 4 * 16 * 64 * 4, stats = 16 * 2 * 4, labels = 16 * 8, loss = 64;
+  const int64_t logits_f32 = 16 * 4 * 4, logits_bf16 = 16 * 4 * 2;
+  EXPECT_EQ(f.saved, activations_f32 + logits_f32 + stats + labels + loss);
   // bf16: the activations at 2 bytes (the Cast of x included), plus the bf16 copies of the weights
   // whose dX the backward computes (layers 1, 2 and the head; layer 0 has no dX), one per
   // micro-batch: a Cast per use makes them in the forward.
   const int64_t activations_bf16 = 4 * 16 * 64 * 2, weight_copies = 2 * 64 * 64 * 2 + 64 * 4 * 2;
   EXPECT_EQ(activations_bf16 * 2, activations_f32);
-  EXPECT_EQ(b.saved, activations_bf16 + weight_copies + log_prob + labels + loss);
+  EXPECT_EQ(b.saved, activations_bf16 + weight_copies + logits_bf16 + stats + labels + loss);
   // fp32 masters, gradients and optimizer state: as the fp32 run's, 3 x (64x64 + 64) + 64x4 + 4 floats,
   // each buffer 64-byte aligned (the head's 16-byte bias takes 64).
   const int64_t params = 3 * (64 * 64 + 64) * 4 + 64 * 4 * 4 + 64;

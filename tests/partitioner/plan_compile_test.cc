@@ -39,7 +39,7 @@ const Fixture& TiedChain() {
     auto* x = new Fixture();
     ChainSpec spec;
     spec.batch = 4;
-    spec.widths = {16, 8, 8, 8, 16};
+    spec.widths = {16, 8, 8, 4, 16};  // the last stage holds layers.3 and the head with the loss
     spec.classes = 8;
     spec.tie_head = true;
     spec.momentum = 0.9;

@@ -75,7 +75,17 @@ inline ir::Graph BuildChain(const ChainSpec& spec) {
     st = passes::MixedPrecision({.compute = spec.dtype, .freeze_regex = ""}).Run(&g).status();
     if (!st.ok()) std::abort();
   }
-  absl::StatusOr<autodiff::LossInfo> loss = autodiff::AddCrossEntropyLoss(&g, "logits", "labels", {});
+  // The loss reads the logits as the graph computes them (bf16 under mixed precision, as
+  // autodiff::BuildTrainingGraph has it): the f32 copy MixedPrecision made of the output is dropped.
+  std::string loss_logits = "logits";
+  if (spec.dtype == ir::DType::kBF16) {
+    const ir::ValueId f32 = g.FindValue("logits");
+    const ir::NodeId cast = g.value(f32).producer;
+    loss_logits = g.value(g.node(cast).inputs[0]).name;
+    g.outputs().clear();
+    g.RemoveNode(cast);
+  }
+  absl::StatusOr<autodiff::LossInfo> loss = autodiff::AddCrossEntropyLoss(&g, loss_logits, "labels", {});
   if (!loss.ok()) std::abort();
   absl::StatusOr<autodiff::TrainingGraphInfo> grads = autodiff::BuildGradients(&g, loss->loss, {});
   if (!grads.ok()) std::abort();
