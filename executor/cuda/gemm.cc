@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "executor/cuda/cublaslt_loader.h"
 #include "executor/cuda/cuda_status.h"
 #include "frontend/ir/status.h"
 
@@ -419,6 +420,9 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create(const GemmConte
   int device = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(device));
+  if (const std::string problem = CublasLtLoadProblem(); !problem.empty()) {
+    return FAILED_PRECONDITION() << "cuBLASLt: " << problem;
+  }
   LT_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
   impl->device_prefix = absl::StrCat(info.name, "|cublasLt ", cublasLtGetVersion());
   if (!options.tactic_cache_path.empty()) {

@@ -3,8 +3,9 @@
 // parallelism with one micro-batch per replica is bitwise one process running the D x M micro-batches (the gradient
 // all-reduce folds the replicas in replica order, as the one process accumulates its micro-batches); with several
 // micro-batches per replica the sum is grouped per replica and agrees within fp32 rounding. Checkpoints written by
-// any K x D resume in one process, and kill -9 of a rank while they are written leaves the previous one; a killed rank, a stopped rank, a rank with bad data and a rank that never arrives
-// end every rank within 10 s with an error naming it.
+// any K x D resume in one process, and kill -9 of a rank while they are written leaves the previous one; a killed rank,
+// a stopped rank, a rank with bad data and a rank that never arrives end every rank within 10 s with an error naming
+// it.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -15,9 +16,9 @@
 #include <set>
 #include <thread>
 
+#include "executor/io/checkpoint_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "executor/io/checkpoint_manager.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_util.h"
@@ -108,6 +109,17 @@ TEST_F(MultiProcessTest, PipelineStagesInProcessesTrainBitForBitAsInThreads) {
     EXPECT_EQ(many.out.find("step 3/3"), many.out.rfind("step 3/3"));
     ExpectBitwise(a, b, 3);
   }
+}
+
+// A CPU rank never opens cuBLASLt, which alone costs a process about 200 MB resident (the GEMM library is opened
+// on first use). The dynamic loader's own log of the files it opens, for the launcher and both ranks, says so; it
+// must show the CUDA runtime that the binary does link, or the check proves nothing.
+TEST_F(MultiProcessTest, CpuRanksDoNotLoadTheGpuGemmLibrary) {
+  CommandResult r =
+      RunCommand("env LD_DEBUG=files " + Onnxpipe() + " launch --nproc 2 -- " + TrainArgs(8, 1) + "--stages 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000 : 0);
+  if (r.err.find("file=libcudart") == std::string::npos) GTEST_SKIP() << "built without CUDA";
+  EXPECT_EQ(r.err.find("libcublasLt"), std::string::npos);
 }
 
 TEST_F(MultiProcessTest, DataParallelReplicasTrainAsOneProcessRunningTheirMicrobatches) {
@@ -244,7 +256,8 @@ TEST_F(MultiProcessTest, KillDashNineOfARankDuringShardedCheckpointsLeavesALoada
     EXPECT_GT(latest->metadata.step, previous) << "round " << round;
     previous = latest->metadata.step;
   }
-  CommandResult rest = Launch(2, TrainArgs(8, previous + 2) + "--stages 2 --checkpoint-dir " + ck + " --resume", "rest");
+  CommandResult rest =
+      Launch(2, TrainArgs(8, previous + 2) + "--stages 2 --checkpoint-dir " + ck + " --resume", "rest");
   ASSERT_EQ(rest.exit_code, 0) << rest.err;
   EXPECT_THAT(rest.out, HasSubstr("at step " + std::to_string(previous)));
   EXPECT_EQ(LossAndNorm(dir_ / "rest.jsonl").size(), 2u);
