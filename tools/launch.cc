@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -78,24 +79,30 @@ int Supervise(std::vector<Rank>& ranks, double grace_s) {
         if (!r.done) kill(r.pid, sig);
       }
     }
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
+    // Every rank that ended since the last poll. Of those that failed, one killed by a signal is named first: the
+    // others usually exited because they lost it (a killed rank's peers notice within milliseconds).
+    std::vector<Rank*> ended;
+    for (int status = 0;;) {
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
       for (Rank& r : ranks) {
         if (r.pid != pid || r.done) continue;
         r.done = true;
         --running;
         r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (r.code != 0 && !first_failure) {
-          first_failure = r;
-          std::fprintf(stderr, "onnxpipe launch: %s; the other ranks get %.0f s to stop\n", Describe(r).c_str(),
-                       grace_s);
-          killing = true;
-          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
-        }
+        ended.push_back(&r);
       }
-      continue;
     }
+    std::stable_sort(ended.begin(), ended.end(),
+                     [](const Rank* a, const Rank* b) { return a->code > 128 && b->code <= 128; });
+    for (const Rank* r : ended) {
+      if (r->code == 0 || first_failure) continue;
+      first_failure = *r;
+      std::fprintf(stderr, "onnxpipe launch: %s; the other ranks get %.0f s to stop\n", Describe(*r).c_str(), grace_s);
+      killing = true;
+      kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+    }
+    if (!ended.empty()) continue;
     if (killing && Clock::now() >= kill_at) {
       for (const Rank& r : ranks) {
         if (r.done) continue;
