@@ -73,8 +73,8 @@ TYPED_TEST(SoftmaxCudaTest, ForwardMatchesCpu) {
       DeviceBuffer<T> xd(x.size()), yd(x.size());
       Upload(x, xd);
       ASSERT_TRUE(SoftmaxForward(xd.get(), yd.get(), s.rows, s.n, log, nullptr).ok());
-      const auto want = CpuEval(log ? ir::OpKind::kLogSoftmax : ir::OpKind::kSoftmax, {F32({s.rows, s.n}, x)}, 1,
-                                LastAxis());
+      const auto want =
+          CpuEval(log ? ir::OpKind::kLogSoftmax : ir::OpKind::kSoftmax, {F32({s.rows, s.n}, x)}, 1, LastAxis());
       ExpectMatch<T>(Download(yd), Floats(want[0]), Name(s, log));
     }
   }
@@ -128,8 +128,8 @@ TYPED_TEST(SoftmaxCudaTest, MismatchedAlignmentFallsBackToElementwise) {
   ASSERT_TRUE(SoftmaxBackward(dyd.get(), xd.get(), dxd.get() + 1, s.rows, s.n, /*log=*/false, nullptr).ok());
   const auto y_want = CpuEval(ir::OpKind::kSoftmax, {F32({s.rows, s.n}, x)}, 1, LastAxis());
   // The backward read x as its "y" input.
-  const auto dx_want = CpuEval(ir::OpKind::kSoftmaxGrad, {F32({s.rows, s.n}, dy), F32({s.rows, s.n}, x)}, 1,
-                               LastAxis());
+  const auto dx_want =
+      CpuEval(ir::OpKind::kSoftmaxGrad, {F32({s.rows, s.n}, dy), F32({s.rows, s.n}, x)}, 1, LastAxis());
   std::vector<float> y = Download(yd), dx = Download(dxd);
   ExpectMatch<T>(std::vector<float>(y.begin() + 1, y.end()), Floats(y_want[0]), "softmax, y misaligned");
   ExpectMatch<T>(std::vector<float>(dx.begin() + 1, dx.end()), Floats(dx_want[0]), "gradient, dx misaligned");
@@ -165,7 +165,7 @@ struct CeCase {
   bool ignore;           // every 5th row labelled ignore_index
   int64_t ignore_index;  // also a valid class in one case: only the attribute decides
   bool int32_labels;
-  float dloss;           // kMean/kSum; kNone uses per-row values
+  float dloss;  // kMean/kSum; kNone uses per-row values
 };
 
 std::string Name(const CeCase& c) {
@@ -191,37 +191,57 @@ struct CeResult {
   std::vector<float> loss, dlogits;
 };
 
+// A case on the device: its inputs uploaded, a buffer for every output (dlogits over the logits' buffer when
+// `in_place`) and the kernel arguments every call shares; callers point loss, stats, dloss and dlogits.
+template <typename T, typename L>
+struct CeOnDevice {
+  CeOnDevice(const CeCase& c, const std::vector<float>& logits, const std::vector<L>& labels,
+             const std::vector<float>& weights, const std::vector<float>& dloss, bool in_place)
+      : logits_d(c.rows * c.classes),
+        dlogits_d(in_place ? 0 : c.rows * c.classes),
+        weights_d(c.weights ? c.classes : 0),
+        dloss_d(dloss.size()),
+        loss_d(c.reduction == LossReduction::kNone ? c.rows : 1),
+        stats_d(2 * c.rows),
+        ws((CrossEntropyWorkspaceBytes(c.rows) + 3) / 4),
+        labels_d(c.rows),
+        in_place(in_place) {
+    Upload(logits, logits_d);
+    UploadRaw(labels, labels_d);
+    if (c.weights) Upload(weights, weights_d);
+    UploadRaw(dloss, dloss_d);
+    args.rows = c.rows;
+    args.classes = c.classes;
+    args.logits = logits_d.get();
+    args.labels = labels_d.get();
+    args.weights = weights_d.get();
+    args.has_ignore_index = c.ignore;
+    args.ignore_index = c.ignore_index;
+    args.label_smoothing = c.smoothing;
+    args.reduction = c.reduction;
+    args.workspace = ws.get();
+  }
+  T* dlogits() { return in_place ? logits_d.get() : dlogits_d.get(); }
+  std::vector<float> DownloadDlogits() { return in_place ? Download(logits_d) : Download(dlogits_d); }
+
+  DeviceBuffer<T> logits_d, dlogits_d;
+  DeviceBuffer<float> weights_d, dloss_d, loss_d, stats_d, ws;
+  DeviceBuffer<L> labels_d;
+  bool in_place;
+  CrossEntropyArgs<T, L> args;
+};
+
 // Runs the fused kernel; dlogits written over the logits' buffer when `in_place`.
 template <typename T, typename L>
 CeResult RunCrossEntropy(const CeCase& c, const std::vector<float>& logits, const std::vector<L>& labels,
                          const std::vector<float>& weights, const std::vector<float>& dloss, bool in_place) {
-  const int64_t n = c.rows * c.classes;
-  DeviceBuffer<T> logits_d(n), dlogits_d(in_place ? 0 : n);
-  DeviceBuffer<float> weights_d(c.weights ? c.classes : 0);
-  DeviceBuffer<L> labels_d(c.rows);
-  DeviceBuffer<float> dloss_d(dloss.size()), loss_d(c.reduction == LossReduction::kNone ? c.rows : 1);
-  DeviceBuffer<float> ws((CrossEntropyWorkspaceBytes(c.rows) + 3) / 4);
-  Upload(logits, logits_d);
-  UploadRaw(labels, labels_d);
-  if (c.weights) Upload(weights, weights_d);
-  UploadRaw(dloss, dloss_d);
-  CrossEntropyArgs<T, L> a;
-  a.rows = c.rows;
-  a.classes = c.classes;
-  a.logits = logits_d.get();
-  a.labels = labels_d.get();
-  a.weights = weights_d.get();
-  a.has_ignore_index = c.ignore;
-  a.ignore_index = c.ignore_index;
-  a.label_smoothing = c.smoothing;
-  a.reduction = c.reduction;
-  a.dloss = dloss_d.get();
-  a.loss = loss_d.get();
-  a.dlogits = in_place ? logits_d.get() : dlogits_d.get();
-  a.workspace = ws.get();
-  const absl::Status st = CrossEntropy(a, nullptr);
+  CeOnDevice<T, L> d(c, logits, labels, weights, dloss, in_place);
+  d.args.dloss = d.dloss_d.get();
+  d.args.loss = d.loss_d.get();
+  d.args.dlogits = d.dlogits();
+  const absl::Status st = CrossEntropy(d.args, nullptr);
   EXPECT_TRUE(st.ok()) << st;
-  return {Download(loss_d), in_place ? Download(logits_d) : Download(dlogits_d)};
+  return {Download(d.loss_d), d.DownloadDlogits()};
 }
 
 template <typename L>
@@ -297,39 +317,20 @@ void CheckCrossEntropyStatsPathAgainstCpu(const CeCase& c, bool in_place) {
   const auto grad =
       CpuEval(ir::OpKind::kSoftmaxCrossEntropyLossGrad, {dloss_t, logits_t, labels_t, weights_t, fwd[2]}, 1, attrs);
 
-  const int64_t n = c.rows * c.classes;
-  DeviceBuffer<T> logits_d(n), dlogits_d(in_place ? 0 : n);
-  DeviceBuffer<float> weights_d(c.weights ? c.classes : 0), dloss_d(dloss.size()), stats_d(2 * c.rows);
-  DeviceBuffer<float> loss_d(per_row ? c.rows : 1), ws((CrossEntropyWorkspaceBytes(c.rows) + 3) / 4);
-  DeviceBuffer<L> labels_d(c.rows);
-  Upload(logits, logits_d);
-  UploadRaw(labels, labels_d);
-  if (c.weights) Upload(weights, weights_d);
-  UploadRaw(dloss, dloss_d);
-  CrossEntropyArgs<T, L> a;
-  a.rows = c.rows;
-  a.classes = c.classes;
-  a.logits = logits_d.get();
-  a.labels = labels_d.get();
-  a.weights = weights_d.get();
-  a.has_ignore_index = c.ignore;
-  a.ignore_index = c.ignore_index;
-  a.label_smoothing = c.smoothing;
-  a.reduction = c.reduction;
-  a.loss = loss_d.get();
-  a.stats = stats_d.get();
-  a.workspace = ws.get();
+  CeOnDevice<T, L> d(c, logits, labels, weights, dloss, in_place);
+  d.args.loss = d.loss_d.get();
+  d.args.stats = d.stats_d.get();
   const std::string what = Name(c) + (in_place ? " in place" : "");
-  ASSERT_TRUE(CrossEntropy(a, nullptr).ok()) << what;
-  EXPECT_TRUE(AllClose(Download(loss_d), Floats(fwd[0]), 1e-5)) << "loss " << what;
-  EXPECT_TRUE(AllClose(Download(stats_d), Floats(fwd[2]), 1e-5)) << "stats " << what;
+  ASSERT_TRUE(CrossEntropy(d.args, nullptr).ok()) << what;
+  EXPECT_TRUE(AllClose(Download(d.loss_d), Floats(fwd[0]), 1e-5)) << "loss " << what;
+  EXPECT_TRUE(AllClose(Download(d.stats_d), Floats(fwd[2]), 1e-5)) << "stats " << what;
   // The backward from the CPU's Stats, so that both sides compute the same dlogits.
-  UploadRaw(Floats(fwd[2]), stats_d);
-  a.loss = nullptr;
-  a.dloss = dloss_d.get();
-  a.dlogits = in_place ? logits_d.get() : dlogits_d.get();
-  ASSERT_TRUE(CrossEntropyGrad(a, nullptr).ok()) << what;
-  ExpectMatch<T>(in_place ? Download(logits_d) : Download(dlogits_d), Floats(grad[0]), "dlogits " + what);
+  UploadRaw(Floats(fwd[2]), d.stats_d);
+  d.args.loss = nullptr;
+  d.args.dloss = d.dloss_d.get();
+  d.args.dlogits = d.dlogits();
+  ASSERT_TRUE(CrossEntropyGrad(d.args, nullptr).ok()) << what;
+  ExpectMatch<T>(d.DownloadDlogits(), Floats(grad[0]), "dlogits " + what);
 }
 
 TYPED_TEST(SoftmaxCudaTest, CrossEntropyStatsAndGradientFromStatsMatchCpu) {
