@@ -68,7 +68,7 @@
 namespace onnxpipe::comm {
 class Comm;
 class StagingPool;
-}
+}  // namespace onnxpipe::comm
 
 namespace onnxpipe::pipeline {
 
@@ -128,8 +128,8 @@ struct StepFeeds {
 // Chrome-trace-like record of one action (times in microseconds from the step's start).
 struct TraceEvent {
   int32_t stage = 0;
-  int32_t lane = 0;  // 0 compute, 1 communication waits
-  std::string name;  // "F3", "B3", "R3", "O", "recv F3 from 0", ...
+  int32_t lane = 0;      // 0 compute, 1 communication waits
+  std::string name;      // "F3", "B3", "R3", "O", "recv F3 from 0", ...
   std::string category;  // forward | backward | recompute | optimizer | recv
   int32_t microbatch = -1;
   double start_us = 0, dur_us = 0;
@@ -147,7 +147,7 @@ struct StageMeasure {
   int64_t transient_bytes = 0;
   int64_t arena_bytes = 0;
   int32_t max_in_flight = 0;
-  int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
+  int64_t accumulator_bytes = 0;  // gradients accumulated over the micro-batches
   int64_t workspace_bytes = 0;
   int64_t optimizer_scratch_bytes = 0;  // the optimizer phase's fresh tensors (states update in place)
   int64_t bytes_sent = 0, bytes_received = 0;
@@ -160,7 +160,7 @@ struct StageMeasure {
 
 struct PipelineStepResult {
   double loss = 0;
-  double grad_norm = 0;  // NaN when the graph has no norm
+  double grad_norm = 0;                           // NaN when the graph has no norm
   std::vector<double> microbatch_losses, shares;  // with a world comm: this replica's, on the loss stage only
   double seconds = 0;
   std::vector<StageMeasure> stages;  // by stage (with a world comm only this rank's is measured)
@@ -171,10 +171,9 @@ class PipelineExecutor {
  public:
   // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size), the
   // graph `plan` was compiled against. Plans every stage's memory layout and allocates it.
-  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const ir::Graph& training_graph,
-                                                                  partitioner::CompiledPlan plan,
-                                                                  const ExecutorOptions& options,
-                                                                  std::shared_ptr<const backend::Backend> backend = nullptr);
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
+      const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
+      std::shared_ptr<const backend::Backend> backend = nullptr);
   ~PipelineExecutor();
 
   absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
@@ -253,10 +252,10 @@ class PipelineExecutor {
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
   std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
-  std::shared_ptr<comm::StagingPool> staging_;        // the sends' staging buffers, kept across steps
+  std::shared_ptr<comm::StagingPool> staging_;         // the sends' staging buffers, kept across steps
   std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
   std::unique_ptr<comm::Comm> pipeline_comm_;          // with a world comm: this replica's stages, by stage
-  int64_t steps_done_ = 0;                            // steps that succeeded
+  int64_t steps_done_ = 0;                             // steps that succeeded
 };
 
 }  // namespace onnxpipe::pipeline

@@ -57,7 +57,8 @@ std::vector<std::vector<int>> PipelineExecutor::AllReduceGroups(const Topology& 
   auto add = [&](std::vector<int> g) {
     if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(std::move(g));
   };
-  for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s) add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
+  for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s)
+    add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
   for (int32_t d = 0; d < topo.replicas; ++d) {
     for (const std::map<ir::NodeId, std::vector<int>>& sums : all_reduced_) {
       for (const auto& [id, stages] : sums) {
