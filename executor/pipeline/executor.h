@@ -61,7 +61,6 @@
 #include "executor/backend/backend.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
-#include "executor/pipeline/stage_arena.h"
 #include "executor/pipeline/topology.h"
 #include "partitioner/plan_io.h"
 
@@ -71,6 +70,8 @@ class StagingPool;
 }  // namespace onnxpipe::comm
 
 namespace onnxpipe::pipeline {
+
+class StageExecutor;
 
 using partitioner::PipelineProgram;
 using partitioner::StageProgram;
@@ -203,59 +204,38 @@ class PipelineExecutor {
   partitioner::ScheduleKind schedule() const { return schedule_; }
   int32_t microbatches() const { return microbatches_; }
   // The memory layout stage s runs in (what PredictStageMemory reports for it); local stages only.
-  const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
+  const StageLayout& layout(int32_t stage) const;
   // True for the stages this process runs (all of them without a world comm).
-  bool is_local(int32_t stage) const { return layouts_[stage] != nullptr; }
+  bool is_local(int32_t stage) const { return stages_[stage] != nullptr; }
   int64_t microbatch_size() const { return microbatch_size_; }
   // The names of the data inputs a step must feed.
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
 
  private:
   PipelineExecutor() = default;
-  class StageRun;
-  struct Segment;
-  struct StageGraphs;
-  struct StepBuffers;
-  // Drops a stage's graphs when its constants' storage moved since they were recorded.
-  void PrepareGraphs();
-
-  // Uses of each value by one micro-batch of a stage (node operands, pending sends, accumulation,
-  // the loss read): a value is freed when its count reaches 0. data_uses leaves out the shape-only
-  // operands (memory_planner.h's IsShapeOnlyOperand): once it reaches 0 only the value's dims are
-  // kept (ir::Tensor::DimsOnly), as the static memory planner assumes.
-  struct Uses {
-    std::vector<int32_t> uses, data_uses;
-  };
-  static Uses CountUses(const StageProgram& sp);
   // With a world comm: the step's loss and norm from the ranks holding them, on every rank.
   absl::Status ShareResult(PipelineStepResult& r, double loss_part, double norm_part);
+  std::vector<std::vector<int>> AllReduceGroups(const Topology& topo) const;
+  ir::Tensor HostCopy(const ir::Tensor& t) const;
 
   ExecutorOptions options_;
   partitioner::ScheduleKind schedule_ = partitioner::ScheduleKind::k1F1B;
   int32_t microbatches_ = 1;
-  ir::Tensor HostCopy(const ir::Tensor& t) const;
-
   std::shared_ptr<const backend::Backend> backend_;
-  std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
-  std::vector<Uses> uses_;  // per stage
   // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
   // their holders, with the group in the Sum's operand order (the reduction order).
   std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
-  std::vector<std::vector<int>> AllReduceGroups(const Topology& topo) const;
   std::vector<partitioner::ActionList> lists_;
-  std::vector<std::unique_ptr<StageLayout>> layouts_;
-  std::vector<std::unique_ptr<StageArena>> arenas_;
+  std::vector<std::unique_ptr<StageExecutor>> stages_;  // by stage; null for another process's stage
   LossShareRule loss_rule_;
   ir::Tensor seed_like_;  // dtype and dims of the loss seed
   int64_t microbatch_size_ = 0;
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
-  std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
-  std::shared_ptr<comm::StagingPool> staging_;         // the sends' staging buffers, kept across steps
-  std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
-  std::unique_ptr<comm::Comm> pipeline_comm_;          // with a world comm: this replica's stages, by stage
-  int64_t steps_done_ = 0;                             // steps that succeeded
+  std::shared_ptr<comm::StagingPool> staging_;  // the sends' staging buffers, kept across steps
+  std::unique_ptr<comm::Comm> pipeline_comm_;   // with a world comm: this replica's stages, by stage
+  int64_t steps_done_ = 0;                      // steps that succeeded
 };
 
 }  // namespace onnxpipe::pipeline
