@@ -61,16 +61,17 @@
 #include "executor/backend/backend.h"
 #include "executor/pipeline/memory.h"
 #include "executor/pipeline/microbatch.h"
-#include "executor/pipeline/stage_arena.h"
 #include "executor/pipeline/topology.h"
 #include "partitioner/plan_io.h"
 
 namespace onnxpipe::comm {
 class Comm;
 class StagingPool;
-}
+}  // namespace onnxpipe::comm
 
 namespace onnxpipe::pipeline {
+
+class StageExecutor;
 
 using partitioner::PipelineProgram;
 using partitioner::StageProgram;
@@ -128,8 +129,8 @@ struct StepFeeds {
 // Chrome-trace-like record of one action (times in microseconds from the step's start).
 struct TraceEvent {
   int32_t stage = 0;
-  int32_t lane = 0;  // 0 compute, 1 communication waits
-  std::string name;  // "F3", "B3", "R3", "O", "recv F3 from 0", ...
+  int32_t lane = 0;      // 0 compute, 1 communication waits
+  std::string name;      // "F3", "B3", "R3", "O", "recv F3 from 0", ...
   std::string category;  // forward | backward | recompute | optimizer | recv
   int32_t microbatch = -1;
   double start_us = 0, dur_us = 0;
@@ -147,7 +148,7 @@ struct StageMeasure {
   int64_t transient_bytes = 0;
   int64_t arena_bytes = 0;
   int32_t max_in_flight = 0;
-  int64_t accumulator_bytes = 0; // gradients accumulated over the micro-batches
+  int64_t accumulator_bytes = 0;  // gradients accumulated over the micro-batches
   int64_t workspace_bytes = 0;
   int64_t optimizer_scratch_bytes = 0;  // the optimizer phase's fresh tensors (states update in place)
   int64_t bytes_sent = 0, bytes_received = 0;
@@ -160,7 +161,7 @@ struct StageMeasure {
 
 struct PipelineStepResult {
   double loss = 0;
-  double grad_norm = 0;  // NaN when the graph has no norm
+  double grad_norm = 0;                           // NaN when the graph has no norm
   std::vector<double> microbatch_losses, shares;  // with a world comm: this replica's, on the loss stage only
   double seconds = 0;
   std::vector<StageMeasure> stages;  // by stage (with a world comm only this rank's is measured)
@@ -171,10 +172,9 @@ class PipelineExecutor {
  public:
   // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size), the
   // graph `plan` was compiled against. Plans every stage's memory layout and allocates it.
-  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const ir::Graph& training_graph,
-                                                                  partitioner::CompiledPlan plan,
-                                                                  const ExecutorOptions& options,
-                                                                  std::shared_ptr<const backend::Backend> backend = nullptr);
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
+      const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
+      std::shared_ptr<const backend::Backend> backend = nullptr);
   ~PipelineExecutor();
 
   absl::StatusOr<PipelineStepResult> Step(const StepFeeds& feeds);
@@ -204,59 +204,38 @@ class PipelineExecutor {
   partitioner::ScheduleKind schedule() const { return schedule_; }
   int32_t microbatches() const { return microbatches_; }
   // The memory layout stage s runs in (what PredictStageMemory reports for it); local stages only.
-  const StageLayout& layout(int32_t stage) const { return *layouts_[stage]; }
+  const StageLayout& layout(int32_t stage) const;
   // True for the stages this process runs (all of them without a world comm).
-  bool is_local(int32_t stage) const { return layouts_[stage] != nullptr; }
+  bool is_local(int32_t stage) const { return stages_[stage] != nullptr; }
   int64_t microbatch_size() const { return microbatch_size_; }
   // The names of the data inputs a step must feed.
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
 
  private:
   PipelineExecutor() = default;
-  class StageRun;
-  struct Segment;
-  struct StageGraphs;
-  struct StepBuffers;
-  // Drops a stage's graphs when its constants' storage moved since they were recorded.
-  void PrepareGraphs();
-
-  // Uses of each value by one micro-batch of a stage (node operands, pending sends, accumulation,
-  // the loss read): a value is freed when its count reaches 0. data_uses leaves out the shape-only
-  // operands (memory_planner.h's IsShapeOnlyOperand): once it reaches 0 only the value's dims are
-  // kept (ir::Tensor::DimsOnly), as the static memory planner assumes.
-  struct Uses {
-    std::vector<int32_t> uses, data_uses;
-  };
-  static Uses CountUses(const StageProgram& sp);
   // With a world comm: the step's loss and norm from the ranks holding them, on every rank.
   absl::Status ShareResult(PipelineStepResult& r, double loss_part, double norm_part);
+  std::vector<std::vector<int>> AllReduceGroups(const Topology& topo) const;
+  ir::Tensor HostCopy(const ir::Tensor& t) const;
 
   ExecutorOptions options_;
   partitioner::ScheduleKind schedule_ = partitioner::ScheduleKind::k1F1B;
   int32_t microbatches_ = 1;
-  ir::Tensor HostCopy(const ir::Tensor& t) const;
-
   std::shared_ptr<const backend::Backend> backend_;
-  std::vector<std::unique_ptr<backend::Stream>> streams_;  // one per stage
   PipelineProgram program_;
-  std::vector<Uses> uses_;  // per stage
   // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
   // their holders, with the group in the Sum's operand order (the reduction order).
   std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
-  std::vector<std::vector<int>> AllReduceGroups(const Topology& topo) const;
   std::vector<partitioner::ActionList> lists_;
-  std::vector<std::unique_ptr<StageLayout>> layouts_;
-  std::vector<std::unique_ptr<StageArena>> arenas_;
+  std::vector<std::unique_ptr<StageExecutor>> stages_;  // by stage; null for another process's stage
   LossShareRule loss_rule_;
   ir::Tensor seed_like_;  // dtype and dims of the loss seed
   int64_t microbatch_size_ = 0;
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
-  std::vector<std::unique_ptr<StepBuffers>> buffers_;  // per stage
-  std::shared_ptr<comm::StagingPool> staging_;        // the sends' staging buffers, kept across steps
-  std::vector<std::unique_ptr<StageGraphs>> graphs_;   // per stage, with options_.graphs
-  std::unique_ptr<comm::Comm> pipeline_comm_;          // with a world comm: this replica's stages, by stage
-  int64_t steps_done_ = 0;                            // steps that succeeded
+  std::shared_ptr<comm::StagingPool> staging_;  // the sends' staging buffers, kept across steps
+  std::unique_ptr<comm::Comm> pipeline_comm_;   // with a world comm: this replica's stages, by stage
+  int64_t steps_done_ = 0;                      // steps that succeeded
 };
 
 }  // namespace onnxpipe::pipeline

@@ -1,54 +1,17 @@
-// Building the stage executor: the stages of the compiled plan this process runs (all of them, or with a world comm
-// its own stage of its replica), their layouts, arenas, streams and constants on the backend, the data inputs and
-// the graph holders. The step driver is executor.cc.
+// Building the pipeline executor: a StageExecutor for each stage of the compiled plan this process runs (all of
+// them, or with a world comm its own stage of its replica; each plans and allocates its layout, arena and stream),
+// their constants on the backend, the data inputs and, with graphs, the stages' graph buffers. The step driver is
+// executor.cc.
 #include <algorithm>
 #include <set>
 
 #include "executor/comm/inprocess_comm.h"
 #include "executor/comm/subgroup_comm.h"
-#include "executor/pipeline/executor_parts.h"
+#include "executor/pipeline/executor.h"
+#include "executor/pipeline/stage_executor.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::pipeline {
-
-absl::StatusOr<std::vector<int64_t>> ConcreteDims(const ir::Value& val) {
-  std::vector<int64_t> dims;
-  for (const ir::Dim& d : val.shape) {
-    if (!val.shape_known || !d.is_concrete()) {
-      return FAILED_PRECONDITION() << "'" << val.name << "' has no concrete shape (" << ir::ShapeToString(val.shape)
-                                   << ") to receive it into";
-    }
-    dims.push_back(d.value());
-  }
-  return dims;
-}
-
-PipelineExecutor::Uses PipelineExecutor::CountUses(const StageProgram& sp) {
-  Uses u;
-  u.uses.assign(sp.graph.num_values(), 0);
-  u.data_uses.assign(sp.graph.num_values(), 0);
-  for (const std::vector<ir::NodeId>* list : {&sp.forward, &sp.backward}) {
-    for (ir::NodeId id : *list) {
-      const ir::Node& n = sp.graph.node(id);
-      for (size_t i = 0; i < n.inputs.size(); ++i) {
-        const ir::ValueId v = n.inputs[i];
-        if (v == ir::kNoValue || sp.graph.value(v).constant) continue;
-        ++u.uses[v];
-        if (!partitioner::IsShapeOnlyOperand(n, static_cast<int>(i))) ++u.data_uses[v];
-      }
-    }
-  }
-  auto other_use = [&](ir::ValueId v) {
-    ++u.uses[v];
-    ++u.data_uses[v];
-  };
-  for (const partitioner::ValueLists* sends : {&sp.send_forward, &sp.send_backward})
-    for (const auto& [peer, vs] : *sends)
-      for (ir::ValueId v : vs) other_use(v);
-  for (ir::ValueId v : sp.accumulate) other_use(v);
-  if (sp.loss != ir::kNoValue) other_use(sp.loss);
-  return u;
-}
 
 // The world ranks of every group an all-reduce of the run names (comm::Comm::PrepareGroups), the same list on every
 // rank: each stage's data-parallel replicas, then per replica each shared parameter's holders.
@@ -57,7 +20,8 @@ std::vector<std::vector<int>> PipelineExecutor::AllReduceGroups(const Topology& 
   auto add = [&](std::vector<int> g) {
     if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(std::move(g));
   };
-  for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s) add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
+  for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s)
+    add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
   for (int32_t d = 0; d < topo.replicas; ++d) {
     for (const std::map<ir::NodeId, std::vector<int>>& sums : all_reduced_) {
       for (const auto& [id, stages] : sums) {
@@ -92,9 +56,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
                    AnalyzeLoss(training_graph, ex->program_.loss, M * std::max(options.topology.replicas, 1)));
   ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
   const std::shared_ptr<const backend::Backend> be = ex->backend_;
-  const partitioner::WorkspaceFn workspace = [be](const ir::Graph& g, const ir::Node& n) {
-    return be->WorkspaceBytes(g, n);
-  };
   const Topology& topo = options.topology;
   if (options.world != nullptr) {
     if (topo.stages != ex->program_.num_stages || topo.replicas < 1 || topo.world() != options.world->size() ||
@@ -108,7 +69,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     return INVALID_ARGUMENT() << "data parallelism needs one process per rank (a world comm)";
   }
   for (StageProgram& sp : ex->program_.stages) {
-    ex->uses_.push_back(CountUses(sp));
     ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
     if (options.world != nullptr && sp.stage != topo.stage()) {  // another process's stage
       // Its constants (parameters, optimizer state, tables) are that process's: keep their dtypes and dims only.
@@ -116,23 +76,13 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
         std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
         if (c) c = ir::Tensor::DimsOnly(c->dtype(), c->dims());
       }
-      ex->layouts_.push_back(nullptr);
-      ex->streams_.push_back(nullptr);
-      ex->arenas_.push_back(nullptr);
-      ex->buffers_.push_back(nullptr);
+      ex->stages_.push_back(nullptr);
       continue;
     }
     const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
-    ASSIGN_OR_RETURN(StageLayout layout, partitioner::PlanStageLayout(sp, in_flight, M, /*alignment=*/64, workspace));
-    ex->layouts_.push_back(std::make_unique<StageLayout>(std::move(layout)));
-    ex->streams_.push_back(be->CreateStream());
-    ASSIGN_OR_RETURN(std::unique_ptr<StageArena> arena,
-                     StageArena::Create(*ex->layouts_.back(), sp.stage, *be, ex->streams_.back().get()));
-    ex->arenas_.push_back(std::move(arena));
-    auto buffers = std::make_unique<StepBuffers>();
-    ASSIGN_OR_RETURN(buffers->lr, be->Upload(ir::Tensor::Scalar<double>(0), ex->streams_.back().get()));
-    ASSIGN_OR_RETURN(buffers->step, be->Upload(ir::Tensor::Scalar<int64_t>(0), ex->streams_.back().get()));
-    ex->buffers_.push_back(std::move(buffers));
+    ASSIGN_OR_RETURN(std::unique_ptr<StageExecutor> stage,
+                     StageExecutor::Create(sp, ex->options_, M, in_flight, be, ex->all_reduced_.back()));
+    ex->stages_.push_back(std::move(stage));
   }
   if (options.world != nullptr) RETURN_IF_ERROR(options.world->PrepareGroups(ex->AllReduceGroups(topo)));
   // Every constant a stage reads (parameters, optimizer state, folded constants) moves to its backend once,
@@ -144,7 +94,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
       std::optional<ir::Tensor>& c = sp.graph.value(v).constant;
       if (!c || backend::ReadOnlyOnHost(*be, sp.graph, uses, v)) continue;
-      ASSIGN_OR_RETURN(*c, be->Upload(*c, ex->streams_[s].get()));
+      ASSIGN_OR_RETURN(*c, be->Upload(*c, ex->stages_[s]->stream()));
     }
   }
   std::set<ir::ValueId> data;
@@ -170,24 +120,8 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     if (!be->CanCapture()) {
       return INVALID_ARGUMENT() << "graphs need a backend that records them (cuda), not " << be->name();
     }
-    for (size_t s = 0; s < ex->program_.stages.size(); ++s) {
-      const StageProgram& sp = ex->program_.stages[s];
-      if (!ex->is_local(static_cast<int32_t>(s))) {
-        ex->graphs_.push_back(nullptr);
-        continue;
-      }
-      auto g = std::make_unique<StageGraphs>();
-      backend::Stream* stream = ex->streams_[s].get();
-      ASSIGN_OR_RETURN(g->offset, be->Upload(ir::Tensor::Scalar<int64_t>(0), stream));
-      if (sp.loss != ir::kNoValue) {
-        ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(sp.graph.value(sp.loss)));
-        for (int32_t m = 0; m < M; ++m) {
-          ASSIGN_OR_RETURN(ir::Tensor loss, be->Zeros(sp.graph.value(sp.loss).dtype, dims, stream));
-          g->losses.push_back(std::move(loss));
-        }
-      }
-      ex->graphs_.push_back(std::move(g));
-    }
+    for (const std::unique_ptr<StageExecutor>& stage : ex->stages_)
+      if (stage != nullptr) RETURN_IF_ERROR(stage->EnableGraphs());
   }
   if (!ex->loss_rule_.labels_input.empty() && std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(),
                                                         ex->loss_rule_.labels_input) == ex->data_inputs_.end()) {

@@ -6,6 +6,7 @@
 
 #include "executor/comm/inprocess_comm.h"
 #include "executor/pipeline/executor.h"
+#include "executor/pipeline/stage_executor.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::pipeline {
@@ -16,8 +17,8 @@ ir::Tensor PipelineExecutor::HostCopy(const ir::Tensor& t) const {
   if (t.on_host() && backend_->placement().host()) return t;
   // After the stages' work on it (a state set by SetState is cloned on its stage's stream).
   absl::Status synced = absl::OkStatus();
-  for (const std::unique_ptr<backend::Stream>& s : streams_)
-    if (s != nullptr && synced.ok()) synced = s->Synchronize();
+  for (const std::unique_ptr<StageExecutor>& stage : stages_)
+    if (stage != nullptr && stage->stream() != nullptr && synced.ok()) synced = stage->stream()->Synchronize();
   absl::StatusOr<ir::Tensor> h = synced.ok() ? backend_->ToHost(t) : absl::StatusOr<ir::Tensor>(synced);
   if (!h.ok()) {  // the device failed: no state can be trusted any more
     std::fprintf(stderr, "onnxpipe: copying a state tensor to the host failed: %s\n",
@@ -86,7 +87,7 @@ absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tenso
       return INVALID_ARGUMENT() << "state '" << name << "' is " << comm::DescribeTensor(held) << " on stage "
                                 << sp.stage << ", not " << comm::DescribeTensor(value);
     }
-    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, streams_[s].get()));
+    ASSIGN_OR_RETURN(ir::Tensor c, backend_->Clone(value, stages_[s]->stream()));
     copies.emplace_back(&sp.graph.value(v), std::move(c));
   }
   for (auto& [holder, c] : copies) holder->constant = std::move(c);
