@@ -5,7 +5,8 @@ PyTorch peer on the same grid in the same command. Writes bench/results/seed_swe
 
 For each K:
   predicted  `onnxpipe partition --sweep` (one command for the grid): step time, per-stage memory, fits or not
-  onnxpipe   `onnxpipe launch --nproc K -- train --stages K --microbatches C --report DIR`: one process per stage;
+  onnxpipe   `onnxpipe partition --stages K --microbatches C --out PLAN` (the predicted row's plan), then
+             `onnxpipe launch --nproc K -- train --plan PLAN --report DIR`: one process per stage;
              the step time is the median step-to-step interval after --warmup (--metrics), the memory per stage
              what the report measured (arena, accumulators, kernel scratch) plus its parameters and optimizer state
   gpipe, 1f1b  torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B over K processes (gloo on CPU, NCCL
@@ -63,12 +64,16 @@ def predicted(a, model, work):
 
 
 def onnxpipe_run(a, model, data, k, batch, chunks, work):
+    """The plan the prediction is of (`partition --out`, the sweep's search for this row), run as written."""
     tag = f"k{k}_b{batch}_c{chunks}"
-    metrics, report = os.path.join(work, tag + ".jsonl"), os.path.join(work, tag + "_report")
+    metrics, report, plan = (os.path.join(work, tag + s) for s in (".jsonl", "_report", "_plan"))
+    r = subprocess.run([a.onnxpipe, "partition", model, "--device", a.device, "--stages", str(k), "--batch", str(batch),
+                        "--microbatches", str(chunks), "--out", plan], capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(status="OOM" if "does not fit" in r.stderr else "failed", error=(r.stderr or r.stdout)[-500:])
     cmd = [a.onnxpipe, "launch", "--nproc", str(k), "--", "train", model, "--data", data, "--batch", str(batch),
-           "--steps", str(a.warmup + a.steps), "--optimizer", "sgd", "--lr", "1e-3", "--stages", str(k),
-           "--microbatches", str(chunks), "--metrics", metrics, "--report", report, "--log-every", "1000000",
-           *a.onnxpipe_flags]
+           "--steps", str(a.warmup + a.steps), "--optimizer", "sgd", "--lr", "1e-3", "--plan", plan,
+           "--metrics", metrics, "--report", report, "--log-every", "1000000", *a.onnxpipe_flags]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         reason = "OOM" if "out of memory" in (r.stderr + r.stdout) else "failed"
