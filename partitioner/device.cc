@@ -72,6 +72,18 @@ absl::StatusOr<Precision> ParsePrecision(std::string_view s) {
   return INVALID_ARGUMENT() << "unknown dtype '" << s << "'; expected fp32 or bf16";
 }
 
+std::string BuiltinDeviceForGpu(std::string_view gpu_name, int64_t total_memory_bytes) {
+  const std::string name = Lower(gpu_name);
+  auto has = [&](const char* model) { return name.find(model) != std::string::npos; };
+  // H100 PCIe and SXM both have 80 GB; the 94 GB NVL is the H100 profile too (its memory is read from the device
+  // where it matters: the fit check).
+  if (has("h200")) return "h200";
+  if (has("h100")) return "h100-80gb";
+  if (has("a100")) return total_memory_bytes > int64_t{60} * kGiB ? "a100-80gb" : "a100-40gb";
+  if (has("v100")) return "v100-32gb";
+  return "";
+}
+
 std::vector<std::string> BuiltinDeviceNames() {
   std::vector<std::string> names;
   for (const DeviceProfile& d : Builtins()) names.push_back(d.name);

@@ -79,6 +79,10 @@ absl::StatusOr<DeviceProfile> BuiltinDevice(std::string_view name);
 // Parses a device JSON document; `what` names it in errors.
 absl::StatusOr<DeviceProfile> DeviceFromJson(const nlohmann::json& j, const std::string& what);
 absl::StatusOr<DeviceProfile> LoadDeviceFile(const std::string& path);
+// The built-in profile of a GPU from what its driver reports (cudaDeviceProp's name and total memory), e.g.
+// "NVIDIA H100 80GB HBM3" -> "h100-80gb", an A100 by its memory -> "a100-80gb" or "a100-40gb"; "" for a GPU
+// without one (the caller picks a default or asks for --device).
+std::string BuiltinDeviceForGpu(std::string_view gpu_name, int64_t total_memory_bytes);
 // A built-in name, or a path to a JSON file (anything ending in .json or containing '/').
 absl::StatusOr<DeviceProfile> ResolveDevice(const std::string& name_or_path);
 nlohmann::ordered_json DeviceToJson(const DeviceProfile& d);

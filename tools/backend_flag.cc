@@ -5,8 +5,10 @@
 
 #include "executor/backend/checked_backend.h"
 #include "frontend/ir/status.h"
+#include "partitioner/device.h"
 #ifdef ONNXPIPE_HAVE_CUDA
 #include "executor/cuda/cuda_backend.h"
+#include "executor/cuda/cuda_status.h"
 #endif
 
 namespace onnxpipe::tools {
@@ -72,6 +74,17 @@ std::string BackendAttentionSummary(const backend::Backend& be) {
   }
 #endif
   return "";
+}
+
+std::string BackendDeviceProfile(const backend::Backend& be) {
+#ifdef ONNXPIPE_HAVE_CUDA
+  if (dynamic_cast<const cuda::CudaBackend*>(&be) != nullptr) {
+    const absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(be.placement().index);
+    const std::string builtin = info.ok() ? partitioner::BuiltinDeviceForGpu(info->name, info->total_memory) : "";
+    return builtin.empty() ? "h200" : builtin;
+  }
+#endif
+  return "cpu";
 }
 
 std::string BackendMemorySummary(const backend::Backend& be) {

@@ -35,6 +35,10 @@ std::string BackendFallbackSummary(const backend::Backend& be);
 // Which fused attention ran Attention/AttentionGrad on the cuda backend, e.g.
 // "cuda attention: cudnn ran 12, flash ran 0" ("" for other backends or when none ran).
 std::string BackendAttentionSummary(const backend::Backend& be);
+// The partitioner's device profile for what `be` runs on, for the commands that partition without --device (train
+// --stages K): "cpu" for the CPU backends; the GPU's built-in profile for cuda (partitioner::BuiltinDeviceForGpu),
+// or the partition tool's default, h200, for a GPU without one.
+std::string BackendDeviceProfile(const backend::Backend& be);
 // The cuda backend's memory: peak bytes in its buffers, the GPU's use ("" for other backends).
 std::string BackendMemorySummary(const backend::Backend& be);
 

@@ -269,6 +269,29 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
   return absl::OkStatus();
 }
 
+// `t` (host doubles) summed over every rank of the world, in place.
+absl::Status SumOverRanks(comm::Comm& world, ir::Tensor& t, const std::string& what) {
+  std::vector<int> everyone(world.size());
+  for (int r = 0; r < world.size(); ++r) everyone[r] = r;
+  return Annotate(world.AllReduce(t, everyone, nullptr), what);
+}
+
+// Ranks that partition without a plan (--stages K) must cut alike, which they do when they use one device profile;
+// ranks on different kinds of GPU would not: an error before any work, instead of stages that do not match.
+absl::Status AgreeOnDeviceProfile(comm::Comm& world, const std::string& profile) {
+  const std::vector<std::string> names = partitioner::BuiltinDeviceNames();
+  const double i = static_cast<double>(std::find(names.begin(), names.end(), profile) - names.begin());
+  ir::Tensor sums = ir::Tensor::FromVector<double>({2}, {i, i * i});
+  RETURN_IF_ERROR(SumOverRanks(world, sums, "comparing the ranks' devices"));
+  // All equal exactly when n * sum(i^2) = sum(i)^2 (small integers: exact in doubles).
+  if (world.size() * sums.data<double>()[1] != sums.data<double>()[0] * sums.data<double>()[0]) {
+    return INVALID_ARGUMENT() << "the ranks run on different kinds of device (this one: " << profile
+                              << "), so --stages would cut the model differently on each: partition it once "
+                                 "(onnxpipe partition --stages K --out DIR) and give every rank --plan DIR";
+  }
+  return absl::OkStatus();
+}
+
 // `world`: the ranks of a data-parallel run of one stage, each holding the whole model, evaluate every world-th batch
 // and add their counts in rank order; null: this process evaluates every batch. Only the leader reports.
 // The forward runs on the training backend: its nodes on the device, the parameters uploaded once.
@@ -296,9 +319,7 @@ absl::Status RunEvaluation(const Model& model, const train::StepTrainer& trainer
   if (world != nullptr) {
     ir::Tensor sums = ir::Tensor::FromVector<double>(
         {3}, {static_cast<double>(r.counted), static_cast<double>(r.correct), r.loss_sum});
-    std::vector<int> ranks(world->size());
-    for (int i = 0; i < world->size(); ++i) ranks[i] = i;
-    RETURN_IF_ERROR(Annotate(world->AllReduce(sums, ranks, nullptr), "--eval: adding the ranks' results"));
+    RETURN_IF_ERROR(SumOverRanks(*world, sums, "--eval: adding the ranks' results"));
     r.counted = static_cast<int64_t>(sums.data<double>()[0]);
     r.correct = static_cast<int64_t>(sums.data<double>()[1]);
     r.loss_sum = sums.data<double>()[2];
@@ -367,10 +388,11 @@ void PrintDataParallel(const pipeline::PipelineTrainer& trainer, const Flags& f)
   const pipeline::PipelineExecutor& ex = trainer.executor();
   if (ex.options().topology.replicas < 2 || trainer.results().empty()) return;
   const int32_t stage = ex.options().topology.stage();
-  std::printf("data parallel: %d replicas; stage %d all-reduced %d gradient buckets of >= %g MiB during the last "
-              "step's backward, the rest at its optimizer step\n",
-              ex.options().topology.replicas, stage, trainer.results().back().stages[stage].dp_buckets_in_backward,
-              f.dp_bucket_mb);
+  std::printf(
+      "data parallel: %d replicas; stage %d all-reduced %d gradient buckets of >= %g MiB during the last "
+      "step's backward, the rest at its optimizer step\n",
+      ex.options().topology.replicas, stage, trainer.results().back().stages[stage].dp_buckets_in_backward,
+      f.dp_bucket_mb);
 }
 
 // From here on the trainer holds the trained parameters: the imported graph keeps their dtypes and dims (what --save
@@ -506,6 +528,8 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   po.plan_dir = f.plan;
   po.report_dir = f.report;
   po.backend = be;
+  po.device = BackendDeviceProfile(*be);  // --stages K cuts as `partition --device` of this device would
+  if (world && f.plan.empty()) RETURN_IF_ERROR(AgreeOnDeviceProfile(*world->comm, po.device));
   po.graphs = f.cuda_graphs;
   if (!f.memory_budget.empty()) {
     absl::StatusOr<int64_t> budget = partitioner::ParseByteSize(f.memory_budget);
@@ -594,9 +618,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
       // [SIGINT seen, SIGTERM seen] summed over the ranks: a SIGTERM anywhere ends the run with success.
       ir::Tensor seen =
           ir::Tensor::FromVector<double>({2}, {signal == SIGINT ? 1.0 : 0.0, signal == SIGTERM ? 1.0 : 0.0});
-      std::vector<int> everyone(world->comm->size());
-      for (int r = 0; r < world->comm->size(); ++r) everyone[r] = r;
-      RETURN_IF_ERROR(Annotate(world->comm->AllReduce(seen, everyone, nullptr), "agreeing on a stop signal"));
+      RETURN_IF_ERROR(SumOverRanks(*world->comm, seen, "agreeing on a stop signal"));
       return seen.data<double>()[1] > 0 ? SIGTERM : seen.data<double>()[0] > 0 ? SIGINT : 0;
     };
   }
@@ -623,8 +645,8 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   const bool shared_eval = world && f.eval && trainer->executor().program().num_stages == 1;
   if (world && ((f.eval && !shared_eval) || !f.save.empty())) RETURN_IF_ERROR(trainer->GatherModel());
   if (f.eval && (shared_eval || leader)) {
-    RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, be, shared_eval ? world->comm.get() : nullptr,
-                                  leader, loop.metrics, tensorboard.get()));
+    RETURN_IF_ERROR(RunEvaluation(model, *trainer, data, options, be, shared_eval ? world->comm.get() : nullptr, leader,
+                                  loop.metrics, tensorboard.get()));
   }
   if (!leader) return 0;
   if (!f.save.empty()) RETURN_IF_ERROR(SaveModel(f, model_path, *model.imported, trainer->Parameters(), data.vocab));

@@ -41,16 +41,17 @@ absl::StatusOr<partitioner::PartitionPlan> PartitionAtFixedStages(
     std::shared_ptr<const backend::Backend> backend = nullptr);
 
 struct PipelineTrainOptions {
-  int32_t stages = 0;          // K; 0: the plan's
-  int32_t microbatches = 0;    // M; 0: the plan's, or 1
-  std::string schedule;        // gpipe | 1f1b; "": the plan's, or 1f1b
-  std::string recompute;       // none | full | selective | auto; "": the plan's, or none
-  std::string plan_dir;        // `onnxpipe partition --out DIR`
-  std::string report_dir;      // --report DIR
-  std::string device = "cpu";  // device profile for --recompute auto without a plan
+  int32_t stages = 0;        // K; 0: the plan's
+  int32_t microbatches = 0;  // M; 0: the plan's, or 1
+  std::string schedule;      // gpipe | 1f1b; "": the plan's, or 1f1b
+  std::string recompute;     // none | full | selective | auto; "": the plan's, or none
+  std::string plan_dir;      // `onnxpipe partition --out DIR`
+  std::string report_dir;    // --report DIR
+  std::string device =
+      "cpu";  // the partitioner's device profile without a plan: the cuts of --stages K, --recompute auto
   double recv_timeout_s = 0;
   int64_t memory_budget = 0;  // bytes the run may allocate on its device (memory_check.h); 0: its free memory
-  bool graphs = false;                              // ExecutorOptions::graphs (--cuda-graphs)
+  bool graphs = false;        // ExecutorOptions::graphs (--cuda-graphs)
   std::shared_ptr<const backend::Backend> backend;  // where the stages run; null: the CPU backend
   // Multi-process (`onnxpipe launch`, srun, torchrun): this process's comm over the world of K x D ranks
   // (it must outlive the trainer); the process runs stage world->rank() % K of replica world->rank() / K
@@ -113,8 +114,8 @@ class PipelineTrainer : public train::StepTrainer {
   std::future<absl::StatusOr<Feed>> next_feed_;
   int64_t next_step_ = -1;
   std::optional<std::chrono::steady_clock::time_point> last_step_end_;  // samples/s counts step to step
-  std::optional<std::map<std::string, ir::Tensor>> gathered_;  // GatherModel's, on rank 0
-  uint64_t gathers_ = 0;                                       // GatherModel calls (their tags)
+  std::optional<std::map<std::string, ir::Tensor>> gathered_;           // GatherModel's, on rank 0
+  uint64_t gathers_ = 0;                                                // GatherModel calls (their tags)
 };
 
 }  // namespace onnxpipe::pipeline

@@ -102,6 +102,21 @@ TEST(Device, BuiltinsAndUnknownNames) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("h200"));
 }
 
+// The names NVIDIA's driver reports (cudaDeviceProp::name) with their total memory.
+TEST(Device, BuiltinProfileOfAGpuByItsDriverName) {
+  constexpr int64_t GiB = int64_t{1} << 30;
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA H100 80GB HBM3", 80 * GiB), "h100-80gb");
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA H100 PCIe", 80 * GiB), "h100-80gb");
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA H200", 141 * GiB), "h200");
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA A100-SXM4-80GB", 80 * GiB), "a100-80gb");
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA A100-SXM4-40GB", 40 * GiB), "a100-40gb");
+  EXPECT_EQ(BuiltinDeviceForGpu("Tesla V100-SXM2-32GB", 32 * GiB), "v100-32gb");
+  EXPECT_EQ(BuiltinDeviceForGpu("NVIDIA GeForce RTX 4090", 24 * GiB), "");
+  for (const char* gpu : {"NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-32GB"}) {
+    EXPECT_TRUE(BuiltinDevice(BuiltinDeviceForGpu(gpu, 40 * GiB)).ok()) << gpu;
+  }
+}
+
 TEST(Device, JsonFile) {
   nlohmann::json j = nlohmann::json::parse(R"({"name": "lab-gpu", "memory": "24GiB", "reserved": "512MiB",
       "peak_tflops": {"bf16": 100}, "memory_bandwidth_gbps": 1000, "link_bandwidth_gbps": 25,
