@@ -529,7 +529,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   po.report_dir = f.report;
   po.backend = be;
   po.device = BackendDeviceProfile(*be);  // --stages K cuts as `partition --device` of this device would
-  if (world && f.plan.empty()) RETURN_IF_ERROR(AgreeOnDeviceProfile(*world->comm, po.device));
+  if (world && f.plan.empty() && po.stages > 1) RETURN_IF_ERROR(AgreeOnDeviceProfile(*world->comm, po.device));
   po.graphs = f.cuda_graphs;
   if (!f.memory_budget.empty()) {
     absl::StatusOr<int64_t> budget = partitioner::ParseByteSize(f.memory_budget);
