@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "frontend/ir/status.h"
+#include "partitioner/device.h"
 
 namespace onnxpipe::tools {
 namespace {
@@ -54,7 +55,8 @@ absl::StatusOr<LaunchEnv> FromSlurm(const EnvLookup& env) {
   ASSIGN_OR_RETURN(e.world_size, IntVar(env, tasks, e.source));
   ASSIGN_OR_RETURN(e.rank, IntVar(env, "SLURM_PROCID", e.source));
   ASSIGN_OR_RETURN(e.local_rank, IntVar(env, "SLURM_LOCALID", e.source));
-  if (const std::optional<std::string> per_node = FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+  if (const std::optional<std::string> per_node =
+          FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
     ASSIGN_OR_RETURN(const int node, IntVar(env, "SLURM_NODEID", e.source));
     ASSIGN_OR_RETURN(e.local_world_size, SlurmTasksOnNode(*per_node, node));
   }
@@ -160,6 +162,26 @@ absl::StatusOr<std::optional<LaunchEnv>> ReadLaunchEnv(const EnvLookup& env) {
   }
   if (e->world_size == 1) return std::nullopt;
   return e;
+}
+
+absl::Status SumOverRanks(comm::Comm& world, ir::Tensor& t, const std::string& what) {
+  std::vector<int> everyone(world.size());
+  for (int r = 0; r < world.size(); ++r) everyone[r] = r;
+  return Annotate(world.AllReduce(t, everyone, nullptr), what);
+}
+
+absl::Status AgreeOnDeviceProfile(comm::Comm& world, const std::string& profile) {
+  const std::vector<std::string> names = partitioner::BuiltinDeviceNames();
+  const double i = static_cast<double>(std::find(names.begin(), names.end(), profile) - names.begin());
+  ir::Tensor sums = ir::Tensor::FromVector<double>({2}, {i, i * i});
+  RETURN_IF_ERROR(SumOverRanks(world, sums, "comparing the ranks' devices"));
+  // All equal exactly when n * sum(i^2) = sum(i)^2 (small integers: exact in doubles).
+  if (world.size() * sums.data<double>()[1] != sums.data<double>()[0] * sums.data<double>()[0]) {
+    return INVALID_ARGUMENT() << "the ranks run on different kinds of device (this one: " << profile
+                              << "), so --stages would cut the model differently on each: partition it once "
+                                 "(onnxpipe partition --stages K --out DIR) and give every rank --plan DIR";
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace onnxpipe::tools

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "executor/comm/comm.h"
+#include "frontend/ir/tensor.h"
 
 namespace onnxpipe::tools {
 
@@ -39,5 +41,13 @@ int RankThreads(int usable, int machine, int local_ranks);
 
 // The first host of a Slurm node list: "gpu[03-05,9],login1" -> "gpu03", "a1,b2" -> "a1".
 absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
+
+// `t` (host doubles) summed over every rank of the world, in place; errors begin with `what`.
+absl::Status SumOverRanks(comm::Comm& world, ir::Tensor& t, const std::string& what);
+
+// Ranks that partition without a plan (--stages K) must cut alike, which they do when they use one device profile
+// (partitioner/device.h). Every rank calls it with its own; an error on every rank naming --plan when they differ
+// (ranks on different kinds of GPU), before any work, instead of stages that do not match.
+absl::Status AgreeOnDeviceProfile(comm::Comm& world, const std::string& profile);
 
 }  // namespace onnxpipe::tools

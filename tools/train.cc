@@ -269,29 +269,6 @@ absl::Status SaveModel(const Flags& f, const std::string& model_path, const ir::
   return absl::OkStatus();
 }
 
-// `t` (host doubles) summed over every rank of the world, in place.
-absl::Status SumOverRanks(comm::Comm& world, ir::Tensor& t, const std::string& what) {
-  std::vector<int> everyone(world.size());
-  for (int r = 0; r < world.size(); ++r) everyone[r] = r;
-  return Annotate(world.AllReduce(t, everyone, nullptr), what);
-}
-
-// Ranks that partition without a plan (--stages K) must cut alike, which they do when they use one device profile;
-// ranks on different kinds of GPU would not: an error before any work, instead of stages that do not match.
-absl::Status AgreeOnDeviceProfile(comm::Comm& world, const std::string& profile) {
-  const std::vector<std::string> names = partitioner::BuiltinDeviceNames();
-  const double i = static_cast<double>(std::find(names.begin(), names.end(), profile) - names.begin());
-  ir::Tensor sums = ir::Tensor::FromVector<double>({2}, {i, i * i});
-  RETURN_IF_ERROR(SumOverRanks(world, sums, "comparing the ranks' devices"));
-  // All equal exactly when n * sum(i^2) = sum(i)^2 (small integers: exact in doubles).
-  if (world.size() * sums.data<double>()[1] != sums.data<double>()[0] * sums.data<double>()[0]) {
-    return INVALID_ARGUMENT() << "the ranks run on different kinds of device (this one: " << profile
-                              << "), so --stages would cut the model differently on each: partition it once "
-                                 "(onnxpipe partition --stages K --out DIR) and give every rank --plan DIR";
-  }
-  return absl::OkStatus();
-}
-
 // `world`: the ranks of a data-parallel run of one stage, each holding the whole model, evaluate every world-th batch
 // and add their counts in rank order; null: this process evaluates every batch. Only the leader reports.
 // The forward runs on the training backend: its nodes on the device, the parameters uploaded once.

@@ -2,7 +2,10 @@
 // CPU threads a rank takes when it shares its node.
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "executor/comm/inprocess_comm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/distributed.h"
@@ -20,8 +23,8 @@ EnvLookup MapEnv(std::map<std::string, std::string> vars) {
 }
 
 TEST(LaunchEnv, TorchrunLocalWorldSize) {
-  std::map<std::string, std::string> vars = {{"RANK", "5"},          {"WORLD_SIZE", "8"},
-                                             {"LOCAL_RANK", "1"},    {"LOCAL_WORLD_SIZE", "4"},
+  std::map<std::string, std::string> vars = {{"RANK", "5"},         {"WORLD_SIZE", "8"},
+                                             {"LOCAL_RANK", "1"},   {"LOCAL_WORLD_SIZE", "4"},
                                              {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "29500"}};
   absl::StatusOr<std::optional<LaunchEnv>> e = ReadLaunchEnv(MapEnv(vars));
   ASSERT_TRUE(e.ok()) << e.status();
@@ -78,10 +81,44 @@ TEST(LaunchEnv, SlurmTasksPerNodeList) {
 TEST(LaunchEnv, RankThreadsShareAnUnboundNode) {
   EXPECT_EQ(RankThreads(16, 16, 4), 4);  // four ranks on a 16-CPU node, none bound
   EXPECT_EQ(RankThreads(16, 16, 3), 5);
-  EXPECT_EQ(RankThreads(2, 2, 4), 1);    // never below one
+  EXPECT_EQ(RankThreads(2, 2, 4), 1);     // never below one
   EXPECT_EQ(RankThreads(16, 16, 1), 16);  // alone
   EXPECT_EQ(RankThreads(16, 16, 0), 16);  // not told
   EXPECT_EQ(RankThreads(4, 64, 8), 4);    // bound by the launcher to 4 CPUs: they are its own
+}
+
+// Each rank of an in-process world of `profiles.size()` calls AgreeOnDeviceProfile with its own profile.
+std::vector<absl::Status> Agree(const std::vector<std::string>& profiles) {
+  std::shared_ptr<comm::InProcessGroup> group = comm::InProcessGroup::Create(static_cast<int>(profiles.size()), 30);
+  std::vector<absl::Status> got(profiles.size());
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < profiles.size(); ++r) {
+    ranks.emplace_back([&, r] {
+      std::unique_ptr<comm::Comm> c = group->Endpoint(static_cast<int>(r));
+      got[r] = AgreeOnDeviceProfile(*c, profiles[r]);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return got;
+}
+
+TEST(AgreeOnDeviceProfile, RanksOfOneKindOfDeviceAgree) {
+  for (const absl::Status& st : Agree({"h100-80gb", "h100-80gb", "h100-80gb", "h100-80gb"})) EXPECT_TRUE(st.ok()) << st;
+  for (const absl::Status& st : Agree({"cpu", "cpu"})) EXPECT_TRUE(st.ok()) << st;
+}
+
+// Every rank refuses, the odd one out anywhere (a sum of indices alone would miss {0, 2, 1}'s middle rank).
+TEST(AgreeOnDeviceProfile, EveryRankRefusesWhenOneRunsOnAnotherKind) {
+  for (const std::vector<std::string>& profiles : {std::vector<std::string>{"h100-80gb", "a100-80gb"},
+                                                   {"h200", "h100-80gb", "a100-80gb", "h100-80gb"},
+                                                   {"h100-80gb", "h100-80gb", "h100-80gb", "h200"}}) {
+    const std::vector<absl::Status> got = Agree(profiles);
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(got[r])) << "rank " << r << ": " << got[r];
+      EXPECT_THAT(std::string(got[r].message()), ::testing::AllOf(::testing::HasSubstr("this one: " + profiles[r]),
+                                                                  ::testing::HasSubstr("--plan DIR")));
+    }
+  }
 }
 
 }  // namespace
