@@ -6,6 +6,7 @@
 #include "frontend/passes/gated_activation_fusion.h"
 #include "frontend/passes/gelu_fusion.h"
 #include "gtest/gtest.h"
+#include "tests/passes/fusion_numeric_util.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_patterns.h"
 #include "tests/passes/test_util.h"
@@ -31,28 +32,7 @@ std::string Describe(const GatedMlpVariant& v) {
          (v.up_first ? " up first" : "") + (v.up_is_gate ? " up = gate" : "");
 }
 
-ir::Graph Fused(const ir::Graph& g) {
-  ir::Graph fused = g;
-  GatedActivationFusion pass;
-  absl::StatusOr<bool> changed = pass.Run(&fused);
-  EXPECT_TRUE(changed.ok() && *changed) << testing::HistogramString(fused);
-  EXPECT_TRUE(ir::Verify(fused).ok()) << ir::Verify(fused);
-  EXPECT_EQ(testing::NodesOf(fused, OpKind::kGatedActivation).size(), 1u) << testing::HistogramString(fused);
-  return fused;
-}
-
-void ExpectSameOutputs(const ir::Graph& a, const ir::Graph& b, double tol) {
-  for (uint32_t seed : {1u, 2u}) {
-    absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(a, {}, seed);
-    ASSERT_TRUE(feeds.ok()) << feeds.status();
-    absl::StatusOr<std::vector<ir::Tensor>> ya = testing::Evaluate(a, *feeds), yb = testing::Evaluate(b, *feeds);
-    ASSERT_TRUE(ya.ok()) << ya.status();
-    ASSERT_TRUE(yb.ok()) << yb.status();
-    absl::StatusOr<double> diff = testing::MaxAbsDiff(*ya, *yb);
-    ASSERT_TRUE(diff.ok()) << diff.status();
-    EXPECT_LE(*diff, tol) << "seed " << seed;
-  }
-}
+ir::Graph Fused(const ir::Graph& g) { return testing::FusedOnce<GatedActivationFusion>(g, OpKind::kGatedActivation); }
 
 TEST(GatedActivationFusionNumericTest, ForwardEqualsTheExportersArithmetic) {
   for (const GatedMlpVariant& v : kVariants) {
@@ -60,7 +40,7 @@ TEST(GatedActivationFusionNumericTest, ForwardEqualsTheExportersArithmetic) {
     GraphBuilder b;
     BuildGatedMlp(b, v);
     // act(gate) as the unfused kernels compute it, then the product: the same f32 operations.
-    ExpectSameOutputs(b.graph(), Fused(b.graph()), 1e-6);
+    testing::ExpectSameOutputs(b.graph(), Fused(b.graph()), 1e-6);
   }
 }
 
@@ -93,7 +73,7 @@ TEST(GatedActivationFusionNumericTest, StageFileHoldsTheArithmeticAndFusesAgain)
     absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "gated_activation_stage.onnx");
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_TRUE(testing::NodesOf(*back, OpKind::kGatedActivation).empty()) << testing::HistogramString(*back);
-    ExpectSameOutputs(b.graph(), *back, 1e-6);
+    testing::ExpectSameOutputs(b.graph(), *back, 1e-6);
     // The import sees the exporters' arithmetic: GELU's fusion first, then this one's.
     ir::Graph refused = *back;
     GeluFusion gelu;
@@ -105,7 +85,7 @@ TEST(GatedActivationFusionNumericTest, StageFileHoldsTheArithmeticAndFusesAgain)
     ASSERT_EQ(testing::NodesOf(refused, OpKind::kGatedActivation).size(), 1u) << testing::HistogramString(refused);
     EXPECT_EQ(testing::NodesOf(refused, OpKind::kGatedActivation)[0]->attrs,
               testing::NodesOf(fused, OpKind::kGatedActivation)[0]->attrs);
-    ExpectSameOutputs(b.graph(), refused, 1e-6);
+    testing::ExpectSameOutputs(b.graph(), refused, 1e-6);
   }
 }
 

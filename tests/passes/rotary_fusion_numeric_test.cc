@@ -5,6 +5,7 @@
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/rotary_fusion.h"
 #include "gtest/gtest.h"
+#include "tests/passes/fusion_numeric_util.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_patterns.h"
 #include "tests/passes/test_util.h"
@@ -22,34 +23,13 @@ const RotaryVariant kVariants[] = {
     {.interleaved = true, .width = 12, .rotary_dim = 8, .gptj_layout = true},
 };
 
-ir::Graph Fused(const ir::Graph& g) {
-  ir::Graph fused = g;
-  RotaryFusion pass;
-  absl::StatusOr<bool> changed = pass.Run(&fused);
-  EXPECT_TRUE(changed.ok() && *changed) << testing::HistogramString(fused);
-  EXPECT_TRUE(ir::Verify(fused).ok()) << ir::Verify(fused);
-  EXPECT_EQ(testing::NodesOf(fused, OpKind::kRotary).size(), 1u) << testing::HistogramString(fused);
-  return fused;
-}
-
-void ExpectSameOutputs(const ir::Graph& a, const ir::Graph& b, double tol) {
-  for (uint32_t seed : {1u, 2u}) {
-    absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(a, {}, seed);
-    ASSERT_TRUE(feeds.ok()) << feeds.status();
-    absl::StatusOr<std::vector<ir::Tensor>> ya = testing::Evaluate(a, *feeds), yb = testing::Evaluate(b, *feeds);
-    ASSERT_TRUE(ya.ok()) << ya.status();
-    ASSERT_TRUE(yb.ok()) << yb.status();
-    absl::StatusOr<double> diff = testing::MaxAbsDiff(*ya, *yb);
-    ASSERT_TRUE(diff.ok()) << diff.status();
-    EXPECT_LE(*diff, tol) << "seed " << seed;
-  }
-}
+ir::Graph Fused(const ir::Graph& g) { return testing::FusedOnce<RotaryFusion>(g, OpKind::kRotary); }
 
 TEST(RotaryFusionNumericTest, ForwardEqualsTheExportersArithmetic) {
   for (const RotaryVariant& v : kVariants) {
     GraphBuilder b;
     BuildRotary(b, v);
-    ExpectSameOutputs(b.graph(), Fused(b.graph()), 1e-6);
+    testing::ExpectSameOutputs(b.graph(), Fused(b.graph()), 1e-6);
   }
 }
 
@@ -79,7 +59,7 @@ TEST(RotaryFusionNumericTest, StageFileHoldsTheArithmeticAndFusesAgain) {
     absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "rotary_stage.onnx");
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_TRUE(testing::NodesOf(*back, OpKind::kRotary).empty()) << testing::HistogramString(*back);
-    ExpectSameOutputs(b.graph(), *back, 1e-6);
+    testing::ExpectSameOutputs(b.graph(), *back, 1e-6);
     ir::Graph refused = *back;
     RotaryFusion pass;
     absl::StatusOr<bool> changed = pass.Run(&refused);
