@@ -3,7 +3,6 @@
 // tensors. Arithmetic uses the _rn intrinsics so that nvcc cannot contract a*b + c into an FMA:
 // each operation rounds exactly as the CPU kernel's.
 #include <algorithm>
-#include <cstdint>
 
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/optimizer.h"
@@ -109,32 +108,17 @@ __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, co
   }
 }
 
-// Block sum of squares of one chunk into partials[first_partial + blockIdx.x]. Four floats per load where the
-// tensor is 16-byte aligned (a chunk starts at a multiple of kNormChunk elements, so then it is too) and two
-// accumulators per thread, so that enough loads are in flight to read at memory bandwidth.
+// Block sum of squares of one chunk into partials[first_partial + blockIdx.x].
 __global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_partial) {
   __shared__ double red[kThreads];
   const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kNormChunk;
   const int64_t end = begin + kNormChunk < t.n ? begin + kNormChunk : t.n;
-  double s0 = 0, s1 = 0;
-  int64_t tail = begin;
-  if ((reinterpret_cast<uintptr_t>(t.grad) & 15) == 0) {
-    const float4* v4 = reinterpret_cast<const float4*>(t.grad + begin);
-    const int64_t quads = (end - begin) / 4;
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < quads; j += blockDim.x) {
-      const float4 v = v4[j];
-      s0 += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y;
-      s1 += static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
-    }
-    tail = begin + quads * 4;
-  }
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
+  double sum = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const double g = t.grad[i];
-    s0 += g * g;
+    sum += g * g;
   }
-  const double sum = s0 + s1;
   red[threadIdx.x] = sum;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
