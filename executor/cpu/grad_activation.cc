@@ -288,9 +288,9 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
 }
 REGISTER_CPU_KERNEL(kLayerNormGrad, LayerNormGradKernel);
 
-// RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) -> dX, dScale?. With x^ = x r and g = dY * scale
+// RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?, dresidual?) -> dX, dScale?. With x^ = x r and g = dY * scale
 // over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of dY x^, reduced to scale's
-// shape when scale was broadcast. dY2 as LayerNormGrad's.
+// shape when scale was broadcast. dY2 and dresidual as LayerNormGrad's.
 Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -304,12 +304,16 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
     return INVALID_ARGUMENT() << Describe(node) << ": inv_std_dev must hold " << rows << " " << ir::DTypeName(x.dtype())
                               << " values";
   }
+  const int dres = ir::NormGradResidualInput(node.op);
+  const bool has_dres = HasInput(in, dres);
+  if (has_dres) RETURN_IF_ERROR(ExpectSame(node, in[dres], x, "X"));
   ASSIGN_OR_RETURN(const ir::Tensor* dy2, Dy2Input(node, in));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const IncomingGrad<T> grad{dy.data<T>(), dy2 != nullptr ? dy2->data<T>() : nullptr};
     const T* px = x.data<T>();
     const T* ps = s.data<T>();
+    const T* pres = has_dres ? in[dres].data<T>() : nullptr;
     ASSIGN_OR_RETURN(Workspace ws, Workspace::Get(node, ctx, RMSNormGradWorkspace(rows)));
     double* rstd = ws.at<double>(0);
     // dX only when asked for, as LayerNormGrad's.
@@ -332,7 +336,8 @@ Outputs RMSNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
         mgx /= static_cast<double>(n);
         for (int64_t i = 0; i < n; ++i) {
           const double xh = xr[i] * rstd[r];
-          pdx[row + i] = static_cast<T>(rstd[r] * (static_cast<double>(grad(row + i)) * ps[i] - xh * mgx));
+          const T d = static_cast<T>(rstd[r] * (static_cast<double>(grad(row + i)) * ps[i] - xh * mgx));
+          pdx[row + i] = pres != nullptr ? static_cast<T>(d + pres[row + i]) : d;
         }
       }
     });

@@ -3,7 +3,7 @@
 // input's dims with the normalised ones set to 1, and the input's float dtype (f32 for f32 input, ONNX's default
 // stash_type; f64 for f64 so that gradient checks stay exact). Statistics are two-pass (mean, then centred variance) in
 // double, one row per thread. LayerNorm's fused residual (op.h) forms each row of S = residual + X (X through the
-// fused dropout) first and normalises it.
+// fused dropout) first and normalises it; RMSNorm's (no dropout) likewise.
 #include <cmath>
 #include <vector>
 
@@ -92,7 +92,8 @@ Outputs LayerNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
 }
 REGISTER_CPU_KERNEL(kLayerNorm, LayerNormKernel);
 
-// RMSNorm(X, scale) -> Y = X r scale, InvStdDev r = 1 / sqrt(mean(X^2) + eps) per row, in double.
+// RMSNorm(X, scale, residual?) -> Y = X r scale, InvStdDev r = 1 / sqrt(mean(X^2) + eps) per row, in double,
+// and with a residual Sum: X above is S = residual + X.
 Outputs RMSNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& x = in[0];
   ASSIGN_OR_RETURN(const NormShape shape, GetNormShape(node, x, "input"));
@@ -102,18 +103,35 @@ Outputs RMSNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
                               << ", expected " << ir::DTypeName(x.dtype());
   }
   ASSIGN_OR_RETURN(ir::Tensor scale, AsNormalizedShape(node, in[1], shape, "input 1 (scale)"));
+  const bool residual = HasInput(in, 2);
+  if (residual && (in[2].dims() != x.dims() || in[2].dtype() != x.dtype())) {
+    return INVALID_ARGUMENT() << Describe(node) << ": residual " << ir::DTypeName(in[2].dtype())
+                              << DimsToString(in[2].dims()) << " is not input " << ir::DTypeName(x.dtype())
+                              << DimsToString(x.dims());
+  }
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor y, AllocOutput(node, ctx, 0, x.dtype(), x.dims()));
     ASSIGN_OR_RETURN(ir::Tensor inv_std, OptionalOutput(node, ctx, 1, x.dtype(), shape.stat_dims));
+    // With a residual each row normalises S = residual + X, rounded to T as the Add it replaces stored it, formed
+    // into the Sum output or a row buffer.
+    ASSIGN_OR_RETURN(ir::Tensor sum_out, OptionalOutput(node, ctx, 2, x.dtype(), x.dims()));
+    const T* pr = residual ? in[2].data<T>() : nullptr;
     const T* px = x.data<T>();
     const T* ps = scale.data<T>();
     T* py = y.mutable_data<T>();
     T* pi = inv_std.defined() ? inv_std.mutable_data<T>() : nullptr;
+    T* psum = sum_out.defined() ? sum_out.mutable_data<T>() : nullptr;
     ParallelFor(rows, NormRowGrain(n), [&](int64_t b, int64_t e) {
+      std::vector<T> row(residual && psum == nullptr ? n : 0);
       for (int64_t r = b; r < e; ++r) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
+        if (residual) {
+          T* sr = psum != nullptr ? psum + r * n : row.data();
+          for (int64_t i = 0; i < n; ++i) sr[i] = static_cast<T>(pr[r * n + i] + xr[i]);
+          xr = sr;
+        }
         double sq = 0;
         for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(xr[i]) * xr[i];
         const double inv = 1.0 / std::sqrt(sq / static_cast<double>(n) + shape.eps);
@@ -121,7 +139,9 @@ Outputs RMSNormKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, c
         if (pi) pi[r] = static_cast<T>(inv);
       }
     });
-    return std::vector<ir::Tensor>{y, inv_std};
+    std::vector<ir::Tensor> out = {y, inv_std};
+    if (WantsOutput(node, 2)) out.push_back(sum_out);
+    return out;
   });
 }
 REGISTER_CPU_KERNEL(kRMSNorm, RMSNormKernel);

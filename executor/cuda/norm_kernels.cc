@@ -183,15 +183,22 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
   });
 }
 
-// Y, InvStdDev? = RMSNorm(X, scale).
+// Y, InvStdDev?, Sum? = RMSNorm(X, scale, residual?).
 KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  const std::optional<ir::DType> t = NormDType(in, {0, 1}, {});
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2}, {});
   if (!t) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[0].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
   if (in[1].num_elements() != d) return std::nullopt;
-  std::vector<ir::Tensor> out(2);
+  const bool residual = HasInput(in, 2);
+  if (residual && in[2].dims() != in[0].dims()) return std::nullopt;
+  std::vector<ir::Tensor> out(residual && WantsOutput(node, 2) ? 3 : 2);
+  if (out.size() == 3) {
+    absl::StatusOr<ir::Tensor> sum = ctx.FullOutput(node, 2, *t, in[0].dims());
+    if (!sum.ok()) return sum.status();
+    out[2] = *sum;
+  }
   absl::StatusOr<ir::Tensor> y = ctx.FullOutput(node, 0, *t, in[0].dims());
   if (!y.ok()) return y.status();
   out[0] = *y;
@@ -209,17 +216,20 @@ KernelResult RMSNorm(const KernelContext& ctx, const ir::Node& node, const std::
     a.epsilon = static_cast<float>(node.attrs.Get<double>("epsilon", 1e-5));
     a.x = DevicePtr<T>(in[0]), a.gamma = DevicePtr<T>(in[1]);
     a.y = DevicePtr<T>(out[0]), a.rstd = DevicePtr<float>(out[1]);
+    if (residual) a.residual = DevicePtr<T>(in[2]), a.sum = out.size() == 3 ? DevicePtr<T>(out[2]) : nullptr;
     if (absl::Status st = NormForward(a, ctx.stream); !st.ok()) return st;
     return out;
   });
 }
 
-// dX, dScale? = RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?).
+// dX, dScale? = RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?, dresidual?).
 KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   // The launcher always writes dX; a node without it (a frozen input) runs on the host.
   if (!WantsOutput(node, 0)) return std::nullopt;
-  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 4}, {3});
-  if (!t || in[0].dims() != in[1].dims() || (HasInput(in, 4) && in[4].dims() != in[1].dims())) return std::nullopt;
+  const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 4, 5}, {3});
+  if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
+  for (int i : {4, 5})
+    if (HasInput(in, i) && in[i].dims() != in[1].dims()) return std::nullopt;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, in[1].dims());
   if (!rd) return std::nullopt;
   const auto [rows, d] = *rd;
@@ -248,6 +258,7 @@ KernelResult RMSNormGrad(const KernelContext& ctx, const ir::Node& node, const s
     a.dy = DevicePtr<T>(in[0]), a.x = DevicePtr<T>(in[1]), a.gamma = DevicePtr<T>(in[2]);
     if (saved) a.rstd = DevicePtr<float>(in[3]);
     if (HasInput(in, 4)) a.dy2 = DevicePtr<T>(in[4]);
+    if (HasInput(in, 5)) a.dresidual = DevicePtr<T>(in[5]);
     a.dx = DevicePtr<T>(out[0]);
     return RunBackward(ctx, node, a, out, out[1], ir::Tensor());
   });

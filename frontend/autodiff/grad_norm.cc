@@ -84,14 +84,31 @@ absl::Status LayerNormGrad(GradBuilder& b) {
 
 absl::Status RMSNormGrad(GradBuilder& b) {
   if (b.GO(1) != ir::kNoValue) return b.Error("gradient through RMSNorm's InvStdDev output is not supported");
-  const ValueId x = b.I(0);
+  // A fused residual as LayerNorm's (without dropout): the gradient of S = residual + X is both operands'.
+  const bool residual = b.node().inputs.size() > 2 && b.I(2) != ir::kNoValue;
+  const ValueId x = residual ? b.EnsureForwardOutput(2, b.TypeOf(b.I(0))) : b.I(0);
   ir::Attrs a;
   ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(b.node().attrs.Get<int64_t>("axis", -1), b.Rank(x)));
   a.Set("axis", axis);
   a.Set("epsilon", b.node().attrs.Get<double>("epsilon", 1e-5));
   std::vector<ValueId> ins = {b.GO(0), x, b.I(1)};
-  if (b.O(1) != ir::kNoValue && b.TypeOf(b.O(1)).dtype == b.TypeOf(x).dtype) ins.push_back(b.O(1));
-  b.SetInputGrads(b.EmitMulti(OpKind::kRMSNormGrad, ins, b.InputGradTypes(2), std::move(a)));
+  const bool stats = b.O(1) != ir::kNoValue && b.TypeOf(b.O(1)).dtype == b.TypeOf(x).dtype;
+  ins.push_back(stats ? b.O(1) : ir::kNoValue);
+  const bool needs_x = b.NeedsGI(0) || (residual && b.NeedsGI(2));
+  if (residual && needs_x && b.GO(2) != ir::kNoValue) {
+    ins.resize(ir::NormGradResidualInput(ir::OpKind::kRMSNormGrad), ir::kNoValue);
+    ins.push_back(b.GO(2));
+  }
+  while (ins.back() == ir::kNoValue) ins.pop_back();
+  std::vector<std::optional<ValueType>> outs = {
+      needs_x ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
+      b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt};
+  while (outs.size() > 1 && !outs.back()) outs.pop_back();
+  std::vector<ValueId> g = b.EmitMulti(OpKind::kRMSNormGrad, ins, outs, std::move(a));
+  if (b.NeedsGI(1)) b.SetGI(1, g[1]);
+  if (!needs_x) return absl::OkStatus();
+  if (b.NeedsGI(0)) b.SetGI(0, g[0]);
+  if (residual && b.NeedsGI(2)) b.SetGI(2, g[0]);
   return absl::OkStatus();
 }
 

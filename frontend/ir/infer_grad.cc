@@ -172,8 +172,8 @@ absl::StatusOr<Outputs> SoftmaxGradRule(const InferContext& ctx) {
 absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   ASSIGN_OR_RETURN(Shape s, SameShape(ctx, 0, 1));
-  if (ctx.node().op == OpKind::kLayerNormGrad && ctx.has_input(5)) {
-    RETURN_IF_ERROR(SameShape(ctx, 1, 5).status());  // dresidual
+  if (const int dres = NormGradResidualInput(ctx.node().op); ctx.has_input(dres)) {
+    RETURN_IF_ERROR(SameShape(ctx, 1, dres).status());
   }
   const int dy2 = NormGradDy2Input(ctx.node().op);
   if (ctx.has_input(dy2)) RETURN_IF_ERROR(SameShape(ctx, 0, dy2).status());

@@ -137,6 +137,18 @@ absl::StatusOr<DType> StashType(const InferContext& ctx) {
   }
 }
 
+// A LayerNorm's or RMSNorm's fused residual (input `index`, when present): X's dtype and dims.
+absl::Status ExpectResidual(const InferContext& ctx, int index) {
+  if (!ctx.has_input(index)) return absl::OkStatus();
+  RETURN_IF_ERROR(ctx.ExpectSameDType(0, index));
+  const Shape& r = ctx.shape(index);
+  const Shape& x = ctx.shape(0);
+  bool same = r.size() == x.size();
+  for (size_t i = 0; same && i < r.size(); ++i) same = UnifyDims(r[i], x[i]).has_value();
+  if (!same) return ctx.Error() << "residual " << ctx.Describe(index) << " is not " << ctx.Describe(0) << "'s shape";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
@@ -150,13 +162,7 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
     RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 2, normalized));
   }
   const bool residual = ctx.has_input(3);
-  if (residual) {
-    RETURN_IF_ERROR(ctx.ExpectSameDType(0, 3));
-    const Shape& r = ctx.shape(3);
-    bool same = r.size() == x.size();
-    for (size_t i = 0; same && i < r.size(); ++i) same = UnifyDims(r[i], x[i]).has_value();
-    if (!same) return ctx.Error() << "residual " << ctx.Describe(3) << " is not " << ctx.Describe(0) << "'s shape";
-  }
+  RETURN_IF_ERROR(ExpectResidual(ctx, 3));
   if (ctx.attrs().Get<double>("dropout", 0.0) != 0.0 && !residual) return ctx.Error() << "dropout without a residual";
   Outputs out = One(ctx.dtype(0), x);
   if (ctx.num_outputs() > 1) {
@@ -173,7 +179,8 @@ absl::StatusOr<Outputs> LayerNormRule(const InferContext& ctx) {
   return out;
 }
 
-// Y (X's type) and optionally InvStdDev: X's dims with the normalised ones 1, in X's dtype.
+// Y (X's type), optionally InvStdDev (X's dims with the normalised ones 1, in X's dtype) and, with a
+// residual, Sum (X's type).
 absl::StatusOr<Outputs> RMSNormRule(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ctx.ExpectSameDType(0, 1));
@@ -181,11 +188,16 @@ absl::StatusOr<Outputs> RMSNormRule(const InferContext& ctx) {
   const Shape& x = ctx.shape(0);
   ASSIGN_OR_RETURN(int64_t axis, ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(0), "axis"));
   RETURN_IF_ERROR(ExpectBroadcastsTo(ctx, 1, Shape(x.begin() + axis, x.end())));
+  RETURN_IF_ERROR(ExpectResidual(ctx, 2));
   Outputs out = One(ctx.dtype(0), x);
   if (ctx.num_outputs() > 1) {
     Shape stats(x.begin(), x.begin() + axis);
     stats.resize(x.size(), Dim(1));
     out.push_back({ctx.dtype(0), stats});
+  }
+  if (ctx.num_outputs() > 2) {
+    if (!ctx.has_input(2)) return ctx.Error() << "output 2 (Sum) without a residual";
+    out.push_back({ctx.dtype(0), x});
   }
   return out;
 }

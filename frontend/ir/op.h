@@ -31,10 +31,12 @@
 //   zeroed exactly as that Dropout node would. S, in X's dtype, is optional output 3 (Sum) for the
 //   residual stream's other readers; a backend computing a half-precision node in f32 may
 //   normalise S before rounding it (the CPU), another after (the CUDA kernel, as Add stores it).
-// - RMSNorm(X, scale) attrs axis (default -1), epsilon (default 1e-5) -> Y, and optionally
-//   InvStdDev: over the dims [axis, rank), r = 1 / sqrt(mean(X^2) + epsilon), Y = X * r * scale
+// - RMSNorm(X, scale, residual?) attrs axis (default -1), epsilon (default 1e-5) -> Y, and optionally
+//   InvStdDev, Sum: over the dims [axis, rank), r = 1 / sqrt(mean(X^2) + epsilon), Y = X * r * scale
 //   (ONNX RMSNormalization, the Llama/T5 norm); scale broadcasts to the normalised dims as
-//   LayerNorm's; InvStdDev has X's dims with the normalised ones set to 1.
+//   LayerNorm's; InvStdDev has X's dims with the normalised ones set to 1. With residual (X's dims;
+//   the residual-norm fusion pass sets it) the normalised value is S = residual + X, output 2 (Sum)
+//   for the residual stream's other readers, rounded as LayerNorm's S (no fused dropout here).
 // - Gelu(X) attr approximate: "none" (erf) | "tanh"; optional fused dropout (the dropout-fusion
 //   pass sets it for a Dropout that only reads the Gelu): attrs dropout (ratio, default 0) and
 //   rng_key (the Dropout node's random-stream key): while training, each result is kept and scaled
@@ -120,7 +122,9 @@
 // - RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
-//   dY2 as LayerNormGrad's (NormGradDy2Input gives its index in either op).
+//   dY2 as LayerNormGrad's (NormGradDy2Input gives its index in either op). RMSNormGrad(dY, S, scale,
+//   inv_std_dev?, dY2?, dresidual?): with a fused residual X is the forward's Sum and dresidual is
+//   added to dX as LayerNormGrad's.
 // - DropoutGrad(dY, mask?) attr ratio -> dY * mask / (1 - ratio); mask = Dropout's bool output,
 //   or without it the forward's mask regenerated from its random stream (attr rng_key = the
 //   forward's rng_key, else its name; as AttentionGrad), so the forward keeps no mask.
@@ -257,7 +261,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   /* Fused ops */                                                                            \
   V(Linear, "Linear", 2, 3, 1, 1, kOpGemm | kOpCostly)                                       \
   V(LayerNorm, "LayerNorm", 2, 4, 1, 4, 0)                                                   \
-  V(RMSNorm, "RMSNorm", 2, 2, 1, 2, 0)                                                       \
+  V(RMSNorm, "RMSNorm", 2, 3, 1, 3, 0)                                                       \
   V(Gelu, "Gelu", 1, 1, 1, 1, 0)                                                             \
   V(Attention, "Attention", 3, 4, 1, 2, kOpGemm | kOpCostly)                                 \
   /* Gradient and training ops */                                                            \
@@ -277,7 +281,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
   V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
   V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 3, 0)                                           \
-  V(RMSNormGrad, "RMSNormGrad", 3, 5, 1, 2, 0)                                               \
+  V(RMSNormGrad, "RMSNormGrad", 3, 6, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 5, 1, 1, 0)               \
@@ -321,6 +325,15 @@ std::optional<OpKind> ParseOpKind(std::string_view name);
 // addend); -1 for any other op.
 constexpr int NormGradDy2Input(OpKind op) {
   return op == OpKind::kLayerNormGrad ? 6 : op == OpKind::kRMSNormGrad ? 4 : -1;
+}
+// A LayerNorm's or RMSNorm's fused residual: its input index, the index of its Sum output, and the
+// index of the gradient's dresidual input; -1 for any other op.
+constexpr int NormResidualInput(OpKind op) {
+  return op == OpKind::kLayerNorm ? 3 : op == OpKind::kRMSNorm ? 2 : -1;
+}
+constexpr int NormSumOutput(OpKind op) { return NormResidualInput(op); }
+constexpr int NormGradResidualInput(OpKind op) {
+  return op == OpKind::kLayerNormGrad || op == OpKind::kRMSNormGrad ? 5 : -1;
 }
 
 }  // namespace onnxpipe::ir

@@ -231,6 +231,7 @@ class Exporter {
         return absl::OkStatus();
       }
       case ir::OpKind::kRMSNorm:
+        if (ins.size() > 2 && !ins[2].empty()) RETURN_IF_ERROR(ResidualSum(n, ins, outs));
         return RMSNorm(n, ins, outs);
       case ir::OpKind::kGelu: {
         const double ratio = n.attrs.Get<double>("dropout", 0.0);
@@ -404,8 +405,8 @@ class Exporter {
     return absl::OkStatus();
   }
 
-  // A LayerNorm's fused residual (op.h) as the Dropout (if any) and Add it was: ins[0] becomes the
-  // sum, named as output 3 when the node has it.
+  // A LayerNorm's or RMSNorm's fused residual (op.h) as the Dropout (if any) and Add it was: ins[0]
+  // becomes the sum, named as the node's Sum output when it has it.
   absl::Status ResidualSum(const ir::Node& n, std::vector<std::string>& ins, const std::vector<std::string>& outs) {
     std::string x = ins[0];
     if (const double ratio = n.attrs.Get<double>("dropout", 0.0); ratio != 0.0) {
@@ -416,8 +417,9 @@ class Exporter {
             Const(key + "/training_mode", ir::Tensor::Scalar<bool>(true))},
            {x});
     }
-    const std::string sum = outs.size() > 3 && !outs[3].empty() ? outs[3] : Fresh(n.name + "/sum");
-    Emit("Add", n.name + "/residual_add", {ins[3], x}, {sum});
+    const size_t r = static_cast<size_t>(ir::NormResidualInput(n.op));
+    const std::string sum = outs.size() > r && !outs[r].empty() ? outs[r] : Fresh(n.name + "/sum");
+    Emit("Add", n.name + "/residual_add", {ins[r], x}, {sum});
     ins[0] = sum;
     return absl::OkStatus();
   }

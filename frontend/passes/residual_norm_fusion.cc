@@ -45,19 +45,23 @@ bool SameShape(const ir::Value& a, const ir::Value& b) {
 
 bool Fuse(ir::Graph* g, const UseInfo& uses, NodeId id) {
   const ir::Node& ln = g->node(id);
-  if (ln.op != OpKind::kLayerNorm || (ln.inputs.size() > 3 && ln.inputs[3] != ir::kNoValue)) return false;
+  const int r = ir::NormResidualInput(ln.op);
+  if (r < 0 || (static_cast<int>(ln.inputs.size()) > r && ln.inputs[r] != ir::kNoValue)) return false;
+  const bool layer_norm = ln.op == OpKind::kLayerNorm;  // RMSNorm takes no fused dropout
   const ValueId s = ln.inputs[0];
   const ir::Node* add = ProducerOf(*g, s, OpKind::kAdd);
   if (add == nullptr || add->inputs.size() != 2) return false;
   const NodeId add_id = ProducerId(*g, s);
   const ValueId a0 = add->inputs[0], a1 = add->inputs[1];
   if (!SameShape(g->value(a0), g->value(s)) || !SameShape(g->value(a1), g->value(s))) return false;
-  // The normalisation's other operands must not depend on the sum, which the LayerNorm now makes.
+  // The normalisation's other operands must not depend on the sum, which the norm now makes.
   for (size_t i = 1; i < ln.inputs.size(); ++i)
     if (ln.inputs[i] != ir::kNoValue && DependsOn(*g, ln.inputs[i], add_id)) return false;
-  NodeId drop = FusibleDropout(*g, uses, a1);
+  NodeId drop = layer_norm ? FusibleDropout(*g, uses, a1) : ir::kNoNode;
   ValueId x = a1, residual = a0;
-  if (drop == ir::kNoNode && (drop = FusibleDropout(*g, uses, a0)) != ir::kNoNode) std::swap(x, residual);
+  if (layer_norm && drop == ir::kNoNode && (drop = FusibleDropout(*g, uses, a0)) != ir::kNoNode) {
+    std::swap(x, residual);
+  }
   double ratio = 0;
   std::string key;
   if (drop != ir::kNoNode) {
@@ -71,15 +75,16 @@ bool Fuse(ir::Graph* g, const UseInfo& uses, NodeId id) {
   if (drop != ir::kNoNode) g->RemoveNode(drop);
   ir::Node& n = g->node(id);
   n.inputs[0] = x;
-  n.inputs.resize(4, ir::kNoValue);
-  n.inputs[3] = residual;
+  n.inputs.resize(r + 1, ir::kNoValue);
+  n.inputs[r] = residual;
   if (drop != ir::kNoNode) {
     n.attrs.Set("dropout", ratio);
     n.attrs.Set("rng_key", key);
   }
   if (sum_read) {
-    if (n.outputs.size() < 4) n.outputs.resize(4, ir::kNoValue);
-    SetOutput(g, id, 3, s);
+    const int sum = ir::NormSumOutput(n.op);
+    if (static_cast<int>(n.outputs.size()) <= sum) n.outputs.resize(sum + 1, ir::kNoValue);
+    SetOutput(g, id, sum, s);
   }
   return true;
 }

@@ -5,7 +5,8 @@
 // Post-LN transformers (BERT, the benchmark encoder) add each sub-layer's dropped output to its
 // input and normalise that; one kernel then reads both and writes the normalised value (and S)
 // instead of three passes over the activations. The Add's value stays, as the LayerNorm's output
-// 3 (Sum), when anything else reads it (pre-LN's residual stream).
+// 3 (Sum), when anything else reads it (pre-LN's residual stream). RMSNorm(Add(a, b)) fuses the same
+// way (residual input 2, Sum output 2; a Dropout stays a node): the pre-norm Llama family's blocks.
 #pragma once
 
 #include <string_view>

@@ -200,17 +200,23 @@ TYPED_TEST(NormCudaTest, LayerNormForwardMatchesCpu) {
 
 TYPED_TEST(NormCudaTest, ResidualAddIsFused) {
   using T = TypeParam;
-  for (const Shape& s : {Shape{64, 1024}, Shape{300, 33}, Shape{5, 4095}}) {
-    Problem<T> p(s, 7);
-    const Forward got = RunForward<T>(NormKind::kLayerNorm, p, /*with_beta=*/true, /*with_residual=*/true);
-    std::vector<float> sum(p.x.size());
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = p.x[i] + p.residual[i];
-    sum = Representable<T>(sum);
-    EXPECT_EQ(got.sum, sum) << "the sum is x + residual rounded once to the element type " << Name(s);
-    const auto want = CpuEval(ir::OpKind::kLayerNorm,
-                              {F32({s.rows, s.d}, sum), F32({s.d}, p.gamma), F32({s.d}, p.beta)}, 3, LayerNormAttrs());
-    ExpectMatch<T>(got.y, Floats(want[0]), "y of the sum " + Name(s));
-    EXPECT_TRUE(AllClose(got.rstd, Floats(want[2]), 1e-5)) << Name(s);
+  for (const NormKind kind : {NormKind::kLayerNorm, NormKind::kRmsNorm}) {
+    const bool layer = kind == NormKind::kLayerNorm;
+    for (const Shape& s : {Shape{64, 1024}, Shape{300, 33}, Shape{5, 4095}}) {
+      const std::string what = (layer ? "LayerNorm " : "RMSNorm ") + Name(s);
+      Problem<T> p(s, 7);
+      const Forward got = RunForward<T>(kind, p, /*with_beta=*/layer, /*with_residual=*/true);
+      std::vector<float> sum(p.x.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = p.x[i] + p.residual[i];
+      sum = Representable<T>(sum);
+      EXPECT_EQ(got.sum, sum) << "the sum is x + residual rounded once to the element type " << what;
+      std::vector<ir::Tensor> in = {F32({s.rows, s.d}, sum), F32({s.d}, p.gamma)};
+      if (layer) in.push_back(F32({s.d}, p.beta));
+      const auto want =
+          CpuEval(layer ? ir::OpKind::kLayerNorm : ir::OpKind::kRMSNorm, in, layer ? 3 : 2, LayerNormAttrs());
+      ExpectMatch<T>(got.y, Floats(want[0]), "y of the sum " + what);
+      EXPECT_TRUE(AllClose(got.rstd, Floats(want[layer ? 2 : 1]), 1e-5)) << what;
+    }
   }
 }
 

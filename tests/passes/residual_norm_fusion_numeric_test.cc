@@ -1,4 +1,5 @@
-// ResidualNormFusion: Dropout -> Add -> LayerNorm becomes one LayerNorm with a fused residual. The
+// ResidualNormFusion: Dropout -> Add -> LayerNorm becomes one LayerNorm with a fused residual, Add -> RMSNorm one
+// RMSNorm with a fused residual. The
 // fused graph must compute what the unfused one does while training (the same mask: the LayerNorm
 // carries the Dropout's random-stream key), forward and gradients, bit for bit on the CPU backend,
 // post-LN (the sum read by the norm only) and pre-LN (the sum also read by the next residual add);
@@ -30,6 +31,7 @@ struct Block {
   bool read_mask = false;      // the Dropout's mask is a graph output
   bool broadcast = false;      // the residual is a (kE) row: no fusion
   bool dropped_first = false;  // Add(dropped, x) instead of Add(x, dropped)
+  bool rms = false;            // RMSNorm(s, gamma) instead of LayerNorm(s, gamma, beta)
 };
 
 // x -> MatMul -> [Dropout] -> Add(x, .) -> LayerNorm -> MatMul [+ sum] -> sum of squares.
@@ -49,8 +51,10 @@ ir::Graph Encoder(const Block& c) {
   const ValueId r = c.broadcast ? b.Param("row", {kE}) : x;
   const ValueId s =
       b.Op(OpKind::kAdd, c.dropped_first ? std::vector<ValueId>{h, r} : std::vector<ValueId>{r, h}, kShape);
-  const ValueId n = b.Op(OpKind::kLayerNorm, {s, b.Param("gamma", {kE}), b.Param("beta", {kE})}, kShape,
-                         MakeAttrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5}}));
+  const ValueId n = c.rms ? b.Op(OpKind::kRMSNorm, {s, b.Param("gamma", {kE})}, kShape,
+                                 MakeAttrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5}}))
+                          : b.Op(OpKind::kLayerNorm, {s, b.Param("gamma", {kE}), b.Param("beta", {kE})}, kShape,
+                                 MakeAttrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5}}));
   ValueId y = b.Op(OpKind::kMatMul, {n, b.Param("w2", {kE, kE})}, kShape);
   if (c.pre_ln) y = b.Op(OpKind::kAdd, {s, y}, kShape);
   const ValueId sq = b.Op(OpKind::kMul, {y, y}, kShape);
@@ -124,18 +128,52 @@ TEST(ResidualNormFusionTest, AReadMaskKeepsItsDropoutAndABroadcastAddStays) {
   EXPECT_EQ(testing::NodesOf(row, OpKind::kAdd).size(), 1u);
 }
 
+// Pre-norm (Llama) blocks: RMSNorm takes the Add (residual input 2, Sum output 2 for the next add) and computes the
+// same bit for bit, forward and gradients; a Dropout before the Add stays a node.
+TEST(ResidualNormFusionTest, RMSNormTakesTheAddAndComputesTheSameBitForBit) {
+  for (const bool pre_ln : {false, true}) {
+    for (const bool dropout : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "pre_ln " << pre_ln << " dropout " << dropout);
+      const ir::Graph g = Encoder({.pre_ln = pre_ln, .dropout = dropout, .rms = true});
+      ir::Graph fused = g;
+      ASSERT_TRUE(Fused(&fused));
+      EXPECT_EQ(testing::NodesOf(fused, OpKind::kDropout).size(), dropout ? 1u : 0u);
+      EXPECT_EQ(testing::NodesOf(fused, OpKind::kAdd).size(), pre_ln ? 1u : 0u) << testing::HistogramString(fused);
+      const std::vector<const ir::Node*> rms = testing::NodesOf(fused, OpKind::kRMSNorm);
+      ASSERT_EQ(rms.size(), 1u);
+      EXPECT_FALSE(rms[0]->attrs.Has("dropout"));
+      ASSERT_EQ(rms[0]->inputs.size(), 3u);
+      EXPECT_EQ(fused.value(rms[0]->inputs[2]).name, "x");
+      EXPECT_EQ(rms[0]->outputs.size() > 2 && rms[0]->outputs[2] != ir::kNoValue, pre_ln);
+
+      const std::vector<ir::Tensor> want = LossAndGradients(g), got = LossAndGradients(fused);
+      ASSERT_EQ(want.size(), 4u);  // the loss, dW1, dGamma, dW2
+      EXPECT_EQ(*testing::MaxAbsDiff(want, got), 0.0);
+
+      ir::Graph trained = fused;
+      ASSERT_TRUE(autodiff::BuildGradients(&trained, trained.outputs()[0], {}).ok());
+      const std::vector<const ir::Node*> grad = testing::NodesOf(trained, OpKind::kRMSNormGrad);
+      ASSERT_EQ(grad.size(), 1u);
+      const int dres = ir::NormGradResidualInput(OpKind::kRMSNormGrad);
+      EXPECT_EQ(static_cast<int>(grad[0]->inputs.size()) > dres && grad[0]->inputs[dres] != ir::kNoValue, pre_ln);
+    }
+  }
+}
+
 TEST(ResidualNormFusionTest, StageOnnxDrawsTheSameMask) {
   for (const bool pre_ln : {false, true}) {
-    ir::Graph fused = Encoder({.pre_ln = pre_ln});
-    ASSERT_TRUE(Fused(&fused));
-    absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "residual_norm_fusion_stage.onnx");
-    ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(testing::NodesOf(*back, OpKind::kDropout).size(), 1u) << pre_ln;
-    absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(fused, {}, 5);
-    absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(fused, *feeds, /*training=*/true);
-    absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, *feeds, /*training=*/true);
-    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-    EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5) << pre_ln;
+    for (const bool rms : {false, true}) {
+      ir::Graph fused = Encoder({.pre_ln = pre_ln, .rms = rms});
+      ASSERT_TRUE(Fused(&fused));
+      absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "residual_norm_fusion_stage.onnx");
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(testing::NodesOf(*back, OpKind::kDropout).size(), 1u) << pre_ln;
+      absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(fused, {}, 5);
+      absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(fused, *feeds, /*training=*/true);
+      absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, *feeds, /*training=*/true);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5) << pre_ln << " rms " << rms;
+    }
   }
 }
 
