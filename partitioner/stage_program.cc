@@ -531,6 +531,13 @@ absl::StatusOr<PipelineProgram> BuildPipelineProgram(const GraphAnalysis& a, con
   for (const ir::Graph::StateUpdate& u : g.state_updates()) {
     if (a.is_param[u.state]) p.parameter_owner[u.state] = x.primary[g.value(u.new_value).producer];
   }
+  for (int32_t k = 0; k < p.num_stages; ++k) {
+    p.all_reduced.push_back(AllReducedSums(p, k));
+    for (const auto& [id, group] : p.all_reduced.back())
+      if (std::find(p.shared_groups.begin(), p.shared_groups.end(), group) == p.shared_groups.end()) {
+        p.shared_groups.push_back(group);
+      }
+  }
   return p;
 }
 

@@ -127,6 +127,10 @@ struct PipelineProgram {
   int32_t loss_stage = -1, grad_norm_stage = -1;
   // Parameter -> the stage that owns it (runs its first forward reader).
   std::map<ir::ValueId, int32_t> parameter_owner;
+  // Per stage, its post Sums that run as all-reduces (AllReducedSums); and the distinct groups of stages any stage
+  // all-reduces over, in stage order (each process prepares every group of the run, the same list everywhere).
+  std::vector<std::map<ir::NodeId, std::vector<int32_t>>> all_reduced;
+  std::vector<std::vector<int32_t>> shared_groups;
 };
 
 // Checks the placement and builds every stage's program. Errors name the node and the stage: a node

@@ -9,6 +9,7 @@
 
 #include "executor/backend/backend.h"
 #include "executor/io/atomic_file.h"
+#include "executor/pipeline/stage_file.h"
 #include "frontend/ir/status.h"
 #include "frontend/onnx/stage_export.h"
 #include "partitioner/partitioner.h"
@@ -37,11 +38,11 @@ void ShowProgress(const std::string& what) {
 namespace part = onnxpipe::partitioner;
 
 struct Flags {
-  std::string stages = "1", schedule = "1f1b", recompute = "none", optimizer = "sgd", dtype = "fp32";
-  std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest", logits;
-  std::string labels = "labels", freeze, train_only;
+  GraphFlags graph;  // optimizer, loss and trained initializers, as train's (the stage programs are built with them)
+  std::string stages = "1", schedule = "1f1b", recompute = "none", dtype = "fp32";
+  std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest";
   int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64, data_parallel = 1;
-  double momentum = 0, clip_norm = 0, cut_slack = 0.05, dp_bucket_mb = 25;
+  double cut_slack = 0.05, dp_bucket_mb = 25;
   bool onnx = true;
 };
 
@@ -98,7 +99,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   ASSIGN_OR_RETURN(part::DeviceProfile device, part::ResolveDevice(f.device));
   part::PartitionOptions o;
   o.model = std::filesystem::path(model_path).filename().string();
-  o.optimizer = f.optimizer;
+  o.optimizer = f.graph.optimizer;
   o.batch = f.batch;
   o.microbatches = f.microbatches;
   o.data_parallel = f.data_parallel;
@@ -154,13 +155,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
 
   TrainingGraphOptions to;
   to.seq = f.seq;
-  to.optimizer = f.optimizer;
-  to.momentum = f.momentum;
-  to.clip_norm = f.clip_norm;
-  to.logits = f.logits;
-  to.labels = f.labels;
-  to.freeze = f.freeze;
-  to.train_only = f.train_only;
+  to.graph = f.graph;
   to.dtype = o.precision == part::Precision::kBF16 ? ir::DType::kBF16 : ir::DType::kF32;
   ShowProgress("importing " + model_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
@@ -215,7 +210,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     const int64_t capacity = memory - device.reserved_bytes;
     const std::string config = std::string(part::ScheduleName(o.schedule)) + ", recompute " +
                                part::RecomputePolicyName(o.recompute) + ", " + part::PrecisionName(o.precision) +
-                               ", " + f.optimizer;
+                               ", " + f.graph.optimizer;
     RETURN_IF_ERROR(io::WriteFileAtomically(f.out + "/sweep.csv", part::SweepCsv(rows, capacity)));
     RETURN_IF_ERROR(
         io::WriteFileAtomically(f.out + "/sweep.html", part::SweepHtml(rows, o.model, device, capacity, config)));
@@ -242,6 +237,16 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   const auto t3 = std::chrono::steady_clock::now();
   ShowProgress("writing " + f.out);
   RETURN_IF_ERROR(part::WritePlanFiles(plan, f.out));
+  {
+    // Each stage's program, which a rank of `train --plan` runs as written (no training graph of its own).
+    ASSIGN_OR_RETURN(const part::CompiledPlan compiled, part::CompilePlan(*g, plan));
+    pipeline::StageFileSource src;
+    ASSIGN_OR_RETURN(src.training, graphs->GetTraining(mb));
+    src.model = &*graphs->model().imported;
+    src.spec = graphs->spec();
+    src.data_parallel = static_cast<int32_t>(f.data_parallel);
+    RETURN_IF_ERROR(pipeline::WriteStageFiles(f.out, compiled, src));
+  }
   if (f.onnx) {
     for (const part::StagePlan& s : plan.stages) {
       ASSIGN_OR_RETURN(ir::Graph stage, part::BuildStageForwardGraph(ctx->analysis(), s.unit_begin, s.unit_end));
@@ -255,7 +260,8 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   const double write_s = Since(t3);
   ShowProgress("");
   std::printf("%s\n", part::ReportText(plan).c_str());
-  std::printf("wrote %s/{plan.json, report.txt, report.html, partition.dot, schedule.trace.json%s}\n", f.out.c_str(),
+  std::printf("wrote %s/{plan.json, report.txt, report.html, partition.dot, schedule.trace.json, stage_<k>.program%s}\n",
+              f.out.c_str(),
               f.onnx ? ", stage_<k>.onnx" : "");
   std::printf("time: import %.2f s, training graph %.2f s, partition %.3f s, write %.2f s\n", load_s, graph_s,
               partition_s, write_s);
@@ -272,7 +278,8 @@ int RunPartition(const Args& args) {
              "stages so that every stage fits its device and the predicted step time is smallest,\n"
              "chooses what each stage recomputes, simulates the schedule, and writes DIR/plan.json\n"
              "(what `onnxpipe train --plan DIR` loads), report.txt, report.html, partition.dot,\n"
-             "schedule.trace.json and stage_<k>.onnx. --sweep writes DIR/sweep.csv and sweep.html.\n"
+             "schedule.trace.json, stage_<k>.program (each stage's program: what a rank of train --plan\n"
+             "runs) and stage_<k>.onnx. --sweep writes DIR/sweep.csv and sweep.html.\n"
              "Devices: h200, h100-80gb, a100-80gb, a100-40gb, v100-32gb, cpu, or a JSON file\n"
              "(partitioner/device.h documents the format). --profile takes `onnxpipe profile` output.");
   fs.String("stages", &f.stages, "number of pipeline stages, or auto (the fewest that fit; see --objective)");
@@ -287,9 +294,7 @@ int RunPartition(const Args& args) {
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
   fs.String("schedule", &f.schedule, "gpipe | 1f1b");
   fs.String("recompute", &f.recompute, "none | full | selective | auto");
-  fs.String("optimizer", &f.optimizer, "sgd | adamw (AdamW keeps two state tensors per parameter)");
-  fs.Double("momentum", &f.momentum, "SGD momentum (adds a buffer per parameter)");
-  fs.Double("clip-norm", &f.clip_norm, "global gradient-norm clipping, as train");
+  AddGraphFlags(fs, &f.graph);
   fs.String("dtype", &f.dtype, "fp32 | bf16: the training graph `train --dtype` runs (bf16: bf16 activations and "
             "GEMMs, fp32 master weights, gradients and optimizer state), and the device's GEMM peak for it");
   fs.String("device", &f.device, "built-in device name or a device JSON file");
@@ -301,10 +306,6 @@ int RunPartition(const Args& args) {
   fs.Int("max-stages", &f.max_stages, "upper end of --stages auto");
   fs.String("sweep", &f.sweep,
             "\"batch=32,64 microbatches=1,2,4 stages=2,4 [data_parallel=1,2]\": predict a table instead");
-  fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
-  fs.String("labels", &f.labels, "name of the labels input the loss adds");
-  fs.String("freeze", &f.freeze, "regex of initializers not to train (buffers)");
-  fs.String("train-only", &f.train_only, "regex of the only initializers to train (overrides the buffer rule)");
   fs.Double("cut-slack", &f.cut_slack, "a cut is a candidate when its crossing bytes are within this fraction of the smallest");
   fs.Bool("onnx", &f.onnx, "write stage_<k>.onnx (--no-onnx skips them)");
   fs.String("out", &f.out, "output folder");

@@ -12,19 +12,14 @@
 #include "absl/status/statusor.h"
 #include "frontend/autodiff/training_graph.h"
 #include "frontend/ir/graph.h"
+#include "tools/graph_flags.h"
 #include "tools/model.h"
 
 namespace onnxpipe::tools {
 
 struct TrainingGraphOptions {
-  int64_t seq = 0;                // 0: leave the sequence dim as exported
-  std::string optimizer = "sgd";  // sgd | adamw
-  double momentum = 0;            // SGD momentum (adds a momentum buffer per parameter)
-  double clip_norm = 0;           // global-norm clipping
-  std::string logits;             // default: the model's only output
-  std::string labels = "labels";
-  std::string freeze;                 // regex of initializers not trained
-  std::string train_only;             // regex of the only initializers trained (autodiff/trainable.h)
+  int64_t seq = 0;     // 0: leave the sequence dim as exported
+  GraphFlags graph;    // optimizer, loss, trained initializers: as train's flags
   ir::DType dtype = ir::DType::kF32;  // kF32 | kBF16: the training graph `train --dtype` builds
 };
 
@@ -37,6 +32,9 @@ class TrainingGraphs {
   // training graph owns its optimizer state: AdamW doubles the parameters' memory), so a pointer
   // from an earlier call with another size is invalidated.
   absl::StatusOr<const ir::Graph*> Get(int64_t microbatch);
+  // The same with what autodiff found, and the options it was built with (the latest Get's).
+  absl::StatusOr<const autodiff::TrainingGraph*> GetTraining(int64_t microbatch);
+  const autodiff::TrainingGraphSpec& spec() const { return spec_; }
   const Model& model() const { return model_; }
   const std::vector<std::string>& warnings() const { return model_.warnings; }
 
@@ -46,6 +44,7 @@ class TrainingGraphs {
   TrainingGraphOptions options_;
   Model model_;
   std::map<int64_t, autodiff::TrainingGraph> graphs_;
+  autodiff::TrainingGraphSpec spec_;
 };
 
 }  // namespace onnxpipe::tools

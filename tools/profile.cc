@@ -21,6 +21,7 @@
 #include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/graph_flags.h"
 #include "tools/partition_model.h"
 
 namespace onnxpipe::tools {
@@ -29,12 +30,12 @@ namespace {
 namespace part = onnxpipe::partitioner;
 
 struct Flags {
-  std::string optimizer = "sgd", out, logits, labels = "labels", freeze, train_only, device_out, backend = "cpu";
+  GraphFlags graph;  // the training graph's options, as train's
+  std::string out, device_out, backend = "cpu";
   std::string dtype = "fp32";
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
   std::string cuda_attention = "auto";
-  double momentum = 0;
 };
 
 const char* PhaseName(ir::Phase p) {
@@ -170,12 +171,7 @@ class KeptOutputs : public ir::OutputAllocator {
 absl::Status Run(const std::string& model_path, const Flags& f) {
   TrainingGraphOptions to;
   to.seq = f.seq;
-  to.optimizer = f.optimizer;
-  to.momentum = f.momentum;
-  to.logits = f.logits;
-  to.labels = f.labels;
-  to.freeze = f.freeze;
-  to.train_only = f.train_only;
+  to.graph = f.graph;
   to.dtype = f.dtype == "bf16" ? ir::DType::kBF16 : ir::DType::kF32;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingGraphs> graphs, TrainingGraphs::Open(model_path, to));
   ASSIGN_OR_RETURN(const ir::Graph* gp, graphs->Get(f.batch));
@@ -277,7 +273,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   times.model = std::filesystem::path(model_path).filename().string();
   times.backend = f.backend;
   times.dtype = f.dtype;
-  times.optimizer = f.optimizer;
+  times.optimizer = f.graph.optimizer;
   times.microbatch = f.batch;
   times.seq = f.seq;
   times.repeats = f.repeats;
@@ -357,16 +353,11 @@ int RunProfile(const Args& args) {
              "(partitioner/device.h) for `onnxpipe partition --device FILE.json`.");
   fs.Int("batch", &f.batch, "micro-batch size to measure (binds the batch dim)");
   fs.Int("seq", &f.seq, "sequence length (binds the sequence dim)");
-  fs.String("optimizer", &f.optimizer, "sgd | adamw");
-  fs.Double("momentum", &f.momentum, "SGD momentum");
+  AddGraphFlags(fs, &f.graph);
   fs.String("dtype", &f.dtype, "fp32 | bf16: the training graph `train --dtype` runs (bf16: mixed precision)");
   fs.Int("repeats", &f.repeats, "measured runs (the median is kept)");
   fs.Int("warmup", &f.warmup, "unmeasured runs first");
   fs.Int("seed", &f.seed, "seed of the random inputs and dropout");
-  fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
-  fs.String("labels", &f.labels, "name of the labels input the loss adds");
-  fs.String("freeze", &f.freeze, "regex of initializers not to train");
-  fs.String("train-only", &f.train_only, "regex of the only initializers to train (overrides the buffer rule)");
   fs.String("out", &f.out, "output JSON file");
   fs.String("backend", &f.backend, "cpu | cuda | checked: where the nodes run");
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");

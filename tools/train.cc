@@ -37,6 +37,7 @@
 #include "tools/commands.h"
 #include "tools/distributed.h"
 #include "tools/flags.h"
+#include "tools/graph_flags.h"
 #include "tools/model.h"
 #include "tools/resume.h"
 #include "tools/train_data.h"
@@ -55,14 +56,14 @@ constexpr bool kHaveNccl = false;
 #endif
 
 struct Flags {
-  std::string data, optimizer = "sgd", lr_schedule = "constant", schedule, logits, labels = "labels", metrics;
-  std::string backend = "cpu", dtype = "fp32", freeze, train_only, data_format = "auto", save, mask = "auto";
+  GraphFlags graph;  // optimizer, loss and trained initializers (shared with partition)
+  std::string data, lr_schedule = "constant", schedule, metrics;
+  std::string backend = "cpu", dtype = "fp32", data_format = "auto", save, mask = "auto";
   std::string save_external = "auto", checkpoint_dir, tensorboard;
-  int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, ignore_index = -100, seq = 0, vocab_size = 0;
+  int64_t batch = 0, steps = 0, warmup_steps = 0, seed = 0, seq = 0, vocab_size = 0;
   int64_t checkpoint_every = 0, keep_checkpoints = 3, log_every = 1;
-  double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double clip_norm = 0, label_smoothing = 0;
-  bool nesterov = false, shuffle = false, dropout = true, check_numerics = false, eval = false;
+  double lr = 0;
+  bool shuffle = false, check_numerics = false, eval = false;
   bool shuffle_given = false;            // --shuffle or --no-shuffle on the command line (else the data format decides)
   int64_t stages = 0, microbatches = 0;  // pipelined training (executor/pipeline)
   int64_t device = 0;
@@ -100,21 +101,10 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.String("mask", &f.mask,
             "text: values of a padding-mask input: keep (1 = token, 0 = pad) | pad (1 = pad) | auto (pad for a "
             "bool mask, keep otherwise)");
-  fs.String("optimizer", &f.optimizer, "sgd | adamw");
+  AddGraphFlags(fs, &f.graph);
   fs.Double("lr", &f.lr, "base learning rate");
   fs.String("lr-schedule", &f.lr_schedule, "constant | cosine | linear (decay to 0 at --steps)");
   fs.Int("warmup-steps", &f.warmup_steps, "linear warm-up steps before the learning-rate schedule");
-  fs.Double("momentum", &f.momentum, "SGD momentum");
-  fs.Bool("nesterov", &f.nesterov, "SGD Nesterov momentum");
-  fs.Double("weight-decay", &f.weight_decay, "SGD L2 / AdamW decoupled weight decay, every parameter");
-  fs.Double("beta1", &f.beta1, "AdamW beta1");
-  fs.Double("beta2", &f.beta2, "AdamW beta2");
-  fs.Double("eps", &f.eps, "AdamW epsilon");
-  fs.Double("clip-norm", &f.clip_norm, "clip the global gradient norm to this (0: off)");
-  fs.String("logits", &f.logits, "the model value the loss reads (default: the only output)");
-  fs.String("labels", &f.labels, "labels name: <labels>.npy in --data");
-  fs.Double("label-smoothing", &f.label_smoothing, "cross-entropy label smoothing in [0, 1]");
-  fs.Int("ignore-index", &f.ignore_index, "label value that contributes no loss");
   fs.String("metrics", &f.metrics, "write one JSON line per step here (and the --eval line)");
   fs.Int("log-every", &f.log_every,
          "without a terminal, print a progress line every N steps (a terminal gets "
@@ -155,18 +145,11 @@ void Declare(FlagSet& fs, Flags& f) {
   fs.String("dtype", &f.dtype,
             "fp32 | fp64 | bf16. bf16: mixed precision (bf16 activations and compute, fp32 master "
             "weights, gradients, optimizer state and loss; checkpoints hold the fp32 masters)");
-  fs.String("freeze", &f.freeze,
-            "regex of initializer names not to train, besides the buffers and exporter constants found by the rule "
-            "of frontend/autodiff/trainable.h (printed at the start)");
-  fs.String("train-only", &f.train_only,
-            "regex of the initializer names to train, overriding the rule: every other initializer is frozen "
-            "(--freeze still wins)");
   fs.Int("seed", &f.seed, "seed for dropout and --shuffle");
   fs.Bool("shuffle", &f.shuffle,
           "visit the rows in a seeded random order per epoch (default: on for text data, "
           "aclimdb and tsv, which are often grouped by class; off for npy, rows in file order); --no-shuffle: file "
           "order");
-  fs.Bool("dropout", &f.dropout, "--no-dropout makes every Dropout the identity");
   fs.Bool("check-numerics", &f.check_numerics, "stop at the first node producing NaN/Inf, naming it");
   fs.Int("stages", &f.stages,
          "pipeline stages K (threads over the in-process comm), cut by the partitioner at fixed K (what `onnxpipe "
@@ -205,35 +188,14 @@ void Declare(FlagSet& fs, Flags& f) {
 
 absl::StatusOr<train::TrainOptions> ToOptions(const Flags& f, const ir::Graph& g) {
   train::TrainOptions o;
+  ASSIGN_OR_RETURN(static_cast<autodiff::TrainingGraphSpec&>(o), SpecOf(f.graph, *ir::ParseDType(f.dtype), g));
   o.batch = f.batch;
   o.steps = f.steps;
-  ASSIGN_OR_RETURN(o.optimizer.kind, autodiff::ParseOptimizerKind(f.optimizer));
-  o.optimizer.momentum = f.momentum;
-  o.optimizer.nesterov = f.nesterov;
-  o.optimizer.weight_decay = f.weight_decay;
-  o.optimizer.beta1 = f.beta1;
-  o.optimizer.beta2 = f.beta2;
-  o.optimizer.eps = f.eps;
-  o.optimizer.clip_norm = f.clip_norm;
   o.lr = f.lr;
   ASSIGN_OR_RETURN(o.schedule, autodiff::ParseLrScheduleKind(f.lr_schedule));
   o.warmup_steps = f.warmup_steps;
-  o.logits = f.logits;
-  if (o.logits.empty()) {
-    if (g.outputs().size() != 1) {
-      return INVALID_ARGUMENT() << "the model has " << g.outputs().size()
-                                << " outputs: name the one the loss reads with --logits";
-    }
-    o.logits = g.value(g.outputs()[0]).name;
-  }
-  o.labels = f.labels;
-  o.freeze_regex = f.freeze;
-  o.dtype = *ir::ParseDType(f.dtype);
   o.seed = static_cast<uint64_t>(f.seed);
-  o.dropout = f.dropout;
   o.check_numerics = f.check_numerics;
-  o.label_smoothing = f.label_smoothing;
-  o.ignore_index = f.ignore_index;
   return o;
 }
 
@@ -344,9 +306,11 @@ void PrintGraphs(const pipeline::PipelineTrainer& trainer) {
   if (trainer.results().empty()) return;
   const pipeline::PipelineExecutor& ex = trainer.executor();
   int64_t nodes = 0, replayed = 0, launches = 0, failed = 0;
-  for (const partitioner::StageProgram& sp : ex.program().stages)
+  for (const partitioner::StageProgram& sp : ex.program().stages) {
+    if (!ex.is_local(sp.stage)) continue;  // another process's: its replays are not measured here
     nodes += static_cast<int64_t>(sp.forward.size() + sp.backward.size()) * ex.microbatches() +
              static_cast<int64_t>(sp.post.size());
+  }
   for (const pipeline::PipelineStepResult& r : trainer.results())
     for (const pipeline::StageMeasure& m : r.stages) failed += m.failed_recordings;
   for (const pipeline::StageMeasure& m : trainer.results().back().stages) {
@@ -387,8 +351,8 @@ void ReleaseInitialParameters(ir::Graph& imported) {
 // any folding or fusion sees them, and prints what it froze, one line per reason.
 absl::Status DecideParameters(const Flags& f, const train::TrainOptions& options, ir::Graph& imported) {
   autodiff::TrainableOptions to;
-  to.freeze_regex = f.freeze;
-  to.train_only_regex = f.train_only;
+  to.freeze_regex = f.graph.freeze;
+  to.train_only_regex = f.graph.train_only;
   if (const ir::ValueId logits = imported.FindValue(options.logits); logits != ir::kNoValue) {
     to.targets.push_back(logits);
   }
@@ -573,7 +537,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   const std::string order =
       options.shuffle ? "rows shuffled per epoch (seed " + std::to_string(f.seed) + ")" : "rows in file order";
   std::printf("training %s: %lld trainable parameters, %s, %s, batch %lld, %lld steps, %s%s\n", model_path.c_str(),
-              static_cast<long long>(trainer->num_trainable_parameters()), f.optimizer.c_str(), f.dtype.c_str(),
+              static_cast<long long>(trainer->num_trainable_parameters()), f.graph.optimizer.c_str(), f.dtype.c_str(),
               static_cast<long long>(f.batch), static_cast<long long>(f.steps), order.c_str(),
               pipelined ? (", pipelined: " + trainer->Describe()).c_str() : "");
   std::fflush(stdout);
@@ -647,8 +611,8 @@ std::optional<std::string> UsageError(const FlagSet& fs, const Flags& f) {
   if (f.dtype != "fp32" && f.dtype != "fp64" && f.dtype != "bf16") {
     return "--dtype expects fp32, fp64 or bf16, got '" + f.dtype + "'";
   }
-  if (f.optimizer != "sgd" && f.optimizer != "adamw") {
-    return "--optimizer expects sgd or adamw, got '" + f.optimizer + "'";
+  if (f.graph.optimizer != "sgd" && f.graph.optimizer != "adamw") {
+    return "--optimizer expects sgd or adamw, got '" + f.graph.optimizer + "'";
   }
   if (f.seq < 0) return "--seq must be positive";
   if (f.vocab_size < 0 || (f.vocab_size > 0 && f.vocab_size < 2)) return "--vocab-size must be >= 2";

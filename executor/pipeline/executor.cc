@@ -28,8 +28,12 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
   if (broken_) return FAILED_PRECONDITION() << "a previous step failed; the pipeline's parameters are inconsistent";
   const int32_t K = program_.num_stages, M = microbatches_;
   const int32_t D = options_.topology.replicas, first = options_.topology.replica() * M;  // this replica's
-  const int64_t b = microbatch_size_;
-  const ir::Graph& g0 = program_.stages[0].graph;  // ids and names are the same on every stage
+  const int64_t b = facts_.microbatch_size;
+  // The stages here share value ids (one training graph, or one stage's program): slices are keyed by them.
+  const ir::Graph* local = nullptr;
+  for (int32_t s = 0; s < K && local == nullptr; ++s)
+    if (is_local(s)) local = &program_.stages[s].graph;
+  RET_CHECK(local != nullptr);
 
   StageStepInputs inputs;
   inputs.step = feeds.step;
@@ -46,35 +50,37 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::Step(const StepFeeds& feeds
     if (it == feeds.batch.end())
       return INVALID_ARGUMENT() << "step " << feeds.step << ": no data for input '" << name << "'";
     const ir::Tensor& t = it->second;
-    const ir::ValueId v = g0.FindValue(name);
+    const ir::ValueId v = local->FindValue(name);  // none for labels that only the loss shares read
     if (t.rank() < 1 || t.dims()[0] != b * M * D) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' has "
                                 << (t.rank() < 1 ? 0 : t.dims()[0]) << " rows; " << M * D << " micro-batches of " << b
                                 << " need " << b * M * D;
     }
-    if (t.dtype() != g0.value(v).dtype) {
+    if (v != ir::kNoValue && t.dtype() != local->value(v).dtype) {
       return INVALID_ARGUMENT() << "step " << feeds.step << ": input '" << name << "' is " << ir::DTypeName(t.dtype())
-                                << ", the model expects " << ir::DTypeName(g0.value(v).dtype);
+                                << ", the model expects " << ir::DTypeName(local->value(v).dtype);
     }
-    if (name == loss_rule_.labels_input) {
+    if (name == facts_.loss_rule.labels_input) {
       for (int32_t m = 0; m < M * D; ++m) {
         ASSIGN_OR_RETURN(ir::Tensor s, SliceRows(t, m * b, (m + 1) * b));
         by_name[name].push_back(s);
       }
     }
-    for (int32_t m = 0; m < M; ++m) {
+    for (int32_t m = 0; m < M && v != ir::kNoValue; ++m) {
       ASSIGN_OR_RETURN(inputs.slices[m][v], SliceRows(t, (first + m) * b, (first + m + 1) * b));
     }
   }
-  // The shares of the global batch's micro-batches; this replica's are [first, first + M).
+  // The shares of the global batch's micro-batches; this replica's are [first, first + M). Only the loss stage's
+  // process feeds the labels and needs them.
   std::vector<double> shares(M, 1.0 / D);
-  if (!loss_rule_.labels_input.empty()) {
-    absl::StatusOr<std::vector<double>> s = LossShares(loss_rule_, by_name.at(loss_rule_.labels_input));
+  if (by_name.count(facts_.loss_rule.labels_input) != 0) {
+    absl::StatusOr<std::vector<double>> s = LossShares(facts_.loss_rule, by_name.at(facts_.loss_rule.labels_input));
     if (!s.ok()) return Annotate(s.status(), "step " + std::to_string(feeds.step));
     shares.assign(s->begin() + first, s->begin() + first + M);
   }
   for (double s : shares)
-    inputs.scales.push_back(ir::Tensor::Scalar<double>(s).CastTo(seed_like_.dtype()).Reshaped(seed_like_.dims()));
+    inputs.scales.push_back(
+        ir::Tensor::Scalar<double>(s).CastTo(facts_.seed_like.dtype()).Reshaped(facts_.seed_like.dims()));
 
   for (const std::unique_ptr<StageExecutor>& stage : stages_)
     if (stage != nullptr) RETURN_IF_ERROR(stage->PrepareStep());

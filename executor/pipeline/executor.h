@@ -168,12 +168,30 @@ struct PipelineStepResult {
   std::vector<TraceEvent> trace;
 };
 
+// What a process needs of the whole training graph beyond the programs of the stages it runs: ProgramFactsOf derives
+// it from the graph; a stage program file (stage_file.h) carries it, so that a rank needs no other stage.
+struct ProgramFacts {
+  LossShareRule loss_rule;  // AnalyzeLoss over the global batch's micro-batches
+  ir::Tensor seed_like;     // dtype and dims of the loss seed
+  int64_t microbatch_size = 0;
+  std::map<std::string, ir::Tensor> state_shapes;  // every stage's states (DimsOnly), by name
+  std::map<std::string, int32_t> parameters;       // every trained parameter, by name: the stage owning it
+};
+// `loss_microbatches`: the micro-batches the loss is shared over (M x D).
+absl::StatusOr<ProgramFacts> ProgramFactsOf(const ir::Graph& training_graph, const PipelineProgram& program,
+                                            int32_t loss_microbatches);
+
 class PipelineExecutor {
  public:
   // `training_graph`: one micro-batch's training graph (batch dim bound to the micro-batch size), the
   // graph `plan` was compiled against. Plans every stage's memory layout and allocates it.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
       const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
+      std::shared_ptr<const backend::Backend> backend = nullptr);
+  // The same from the facts of the graph: `plan` then needs the programs of this process's stages only (the others
+  // may be empty but for their index: a rank built from its stage program file).
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
+      ProgramFacts facts, partitioner::CompiledPlan plan, const ExecutorOptions& options,
       std::shared_ptr<const backend::Backend> backend = nullptr);
   ~PipelineExecutor();
 
@@ -198,6 +216,7 @@ class PipelineExecutor {
   absl::Status SetState(const std::string& name, const ir::Tensor& value);
 
   const PipelineProgram& program() const { return program_; }
+  const ProgramFacts& facts() const { return facts_; }
   const backend::Backend& backend() const { return *backend_; }
   const std::vector<partitioner::ActionList>& action_lists() const { return lists_; }
   const ExecutorOptions& options() const { return options_; }
@@ -207,8 +226,9 @@ class PipelineExecutor {
   const StageLayout& layout(int32_t stage) const;
   // True for the stages this process runs (all of them without a world comm).
   bool is_local(int32_t stage) const { return stages_[stage] != nullptr; }
-  int64_t microbatch_size() const { return microbatch_size_; }
-  // The names of the data inputs a step must feed.
+  int64_t microbatch_size() const { return facts_.microbatch_size; }
+  // The names of the data inputs a step must feed: those the local stages read, and the labels where the loss stage
+  // is local (with a world comm a rank feeds its own stage's only).
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
 
  private:
@@ -223,14 +243,9 @@ class PipelineExecutor {
   int32_t microbatches_ = 1;
   std::shared_ptr<const backend::Backend> backend_;
   PipelineProgram program_;
-  // Per stage: the post Sums of shared parameters' gradient contributions run as all-reduces over
-  // their holders, with the group in the Sum's operand order (the reduction order).
-  std::vector<std::map<ir::NodeId, std::vector<int>>> all_reduced_;
+  ProgramFacts facts_;
   std::vector<partitioner::ActionList> lists_;
   std::vector<std::unique_ptr<StageExecutor>> stages_;  // by stage; null for another process's stage
-  LossShareRule loss_rule_;
-  ir::Tensor seed_like_;  // dtype and dims of the loss seed
-  int64_t microbatch_size_ = 0;
   std::vector<std::string> data_inputs_;
   bool broken_ = false;
   std::shared_ptr<comm::StagingPool> staging_;  // the sends' staging buffers, kept across steps

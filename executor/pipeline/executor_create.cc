@@ -23,19 +23,58 @@ std::vector<std::vector<int>> PipelineExecutor::AllReduceGroups(const Topology& 
   for (int32_t s = 0; topo.replicas > 1 && s < topo.stages; ++s)
     add(Topology{topo.stages, topo.replicas, s}.DataParallelGroup());
   for (int32_t d = 0; d < topo.replicas; ++d) {
-    for (const std::map<ir::NodeId, std::vector<int>>& sums : all_reduced_) {
-      for (const auto& [id, stages] : sums) {
-        std::vector<int> g;
-        for (int s : stages) g.push_back(topo.RankOf(s, d));
-        add(std::move(g));
-      }
+    for (const std::vector<int32_t>& stages : program_.shared_groups) {
+      std::vector<int> g;
+      for (int s : stages) g.push_back(topo.RankOf(s, d));
+      add(std::move(g));
     }
   }
   return groups;
 }
 
+absl::StatusOr<ProgramFacts> ProgramFactsOf(const ir::Graph& training_graph, const PipelineProgram& program,
+                                            int32_t loss_microbatches) {
+  ProgramFacts f;
+  ASSIGN_OR_RETURN(f.loss_rule, AnalyzeLoss(training_graph, program.loss, loss_microbatches));
+  f.seed_like = *training_graph.value(program.loss_seed).constant;
+  f.seed_like = ir::Tensor::DimsOnly(f.seed_like.dtype(), f.seed_like.dims());
+  bool labels_read = f.loss_rule.labels_input.empty();
+  for (const StageProgram& sp : program.stages) {
+    for (ir::ValueId v : sp.data_inputs) {
+      const ir::Value& val = training_graph.value(v);
+      labels_read |= val.name == f.loss_rule.labels_input;
+      if (!val.shape_known || val.shape.empty() || !val.shape[0].is_concrete()) {
+        return INVALID_ARGUMENT() << "data input '" << val.name << "' has no concrete leading (batch) dim in the "
+                                  << "training graph: bind the micro-batch size before building it";
+      }
+      if (f.microbatch_size != 0 && f.microbatch_size != val.shape[0].value()) {
+        return INVALID_ARGUMENT() << "data inputs disagree on the micro-batch size (" << f.microbatch_size << " and "
+                                  << val.shape[0].value() << " at '" << val.name << "')";
+      }
+      f.microbatch_size = val.shape[0].value();
+    }
+    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
+      const ir::Value& val = sp.graph.value(u.state);
+      if (val.constant) f.state_shapes.emplace(val.name, ir::Tensor::DimsOnly(val.constant->dtype(), val.constant->dims()));
+    }
+  }
+  if (!labels_read) {
+    return absl::InternalError("the loss's labels '" + f.loss_rule.labels_input + "' are read by no stage");
+  }
+  for (const auto& [v, s] : program.parameter_owner) f.parameters[training_graph.value(v).name] = s;
+  return f;
+}
+
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     const ir::Graph& training_graph, partitioner::CompiledPlan plan, const ExecutorOptions& options,
+    std::shared_ptr<const backend::Backend> backend) {
+  ASSIGN_OR_RETURN(ProgramFacts facts, ProgramFactsOf(training_graph, plan.program,
+                                                      plan.microbatches * std::max(options.topology.replicas, 1)));
+  return Create(std::move(facts), std::move(plan), options, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    ProgramFacts facts, partitioner::CompiledPlan plan, const ExecutorOptions& options,
     std::shared_ptr<const backend::Backend> backend) {
   const int32_t M = plan.microbatches;
   if (M < 1) return INVALID_ARGUMENT() << "--microbatches must be >= 1, got " << M;
@@ -51,10 +90,10 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   ex->staging_ = std::make_shared<comm::StagingPool>();
   ex->program_ = std::move(plan.program);
   ex->lists_ = std::move(plan.actions);
-  // The global batch's D x M micro-batches share the mean loss.
-  ASSIGN_OR_RETURN(ex->loss_rule_,
-                   AnalyzeLoss(training_graph, ex->program_.loss, M * std::max(options.topology.replicas, 1)));
-  ex->seed_like_ = *training_graph.value(ex->program_.loss_seed).constant;
+  ex->facts_ = std::move(facts);
+  if (static_cast<int32_t>(ex->program_.all_reduced.size()) != ex->program_.num_stages) {
+    return absl::InternalError("the program has no all-reduce list per stage");
+  }
   const std::shared_ptr<const backend::Backend> be = ex->backend_;
   const Topology& topo = options.topology;
   if (options.world != nullptr) {
@@ -69,7 +108,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     return INVALID_ARGUMENT() << "data parallelism needs one process per rank (a world comm)";
   }
   for (StageProgram& sp : ex->program_.stages) {
-    ex->all_reduced_.push_back(partitioner::AllReducedSums(ex->program_, sp.stage));
     if (options.world != nullptr && sp.stage != topo.stage()) {  // another process's stage
       // Its constants (parameters, optimizer state, tables) are that process's: keep their dtypes and dims only.
       for (ir::ValueId v = 0; v < sp.graph.num_values(); ++v) {
@@ -81,7 +119,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     }
     const int64_t in_flight = partitioner::InFlightMicrobatches(ex->schedule_, ex->program_.num_stages, sp.stage, M);
     ASSIGN_OR_RETURN(std::unique_ptr<StageExecutor> stage,
-                     StageExecutor::Create(sp, ex->options_, M, in_flight, be, ex->all_reduced_.back()));
+                     StageExecutor::Create(sp, ex->options_, M, in_flight, be, ex->program_.all_reduced[sp.stage]));
     ex->stages_.push_back(std::move(stage));
   }
   if (options.world != nullptr) RETURN_IF_ERROR(options.world->PrepareGroups(ex->AllReduceGroups(topo)));
@@ -97,21 +135,25 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
       ASSIGN_OR_RETURN(*c, be->Upload(*c, ex->stages_[s]->stream()));
     }
   }
-  std::set<ir::ValueId> data;
-  for (const StageProgram& sp : ex->program_.stages) data.insert(sp.data_inputs.begin(), sp.data_inputs.end());
-  for (ir::ValueId v : data) {
-    const ir::Value& val = training_graph.value(v);
-    if (!val.shape_known || val.shape.empty() || !val.shape[0].is_concrete()) {
-      return INVALID_ARGUMENT() << "data input '" << val.name << "' has no concrete leading (batch) dim in the "
-                                << "training graph: bind the micro-batch size before building it";
+  // A process feeds the data inputs of its own stages, and the labels where it computes the loss (the loss shares
+  // count their valid rows).
+  const std::string& labels = ex->facts_.loss_rule.labels_input;
+  const bool labels_here = !labels.empty() && ex->is_local(ex->program_.loss_stage);
+  std::set<std::string> fed;
+  for (const StageProgram& sp : ex->program_.stages) {
+    if (!ex->is_local(sp.stage)) continue;
+    for (ir::ValueId v : sp.data_inputs) {
+      const ir::Value& val = sp.graph.value(v);
+      if (!val.shape_known || val.shape.empty() || val.shape[0] != ir::Dim(ex->facts_.microbatch_size)) {
+        return INVALID_ARGUMENT() << "data input '" << val.name << "' of stage " << sp.stage << " is "
+                                  << ir::ShapeToString(val.shape) << ": expected micro-batches of "
+                                  << ex->facts_.microbatch_size << " rows";
+      }
+      fed.insert(val.name);
     }
-    if (ex->microbatch_size_ != 0 && ex->microbatch_size_ != val.shape[0].value()) {
-      return INVALID_ARGUMENT() << "data inputs disagree on the micro-batch size (" << ex->microbatch_size_ << " and "
-                                << val.shape[0].value() << " at '" << val.name << "')";
-    }
-    ex->microbatch_size_ = val.shape[0].value();
-    ex->data_inputs_.push_back(val.name);
   }
+  if (labels_here) fed.insert(labels);
+  ex->data_inputs_.assign(fed.begin(), fed.end());
   if (options.graphs) {
     if (options.check_numerics || options.node_hook) {
       return INVALID_ARGUMENT() << "graphs cannot be combined with --check-numerics (or a node hook): they look at "
@@ -122,10 +164,6 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     }
     for (const std::unique_ptr<StageExecutor>& stage : ex->stages_)
       if (stage != nullptr) RETURN_IF_ERROR(stage->EnableGraphs());
-  }
-  if (!ex->loss_rule_.labels_input.empty() && std::find(ex->data_inputs_.begin(), ex->data_inputs_.end(),
-                                                        ex->loss_rule_.labels_input) == ex->data_inputs_.end()) {
-    return absl::InternalError("the loss's labels '" + ex->loss_rule_.labels_input + "' are read by no stage");
   }
   return ex;
 }

@@ -58,23 +58,10 @@ std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
   return out;
 }
 
-std::map<std::string, ir::Tensor> PipelineExecutor::StateShapes() const {
-  std::map<std::string, ir::Tensor> out;
-  for (const StageProgram& sp : program_.stages) {
-    for (const ir::Graph::StateUpdate& u : sp.state_updates) {
-      const ir::Value& v = sp.graph.value(u.state);
-      if (v.constant) out.emplace(v.name, ir::Tensor::DimsOnly(v.constant->dtype(), v.constant->dims()));
-    }
-  }
-  return out;
-}
+std::map<std::string, ir::Tensor> PipelineExecutor::StateShapes() const { return facts_.state_shapes; }
 
 absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tensor& value) {
-  bool updated_somewhere = false;
-  for (const StageProgram& sp : program_.stages) {
-    for (const ir::Graph::StateUpdate& u : sp.state_updates) updated_somewhere |= sp.graph.value(u.state).name == name;
-  }
-  if (!updated_somewhere) return NOT_FOUND() << "no stage updates a state named '" << name << "'";
+  if (!facts_.state_shapes.count(name)) return NOT_FOUND() << "no stage updates a state named '" << name << "'";
   // A copy per holder (the optimizer phase updates each stage's states in place), set once all are made.
   std::vector<std::pair<ir::Value*, ir::Tensor>> copies;
   for (size_t s = 0; s < program_.stages.size(); ++s) {

@@ -20,13 +20,18 @@ std::string HumanBytes(int64_t bytes) {
   return buf;
 }
 
-absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be) {
+absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be,
+                                                   int32_t only_stage) {
   const partitioner::WorkspaceFn workspace = [&be](const ir::Graph& g, const ir::Node& n) {
     return be.WorkspaceBytes(g, n);
   };
   const bool host = be.placement().host();
   PlanMemoryNeed need;
   for (const partitioner::StageProgram& sp : plan.program.stages) {
+    if (only_stage >= 0 && sp.stage != only_stage) {
+      need.stage_bytes.push_back(0);
+      continue;
+    }
     const int64_t in_flight =
         partitioner::InFlightMicrobatches(plan.schedule, plan.program.num_stages, sp.stage, plan.microbatches);
     ASSIGN_OR_RETURN(StageLayout layout,

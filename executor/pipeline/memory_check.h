@@ -22,8 +22,9 @@ struct PlanMemoryNeed {
 
 // What the stages of `plan` allocate on `be`: arena, gradient accumulators and kernel scratch, plus parameters,
 // optimizer state and the other constants where the backend's memory is not the host's (a host backend reads them
-// where they already are).
-absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be);
+// where they already are). `only_stage` >= 0: that stage alone (a rank's process), the others counted as 0.
+absl::StatusOr<PlanMemoryNeed> PlanAllocationBytes(const partitioner::CompiledPlan& plan, const backend::Backend& be,
+                                                   int32_t only_stage = -1);
 
 // What a run may allocate on `be`: its free memory, capped by `budget` when > 0 (--memory-budget); the budget alone
 // when the backend cannot tell; UNIMPLEMENTED when neither is known.

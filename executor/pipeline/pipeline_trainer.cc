@@ -9,12 +9,14 @@
 #include <cstring>
 #include <future>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "executor/comm/gather.h"
 #include "executor/pipeline/fit_search.h"
 #include "executor/pipeline/memory_check.h"
 #include "executor/pipeline/report.h"
+#include "executor/pipeline/stage_file.h"
 #include "frontend/ir/status.h"
 #include "partitioner/device.h"
 #include "partitioner/plan_io.h"
@@ -130,34 +132,58 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
                               << ": micro-batches must be equal (pick a batch that is a multiple)";
   }
   const int64_t b = B / (M * D);
-
-  // The training graph of one micro-batch, as the trainer (and the partitioner) builds it.
-  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported, "B", b, other_bindings));
-  train::TrainOptions mo = options;
-  mo.batch = b;
-  ir::Graph g;
-  {
-    ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, mo));
-    t->unreachable_ = tg.unreachable;
-    t->num_trainable_ = tg.num_trainable_parameters();
-    t->num_classes_ = tg.num_classes;
-    g = std::move(tg.graph);
-  }
-  for (ir::ValueId v : g.inputs()) t->input_dtypes_[g.value(v).name] = g.value(v).dtype;
-
-  // --plan runs the plan as written; --stages K asks the partitioner for one at fixed K.
-  partitioner::PartitionPlan plan;
-  if (t->plan_) {
-    plan = *t->plan_;
+  const int32_t rank_stage = p.world != nullptr ? p.world->rank() % p.stages : -1;
+  partitioner::CompiledPlan compiled;
+  ProgramFacts facts;
+  if (t->plan_ && p.world != nullptr && std::filesystem::exists(StageFilePath(p.plan_dir, rank_stage))) {
+    // A rank of a plan: its stage as the partition wrote it, checked against this run (no training graph here).
+    const std::string file = StageFilePath(p.plan_dir, rank_stage);
+    ASSIGN_OR_RETURN(LoadedStage stage, ReadStageFile(p.plan_dir, rank_stage, *t->plan_, imported));
+    std::map<std::string, int64_t> bindings = other_bindings;
+    bindings["B"] = b;
+    RETURN_IF_ERROR(CheckStageMatchesRun(stage, file, options, bindings, imported));
+    t->unreachable_ = stage.unreachable;
+    t->num_trainable_ = stage.num_trainable;
+    t->num_classes_ = stage.num_classes;
+    t->input_dtypes_ = stage.input_dtypes;
+    std::printf("stage %d: its program from %s (%lld nodes)\n", rank_stage, file.c_str(),
+                static_cast<long long>(stage.num_nodes));
+    compiled = std::move(stage.plan);
+    facts = std::move(stage.facts);
   } else {
-    ASSIGN_OR_RETURN(
-        plan, PartitionAtFixedStages(
-                  g, p.stages, B / D, p.microbatches, schedule, recompute, p.device, model_name,
-                  options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32,
-                  p.backend ? p.backend : backend::MakeCpuBackend()));
-    if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
+    if (t->plan_ && p.world != nullptr) {
+      std::printf("stage %d: no stage program in %s (a plan from an older onnxpipe): building the training graph\n",
+                  rank_stage, p.plan_dir.c_str());
+    }
+    // The training graph of one micro-batch, as the trainer (and the partitioner) builds it.
+    ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported, "B", b, other_bindings));
+    train::TrainOptions mo = options;
+    mo.batch = b;
+    ir::Graph g;
+    {
+      ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, mo));
+      t->unreachable_ = tg.unreachable;
+      t->num_trainable_ = tg.num_trainable_parameters();
+      t->num_classes_ = tg.num_classes;
+      g = std::move(tg.graph);
+    }
+    for (ir::ValueId v : g.inputs()) t->input_dtypes_[g.value(v).name] = g.value(v).dtype;
+
+    // --plan runs the plan as written; --stages K asks the partitioner for one at fixed K.
+    partitioner::PartitionPlan plan;
+    if (t->plan_) {
+      plan = *t->plan_;
+    } else {
+      ASSIGN_OR_RETURN(
+          plan, PartitionAtFixedStages(
+                    g, p.stages, B / D, p.microbatches, schedule, recompute, p.device, model_name,
+                    options.dtype == ir::DType::kBF16 ? partitioner::Precision::kBF16 : partitioner::Precision::kFP32,
+                    p.backend ? p.backend : backend::MakeCpuBackend()));
+      if (recompute == partitioner::RecomputePolicy::kAuto) t->plan_ = plan;  // its budget is the report's
+    }
+    ASSIGN_OR_RETURN(compiled, partitioner::CompilePlan(g, plan));
+    ASSIGN_OR_RETURN(facts, ProgramFactsOf(g, compiled.program, static_cast<int32_t>(M * D)));
   }
-  ASSIGN_OR_RETURN(partitioner::CompiledPlan compiled, partitioner::CompilePlan(g, plan));
   ExecutorOptions eo;
   eo.dropout = options.dropout;
   eo.seed = options.seed;
@@ -170,19 +196,15 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
   // A plan that cannot fit is refused before the executor allocates anything, with how much it needs, how much
   // is free and the smallest change that fits.
   const std::shared_ptr<const backend::Backend> be = p.backend ? p.backend : backend::MakeCpuBackend();
-  ASSIGN_OR_RETURN(PlanMemoryNeed need, PlanAllocationBytes(compiled, *be));
-  if (p.world != nullptr) {  // this process allocates its own stage only
-    for (size_t s = 0; s < need.stage_bytes.size(); ++s) {
-      if (static_cast<int32_t>(s) != eo.topology.stage()) need.stage_bytes[s] = 0;
-    }
-    need.total = need.stage_bytes[eo.topology.stage()];
-  }
+  // With a world comm this process allocates its own stage only.
+  ASSIGN_OR_RETURN(PlanMemoryNeed need,
+                   PlanAllocationBytes(compiled, *be, p.world != nullptr ? eo.topology.stage() : -1));
   if (absl::Status fits = CheckFits(need, *be, p.memory_budget); !fits.ok()) {
     if (!absl::IsResourceExhausted(fits)) return fits;
     return AddFitAdvice(fits, FitQuery{&imported, &other_bindings, &options, p.stages, p.microbatches, schedule,
                                        recompute, p.device, model_name, be, p.memory_budget});
   }
-  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(g, std::move(compiled), eo, p.backend));
+  ASSIGN_OR_RETURN(t->executor_, PipelineExecutor::Create(std::move(facts), std::move(compiled), eo, p.backend));
   ASSIGN_OR_RETURN(t->schedule_,
                    autodiff::MakeLrSchedule(options.schedule, options.lr, options.warmup_steps, options.steps));
   return t;
@@ -214,8 +236,7 @@ std::string PipelineTrainer::Describe() const {
 std::map<std::string, ir::Tensor> PipelineTrainer::Parameters() const {
   if (!gathered_) return executor_->Parameters();
   std::map<std::string, ir::Tensor> out;
-  for (const auto& [v, s] : executor_->program().parameter_owner) {
-    const std::string& name = executor_->program().stages[s].graph.value(v).name;
+  for (const auto& [name, stage] : executor_->facts().parameters) {
     if (auto it = gathered_->find(name); it != gathered_->end()) out[name] = it->second;
   }
   return out;

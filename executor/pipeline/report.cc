@@ -202,10 +202,16 @@ absl::Status WriteRunReport(const std::string& dir, const PipelineExecutor& ex,
                       {"accumulators", pr.accumulators}, {"kernel_scratch", pr.workspace}, {"parameters", pr.parameters},
                       {"optimizer_state", pr.optimizer_state}, {"total", pr.total}}}}},
     };
-    // What the stage recomputed: the forward nodes of its recompute regions, in run order.
+    // What the stage recomputed: the forward nodes of its recompute regions, in run order (the plan's, which a rank
+    // built from its stage file holds for every stage).
     ojson recomputed = ojson::array();
-    for (const partitioner::RecomputeRegion& r : p.stages[s].regions)
-      for (ir::NodeId id : r.nodes) recomputed.push_back(p.stages[s].graph.node(id).name);
+    if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
+      for (const partitioner::RegionPlan& r : ctx.plan->stages[s].recompute_regions)
+        for (const std::string& name : r.nodes) recomputed.push_back(name);
+    } else {
+      for (const partitioner::RecomputeRegion& r : p.stages[s].regions)
+        for (ir::NodeId id : r.nodes) recomputed.push_back(p.stages[s].graph.node(id).name);
+    }
     st["recompute_nodes"] = std::move(recomputed);
     if (ctx.plan && s < static_cast<int32_t>(ctx.plan->stages.size())) {
       const partitioner::StagePlan& ps = ctx.plan->stages[s];

@@ -1,5 +1,5 @@
 // The stage's transfers: the micro-batch values sent to and received from the neighbouring stages (tagged by step,
-// micro-batch and value, so a transfer matches only its own), the optimizer phase's sends, receives and all-reduces of
+// micro-batch and value name, so a transfer matches only its own), the optimizer phase's sends, receives and all-reduces of
 // shared parameters' gradients, and, with data parallelism, the gradient buckets all-reduced over the replicas.
 #include <algorithm>
 #include <string>
@@ -14,9 +14,12 @@ namespace {
 
 constexpr uint64_t kTagMicrobatch = 0, kTagPost = 1;
 
-uint64_t Tag(int64_t step, uint64_t kind, int32_t m, ir::ValueId v) {
-  return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) |
-         static_cast<uint32_t>(v);
+// The value's part of a tag: FNV-1a of its name, which both ends share (their programs may number values apart: a
+// rank's program comes from its own stage file).
+uint64_t Tag(int64_t step, uint64_t kind, int32_t m, const ir::Graph& g, ir::ValueId v) {
+  uint32_t h = 2166136261u;
+  for (const char c : g.value(v).name) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  return (static_cast<uint64_t>(step & 0xFFFF) << 48) | (kind << 44) | (static_cast<uint64_t>(m & 0xFFF) << 32) | h;
 }
 
 // A comm failure annotated with what was being done; a peer's abort passes as it is (the root cause is the peer's).
@@ -52,7 +55,7 @@ absl::Status StageExecutor::Receive(int32_t m, int32_t peer, const std::vector<i
   }
   absl::Status st = comm_->GroupStart();
   for (size_t i = 0; i < values.size() && st.ok(); ++i) {
-    st = comm_->Recv(peer, Tag(inputs_->step, kTagMicrobatch, m, values[i]), into[i], stream_.get());
+    st = comm_->Recv(peer, Tag(inputs_->step, kTagMicrobatch, m, sp_.graph, values[i]), into[i], stream_.get());
   }
   if (absl::Status end = comm_->GroupEnd(); st.ok()) st = end;
   if (!st.ok()) {
@@ -67,7 +70,7 @@ absl::Status StageExecutor::Receive(int32_t m, int32_t peer, const std::vector<i
 }
 
 absl::Status StageExecutor::Send(Table& t, int32_t m, StepPhase ph, int32_t peer, ir::ValueId v) {
-  const absl::Status st = comm_->Send(peer, Tag(inputs_->step, kTagMicrobatch, m, v), t.values[v], stream_.get());
+  const absl::Status st = comm_->Send(peer, Tag(inputs_->step, kTagMicrobatch, m, sp_.graph, v), t.values[v], stream_.get());
   RETURN_IF_ERROR(CommError(st, Where(m, ph) + " sending '" + sp_.graph.value(v).name + "'"));
   Release(t, v);
   return absl::OkStatus();
@@ -130,7 +133,7 @@ absl::StatusOr<std::vector<ir::Tensor>> StageExecutor::AllReduceSum(ir::NodeId i
 }
 
 absl::Status StageExecutor::SendPost(int32_t peer, ir::ValueId v, const ir::Tensor& x) {
-  return CommError(comm_->Send(peer, Tag(inputs_->step, kTagPost, 0, v), x, stream_.get()),
+  return CommError(comm_->Send(peer, Tag(inputs_->step, kTagPost, 0, sp_.graph, v), x, stream_.get()),
                    Where(-1, StepPhase::kPost) + " sending '" + sp_.graph.value(v).name + "'");
 }
 
@@ -151,7 +154,7 @@ absl::StatusOr<ir::Tensor> StageExecutor::ReceivePost(int32_t peer, ir::ValueId 
   }
   if (!into.ok()) return Annotate(into.status(), what);
   const double start = Now();
-  absl::Status st = comm_->Recv(peer, Tag(inputs_->step, kTagPost, 0, v), *into, stream_.get());
+  absl::Status st = comm_->Recv(peer, Tag(inputs_->step, kTagPost, 0, sp_.graph, v), *into, stream_.get());
   result_.measure.recv_wait_s += (Now() - start) * 1e-6;
   RETURN_IF_ERROR(CommError(st, what));
   return into;

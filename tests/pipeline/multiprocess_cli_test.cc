@@ -111,6 +111,54 @@ TEST_F(MultiProcessTest, PipelineStagesInProcessesTrainBitForBitAsInThreads) {
   }
 }
 
+// A rank of `train --plan DIR` runs the stage program `partition --out DIR` wrote (no training graph of its own) and
+// trains bit for bit as one process running the plan; a run whose flags are not the plan's is refused by every rank.
+TEST_F(MultiProcessTest, RanksOfAPlanRunTheirStageFilesBitForBitAsOneProcess) {
+  const fs::path plan = dir_ / "plan";
+  CommandResult p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_gpt.onnx") +
+                               " --stages 2 --batch 8 --microbatches 2 --seq 32 --device cpu --optimizer adamw"
+                               " --clip-norm 1 --logits logits --freeze 'attn\\.mask$' --out " + plan.string());
+  ASSERT_EQ(p.exit_code, 0) << p.err << p.out;
+  ASSERT_TRUE(fs::exists(plan / "stage_0.program") && fs::exists(plan / "stage_1.program")) << p.out;
+  const std::string args = TrainArgs(8, 3) + "--plan " + plan.string();
+  CommandResult one = OneProcess(args, "plan_threads");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CommandResult many = Launch(2, args, "plan_procs");
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  EXPECT_THAT(many.out, HasSubstr("stage 0: its program from " + (plan / "stage_0.program").string()));
+  ExpectBitwise("plan_threads", "plan_procs", 3);
+
+  CommandResult other = Launch(2, args + " --clip-norm 2", "plan_other");
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_THAT(other.err, AllOf(HasSubstr("stage_"), HasSubstr("--clip-norm 1.0 vs 2.0"),
+                               HasSubstr("re-run onnxpipe partition")));
+}
+
+// K = 4, and K = 2 x D = 2 (replicas of a stage read one file; tied weights all-reduced over their holders): the ranks
+// built from the stage files train bit for bit as the ranks that build the training graph from the same plan (its
+// stage files removed).
+TEST_F(MultiProcessTest, StageFilesOfFourStagesAndOfReplicasTrainAsTheTrainingGraph) {
+  for (const auto& [k, d] : {std::pair{4, 1}, std::pair{2, 2}}) {
+    const std::string tag = "k" + std::to_string(k) + "d" + std::to_string(d);
+    const fs::path plan = dir_ / ("plan_" + tag);
+    CommandResult p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_gpt.onnx") + " --stages " +
+                                 std::to_string(k) + " --data-parallel " + std::to_string(d) +
+                                 " --batch 8 --microbatches 2 --seq 32 --device cpu --optimizer adamw --clip-norm 1"
+                                 " --logits logits --freeze 'attn\\.mask$' --out " + plan.string());
+    ASSERT_EQ(p.exit_code, 0) << p.err << p.out;
+    const std::string args =
+        TrainArgs(8, 3) + "--plan " + plan.string() + " --data-parallel " + std::to_string(d);
+    CommandResult files = Launch(k * d, args, tag + "_files");
+    ASSERT_EQ(files.exit_code, 0) << files.err;
+    EXPECT_THAT(files.out, HasSubstr("stage 0: its program from"));
+    for (int s = 0; s < k; ++s) fs::remove(plan / ("stage_" + std::to_string(s) + ".program"));
+    CommandResult graph = Launch(k * d, args, tag + "_graph");
+    ASSERT_EQ(graph.exit_code, 0) << graph.err;
+    EXPECT_THAT(graph.out, HasSubstr("no stage program"));
+    ExpectBitwise(tag + "_files", tag + "_graph", 3);
+  }
+}
+
 // A CPU rank never opens cuBLASLt, which alone costs a process about 200 MB resident (the GEMM library is opened
 // on first use). The dynamic loader's own log of the files it opens, for the launcher and both ranks, says so; it
 // must show the CUDA runtime that the binary does link, or the check proves nothing.
