@@ -58,6 +58,10 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tag", default="cpu")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    p.add_argument("--plan", action="store_true",
+                   help="run `partition --out PLAN` first and train with --plan PLAN: the ranks build their stages from "
+                        "its stage_<k>.program files (the one process from the training graph); the flags after -- "
+                        "go to partition too")
     a = p.parse_args(argv)
     base = ["train", a.model, "--data", a.data, "--batch", str(a.batch), "--steps", str(a.steps), "--microbatches",
             str(a.microbatches), "--optimizer", "adamw", "--lr", "1e-3", *extra]
@@ -65,6 +69,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="mp_bench_") as work:
         for k in a.stages:
             args = base + ["--stages", str(k)]
+            if a.plan:
+                plan = os.path.join(work, f"plan_{k}")
+                subprocess.run([a.onnxpipe, "partition", a.model, "--stages", str(k), "--batch", str(a.batch),
+                                "--microbatches", str(a.microbatches), "--optimizer", "adamw", "--device", "cpu",
+                                "--out", plan, *extra], check=True, capture_output=True)
+                args = base + ["--plan", plan]
             ways = {"threads": [a.onnxpipe, *args], "processes": [a.onnxpipe, "launch", "--nproc", str(k), "--", *args]}
             got = {w: {"wall_s": [], "step_s": [], "peak_bytes": []} for w in ways}
             losses = {}

@@ -11,8 +11,8 @@
 //   bindings    the micro-batch graph's symbol bindings ("B" = micro-batch rows, sequence dims, ...)
 //   values      [{name, dtype, shape, shape_known, initializer, param_state, exported_as, constant?}]: the values the
 //               stage's nodes and lists touch; constant: {model: true, crc32c} for the model's initializer of that
-//               name (taken from the model at load, its bytes checked), else {dtype, dims, data?} (data absent: dims
-//               only)
+//               name (taken from the model at load, its bytes checked), else {dtype, dims, data | zeros} (neither:
+//               dims only; zeros: the optimizer state a run starts from)
 //   nodes       [{op, name, scope, inputs, outputs, attrs, phase, origin}]: the nodes the stage runs, in graph order;
 //               inputs and outputs index `values` (-1: absent)
 //   program     the StageProgram's lists over those indices

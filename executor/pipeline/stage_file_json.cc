@@ -1,5 +1,6 @@
 #include "executor/pipeline/stage_file_json.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "frontend/ir/status.h"
@@ -24,7 +25,12 @@ json TensorJson(const ir::Tensor& t) {
   json j = {{"dtype", std::string(ir::DTypeName(t.dtype()))}, {"dims", t.dims()}};
   if (t.has_data()) {
     const auto* p = static_cast<const uint8_t*>(t.raw());
-    j["data"] = json::binary(std::vector<uint8_t>(p, p + t.num_bytes()));
+    // All-zero tensors (the optimizer state a run starts from) are written as such, not as their bytes.
+    if (std::all_of(p, p + t.num_bytes(), [](uint8_t b) { return b == 0; })) {
+      j["zeros"] = true;
+    } else {
+      j["data"] = json::binary(std::vector<uint8_t>(p, p + t.num_bytes()));
+    }
   }
   return j;
 }
@@ -36,6 +42,7 @@ absl::StatusOr<ir::Tensor> TensorFromJson(const json& j) {
   const std::vector<int64_t> dims = j.at("dims").get<std::vector<int64_t>>();
   for (int64_t d : dims)
     if (d < 0) return INVALID_ARGUMENT() << "negative dim " << d;
+  if (j.contains("zeros")) return ir::Tensor(*dtype, dims);  // zero-filled
   if (!j.contains("data")) return ir::Tensor::DimsOnly(*dtype, dims);
   const std::vector<uint8_t>& bytes = j.at("data").get_binary();
   ir::Tensor t(*dtype, dims);

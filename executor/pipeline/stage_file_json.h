@@ -19,7 +19,7 @@ namespace onnxpipe::pipeline {
 nlohmann::json DimJson(const ir::Dim& d);
 ir::Dim DimFromJson(const nlohmann::json& j);
 
-// {dtype, dims, data (CBOR bytes)}; a dims-only tensor without data.
+// {dtype, dims, data (CBOR bytes)}; an all-zero tensor {dtype, dims, zeros: true}; a dims-only one without data.
 nlohmann::json TensorJson(const ir::Tensor& t);
 absl::StatusOr<ir::Tensor> TensorFromJson(const nlohmann::json& j);
 

@@ -63,9 +63,9 @@ absl::StatusOr<ir::Tensor> ConstantOf(const json& c, const ir::Value& v, const i
                                  << "; the plan's: " << ir::DTypeName(v.dtype) << ", " << c.at("crc32c").get<uint32_t>()
                                  << "): re-run onnxpipe partition on this model";
   }
-  ir::Tensor copy(t.dtype(), t.dims());  // the stage updates its parameters in place; the model's may be mapped
-  if (t.num_bytes() > 0) std::memcpy(copy.raw(), t.raw(), static_cast<size_t>(t.num_bytes()));
-  return copy;
+  // Shared, as the training graph shares it: the stage updates it in place (a mapped initializer is a private,
+  // copy-on-write mapping), and the run releases the model's reference once the stages are built.
+  return t;
 }
 
 absl::Status ReadGraph(const json& j, const ir::Graph& model, ir::Graph& g, Ids& ids) {
