@@ -1,5 +1,5 @@
-// What the fusion passes' numeric tests share: a pass that must fuse exactly one node, and two graphs compared on the
-// same random inputs (numeric_util.h's CPU evaluation).
+// What the fusion passes' tests share: a pass that must fuse exactly one node, a pass that must leave a graph as it
+// was, and two graphs compared on the same random inputs (numeric_util.h's CPU evaluation).
 #pragma once
 
 #include "frontend/ir/verifier.h"
@@ -19,6 +19,20 @@ ir::Graph FusedOnce(const ir::Graph& g, ir::OpKind fused) {
   EXPECT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
   EXPECT_EQ(NodesOf(out, fused).size(), 1u) << HistogramString(out);
   return out;
+}
+
+// `run` (a pass over `g`) reports no change and leaves the op histogram as it was.
+template <typename Run>
+void ExpectUnchanged(ir::Graph& g, Run run) {
+  const std::map<std::string, int> before = Histogram(g);
+  absl::StatusOr<bool> changed = run(g);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(*changed) << HistogramString(g);
+  EXPECT_EQ(Histogram(g), before);
+}
+template <typename Pass>
+void ExpectUnchangedBy(ir::Graph& g) {
+  ExpectUnchanged(g, [](ir::Graph& x) { return Pass().Run(&x); });
 }
 
 // Every output of `a` and `b` within `tol` of each other on two sets of random inputs.
