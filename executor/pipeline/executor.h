@@ -230,6 +230,8 @@ class PipelineExecutor {
   // The names of the data inputs a step must feed: those the local stages read, and the labels where the loss stage
   // is local (with a world comm a rank feeds its own stage's only).
   const std::vector<std::string>& data_inputs() const { return data_inputs_; }
+  // Value `name` of the first local stage that has it (null: none here).
+  const ir::Value* LocalValue(const std::string& name) const;
 
  private:
   PipelineExecutor() = default;

@@ -58,6 +58,14 @@ std::map<std::string, ir::Tensor> PipelineExecutor::State() const {
   return out;
 }
 
+const ir::Value* PipelineExecutor::LocalValue(const std::string& name) const {
+  for (const StageProgram& sp : program_.stages) {
+    if (!is_local(sp.stage)) continue;
+    if (const ir::ValueId v = sp.graph.FindValue(name); v != ir::kNoValue) return &sp.graph.value(v);
+  }
+  return nullptr;
+}
+
 std::map<std::string, ir::Tensor> PipelineExecutor::StateShapes() const { return facts_.state_shapes; }
 
 absl::Status PipelineExecutor::SetState(const std::string& name, const ir::Tensor& value) {

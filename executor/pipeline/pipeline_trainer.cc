@@ -139,9 +139,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
     // A rank of a plan: its stage as the partition wrote it, checked against this run (no training graph here).
     const std::string file = StageFilePath(p.plan_dir, rank_stage);
     ASSIGN_OR_RETURN(LoadedStage stage, ReadStageFile(p.plan_dir, rank_stage, *t->plan_, imported));
-    std::map<std::string, int64_t> bindings = other_bindings;
-    bindings["B"] = b;
-    RETURN_IF_ERROR(CheckStageMatchesRun(stage, file, options, bindings, imported));
+    RETURN_IF_ERROR(CheckStageMatchesRun(stage, file, options, imported));
     t->unreachable_ = stage.unreachable;
     t->num_trainable_ = stage.num_trainable;
     t->num_classes_ = stage.num_classes;
@@ -217,6 +215,23 @@ absl::Status PipelineTrainer::SetData(train::Dataset data) {
     return INVALID_ARGUMENT() << "the data has " << data.rows() << " rows, fewer than --batch " << options_.batch;
   }
   if (num_classes_ > 0) RETURN_IF_ERROR(data.CheckLabels(options_.labels, num_classes_, options_.ignore_index));
+  // Every input this process feeds has, past its rows, the dims its stage was built for (not those of a plan made for
+  // another sequence length, say).
+  for (const std::string& name : executor_->data_inputs()) {
+    const ir::Value* v = executor_->LocalValue(name);
+    if (v == nullptr || !v->shape_known || !data.has(name)) continue;
+    const std::vector<int64_t>& dims = data.field(name).dims();
+    bool same = dims.size() == v->shape.size();
+    for (size_t i = 1; same && i < dims.size(); ++i) same = v->shape[i] == ir::Dim(dims[i]);
+    if (!same) {
+      const std::vector<int64_t> row(dims.begin() + std::min<size_t>(dims.size(), 1), dims.end());
+      return INVALID_ARGUMENT() << "data '" << name << "' has rows of " << ir::ShapeToString(ir::FromInts(row))
+                                << ", but "
+                                << (pipeline_.plan_dir.empty() ? "the training graph" : "the plan in " + pipeline_.plan_dir)
+                                << " reads micro-batches of " << ir::ShapeToString(v->shape)
+                                << " (re-run onnxpipe partition with this data's --seq)";
+    }
+  }
   data_ = std::move(data);
   return absl::OkStatus();
 }

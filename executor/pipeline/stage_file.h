@@ -8,7 +8,7 @@
 //   format "onnxpipe stage program", version 1, stage k, num_stages K, microbatches M, data_parallel D,
 //   actions     the stage's action list (schedule.h's strings), equal to plan.json's
 //   spec        the training options the graph was built with (autodiff::TrainingGraphSpec)
-//   bindings    the micro-batch graph's symbol bindings ("B" = micro-batch rows, sequence dims, ...)
+//   bindings    the micro-batch graph's symbol bindings (its batch and sequence dims, ...)
 //   values      [{name, dtype, shape, shape_known, initializer, param_state, exported_as, constant?}]: the values the
 //               stage's nodes and lists touch; constant: {model: true, crc32c} for the model's initializer of that
 //               name (taken from the model at load, its bytes checked), else {dtype, dims, data | zeros} (neither:
@@ -71,10 +71,10 @@ struct LoadedStage {
 absl::StatusOr<LoadedStage> ReadStageFile(const std::string& dir, int32_t stage, const partitioner::PartitionPlan& plan,
                                           const ir::Graph& model);
 
-// OK when the run's training options, micro-batch bindings and trained parameters are the ones the stage was built
-// for; otherwise an error naming the file, the flag (or binding, or parameter) and both values.
+// OK when the run's training options and trained parameters are the ones the stage was built for; otherwise an error
+// naming the file, the flag (or parameter) and both values. (The batch is plan.json's; the data's other dims are
+// checked against the stage's inputs when the data is set: PipelineTrainer::SetData.)
 absl::Status CheckStageMatchesRun(const LoadedStage& loaded, const std::string& file,
-                                  const autodiff::TrainingGraphSpec& run,
-                                  const std::map<std::string, int64_t>& bindings, const ir::Graph& model);
+                                  const autodiff::TrainingGraphSpec& run, const ir::Graph& model);
 
 }  // namespace onnxpipe::pipeline

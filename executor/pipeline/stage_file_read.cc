@@ -248,24 +248,13 @@ absl::StatusOr<LoadedStage> ReadStageFile(const std::string& dir, int32_t stage,
 }
 
 absl::Status CheckStageMatchesRun(const LoadedStage& loaded, const std::string& file,
-                                  const autodiff::TrainingGraphSpec& run,
-                                  const std::map<std::string, int64_t>& bindings, const ir::Graph& model) {
+                                  const autodiff::TrainingGraphSpec& run, const ir::Graph& model) {
   const std::vector<std::string> diff = SpecDifferences(loaded.spec, run);
   if (!diff.empty()) {
     std::string what;
     for (const std::string& d : diff) what += (what.empty() ? "" : "; ") + d;
     return INVALID_ARGUMENT() << file << " was built with other training options than this run's (plan vs run: " << what
                               << "): re-run onnxpipe partition with the same flags";
-  }
-  for (const auto& [symbol, value] : bindings) {
-    auto it = loaded.bindings.find(symbol);
-    if (it == loaded.bindings.end() || it->second != value) {
-      return INVALID_ARGUMENT() << file << " was built for "
-                                << (it == loaded.bindings.end() ? "an unbound " + symbol
-                                                                : symbol + " = " + std::to_string(it->second))
-                                << ", this run binds " << symbol << " = " << value
-                                << " (re-run onnxpipe partition with this run's --batch and --seq)";
-    }
   }
   // The stage's trained parameters are the ones this run's --freeze / --train-only train, and no others.
   for (const partitioner::StageProgram& s : loaded.plan.program.stages) {

@@ -42,6 +42,7 @@ class Dataset {
 
   int64_t rows() const { return rows_; }
   const ir::Tensor& field(const std::string& name) const { return tensors_.at(name); }
+  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
 
   // Checks integer class labels: every element in [0, num_classes) or equal to ignore_index.
   // The error names the file and the row (and column for per-token labels).

@@ -132,6 +132,16 @@ TEST_F(MultiProcessTest, RanksOfAPlanRunTheirStageFilesBitForBitAsOneProcess) {
   EXPECT_NE(other.exit_code, 0);
   EXPECT_THAT(other.err, AllOf(HasSubstr("stage_"), HasSubstr("--clip-norm 1.0 vs 2.0"),
                                HasSubstr("re-run onnxpipe partition")));
+  // A plan made for sequences of 16 against data of 32.
+  const fs::path short_plan = dir_ / "plan16";
+  p = RunCommand(Onnxpipe() + " partition " + SourcePath("models/tiny_gpt.onnx") +
+                 " --stages 2 --batch 8 --microbatches 2 --seq 16 --device cpu --optimizer adamw --clip-norm 1"
+                 " --logits logits --freeze 'attn\\.mask$' --out " + short_plan.string());
+  ASSERT_EQ(p.exit_code, 0) << p.err << p.out;
+  CommandResult seq = Launch(2, TrainArgs(8, 3) + "--plan " + short_plan.string(), "plan_seq");
+  EXPECT_NE(seq.exit_code, 0);
+  EXPECT_THAT(seq.err, AllOf(HasSubstr("data 'tokens' has rows of (32)"), HasSubstr("micro-batches of (4, 16)"),
+                             HasSubstr("--seq")));
 }
 
 // K = 4, and K = 2 x D = 2 (replicas of a stage read one file; tied weights all-reduced over their holders): the ranks
