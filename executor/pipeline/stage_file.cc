@@ -189,9 +189,11 @@ absl::Status WriteStageFiles(const std::string& dir, const partitioner::Compiled
   ASSIGN_OR_RETURN(const ProgramFacts facts,
                    ProgramFactsOf(source.training->graph, plan.program, plan.microbatches * source.data_parallel));
   for (int32_t k = 0; k < plan.program.num_stages; ++k) {
-    const std::vector<uint8_t> bytes = json::to_cbor(StageJson(plan, k, source, facts));
-    RETURN_IF_ERROR(io::WriteFileAtomically(
-        StageFilePath(dir, k), std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+    const std::vector<uint8_t> cbor = json::to_cbor(StageJson(plan, k, source, facts));
+    std::string bytes(reinterpret_cast<const char*>(cbor.data()), cbor.size());
+    const uint32_t crc = io::MaskCrc32c(io::Crc32c(bytes));
+    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+    RETURN_IF_ERROR(io::WriteFileAtomically(StageFilePath(dir, k), bytes));
   }
   return absl::OkStatus();
 }

@@ -4,7 +4,8 @@
 // stage's nodes. The plan is the source of truth: the rank checks the file against plan.json, the model and its own
 // flags, each mismatch an error naming the file and what differs, and runs it as written.
 //
-// Format: CBOR (nlohmann::json::to_cbor), one object:
+// Format: CBOR (nlohmann::json::to_cbor), one object, followed by the masked CRC32C of its bytes (4 bytes,
+// little-endian: a damaged or cut file is refused before it is parsed):
 //   format "onnxpipe stage program", version 1, stage k, num_stages K, microbatches M, data_parallel D,
 //   actions     the stage's action list (schedule.h's strings), equal to plan.json's
 //   spec        the training options the graph was built with (autodiff::TrainingGraphSpec)

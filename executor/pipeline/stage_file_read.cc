@@ -7,6 +7,7 @@
 #include "executor/pipeline/stage_file.h"
 #include "executor/pipeline/stage_file_json.h"
 #include "frontend/ir/status.h"
+#include "frontend/ir/verifier.h"
 #include "nlohmann/json.hpp"
 
 namespace onnxpipe::pipeline {
@@ -189,6 +190,8 @@ absl::StatusOr<LoadedStage> Parse(const json& j, int32_t k, const partitioner::P
   Ids ids;
   RETURN_IF_ERROR(ReadGraph(j, model, sp.graph, ids));
   RETURN_IF_ERROR(ReadProgram(j.at("program"), ids, sp));
+  // SSA, operands before use, arity, constants matching their values: what the executor relies on.
+  RETURN_IF_ERROR(ir::Verify(sp.graph));
   const json& pj = j.at("pipeline");
   p.loss = sp.loss;
   p.grad_norm = sp.grad_norm;
@@ -236,6 +239,16 @@ absl::StatusOr<LoadedStage> ReadStageFile(const std::string& dir, int32_t stage,
   }
   absl::StatusOr<std::string> bytes = io::ReadFileToString(path);
   if (!bytes.ok()) return Annotate(bytes.status(), path);
+  // The CBOR document, then its masked CRC32C (4 bytes, little-endian).
+  uint32_t stored = 0;
+  const size_t n = bytes->size() < 4 ? 0 : bytes->size() - 4;
+  for (int i = 0; i < 4 && bytes->size() >= 4; ++i)
+    stored |= static_cast<uint32_t>(static_cast<uint8_t>((*bytes)[n + i])) << (8 * i);
+  if (bytes->size() < 4 || io::UnmaskCrc32c(stored) != io::Crc32c(std::string_view(*bytes).substr(0, n))) {
+    return INVALID_ARGUMENT() << path
+                              << ": damaged or incomplete (its checksum does not match); re-run onnxpipe partition";
+  }
+  bytes->resize(n);
   try {
     const json j = json::from_cbor(*bytes);
     absl::StatusOr<LoadedStage> out = Parse(j, stage, plan, model);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -265,9 +266,19 @@ TEST(PipelineRanks, AStageFileThatDoesNotFitTheRunIsRefusedNamingWhatDiffers) {
               AllOf(HasSubstr(file), HasSubstr("another plan")));
   absl::StatusOr<std::string> bytes = io::ReadFileToString(file);
   ASSERT_TRUE(bytes.ok());
+  // Damaged files (bytes flipped anywhere) are refused by their checksum, never read.
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::string damaged = *bytes;
+    for (int k = 0; k < 1 + trial % 4; ++k) damaged[rng() % damaged.size()] ^= static_cast<char>(1 + rng() % 255);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << damaged;
+    EXPECT_THAT(std::string(ReadStageFile(dir, 1, w->plan, f.imported()).status().message()),
+                AllOf(HasSubstr(file), HasSubstr("damaged or incomplete")))
+        << "trial " << trial;
+  }
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes->substr(0, bytes->size() / 2);
   EXPECT_THAT(std::string(ReadStageFile(dir, 1, w->plan, f.imported()).status().message()),
-              AllOf(HasSubstr(file), HasSubstr("not a complete stage program")));
+              AllOf(HasSubstr(file), HasSubstr("damaged or incomplete")));
   fs::remove(file);
   EXPECT_THAT(std::string(ReadStageFile(dir, 1, w->plan, f.imported()).status().message()), HasSubstr(file));
   fs::remove_all(w->dir);
