@@ -1,4 +1,5 @@
 // Reading a stage program file (stage_file.h) back into a stage's program, and checking it against the run.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -19,7 +20,7 @@ using partitioner::ValueLists;
 
 // Indices of the file resolved against the rebuilt graph (ids equal the file's indices), range-checked.
 struct Ids {
-  int32_t values = 0, nodes = 0;
+  int32_t values = 0, nodes = 0, stages = 0;
   absl::StatusOr<ir::ValueId> V(const json& j) const {
     const int64_t i = j.get<int64_t>();
     if (i < -1 || i >= values) return INVALID_ARGUMENT() << "value index " << i << " out of range";
@@ -43,7 +44,9 @@ struct Ids {
   absl::StatusOr<ValueLists> Lists(const json& o) const {
     ValueLists m;
     for (const auto& [peer, vs] : o.items()) {
-      ASSIGN_OR_RETURN(m[std::stoi(peer)], List<ir::ValueId>(vs, false));
+      const int32_t s = std::stoi(peer);
+      if (s < 0 || s >= stages) return INVALID_ARGUMENT() << "peer stage " << peer << " out of range";
+      ASSIGN_OR_RETURN(m[s], List<ir::ValueId>(vs, false));
     }
     return m;
   }
@@ -188,6 +191,7 @@ absl::StatusOr<LoadedStage> Parse(const json& j, int32_t k, const partitioner::P
   for (int32_t s = 0; s < K; ++s) p.stages[s].stage = s;
   StageProgram& sp = p.stages[k];
   Ids ids;
+  ids.stages = K;
   RETURN_IF_ERROR(ReadGraph(j, model, sp.graph, ids));
   RETURN_IF_ERROR(ReadProgram(j.at("program"), ids, sp));
   // SSA, operands before use, arity, constants matching their values: what the executor relies on.
@@ -203,12 +207,19 @@ absl::StatusOr<LoadedStage> Parse(const json& j, int32_t k, const partitioner::P
     ASSIGN_OR_RETURN(const ir::NodeId id, ids.N(e.at(0)));
     p.all_reduced[k][id] = e.at(1).get<std::vector<int32_t>>();
   }
+  auto is_stage = [K](int32_t s) { return s >= 0 && s < K; };
+  bool stages_ok = is_stage(p.loss_stage) && (p.grad_norm_stage == -1 || is_stage(p.grad_norm_stage));
+  for (const std::vector<int32_t>& g : p.shared_groups) stages_ok &= std::all_of(g.begin(), g.end(), is_stage);
+  for (const auto& [id, g] : p.all_reduced[k]) stages_ok &= std::all_of(g.begin(), g.end(), is_stage);
+  if (!stages_ok) return INVALID_ARGUMENT() << "a stage index out of [0, " << K << ")";
   for (ir::ValueId v : sp.parameters) {
     auto it = std::find_if(sp.state_updates.begin(), sp.state_updates.end(),
                            [&](const ir::Graph::StateUpdate& u) { return u.state == v; });
     if (it != sp.state_updates.end()) p.parameter_owner[v] = k;
   }
   ASSIGN_OR_RETURN(out.facts, FactsFromJson(j.at("facts")));
+  for (const auto& [name, owner] : out.facts.parameters)
+    if (!is_stage(owner)) return INVALID_ARGUMENT() << "parameter '" << name << "' on stage " << owner;
   for (auto& [v, owner] : p.parameter_owner) {
     auto it = out.facts.parameters.find(sp.graph.value(v).name);
     if (it != out.facts.parameters.end()) owner = it->second;
@@ -254,7 +265,7 @@ absl::StatusOr<LoadedStage> ReadStageFile(const std::string& dir, int32_t stage,
     absl::StatusOr<LoadedStage> out = Parse(j, stage, plan, model);
     if (!out.ok()) return Annotate(out.status(), path);
     return out;
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {  // nlohmann's type and key errors, a peer that is not a number
     return INVALID_ARGUMENT() << path << ": not a complete stage program (" << e.what()
                               << "); re-run onnxpipe partition";
   }
