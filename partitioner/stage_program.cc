@@ -637,7 +637,7 @@ absl::Status ProveDeadlockFree(const PipelineProgram& p, const std::vector<Actio
   std::vector<std::vector<SimStep>> post(p.num_stages);
   for (int32_t s = 0; s < p.num_stages; ++s) {
     const StageProgram& sp = p.stages[s];
-    const std::map<ir::NodeId, std::vector<int32_t>> reduced = AllReducedSums(p, s);
+    const std::map<ir::NodeId, std::vector<int32_t>>& reduced = p.all_reduced.at(s);
     std::set<ir::ValueId> acc(sp.accumulate.begin(), sp.accumulate.end());
     for (const auto& [n, group] : reduced)
       for (ir::ValueId v : sp.graph.node(n).inputs) acc.erase(v);

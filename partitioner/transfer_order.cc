@@ -106,7 +106,7 @@ std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::
       case ActionKind::kOptimizerStep: {
         post.Flush(name);
         post.Optimizer();
-        const std::map<ir::NodeId, std::vector<int32_t>> reduced = AllReducedSums(p, k);
+        const std::map<ir::NodeId, std::vector<int32_t>>& reduced = p.all_reduced.at(k);
         std::set<ir::ValueId> sent(sp.accumulate.begin(), sp.accumulate.end()), have = sent, reduced_inputs;
         for (const auto& [id, group] : reduced) {
           for (ir::ValueId v : sp.graph.node(id).inputs) {

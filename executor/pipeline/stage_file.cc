@@ -2,8 +2,6 @@
 // the program's lists; the reader rebuilds the stage's graph and program, taking the model's initializers by name.
 #include "executor/pipeline/stage_file.h"
 
-#include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <set>
 

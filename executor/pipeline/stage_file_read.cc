@@ -1,7 +1,5 @@
 // Reading a stage program file (stage_file.h) back into a stage's program, and checking it against the run.
 #include <algorithm>
-#include <cstring>
-#include <filesystem>
 
 #include "executor/io/atomic_file.h"
 #include "executor/io/crc32c.h"
