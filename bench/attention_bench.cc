@@ -6,12 +6,13 @@
 // - bf16 through the tensor-core flash kernels (flash_attention.h): batch 256, 16 heads, seq 256,
 //   head dims 64 and 128 (128: 8 heads); plain, causal, dropout 0.1. Each case also prints a JSON
 //   line ("json {...}") that bench/attention_bench.py collects next to PyTorch's bf16 SDPA.
-// - bf16 through cuDNN (executor/cuda/attention.h, where cuDNN was found): batch 256, 16 heads,
-//   seq 256, head dim 64, no mask and causal, next to the reference PyTorch measured for cuDNN's
-//   SDPA on the same GPU (1.34 ms, causal 1.28 ms).
+// - bf16 through cuDNN (executor/cuda/attention.h, where cuDNN was found): DESIGN.md's encoder shape (batch 256,
+//   16 heads, seq 256, head dim 64; no mask and causal), and the causal decoder shapes of bench/llm_train_bench.py
+//   (head dim 128, seq 1024 and 2048, grouped-query K and V, operands through (B, S, H, D) strides as the
+//   projections lay them out). Each case also prints a JSON line.
 // TFLOP/s use the usual count: 4 B H S^2 D forward, 2.5 times that backward (causal: half); the
 // fp32 backward executes 18 B H S^2 D as it recomputes the statistics (flash_attention_bwd.cu).
-// Usage: attention_bench [iterations] [fp32|flash-bf16|bf16|all]
+// Usage: attention_bench [iterations] [fp32|flash-bf16|bf16|all]   (bf16: the cuDNN cases)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -179,47 +180,83 @@ absl::Status RunFlashBf16(int iterations) {
 }
 
 #if ONNXPIPE_CUDNN_ATTENTION
-absl::Status RunBf16(int iterations) {
-  constexpr int64_t B = 256, H = 16, S = 256, D = 64;
-  const int64_t n = B * H * S * D;
-  ASSIGN_OR_RETURN(std::unique_ptr<AttentionGraphs> graphs, AttentionGraphs::Create());
-  void *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *stats;
-  for (void** p : {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}) {
+// One cuDNN SDPA case: K and V with `hkv` heads (grouped-query attention when below h); `bshd`: Q, K, V and O
+// read and written through (B, S, H, D) strides, as the projections of a transformer lay them out.
+struct CudnnCase {
+  int64_t b, h, hkv, s, d;
+  bool causal, bshd;
+};
+
+absl::Status RunCudnnCase(int iterations, AttentionGraphs& graphs, const CudnnCase& k, cudaStream_t stream) {
+  const int64_t nq = k.b * k.h * k.s * k.d, nkv = k.b * k.hkv * k.s * k.d;
+  void *q, *kk, *v, *o, *d_o, *dq, *dk, *dv, *stats;
+  for (auto [p, n] : {std::pair{&q, nq}, {&kk, nkv}, {&v, nkv}, {&o, nq}, {&d_o, nq}, {&dq, nq}, {&dk, nkv},
+                      {&dv, nkv}}) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(p, n * 2));
     CUDA_RETURN_IF_ERROR(cudaMemset(*p, 0x3c, n * 2));  // bf16 ~0.011: finite values
   }
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&stats, B * H * S * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&stats, k.b * k.h * k.s * 4));
+  auto strides = [&](int64_t heads) -> std::vector<int64_t> {
+    if (!k.bshd) return {};
+    return {k.s * heads * k.d, k.d, heads * k.d, 1};
+  };
+  AttentionConfig c;
+  c.batch = k.b;
+  c.heads = k.h;
+  c.kv_heads = k.hkv;
+  c.seq_q = c.seq_kv = k.s;
+  c.head_dim = c.value_dim = k.d;
+  c.causal = k.causal;
+  c.q_strides = c.o_strides = strides(k.h);
+  c.k_strides = c.v_strides = strides(k.hkv);
+  ASSIGN_OR_RETURN(int64_t fwd_ws, graphs.ForwardWorkspaceBytes(c));
+  ASSIGN_OR_RETURN(int64_t bwd_ws, graphs.BackwardWorkspaceBytes(c));
+  void* ws = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, std::max<int64_t>({fwd_ws, bwd_ws, 1})));
+  AttentionForwardArgs fa{q, kk, v, nullptr, nullptr, nullptr, o, static_cast<float*>(stats)};
+  AttentionBackwardArgs ba{q, kk, v, o, static_cast<float*>(stats), d_o, nullptr, nullptr, nullptr, dq, dk, dv};
+  auto forward = [&] { return graphs.Forward(c, fa, ws, fwd_ws, stream); };
+  auto backward = [&] { return graphs.Backward(c, ba, ws, bwd_ws, stream); };
+  ASSIGN_OR_RETURN(const float fwd_ms, TimeMs(iterations, stream, forward));
+  ASSIGN_OR_RETURN(const float bwd_ms, TimeMs(iterations, stream, backward));
+  ASSIGN_OR_RETURN(const float total_ms, TimeMs(iterations, stream, [&]() -> absl::Status {
+                     RETURN_IF_ERROR(forward());
+                     return backward();
+                   }));
+  // 4 B H S^2 D forward, 2.5 times that backward; causal does about half.
+  const double fwd_flops = 4.0 * k.b * k.h * k.s * k.s * k.d * (k.causal ? 0.5 : 1.0);
+  std::printf(
+      "cudnn attention b%lld h%lld hkv%lld s%lld d%lld bf16%s%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms "
+      "(%.0f TFLOP/s), forward+backward %.3f ms; workspace fwd %lld bwd %lld bytes\n",
+      static_cast<long long>(k.b), static_cast<long long>(k.h), static_cast<long long>(k.hkv),
+      static_cast<long long>(k.s), static_cast<long long>(k.d), k.causal ? " causal" : "", k.bshd ? " bshd" : "",
+      fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms, 2.5 * fwd_flops / (bwd_ms * 1e9), total_ms,
+      static_cast<long long>(fwd_ws), static_cast<long long>(bwd_ws));
+  std::printf(
+      "json {\"impl\": \"onnxpipe_cudnn_bf16\", \"b\": %lld, \"h\": %lld, \"hkv\": %lld, \"s\": %lld, "
+      "\"d\": %lld, \"causal\": %s, \"bshd\": %s, \"dropout\": 0, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
+      "\"forward_backward_ms\": %.4f}\n",
+      static_cast<long long>(k.b), static_cast<long long>(k.h), static_cast<long long>(k.hkv),
+      static_cast<long long>(k.s), static_cast<long long>(k.d), k.causal ? "true" : "false",
+      k.bshd ? "true" : "false", fwd_ms, bwd_ms, total_ms);
+  std::fflush(stdout);
+  CUDA_RETURN_IF_ERROR(cudaFree(ws));
+  for (void* p : {q, kk, v, o, d_o, dq, dk, dv, stats}) CUDA_RETURN_IF_ERROR(cudaFree(p));
+  return absl::OkStatus();
+}
+
+// DESIGN.md's encoder shape, then the decoder shapes of bench/llm_train_bench.py's Llama preset (grouped and
+// not, seq 1024 and 2048).
+absl::Status RunBf16(int iterations) {
+  ASSIGN_OR_RETURN(std::unique_ptr<AttentionGraphs> graphs, AttentionGraphs::Create());
   cudaStream_t stream;
   CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-  for (bool causal : {false, true}) {
-    AttentionConfig c;
-    c.batch = B;
-    c.heads = H;
-    c.seq_q = c.seq_kv = S;
-    c.head_dim = D;
-    c.causal = causal;
-    ASSIGN_OR_RETURN(int64_t fwd_ws, graphs->ForwardWorkspaceBytes(c));
-    ASSIGN_OR_RETURN(int64_t bwd_ws, graphs->BackwardWorkspaceBytes(c));
-    void* ws = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, std::max<int64_t>({fwd_ws, bwd_ws, 1})));
-    AttentionForwardArgs fa{q, k, v, nullptr, nullptr, nullptr, o, static_cast<float*>(stats)};
-    AttentionBackwardArgs ba{q, k, v, o, static_cast<float*>(stats), d_o, nullptr, nullptr, nullptr, dq, dk, dv};
-    ASSIGN_OR_RETURN(const float fwd_ms,
-                     TimeMs(iterations, stream, [&] { return graphs->Forward(c, fa, ws, fwd_ws, stream); }));
-    ASSIGN_OR_RETURN(const float total_ms, TimeMs(iterations, stream, [&]() -> absl::Status {
-                       RETURN_IF_ERROR(graphs->Forward(c, fa, ws, fwd_ws, stream));
-                       return graphs->Backward(c, ba, ws, bwd_ws, stream);
-                     }));
-    // 4 B H S^2 D forward, 2.5 times that backward; causal does about half.
-    const double flops = 14.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
-    std::printf(
-        "attention b%lld h%lld s%lld d%lld bf16%s: forward %.3f ms, forward+backward %.3f ms "
-        "(%.0f TFLOP/s), workspace fwd %lld bwd %lld bytes; PyTorch cuDNN SDPA reference %.2f ms\n",
-        static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(S), static_cast<long long>(D),
-        causal ? " causal" : "", fwd_ms, total_ms, flops / (total_ms * 1e9), static_cast<long long>(fwd_ws),
-        static_cast<long long>(bwd_ws), causal ? 1.28 : 1.34);
-    CUDA_RETURN_IF_ERROR(cudaFree(ws));
+  for (const CudnnCase& k : {CudnnCase{256, 16, 16, 256, 64, false, false}, CudnnCase{256, 16, 16, 256, 64, true, false},
+                             CudnnCase{8, 16, 4, 1024, 128, true, true}, CudnnCase{8, 16, 16, 1024, 128, true, true},
+                             CudnnCase{8, 16, 4, 1024, 128, true, false}, CudnnCase{4, 16, 4, 2048, 128, true, true}}) {
+    RETURN_IF_ERROR(RunCudnnCase(iterations, *graphs, k, stream));
   }
+  CUDA_RETURN_IF_ERROR(cudaStreamDestroy(stream));
   return absl::OkStatus();
 }
 #endif

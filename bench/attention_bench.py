@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""bf16 attention speed: onnxpipe's tensor-core flash kernels against PyTorch's bf16 SDPA, same GPU, one run.
+"""bf16 attention speed: onnxpipe's attention kernels against PyTorch's bf16 SDPA, same GPU, one run.
 
 Runs `attention_bench ITER flash-bf16` (the flash kernels through flash_attention.h, B 256, S 256, head dims 64 and
-128; plain, causal, dropout 0.1) and collects its `json {...}` lines, then times
+128; plain, causal, dropout 0.1) and `attention_bench ITER bf16` (cuDNN SDPA through attention.h: the encoder shape
+and the causal Llama shapes, grouped-query and (B, S, H, D)-strided; `--which` picks) and collects their
+`json {...}` lines, then times
 torch.nn.functional.scaled_dot_product_attention on bf16 CUDA tensors of the same shapes, forward and
 forward+backward, with each SDPA backend PyTorch offers for the case (flash, cuDNN, efficient; default selection
 too). Milliseconds are CUDA-event means over ITER calls after as many warm-up calls, as attention_bench times.
@@ -19,10 +21,13 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def onnxpipe_cases(bench, iterations):
-    out = subprocess.run([bench, str(iterations), "flash-bf16"], check=True, capture_output=True, text=True).stdout
-    print(out, end="")
-    return [json.loads(line[len("json "):]) for line in out.splitlines() if line.startswith("json ")]
+def onnxpipe_cases(bench, iterations, which):
+    cases = []
+    for mode in which:
+        out = subprocess.run([bench, str(iterations), mode], check=True, capture_output=True, text=True).stdout
+        print(out, end="")
+        cases += [json.loads(line[len("json "):]) for line in out.splitlines() if line.startswith("json ")]
+    return cases
 
 
 def torch_times(case, iterations):
@@ -30,15 +35,20 @@ def torch_times(case, iterations):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
-    shape = (case["b"], case["h"], case["s"], case["d"])
+    b, h, s, d = case["b"], case["h"], case["s"], case["d"]
+    hkv = case.get("hkv", h)
     gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v, d_o = (torch.empty(shape, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=gen)
-                    for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
+
+    def operand(heads):  # (B, H, S, D), through (B, S, H, D) memory where the case says so
+        shape = (b, s, heads, d) if case.get("bshd") else (b, heads, s, d)
+        t = torch.empty(shape, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=gen)
+        return (t.transpose(1, 2) if case.get("bshd") else t).detach().requires_grad_(True)
+
+    q, k, v, d_o = operand(h), operand(hkv), operand(hkv), operand(h).detach()
+    gqa = {"enable_gqa": True} if hkv != h else {}
 
     def forward():
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=case["dropout"], is_causal=case["causal"])
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=case["dropout"], is_causal=case["causal"], **gqa)
 
     def forward_backward():
         o = forward()
@@ -76,10 +86,12 @@ def main():
     ap.add_argument("--bench", default=os.path.join(ROOT, ".build/main/bench/attention_bench"))
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--tag", default="gpu")
+    ap.add_argument("--which", default="flash-bf16,bf16",
+                    help="attention_bench modes, comma-separated: flash-bf16 (flash kernels), bf16 (cuDNN)")
     ap.add_argument("--out", help="JSON path (default bench/results/attention_bf16_<date>_<tag>.json)")
     a = ap.parse_args()
 
-    cases = onnxpipe_cases(a.bench, a.iterations)
+    cases = onnxpipe_cases(a.bench, a.iterations, a.which.split(","))
     try:
         import torch
         torch_version = torch.__version__

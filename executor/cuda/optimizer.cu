@@ -11,10 +11,11 @@ namespace onnxpipe::cuda {
 namespace {
 
 // Elements per block of an update: 16 per thread, so that one large tensor spreads over the whole
-// GPU (a 4M element weight is 1024 blocks, one launch). The gradient norm's blocks take more, so
-// that its single finishing block adds few partial sums.
+// GPU (a 4M element weight is 1024 blocks, one launch). The gradient norm's blocks take 64 per thread
+// (16 loads of 16 bytes each, enough in flight to keep the memory busy), so that the finishing blocks
+// add few partial sums.
 constexpr int64_t kChunk = 1 << 12;
-constexpr int64_t kNormChunk = 1 << 16;
+constexpr int64_t kNormChunk = 1 << 14;
 constexpr int kMaxTensors = 64;
 constexpr int kMaxBlocks = 1024;
 
@@ -55,9 +56,127 @@ cudaError_t ForEachBatch(const OptimizerTensor* tensors, int num_tensors, int64_
 // Where the values before the step are read from.
 __device__ __forceinline__ const float* Before(const float* in, const float* out) { return in != nullptr ? in : out; }
 
-__device__ __forceinline__ float ScaledGrad(const float* g, int64_t i, const float* scale) {
-  return scale != nullptr ? __fmul_rn(g[i], *scale) : g[i];
+__device__ __forceinline__ bool Aligned(const void* p, uintptr_t bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
+
+// W consecutive floats from p[i] (one 16-byte access for W = 4), and back.
+template <int W>
+__device__ __forceinline__ void LoadW(const float* p, int64_t i, float (&v)[W]) {
+  if constexpr (W == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p + i);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else {
+    v[0] = p[i];
+  }
+}
+template <int W>
+__device__ __forceinline__ void StoreW(float* p, int64_t i, const float (&v)[W]) {
+  if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    p[i] = v[0];
+  }
+}
+// The bf16 compute copy: W values rounded to nearest even (one 8-byte store for W = 4).
+template <int W>
+__device__ __forceinline__ void StoreBf16W(void* p, int64_t i, const float (&v)[W]) {
+  auto* out = static_cast<__nv_bfloat16*>(p) + i;
+  if constexpr (W == 4) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out) = packed;
+  } else {
+    out[0] = __float2bfloat16_rn(v[0]);
+  }
+}
+
+// This block's [begin, end) of its tensor, for chunks of `chunk` elements.
+struct BlockRange {
+  const OptimizerTensor& t;
+  int64_t begin, end;
+};
+__device__ __forceinline__ BlockRange RangeOf(const Batch& b, int64_t chunk) {
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * chunk;
+  return {t, begin, begin + chunk < t.n ? begin + chunk : t.n};
+}
+
+// Runs step.template Run<4>(i) over the range's whole groups of 4 (where every pointer the step touches is
+// 16-byte aligned: chunks start at multiples of 4) and step.template Run<1>(i) over the rest.
+template <typename Step>
+__device__ __forceinline__ void ForRange(const BlockRange& r, bool aligned, const Step& step) {
+  int64_t scalar_begin = r.begin;
+  if (aligned) {
+    scalar_begin = r.begin + (r.end - r.begin) / 4 * 4;
+#pragma unroll 4
+    for (int64_t i = r.begin + 4 * int64_t{threadIdx.x}; i < scalar_begin; i += 4 * int64_t{blockDim.x}) {
+      step.template Run<4>(i);
+    }
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < r.end; i += blockDim.x) step.template Run<1>(i);
+}
+
+__device__ __forceinline__ float ScaledGrad(float g, const float* scale) {
+  return scale != nullptr ? __fmul_rn(g, *scale) : g;
+}
+
+struct SgdStep {
+  const OptimizerTensor& t;
+  const float *param_in, *state0_in, *scale;
+  SgdScalars s;
+
+  template <int W>
+  __device__ __forceinline__ void Run(int64_t i) const {
+    float p[W], g[W], buf[W];
+    LoadW<W>(param_in, i, p);
+    LoadW<W>(t.grad, i, g);
+    if (s.use_momentum) LoadW<W>(state0_in, i, buf);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      float d = ScaledGrad(g[j], scale);
+      if (s.use_weight_decay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p[j]));
+      if (s.use_momentum) {
+        buf[j] = __fadd_rn(__fmul_rn(buf[j], s.momentum), d);
+        d = s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, buf[j])) : buf[j];
+      }
+      p[j] = __fadd_rn(p[j], __fmul_rn(s.neg_lr, d));
+    }
+    if (s.use_momentum) StoreW<W>(t.state0, i, buf);
+    StoreW<W>(t.param, i, p);
+    if (t.param_bf16 != nullptr) StoreBf16W<W>(t.param_bf16, i, p);
+  }
+};
+
+struct AdamWStep {
+  const OptimizerTensor& t;
+  const float *param_in, *state0_in, *state1_in, *scale;
+  AdamWScalars s;
+
+  template <int W>
+  __device__ __forceinline__ void Run(int64_t i) const {
+    float p[W], g[W], m[W], v[W];
+    LoadW<W>(param_in, i, p);
+    LoadW<W>(t.grad, i, g);
+    LoadW<W>(state0_in, i, m);
+    LoadW<W>(state1_in, i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float gj = ScaledGrad(g[j], scale);
+      const float pd = __fmul_rn(p[j], s.decay);
+      m[j] = __fadd_rn(__fmul_rn(m[j], s.beta1), __fmul_rn(s.one_minus_beta1, gj));
+      v[j] = __fadd_rn(__fmul_rn(v[j], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, gj), gj));
+      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v[j]), s.bias_correction2_sqrt), s.eps);
+      p[j] = __fadd_rn(pd, __fmul_rn(s.neg_step_size, __fdiv_rn(m[j], denom)));
+    }
+    StoreW<W>(t.state0, i, m);
+    StoreW<W>(t.state1, i, v);
+    StoreW<W>(t.param, i, p);
+    if (t.param_bf16 != nullptr) StoreBf16W<W>(t.param_bf16, i, p);
+  }
+};
 
 // Flags from `s`; values from `dev` when set (read at run time: CUDA graph replays).
 __global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const float* scale) {
@@ -66,60 +185,46 @@ __global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const fl
     s.weight_decay = dev->weight_decay;
     s.momentum = dev->momentum;
   }
-  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
-  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
-  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
-  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0);
-#pragma unroll 4
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float p = param_in[i];
-    float d = ScaledGrad(t.grad, i, scale);
-    if (s.use_weight_decay) d = __fadd_rn(d, __fmul_rn(s.weight_decay, p));
-    if (s.use_momentum) {
-      const float nb = __fadd_rn(__fmul_rn(state0_in[i], s.momentum), d);
-      t.state0[i] = nb;
-      d = s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, nb)) : nb;
-    }
-    const float np = __fadd_rn(p, __fmul_rn(s.neg_lr, d));
-    t.param[i] = np;
-    if (t.param_bf16 != nullptr) static_cast<__nv_bfloat16*>(t.param_bf16)[i] = __float2bfloat16_rn(np);
-  }
+  const BlockRange r = RangeOf(b, kChunk);
+  const SgdStep step{r.t, Before(r.t.param_in, r.t.param), Before(r.t.state0_in, r.t.state0), scale, s};
+  const bool aligned = Aligned(step.param_in, 16) && Aligned(r.t.param, 16) && Aligned(r.t.grad, 16) &&
+                       (!s.use_momentum || (Aligned(step.state0_in, 16) && Aligned(r.t.state0, 16))) &&
+                       Aligned(r.t.param_bf16, 8);
+  ForRange(r, aligned, step);
 }
 
 __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, const float* scale) {
   if (dev != nullptr) s = *dev;
-  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
-  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kChunk;
-  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
-  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0),
-              *state1_in = Before(t.state1_in, t.state1);
-#pragma unroll 4
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = ScaledGrad(t.grad, i, scale);
-    const float pd = __fmul_rn(param_in[i], s.decay);
-    const float m = __fadd_rn(__fmul_rn(state0_in[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
-    const float v = __fadd_rn(__fmul_rn(state1_in[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
-    const float np = __fadd_rn(pd, __fmul_rn(s.neg_step_size, __fdiv_rn(m, denom)));
-    t.state0[i] = m;
-    t.state1[i] = v;
-    t.param[i] = np;
-    if (t.param_bf16 != nullptr) static_cast<__nv_bfloat16*>(t.param_bf16)[i] = __float2bfloat16_rn(np);
-  }
+  const BlockRange r = RangeOf(b, kChunk);
+  const AdamWStep step{r.t,   Before(r.t.param_in, r.t.param), Before(r.t.state0_in, r.t.state0),
+                       Before(r.t.state1_in, r.t.state1), scale, s};
+  const bool aligned = Aligned(step.param_in, 16) && Aligned(r.t.param, 16) && Aligned(r.t.grad, 16) &&
+                       Aligned(step.state0_in, 16) && Aligned(r.t.state0, 16) && Aligned(step.state1_in, 16) &&
+                       Aligned(r.t.state1, 16) && Aligned(r.t.param_bf16, 8);
+  ForRange(r, aligned, step);
 }
+
+// Adds the squares of W gradient elements into the W accumulators (independent chains, in double).
+struct SquaresStep {
+  const float* grad;
+  double* acc;  // [4]
+
+  template <int W>
+  __device__ __forceinline__ void Run(int64_t i) const {
+    float g[W];
+    LoadW<W>(grad, i, g);
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc[j] += static_cast<double>(g[j]) * g[j];
+  }
+};
 
 // Block sum of squares of one chunk into partials[first_partial + blockIdx.x].
 __global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_partial) {
   __shared__ double red[kThreads];
-  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
-  const int64_t begin = int64_t{b.block_chunk[blockIdx.x]} * kNormChunk;
-  const int64_t end = begin + kNormChunk < t.n ? begin + kNormChunk : t.n;
-  double sum = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const double g = t.grad[i];
-    sum += g * g;
-  }
-  red[threadIdx.x] = sum;
+  const BlockRange r = RangeOf(b, kNormChunk);
+  double acc[4] = {0, 0, 0, 0};
+  ForRange(r, Aligned(r.t.grad, 16), SquaresStep{r.t.grad, acc});
+  red[threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];

@@ -86,13 +86,17 @@ bool AbsorbInputs(ir::Graph* g, NodeId id) {
   const std::optional<std::vector<int64_t>> q = ConcreteDims(*g, n.inputs[0]);
   if (!q || q->size() < 2) return false;
   const std::vector<int64_t> batch(q->begin(), q->end() - 2);
+  const std::optional<std::vector<int64_t>> k = ConcreteDims(*g, n.inputs[1]), v = ConcreteDims(*g, n.inputs[2]);
+  // Grouped K and V (fewer heads than Q) are read as they are: their batch dims are Q's, ungrouped.
+  const int64_t group = k && v ? ir::AttentionKvGroup(*q, *k, *v) : 1;
   for (int i = 0; i < 3; ++i) {
     t[i] = TraceUp(*g, n.inputs[i]);
-    const std::optional<StridedView> v = t[i].view.ToView();
-    if (!v) continue;
-    views[i] = *v;
-    take[i] = t[i].copies && v->dims.size() >= 2 && v->strides.back() == 1 &&
-              std::vector<int64_t>(v->dims.begin(), v->dims.end() - 2) == batch;
+    const std::optional<StridedView> view = t[i].view.ToView();
+    if (!view) continue;
+    views[i] = *view;
+    take[i] = t[i].copies && view->dims.size() >= 2 && view->strides.back() == 1 &&
+              ir::UngroupedBatch(std::vector<int64_t>(view->dims.begin(), view->dims.end() - 2),
+                                 i == 0 ? 1 : group) == batch;
   }
   // The views into each traced value must cover it exactly (AttentionGrad writes its gradient).
   std::map<ValueId, std::vector<int>> by_source;

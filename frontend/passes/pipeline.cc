@@ -46,6 +46,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
     pipeline.AddPass<RepeatKvFold>();
     pipeline.AddPass<GathersToSplit>();
+    pipeline.AddPass<DeadCodeElimination>();  // the folds' leftovers would count as other readers below
     pipeline.AddPass<RowLayoutMotion>();
     pipeline.AddPass<AttentionLayout>();
     pipeline.AddPass<ResidualNormFusion>();

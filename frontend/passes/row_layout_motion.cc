@@ -1,7 +1,9 @@
 #include "frontend/passes/row_layout_motion.h"
 
+#include <algorithm>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "frontend/ir/shape.h"
@@ -159,11 +161,75 @@ bool MoveDown(ir::Graph* g, const UseInfo& uses, NodeId p_id) {
   return true;
 }
 
+// A table of Rotary (cos or sin, dims right-aligned against X's `rank`) as it must be for X read
+// before the Transpose `perm`: padded to the rank with leading 1s, then permuted by the inverse of
+// `perm`. A Reshape where that only moves dims of extent 1 (Llama's (B, 1, S, R) tables), else a
+// Reshape to the full rank then a Transpose.
+ValueId TableBeforeTranspose(ir::Graph* g, ValueId table, size_t rank, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> padded = *ConcreteDims(*g, table);
+  padded.insert(padded.begin(), rank - padded.size(), 1);
+  std::vector<int64_t> inverse(rank), permuted(rank);
+  for (size_t d = 0; d < rank; ++d) inverse[perm[d]] = static_cast<int64_t>(d);
+  for (size_t d = 0; d < rank; ++d) permuted[d] = padded[inverse[d]];
+  std::vector<int64_t> order;  // the source axes of extent > 1, in the order the result holds them
+  for (int64_t a : inverse)
+    if (padded[a] != 1) order.push_back(a);
+  const std::string name = g->value(table).name + "_rows";
+  const ir::DType dtype = g->value(table).dtype;
+  auto add = [&](OpKind op, ValueId in, const std::vector<int64_t>& dims, ir::Attrs attrs) {
+    std::vector<ValueId> inputs = {in};
+    if (op == OpKind::kReshape) {
+      inputs.push_back(g->AddConstant(g->UniqueName(name + "_shape"),
+                                      ir::Tensor::FromVector<int64_t>({static_cast<int64_t>(rank)}, dims)));
+    }
+    const ValueId out = g->AddValue(g->UniqueName(name), dtype, {});
+    SetDims(g, out, dims);
+    g->AddNode(op, g->UniqueName(name), inputs, {out}, std::move(attrs));
+    return out;
+  };
+  if (std::is_sorted(order.begin(), order.end())) return add(OpKind::kReshape, table, permuted, {});
+  ir::Attrs attrs;
+  attrs.Set("perm", inverse);
+  return add(OpKind::kTranspose, add(OpKind::kReshape, table, padded, {}), permuted, std::move(attrs));
+}
+
+// x -> T -> Rotary(., cos, sin) -> y  becomes  x -> Rotary(., cos', sin') -> y' -> T -> y: Rotary rotates
+// each row on its own, by its position's entry of the tables, so it commutes with a row Transpose whose
+// tables follow the rows (cos' and sin', TableBeforeTranspose). Where y only reaches Attention through
+// layout ops, the Transpose then joins the chain AttentionLayout absorbs (Llama's Q and K: projection,
+// Reshape to (B, S, H, D), Transpose to (B, H, S, D), Rotary).
+bool MoveBelowRotary(ir::Graph* g, const UseInfo& uses, NodeId t_id) {
+  const ir::Node& t = g->node(t_id);
+  if (t.op != OpKind::kTranspose || !MovesRowsOnly(*g, t) || !uses.HasSingleUse(t.outputs[0])) return false;
+  const NodeId r_id = uses.Consumers(t.outputs[0])[0];
+  const ir::Node& r = g->node(r_id);
+  if (r.op != OpKind::kRotary || r.inputs.size() != 3 || r.inputs[0] != t.outputs[0] || r.inputs[1] == r.inputs[0] ||
+      r.inputs[2] == r.inputs[0] || !OnlyFeedsAttention(*g, uses, r.outputs[0])) {
+    return false;
+  }
+  const std::optional<std::vector<int64_t>> x = ConcreteDims(*g, t.inputs[0]), cos = ConcreteDims(*g, r.inputs[1]),
+                                            sin = ConcreteDims(*g, r.inputs[2]);
+  if (!x || !cos || !sin || cos->size() > x->size() || sin->size() > x->size()) return false;
+  const std::vector<int64_t> perm = TransposePerm(t, x->size());
+  const ValueId in = t.inputs[0], y = r.outputs[0], cos_v = r.inputs[1], sin_v = r.inputs[2];
+  const ValueId rows = g->AddValue(g->UniqueName(g->value(y).name + "_rows"), g->value(y).dtype, {});
+  SetDims(g, rows, *x);
+  const ValueId cos_rows = TableBeforeTranspose(g, cos_v, x->size(), perm);
+  const ValueId sin_rows = sin_v == cos_v ? cos_rows : TableBeforeTranspose(g, sin_v, x->size(), perm);
+  g->node(r_id).inputs = {in, cos_rows, sin_rows};
+  SetOutput(g, r_id, 0, rows);
+  g->node(t_id).inputs[0] = rows;
+  SetOutput(g, t_id, 0, y);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> RowLayoutMotion::Run(ir::Graph* g) {
   const bool changed = RewriteEachNode(
-      g, [](ir::Graph* g, const UseInfo& uses, NodeId id) { return MoveUp(g, uses, id) || MoveDown(g, uses, id); });
+      g, [](ir::Graph* g, const UseInfo& uses, NodeId id) {
+        return MoveUp(g, uses, id) || MoveDown(g, uses, id) || MoveBelowRotary(g, uses, id);
+      });
   if (changed) RETURN_IF_ERROR(g->TopoSort());
   return changed;
 }

@@ -13,6 +13,11 @@
 //   - down: a run of single-use row layout ops containing a Transpose after a projection whose
 //     input is an Attention's output through single-use layout ops moves above the projection
 //     (Attention -> ... -> P -> R1..Rk becomes Attention -> ... -> R1'..Rk' -> P).
+//   - across Rotary: a row Transpose whose output only a Rotary reads as X, where the Rotary's output
+//     only reaches Attention's Q, K through layout ops, moves below the Rotary, whose cos and sin tables
+//     are rearranged to follow the rows (a Reshape where that only moves dims of extent 1, as for
+//     Llama's (B, 1, S, R) tables); Hugging Face decoders transpose Q and K to (B, H, S, D) before
+//     rotating them.
 // The moved ops become part of the chains AttentionLayout absorbs (run it after this pass).
 // Needs concrete shapes (a graph with bound symbols); changes nothing on symbolic ones.
 #pragma once
