@@ -13,6 +13,7 @@
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/autodiff/loss.h"
+#include "frontend/ir/attention_views.h"
 #include "frontend/ir/infer.h"
 #include "frontend/ir/precision.h"
 #include "frontend/onnx/loader.h"
@@ -118,14 +119,22 @@ TEST_P(HfGqaTest, RepeatKvFoldsIntoAttentionWithTheUnfusedGraphsLogitsAndGradien
     const ir::Node& n = g.node(id);
     if (n.op != ir::OpKind::kAttention) continue;
     ++attentions;
-    const ir::Shape &q = g.value(n.inputs[0]).shape, &k = g.value(n.inputs[1]).shape;
+    // Each operand as the attention reads it: through its view (the projection's (B, S, H, D) rows).
+    auto operand = [&](int i) -> ir::Shape {
+      const ir::Shape& buffer = g.value(n.inputs[i]).shape;
+      if (!ir::HasAttentionView(n, i)) return buffer;
+      absl::StatusOr<ir::StridedView> view = ir::AttentionOperandView(n, i, ir::ToInts(buffer));
+      EXPECT_TRUE(view.ok()) << view.status();
+      return view.ok() ? ir::FromInts(view->dims) : buffer;
+    };
+    const ir::Shape q = operand(0), k = operand(1), v = operand(2);
     if (q.size() < 3) {  // a multi-head export may attend on flattened (B*H, S, D) heads
       EXPECT_FALSE(grouped) << n.name;
       continue;
     }
     EXPECT_EQ(q.end()[-3], ir::Dim(heads)) << n.name;
     EXPECT_EQ(k.end()[-3], ir::Dim(kv_heads)) << n.name << ": K " << ir::ShapeToString(k);
-    EXPECT_EQ(g.value(n.inputs[2]).shape.end()[-3], ir::Dim(kv_heads)) << n.name;
+    EXPECT_EQ(v.end()[-3], ir::Dim(kv_heads)) << n.name;
   }
   EXPECT_EQ(attentions, config["layers"].get<int64_t>());
   // The repeat's gradient is gone with it: no ReduceToShapeOf of a 5-D (B, kv, n_rep, S, D) value.
