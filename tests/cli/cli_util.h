@@ -22,6 +22,12 @@ inline std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
+// For tests that compare one process with launched ranks bit for bit: every onnxpipe they start runs OpenBLAS on one
+// thread. A rank sizes OpenBLAS's pool by its share of the CPUs and one process by all of them, and on some CPUs
+// (AVX2 kernels, seen on AMD EPYC) OpenBLAS's sums depend on its thread count; the property under test is the
+// pipeline's and the comm's, not OpenBLAS's.
+inline void PinBlasThreadsForBitwiseRuns() { setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1); }
+
 // A fresh temporary folder, removed by the caller's TearDown if wanted.
 inline std::filesystem::path MakeTempDir(const std::string& tag) {
   std::string templ = (std::filesystem::temp_directory_path() / ("onnxpipe_" + tag + "_XXXXXX")).string();

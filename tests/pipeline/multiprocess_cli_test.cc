@@ -64,7 +64,10 @@ int ExitCode(pid_t pid) {
 
 class MultiProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = testing::MakeTempDir("multiprocess"); }
+  void SetUp() override {
+    testing::PinBlasThreadsForBitwiseRuns();
+    dir_ = testing::MakeTempDir("multiprocess");
+  }
   void TearDown() override { fs::remove_all(dir_); }
 
   // One process (in-process stages) and `onnxpipe launch --nproc N`, each writing `tag`.jsonl.

@@ -33,6 +33,7 @@ class SaveEvalCliTest : public ::testing::Test {
     // onnxruntime is installed by scripts/setup.sh: a missing one is a failure, not a skip.
     ASSERT_TRUE(fs::exists(ONNXPIPE_ORT_PYTHON))
         << ONNXPIPE_ORT_PYTHON << " (Python with onnxruntime) is missing: run scripts/setup.sh --no-build";
+    testing::PinBlasThreadsForBitwiseRuns();  // DataParallelRanksShareTheEvaluation
     dir_ = testing::MakeTempDir("save_eval_cli");
     testing::WriteTextCorpus(dir_ / "corpus", testing::MakeTextSplit(40, 3), testing::MakeTextSplit(15, 4));
   }
