@@ -10,6 +10,7 @@
 #include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/row_layout_motion.h"
 #include "gtest/gtest.h"
+#include "tests/passes/fusion_numeric_util.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_util.h"
 
@@ -80,17 +81,6 @@ ir::Graph Mha(int pieces = 3, bool batch_first = false) {
   return g;
 }
 
-ir::Graph Rewritten(const ir::Graph& g) {
-  ir::Graph out = g;
-  absl::StatusOr<bool> moved = RowLayoutMotion().Run(&out);
-  EXPECT_TRUE(moved.ok()) << moved.status();
-  absl::StatusOr<bool> changed = AttentionLayout().Run(&out);
-  EXPECT_TRUE(changed.ok()) << changed.status();
-  EXPECT_TRUE(DeadCodeElimination().Run(&out).ok());
-  EXPECT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
-  return out;
-}
-
 // The graph's outputs and every parameter's gradient on the same random input.
 std::vector<ir::Tensor> LossAndGradients(const ir::Graph& g) {
   absl::StatusOr<std::vector<ir::Tensor>> out = testing::LossAndGradients(g, /*training=*/false);
@@ -107,7 +97,7 @@ const ir::Node& OnlyAttention(const ir::Graph& g) {
 
 TEST(AttentionLayoutTest, PackedProjectionIsReadAndWrittenInPlace) {
   const ir::Graph g = Mha();
-  const ir::Graph after = Rewritten(g);
+  const ir::Graph after = testing::LaidOut(g);
   const std::map<std::string, int> hist = testing::Histogram(after);
   EXPECT_EQ(hist.count("Transpose"), 0u) << testing::HistogramString(after);
   EXPECT_EQ(hist.count("Split"), 0u) << testing::HistogramString(after);
@@ -140,7 +130,7 @@ TEST(AttentionLayoutTest, PackedProjectionIsReadAndWrittenInPlace) {
 
 TEST(AttentionLayoutTest, BatchFirstTransposesMoveAcrossTheProjectionsIntoTheViews) {
   const ir::Graph g = Mha(3, /*batch_first=*/true);
-  const ir::Graph after = Rewritten(g);
+  const ir::Graph after = testing::LaidOut(g);
   const std::map<std::string, int> hist = testing::Histogram(after);
   EXPECT_EQ(hist.count("Transpose"), 0u) << testing::HistogramString(after);
   EXPECT_EQ(hist.count("Split"), 0u) << testing::HistogramString(after);
@@ -184,7 +174,7 @@ TEST(AttentionLayoutTest, StageOnnxOfTheViewsComputesTheSame) {
   for (bool batch_first : {false, true}) {
     SCOPED_TRACE(batch_first);
     const ir::Graph g = Mha(3, batch_first);
-    const ir::Graph after = Rewritten(g);
+    const ir::Graph after = testing::LaidOut(g);
     absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(after, "attention_layout_stage.onnx");
     ASSERT_TRUE(back.ok()) << back.status();
     absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 5);
@@ -250,7 +240,7 @@ TEST(AttentionLayoutTest, StageOnnxRepeatsGroupedKAndVOverTheQueryHeads) {
 TEST(AttentionLayoutTest, ViewsThatLeaveAPieceUnreadAreNotTaken) {
   // V comes from elsewhere: the packed value's third part is read by no view, so Q's and K's views
   // do not cover it and AttentionGrad could not write its whole gradient: Q and K keep their inputs.
-  const ir::Graph after = Rewritten(Mha(/*pieces=*/2));
+  const ir::Graph after = testing::LaidOut(Mha(/*pieces=*/2));
   const ir::Node& att = OnlyAttention(after);
   EXPECT_FALSE(ir::HasAttentionView(att, 0));
   EXPECT_FALSE(ir::HasAttentionView(att, 1));

@@ -6,14 +6,9 @@
 // and every gradient equal the graph with the copies on the CPU backend.
 
 #include "frontend/ir/attention_views.h"
-#include "frontend/ir/verifier.h"
-#include "frontend/passes/attention_layout.h"
-#include "frontend/passes/dead_code_elimination.h"
 #include "frontend/passes/pattern.h"
-#include "frontend/passes/row_layout_motion.h"
 #include "gtest/gtest.h"
-#include "tests/passes/numeric_util.h"
-#include "tests/passes/test_util.h"
+#include "tests/passes/fusion_numeric_util.h"
 
 namespace onnxpipe::passes {
 namespace {
@@ -56,25 +51,9 @@ ir::Graph Decoder(const std::vector<int64_t>& table_dims) {
   return b.graph();
 }
 
-ir::Graph Rewritten(const ir::Graph& g) {
-  ir::Graph out = g;
-  absl::StatusOr<bool> moved = RowLayoutMotion().Run(&out);
-  EXPECT_TRUE(moved.ok() && *moved) << moved.status();
-  absl::StatusOr<bool> changed = AttentionLayout().Run(&out);
-  EXPECT_TRUE(changed.ok() && *changed) << changed.status();
-  EXPECT_TRUE(DeadCodeElimination().Run(&out).ok());
-  EXPECT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
-  return out;
-}
-
-// The forward on one random input, and the loss with every parameter's gradient, before and after.
+// The forward on random inputs, and the loss with every parameter's gradient, before and after.
 void ExpectSameResults(const ir::Graph& g, const ir::Graph& after) {
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 3);
-  ASSERT_TRUE(feeds.ok()) << feeds.status();
-  absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(g, *feeds);
-  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(after, *feeds);
-  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-  EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-6);
+  testing::ExpectSameOutputs(g, after, 1e-6);
   absl::StatusOr<std::vector<ir::Tensor>> grads_want = testing::LossAndGradients(g, /*training=*/false);
   absl::StatusOr<std::vector<ir::Tensor>> grads_got = testing::LossAndGradients(after, /*training=*/false);
   ASSERT_TRUE(grads_want.ok() && grads_got.ok()) << grads_want.status() << grads_got.status();
@@ -89,7 +68,7 @@ TEST(DecoderLayoutTest, RotatedGroupedHeadsAreReadThroughViews) {
   for (const std::vector<int64_t>& table : {std::vector<int64_t>{kB, 1, kS, kD}, std::vector<int64_t>{kS, kD}}) {
     SCOPED_TRACE(::testing::PrintToString(table));
     const ir::Graph g = Decoder(table);
-    const ir::Graph after = Rewritten(g);
+    const ir::Graph after = testing::LaidOut(g);
     const std::map<std::string, int> hist = testing::Histogram(after);
     EXPECT_EQ(hist.count("Transpose"), 0u) << testing::HistogramString(after);
     EXPECT_EQ(hist.at("Rotary"), 2);
@@ -124,7 +103,7 @@ TEST(DecoderLayoutTest, PerHeadTablesAreTransposedWithTheRows) {
   b.Output(b.Op(OpKind::kReduceSum, {b.Op(OpKind::kMul, {y, y}, {Dim(kB), Dim(kH), Dim(kS), Dim(kD)})}, {},
                 MakeAttrs({{"keepdims", int64_t{0}}})));
   const ir::Graph per_head = b.graph();
-  const ir::Graph after = Rewritten(per_head);
+  const ir::Graph after = testing::LaidOut(per_head);
   const ir::Node* rotary = nullptr;
   for (ir::NodeId id : after.LiveNodes())
     if (after.node(id).op == OpKind::kRotary) rotary = &after.node(id);
@@ -133,12 +112,7 @@ TEST(DecoderLayoutTest, PerHeadTablesAreTransposedWithTheRows) {
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->op, OpKind::kTranspose);
   EXPECT_EQ(after.value(rotary->inputs[1]).shape, ir::Shape({Dim(1), Dim(kS), Dim(kH), Dim(kD)}));
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(per_head, {}, 4);
-  ASSERT_TRUE(feeds.ok()) << feeds.status();
-  absl::StatusOr<std::vector<ir::Tensor>> want = testing::Evaluate(per_head, *feeds);
-  absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(after, *feeds);
-  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
-  EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-6);
+  testing::ExpectSameOutputs(per_head, after, 1e-6);
 }
 
 TEST(DecoderLayoutTest, RotaryOutsideAttentionKeepsItsTranspose) {
@@ -148,9 +122,7 @@ TEST(DecoderLayoutTest, RotaryOutsideAttentionKeepsItsTranspose) {
   const ValueId cos = b.Input("cos", {Dim(kS), Dim(kD)}), sin = b.Input("sin", {Dim(kS), Dim(kD)});
   b.Output(Heads(b, x, "w_q", kH, cos, sin));
   ir::Graph g = b.graph();
-  absl::StatusOr<bool> changed = RowLayoutMotion().Run(&g);
-  ASSERT_TRUE(changed.ok());
-  EXPECT_FALSE(*changed);
+  testing::ExpectUnchangedBy<RowLayoutMotion>(g);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // What the fusion passes' tests share: a pass that must fuse exactly one node, a pass that must leave a graph as it
-// was, and two graphs compared on the same random inputs (numeric_util.h's CPU evaluation).
+// was, the layout passes in a row, and two graphs compared on the same random inputs (numeric_util.h's CPU evaluation).
 #pragma once
 
 #include "frontend/ir/verifier.h"
+#include "frontend/passes/attention_layout.h"
+#include "frontend/passes/dead_code_elimination.h"
+#include "frontend/passes/row_layout_motion.h"
 #include "gtest/gtest.h"
 #include "tests/passes/numeric_util.h"
 #include "tests/passes/test_util.h"
@@ -33,6 +36,19 @@ void ExpectUnchanged(ir::Graph& g, Run run) {
 template <typename Pass>
 void ExpectUnchangedBy(ir::Graph& g) {
   ExpectUnchanged(g, [](ir::Graph& x) { return Pass().Run(&x); });
+}
+
+// `g` after the layout passes as the pipeline runs them (RowLayoutMotion, AttentionLayout, then dead code removed),
+// a valid graph.
+inline ir::Graph LaidOut(const ir::Graph& g) {
+  ir::Graph out = g;
+  absl::StatusOr<bool> moved = RowLayoutMotion().Run(&out);
+  EXPECT_TRUE(moved.ok()) << moved.status();
+  absl::StatusOr<bool> changed = AttentionLayout().Run(&out);
+  EXPECT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(DeadCodeElimination().Run(&out).ok());
+  EXPECT_TRUE(ir::Verify(out).ok()) << ir::Verify(out);
+  return out;
 }
 
 // Every output of `a` and `b` within `tol` of each other on two sets of random inputs.
