@@ -405,24 +405,26 @@ class AttentionMatcher {
   }
 
   // True when the constant mask `t` (additive, or boolean with true = attend) is exactly the
-  // causal pattern for scores of `dims`, broadcast over every leading dim.
+  // causal pattern for scores of `dims` in every slice over its leading dims (any extents: the
+  // (B, 1, S, S) mask a Hugging Face export materialises has one copy per batch row).
   static bool IsCausal(const Tensor& t, bool additive,
                        std::pair<std::optional<int64_t>, std::optional<int64_t>> dims) {
     if (t.rank() < 2) return false;
     const int64_t n = t.dims()[t.rank() - 2];
     if (t.dims().back() != n) return false;
-    for (int64_t i = 0; i + 2 < t.rank(); ++i)
-      if (t.dims()[i] != 1) return false;
     // A size-1 mask broadcasts to any length; only a full square proves the pattern.
     if (dims.first ? *dims.first != n : n < 2) return false;
     if (dims.second ? *dims.second != n : n < 2) return false;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        const double x = t.GetAsDouble(i * n + j);
-        if (additive) {
-          if (j <= i ? x != 0.0 : !(x <= kVeryNegative)) return false;
-        } else if ((x != 0.0) != (j <= i)) {
-          return false;
+    const int64_t slices = n > 0 ? t.num_elements() / (n * n) : 0;
+    for (int64_t s = 0; s < slices; ++s) {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          const double x = t.GetAsDouble((s * n + i) * n + j);
+          if (additive) {
+            if (j <= i ? x != 0.0 : !(x <= kVeryNegative)) return false;
+          } else if ((x != 0.0) != (j <= i)) {
+            return false;
+          }
         }
       }
     }

@@ -22,7 +22,7 @@
 // initializers, like GPT's `mask[:, :, :S, :S]` slice of a registered triangle) is proven causal
 // by reading it: additive 0 on and below the diagonal and
 // <= -1e4 above it; boolean (normalised to true = attend) true exactly on and below the diagonal,
-// with any leading dims of size 1. A proven causal mask sets causal=1 and is dropped. Otherwise
+// in every slice over its leading dims (of any extents: a (B, 1, S, S) mask has one per batch row). A proven causal mask sets causal=1 and is dropped. Otherwise
 // it is passed as the mask input, mask_kind "additive" or "bool" (true = attend; a masked_fill
 // condition is negated with a Not, folded when constant). An additive mask computed from
 // parameters (T5's relative position bias plus the padding mask) is never read as a constant: it
@@ -47,11 +47,17 @@
 
 namespace onnxpipe::passes {
 
+// The most elements a computed mask (and each value it is computed from) may have for the pass to compute it and
+// read whether it is causal. Hugging Face decoders exported with torch.export materialise their causal mask,
+// (B, 1, S, S) from Range and LessOrEqual: 8.4M elements at batch 8, seq 1024, beyond constant folding's limit;
+// read as causal, the attention skips the masked half instead of reading a mask (cuDNN: twice as fast).
+inline constexpr int64_t kMaxProvenMaskElements = int64_t{1} << 25;
+
 class AttentionFusion : public Pass {
  public:
   // `evaluator` (optional) lets the pass read masks that are computed from initializers.
   explicit AttentionFusion(const ir::OpEvaluator* evaluator = nullptr,
-                           int64_t max_mask_elements = int64_t{1} << 20)
+                           int64_t max_mask_elements = kMaxProvenMaskElements)
       : evaluator_(evaluator), max_mask_elements_(max_mask_elements) {}
   std::string_view name() const override { return "attention-fusion"; }
   absl::StatusOr<bool> Run(ir::Graph* g) override;

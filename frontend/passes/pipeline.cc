@@ -1,5 +1,7 @@
 #include "frontend/passes/pipeline.h"
 
+#include <algorithm>
+
 #include "frontend/ir/status.h"
 #include "frontend/ir/verifier.h"
 #include "frontend/passes/attention_fusion.h"
@@ -43,7 +45,7 @@ absl::Status RunForwardPipeline(ir::Graph* g, const ir::OpEvaluator& evaluator, 
     pipeline.AddPass<GeluFusion>();
     pipeline.AddPass<GatedActivationFusion>();  // reads the fused Gelu
     pipeline.AddPass<DropoutFusion>();
-    pipeline.AddPass<AttentionFusion>(&evaluator, options.folding.max_elements);
+    pipeline.AddPass<AttentionFusion>(&evaluator, std::max(options.folding.max_elements, kMaxProvenMaskElements));
     pipeline.AddPass<RepeatKvFold>();
     pipeline.AddPass<GathersToSplit>();
     pipeline.AddPass<DeadCodeElimination>();  // the folds' leftovers would count as other readers below
