@@ -128,6 +128,22 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
   const int32_t F = a.num_positions();
   if (F == 0) return INVALID_ARGUMENT() << "training graph '" << g.name << "' has no forward nodes";
 
+  // A parameter's compute copy (autodiff/optimizer.h: compute_copies), which its update writes, is read in its
+  // stead: the copy's readers are the parameter's.
+  std::vector<ir::ValueId> copy_of(nv, ir::kNoValue);
+  for (const ir::Graph::StateUpdate& u : g.state_updates()) {
+    const ir::NodeId m = g.value(u.new_value).producer;
+    if (m == ir::kNoNode || !IsUpdateOp(g.node(m).op)) continue;
+    if (g.value(u.new_value).producer_output == ir::UpdateComputeCopyOutput(g.node(m).op)) {
+      copy_of[g.node(m).inputs[0]] = u.state;
+    }
+  }
+  auto readers = [&](ir::ValueId param) {
+    std::vector<ir::NodeId> r = a.uses[param];
+    if (const ir::ValueId c = copy_of[param]; c != ir::kNoValue) r.insert(r.end(), a.uses[c].begin(), a.uses[c].end());
+    return r;
+  };
+
   // Parameter owners: the first forward consumer.
   a.param_owner.assign(nv, -1);
   std::unordered_map<std::string, ir::ValueId> param_by_name;
@@ -135,7 +151,7 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
     if (!a.is_param[v]) continue;
     param_by_name.emplace(g.value(v).name, v);
     int32_t owner = -1;
-    for (ir::NodeId u : a.uses[v]) {
+    for (ir::NodeId u : readers(v)) {
       const int32_t p = a.position[u];
       if (p >= 0 && g.node(u).phase == ir::Phase::kForward && (owner < 0 || p < owner)) owner = p;
     }
@@ -221,7 +237,7 @@ absl::StatusOr<GraphAnalysis> AnalyzeTrainingGraph(const ir::Graph& g, const Ana
     if (!a.is_param[v]) continue;
     std::vector<int32_t>& ps = a.holder_positions[v];
     if (a.param_owner[v] >= 0) ps.push_back(a.param_owner[v]);
-    for (ir::NodeId u : a.uses[v])
+    for (ir::NodeId u : readers(v))
       if (!a.post_step[u] && a.position[u] >= 0) ps.push_back(a.position[u]);
     std::sort(ps.begin(), ps.end());
     ps.erase(std::unique(ps.begin(), ps.end()), ps.end());

@@ -35,7 +35,7 @@
 // Memory (StageMemory, bytes): the persistent regions from PlanMemory over the stage's whole program,
 // the micro-batch memory from the layout the pipeline executor allocates (microbatch_layout.h):
 //   parameters       the planner's parameter region (the f32 masters of a bf16 graph; their bf16
-//                    copies are activations, made by a Cast per use)
+//                    compute copies are optimizer state, written by the updates)
 //   gradients        the planner's gradient region (persistent, accumulated over micro-batches)
 //   optimizer_state  the planner's optimizer-state region
 //   constants        the planner's constant region (masks, frozen buffers)

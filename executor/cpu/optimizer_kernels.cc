@@ -7,9 +7,11 @@
 // of the PyTorch update is one rounding step here, in the same order. Kernels never update in
 // place: the trainer moves the outputs into the parameter store (Graph::state_updates()).
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::cpu {
 namespace {
@@ -166,8 +168,36 @@ Result ClipScaleKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
   });
 }
 
+// An update's optional outputs (op.h), appended to `out` at their indices where the node has them: the gradient's
+// sum of squares, SumSquares(grad) in f64, and the compute copy, param' cast to attr copy_to's half dtype.
+template <typename T>
+absl::Status AppendExtras(const ir::Node& node, const EvalContext& ctx, const ir::Tensor& grad, ir::Tensor param,
+                          std::vector<ir::Tensor>* out) {
+  const int sums = ir::UpdateSumSquaresOutput(node.op), copy = ir::UpdateComputeCopyOutput(node.op);
+  if (WantsOutput(node, sums)) {
+    out->resize(sums);  // an absent output before it stays undefined
+    ASSIGN_OR_RETURN(ir::Tensor s, AllocOutput(node, ctx, sums, ir::DType::kF64, {}));
+    s.mutable_data<double>()[0] = SumSquaresOf<T>(grad);
+    out->push_back(std::move(s));
+  }
+  if (WantsOutput(node, copy)) {
+    const std::optional<ir::DType> to = ir::ParseDType(node.attrs.Get<std::string>("copy_to", ""));
+    if (!to || !ir::IsHalf(*to)) {
+      return INVALID_ARGUMENT() << Describe(node) << ": the compute copy output needs attribute copy_to naming bf16 "
+                                                     "or f16";
+    }
+    const ir::Tensor cast = param.CastTo(*to);
+    out->resize(copy);
+    ASSIGN_OR_RETURN(ir::Tensor c, AllocOutput(node, ctx, copy, *to, param.dims()));
+    std::memcpy(c.raw(), cast.raw(), cast.num_bytes());
+    out->push_back(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
 // --- SGDUpdate -------------------------------------------------------------------------------
-// Inputs: 0 param, 1 grad, 2 lr, 3 momentum_buf (absent when momentum == 0), 4 scale?.
+// Inputs: 0 param, 1 grad, 2 lr, 3 momentum_buf (absent when momentum == 0), 4 scale?. Outputs: param',
+// momentum_buf'?, grad sum of squares?, compute copy?.
 
 Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
                        const EvalContext& ctx) {
@@ -219,6 +249,7 @@ Result SGDUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in,
     });
     std::vector<ir::Tensor> out{std::move(p_out)};
     if (node.outputs.size() > 1) out.push_back(std::move(buf_out));
+    RETURN_IF_ERROR(AppendExtras<T>(node, ctx, in[1], out[0], &out));
     return out;
   });
 }
@@ -284,7 +315,9 @@ Result AdamWUpdateKernel(const ir::Node& node, const std::vector<ir::Tensor>& in
         po[i] = pd + neg_step_size * (mi / denom);            // addcdiv_(m, denom, -step_size)
       }
     });
-    return std::vector<ir::Tensor>{std::move(p_out), std::move(m_out), std::move(v_out)};
+    std::vector<ir::Tensor> out{std::move(p_out), std::move(m_out), std::move(v_out)};
+    RETURN_IF_ERROR(AppendExtras<T>(node, ctx, in[1], out[0], &out));
+    return out;
   });
 }
 

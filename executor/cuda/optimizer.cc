@@ -24,6 +24,17 @@ absl::Status CheckTensors(const char* what, const std::vector<OptimizerTensor>& 
                                 << (needs_state1 ? "m and v" : "momentum buffer") << ")";
     }
   }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const OptimizerTensor& t = tensors[i];
+    if ((t.sum_squares != nullptr) != (tensors[0].sum_squares != nullptr)) {
+      return INVALID_ARGUMENT() << what << ": tensor " << i << (t.sum_squares != nullptr ? " asks" : " does not ask")
+                                << " for its gradient's sum of squares, unlike tensor 0 (all or none)";
+    }
+    if (t.sum_squares != nullptr && t.sum_partials == nullptr && t.n > 0) {
+      return INVALID_ARGUMENT() << what << ": tensor " << i
+                                << " asks for its sum of squares without partials workspace";
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -119,20 +119,48 @@ __device__ __forceinline__ void ForRange(const BlockRange& r, bool aligned, cons
   for (int64_t i = scalar_begin + threadIdx.x; i < r.end; i += blockDim.x) step.template Run<1>(i);
 }
 
+// Adds the squares of W gradient elements into the W accumulators (independent chains, in double).
+template <int W>
+__device__ __forceinline__ void AddSquares(const float (&g)[W], double* acc) {
+#pragma unroll
+  for (int j = 0; j < W; ++j) acc[j] += static_cast<double>(g[j]) * g[j];
+}
+
+// The block's sum of every thread's v by a fixed tree (the same bits for the same values); valid in every thread.
+__device__ __forceinline__ double BlockSum(double v) {
+  __shared__ double red[kThreads];
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  return red[0];
+}
+
+// The block's sum of squares of its chunk (each thread's 4 accumulators) into *out.
+__device__ __forceinline__ void WritePartial(const double (&acc)[4], double* out) {
+  const double total = BlockSum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  if (threadIdx.x == 0) *out = total;
+}
+
 __device__ __forceinline__ float ScaledGrad(float g, const float* scale) {
   return scale != nullptr ? __fmul_rn(g, *scale) : g;
 }
 
+// The update steps: with `acc` set (4 doubles), they also add the squares of the gradient they read.
 struct SgdStep {
   const OptimizerTensor& t;
   const float *param_in, *state0_in, *scale;
   SgdScalars s;
+  double* acc;
 
   template <int W>
   __device__ __forceinline__ void Run(int64_t i) const {
     float p[W], g[W], buf[W];
     LoadW<W>(param_in, i, p);
     LoadW<W>(t.grad, i, g);
+    if (acc != nullptr) AddSquares<W>(g, acc);
     if (s.use_momentum) LoadW<W>(state0_in, i, buf);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
@@ -154,12 +182,14 @@ struct AdamWStep {
   const OptimizerTensor& t;
   const float *param_in, *state0_in, *state1_in, *scale;
   AdamWScalars s;
+  double* acc;
 
   template <int W>
   __device__ __forceinline__ void Run(int64_t i) const {
     float p[W], g[W], m[W], v[W];
     LoadW<W>(param_in, i, p);
     LoadW<W>(t.grad, i, g);
+    if (acc != nullptr) AddSquares<W>(g, acc);
     LoadW<W>(state0_in, i, m);
     LoadW<W>(state1_in, i, v);
 #pragma unroll
@@ -178,33 +208,52 @@ struct AdamWStep {
   }
 };
 
+// The chunk of an update block: the sum of squares' when the step forms it, so that its partials are LaunchSumSquares'.
+template <bool kSquares>
+constexpr int64_t kUpdateChunk = kSquares ? kNormChunk : kChunk;
+
+// Runs `step` (made by make(tensor, acc)) over the block's chunk; with kSquares, writes the chunk's sum of squares
+// into the tensor's partials.
+template <bool kSquares, typename MakeStep>
+__device__ __forceinline__ void RunUpdate(const Batch& b, bool aligned, MakeStep&& make) {
+  const BlockRange r = RangeOf(b, kUpdateChunk<kSquares>);
+  double acc[4] = {0, 0, 0, 0};
+  ForRange(r, aligned, make(r.t, kSquares ? acc : nullptr));
+  if constexpr (kSquares) WritePartial(acc, r.t.sum_partials + b.block_chunk[blockIdx.x]);
+}
+
 // Flags from `s`; values from `dev` when set (read at run time: CUDA graph replays).
+template <bool kSquares>
 __global__ void SgdKernel(Batch b, SgdScalars s, const SgdScalars* dev, const float* scale) {
   if (dev != nullptr) {
     s.neg_lr = dev->neg_lr;
     s.weight_decay = dev->weight_decay;
     s.momentum = dev->momentum;
   }
-  const BlockRange r = RangeOf(b, kChunk);
-  const SgdStep step{r.t, Before(r.t.param_in, r.t.param), Before(r.t.state0_in, r.t.state0), scale, s};
-  const bool aligned = Aligned(step.param_in, 16) && Aligned(r.t.param, 16) && Aligned(r.t.grad, 16) &&
-                       (!s.use_momentum || (Aligned(step.state0_in, 16) && Aligned(r.t.state0, 16))) &&
-                       Aligned(r.t.param_bf16, 8);
-  ForRange(r, aligned, step);
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0);
+  const bool aligned = Aligned(param_in, 16) && Aligned(t.param, 16) && Aligned(t.grad, 16) &&
+                       (!s.use_momentum || (Aligned(state0_in, 16) && Aligned(t.state0, 16))) &&
+                       Aligned(t.param_bf16, 8);
+  RunUpdate<kSquares>(b, aligned, [&](const OptimizerTensor& rt, double* acc) {
+    return SgdStep{rt, param_in, state0_in, scale, s, acc};
+  });
 }
 
+template <bool kSquares>
 __global__ void AdamWKernel(Batch b, AdamWScalars s, const AdamWScalars* dev, const float* scale) {
   if (dev != nullptr) s = *dev;
-  const BlockRange r = RangeOf(b, kChunk);
-  const AdamWStep step{r.t,   Before(r.t.param_in, r.t.param), Before(r.t.state0_in, r.t.state0),
-                       Before(r.t.state1_in, r.t.state1), scale, s};
-  const bool aligned = Aligned(step.param_in, 16) && Aligned(r.t.param, 16) && Aligned(r.t.grad, 16) &&
-                       Aligned(step.state0_in, 16) && Aligned(r.t.state0, 16) && Aligned(step.state1_in, 16) &&
-                       Aligned(r.t.state1, 16) && Aligned(r.t.param_bf16, 8);
-  ForRange(r, aligned, step);
+  const OptimizerTensor& t = b.t[b.block_tensor[blockIdx.x]];
+  const float *param_in = Before(t.param_in, t.param), *state0_in = Before(t.state0_in, t.state0),
+              *state1_in = Before(t.state1_in, t.state1);
+  const bool aligned = Aligned(param_in, 16) && Aligned(t.param, 16) && Aligned(t.grad, 16) &&
+                       Aligned(state0_in, 16) && Aligned(t.state0, 16) && Aligned(state1_in, 16) &&
+                       Aligned(t.state1, 16) && Aligned(t.param_bf16, 8);
+  RunUpdate<kSquares>(b, aligned, [&](const OptimizerTensor& rt, double* acc) {
+    return AdamWStep{rt, param_in, state0_in, state1_in, scale, s, acc};
+  });
 }
 
-// Adds the squares of W gradient elements into the W accumulators (independent chains, in double).
 struct SquaresStep {
   const float* grad;
   double* acc;  // [4]
@@ -213,47 +262,32 @@ struct SquaresStep {
   __device__ __forceinline__ void Run(int64_t i) const {
     float g[W];
     LoadW<W>(grad, i, g);
-#pragma unroll
-    for (int j = 0; j < W; ++j) acc[j] += static_cast<double>(g[j]) * g[j];
+    AddSquares<W>(g, acc);
   }
 };
 
 // Block sum of squares of one chunk into partials[first_partial + blockIdx.x].
 __global__ void SumSquaresChunksKernel(Batch b, double* partials, int64_t first_partial) {
-  __shared__ double red[kThreads];
   const BlockRange r = RangeOf(b, kNormChunk);
   double acc[4] = {0, 0, 0, 0};
   ForRange(r, Aligned(r.t.grad, 16), SquaresStep{r.t.grad, acc});
-  red[threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[first_partial + blockIdx.x] = red[0];
+  WritePartial(acc, partials + first_partial + blockIdx.x);
 }
 
-// The finishing launches' table: block j adds partials [begin[j], begin[j + 1]) and writes out[j].
+// The finishing launches' table: block j adds partials[j][0, count[j]) and writes out[j].
 struct Segments {
-  int64_t begin[kMaxTensors + 1];
+  const double* partials[kMaxTensors];
+  int64_t count[kMaxTensors];
   void* out[kMaxTensors];
 };
 
 // Block j: the sum of its segment's partials (strided per thread, then a fixed tree), written to
 // out[j] as double (f64_out) or rounded to float; with clip_scale (one segment), the clipping factor.
-__global__ void FinishSegmentsKernel(const double* partials, Segments s, bool f64_out, float* clip_scale,
-                                     float max_norm, float eps) {
-  __shared__ double red[kThreads];
+__global__ void FinishSegmentsKernel(Segments s, bool f64_out, float* clip_scale, float max_norm, float eps) {
   double sum = 0;
-  for (int64_t i = s.begin[blockIdx.x] + threadIdx.x; i < s.begin[blockIdx.x + 1]; i += blockDim.x) sum += partials[i];
-  red[threadIdx.x] = sum;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-    __syncthreads();
-  }
+  for (int64_t i = threadIdx.x; i < s.count[blockIdx.x]; i += blockDim.x) sum += s.partials[blockIdx.x][i];
+  const double total = BlockSum(sum);
   if (threadIdx.x != 0) return;
-  const double total = red[0];
   if (f64_out) {
     *static_cast<double*>(s.out[blockIdx.x]) = total;
     return;
@@ -264,6 +298,35 @@ __global__ void FinishSegmentsKernel(const double* partials, Segments s, bool f6
     const float coef = __fdiv_rn(max_norm, __fadd_rn(__fsqrt_rn(rounded), eps));
     *clip_scale = coef < 1.f ? coef : (isnan(coef) ? coef : 1.f);
   }
+}
+
+// Adds up segments given by add(segments, j) (which fills entry j) for j < num_segments, kMaxTensors per launch.
+template <typename Add>
+cudaError_t FinishSegments(int num_segments, bool f64_out, float* clip_scale, float max_norm, float eps,
+                           cudaStream_t stream, Add&& add) {
+  Segments seg;
+  for (int first = 0; first < num_segments; first += kMaxTensors) {
+    const int n = std::min(kMaxTensors, num_segments - first);
+    for (int j = 0; j < n; ++j) add(seg, j, first + j);
+    FinishSegmentsKernel<<<n, kThreads, 0, stream>>>(seg, f64_out, clip_scale, max_norm, eps);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// An update launch over every tensor (kSquares: the tensors' sums of squares too, from their partials).
+template <typename Launch>
+cudaError_t LaunchUpdate(const OptimizerTensor* tensors, int num_tensors, cudaStream_t stream, Launch&& launch) {
+  const bool squares = num_tensors > 0 && tensors[0].sum_squares != nullptr;
+  const cudaError_t err = ForEachBatch(tensors, num_tensors, squares ? kNormChunk : kChunk,
+                                       [&](const Batch& b, int blocks) { return launch(b, blocks, squares); });
+  if (err != cudaSuccess || !squares) return err;
+  return FinishSegments(num_tensors, /*f64_out=*/true, nullptr, 0.f, 0.f, stream,
+                        [&](Segments& seg, int j, int i) {
+                          seg.partials[j] = tensors[i].sum_partials;
+                          seg.count[j] = NormChunks(tensors[i].n);
+                          seg.out[j] = tensors[i].sum_squares;
+                        });
 }
 
 // *out = ((carry or 0) + terms[0]) + terms[1] + ... in double, then written as double or float; a
@@ -302,24 +365,26 @@ __global__ void ClipScaleKernel(const float* norm, float max_norm, float eps, fl
 
 int64_t NumNormChunks(const int64_t* sizes, int num_tensors) {
   int64_t chunks = 0;
-  for (int i = 0; i < num_tensors; ++i) chunks += (sizes[i] + kNormChunk - 1) / kNormChunk;
+  for (int i = 0; i < num_tensors; ++i) chunks += NormChunks(sizes[i]);
   return chunks;
 }
 
 }  // namespace
 
+int64_t NormChunks(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
+
 cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int num_tensors, const SgdScalars& s,
                           const SgdScalars* device_scalars, const float* scale, cudaStream_t stream) {
-  return ForEachBatch(tensors, num_tensors, kChunk, [&](const Batch& b, int blocks) {
-    SgdKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
+  return LaunchUpdate(tensors, num_tensors, stream, [&](const Batch& b, int blocks, bool squares) {
+    (squares ? SgdKernel<true> : SgdKernel<false>)<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
 }
 
 cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int num_tensors, const AdamWScalars& s,
                             const AdamWScalars* device_scalars, const float* scale, cudaStream_t stream) {
-  return ForEachBatch(tensors, num_tensors, kChunk, [&](const Batch& b, int blocks) {
-    AdamWKernel<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
+  return LaunchUpdate(tensors, num_tensors, stream, [&](const Batch& b, int blocks, bool squares) {
+    (squares ? AdamWKernel<true> : AdamWKernel<false>)<<<blocks, kThreads, 0, stream>>>(b, s, device_scalars, scale);
     return cudaGetLastError();
   });
 }
@@ -362,20 +427,16 @@ cudaError_t LaunchSumSquares(const float* const* grads, const int64_t* sizes, in
   });
   if (err != cudaSuccess) return err;
   // The chunks are issued tensor after tensor, so a segment's partials are one range.
-  Segments seg;
-  int tensor = 0, n = 0;
-  int64_t first = 0;
-  for (int j = 0; j < num_segments; ++j) {
-    seg.begin[n] = first;
-    for (; tensor < segment_ends[j]; ++tensor) first += (sizes[tensor] + kNormChunk - 1) / kNormChunk;
-    seg.out[n++] = outs[j];
-    if (n < kMaxTensors && j + 1 < num_segments) continue;
-    seg.begin[n] = first;
-    FinishSegmentsKernel<<<n, kThreads, 0, stream>>>(partials, seg, f64_out, clip_scale, max_norm, eps);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    n = 0;
+  std::vector<int64_t> begin(num_segments + 1, 0);
+  for (int j = 0, tensor = 0; j < num_segments; ++j) {
+    begin[j + 1] = begin[j];
+    for (; tensor < segment_ends[j]; ++tensor) begin[j + 1] += NormChunks(sizes[tensor]);
   }
-  return cudaSuccess;
+  return FinishSegments(num_segments, f64_out, clip_scale, max_norm, eps, stream, [&](Segments& seg, int j, int i) {
+    seg.partials[j] = partials + begin[i];
+    seg.count[j] = begin[i + 1] - begin[i];
+    seg.out[j] = outs[i];
+  });
 }
 
 cudaError_t LaunchSumScalars(const double* const* terms, int num_terms, void* out, bool f64_out, double* carry,

@@ -41,8 +41,15 @@ struct OptimizerTensor {
   const float* param_in = nullptr;
   const float* state0_in = nullptr;
   const float* state1_in = nullptr;
+  // Optional (every tensor of a step or none): *sum_squares = the sum of grad^2 (unscaled) in double, formed as the
+  // step reads the gradient, in LaunchSumSquares' order (the same bits as its one-tensor segment where every pointer
+  // is 16-byte aligned); sum_partials is workspace for NormChunks(n) doubles.
+  double* sum_squares = nullptr;
+  double* sum_partials = nullptr;
   int64_t n = 0;
 };
+// The partial sums a tensor of n elements takes in a sum of squares (sum_partials, LaunchSumSquares' workspace).
+int64_t NormChunks(int64_t n);
 
 // fp32 scalars of a step, rounded from double exactly as the CPU kernels round them.
 struct SgdScalars {

@@ -21,8 +21,75 @@ bool OnDevice(const ir::Tensor& t, ir::DType dtype) {
   return t.has_data() && !t.on_host() && t.dtype() == dtype && t.num_elements() == 1;
 }
 
-absl::StatusOr<void*> ScalarsWorkspace(const KernelContext& ctx, const ir::Node& node) {
-  return ctx.Workspace(node, static_cast<int64_t>(kStepScalarsBytes));
+// The elements of input i of n, when its dims are known.
+std::optional<int64_t> InputElements(const ir::Graph& g, const ir::Node& n, size_t i) {
+  const auto d = InputDims(g, n, i);
+  if (!d) return std::nullopt;
+  int64_t e = 1;
+  for (int64_t x : *d) e *= x;
+  return e;
+}
+
+// True when the update node forms its gradient's sum of squares (op.h: UpdateSumSquaresOutput).
+bool FormsSumSquares(const ir::Node& node) { return WantsOutput(node, ir::UpdateSumSquaresOutput(node.op)); }
+
+// An update group's workspace: the step scalars (kStepScalarsBytes), then, when its nodes form their gradients' sums
+// of squares, the partials of every such update of the graph (any group of them fits).
+int64_t UpdateWorkspace(const ir::Graph& g, const ir::Node& node) {
+  int64_t chunks = 0;
+  if (FormsSumSquares(node)) {
+    for (ir::NodeId id : g.LiveNodes()) {
+      const ir::Node& n = g.node(id);
+      if (n.op != node.op || !FormsSumSquares(n)) continue;
+      if (const std::optional<int64_t> e = InputElements(g, n, 1)) chunks += NormChunks(*e);
+    }
+  }
+  return static_cast<int64_t>(kStepScalarsBytes) + chunks * static_cast<int64_t>(sizeof(double));
+}
+
+// The group's workspace (UpdateWorkspace): the step scalars, and the partials handed out to `ts` when they form
+// their sums of squares.
+absl::StatusOr<void*> GroupWorkspace(const KernelContext& ctx, const ir::Node& first,
+                                     std::vector<OptimizerTensor>& ts) {
+  int64_t chunks = 0;
+  for (const OptimizerTensor& t : ts)
+    if (t.sum_squares != nullptr) chunks += NormChunks(t.n);
+  ASSIGN_OR_RETURN(void* ws, ctx.Workspace(first, static_cast<int64_t>(kStepScalarsBytes) +
+                                                       chunks * static_cast<int64_t>(sizeof(double))));
+  auto* partials = reinterpret_cast<double*>(static_cast<char*>(ws) + kStepScalarsBytes);
+  for (OptimizerTensor& t : ts) {
+    if (t.sum_squares == nullptr) continue;
+    t.sum_partials = partials;
+    partials += NormChunks(t.n);
+  }
+  return ws;
+}
+
+// Output k of an update node, shaped as its input `like`.
+absl::StatusOr<ir::Tensor> UpdateOutput(const KernelContext& ctx, const ir::Node& node, int k, const ir::Tensor& like) {
+  return ctx.FullOutput(node, k, like.dtype(), like.dims());
+}
+
+// The node's optional outputs (op.h), where it has them: the gradient's sum of squares (an f64 device scalar, for
+// t.sum_squares) and the parameter's bf16 compute copy (t.param_bf16), shaped as `param`.
+absl::Status ExtraOutputs(const KernelContext& ctx, const ir::Node& node, const ir::Tensor& param,
+                          std::vector<ir::Tensor>* out, OptimizerTensor* t) {
+  if (FormsSumSquares(node)) {
+    const int k = ir::UpdateSumSquaresOutput(node.op);
+    ASSIGN_OR_RETURN((*out)[k], ctx.Output(node, k, ir::DType::kF64, {}));
+    t->sum_squares = static_cast<double*>((*out)[k].device_raw());
+  }
+  if (const int k = ir::UpdateComputeCopyOutput(node.op); WantsOutput(node, k)) {
+    ASSIGN_OR_RETURN((*out)[k], ctx.FullOutput(node, k, ir::DType::kBF16, param.dims()));
+    t->param_bf16 = (*out)[k].device_raw();
+  }
+  return absl::OkStatus();
+}
+
+// The device writes a compute copy in bf16 only (another dtype goes to the CPU kernel).
+bool CopyOnDevice(const ir::Node& node) {
+  return !WantsOutput(node, ir::UpdateComputeCopyOutput(node.op)) ||
+         node.attrs.Get<std::string>("copy_to", "") == ir::DTypeName(ir::DType::kBF16);
 }
 
 const float* CF(const ir::Tensor& t) { return static_cast<const float*>(t.device_raw()); }
@@ -45,19 +112,19 @@ bool SameTensor(const ir::Tensor& a, const ir::Tensor& b) {
   return a.defined() == b.defined() && a.address() == b.address() && a.dtype() == b.dtype();
 }
 
-// Output k of an update node, shaped as its input `like`.
-absl::StatusOr<ir::Tensor> UpdateOutput(const KernelContext& ctx, const ir::Node& node, int k, const ir::Tensor& like) {
-  return ctx.FullOutput(node, k, like.dtype(), like.dims());
-}
-
 // Every node of a group through one kernel: `fits(node, inputs)` says a node can join (the same
 // attributes and step scalars as node 0's); `tensor(node, inputs, outputs)` sets up its outputs and
 // OptimizerTensor; `step(tensors)` issues the update of them all. A single node is a group of one.
 template <typename Fits, typename MakeTensor, typename Step>
 GroupResult UpdateGroup(const std::vector<const ir::Node*>& nodes, const std::vector<std::vector<ir::Tensor>>& in,
                         Fits&& fits, MakeTensor&& tensor, Step&& step) {
-  for (size_t i = 0; i < nodes.size(); ++i)
-    if (!fits(*nodes[i], in[i])) return std::nullopt;  // the CPU kernel reports what is wrong
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    // the CPU kernel reports what is wrong
+    if (!fits(*nodes[i], in[i]) || FormsSumSquares(*nodes[i]) != FormsSumSquares(*nodes[0]) ||
+        !CopyOnDevice(*nodes[i])) {
+      return std::nullopt;
+    }
+  }
   std::vector<OptimizerTensor> ts(nodes.size());
   std::vector<std::vector<ir::Tensor>> out(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -99,20 +166,20 @@ GroupResult SgdUpdates(const KernelContext& ctx, const std::vector<const ir::Nod
   };
   auto tensor = [&](const ir::Node& node, const std::vector<ir::Tensor>& x, std::vector<ir::Tensor>* out,
                     OptimizerTensor* t) -> absl::Status {
-    out->resize(node.outputs.size() > 1 ? 2 : 1);
+    out->resize(node.outputs.size());
     ASSIGN_OR_RETURN((*out)[0], UpdateOutput(ctx, node, 0, x[0]));
     t->param = MF((*out)[0]), t->param_in = CF(x[0]), t->grad = CF(x[1]), t->n = x[0].num_elements();
     if (momentum != 0) {
       ASSIGN_OR_RETURN((*out)[1], UpdateOutput(ctx, node, 1, x[3]));
       t->state0 = MF((*out)[1]), t->state0_in = CF(x[3]);
     }
-    return absl::OkStatus();
+    return ExtraOutputs(ctx, node, x[0], out, t);
   };
   const ir::Tensor& lr = in[0][2];
   if (!lr.on_host() && !OnDevice(lr, ir::DType::kF64)) return std::nullopt;
-  auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
+  auto step = [&](std::vector<OptimizerTensor>& ts) -> absl::Status {
+    ASSIGN_OR_RETURN(void* scalars, GroupWorkspace(ctx, first, ts));
     if (lr.on_host()) return SgdStep(ts, lr.GetAsDouble(0), momentum, wd, nesterov, scale, ctx.stream);
-    ASSIGN_OR_RETURN(void* scalars, ScalarsWorkspace(ctx, first));
     return SgdStepOnDevice(ts, static_cast<const double*>(lr.device_raw()), momentum, wd, nesterov, scale, scalars,
                            ctx.stream);
   };
@@ -141,14 +208,14 @@ GroupResult AdamWUpdates(const KernelContext& ctx, const std::vector<const ir::N
   };
   auto tensor = [&](const ir::Node& node, const std::vector<ir::Tensor>& x, std::vector<ir::Tensor>* out,
                     OptimizerTensor* t) -> absl::Status {
-    out->resize(3);
+    out->resize(node.outputs.size());
     for (int k = 0; k < 3; ++k) {
       ASSIGN_OR_RETURN((*out)[k], UpdateOutput(ctx, node, k, x[k == 0 ? 0 : k + 1]));
     }
     t->param = MF((*out)[0]), t->param_in = CF(x[0]), t->grad = CF(x[1]);
     t->state0 = MF((*out)[1]), t->state0_in = CF(x[2]), t->state1 = MF((*out)[2]), t->state1_in = CF(x[3]);
     t->n = x[0].num_elements();
-    return absl::OkStatus();
+    return ExtraOutputs(ctx, node, x[0], out, t);
   };
   // Host scalars: the count is read before any output is set up (one below 1 goes to the CPU kernel's
   // error). Device scalars (graphs): both on the device, the driver's count (>= 1).
@@ -157,9 +224,9 @@ GroupResult AdamWUpdates(const KernelContext& ctx, const std::vector<const ir::N
   if (host ? count.GetAsInt(0) < 1 : !(OnDevice(lr, ir::DType::kF64) && OnDevice(count, ir::DType::kI64))) {
     return std::nullopt;
   }
-  auto step = [&](const std::vector<OptimizerTensor>& ts) -> absl::Status {
+  auto step = [&](std::vector<OptimizerTensor>& ts) -> absl::Status {
+    ASSIGN_OR_RETURN(void* scalars, GroupWorkspace(ctx, *nodes[0], ts));
     if (host) return AdamWStep(ts, lr.GetAsDouble(0), count.GetAsInt(0), beta1, beta2, eps, wd, scale, ctx.stream);
-    ASSIGN_OR_RETURN(void* scalars, ScalarsWorkspace(ctx, *nodes[0]));
     return AdamWStepOnDevice(ts, static_cast<const double*>(lr.device_raw()),
                              static_cast<const int64_t*>(count.device_raw()), beta1, beta2, eps, wd, scale, scalars,
                              ctx.stream);
@@ -220,13 +287,8 @@ int64_t SumSquaresWorkspace(const ir::Graph& g, const ir::Node&) {
   for (ir::NodeId id : g.LiveNodes()) {
     const ir::Node& n = g.node(id);
     if (n.op != ir::OpKind::kSumSquares) continue;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const auto d = InputDims(g, n, i);
-      if (!d) continue;
-      int64_t e = 1;
-      for (int64_t x : *d) e *= x;
-      sizes.push_back(e);
-    }
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (const std::optional<int64_t> e = InputElements(g, n, i)) sizes.push_back(*e);
   }
   return static_cast<int64_t>(SumSquaresWorkspaceBytes(sizes));
 }
@@ -264,12 +326,9 @@ KernelResult ClipScale(const KernelContext& ctx, const ir::Node& node, const std
 }  // namespace
 
 void RegisterOptimizerKernels(KernelTable& table) {
-  // Every update node reserves the step scalars' bytes (the group's first node's are used).
-  const CudaWorkspaceFn scalars = [](const ir::Graph&, const ir::Node&) {
-    return static_cast<int64_t>(kStepScalarsBytes);
-  };
-  table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), scalars, /*host_inputs=*/1u << 2, SgdUpdates};
-  table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), scalars, /*host_inputs=*/(1u << 4) | (1u << 5),
+  // Every update node reserves a group's workspace (the group's first node's is used).
+  table[ir::OpKind::kSGDUpdate] = {OneNode(SgdUpdates), UpdateWorkspace, /*host_inputs=*/1u << 2, SgdUpdates};
+  table[ir::OpKind::kAdamWUpdate] = {OneNode(AdamWUpdates), UpdateWorkspace, /*host_inputs=*/(1u << 4) | (1u << 5),
                                      AdamWUpdates};
   table[ir::OpKind::kSumSquares] = {OneNode(SumSquaresGroup), SumSquaresWorkspace, /*host_inputs=*/0,
                                      SumSquaresGroup};

@@ -2,10 +2,27 @@
 // on resume because any of them changes the sequence of updates.
 #include "executor/train/train_checkpoint.h"
 
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::train {
 namespace {
+
+// `checkpoint` with the compute copies (autodiff::OptimizerOptions::compute_copies: state named ComputeCopyName) it
+// lacks, where the trainer holds them: a checkpoint written before they were state. Each is its parameter cast, as
+// the training graph makes it, so the resumed run is the one the checkpoint's own run would have continued with.
+io::Checkpoint WithComputeCopies(const io::Checkpoint& checkpoint, const std::map<std::string, ir::Tensor>& shapes) {
+  io::Checkpoint full = checkpoint;
+  for (const auto& [name, shape] : shapes) {
+    if (checkpoint.Find(name) != nullptr || !ir::IsHalf(shape.dtype())) continue;
+    const std::string suffix = autodiff::ComputeCopyName("", shape.dtype());
+    if (!name.ends_with(suffix)) continue;
+    const ir::Tensor* param = checkpoint.Find(name.substr(0, name.size() - suffix.size()));
+    if (param == nullptr || param->dtype() != ir::DType::kF32 || param->dims() != shape.dims()) continue;
+    full.tensors.push_back({name, param->CastTo(shape.dtype())});
+  }
+  return full;
+}
 
 std::string OptimizerName(const autodiff::OptimizerOptions& o) {
   return o.kind == autodiff::OptimizerKind::kAdamW ? "adamw" : "sgd";
@@ -86,10 +103,12 @@ absl::StatusOr<std::vector<std::string>> RestoreCheckpoint(const io::Checkpoint&
     }
   }
   std::vector<io::TensorSpec> specs;
-  for (const auto& [name, t] : trainer.StateShapes()) specs.push_back({name, t.dtype(), t.dims()});
-  RETURN_IF_ERROR(io::CheckCompatible(checkpoint, specs, run.model));
+  const std::map<std::string, ir::Tensor> shapes = trainer.StateShapes();
+  for (const auto& [name, t] : shapes) specs.push_back({name, t.dtype(), t.dims()});
+  const io::Checkpoint full = WithComputeCopies(checkpoint, shapes);
+  RETURN_IF_ERROR(io::CheckCompatible(full, specs, run.model));
   std::map<std::string, ir::Tensor> state;
-  for (const io::NamedTensor& t : checkpoint.tensors) state[t.name] = t.tensor;
+  for (const io::NamedTensor& t : full.tensors) state[t.name] = t.tensor;
   RETURN_IF_ERROR(trainer.Restore(state, m.step));
   std::vector<std::string> warnings;
   for (const auto& [key, value] : Hyperparameters(run.options)) {

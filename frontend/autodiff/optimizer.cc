@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 
 namespace onnxpipe::autodiff {
@@ -59,7 +60,26 @@ ir::ValueId AddLike(ir::Graph* g, const ir::Value& param, const std::string& nam
   return g->AddValue(g->UniqueName(name), param.dtype, param.shape);
 }
 
+// The Casts to a half dtype among `uses` (a parameter's readers), when they all cast to the same one; none
+// otherwise.
+std::vector<ir::NodeId> HalfCasts(const ir::Graph& g, const std::vector<ir::NodeId>& uses) {
+  std::vector<ir::NodeId> casts;
+  for (ir::NodeId id : uses) {
+    const ir::Node& n = g.node(id);
+    if (n.op != ir::OpKind::kCast || n.outputs.empty() || n.outputs[0] == ir::kNoValue) continue;
+    const ir::DType to = g.value(n.outputs[0]).dtype;
+    if (!ir::IsHalf(to)) continue;
+    if (!casts.empty() && g.value(g.node(casts[0]).outputs[0]).dtype != to) return {};
+    if (std::find(casts.begin(), casts.end(), id) == casts.end()) casts.push_back(id);
+  }
+  return casts;
+}
+
 }  // namespace
+
+std::string ComputeCopyName(const std::string& param, ir::DType half) {
+  return param + "/compute_" + std::string(ir::DTypeName(half));
+}
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
   if (name == "sgd") return OptimizerKind::kSGD;
@@ -105,29 +125,34 @@ absl::StatusOr<OptimizerGraphInfo> AddOptimizer(ir::Graph* g,
   OptimizerGraphInfo info;
   const ir::DType dt = g->value(param_grads[0].grad).dtype;
 
-  // Phase 1: the global gradient norm (and the clipping factor). Each gradient's sum of squares (in
-  // double) is a node of its parameter's, so it runs on the gradient's stage; the global SumScalars adds
-  // those scalars in parameter order.
+  // Phase 1: each gradient's sum of squares (in double), a value of its parameter's so that it is formed on the
+  // gradient's stage. With clipping the updates wait for the global norm: SumSquares nodes, their SumScalars (in
+  // parameter order), the norm and the clipping factor come first. Without, each update forms its gradient's sum as
+  // it reads the gradient (op.h: UpdateSumSquaresOutput) and the norm comes after them (phase 4).
   std::vector<ir::ValueId> grads, sums;
   for (const ParamGrad& pg : param_grads) {
     grads.push_back(pg.grad);
     const std::string param = g->value(pg.param).name;
     sums.push_back(g->AddValue(g->UniqueName("optimizer/" + param + "/grad_sum_squares"), ir::DType::kF64,
                                ir::Shape{}));
+    if (options.clip_norm == 0) continue;
     ir::Attrs a;
     a.Set("to", std::string(ir::DTypeName(ir::DType::kF64)));
     AddOptimizerNode(g, ir::OpKind::kSumSquares, "optimizer/" + param + "/SumSquares", {pg.grad}, {sums.back()},
                      std::move(a), param, scope_of(pg.param));
   }
-  const ir::ValueId sum_sq = g->AddValue(g->UniqueName("optimizer/grad_sum_squares"), dt, ir::Shape{});
-  ir::Attrs to;
-  to.Set("to", std::string(ir::DTypeName(dt)));
-  AddOptimizerNode(g, ir::OpKind::kSumScalars, "optimizer/SumSquares", sums, {sum_sq}, std::move(to),
-                   /*origin=*/"", /*scope=*/"");
-  info.grad_norm = g->AddValue(g->UniqueName(kGradNormName), dt, ir::Shape{});
-  AddOptimizerNode(g, ir::OpKind::kSqrt, "optimizer/GradNorm", {sum_sq}, {info.grad_norm}, {},
-                   /*origin=*/"", /*scope=*/"");
+  auto add_norm = [&]() {
+    const ir::ValueId sum_sq = g->AddValue(g->UniqueName("optimizer/grad_sum_squares"), dt, ir::Shape{});
+    ir::Attrs to;
+    to.Set("to", std::string(ir::DTypeName(dt)));
+    AddOptimizerNode(g, ir::OpKind::kSumScalars, "optimizer/SumSquares", sums, {sum_sq}, std::move(to),
+                     /*origin=*/"", /*scope=*/"");
+    info.grad_norm = g->AddValue(g->UniqueName(kGradNormName), dt, ir::Shape{});
+    AddOptimizerNode(g, ir::OpKind::kSqrt, "optimizer/GradNorm", {sum_sq}, {info.grad_norm}, {},
+                     /*origin=*/"", /*scope=*/"");
+  };
   if (options.clip_norm > 0) {
+    add_norm();
     info.clip_scale = g->AddValue(g->UniqueName("optimizer/clip_scale"), dt, ir::Shape{});
     ir::Attrs a;
     a.Set("max_norm", options.clip_norm);
@@ -141,8 +166,47 @@ absl::StatusOr<OptimizerGraphInfo> AddOptimizer(ir::Graph* g,
   if (options.kind == OptimizerKind::kAdamW) info.step = AddScalarInput(g, kStepName, ir::DType::kI64);
 
   // Phase 3: one update node per parameter.
-  for (const ParamGrad& pg : param_grads) {
+  std::vector<ir::ValueId> copies;
+  for (size_t i = 0; i < param_grads.size(); ++i) {
+    const ParamGrad& pg = param_grads[i];
     const ir::Value param = g->value(pg.param);  // copy: adding values may move the storage
+    // The compute copy: when the forward reads the parameter through Casts to a half dtype, a state constant of
+    // that dtype made from the parameter's value replaces them, and the update writes its next value.
+    const std::vector<ir::NodeId> casts =
+        options.compute_copies ? HalfCasts(*g, uses[pg.param]) : std::vector<ir::NodeId>{};
+    ir::ValueId copy = ir::kNoValue, copy_new = ir::kNoValue;
+    if (!casts.empty()) {
+      const ir::DType half = g->value(g->node(casts[0]).outputs[0]).dtype;
+      const std::string suffix(ir::DTypeName(half));
+      copy = g->AddConstant(g->UniqueName(ComputeCopyName(param.name, half)), param.constant->CastTo(half));
+      copy_new =
+          g->AddValue(g->UniqueName("optimizer/" + param.name + "/" + suffix + "_updated"), half, param.shape);
+    }
+    // The update's optional outputs at their slots (op.h), absent ones before a present one.
+    auto with_extras = [&](std::vector<ir::ValueId> outs, ir::OpKind op) {
+      auto put = [&](int k, ir::ValueId v) {
+        if (v == ir::kNoValue) return;
+        outs.resize(k, ir::kNoValue);
+        outs.push_back(v);
+      };
+      put(ir::UpdateSumSquaresOutput(op), options.clip_norm > 0 ? ir::kNoValue : sums[i]);
+      put(ir::UpdateComputeCopyOutput(op), copy_new);
+      return outs;
+    };
+    // After the update node: the copy replaces the Casts, and is state.
+    auto use_copy = [&](ir::Attrs& attrs) {
+      if (copy == ir::kNoValue) return;
+      attrs.Set("copy_to", std::string(ir::DTypeName(g->value(copy).dtype)));
+    };
+    auto adopt_copy = [&]() {
+      if (copy == ir::kNoValue) return;
+      for (ir::NodeId c : casts) {
+        g->ReplaceAllUses(g->node(c).outputs[0], copy);
+        g->RemoveNode(c);
+      }
+      g->state_updates().push_back({copy, copy_new});
+      copies.push_back(copy);
+    };
     const std::string scope = scope_of(pg.param);
     const ir::ValueId p_new = AddLike(g, param, "optimizer/" + param.name + "/updated");
     ir::Attrs a;
@@ -161,8 +225,9 @@ absl::StatusOr<OptimizerGraphInfo> AddOptimizer(ir::Graph* g,
       std::vector<ir::ValueId> ins{pg.param, pg.grad, info.lr};
       if (buf != ir::kNoValue || info.clip_scale != ir::kNoValue) ins.push_back(buf);
       if (info.clip_scale != ir::kNoValue) ins.push_back(info.clip_scale);
+      use_copy(a);
       AddOptimizerNode(g, ir::OpKind::kSGDUpdate, "optimizer/" + param.name + "/SGDUpdate", ins,
-                       outs, std::move(a), param.name, scope);
+                       with_extras(std::move(outs), ir::OpKind::kSGDUpdate), std::move(a), param.name, scope);
       g->state_updates().push_back({pg.param, p_new});
       if (buf != ir::kNoValue) g->state_updates().push_back({buf, buf_new});
     } else {
@@ -177,14 +242,20 @@ absl::StatusOr<OptimizerGraphInfo> AddOptimizer(ir::Graph* g,
       const ir::ValueId v_new = AddLike(g, param, "optimizer/" + param.name + "/adam_v_updated");
       std::vector<ir::ValueId> ins{pg.param, pg.grad, m, v, info.lr, info.step};
       if (info.clip_scale != ir::kNoValue) ins.push_back(info.clip_scale);
+      use_copy(a);
       AddOptimizerNode(g, ir::OpKind::kAdamWUpdate, "optimizer/" + param.name + "/AdamWUpdate",
-                       ins, {p_new, m_new, v_new}, std::move(a), param.name, scope);
+                       ins, with_extras({p_new, m_new, v_new}, ir::OpKind::kAdamWUpdate), std::move(a), param.name,
+                       scope);
       g->state_updates().push_back({pg.param, p_new});
       g->state_updates().push_back({m, m_new});
       g->state_updates().push_back({v, v_new});
     }
+    adopt_copy();
   }
+  info.state.insert(info.state.end(), copies.begin(), copies.end());
   for (ir::ValueId s : info.state) info.state_bytes += g->value(s).constant->num_bytes();
+
+  if (options.clip_norm == 0) add_norm();
 
   // Phase 4: outputs. The norm is one; the gradients stop being ones unless asked to stay.
   if (!options.keep_grad_outputs) {

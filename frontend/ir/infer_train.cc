@@ -1,6 +1,7 @@
 // Shape rules of the optimizer ops (SumSquares, SumScalars, ClipScale, SGDUpdate, AdamWUpdate; op.h states
 // their semantics). Updates produce values shaped like the parameter; the norm ops produce scalars.
 #include "frontend/ir/infer_rules.h"
+#include "frontend/ir/precision.h"
 
 namespace onnxpipe::ir::infer_internal {
 namespace {
@@ -65,6 +66,22 @@ absl::StatusOr<Outputs> InferClipScale(const InferContext& ctx) {
   return One(ctx.dtype(0), Shape{});
 }
 
+// An update's outputs `out` followed by its optional ones (op.h) where the node has their slots: the gradient's sum
+// of squares (an f64 scalar) and the parameter's compute copy (attr copy_to, a half dtype).
+absl::StatusOr<Outputs> WithExtras(const InferContext& ctx, Outputs out) {
+  const OpKind op = ctx.node().op;
+  if (ctx.num_outputs() > UpdateSumSquaresOutput(op)) out.push_back({DType::kF64, Shape{}});
+  if (ctx.num_outputs() > UpdateComputeCopyOutput(op)) {
+    const std::optional<DType> to = ParseDType(ctx.attrs().Get<std::string>("copy_to", ""));
+    if (!to || !IsHalf(*to)) {
+      return ctx.Error() << "the compute copy output needs attribute copy_to naming a half dtype (bf16, f16), got '"
+                         << ctx.attrs().Get<std::string>("copy_to", "") << "'";
+    }
+    out.push_back({*to, ctx.shape(0)});
+  }
+  return out;
+}
+
 absl::StatusOr<Outputs> InferSGDUpdate(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectFloat(0));
   RETURN_IF_ERROR(ExpectSameAs(ctx, 0, {1}));
@@ -76,9 +93,7 @@ absl::StatusOr<Outputs> InferSGDUpdate(const InferContext& ctx) {
   RETURN_IF_ERROR(ExpectScalarInput(ctx, 2, "lr"));
   if (ctx.has_input(4)) RETURN_IF_ERROR(ExpectScalarInput(ctx, 4, "scale"));
   const TypeAndShape p{ctx.dtype(0), ctx.shape(0)};
-  Outputs out{p};
-  if (ctx.num_outputs() > 1) out.push_back(p);
-  return out;
+  return WithExtras(ctx, Outputs(std::min(ctx.num_outputs(), 2), p));
 }
 
 absl::StatusOr<Outputs> InferAdamWUpdate(const InferContext& ctx) {
@@ -89,7 +104,7 @@ absl::StatusOr<Outputs> InferAdamWUpdate(const InferContext& ctx) {
   RETURN_IF_ERROR(ctx.ExpectInteger(5));
   if (ctx.has_input(6)) RETURN_IF_ERROR(ExpectScalarInput(ctx, 6, "scale"));
   const TypeAndShape p{ctx.dtype(0), ctx.shape(0)};
-  return Outputs{p, p, p};
+  return WithExtras(ctx, Outputs{p, p, p});
 }
 
 }  // namespace

@@ -175,6 +175,12 @@
 //   -> param', m', v', torch.optim.AdamW: p *= 1 - lr*wd; m' = b1*m + (1-b1)*g;
 //   v' = b2*v + (1-b2)*g*g; p' = p - lr/(1-b1^step) * m' / (sqrt(v')/sqrt(1-b2^step) + eps);
 //   `step` is the 1-based count of updates including this one.
+// - Both updates have two more optional outputs (absent ones before a present one are kNoValue):
+//   at UpdateSumSquaresOutput (SGDUpdate 2, AdamWUpdate 3), SumSquares(grad) with to = f64, the
+//   unscaled gradient's, summed in SumSquares' order: the global norm's term of this gradient, formed
+//   while the update reads it (without clipping nothing has to wait for the norm); at
+//   UpdateComputeCopyOutput (SGDUpdate 3, AdamWUpdate 4), Cast(param') to that output's half dtype:
+//   the compute copy a mixed-precision forward reads, written by the update instead of a Cast per step.
 #pragma once
 
 #include <cstdint>
@@ -287,8 +293,8 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SoftmaxCrossEntropyLossGrad, "SoftmaxCrossEntropyLossGrad", 3, 5, 1, 1, 0)               \
   V(SumSquares, "SumSquares", 1, kVariadic, 1, 1, 0)                                         \
   V(ClipScale, "ClipScale", 1, 1, 1, 1, 0)                                                   \
-  V(SGDUpdate, "SGDUpdate", 3, 5, 1, 2, 0)                                                   \
-  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 3, 0)                                               \
+  V(SGDUpdate, "SGDUpdate", 3, 5, 1, 4, 0)                                                   \
+  V(AdamWUpdate, "AdamWUpdate", 6, 7, 3, 5, 0)                                               \
   V(SumScalars, "SumScalars", 1, kVariadic, 1, 1, 0)                                         \
   V(Rotary, "Rotary", 3, 3, 1, 1, 0)                                                         \
   V(RotaryGrad, "RotaryGrad", 3, 3, 1, 1, 0)                                                 \
@@ -332,6 +338,14 @@ constexpr int NormResidualInput(OpKind op) {
   return op == OpKind::kLayerNorm ? 3 : op == OpKind::kRMSNorm ? 2 : -1;
 }
 constexpr int NormSumOutput(OpKind op) { return NormResidualInput(op); }
+// The index of an SGDUpdate's or AdamWUpdate's optional gradient sum of squares output; -1 for any other op.
+constexpr int UpdateSumSquaresOutput(OpKind op) {
+  return op == OpKind::kSGDUpdate ? 2 : op == OpKind::kAdamWUpdate ? 3 : -1;
+}
+// The index of an SGDUpdate's or AdamWUpdate's optional half-precision copy of param'; -1 for any other op.
+constexpr int UpdateComputeCopyOutput(OpKind op) {
+  return op == OpKind::kSGDUpdate ? 3 : op == OpKind::kAdamWUpdate ? 4 : -1;
+}
 constexpr int NormGradResidualInput(OpKind op) {
   return op == OpKind::kLayerNormGrad || op == OpKind::kRMSNormGrad ? 5 : -1;
 }

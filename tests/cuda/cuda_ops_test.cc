@@ -549,10 +549,12 @@ TEST_F(CudaOpsTest, SgdAndAdamWUpdates) {
 // are what the CPU backend computes for that node alone (the kernels round as the CPU does).
 // `inputs[i]` are node i's host inputs; a tensor shared by every node (lr, step, the clipping
 // scale) is uploaded once, as the executor's step scalars are. `attrs[i]` may differ from node 0's:
-// such a group runs node by node, with the same results.
+// such a group runs node by node, with the same results. With `extras` the nodes also output their gradient's sum
+// of squares (within double rounding of the CPU's: the GPU adds its partial sums in another order) and their bf16
+// compute copy (op.h: UpdateSumSquaresOutput, UpdateComputeCopyOutput).
 void CheckUpdateGroup(const std::shared_ptr<CudaBackend>& be, ir::OpKind op, int outputs,
-                      const std::vector<std::vector<Tensor>>& inputs, const std::vector<ir::Attrs>& attrs,
-                      uint32_t host_inputs) {
+                      const std::vector<std::vector<Tensor>>& inputs, std::vector<ir::Attrs> attrs,
+                      uint32_t host_inputs, bool extras = false) {
   ir::Graph g;
   std::vector<const ir::Node*> nodes;
   std::vector<std::vector<Tensor>> dev(inputs.size());
@@ -578,6 +580,12 @@ void CheckUpdateGroup(const std::shared_ptr<CudaBackend>& be, ir::OpKind op, int
     }
     for (int k = 0; k < outputs; ++k)
       out_ids.push_back(g.AddValue("out" + std::to_string(n) + "_" + std::to_string(k), DType::kF32, {}, false));
+    if (extras) {
+      out_ids.resize(ir::UpdateSumSquaresOutput(op), ir::kNoValue);
+      out_ids.push_back(g.AddValue("sum" + std::to_string(n), DType::kF64, {}, false));
+      out_ids.push_back(g.AddValue("copy" + std::to_string(n), DType::kBF16, {}, false));
+      attrs[n].Set("copy_to", std::string("bf16"));
+    }
     g.AddNode(op, "update" + std::to_string(n), in_ids, out_ids, attrs[n]);
   }
   for (ir::NodeId id = 0; id < static_cast<ir::NodeId>(inputs.size()); ++id) nodes.push_back(&g.node(id));
@@ -589,8 +597,15 @@ void CheckUpdateGroup(const std::shared_ptr<CudaBackend>& be, ir::OpKind op, int
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_EQ((*got)[n].size(), want->size()) << "node " << n;
     for (size_t k = 0; k < want->size(); ++k) {
+      ASSERT_EQ((*got)[n][k].defined(), (*want)[k].defined()) << "node " << n << " output " << k;
+      if (!(*want)[k].defined()) continue;
       absl::StatusOr<Tensor> h = be->ToHost((*got)[n][k]);
       ASSERT_TRUE(h.ok()) << h.status();
+      if (static_cast<int>(k) == ir::UpdateSumSquaresOutput(op)) {
+        const double w = (*want)[k].data<double>()[0];
+        EXPECT_NEAR(h->data<double>()[0], w, 1e-12 * w) << ir::OpName(op) << " node " << n << " sum of squares";
+        continue;
+      }
       EXPECT_TRUE(h->BitwiseEquals((*want)[k])) << ir::OpName(op) << " node " << n << " output " << k;
     }
   }
@@ -629,6 +644,15 @@ TEST_F(CudaOpsTest, UpdateGroupsEqualEachNodeOnTheCpu) {
   {
     SCOPED_TRACE("AdamW with a clipping scale, lr and step on the device");
     CheckUpdateGroup(be_, ir::OpKind::kAdamWUpdate, 3, adam, std::vector<ir::Attrs>(n, adamw), 0);
+  }
+  {
+    SCOPED_TRACE("SGD forming the sums of squares and writing the bf16 copies, momentum absent");
+    CheckUpdateGroup(be_, ir::OpKind::kSGDUpdate, 1, sgd, std::vector<ir::Attrs>(n), 1u << 2, /*extras=*/true);
+  }
+  {
+    SCOPED_TRACE("AdamW forming the sums of squares and writing the bf16 copies");
+    for (auto& in : adam) in.pop_back();  // no clipping scale: the norm comes after the updates
+    CheckUpdateGroup(be_, ir::OpKind::kAdamWUpdate, 3, adam, std::vector<ir::Attrs>(n, adamw), 0, /*extras=*/true);
   }
 }
 

@@ -300,6 +300,68 @@ TEST_F(OptimizerTest, ManyTensorsAndChunksSpanSeveralLaunches) {
   }
 }
 
+// Steps that form their gradients' sums of squares (OptimizerTensor::sum_squares, an update node's optional output)
+// over tensors of one chunk, many chunks, none and more than one launch takes: each sum equals LaunchSumSquares'
+// one-tensor segment bit for bit and the CPU's SumSquares within double rounding, and the update is the plain one's.
+TEST_F(OptimizerTest, StepsFormingSumsOfSquaresEqualSumSquares) {
+  std::vector<int64_t> sizes = {7, 0, 3 * 16384 + 5, 1 << 20};
+  for (int i = 0; i < 70; ++i) sizes.push_back(1 + 613 * i);
+  std::vector<int> ends;
+  for (size_t i = 0; i < sizes.size(); ++i) ends.push_back(static_cast<int>(i) + 1);
+  for (const bool adamw : {false, true}) {
+    auto fused = MakeParams(sizes), plain = MakeParams(sizes);
+    const std::vector<Tensor> gs = NewGrads(fused, 1);
+    NewGrads(plain, 1);
+    int64_t chunks = 0;
+    for (int64_t n : sizes) chunks += NormChunks(n);
+    DeviceTensor partials(DType::kF64, {chunks}), sums(DType::kF64, {static_cast<int64_t>(sizes.size())});
+    DeviceTensor want_sums(DType::kF64, {static_cast<int64_t>(sizes.size())});
+    std::vector<OptimizerTensor> fv, pv;
+    std::vector<const float*> grads;
+    std::vector<void*> outs;
+    for (size_t i = 0, at = 0; i < sizes.size(); at += NormChunks(sizes[i++])) {
+      fv.push_back(fused[i]->View());
+      fv.back().sum_squares = sums.as<double>() + i;
+      fv.back().sum_partials = partials.as<double>() + at;
+      pv.push_back(plain[i]->View());
+      grads.push_back(fused[i]->dg->as<float>());
+      outs.push_back(want_sums.as<double>() + i);
+    }
+    if (adamw) {
+      ASSERT_TRUE(AdamWStep(fv, 1e-3, 1, 0.9, 0.999, 1e-8, 0.01, nullptr, nullptr).ok());
+      ASSERT_TRUE(AdamWStep(pv, 1e-3, 1, 0.9, 0.999, 1e-8, 0.01, nullptr, nullptr).ok());
+    } else {
+      ASSERT_TRUE(SgdStep(fv, 0.1, 0.9, 0.01, true, nullptr, nullptr).ok());
+      ASSERT_TRUE(SgdStep(pv, 0.1, 0.9, 0.01, true, nullptr, nullptr).ok());
+    }
+    const size_t ws_bytes = SumSquaresWorkspaceBytes(sizes);
+    DeviceTensor ws(DType::kU8, {static_cast<int64_t>(ws_bytes)});
+    ASSERT_TRUE(SumSquaresBySegment(grads, sizes, ends, outs, /*f64_out=*/true, ws.get(), ws_bytes, nullptr).ok());
+    const Tensor got = sums.ToHost(), want = want_sums.ToHost();
+    ir::Attrs to64;
+    to64.Set("to", std::string("f64"));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string what = std::string(adamw ? "adamw" : "sgd") + " tensor " + std::to_string(i);
+      EXPECT_EQ(got.data<double>()[i], want.data<double>()[i]) << what;
+      const double cpu =
+          sizes[i] == 0 ? 0.0 : Eval1(MakeNode(OpKind::kSumSquares, 1, 1, to64), {gs[i]}).data<double>()[0];
+      EXPECT_NEAR(got.data<double>()[i], cpu, 1e-12 * cpu) << what;
+      EXPECT_TRUE(fused[i]->dp->ToHost().BitwiseEquals(plain[i]->dp->ToHost())) << what;
+      EXPECT_TRUE(fused[i]->ds0->ToHost().BitwiseEquals(plain[i]->ds0->ToHost())) << what;
+      EXPECT_TRUE(fused[i]->dbf16->ToHost().BitwiseEquals(plain[i]->dbf16->ToHost())) << what;
+    }
+  }
+  // All or none: a step with one tensor asking for its sum and one not is an argument error.
+  auto ps = MakeParams({5, 6});
+  NewGrads(ps, 1);
+  DeviceTensor one(DType::kF64, {1}), part(DType::kF64, {1});
+  std::vector<OptimizerTensor> mixed = {ps[0]->View(), ps[1]->View()};
+  mixed[0].sum_squares = one.as<double>();
+  mixed[0].sum_partials = part.as<double>();
+  const absl::Status st = SgdStep(mixed, 0.1, 0.0, 0.0, false, nullptr, nullptr);
+  EXPECT_NE(st.message().find("all or none"), std::string::npos) << st;
+}
+
 TEST_F(OptimizerTest, GradNormAndClipScaleEqualCpu) {
   const std::vector<int64_t> sizes = {5, 1 << 16, 3 * (1 << 16) + 9, 1000};
   for (double max_norm : {1.0, 1e6}) {

@@ -552,19 +552,20 @@ TEST(Memory, Bf16TrainingGraphHalvesActivations) {
   const int64_t activations_f32 = 4 * 16 * 64 * 4, stats = 16 * 2 * 4, labels = 16 * 8, loss = 64;
   const int64_t logits_f32 = 16 * 4 * 4, logits_bf16 = 16 * 4 * 2;
   EXPECT_EQ(f.saved, activations_f32 + logits_f32 + stats + labels + loss);
-  // bf16: the activations at 2 bytes (the Cast of x included), plus the bf16 copies of the weights
-  // whose dX the backward computes (layers 1, 2 and the head; layer 0 has no dX), one per
-  // micro-batch: a Cast per use makes them in the forward.
-  const int64_t activations_bf16 = 4 * 16 * 64 * 2, weight_copies = 2 * 64 * 64 * 2 + 64 * 4 * 2;
+  // bf16: the activations at 2 bytes (the Cast of x included). The weights' bf16 copies are not saved per
+  // micro-batch: they are the parameters' compute copies, optimizer state the updates write.
+  const int64_t activations_bf16 = 4 * 16 * 64 * 2;
   EXPECT_EQ(activations_bf16 * 2, activations_f32);
-  EXPECT_EQ(b.saved, activations_bf16 + weight_copies + logits_bf16 + stats + labels + loss);
-  // fp32 masters, gradients and optimizer state: as the fp32 run's, 3 x (64x64 + 64) + 64x4 + 4 floats,
-  // each buffer 64-byte aligned (the head's 16-byte bias takes 64).
+  EXPECT_EQ(b.saved, activations_bf16 + logits_bf16 + stats + labels + loss);
+  // fp32 masters and gradients: as the fp32 run's, 3 x (64x64 + 64) + 64x4 + 4 floats, each buffer 64-byte
+  // aligned (the head's 16-byte bias takes 64). The optimizer state adds the compute copies: the same tensors in
+  // bf16, 64-byte aligned (each 64-element bias 128 bytes, the head's 8-byte bias 64).
   const int64_t params = 3 * (64 * 64 + 64) * 4 + 64 * 4 * 4 + 64;
+  const int64_t copies = 3 * (64 * 64 + 64) * 2 + 64 * 4 * 2 + 64;
   EXPECT_EQ(f.parameters, params);
   EXPECT_EQ(b.parameters, params);
   EXPECT_EQ(b.gradients, f.gradients);
-  EXPECT_EQ(b.optimizer_state, f.optimizer_state);
+  EXPECT_EQ(b.optimizer_state, f.optimizer_state + copies);
 }
 
 TEST(Plan, JsonRoundTripAndValidation) {

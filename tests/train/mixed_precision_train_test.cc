@@ -126,8 +126,55 @@ TEST_P(Bf16TrainingTest, LossesWithin2PercentOfPyTorchFp32) {
     EXPECT_LE(std::abs(m->loss - want), 2e-2 * std::abs(want)) << "step " << k << ": bf16 " << m->loss
                                                                << ", PyTorch fp32 " << want;
   }
-  // The masters and the optimizer state stay f32.
-  for (const auto& [name, s] : t->State()) EXPECT_EQ(s.dtype(), ir::DType::kF32) << name;
+  // The masters and the optimizer state stay f32, but for the compute copies: each its master cast to bf16.
+  const std::map<std::string, ir::Tensor> state = t->State();
+  for (const auto& [name, s] : state) {
+    if (s.dtype() == ir::DType::kF32) continue;
+    EXPECT_EQ(s.dtype(), ir::DType::kBF16) << name;
+    ASSERT_TRUE(name.ends_with("/compute_bf16")) << name;
+    const std::string master = name.substr(0, name.size() - 13);
+    ASSERT_TRUE(state.count(master)) << name;
+    EXPECT_TRUE(s.BitwiseEquals(state.at(master).CastTo(ir::DType::kBF16))) << name;
+  }
+}
+
+// The compute copies (OptimizerOptions::compute_copies): no Cast of a trained parameter is left, each parameter's
+// update writes its copy, and training is bit for bit that of the graph with a Cast per use (tiny_gpt: a tied
+// embedding read by the lookup and the output projection; SGD with momentum and AdamW).
+TEST(Bf16TrainingGraph, ComputeCopiesTrainAsTheCastsDo) {
+  const Golden g = LoadGolden("tiny_gpt");
+  ASSERT_TRUE(g.model && g.data);
+  for (const int run : {1, 3}) {
+    train::TrainOptions o = Options(g, "tiny_gpt", run, ir::DType::kBF16);
+    absl::StatusOr<train::Trainer> copies = MakeTrainer(g, o);
+    o.optimizer.compute_copies = false;
+    absl::StatusOr<train::Trainer> casts = MakeTrainer(g, o);
+    ASSERT_TRUE(copies.ok() && casts.ok()) << copies.status() << casts.status();
+    const ir::Graph& graph = copies->graph();
+    const std::map<std::string, ir::Tensor> params = copies->Parameters();
+    int written = 0;
+    for (ir::NodeId id : graph.LiveNodes()) {
+      const ir::Node& n = graph.node(id);
+      if (n.op == ir::OpKind::kCast) {
+        EXPECT_FALSE(params.count(graph.value(n.inputs[0]).name)) << n.name << " casts a trained parameter";
+      }
+      const int k = ir::UpdateComputeCopyOutput(n.op);
+      if (k >= 0 && k < static_cast<int>(n.outputs.size()) && n.outputs[k] != ir::kNoValue) ++written;
+    }
+    EXPECT_EQ(written, static_cast<int>(params.size())) << "run " << run;
+    for (int step = 0; step < 4; ++step) {
+      absl::StatusOr<train::StepMetrics> a = copies->Step(), b = casts->Step();
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      EXPECT_EQ(a->loss, b->loss) << "run " << run << " step " << step;
+      EXPECT_EQ(a->grad_norm, b->grad_norm) << "run " << run << " step " << step;
+    }
+    const std::map<std::string, ir::Tensor> got = copies->Parameters(), want = casts->Parameters();
+    for (const auto& [name, p] : want) EXPECT_TRUE(got.at(name).BitwiseEquals(p)) << name;
+    for (const auto& [name, s] : copies->State()) {
+      if (!name.ends_with("/compute_bf16")) continue;
+      EXPECT_TRUE(s.BitwiseEquals(got.at(name.substr(0, name.size() - 13)).CastTo(ir::DType::kBF16))) << name;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Bf16TrainingTest,

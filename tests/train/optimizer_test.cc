@@ -185,6 +185,55 @@ TEST(ClipScale, LeavesSmallGradientsAlone) {
   ExpectNear(Values(og.g, og.params[0]), {-3, -4}, 0, "param");
 }
 
+// Without clipping no SumSquares node is made: each update outputs its gradient's sum of squares (op.h:
+// UpdateSumSquaresOutput), and the norm, the parameters and the state equal those of the graph whose SumSquares
+// nodes feed a clipping that never clips, bit for bit.
+TEST(AddOptimizer, UnclippedUpdatesFormTheNormTerms) {
+  const int64_t n = 100003;  // several reduction chunks
+  std::vector<double> init(n), grad(n);
+  for (int64_t i = 0; i < n; ++i) {
+    init[i] = std::sin(0.1 * static_cast<double>(i));
+    grad[i] = std::cos(0.37 * static_cast<double>(i)) * 1e-3;
+  }
+  double want_sq = 9 + 16 + 144;
+  for (double x : grad) want_sq += static_cast<double>(static_cast<float>(x)) * static_cast<float>(x);
+  for (const OptimizerKind kind : {OptimizerKind::kSGD, OptimizerKind::kAdamW}) {
+    for (const double momentum : {0.0, 0.9}) {
+      if (kind == OptimizerKind::kAdamW && momentum != 0) continue;
+      OptimizerOptions o;
+      o.kind = kind;
+      o.momentum = momentum;
+      o.weight_decay = 0.01;
+      OptGraph fused = MakeOptGraph<float>({{2}, {1}, {n}}, {{1, 2}, {3}, init}, o);
+      o.clip_norm = 1e30;
+      OptGraph clipped = MakeOptGraph<float>({{2}, {1}, {n}}, {{1, 2}, {3}, init}, o);
+      const std::string what = std::string(kind == OptimizerKind::kSGD ? "sgd" : "adamw") + " momentum " +
+                               std::to_string(momentum);
+      int updates = 0;
+      for (ir::NodeId id : fused.g.LiveNodes()) {
+        const ir::Node& node = fused.g.node(id);
+        EXPECT_NE(node.op, ir::OpKind::kSumSquares) << what;
+        if (node.op != ir::OpKind::kSGDUpdate && node.op != ir::OpKind::kAdamWUpdate) continue;
+        ++updates;
+        const int k = ir::UpdateSumSquaresOutput(node.op);
+        ASSERT_EQ(static_cast<int>(node.outputs.size()), k + 1) << what;
+        EXPECT_EQ(fused.g.value(node.outputs[k]).dtype, ir::DType::kF64) << what;
+        EXPECT_EQ(node.outputs[1] == ir::kNoValue, kind == OptimizerKind::kSGD && momentum == 0) << what;
+      }
+      EXPECT_EQ(updates, 3) << what;
+      const double norm = Step<float>(fused, {{3, 4}, {12}, grad}, 0.1, 1);
+      EXPECT_FLOAT_EQ(static_cast<float>(norm), static_cast<float>(std::sqrt(want_sq))) << what;
+      EXPECT_EQ(norm, Step<float>(clipped, {{3, 4}, {12}, grad}, 0.1, 1)) << what;
+      for (size_t i = 0; i < fused.params.size(); ++i) {
+        EXPECT_EQ(Values(fused.g, fused.params[i]), Values(clipped.g, clipped.params[i])) << what << " param " << i;
+      }
+      for (size_t i = 0; i < fused.info.state.size(); ++i) {
+        EXPECT_EQ(Values(fused.g, fused.info.state[i]), Values(clipped.g, clipped.info.state[i])) << what;
+      }
+    }
+  }
+}
+
 TEST(SumSquares, LargeTensorMatchesDoubleReference) {
   // Several reduction chunks; the f32 result is the double sum rounded once.
   const int64_t n = 100003;
