@@ -34,8 +34,9 @@ float MeanMs(const std::function<void()>& f, int reps = 10) {
 int Main() {
   const int64_t n = int64_t{65536} * 4096;
   __nv_bfloat16 *x = nullptr, *y = nullptr, *dy = nullptr;
+  uint8_t* bits = nullptr;
   if (cudaMalloc(&x, n * 2) != cudaSuccess || cudaMalloc(&y, n * 2) != cudaSuccess ||
-      cudaMalloc(&dy, n * 2) != cudaSuccess) {
+      cudaMalloc(&dy, n * 2) != cudaSuccess || cudaMalloc(&bits, n / 8) != cudaSuccess) {
     std::fprintf(stderr, "no GPU memory for %lld bf16 elements\n", static_cast<long long>(n));
     return 1;
   }
@@ -51,9 +52,13 @@ int Main() {
   };
   const ir::DType bf16 = ir::DType::kBF16;
   report("copy", MeanMs([&] { cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice); }), 4.0 * n);
-  report("gelu", MeanMs([&] { LaunchGeluForward(x, y, n, false, nullptr, nullptr); }), 4.0 * n);
-  report("gelu + dropout", MeanMs([&] { LaunchGeluForward(x, y, n, false, &p, nullptr); }), 4.0 * n);
-  report("gelu grad + dropout", MeanMs([&] { LaunchGeluBackward(dy, x, y, n, false, &p, nullptr); }), 6.0 * n);
+  report("gelu", MeanMs([&] { LaunchGeluForward(x, y, n, false, nullptr, nullptr, nullptr); }), 4.0 * n);
+  report("gelu + dropout", MeanMs([&] { LaunchGeluForward(x, y, n, false, &p, nullptr, nullptr); }), 4.0 * n);
+  report("gelu grad + dropout", MeanMs([&] { LaunchGeluBackward(dy, x, y, n, false, &p, nullptr, nullptr); }), 6.0 * n);
+  report("gelu + dropout, keep bits", MeanMs([&] { LaunchGeluForward(x, y, n, false, &p, bits, nullptr); }),
+         4.125 * n);
+  report("gelu grad, keep bits", MeanMs([&] { LaunchGeluBackward(dy, x, y, n, false, &p, bits, nullptr); }),
+         6.125 * n);
   report("dropout", MeanMs([&] { LaunchDropoutForward(p, bf16, x, y, nullptr, n, nullptr); }), 4.0 * n);
   report("dropout grad (regenerated mask)",
          MeanMs([&] { LaunchDropoutBackward(p, bf16, dy, nullptr, y, n, nullptr); }), 4.0 * n);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "executor/cpu/kernel_util.h"
+#include "frontend/ir/shape.h"
 
 namespace onnxpipe::cpu {
 
@@ -50,6 +51,45 @@ absl::StatusOr<FusedDropout> DropoutOf(const ir::Node& node, const EvalContext& 
   ASSIGN_OR_RETURN(d.base, RandomCounterBase(node, ctx, numel));
   d.scale = ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - ratio);
   return d;
+}
+
+absl::StatusOr<ir::Tensor> AllocKeepBits(const ir::Node& node, const EvalContext& ctx, int output,
+                                         const std::vector<int64_t>& dims) {
+  const std::optional<std::vector<int64_t>> bits = ir::KeepBitsDims(dims);
+  if (!bits) {
+    return INVALID_ARGUMENT() << Describe(node) << ": keep bits (output " << output << ") need a last dim that is a "
+                              << "multiple of 8, the data is " << DimsToString(dims);
+  }
+  return AllocOutput(node, ctx, output, ir::DType::kU8, *bits);
+}
+
+absl::Status CheckKeepBits(const ir::Node& node, const ir::Tensor& bits, const std::vector<int64_t>& dims) {
+  const std::optional<std::vector<int64_t>> want = ir::KeepBitsDims(dims);
+  if (!want || bits.dtype() != ir::DType::kU8 || bits.dims() != *want) {
+    return INVALID_ARGUMENT() << Describe(node) << ": keep bits " << ir::DTypeName(bits.dtype())
+                              << DimsToString(bits.dims()) << " are not u8 bits of data " << DimsToString(dims)
+                              << " (its last dim a multiple of 8, divided by 8)";
+  }
+  return absl::OkStatus();
+}
+
+void PackKeepBits(const FusedDropout& d, int64_t n, uint8_t* bits) {
+  ParallelFor(n / 8, 1 << 11, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      if (!d.active) {
+        bits[j] = 0xFF;
+        continue;
+      }
+      uint32_t byte = 0;
+      uint64_t c = static_cast<uint64_t>(d.base + 8 * j);
+      for (int k = 0; k < 8;) {
+        const Philox4x32 r = d.stream.Block(c >> 2);
+        for (int lane = static_cast<int>(c & 3); lane < 4 && k < 8; ++lane, ++k, ++c)
+          byte |= static_cast<uint32_t>(r.v[lane] >= d.stream.threshold) << k;
+      }
+      bits[j] = static_cast<uint8_t>(byte);
+    }
+  });
 }
 
 namespace {

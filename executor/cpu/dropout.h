@@ -59,4 +59,21 @@ void ForEachKept(const FusedDropout& d, int64_t n, F&& f) {
   });
 }
 
+// op.h's KeepBits: one bit per element of a tensor of `dims` (the last a multiple of 8), bit k of
+// byte j the decision of element 8 j + k.
+absl::StatusOr<ir::Tensor> AllocKeepBits(const ir::Node& node, const EvalContext& ctx, int output,
+                                         const std::vector<int64_t>& dims);
+// An error naming the node unless `bits` are the keep bits of a tensor of `dims`.
+absl::Status CheckKeepBits(const ir::Node& node, const ir::Tensor& bits, const std::vector<int64_t>& dims);
+// Writes the decisions of `d` over elements [0, n) (n a multiple of 8) as keep bits (all kept when inactive).
+void PackKeepBits(const FusedDropout& d, int64_t n, uint8_t* bits);
+
+// Calls f(i, keep) for every element i in [0, n) in parallel blocks, keep read from keep bits.
+template <typename F>
+void ForEachKeptBit(const uint8_t* bits, int64_t n, F&& f) {
+  ParallelFor(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(i, ((bits[i >> 3] >> (i & 7)) & 1) != 0);
+  });
+}
+
 }  // namespace onnxpipe::cpu

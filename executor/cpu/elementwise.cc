@@ -156,14 +156,27 @@ absl::StatusOr<std::vector<ir::Tensor>> GeluKernel(const ir::Node& node, const s
         using T = typename decltype(tag)::type;
         // One loop per form, the form decided outside it.
         auto run = [&](auto gelu) -> absl::StatusOr<std::vector<ir::Tensor>> {
-          if (!drop.active) return MapUnary<T>(node, ctx, in[0], gelu);
+          // The keep bits, when asked for, are drawn first and the values read them.
+          ir::Tensor bits;
+          if (WantsOutput(node, 1)) {
+            ASSIGN_OR_RETURN(bits, AllocKeepBits(node, ctx, 1, in[0].dims()));
+            PackKeepBits(drop, in[0].num_elements(), bits.mutable_data<uint8_t>());
+          }
+          if (!drop.active) {
+            ASSIGN_OR_RETURN(std::vector<ir::Tensor> y, MapUnary<T>(node, ctx, in[0], gelu));
+            return std::vector<ir::Tensor>{y[0], bits};
+          }
           ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, in[0].dtype(), in[0].dims()));
           const T* px = in[0].data<T>();
           T* po = out.mutable_data<T>();
           const T scale = static_cast<T>(drop.scale);
-          ForEachKept(drop, in[0].num_elements(),
-                      [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); });
-          return std::vector<ir::Tensor>{out};
+          auto value = [&](int64_t i, bool keep) { po[i] = keep ? gelu(px[i]) * scale : T(0); };
+          if (bits.defined()) {
+            ForEachKeptBit(bits.data<uint8_t>(), in[0].num_elements(), value);
+          } else {
+            ForEachKept(drop, in[0].num_elements(), value);
+          }
+          return std::vector<ir::Tensor>{out, bits};
         };
         if (tanh_form) return run([](T x) { return GeluTanh(x); });
         return run([](T x) { return GeluErf(x); });

@@ -47,7 +47,7 @@ Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
 REGISTER_CPU_KERNEL(kReluGrad, ReluGradKernel);
 
 // dX = dY' * Gelu'(X), dY' = dY, or with the forward's fused dropout (attributes dropout, rng_key)
-// dY kept and scaled as DropoutGrad would, from the regenerated mask.
+// dY kept and scaled as DropoutGrad would, by the forward's keep bits (input 2) or its regenerated mask.
 Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "X"));
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
@@ -56,6 +56,12 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
   }
   const bool tanh_form = approx == "tanh";
   ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, in[0].num_elements()));
+  // The forward's keep bits, when given, instead of its regenerated stream.
+  const uint8_t* bits = nullptr;
+  if (in.size() > 2 && in[2].defined()) {
+    RETURN_IF_ERROR(CheckKeepBits(node, in[2], in[1].dims()));
+    bits = in[2].data<uint8_t>();
+  }
   return DispatchDType(FloatTypes{}, node, "input 0", in[0].dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     // One loop per form, the form decided outside it.
@@ -66,10 +72,15 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
       const T* px = in[1].data<T>();
       T* po = out.mutable_data<T>();
       const T scale = static_cast<T>(drop.scale);
-      ForEachKept(drop, in[0].num_elements(), [&](int64_t i, bool keep) {
+      auto grad = [&](int64_t i, bool keep) {
         const T g = keep ? pg[i] * scale : T(0);
         po[i] = g * derivative(px[i]);
-      });
+      };
+      if (bits != nullptr) {
+        ForEachKeptBit(bits, in[0].num_elements(), grad);
+      } else {
+        ForEachKept(drop, in[0].num_elements(), grad);
+      }
       return std::vector<ir::Tensor>{out};
     };
     if (tanh_form) return run([](T x) { return GeluTanhDerivative(x); });

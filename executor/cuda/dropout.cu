@@ -49,7 +49,7 @@ cudaError_t LaunchDropoutForward(const DropoutParams& p, ir::DType dtype, const 
     if (!DropoutActive(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(px, nullptr, 1.0, py, mask, n);
     } else {
-      return LaunchMapWithKeep(p, n, ScaleKept{KeepScale(p)}, stream, mask, py, px);
+      return LaunchMapWithKeep(p, n, ScaleKept{KeepScale(p)}, stream, KeepOutputs{mask, nullptr}, py, px);
     }
     return cudaGetLastError();
   });
@@ -68,7 +68,7 @@ cudaError_t LaunchDropoutBackward(const DropoutParams& p, ir::DType dtype, const
     } else if (!DropoutActive(p)) {
       MaskedScaleKernel<T><<<GridFor(n), kThreads, 0, stream>>>(pdy, nullptr, scale, pdx, nullptr, n);
     } else {
-      return LaunchMapWithKeep(p, n, ScaleKept{scale}, stream, nullptr, pdx, pdy);
+      return LaunchMapWithKeep(p, n, ScaleKept{scale}, stream, KeepOutputs{}, pdx, pdy);
     }
     return cudaGetLastError();
   });

@@ -49,23 +49,60 @@ __device__ __forceinline__ uint32_t KeepBits8(const cpu::DropoutStream& s, uint6
   return KeepBits4(s, c0) | KeepBits4(s, c0 + 4) << 4;
 }
 
-// out[i] = f(keep_i, in[i]...) for i < n, keep_i the dropout decision of element i (counter
-// base + i) of stream `s`: an elementwise op with a dropout fused into it; keep_out (optional)
-// receives keep_i as a byte. Each thread takes eight consecutive elements. kRuns (base a multiple
-// of four, n of eight, every pointer 16-byte aligned): two whole Philox blocks and 16-byte
-// accesses per thread, nothing else in the loop (the draws cost more than the arithmetic, so the
-// loop's instruction count decides the speed); otherwise element by element.
+// Where a fused map's keep decisions come from. Bits8<kRuns>(i), i a multiple of 8 from the launch's
+// first element: the decisions of elements i .. i + 7 (bit k: element i + k). Resolved() is called
+// once per thread before them.
+// Drawn from the stream (counter base + i); kRuns: base a multiple of four, so that each group is
+// two whole Philox blocks.
+struct DrawnKeep {
+  cpu::DropoutStream s;
+  const uint64_t* device_offset;
+  uint64_t base;
+  __device__ __forceinline__ DrawnKeep Resolved() const { return DrawnKeep{WithOffset(s, device_offset), nullptr, base}; }
+  template <bool kRuns>
+  __device__ __forceinline__ uint32_t Bits8(int64_t i) const {
+    const uint64_t c = base + static_cast<uint64_t>(i);
+    if constexpr (kRuns) {
+      return KeptBits(s, s.Block(c >> 2)) | KeptBits(s, s.Block((c >> 2) + 1)) << 4;
+    } else {
+      return KeepBits8(s, c);
+    }
+  }
+};
+// Read from a forward's keep bits (op.h's KeepBits; `bits` at the launch's first element).
+struct SavedKeep {
+  const uint8_t* bits;
+  __device__ __forceinline__ SavedKeep Resolved() const { return *this; }
+  template <bool kRuns>
+  __device__ __forceinline__ uint32_t Bits8(int64_t i) const {
+    return bits[i >> 3];
+  }
+};
+
+// Where a fused map writes its keep decisions, each optional: a byte per element (a Dropout's
+// mask), a bit per element (op.h's KeepBits, the launch starting at a multiple of 8).
+struct KeepOutputs {
+  uint8_t* bytes = nullptr;
+  uint8_t* bits = nullptr;
+  KeepOutputs From(int64_t i) const {
+    return {bytes == nullptr ? nullptr : bytes + i, bits == nullptr ? nullptr : bits + i / 8};
+  }
+};
+
+// out[i] = f(keep_i, in[i]...) for i < n, keep_i from `keep`: an elementwise op with a dropout
+// fused into it; the decisions also go to `keep_out`. Each thread takes eight consecutive elements.
+// kRuns (n a multiple of eight, every byte mask and value pointer 16-byte aligned, and keep's own
+// condition): 16-byte accesses per thread, nothing else in the loop (the draws cost more than the
+// arithmetic, so the loop's instruction count decides the speed); otherwise element by element.
 constexpr int kKeepRun = 8;
-template <bool kRuns, typename F, typename Out, typename... In>
-__global__ void MapWithKeepKernel(cpu::DropoutStream s, const uint64_t* device_offset, uint64_t base, int64_t n, F f,
-                                  uint8_t* keep_out, Out* out, const In*... in) {
-  s = WithOffset(s, device_offset);
+template <bool kRuns, typename Keep, typename F, typename Out, typename... In>
+__global__ void MapWithKeepKernel(Keep keep_src, int64_t n, F f, KeepOutputs keep_out, Out* out, const In*... in) {
+  const Keep src = keep_src.Resolved();
   const int64_t groups = (n + kKeepRun - 1) / kKeepRun;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < groups; t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = t * kKeepRun;
+    const uint32_t keep = src.template Bits8<kRuns>(i);
     if constexpr (kRuns) {
-      const uint64_t block = (base + static_cast<uint64_t>(i)) >> 2;
-      const uint32_t keep = KeptBits(s, s.Block(block)) | KeptBits(s, s.Block(block + 1)) << 4;
       const ::cuda::std::tuple<Run<In, kKeepRun>...> args{LoadRun<kKeepRun>(in, i)...};
       Run<Out, kKeepRun> r;
       Run<uint8_t, kKeepRun> m;
@@ -76,40 +113,58 @@ __global__ void MapWithKeepKernel(cpu::DropoutStream s, const uint64_t* device_o
         r.v[k] = Convert<Out>(::cuda::std::apply([&](const auto&... a) { return f(kept, a[k]...); }, args));
       }
       StoreRun<kKeepRun>(out, i, r);
-      if (keep_out != nullptr) StoreRun<kKeepRun>(keep_out, i, m);
+      if (keep_out.bytes != nullptr) StoreRun<kKeepRun>(keep_out.bytes, i, m);
+      if (keep_out.bits != nullptr) keep_out.bits[i >> 3] = static_cast<uint8_t>(keep);
     } else {
-      const uint32_t keep = KeepBits8(s, base + static_cast<uint64_t>(i));
-      for (int k = 0; k < kKeepRun && i + k < n; ++k) {
+      const int count = static_cast<int>(n - i < kKeepRun ? n - i : kKeepRun);
+      for (int k = 0; k < count; ++k) {
         const bool kept = (keep >> k) & 1u;
         Store(out, i + k, f(kept, Load(in, i + k)...));
-        if (keep_out != nullptr) keep_out[i + k] = kept;
+        if (keep_out.bytes != nullptr) keep_out.bytes[i + k] = kept;
       }
+      if (keep_out.bits != nullptr) keep_out.bits[i >> 3] = static_cast<uint8_t>(keep & ((1u << count) - 1u));
     }
   }
 }
 
-// Launches MapWithKeepKernel with the stream of `p` (active: training, ratio > 0; the caller runs
-// the plain map otherwise): the whole runs of eight, then the tail. keep_out may be null.
-template <typename F, typename Out, typename... In>
-cudaError_t LaunchMapWithKeep(const DropoutParams& p, int64_t n, F f, cudaStream_t stream, uint8_t* keep_out, Out* out,
-                              const In*... in) {
+// Launches MapWithKeepKernel over n elements: the whole runs of eight (when `runs` and the pointers
+// allow), then the rest. make(i) is the keep source of a launch starting at element i.
+template <typename MakeKeep, typename F, typename Out, typename... In>
+cudaError_t LaunchKeepMap(bool runs, MakeKeep make, int64_t n, F f, cudaStream_t stream, KeepOutputs keep_out,
+                          Out* out, const In*... in) {
   auto aligned = [](const void* q) { return q == nullptr || Aligned16(q); };
-  const cpu::DropoutStream s = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
   int64_t done = 0;
-  if (p.counter_base % 4 == 0 && aligned(keep_out) && aligned(out) && (aligned(in) && ...)) {
+  if (runs && aligned(keep_out.bytes) && aligned(out) && (aligned(in) && ...)) {
     done = n / kKeepRun * kKeepRun;
     if (done > 0) {
-      MapWithKeepKernel<true><<<GridFor(done / kKeepRun), kThreads, 0, stream>>>(s, p.device_offset, p.counter_base,
-                                                                                 done, f, keep_out, out, in...);
+      MapWithKeepKernel<true><<<GridFor(done / kKeepRun), kThreads, 0, stream>>>(make(0), done, f, keep_out, out,
+                                                                                in...);
     }
   }
   if (done < n) {
     const int64_t rest = n - done;
     MapWithKeepKernel<false><<<GridFor((rest + kKeepRun - 1) / kKeepRun), kThreads, 0, stream>>>(
-        s, p.device_offset, p.counter_base + static_cast<uint64_t>(done), rest, f,
-        keep_out == nullptr ? nullptr : keep_out + done, out + done, (in + done)...);
+        make(done), rest, f, keep_out.From(done), out + done, (in + done)...);
   }
   return cudaGetLastError();
+}
+
+// The map with the keep decisions drawn from the stream of `p` (active: training, ratio > 0; the
+// caller runs the plain map otherwise). keep_out.bits needs n a multiple of 8.
+template <typename F, typename Out, typename... In>
+cudaError_t LaunchMapWithKeep(const DropoutParams& p, int64_t n, F f, cudaStream_t stream, KeepOutputs keep_out,
+                              Out* out, const In*... in) {
+  const cpu::DropoutStream s = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
+  auto make = [&](int64_t i) { return DrawnKeep{s, p.device_offset, p.counter_base + static_cast<uint64_t>(i)}; };
+  return LaunchKeepMap(p.counter_base % 4 == 0, make, n, f, stream, keep_out, out, in...);
+}
+
+// The map with the keep decisions read from keep bits (n a multiple of 8).
+template <typename F, typename Out, typename... In>
+cudaError_t LaunchMapWithKeepBits(const uint8_t* bits, int64_t n, F f, cudaStream_t stream, Out* out,
+                                  const In*... in) {
+  auto make = [&](int64_t i) { return SavedKeep{bits + i / 8}; };
+  return LaunchKeepMap(true, make, n, f, stream, KeepOutputs{}, out, in...);
 }
 
 }  // namespace onnxpipe::cuda

@@ -8,8 +8,11 @@
 namespace onnxpipe::cuda {
 namespace {
 
-absl::Status CheckArgs(const char* what, int64_t n, const DropoutParams* dropout) {
+absl::Status CheckArgs(const char* what, int64_t n, const DropoutParams* dropout, const void* keep_bits) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative element count"));
+  if (keep_bits != nullptr && n % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": keep bits of ", n, " elements, not a multiple of 8"));
+  }
   if (dropout != nullptr && !(dropout->ratio >= 0.0 && dropout->ratio <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": dropout ratio ", dropout->ratio, ", expected [0, 1]"));
   }
@@ -20,26 +23,27 @@ absl::Status CheckArgs(const char* what, int64_t n, const DropoutParams* dropout
 
 template <typename T>
 absl::Status GeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
-                         cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckArgs("GeluForward", n, dropout));
-  CUDA_RETURN_IF_ERROR(LaunchGeluForward(x, y, n, tanh_approx, dropout, stream));
+                         uint8_t* keep_bits, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckArgs("GeluForward", n, dropout, keep_bits));
+  CUDA_RETURN_IF_ERROR(LaunchGeluForward(x, y, n, tanh_approx, dropout, keep_bits, stream));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status GeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx, const DropoutParams* dropout,
-                          cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckArgs("GeluBackward", n, dropout));
-  CUDA_RETURN_IF_ERROR(LaunchGeluBackward(dy, x, dx, n, tanh_approx, dropout, stream));
+                          const uint8_t* keep_bits, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckArgs("GeluBackward", n, dropout, keep_bits));
+  CUDA_RETURN_IF_ERROR(LaunchGeluBackward(dy, x, dx, n, tanh_approx, dropout, keep_bits, stream));
   return absl::OkStatus();
 }
 
-template absl::Status GeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, cudaStream_t);
+template absl::Status GeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, uint8_t*,
+                                         cudaStream_t);
 template absl::Status GeluForward<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int64_t, bool,
-                                                 const DropoutParams*, cudaStream_t);
+                                                 const DropoutParams*, uint8_t*, cudaStream_t);
 template absl::Status GeluBackward<float>(const float*, const float*, float*, int64_t, bool, const DropoutParams*,
-                                          cudaStream_t);
+                                          const uint8_t*, cudaStream_t);
 template absl::Status GeluBackward<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t,
-                                                  bool, const DropoutParams*, cudaStream_t);
+                                                  bool, const DropoutParams*, const uint8_t*, cudaStream_t);
 
 }  // namespace onnxpipe::cuda

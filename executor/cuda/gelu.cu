@@ -48,32 +48,41 @@ bool Active(const DropoutParams* p) { return p != nullptr && DropoutActive(*p); 
 
 template <typename T>
 cudaError_t LaunchGeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
-                              cudaStream_t stream) {
+                              uint8_t* keep_bits, cudaStream_t stream) {
   return WithForm(tanh_approx, [&](auto form) {
     constexpr bool kTanh = decltype(form)::value;
-    if (!Active(dropout)) return LaunchMap(n, GeluFn<kTanh>{}, stream, y, x);
+    if (!Active(dropout)) {
+      if (keep_bits != nullptr) {
+        const cudaError_t e = cudaMemsetAsync(keep_bits, 0xFF, n / 8, stream);
+        if (e != cudaSuccess) return e;
+      }
+      return LaunchMap(n, GeluFn<kTanh>{}, stream, y, x);
+    }
     const float scale = static_cast<float>(KeepScale(*dropout));
-    return LaunchMapWithKeep(*dropout, n, GeluDropFn<kTanh>{scale}, stream, nullptr, y, x);
+    return LaunchMapWithKeep(*dropout, n, GeluDropFn<kTanh>{scale}, stream, KeepOutputs{nullptr, keep_bits}, y, x);
   });
 }
 
 template <typename T>
 cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx,
-                               const DropoutParams* dropout, cudaStream_t stream) {
+                               const DropoutParams* dropout, const uint8_t* keep_bits, cudaStream_t stream) {
   return WithForm(tanh_approx, [&](auto form) {
     constexpr bool kTanh = decltype(form)::value;
     if (!Active(dropout)) return LaunchMap(n, GeluGradFn<kTanh>{}, stream, dx, dy, x);
-    const float scale = static_cast<float>(KeepScale(*dropout));
-    return LaunchMapWithKeep(*dropout, n, GeluGradDropFn<kTanh>{scale}, stream, nullptr, dx, dy, x);
+    const GeluGradDropFn<kTanh> f{static_cast<float>(KeepScale(*dropout))};
+    if (keep_bits != nullptr) return LaunchMapWithKeepBits(keep_bits, n, f, stream, dx, dy, x);
+    return LaunchMapWithKeep(*dropout, n, f, stream, KeepOutputs{}, dx, dy, x);
   });
 }
 
-template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, cudaStream_t);
+template cudaError_t LaunchGeluForward<float>(const float*, float*, int64_t, bool, const DropoutParams*, uint8_t*,
+                                              cudaStream_t);
 template cudaError_t LaunchGeluForward<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int64_t, bool,
-                                                      const DropoutParams*, cudaStream_t);
+                                                      const DropoutParams*, uint8_t*, cudaStream_t);
 template cudaError_t LaunchGeluBackward<float>(const float*, const float*, float*, int64_t, bool, const DropoutParams*,
-                                               cudaStream_t);
+                                               const uint8_t*, cudaStream_t);
 template cudaError_t LaunchGeluBackward<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                       int64_t, bool, const DropoutParams*, cudaStream_t);
+                                                       int64_t, bool, const DropoutParams*, const uint8_t*,
+                                                       cudaStream_t);
 
 }  // namespace onnxpipe::cuda

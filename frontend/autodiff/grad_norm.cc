@@ -115,12 +115,16 @@ absl::Status RMSNormGrad(GradBuilder& b) {
 absl::Status GeluGrad(GradBuilder& b) {
   ir::Attrs a;
   a.Set("approximate", b.node().attrs.Get<std::string>("approximate", "none"));
-  // A fused dropout: the backward regenerates the forward's mask from its random stream.
+  std::vector<ValueId> ins = {b.GO(0), b.I(0)};
+  // A fused dropout: the backward reads the forward's keep decisions as bits (an eighth of a byte
+  // an element, where X's last dim allows) or else regenerates them from its random stream.
   if (const double ratio = b.node().attrs.Get<double>("dropout", 0.0); ratio != 0.0) {
     a.Set("dropout", ratio);
     a.Set("rng_key", b.node().attrs.Get<std::string>("rng_key", b.node().name));
+    if (const std::optional<ir::Shape> bits = ir::KeepBitsShape(b.TypeOf(b.I(0)).shape))
+      ins.push_back(b.EnsureForwardOutput(1, ValueType{ir::DType::kU8, *bits, true}));
   }
-  b.SetGI(0, b.Emit(OpKind::kGeluGrad, {b.GO(0), b.I(0)}, b.TypeOf(b.I(0)), std::move(a)));
+  b.SetGI(0, b.Emit(OpKind::kGeluGrad, ins, b.TypeOf(b.I(0)), std::move(a)));
   return absl::OkStatus();
 }
 

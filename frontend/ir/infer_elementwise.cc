@@ -139,7 +139,13 @@ absl::StatusOr<Outputs> GeluRule(const InferContext& ctx) {
   const std::string approx = ctx.attrs().Get<std::string>("approximate", "none");
   if (approx != "none" && approx != "tanh")
     return ctx.Error() << "approximate must be \"none\" or \"tanh\", got \"" << approx << "\"";
-  return One(ctx.dtype(0), ctx.shape(0));
+  Outputs out = One(ctx.dtype(0), ctx.shape(0));
+  if (ctx.num_outputs() > 1) {
+    const std::optional<Shape> bits = KeepBitsShape(ctx.shape(0));
+    if (!bits) return ctx.Error() << "KeepBits (output 1) needs a last dim that is a multiple of 8, X is " << ctx.Describe(0);
+    out.push_back({DType::kU8, *bits});
+  }
+  return out;
 }
 
 }  // namespace

@@ -155,6 +155,19 @@ absl::StatusOr<Outputs> PointwiseGradRule(const InferContext& ctx) {
   return One(ctx.dtype(0), std::move(s));
 }
 
+// PointwiseGradRule's, and the forward's keep bits (input 2), when given, packed from X's dims.
+absl::StatusOr<Outputs> GeluGradRule(const InferContext& ctx) {
+  ASSIGN_OR_RETURN(Outputs out, PointwiseGradRule(ctx));
+  if (!ctx.has_input(2)) return out;
+  const std::optional<Shape> bits = KeepBitsShape(out[0].shape);
+  if (!bits) return ctx.Error() << "keep bits (input 2) need X's last dim a multiple of 8, X is " << ctx.Describe(1);
+  if (ctx.dtype(2) != DType::kU8 || !(ctx.shape(2) == *bits)) {
+    return ctx.Error() << ctx.Describe(2) << " must be u8 keep bits of X's dims with the last / 8, "
+                       << ShapeToString(*bits);
+  }
+  return out;
+}
+
 // dY's shape, and the mask's when it is given.
 absl::StatusOr<Outputs> DropoutGradRule(const InferContext& ctx) {
   if (ctx.has_input(1)) return PointwiseGradRule(ctx);
@@ -249,7 +262,8 @@ void RegisterGradRules(RuleTable& t) {
   SetRule(t, OpKind::kGatherNDGrad, ScatterBackRule);
   SetRule(t, OpKind::kSliceGrad, SliceGradRule);
   SetRule(t, OpKind::kConcatGrad, ConcatGradRule);
-  for (OpKind op : {OpKind::kReluGrad, OpKind::kGeluGrad}) SetRule(t, op, PointwiseGradRule);
+  SetRule(t, OpKind::kReluGrad, PointwiseGradRule);
+  SetRule(t, OpKind::kGeluGrad, GeluGradRule);
   SetRule(t, OpKind::kDropoutGrad, DropoutGradRule);
   SetRule(t, OpKind::kSoftmaxGrad, SoftmaxGradRule);
   SetRule(t, OpKind::kLogSoftmaxGrad, SoftmaxGradRule);

@@ -40,7 +40,10 @@
 // - Gelu(X) attr approximate: "none" (erf) | "tanh"; optional fused dropout (the dropout-fusion
 //   pass sets it for a Dropout that only reads the Gelu): attrs dropout (ratio, default 0) and
 //   rng_key (the Dropout node's random-stream key): while training, each result is kept and scaled
-//   by 1 / (1 - ratio) or zeroed exactly as that Dropout node would.
+//   by 1 / (1 - ratio) or zeroed exactly as that Dropout node would. Optional output 1 (KeepBits,
+//   only with a fused dropout; autodiff asks for it): those keep decisions packed as bits, u8 of
+//   ir::KeepBitsShape(X's dims) (X's last dim a multiple of 8): bit k (least significant first) of
+//   flat byte j is the decision of flat element 8 j + k.
 // - Attention(Q (..., Sq, Dh), K (..., Sk, Dh), V (..., Sk, Dv), mask?) attrs scale (float),
 //   causal (int), dropout (float ratio, 0 = none), mask_kind "additive"|"bool" -> O (..., Sq, Dv).
 //   softmax(scale * Q K^T + mask [causal: -inf above the diagonal]) then dropout, times V.
@@ -109,8 +112,9 @@
 // - ReluGrad(dY, Y) -> dY * (Y > 0).
 // - SoftmaxGrad(dY, Y) attr axis -> Y * (dY - sum(dY * Y, axis)); Y = Softmax output.
 // - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
-// - GeluGrad(dY, X) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the forward's
-//   dropout and rng_key, dY is first kept and scaled, or zeroed, by the regenerated mask.
+// - GeluGrad(dY, X, keep_bits?) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the
+//   forward's dropout and rng_key, dY is first kept and scaled, or zeroed, by the forward's mask:
+//   read from keep_bits (the forward's KeepBits) when given, else regenerated from the stream.
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?) attrs axis, epsilon -> dX,
 //   dScale?, dBias?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel
 //   recomputes them. dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first
@@ -268,7 +272,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(Linear, "Linear", 2, 3, 1, 1, kOpGemm | kOpCostly)                                       \
   V(LayerNorm, "LayerNorm", 2, 4, 1, 4, 0)                                                   \
   V(RMSNorm, "RMSNorm", 2, 3, 1, 3, 0)                                                       \
-  V(Gelu, "Gelu", 1, 1, 1, 1, 0)                                                             \
+  V(Gelu, "Gelu", 1, 1, 1, 2, 0)                                                             \
   V(Attention, "Attention", 3, 4, 1, 2, kOpGemm | kOpCostly)                                 \
   /* Gradient and training ops */                                                            \
   V(Sum, "Sum", 1, kVariadic, 1, 1, 0)                                                       \
@@ -285,7 +289,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(ReluGrad, "ReluGrad", 2, 2, 1, 1, 0)                                                     \
   V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
-  V(GeluGrad, "GeluGrad", 2, 2, 1, 1, 0)                                                     \
+  V(GeluGrad, "GeluGrad", 2, 3, 1, 1, 0)                                                     \
   V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 3, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 6, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \

@@ -81,6 +81,22 @@ Dim NumElements(const Shape& s) {
   return n;
 }
 
+std::optional<Shape> KeepBitsShape(const Shape& s) {
+  if (s.empty()) return std::nullopt;
+  const std::optional<Dim> bytes = s.back().DivExact(Dim(8));
+  if (!bytes) return std::nullopt;
+  Shape out = s;
+  out.back() = *bytes;
+  return out;
+}
+
+std::optional<std::vector<int64_t>> KeepBitsDims(const std::vector<int64_t>& dims) {
+  if (dims.empty() || dims.back() % 8 != 0) return std::nullopt;
+  std::vector<int64_t> out = dims;
+  out.back() /= 8;
+  return out;
+}
+
 std::vector<int64_t> ToInts(const Shape& s) {
   std::vector<int64_t> out;
   out.reserve(s.size());

@@ -46,6 +46,10 @@ bool IsConcrete(const Shape& s);
 // Product of all dims (the element count).
 Dim NumElements(const Shape& s);
 int64_t ElementCount(const std::vector<int64_t>& dims);  // of concrete dims; 1 for none
+// The dims of a keep-bits tensor (u8, one bit per element of a tensor of dims `s`, op.h's Gelu):
+// `s` with its last dim divided by 8; nullopt when `s` has no dims or its last is not a multiple of 8.
+std::optional<Shape> KeepBitsShape(const Shape& s);
+std::optional<std::vector<int64_t>> KeepBitsDims(const std::vector<int64_t>& dims);  // the same of concrete dims
 
 // ONNX Slice on one axis of concrete size `dim` (step != 0): negative start and end count from the
 // end, then they are clamped to [0, dim] (step > 0) or to [0, dim-1] / [-1, dim-1] (step < 0).

@@ -122,6 +122,24 @@ class Exporter {
   }
   std::string Out(ir::ValueId v) { return v == ir::kNoValue ? "" : g_.value(v).name; }
 
+  // op.h's KeepBits from a Dropout's bool mask of rank `rank`: each run of 8 along the last dim (reshaped to
+  // (..., D / 8, 8)) weighted by 1, 2, ..., 128 and summed (in int32: ReduceSum takes no uint8), cast to uint8.
+  void PackBits(const std::string& mask, const std::string& bits, const std::string& base, size_t rank) {
+    const std::string wide = Fresh(base + "/mask_i32"), runs = Fresh(base + "/mask_runs"),
+                      weighted = Fresh(base + "/mask_weighted"), sum = Fresh(base + "/keep_bits_i32");
+    SetInt(Emit("Cast", base + "/mask_Cast", {mask}, {wide}), "to", onnx::TensorProto::INT32);
+    std::vector<int64_t> shape(rank - 1, 0);  // 0: the input's dim
+    shape.push_back(-1);
+    shape.push_back(8);
+    Emit("Reshape", base + "/mask_Reshape", {wide, IntsConst(base + "/runs_of_8", shape)}, {runs});
+    std::vector<int32_t> weights;
+    for (int k = 0; k < 8; ++k) weights.push_back(1 << k);
+    Emit("Mul", base + "/mask_Mul", {runs, Const(base + "/bit_weights", ir::Tensor::FromVector<int32_t>({8}, weights))},
+         {weighted});
+    SetInt(Emit("ReduceSum", base + "/mask_ReduceSum", {weighted, IntsConst(base + "/last", {-1})}, {sum}), "keepdims", 0);
+    SetInt(Emit("Cast", base + "/keep_bits_Cast", {sum}, {bits}), "to", onnx::TensorProto::UINT8);
+  }
+
   std::string Const(const std::string& hint, ir::Tensor t) {
     const std::string name = Fresh(hint);
     extra_.emplace_back(name, std::move(t));
@@ -235,16 +253,23 @@ class Exporter {
         return RMSNorm(n, ins, outs);
       case ir::OpKind::kGelu: {
         const double ratio = n.attrs.Get<double>("dropout", 0.0);
-        if (ratio == 0.0) return Gelu(n, ins[0], outs[0], n.name);
+        if (ratio == 0.0) {
+          if (outs.size() > 1 && !outs[1].empty())
+            return absl::InvalidArgumentError("node '" + n.name + "' (Gelu): keep bits without a fused dropout");
+          return Gelu(n, ins[0], outs[0], n.name);
+        }
         // The fused dropout becomes the Dropout it was, named by its random-stream key so that
         // the stage file, imported, draws the same mask.
         const std::string gelu = Fresh(n.name + "/gelu");
         RETURN_IF_ERROR(Gelu(n, ins[0], gelu, n.name));
         const std::string key = n.attrs.Get<std::string>("rng_key", n.name + "/Dropout");
+        const bool bits = outs.size() > 1 && !outs[1].empty();
+        const std::string mask = bits ? Fresh(key + "/mask") : "";
         Emit("Dropout", key,
              {gelu, Const(key + "/ratio", Scalar(ir::DType::kF32, ratio)),
               Const(key + "/training_mode", ir::Tensor::Scalar<bool>(true))},
-             {outs[0]});
+             {outs[0], mask});
+        if (bits) PackBits(mask, outs[1], n.name, g_.value(n.inputs[0]).shape.size());
         return absl::OkStatus();
       }
       case ir::OpKind::kAttention:

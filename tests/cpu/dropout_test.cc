@@ -173,5 +173,57 @@ TEST(Dropout, MicrobatchRowsDrawTheFullBatchMask) {
   EXPECT_NE(err.status().message().find("/layers.0/dropout/Dropout"), std::string::npos) << err.status();
 }
 
+// The decisions of a Dropout's bool mask packed as op.h's KeepBits (bit k of byte j: element 8 j + k).
+std::vector<int64_t> PackedMask(const Tensor& mask) {
+  const std::vector<int64_t> m = mask.ToInt64Vector();
+  std::vector<int64_t> bytes(m.size() / 8, 0);
+  for (size_t i = 0; i < m.size(); ++i) bytes[i / 8] |= (m[i] != 0 ? 1 : 0) << (i % 8);
+  return bytes;
+}
+
+TEST(Dropout, GeluKeepBitsAreTheDropoutsMaskAndItsGradientReadsThem) {
+  ir::Attrs a;
+  a.Set("dropout", 0.3);
+  a.Set("rng_key", std::string("/mlp/dropout/Dropout"));
+  const ir::Node gelu = MakeNode(OpKind::kGelu, 1, 2, a, "/mlp/act/Gelu");
+  const ir::Node grad = MakeNode(OpKind::kGeluGrad, 3, 1, a, "/mlp/act/Gelu_grad");
+  const ir::Node regen = MakeNode(OpKind::kGeluGrad, 2, 1, a, "/mlp/act/Gelu_grad");
+  const Tensor x = Rand(DType::kF32, {6, 5, 24}, 3, -3.0, 3.0);
+  const Tensor dy = Rand(DType::kF32, {6, 5, 24}, 4);
+  // A whole batch, and rows [3, 9) of one (a micro-batch's counters, not a multiple of 8).
+  for (EvalContext ctx : {EvalContext{true, 42, 3}, EvalContext{true, 42, 3, 3, 6}}) {
+    SCOPED_TRACE(ctx.row_offset);
+    auto fwd = Eval(gelu, {x}, ctx);
+    auto drop = Eval(DropoutNode(0.3, "/mlp/dropout/Dropout"), {x}, ctx);
+    ASSERT_TRUE(fwd.ok() && drop.ok()) << fwd.status() << drop.status();
+    const Tensor& bits = (*fwd)[1];
+    EXPECT_EQ(bits.dtype(), DType::kU8);
+    EXPECT_EQ(bits.dims(), (std::vector<int64_t>{6, 5, 3}));
+    EXPECT_EQ(bits.ToInt64Vector(), PackedMask((*drop)[1]));
+    auto with_bits = Eval(grad, {dy, x, bits}, ctx);
+    auto regenerated = Eval(regen, {dy, x}, ctx);
+    ASSERT_TRUE(with_bits.ok() && regenerated.ok()) << with_bits.status() << regenerated.status();
+    EXPECT_TRUE((*with_bits)[0].BitwiseEquals((*regenerated)[0]));
+    // The bits are read, not drawn again: flipping one changes that element only.
+    Tensor flipped = bits.Clone();
+    flipped.mutable_data<uint8_t>()[2] ^= 0x10;
+    auto changed = Eval(grad, {dy, x, flipped}, ctx);
+    ASSERT_TRUE(changed.ok());
+    for (int64_t i = 0; i < x.num_elements(); ++i)
+      EXPECT_EQ((*changed)[0].GetAsDouble(i) != (*regenerated)[0].GetAsDouble(i), i == 20) << i;
+  }
+  // Inference keeps everything.
+  auto eval = Eval(gelu, {x});
+  ASSERT_TRUE(eval.ok());
+  EXPECT_EQ((*eval)[1].ToInt64Vector(), std::vector<int64_t>(90, 0xFF));
+  // Bits of another shape, or of a last dim no multiple of 8, are errors naming the node.
+  auto bad = Eval(grad, {dy, x, Tensor(DType::kU8, {6, 5, 4})}, EvalContext{true, 42, 3});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("/mlp/act/Gelu_grad"), std::string::npos) << bad.status();
+  auto odd = Eval(gelu, {Rand(DType::kF32, {2, 12}, 5)}, EvalContext{true, 42, 3});
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("multiple of 8"), std::string::npos) << odd.status();
+}
+
 }  // namespace
 }  // namespace onnxpipe::cpu::testing

@@ -170,6 +170,23 @@ TEST_F(CudaOpsTest, GeluWithAFusedDropoutIsTheCpus) {
     CheckBf16({ir::OpKind::kGelu, {RandB({3, 7, 64}, 6, -5, 5)}, a, 1, {}, 1e-5, train}, {kB});
     CheckBf16({ir::OpKind::kGeluGrad, {RandB({3, 7, 64}, 7), RandB({3, 7, 64}, 8, -5, 5)}, a, 1, {}, 1e-5, train},
               {kB});
+    // The keep bits (output 1, d 40): the forward's are the CPU's (a micro-batch's rows, inference's all kept),
+    // and the backward reading them computes the CPU's.
+    for (const backend::ExecContext& ctx : {train, eval}) {
+      Case bits_fwd{ir::OpKind::kGelu, {Rand({4, 6, 40}, 4, -5, 5)}, a, 2, {}, 1e-5, ctx};
+      bits_fwd.ctx.row_offset = 3, bits_fwd.ctx.rows = 4;
+      Check(bits_fwd);
+      const Tensor bits = CpuOutputs(bits_fwd, bits_fwd.inputs)[1];
+      ASSERT_EQ(bits.dims(), (std::vector<int64_t>{4, 6, 5}));
+      Case bits_bwd{ir::OpKind::kGeluGrad, {Rand({4, 6, 40}, 5), bits_fwd.inputs[0], bits}, a, 1, {}, 1e-5, ctx};
+      bits_bwd.ctx = bits_fwd.ctx;
+      Check(bits_bwd);
+    }
+    const Case bf16_fwd{ir::OpKind::kGelu, {RandB({3, 8, 64}, 9, -5, 5)}, a, 2, {}, 1e-5, train};
+    CheckBf16(bf16_fwd, {kB, DType::kU8});
+    const Tensor bf16_bits = CpuOutputs(bf16_fwd, Widened(bf16_fwd.inputs))[1];
+    CheckBf16({ir::OpKind::kGeluGrad, {RandB({3, 8, 64}, 10), bf16_fwd.inputs[0], bf16_bits}, a, 1, {}, 1e-5, train},
+              {kB});
   }
 }
 

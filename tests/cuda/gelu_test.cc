@@ -55,8 +55,8 @@ void RunGelu(int64_t n, bool tanh_approx, std::vector<float>& x, std::vector<flo
   DeviceBuffer<T> x_dev(n), dy_dev(n), y_dev(n), dx_dev(n);
   Upload(x, x_dev);
   Upload(dy, dy_dev);
-  ASSERT_TRUE(GeluForward<T>(x_dev.get(), y_dev.get(), n, tanh_approx, nullptr, nullptr).ok());
-  ASSERT_TRUE(GeluBackward<T>(dy_dev.get(), x_dev.get(), dx_dev.get(), n, tanh_approx, nullptr, nullptr).ok());
+  ASSERT_TRUE(GeluForward<T>(x_dev.get(), y_dev.get(), n, tanh_approx, nullptr, nullptr, nullptr).ok());
+  ASSERT_TRUE(GeluBackward<T>(dy_dev.get(), x_dev.get(), dx_dev.get(), n, tanh_approx, nullptr, nullptr, nullptr).ok());
   y = Download(y_dev);
   dx = Download(dx_dev);
 }
@@ -88,8 +88,8 @@ TEST_P(GeluCudaTest, Bf16IsTheReferenceRoundedOnce) {
 }
 
 TEST_P(GeluCudaTest, RejectsNegativeCount) {
-  EXPECT_FALSE(GeluForward<float>(nullptr, nullptr, -1, GetParam(), nullptr, nullptr).ok());
-  EXPECT_FALSE(GeluBackward<__nv_bfloat16>(nullptr, nullptr, nullptr, -1, GetParam(), nullptr, nullptr).ok());
+  EXPECT_FALSE(GeluForward<float>(nullptr, nullptr, -1, GetParam(), nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(GeluBackward<__nv_bfloat16>(nullptr, nullptr, nullptr, -1, GetParam(), nullptr, nullptr, nullptr).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(ErfAndTanh, GeluCudaTest, ::testing::Bool());

@@ -78,6 +78,28 @@ TEST(InferTest, EveryOpHasARule) {
   }
 }
 
+TEST(InferTest, GeluKeepBitsPackTheLastDimByEight) {
+  Builder b;
+  const ValueId x = b.Input("x", {B, S, Dim(64)});
+  const std::vector<ValueId> y = b.Node(OpKind::kGelu, {x}, 2);
+  const ValueId dy = b.Input("dy", {B, S, Dim(64)});
+  b.Op(OpKind::kGeluGrad, {dy, x, y[1]});
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(b.Type(y[1]), DType::kU8);
+  EXPECT_EQ(b.Shp(y[1]), (Shape{B, S, Dim(8)}));
+  // A last dim no multiple of 8, and bits of another shape, are errors naming the node.
+  Builder odd;
+  odd.Node(OpKind::kGelu, {odd.Input("x", {B, Dim(12)})}, 2, {}, "/mlp/Gelu");
+  EXPECT_THAT(odd.Infer().message(), HasSubstr("/mlp/Gelu"));
+  Builder wrong;
+  const ValueId wx = wrong.Input("x", {B, Dim(64)});
+  wrong.Op(OpKind::kGeluGrad, {wrong.Input("dy", {B, Dim(64)}), wx, wrong.Input("bits", {B, Dim(4)}, DType::kU8)}, {},
+           "/mlp/Gelu_grad");
+  const absl::Status st = wrong.Infer();
+  EXPECT_THAT(st.message(), HasSubstr("/mlp/Gelu_grad"));
+  EXPECT_THAT(st.message(), HasSubstr("keep bits"));
+}
+
 TEST(InferTest, BroadcastingConcreteAndSymbolic) {
   Builder b;
   ValueId x = b.Input("x", {2, 1, 4}), y = b.Input("y", {3, 1});

@@ -93,6 +93,16 @@ TEST(DropoutFusionTest, DropoutsWhoseMaskOrInputIsReadElsewhereStay) {
 TEST(DropoutFusionTest, StageOnnxDrawsTheSameMask) {
   ir::Graph fused = Mlp("none");
   ASSERT_TRUE(Fused(&fused));
+  // The Gelu's keep bits (which a training graph's forward keeps for the backward) are an output too.
+  ir::NodeId gelu = ir::kNoNode;
+  for (ir::NodeId id : fused.LiveNodes())
+    if (fused.node(id).op == OpKind::kGelu) gelu = id;
+  ASSERT_NE(gelu, ir::kNoNode);
+  const ValueId bits = fused.AddValue("keep_bits", ir::DType::kU8, {Dim(kB), Dim(kS), Dim(kH / 8)});
+  fused.node(gelu).outputs.push_back(bits);
+  fused.value(bits).producer = gelu;
+  fused.value(bits).producer_output = 1;
+  fused.outputs().push_back(bits);
   absl::StatusOr<ir::Graph> back = testing::StageOnnxRoundTrip(fused, "dropout_fusion_stage.onnx");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(testing::NodesOf(*back, OpKind::kDropout).size(), 1u);
@@ -101,6 +111,9 @@ TEST(DropoutFusionTest, StageOnnxDrawsTheSameMask) {
   absl::StatusOr<std::vector<ir::Tensor>> got = testing::Evaluate(*back, *feeds, /*training=*/true);
   ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
   EXPECT_LE(*testing::MaxAbsDiff(*want, *got), 1e-5);
+  ASSERT_EQ(want->size(), 2u);
+  EXPECT_EQ((*got)[1].dtype(), ir::DType::kU8);
+  EXPECT_TRUE((*got)[1].BitwiseEquals((*want)[1]));
 }
 
 }  // namespace
