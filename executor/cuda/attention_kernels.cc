@@ -22,8 +22,8 @@
 // workspace (or at its first evaluation unplanned), and cached with the built graphs: both the
 // Attention node and its AttentionGrad map to the same config, so they take the same path, which
 // a dropout mask needs (the backward regenerates the forward's). `auto` leaves a bias with dropout
-// to flash: its gradient dMask (a learned bias) runs on the host with the CPU's stream, which
-// cannot replay cuDNN's mask.
+// to flash: its gradient dMask (a learned bias) comes from the flash kernels' recomputation with the
+// CPU's stream, which cannot replay cuDNN's mask.
 //
 // Statistics. Attention's optional output Stats is each row's fp32 natural-log log-sum-exp (op.h),
 // what cuDNN's forward computes; the flash forward writes it from its row maximum and sum. Autodiff
@@ -259,12 +259,24 @@ KernelResult FlashForward(const KernelContext& ctx, const ir::Node& node, const 
   return ForwardOutputs(node, *o, *stats);
 }
 
-// dQ, dK, dV = AttentionGrad(dO, Q, K, V, mask?) through the flash kernels (dMask? runs on the host).
-// Under views dO is read through o_view and each gradient written through its operand's view into
-// its slot's output (ir::AttentionGradSlot), as the CPU kernel does.
+// The scratch of FlashBackward: the flash kernels' (dQ, dK, dV), then, 256-byte aligned, dMask's.
+struct FlashBackwardScratch {
+  int64_t flash = 0, mask = 0;
+  int64_t total() const { return mask > 0 ? (flash + 255) / 256 * 256 + mask : flash; }
+};
+FlashBackwardScratch ScratchOf(const ir::Node& node, const FlashAttentionPlan& p, const AttentionShapes& s) {
+  FlashBackwardScratch b;
+  b.flash = FlashAttentionBackwardWorkspaceBytes(p, WantsGradient(node, s, 0), WantsGradient(node, s, 1),
+                                                 WantsGradient(node, s, 2));
+  if (WantsOutput(node, 3)) b.mask = AttentionMaskGradientWorkspaceBytes(p);
+  return b;
+}
+
+// dQ, dK, dV, dMask? = AttentionGrad(dO, Q, K, V, mask?) through the flash kernels; dMask (a learned
+// additive bias, T5's: f32 or bf16) by attention_mask_grad.cu. Under views dO is read through o_view and each
+// gradient written through its operand's view into its slot's output (ir::AttentionGradSlot), as the CPU kernel
+// does.
 KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
-  // dMask (a learned additive bias, T5's) is not computed by the fused kernels yet: the host runs it.
-  if (WantsOutput(node, 3)) return std::nullopt;
   const std::optional<AttentionShapes> s = ShapesOf(node, in, 1);
   if (!s || in[0].dtype() != s->dtype) return std::nullopt;
   std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, *s);
@@ -272,7 +284,12 @@ KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const
       !AddDropout(ctx, node, *p)) {
     return std::nullopt;
   }
-  std::vector<ir::Tensor> out(3);
+  const bool want_dmask = WantsOutput(node, 3);
+  if (want_dmask && (p->geometry.mask != FlashMask::kAdditive ||
+                     (s->dtype != ir::DType::kF32 && s->dtype != ir::DType::kBF16))) {
+    return std::nullopt;
+  }
+  std::vector<ir::Tensor> out(want_dmask ? 4 : 3);
   void* grads[3] = {};
   for (int i = 0; i < 3; ++i) {
     const int slot = ir::AttentionGradSlot(node, i);
@@ -294,24 +311,31 @@ KernelResult FlashBackward(const KernelContext& ctx, const ir::Node& node, const
   b.k = At(in[2], s->offsets[1]);
   b.v = At(in[3], s->offsets[2]);
   b.mask = HasInput(in, 4) ? in[4].device_raw() : nullptr;
-  b.workspace_bytes = FlashAttentionBackwardWorkspaceBytes(*p, b.dq != nullptr, b.dk != nullptr, b.dv != nullptr);
-  absl::StatusOr<void*> ws = ctx.Workspace(node, b.workspace_bytes);
+  const FlashBackwardScratch scratch = ScratchOf(node, *p, *s);
+  b.workspace_bytes = scratch.flash;
+  absl::StatusOr<void*> ws = ctx.Workspace(node, scratch.total());
   if (!ws.ok()) return ws.status();
   b.workspace = *ws;
   absl::Status st = FlashAttentionBackward(*p, b, ctx.stream);
   if (!st.ok()) return st;
+  if (want_dmask) {
+    absl::StatusOr<ir::Tensor> dmask = ctx.Output(node, 3, s->dtype, in[4].dims());
+    if (!dmask.ok()) return dmask.status();
+    out[3] = *dmask;
+    void* mask_ws = scratch.mask > 0 ? static_cast<uint8_t*>(*ws) + (scratch.total() - scratch.mask) : nullptr;
+    st = AttentionMaskGradient(*p, b, out[3].device_raw(), mask_ws, scratch.mask, ctx.stream);
+    if (!st.ok()) return st;
+  }
   return out;
 }
 
-// The scratch FlashBackward takes for `node`, from the graph's shapes (0 where the host runs it).
+// The scratch FlashBackward takes for `node`, from the graph's shapes.
 int64_t FlashBackwardWorkspace(const ir::Graph& g, const ir::Node& node) {
-  if (WantsOutput(node, 3)) return 0;
   const std::optional<AttentionShapes> s = ShapesOf(g, node, 1);
   if (!s) return 0;
   std::optional<FlashAttentionPlan> p = PlanFor(node, /*forward=*/false, *s);
   if (!p) return 0;
-  return FlashAttentionBackwardWorkspaceBytes(*p, WantsGradient(node, *s, 0), WantsGradient(node, *s, 1),
-                                              WantsGradient(node, *s, 2));
+  return ScratchOf(node, *p, *s).total();
 }
 
 // --- Selection ------------------------------------------------------------------------------------
@@ -687,15 +711,15 @@ KernelResult AttentionGrad(AttentionState& state, const KernelContext& ctx, cons
   ASSIGN_OR_RETURN(const MaybeCudnn cudnn, Select(state, node, ShapesOf(node, in, 1)));
 #ifdef ONNXPIPE_CUDNN_ATTENTION
   if (cudnn) {
-    // dMask (a learned bias) runs on the host, with the CPU's dropout stream: exact without dropout.
+    // dMask (a learned bias) comes from the flash kernels, which recompute the probabilities with the CPU's
+    // dropout stream: the same as cuDNN's only without dropout.
     if (!WantsOutput(node, 3)) return CudnnBackward(state, *cudnn, ctx, node, in);
     if (ctx.exec.training && cudnn->config.dropout > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "AttentionGrad node '", node.name,
-          "': --cuda-attention cudnn cannot give a learned bias's gradient (dMask) with dropout: it runs on the "
-          "host, whose dropout mask is not cuDNN's; use --cuda-attention auto or flash"));
+          "': --cuda-attention cudnn cannot give a learned bias's gradient (dMask) with dropout: the flash kernels "
+          "compute it, whose dropout mask is not cuDNN's; use --cuda-attention auto or flash"));
     }
-    return std::nullopt;
   }
 #else
   (void)cudnn;
@@ -718,7 +742,7 @@ int64_t AttentionGradWorkspace(AttentionState& state, const ir::Graph& g, const 
   absl::StatusOr<MaybeCudnn> cudnn = Select(state, node, ShapesOf(g, node, 1));
   if (!cudnn.ok()) return 0;
 #ifdef ONNXPIPE_CUDNN_ATTENTION
-  if (*cudnn) return WantsOutput(node, 3) ? 0 : CudnnWorkspace(**cudnn, node, /*backward=*/true).total;
+  if (*cudnn && !WantsOutput(node, 3)) return CudnnWorkspace(**cudnn, node, /*backward=*/true).total;
 #endif
   return FlashBackwardWorkspace(g, node);
 }

@@ -286,4 +286,29 @@ absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashB
   return absl::OkStatus();
 }
 
+int64_t AttentionMaskGradientWorkspaceBytes(const FlashAttentionPlan& plan) {
+  if (plan.config.dtype == ir::DType::kF32) return 0;
+  return ir::ElementCount(plan.config.mask_dims) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status AttentionMaskGradient(const FlashAttentionPlan& plan, const FlashBackwardBuffers& b, void* dmask,
+                                   void* workspace, int64_t workspace_bytes, cudaStream_t stream) {
+  const FlashAttentionConfig& c = plan.config;
+  if (c.mask != FlashMask::kAdditive || (c.dtype != ir::DType::kF32 && c.dtype != ir::DType::kBF16)) {
+    return UNIMPLEMENTED() << "AttentionMaskGradient: the gradient of a mask that is not additive f32 or bf16";
+  }
+  const int64_t n = ir::ElementCount(c.mask_dims);
+  if (workspace_bytes < AttentionMaskGradientWorkspaceBytes(plan) || (n > 0 && dmask == nullptr)) {
+    return INVALID_ARGUMENT() << "AttentionMaskGradient: workspace of " << workspace_bytes << " bytes, expected "
+                              << AttentionMaskGradientWorkspaceBytes(plan) << (dmask == nullptr ? ", null dMask" : "");
+  }
+  if (n == 0) return absl::OkStatus();
+  float* sum = c.dtype == ir::DType::kF32 ? static_cast<float*>(dmask) : static_cast<float*>(workspace);
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sum, 0, n * sizeof(float), stream));
+  CUDA_RETURN_IF_ERROR(
+      LaunchAttentionMaskGradient(c.dtype, plan.geometry, b.d_o, b.q, b.k, b.v, b.mask, sum, stream));
+  if (c.dtype != ir::DType::kF32) CUDA_RETURN_IF_ERROR(LaunchCast(ir::DType::kF32, sum, c.dtype, dmask, n, stream));
+  return absl::OkStatus();
+}
+
 }  // namespace onnxpipe::cuda

@@ -106,6 +106,14 @@ cudaError_t LaunchFlashAttentionBackward(ir::DType dtype, const FlashGeometry& g
                                          const void* k, const void* v, const void* mask, void* dq, void* dk, void* dv,
                                          void* stats, cudaStream_t stream);
 
+// The gradient of an additive mask (a learned bias: AttentionGrad's dMask, op.h) added into `dmask`
+// (fp32, the mask's elements, zeroed by the caller): each row's dS recomputed from Q, K, V and dO
+// (attention_mask_grad.cu), summed over the dims where the mask broadcasts by atomics (the order of
+// the sum varies between runs). dtype f32 or bf16.
+cudaError_t LaunchAttentionMaskGradient(ir::DType dtype, const FlashGeometry& g, const void* d_o, const void* q,
+                                        const void* k, const void* v, const void* mask, float* dmask,
+                                        cudaStream_t stream);
+
 #ifndef __CUDACC__
 
 struct FlashAttentionConfig {
@@ -157,6 +165,12 @@ struct FlashBackwardBuffers {
   int64_t workspace_bytes = 0;
 };
 absl::Status FlashAttentionBackward(const FlashAttentionPlan& plan, const FlashBackwardBuffers& b, cudaStream_t stream);
+// Scratch bytes AttentionMaskGradient takes: an fp32 sum of the mask's elements unless dMask is fp32.
+int64_t AttentionMaskGradientWorkspaceBytes(const FlashAttentionPlan& plan);
+// dMask of the plan's additive mask (f32 or bf16, else an error) into `dmask` (the mask's dims and
+// dtype), from b's d_o, q, k, v and mask.
+absl::Status AttentionMaskGradient(const FlashAttentionPlan& plan, const FlashBackwardBuffers& b, void* dmask,
+                                   void* workspace, int64_t workspace_bytes, cudaStream_t stream);
 
 #endif
 

@@ -148,6 +148,21 @@ TEST_F(CudaOpsTest, Bf16SoftmaxGeluAndDropout) {
             {kB});
 }
 
+// A learned bias's gradient (dMask) in bf16, with dropout: within a bf16 unit of the CPU's fp32 result.
+TEST_F(CudaOpsTest, Bf16AttentionGradOfALearnedBias) {
+  backend::ExecContext train;
+  train.training = true, train.seed = 5, train.offset = 2;
+  CheckBf16({ir::OpKind::kAttentionGrad,
+             {RandB({3, 2, 9, 64}, 11), RandB({3, 2, 9, 64}, 12), RandB({3, 2, 40, 64}, 13), RandB({3, 2, 40, 64}, 14),
+              RandB({1, 2, 9, 40}, 15, -2, 2)},
+             Attrs({{"dropout", 0.25}, {"rng_key", std::string("/block/attn/Attention")}}),
+             4,
+             {},
+             1e-5,
+             train},
+            {kB, kB, kB, kB});
+}
+
 TEST_F(CudaOpsTest, GeluWithAFusedDropoutIsTheCpus) {
   backend::ExecContext train;
   train.training = true;

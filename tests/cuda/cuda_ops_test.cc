@@ -133,12 +133,22 @@ TEST_F(CudaOpsTest, AttentionStatsAreTheCpusAndTheBackwardTakesThem) {
   }
 }
 
-// A learned additive bias (T5's) wants AttentionGrad's dMask, which the fused kernels do not compute: the host
-// runs the node and the device gets the CPU's dQ, dK, dV and dMask.
-TEST_F(CudaOpsTest, AttentionGradOfALearnedBiasRunsOnTheHost) {
+// A learned additive bias (T5's) wants AttentionGrad's dMask: the device computes it with dQ, dK and dV, the
+// CPU's within fp32 rounding (its sum over the dims the bias broadcasts is in another order): a bias per batch
+// matrix, one shared over the batch (T5's (1, H, Sq, Sk)) under a causal mask, with the forward's dropout (a
+// micro-batch's rows shift its counters); bf16 in cuda_ops_bf16_test.
+TEST_F(CudaOpsTest, AttentionGradOfALearnedBiasRunsOnTheDevice) {
   const Tensor q = Rand({2, 3, 8}, 1), k = Rand({2, 5, 8}, 2), v = Rand({2, 5, 4}, 3);
-  Check({ir::OpKind::kAttentionGrad, {Rand({2, 3, 4}, 5), q, k, v, Rand({2, 3, 5}, 4)}, Attrs({{"scale", 0.5}}), 4},
-        /*expect_device=*/false);
+  Check({ir::OpKind::kAttentionGrad, {Rand({2, 3, 4}, 5), q, k, v, Rand({2, 3, 5}, 4)}, Attrs({{"scale", 0.5}}), 4});
+  const Tensor q4 = Rand({3, 2, 9, 16}, 6), k4 = Rand({3, 2, 40, 16}, 7), v4 = Rand({3, 2, 40, 8}, 8);
+  const Tensor d_o = Rand({3, 2, 9, 8}, 9), bias = Rand({1, 2, 9, 40}, 10, -2, 2);
+  backend::ExecContext train;
+  train.training = true, train.seed = 5, train.offset = 2, train.row_offset = 1, train.rows = 3;
+  for (const backend::ExecContext& ctx : {backend::ExecContext{}, train}) {
+    const ir::Attrs a =
+        Attrs({{"causal", int64_t{1}}, {"dropout", 0.25}, {"rng_key", std::string("/block/attn/Attention")}});
+    Check({ir::OpKind::kAttentionGrad, {d_o, q4, k4, v4, bias}, a, 4, {}, 1e-5, ctx});
+  }
 }
 
 TEST_F(CudaOpsTest, SoftmaxForwardAndBackward) {
