@@ -4,8 +4,10 @@
 The peer (shared/bench/torch_peer.py, passed as --peer) builds the DESIGN.md benchmark classifier (TransformerEncoder,
 post-LN, GELU, dropout 0.1) and exports the very same seeded model to ONNX; this script then trains that export with
 onnxpipe on random tokens (the same vocabulary, sequence length, batch, SGD) and runs the peer's own step loop (eager,
-per-layer checkpointing, torch.compile, as asked) in the same command. samples/s: onnxpipe's median over the steps
-after --warmup (its metrics file); the peer's from its JSON lines. Writes bench/results/cuda_train_<date>_<tag>.json
+per-layer checkpointing, torch.compile, as asked) in the same command. samples/s: onnxpipe's median step-to-step rate
+over the steps after --warmup (its metrics file); samples_s_whole_process: onnxpipe run twice, with warmup + 2 and
+warmup + 2 + --steps steps, batch x --steps / (wall2 - wall1) (start-up, export load and planning cancel); the peer's
+from its JSON lines (wall time over its timed steps). Writes bench/results/cuda_train_<date>_<tag>.json
 with every number, the ratios onnxpipe / peer and the host fallbacks onnxpipe printed (ops without a CUDA kernel yet).
 
   python3 bench/cuda_train_bench.py --peer .dev/torch_peer.py --onnxpipe .build/main/tools/onnxpipe \
@@ -19,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -42,7 +45,7 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True):
     np.save(os.path.join(data, "tokens.npy"), rng.integers(0, a.vocab, (rows, a.seq), dtype=np.int64))
     np.save(os.path.join(data, "labels.npy"), rng.integers(0, 2, (rows,), dtype=np.int64))
     metrics = os.path.join(work, f"m_b{batch}{'' if graphs else '_no_graphs'}.jsonl")
-    cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", str(a.warmup + a.steps),
+    cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", "STEPS",
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
            "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 or dtype != "fp32" else ["--tf32"]),
            "--cuda-graphs" if graphs else "--no-cuda-graphs"]
@@ -62,15 +65,25 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True):
                     command=" ".join(["onnxpipe", *pcmd[1:]]).replace(model, os.path.basename(model))
                     .replace(work, "WORK"))
         cmd += ["--plan", plan_dir, "--microbatches", str(a.microbatches)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *cmd[1:]]))
+    n1 = a.warmup + 2
+    n2 = n1 + a.steps
+    walls = {}
+    for n in (n1, n2):
+        run = [str(n) if c == "STEPS" else c for c in cmd]
+        t = time.monotonic()
+        r = subprocess.run(run, capture_output=True, text=True)
+        walls[n] = time.monotonic() - t
+        if r.returncode != 0:
+            return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *run[1:]]))
+    cmd = run
     steps = [json.loads(l) for l in open(metrics)]
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
     memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
     attention = [l for l in r.stdout.splitlines() if l.startswith("cuda attention:")]
     graphs_line = [l for l in r.stdout.splitlines() if l.startswith("cuda graphs:")]
     return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
+                samples_s_whole_process=batch * (n2 - n1) / (walls[n2] - walls[n1]),
+                wall_s={str(k): round(v, 3) for k, v in walls.items()},
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
                 memory=memory[0] if memory else "", attention=attention[0] if attention else "",
                 **({"graphs": graphs_line[0]} if graphs_line else {}),
@@ -163,9 +176,11 @@ def main():
         for name, by_batch in peers.items():
             pr = by_batch.get(b, {})
             row[name] = pr
-            for key, prefix in (("onnxpipe", "ratio"), ("onnxpipe_no_graphs", "ratio_no_graphs")):
-                if "samples_s" in row.get(key, {}) and pr.get("samples_s"):
-                    row[f"{prefix}_vs_{name}"] = round(row[key]["samples_s"] / pr["samples_s"], 4)
+            for key, rate, prefix in (("onnxpipe", "samples_s", "ratio"),
+                                      ("onnxpipe", "samples_s_whole_process", "ratio_whole_process"),
+                                      ("onnxpipe_no_graphs", "samples_s", "ratio_no_graphs")):
+                if rate in row.get(key, {}) and pr.get("samples_s"):
+                    row[f"{prefix}_vs_{name}"] = round(row[key][rate] / pr["samples_s"], 4)
         rows.append(row)
     result = dict(benchmark="cuda_train", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=a.device_name, dtype=a.dtype, tf32=not a.no_tf32,

@@ -74,20 +74,17 @@ absl::Status CheckKeepBits(const ir::Node& node, const ir::Tensor& bits, const s
 }
 
 void PackKeepBits(const FusedDropout& d, int64_t n, uint8_t* bits) {
-  ParallelFor(n / 8, 1 << 11, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) {
-      if (!d.active) {
-        bits[j] = 0xFF;
-        continue;
+  constexpr int64_t kBytes = 1 << 11;
+  ParallelFor(n / 8, kBytes, [&](int64_t b, int64_t e) {
+    std::array<uint8_t, 8 * kBytes> keep;
+    for (int64_t lo = b; lo < e; lo += kBytes) {
+      const int64_t hi = std::min(e, lo + kBytes);
+      if (d.active) FillDropoutKeepMask(d.stream, d.base + 8 * lo, d.base + 8 * hi, keep.data());
+      for (int64_t j = lo; j < hi; ++j) {
+        uint32_t byte = 0;
+        for (int k = 0; k < 8; ++k) byte |= static_cast<uint32_t>(!d.active || keep[8 * (j - lo) + k] != 0) << k;
+        bits[j] = static_cast<uint8_t>(byte);
       }
-      uint32_t byte = 0;
-      uint64_t c = static_cast<uint64_t>(d.base + 8 * j);
-      for (int k = 0; k < 8;) {
-        const Philox4x32 r = d.stream.Block(c >> 2);
-        for (int lane = static_cast<int>(c & 3); lane < 4 && k < 8; ++lane, ++k, ++c)
-          byte |= static_cast<uint32_t>(r.v[lane] >= d.stream.threshold) << k;
-      }
-      bits[j] = static_cast<uint8_t>(byte);
     }
   });
 }

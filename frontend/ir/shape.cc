@@ -91,10 +91,9 @@ std::optional<Shape> KeepBitsShape(const Shape& s) {
 }
 
 std::optional<std::vector<int64_t>> KeepBitsDims(const std::vector<int64_t>& dims) {
-  if (dims.empty() || dims.back() % 8 != 0) return std::nullopt;
-  std::vector<int64_t> out = dims;
-  out.back() /= 8;
-  return out;
+  const std::optional<Shape> bits = KeepBitsShape(FromInts(dims));
+  if (!bits) return std::nullopt;
+  return ToInts(*bits);
 }
 
 std::vector<int64_t> ToInts(const Shape& s) {
