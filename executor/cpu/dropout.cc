@@ -29,9 +29,9 @@ void FillDropoutKeepMask(const DropoutStream& stream, int64_t begin, int64_t end
     int64_t i = begin + b;
     const int64_t stop = begin + e;
     while (i < stop) {
-      const Philox4x32 r = stream.Block(static_cast<uint64_t>(i) >> 2);
-      for (int lane = static_cast<int>(i & 3); lane < 4 && i < stop; ++lane, ++i) {
-        keep[i - begin] = r.v[lane] >= stream.threshold;
+      const uint32_t bits = stream.Kept8(stream.Block(static_cast<uint64_t>(i) >> 3));
+      for (int k = static_cast<int>(i & 7); k < DropoutStream::kPerBlock && i < stop; ++k, ++i) {
+        keep[i - begin] = (bits >> k) & 1u;
       }
     }
   });

@@ -55,14 +55,18 @@ ONNXPIPE_HOST_DEVICE inline uint64_t Fnv1a64(const char* s, uint64_t n) {
   return h;
 }
 
-// The dropout stream of one node: element i is kept iff the 32-bit draw for i is >= threshold,
-// threshold = ceil(ratio * 2^32), so P(keep) = 1 - ratio up to 2^-32. Draw i is word (i % 4) of
-// Philox4x32_10(counter = {lo(i / 4), hi(i / 4), lo(offset), hi(offset)},
-//               key = SplitMix64(seed ^ SplitMix64(node_key))).
+// The dropout stream of one node: element i is kept iff its 16-bit draw is >= threshold,
+// threshold = ceil(ratio * 2^16), so P(keep) = 1 - ratio up to 2^-16 (FlashAttention draws 8 bits
+// per element; 16 keep the ratio's error below 1.6e-5 while one Philox block serves eight elements,
+// which halves the draws that bound the fused dropout kernels). Draw i is half i % 2 (0: the low
+// 16 bits) of word (i / 2) % 4 of
+//   Philox4x32_10(counter = {lo(i / 8), hi(i / 8), lo(offset), hi(offset)},
+//                 key = SplitMix64(seed ^ SplitMix64(node_key))).
 struct DropoutStream {
+  static constexpr int kPerBlock = 8;  // elements one Philox block decides
   uint32_t key0, key1;
   uint32_t off_lo, off_hi;
-  uint64_t threshold;  // 0: keep all; 2^32: drop all
+  uint32_t threshold;  // 0: keep all; 2^16: drop all
 
   ONNXPIPE_HOST_DEVICE static DropoutStream Make(uint64_t seed, uint64_t node_key, uint64_t offset,
                                                  double ratio) {
@@ -72,18 +76,27 @@ struct DropoutStream {
     s.key1 = static_cast<uint32_t>(k >> 32);
     s.off_lo = static_cast<uint32_t>(offset);
     s.off_hi = static_cast<uint32_t>(offset >> 32);
-    double t = ratio * 4294967296.0;
-    uint64_t ti = static_cast<uint64_t>(t);
+    const double t = ratio * 65536.0;
+    uint32_t ti = static_cast<uint32_t>(t);
     if (static_cast<double>(ti) < t) ++ti;  // ceil
-    s.threshold = ratio <= 0 ? 0 : (ratio >= 1 ? (uint64_t{1} << 32) : ti);
+    s.threshold = ratio <= 0 ? 0 : (ratio >= 1 ? 65536u : ti);
     return s;
   }
-  // The four draws of block b (elements 4b .. 4b+3).
+  // The draws of block b (elements 8b .. 8b+7).
   ONNXPIPE_HOST_DEVICE Philox4x32 Block(uint64_t b) const {
     return Philox4x32_10(Philox4x32{{static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), off_lo, off_hi}},
                          key0, key1);
   }
-  ONNXPIPE_HOST_DEVICE bool Keep(uint64_t i) const { return Block(i >> 2).v[i & 3] >= threshold; }
+  // The keep decisions of a block's eight elements (bit k: element 8b + k).
+  ONNXPIPE_HOST_DEVICE uint32_t Kept8(const Philox4x32& r) const {
+    uint32_t bits = 0;
+    for (int w = 0; w < 4; ++w) {
+      bits |= static_cast<uint32_t>((r.v[w] & 0xFFFFu) >= threshold) << (2 * w);
+      bits |= static_cast<uint32_t>((r.v[w] >> 16) >= threshold) << (2 * w + 1);
+    }
+    return bits;
+  }
+  ONNXPIPE_HOST_DEVICE bool Keep(uint64_t i) const { return (Kept8(Block(i >> 3)) >> (i & 7)) & 1u; }
 };
 
 }  // namespace onnxpipe::cpu

@@ -1,5 +1,5 @@
 // Dropout kernels: the keep decisions of the CPU backend's stream (dropout_device.cuh's
-// MapWithKeepKernel: each 128-bit Philox draw made once for the four elements it covers).
+// MapWithKeepKernel: each 128-bit Philox draw made once for the eight elements it covers).
 #include "executor/cpu/philox.h"
 #include "executor/cuda/device_util.cuh"
 #include "executor/cuda/dropout.h"

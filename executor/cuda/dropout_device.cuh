@@ -24,36 +24,31 @@ __device__ __forceinline__ cpu::DropoutStream WithOffset(cpu::DropoutStream s, c
   return s;
 }
 
-// Keep decisions of a Philox block's four draws (bit w: draw w >= the threshold), compared in 32
-// bits: a threshold of 2^32 keeps nothing.
-__device__ __forceinline__ uint32_t KeptBits(const cpu::DropoutStream& s, const cpu::Philox4x32& r) {
-  if (s.threshold > 0xFFFFFFFFull) return 0;
-  const uint32_t t = static_cast<uint32_t>(s.threshold);
-  return static_cast<uint32_t>(r.v[0] >= t) | static_cast<uint32_t>(r.v[1] >= t) << 1 |
-         static_cast<uint32_t>(r.v[2] >= t) << 2 | static_cast<uint32_t>(r.v[3] >= t) << 3;
-}
-
 // Keep decisions of the four consecutive elements with counters c0 .. c0 + 3 (bit m set: element
-// c0 + m is kept), exactly DropoutStream::Keep of each: one Philox block when c0 is a multiple of
-// four, else the two blocks the counters straddle.
+// c0 + m is kept), exactly DropoutStream::Keep of each: one Philox block, or the two the counters
+// straddle.
 __device__ __forceinline__ uint32_t KeepBits4(const cpu::DropoutStream& s, uint64_t c0) {
-  const uint64_t block = c0 >> 2;
-  const int lane = static_cast<int>(c0 & 3);
-  uint32_t bits = KeptBits(s, s.Block(block));
-  if (lane != 0) bits |= KeptBits(s, s.Block(block + 1)) << 4;
+  const uint64_t block = c0 >> 3;
+  const int lane = static_cast<int>(c0 & 7);
+  uint32_t bits = s.Kept8(s.Block(block));
+  if (lane > 4) bits |= s.Kept8(s.Block(block + 1)) << 8;
   return (bits >> lane) & 0xFu;
 }
 
-// The same for the eight elements c0 .. c0 + 7.
+// The same for the eight elements c0 .. c0 + 7: one block when c0 is a multiple of eight.
 __device__ __forceinline__ uint32_t KeepBits8(const cpu::DropoutStream& s, uint64_t c0) {
-  return KeepBits4(s, c0) | KeepBits4(s, c0 + 4) << 4;
+  const uint64_t block = c0 >> 3;
+  const int lane = static_cast<int>(c0 & 7);
+  uint32_t bits = s.Kept8(s.Block(block));
+  if (lane != 0) bits |= s.Kept8(s.Block(block + 1)) << 8;
+  return (bits >> lane) & 0xFFu;
 }
 
 // Where a fused map's keep decisions come from. Bits8<kRuns>(i), i a multiple of 8 from the launch's
 // first element: the decisions of elements i .. i + 7 (bit k: element i + k). Resolved() is called
 // once per thread before them.
-// Drawn from the stream (counter base + i); kRuns: base a multiple of four, so that each group is
-// two whole Philox blocks.
+// Drawn from the stream (counter base + i); kRuns: base a multiple of eight, so that each group is
+// one whole Philox block.
 struct DrawnKeep {
   cpu::DropoutStream s;
   const uint64_t* device_offset;
@@ -63,7 +58,7 @@ struct DrawnKeep {
   __device__ __forceinline__ uint32_t Bits8(int64_t i) const {
     const uint64_t c = base + static_cast<uint64_t>(i);
     if constexpr (kRuns) {
-      return KeptBits(s, s.Block(c >> 2)) | KeptBits(s, s.Block((c >> 2) + 1)) << 4;
+      return s.Kept8(s.Block(c >> 3));
     } else {
       return KeepBits8(s, c);
     }
@@ -156,7 +151,7 @@ cudaError_t LaunchMapWithKeep(const DropoutParams& p, int64_t n, F f, cudaStream
                               Out* out, const In*... in) {
   const cpu::DropoutStream s = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
   auto make = [&](int64_t i) { return DrawnKeep{s, p.device_offset, p.counter_base + static_cast<uint64_t>(i)}; };
-  return LaunchKeepMap(p.counter_base % 4 == 0, make, n, f, stream, keep_out, out, in...);
+  return LaunchKeepMap(p.counter_base % cpu::DropoutStream::kPerBlock == 0, make, n, f, stream, keep_out, out, in...);
 }
 
 // The map with the keep decisions read from keep bits (n a multiple of 8).

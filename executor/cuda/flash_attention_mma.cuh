@@ -199,7 +199,7 @@ __device__ __forceinline__ float QuadSum(float x) {
 
 // --- dropout --------------------------------------------------------------------------------------
 // The keep decisions of a warp's 1024 scores, 32 per lane: each lane draws one 32-bit word of
-// consecutive counters (8 KeepBits4) and the lanes that hold the scores fetch it by shuffle.
+// consecutive counters (4 KeepBits8) and the lanes that hold the scores fetch it by shuffle.
 
 // Rows are queries (16 from query i_row0), columns keys from j0: bit e of word (n, h) (h: row g + 8 h)
 // is the keep decision of accumulator element n, 2 h + e. `row_counter(i)`: the counter of (i, 0).
@@ -212,7 +212,7 @@ __device__ __forceinline__ void KeepRowTile(uint32_t (&keep)[8][2], const cpu::D
   if (i < sq) {
     const uint64_t c = row_counter(i) + static_cast<uint64_t>(j0 + 32 * (lane & 1));
 #pragma unroll
-    for (int q = 0; q < 8; ++q) word |= KeepBits4(s, c + 4 * q) << (4 * q);
+    for (int q = 0; q < 4; ++q) word |= KeepBits8(s, c + 8 * q) << (8 * q);
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -236,7 +236,7 @@ __device__ __forceinline__ void KeepColTile(uint32_t (&keep)[8][2], const cpu::D
     if (i >= sq) continue;
     const uint64_t c = row_counter(i) + static_cast<uint64_t>(j_row0);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) word |= KeepBits4(s, c + 4 * q) << (16 * e + 4 * q);
+    for (int q = 0; q < 2; ++q) word |= KeepBits8(s, c + 8 * q) << (16 * e + 8 * q);
   }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll

@@ -188,17 +188,18 @@ struct ForwardDropout {
 // Keep decisions of the VEC elements from counter c0 (bit j: element c0 + j kept).
 template <int VEC>
 __device__ __forceinline__ uint32_t KeepBitsOf(const cpu::DropoutStream& s, uint64_t c0) {
-  if constexpr (VEC < 4) {
-    uint32_t bits = 0;
+  uint32_t bits = 0;
+  if constexpr (VEC % 8 == 0) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) bits |= (KeepBits4(s, c0 + j) & 1u) << j;
-    return bits;
-  } else {
-    uint32_t bits = 0;
+    for (int j = 0; j < VEC; j += 8) bits |= KeepBits8(s, c0 + j) << j;
+  } else if constexpr (VEC % 4 == 0) {
 #pragma unroll
     for (int j = 0; j < VEC; j += 4) bits |= KeepBits4(s, c0 + j) << j;
-    return bits;
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bits |= (KeepBits4(s, c0 + j) & 1u) << j;
   }
+  return bits;
 }
 
 template <typename T, int VEC, int NV>

@@ -33,6 +33,34 @@ TEST(Philox, KnownAnswerVectors) {
   EXPECT_EQ(r2.v[3], 0x24126ea1u);
 }
 
+// The stream as philox.h documents it, from Philox4x32_10 and SplitMix64 directly: element i's
+// 16-bit draw is half i % 2 of word (i / 2) % 4 of the block of counter i / 8; kept iff draw >=
+// ceil(ratio * 2^16).
+TEST(Philox, DropoutStreamDrawsSixteenBitsPerElementEightPerBlock) {
+  const uint64_t seed = 5, node_key = 77, offset = (uint64_t{9} << 32) | 3;
+  const DropoutStream s = DropoutStream::Make(seed, node_key, offset, 0.3);
+  EXPECT_EQ(s.threshold, 19661u);  // 0.3 * 65536 = 19660.8
+  const uint64_t key = SplitMix64(seed ^ SplitMix64(node_key));
+  int64_t kept = 0, n = 0;
+  for (uint64_t start : {uint64_t{0}, (uint64_t{1} << 35) + 5}) {
+    for (uint64_t i = start; i < start + 200; ++i, ++n) {
+      const uint64_t b = i / 8;
+      const Philox4x32 r = Philox4x32_10(
+          Philox4x32{{static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), 3u, 9u}},
+          static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+      const uint32_t word = r.v[(i / 2) % 4];
+      const uint32_t draw = i % 2 == 0 ? word & 0xFFFFu : word >> 16;
+      EXPECT_EQ(s.Keep(i), draw >= 19661u) << i;
+      kept += draw >= 19661u;
+    }
+  }
+  EXPECT_GT(kept, n / 2);  // about 70 % of 400
+  EXPECT_LT(kept, n - n / 8);
+  // Ratio 0 keeps everything, 1 drops everything (no 16-bit draw reaches 2^16).
+  EXPECT_EQ(DropoutStream::Make(seed, node_key, offset, 0.0).Kept8(s.Block(1)), 0xFFu);
+  EXPECT_EQ(DropoutStream::Make(seed, node_key, offset, 1.0).Kept8(s.Block(1)), 0u);
+}
+
 ir::Node DropoutNode(double ratio, const std::string& name = "/layers.0/dropout/Dropout") {
   ir::Attrs a;
   a.Set("ratio", ratio);

@@ -1,5 +1,5 @@
 // Dropout on the GPU against the CPU backend: masks and outputs bit for bit over seeds, step
-// offsets and micro-batch row offsets (element counts not a multiple of 4, so micro-batches start
+// offsets and micro-batch row offsets (element counts not a multiple of 8, so micro-batches start
 // mid Philox block); backward from the mask and regenerated; bf16; argument errors.
 #include "executor/cuda/dropout.h"
 

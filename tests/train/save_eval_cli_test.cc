@@ -46,7 +46,7 @@ class SaveEvalCliTest : public ::testing::Test {
                      bool eval = true) {
     const fs::path saved = dir_ / "out" / "model.onnx", metrics = dir_ / "m.jsonl";
     CommandResult r = RunCommand(Onnxpipe() + " train " + SourcePath(model) + " --data " + (dir_ / "corpus").string() +
-                                 " --seq 12 --batch 8 --steps 25 --optimizer adamw --lr 0.003 --shuffle --seed 1" +
+                                 " --seq 12 --batch 8 --steps 40 --optimizer adamw --lr 0.003 --shuffle --seed 1" +
                                  (eval ? " --eval" : "") + " --save " + saved.string() + " --metrics " +
                                  metrics.string() + " " + extra);
     ASSERT_EQ(r.exit_code, 0) << r.err;
