@@ -37,18 +37,18 @@ def peer_lines(a, extra):
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 
-def onnxpipe_run(a, model, batch, dtype, work, graphs=True):
+def onnxpipe_run(a, model, batch, dtype, work, graphs=True, variant="", extra=()):
     data = os.path.join(work, f"data_b{batch}")
     os.makedirs(data, exist_ok=True)
     rows = batch * 2
     rng = np.random.default_rng(0)
     np.save(os.path.join(data, "tokens.npy"), rng.integers(0, a.vocab, (rows, a.seq), dtype=np.int64))
     np.save(os.path.join(data, "labels.npy"), rng.integers(0, 2, (rows,), dtype=np.int64))
-    metrics = os.path.join(work, f"m_b{batch}{'' if graphs else '_no_graphs'}.jsonl")
+    metrics = os.path.join(work, f"m_b{batch}{'' if graphs else '_no_graphs'}{variant}.jsonl")
     cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(batch), "--steps", "STEPS",
            "--optimizer", "sgd", "--lr", str(a.lr), "--backend", "cuda", "--metrics", metrics,
            "--log-every", "1000000", "--dtype", dtype, *([] if a.no_tf32 or dtype != "fp32" else ["--tf32"]),
-           "--cuda-graphs" if graphs else "--no-cuda-graphs"]
+           "--cuda-graphs" if graphs else "--no-cuda-graphs", *extra]
     plan = {}
     if a.memory_budget:
         plan_dir = os.path.join(work, f"plan_budget_b{batch}")
@@ -68,7 +68,7 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True):
     n1 = a.warmup + 2
     n2 = n1 + a.steps
     walls = {}
-    for n in (n1, n2):
+    for n in ((n1,) if extra else ()) + (n1, n2):  # extra flags (a tactic cache): an untimed run first fills it
         run = [str(n) if c == "STEPS" else c for c in cmd]
         t = time.monotonic()
         r = subprocess.run(run, capture_output=True, text=True)
@@ -145,6 +145,9 @@ def main():
                    "(at these batches; none given: every --batch)")
     p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "ckpt", "compile"],
                    help="PyTorch sides to run in the same command (none: onnxpipe alone)")
+    p.add_argument("--tactics-row", action="store_true",
+                   help="also run onnxpipe with --gemm-tactics (row key onnxpipe_tactics: GEMM candidates timed in the "
+                        "first of its two runs, whose cache the second, timed one, reuses)")
     p.add_argument("--no-graphs-row", action="store_true",
                    help="also run onnxpipe with --no-cuda-graphs (row key onnxpipe_no_graphs; the onnxpipe row runs "
                         "with CUDA graphs, train's default: --warmup >= 2, the first step is eager, the second records)")
@@ -162,6 +165,9 @@ def main():
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
         no_graphs = ({b: onnxpipe_run(a, model, b, a.dtype, work, graphs=False) for b in a.batch}
                      if a.no_graphs_row else {})
+        cache = ["--gemm-tactics", os.path.join(work, "gemm_tactics.json")]
+        tactics = ({b: onnxpipe_run(a, model, b, a.dtype, work, variant="_tactics", extra=cache) for b in a.batch}
+                   if a.tactics_row else {})
         if a.predict is not None:
             for b in [b for b in a.predict or a.batch if b in onnxpipe]:
                 onnxpipe[b]["predicted"] = predicted(a, model, b, a.dtype, work)
@@ -172,13 +178,16 @@ def main():
         peers[name] = {l["batch"]: l for l in lines if "batch" in l}
     rows = []
     for b in a.batch:
-        row = dict(batch=b, onnxpipe=onnxpipe[b], **({"onnxpipe_no_graphs": no_graphs[b]} if b in no_graphs else {}))
+        row = dict(batch=b, onnxpipe=onnxpipe[b], **({"onnxpipe_no_graphs": no_graphs[b]} if b in no_graphs else {}),
+                   **({"onnxpipe_tactics": tactics[b]} if b in tactics else {}))
         for name, by_batch in peers.items():
             pr = by_batch.get(b, {})
             row[name] = pr
             for key, rate, prefix in (("onnxpipe", "samples_s", "ratio"),
                                       ("onnxpipe", "samples_s_whole_process", "ratio_whole_process"),
-                                      ("onnxpipe_no_graphs", "samples_s", "ratio_no_graphs")):
+                                      ("onnxpipe_no_graphs", "samples_s", "ratio_no_graphs"),
+                                      ("onnxpipe_tactics", "samples_s", "ratio_tactics"),
+                                      ("onnxpipe_tactics", "samples_s_whole_process", "ratio_tactics_whole_process")):
                 if rate in row.get(key, {}) and pr.get("samples_s"):
                     row[f"{prefix}_vs_{name}"] = round(row[key][rate] / pr["samples_s"], 4)
         rows.append(row)

@@ -22,6 +22,14 @@ void DeclareCudaAttentionFlag(FlagSet& fs, std::string* out) {
             "for element, cuDNN's its own (the same distribution)");
 }
 
+void DeclareGemmTacticsFlag(FlagSet& fs, std::string* out) {
+  fs.String("gemm-tactics", out,
+            "--backend cuda: a GEMM tactic cache (JSON, created when missing): each GEMM shape not in it has "
+            "cuBLASLt's candidate algorithms timed on its first run and the fastest written to the file, which "
+            "later runs reuse untimed (keys hold the GPU and cuBLASLt version). Default: cuBLASLt's heuristic "
+            "choice, untimed");
+}
+
 absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
                                                                          const BackendOptions& options) {
   if (device < 0) return INVALID_ARGUMENT() << "--device must be >= 0, got " << device;
@@ -32,6 +40,9 @@ absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const s
   if (options.tf32 && name != "cuda") {
     return INVALID_ARGUMENT() << "--tf32 applies to --backend cuda, not '" << name << "'";
   }
+  if (!options.gemm_tactics.empty() && name != "cuda") {
+    return INVALID_ARGUMENT() << "--gemm-tactics applies to --backend cuda, not '" << name << "'";
+  }
   if (attention != "auto" && name != "cuda") {
     return INVALID_ARGUMENT() << "--cuda-attention applies to --backend cuda, not '" << name << "'";
   }
@@ -39,7 +50,7 @@ absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const s
   if (name == "checked") return backend::MakeCheckedBackend();
   if (name == "cuda") {
 #ifdef ONNXPIPE_HAVE_CUDA
-    cuda::CudaOptions cuda_options{.allow_tf32 = options.tf32};
+    cuda::CudaOptions cuda_options{.allow_tf32 = options.tf32, .gemm_tactics = options.gemm_tactics};
     if (attention == "cudnn") cuda_options.attention = cuda::AttentionImpl::kCudnn;
     if (attention == "flash") cuda_options.attention = cuda::AttentionImpl::kFlash;
     ASSIGN_OR_RETURN(std::shared_ptr<cuda::CudaBackend> be,

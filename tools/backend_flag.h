@@ -4,8 +4,8 @@
 //            the machine no usable GPU;
 //   checked  the CPU kernels over memory the host must not touch (executor/backend/checked_backend.h),
 //            for tests of the driver.
-// Options of --backend cuda (an error naming the flag with any other backend): --tf32, and
-// --cuda-attention auto|cudnn|flash (executor/cuda/cuda_backend.h's AttentionImpl).
+// Options of --backend cuda (an error naming the flag with any other backend): --tf32,
+// --cuda-attention auto|cudnn|flash (executor/cuda/cuda_backend.h's AttentionImpl) and --gemm-tactics FILE.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +21,15 @@ namespace onnxpipe::tools {
 struct BackendOptions {
   bool tf32 = false;                    // --tf32: fp32 GEMMs on TF32 tensor cores
   std::string cuda_attention = "auto";  // --cuda-attention
+  std::string gemm_tactics;             // --gemm-tactics
 };
 
-// Declares --cuda-attention into `out` (its one help text, shared by every command that has it).
+// Declare --cuda-attention and --gemm-tactics into `out` (their one help text, shared by every command that has them).
 void DeclareCudaAttentionFlag(FlagSet& fs, std::string* out);
+void DeclareGemmTacticsFlag(FlagSet& fs, std::string* out);
 
 // An error naming the flag for a bad --backend, --device or --cuda-attention value, and for
-// --tf32 or a --cuda-attention other than auto with a backend other than cuda.
+// --tf32, --gemm-tactics or a --cuda-attention other than auto with a backend other than cuda.
 absl::StatusOr<std::shared_ptr<const backend::Backend>> BackendFromFlags(const std::string& name, int64_t device,
                                                                          const BackendOptions& options = {});
 // A line saying which ops ran on the host instead of the device backend ("" when none or not cuda).

@@ -36,6 +36,7 @@ struct Flags {
   int64_t batch = 0, seq = 0, repeats = 5, warmup = 1, seed = 0, device = 0;
   bool tf32 = false;
   std::string cuda_attention = "auto";
+  std::string gemm_tactics;
 };
 
 const char* PhaseName(ir::Phase p) {
@@ -183,7 +184,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
       if (v != ir::kNoValue) last_use[v] = t;
 
   ASSIGN_OR_RETURN(const std::shared_ptr<const backend::Backend> be,
-                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention, .gemm_tactics = f.gemm_tactics}));
   const std::unique_ptr<backend::Stream> stream = be->CreateStream();
   backend::ExecContext ctx;
   ctx.training = true;
@@ -363,6 +364,7 @@ int RunProfile(const Args& args) {
   fs.Int("device", &f.device, "the GPU --backend cuda runs on");
   fs.Bool("tf32", &f.tf32, "--backend cuda: fp32 GEMMs on TF32 tensor cores");
   DeclareCudaAttentionFlag(fs, &f.cuda_attention);
+  DeclareGemmTacticsFlag(fs, &f.gemm_tactics);
   fs.String("device-out", &f.device_out,
             "also write a device profile (JSON) whose roofline reproduces the measured times");
   if (absl::Status st = fs.Parse(args); !st.ok()) return Fail("profile", std::string(st.message()), 2);

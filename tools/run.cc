@@ -70,7 +70,7 @@ std::string FileNameFor(const std::string& value_name) {
 }  // namespace
 
 int RunRun(const Args& args) {
-  std::string inputs_dir, out_dir, backend = "cpu", dtype = "fp32", cuda_attention = "auto";
+  std::string inputs_dir, out_dir, backend = "cpu", dtype = "fp32", cuda_attention = "auto", gemm_tactics;
   bool check_numerics = false;
   int64_t device = 0;
   FlagSet flags("run", "MODEL.onnx --inputs DIR --out DIR [--backend cpu|cuda|checked] [--dtype fp32|fp64|bf16]",
@@ -83,6 +83,7 @@ int RunRun(const Args& args) {
                "through the backend, every value copied in and out; a conformance path, not a fast one)");
   flags.Int("device", &device, "the GPU --backend cuda runs on");
   DeclareCudaAttentionFlag(flags, &cuda_attention);
+  DeclareGemmTacticsFlag(flags, &gemm_tactics);
   flags.String("dtype", &dtype, "fp32 | fp64 | bf16: float precision to compute in (bf16: the mixed precision of "
                "`train --dtype bf16`, bf16 activations and f32 weights cast per use; float outputs come out f32)");
   flags.Bool("check-numerics", &check_numerics, "stop at the first node producing NaN/Inf");
@@ -97,7 +98,7 @@ int RunRun(const Args& args) {
     return Fail("run", "--backend expects cpu, cuda or checked, got '" + backend + "'", 2);
   }
   absl::StatusOr<std::shared_ptr<const backend::Backend>> be =
-      BackendFromFlags(backend, device, {.cuda_attention = cuda_attention});
+      BackendFromFlags(backend, device, {.cuda_attention = cuda_attention, .gemm_tactics = gemm_tactics});
   if (!be.ok()) return Fail("run", std::string(be.status().message()));
   if (dtype != "fp32" && dtype != "fp64" && dtype != "bf16") {
     return Fail("run", "--dtype expects fp32, fp64 or bf16, got '" + dtype + "'", 2);

@@ -69,6 +69,7 @@ struct Flags {
   int64_t device = 0;
   bool tf32 = false, cuda_graphs = false;
   std::string cuda_attention = "auto";
+  std::string gemm_tactics;
   std::string recompute, plan, report;
   std::string memory_budget;  // --memory-budget SIZE ("" : the device's free memory)
   std::string resume;         // "" | latest | auto (tools/resume.h)
@@ -136,6 +137,7 @@ void Declare(FlagSet& fs, Flags& f) {
           "--backend cuda, fp32: GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 "
           "accumulation), as PyTorch's allow_tf32; default exact fp32");
   DeclareCudaAttentionFlag(fs, &f.cuda_attention);
+  DeclareGemmTacticsFlag(fs, &f.gemm_tactics);
   fs.Bool("cuda-graphs", &f.cuda_graphs,
           "--backend cuda: replay each stage's forward, backward and optimizer work as CUDA graphs (the first "
           "step runs eagerly, the second records, later steps replay: fewer launches, no per-kernel host work); "
@@ -407,7 +409,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
   const bool leader = !world || world->leader();
   if (world && f.backend == "cuda" && !f.device_given) f.device = world->env.local_rank;  // a GPU per local rank
   ASSIGN_OR_RETURN(std::shared_ptr<const backend::Backend> be,
-                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention}));
+                   BackendFromFlags(f.backend, f.device, {.tf32 = f.tf32, .cuda_attention = f.cuda_attention, .gemm_tactics = f.gemm_tactics}));
   if (world) RETURN_IF_ERROR(JoinWorld(f, be, *world));
   ASSIGN_OR_RETURN(Model model, ImportModel(model_path, /*allow_unsupported=*/false));
   for (const std::string& w : model.warnings) {

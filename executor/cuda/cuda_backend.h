@@ -36,6 +36,9 @@ enum class AttentionImpl {
 
 struct CudaOptions {
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); else exact fp32
+  // A GEMM tactic cache file (gemm_tactics.h): each new GEMM problem's heuristic candidates are timed and the
+  // fastest kept there, a problem the file holds runs its tactic untimed; empty: the heuristic's first algorithm.
+  std::string gemm_tactics{};
   AttentionImpl attention = AttentionImpl::kAuto;
 };
 

@@ -54,7 +54,7 @@ KernelTable RegisterAllKernels(const CudaOptions& options, int device,
                                std::shared_ptr<AttentionRunCounts> attention_counts) {
   KernelTable table;
   RegisterGeluKernels(table);
-  RegisterGemmKernels(table);
+  RegisterGemmKernels(table, options);
   RegisterNormKernels(table);
   RegisterSoftmaxKernels(table);
   RegisterElementwiseKernels(table);

@@ -117,7 +117,7 @@ std::optional<DropoutParams> FusedDropout(const KernelContext& ctx, const ir::No
 std::optional<std::vector<int64_t>> InputDims(const ir::Graph& g, const ir::Node& node, size_t i);
 
 void RegisterGeluKernels(KernelTable& table);
-void RegisterGemmKernels(KernelTable& table);
+void RegisterGemmKernels(KernelTable& table, const CudaOptions& options = {});
 void RegisterNormKernels(KernelTable& table);
 void RegisterSoftmaxKernels(KernelTable& table);
 void RegisterElementwiseKernels(KernelTable& table);

@@ -24,13 +24,14 @@ namespace {
 // the kernel table, so it goes with the backend.
 class GemmContexts {
  public:
+  explicit GemmContexts(GemmContextOptions options) : options_(std::move(options)) {}
   absl::StatusOr<GemmContext*> For(cudaStream_t stream) {
     const Key key = stream != nullptr ? Key{reinterpret_cast<uintptr_t>(stream), std::thread::id()}
                                       : Key{0, std::this_thread::get_id()};
     std::lock_guard<std::mutex> lock(mu_);
     std::unique_ptr<GemmContext>& c = contexts_[key];
     if (c == nullptr) {
-      absl::StatusOr<std::unique_ptr<GemmContext>> made = GemmContext::Create();
+      absl::StatusOr<std::unique_ptr<GemmContext>> made = GemmContext::Create(options_);
       if (!made.ok()) return made.status();
       c = *std::move(made);
     }
@@ -39,6 +40,7 @@ class GemmContexts {
 
  private:
   using Key = std::pair<uintptr_t, std::thread::id>;  // the stream, or the thread on the default stream
+  const GemmContextOptions options_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<GemmContext>> contexts_;
 };
@@ -57,7 +59,7 @@ int64_t WorkspaceForThisDevice() {
 ir::DType OutputDType(const ir::Node& node, ir::DType dtype) { return node.attrs.Has("to") ? ir::DType::kF32 : dtype; }
 
 struct Gemms {
-  std::shared_ptr<GemmContexts> contexts = std::make_shared<GemmContexts>();
+  std::shared_ptr<GemmContexts> contexts;
   int64_t workspace_bytes = WorkspaceForThisDevice();
 
   // The node's workspace (the plan's, or a temporary one), to share among its GEMMs.
@@ -295,8 +297,9 @@ KernelResult Gemm(const Gemms& gemms, const KernelContext& ctx, const ir::Node& 
 
 }  // namespace
 
-void RegisterGemmKernels(KernelTable& table) {
-  const auto gemms = std::make_shared<const Gemms>();
+void RegisterGemmKernels(KernelTable& table, const CudaOptions& options) {
+  const auto gemms = std::make_shared<const Gemms>(
+      Gemms{.contexts = std::make_shared<GemmContexts>(GemmContextOptions{.tactic_cache_path = options.gemm_tactics})});
   const CudaWorkspaceFn workspace = [gemms](const ir::Graph&, const ir::Node&) { return gemms->workspace_bytes; };
   using Fn = KernelResult (*)(const Gemms&, const KernelContext&, const ir::Node&, const std::vector<ir::Tensor>&);
   const std::pair<ir::OpKind, Fn> ops[] = {{ir::OpKind::kMatMul, MatMul},

@@ -185,6 +185,10 @@ TEST_F(BackendCliTest, BadBackendFlagsNameTheFlag) {
   r = Train("--tf32", "bad3", &l, &n);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--tf32 applies to --backend cuda, not 'cpu'"));
+  r = Train("--gemm-tactics " + (dir_ / "t.json").string(), "bad6", &l, &n);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--gemm-tactics applies to --backend cuda, not 'cpu'"));
+  EXPECT_FALSE(fs::exists(dir_ / "t.json"));
   r = Train("--cuda-graphs", "bad4", &l, &n);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--cuda-graphs needs --backend cuda"));
@@ -213,6 +217,33 @@ TEST_F(BackendCliTest, CudaGraphsTrainAsEagerSteps) {
     fs::remove(dir_ / "eager.jsonl");
     fs::remove(dir_ / "graphs.jsonl");
   }
+}
+
+// --gemm-tactics: the first run times each GEMM shape's candidates and writes the file; the steps train as with the
+// heuristic's algorithms (to fp32 rounding: other algorithms sum in another order); a second run reuses every
+// tactic untimed (the file unchanged) and repeats the first run's steps bit for bit.
+TEST_F(BackendCliTest, GemmTacticsAreTimedOnceThenReused) {
+  std::vector<double> base_loss, base_norm, loss, norm, again_loss, again_norm;
+  CommandResult base = Train("--backend cuda --no-cuda-graphs", "base", &base_loss, &base_norm);
+  if (base.exit_code != 0) GTEST_SKIP() << "no GPU here";
+  const fs::path cache = dir_ / "tactics.json";
+  CommandResult r = Train("--backend cuda --no-cuda-graphs --gemm-tactics " + cache.string(), "timed", &loss, &norm);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string written = testing::ReadAll(cache.string());
+  const nlohmann::json j = nlohmann::json::parse(written);
+  EXPECT_EQ(j["format"], "onnxpipe-gemm-tactics");
+  EXPECT_GE(j["tactics"].size(), 3u);  // tiny_gpt's projections, MLP and LM head, forward and gradients
+  for (const auto& [key, t] : j["tactics"].items()) EXPECT_GT(t["time_us"].get<double>(), 0.0) << key;
+  ASSERT_EQ(loss.size(), base_loss.size());
+  for (size_t i = 0; i < loss.size(); ++i) {
+    EXPECT_NEAR(loss[i], base_loss[i], 1e-5 * std::abs(base_loss[i])) << i;
+    EXPECT_NEAR(norm[i], base_norm[i], 1e-4 * std::abs(base_norm[i])) << i;
+  }
+  r = Train("--backend cuda --no-cuda-graphs --gemm-tactics " + cache.string(), "again", &again_loss, &again_norm);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(testing::ReadAll(cache.string()), written);
+  EXPECT_EQ(again_loss, loss);
+  EXPECT_EQ(again_norm, norm);
 }
 
 // `onnxpipe profile --backend B` times the same training-graph nodes on B as on the CPU (the checked
