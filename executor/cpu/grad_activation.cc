@@ -89,6 +89,15 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
 
+// out = dy kept and scaled, or zeroed: by `mask` when given (drop's scale still applies), else by drop's
+// stream (all kept, unscaled, when inactive). DropoutGrad's, and LayerNormGrad's dXDropped.
+template <typename T>
+void DropoutGradInto(FusedDropout drop, const bool* mask, const T* dy, T* out, int64_t n) {
+  const T scale = static_cast<T>(drop.scale);
+  if (mask != nullptr) drop.active = false;  // the mask decides
+  ForEachKept(drop, n, [&](int64_t i, bool keep) { out[i] = (mask ? mask[i] : keep) ? dy[i] * scale : T(0); });
+}
+
 // Outside training the forward Dropout is the identity (mask all true, no 1/(1-ratio) scale), so
 // the backward is too. Without the mask input the forward's mask is regenerated from its stream.
 Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
@@ -103,13 +112,8 @@ Outputs DropoutGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& i
   return DispatchDType(FloatTypes{}, node, "input 0", dy.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     ASSIGN_OR_RETURN(ir::Tensor out, AllocOutput(node, ctx, 0, dy.dtype(), dy.dims()));
-    const T scale = static_cast<T>(drop.scale);
-    const T* pg = dy.data<T>();
-    const bool* pm = has_mask ? in[1].data<bool>() : nullptr;
-    T* po = out.mutable_data<T>();
-    if (pm != nullptr) drop.active = false;  // the mask decides
-    ForEachKept(drop, out.num_elements(),
-                [&](int64_t i, bool keep) { po[i] = (pm ? pm[i] : keep) ? pg[i] * scale : T(0); });
+    DropoutGradInto(drop, has_mask ? in[1].data<bool>() : nullptr, dy.data<T>(), out.mutable_data<T>(),
+                    out.num_elements());
     return std::vector<ir::Tensor>{out};
   });
 }
@@ -198,7 +202,8 @@ absl::StatusOr<const ir::Tensor*> Dy2Input(const ir::Node& node, const std::vect
 // x^ = (x - mu) r and g = dY * scale over a row of n: dX = r (g - mean(g) - x^ mean(g x^)), rounded
 // to X's dtype, plus dresidual (one more rounding: the Add it replaces); dScale = sum over rows of
 // dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast. With dY2, dY is
-// dY + dY2 in the compute dtype (the Sum it replaces).
+// dY + dY2 in the compute dtype (the Sum it replaces). dXDropped (output 3): DropoutGrad of dX by the
+// node's dropout stream (op.h).
 Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -216,6 +221,11 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
   const bool has_dres = HasInput(in, 5);
   if (has_dres) RETURN_IF_ERROR(ExpectSame(node, in[5], x, "X"));
   ASSIGN_OR_RETURN(const ir::Tensor* dy2, Dy2Input(node, in));
+  const bool dropped = WantsOutput(node, 3);
+  if (dropped && !WantsOutput(node, 0)) {
+    return INVALID_ARGUMENT() << Describe(node) << ": output 3 (dX through the dropout) needs output 0 (dX)";
+  }
+  ASSIGN_OR_RETURN(const FusedDropout drop, DropoutOf(node, ctx, x.num_elements()));
   return DispatchDType(FloatTypes{}, node, "input 0", x.dtype(), [&](auto tag) -> Outputs {
     using T = typename decltype(tag)::type;
     const IncomingGrad<T> grad{dy.data<T>(), dy2 != nullptr ? dy2->data<T>() : nullptr};
@@ -260,6 +270,11 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
       }
     });
     std::vector<ir::Tensor> outs = {dx, ir::Tensor(), ir::Tensor()};
+    if (dropped) {
+      ASSIGN_OR_RETURN(ir::Tensor dxd, AllocOutput(node, ctx, 3, x.dtype(), x.dims()));
+      DropoutGradInto<T>(drop, nullptr, pdx, dxd.mutable_data<T>(), dxd.num_elements());
+      outs.push_back(dxd);
+    }
     // Parameter gradients of the forward's shape (bias: scale's shape when absent from the
     // inputs). When scale was broadcast they are summed over norm_dims first, then reduced.
     const bool direct = scale.dims() == shape.norm_dims;

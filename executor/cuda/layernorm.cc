@@ -60,6 +60,8 @@ absl::Status NormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream) {
   }
   RETURN_IF_ERROR(Require(kFn, (a.dgamma == nullptr && a.dbeta == nullptr) || a.workspace != nullptr,
                           "dgamma/dbeta need a workspace of NormBackwardWorkspaceBytes(rows, d) bytes"));
+  RETURN_IF_ERROR(Require(kFn, a.dx_dropped == nullptr || (a.dropout != nullptr && a.kind == NormKind::kLayerNorm),
+                          "dx_dropped needs the dropout's parameters (LayerNorm only)"));
   CUDA_RETURN_IF_ERROR(LaunchNormBackward(a, stream));
   return absl::OkStatus();
 }

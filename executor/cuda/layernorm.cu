@@ -176,8 +176,8 @@ __device__ __forceinline__ void RowStats(const float (&v)[NV][VEC], int chunks, 
   *rstd = 1.f / sqrtf(q[0] * inv_d + epsilon);
 }
 
-// The forward's fused dropout as the kernel reads it (NormForwardArgs::dropout).
-struct ForwardDropout {
+// The fused dropout as the kernels read it (NormForwardArgs::dropout, NormBackwardArgs::dropout).
+struct RowDropout {
   bool active = false;
   cpu::DropoutStream stream{};
   const uint64_t* device_offset = nullptr;
@@ -203,7 +203,7 @@ __device__ __forceinline__ uint32_t KeepBitsOf(const cpu::DropoutStream& s, uint
 }
 
 template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxThreads) NormForwardKernel(NormForwardArgs<T> a, ForwardDropout drop) {
+__global__ void __launch_bounds__(kMaxThreads) NormForwardKernel(NormForwardArgs<T> a, RowDropout drop) {
   __shared__ float smem[32];
   const cpu::DropoutStream stream = drop.active ? WithOffset(drop.stream, drop.device_offset) : drop.stream;
   const int chunks = static_cast<int>(a.d / VEC);
@@ -328,7 +328,8 @@ struct Slice {
 // (Slice) and are converted where used. The minimum of 1 block per SM is spelled out because
 // without it ptxas held some instantiations to 64 registers, spilling.
 template <typename T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwardArgs<T> a, int64_t rows_per_block) {
+__global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwardArgs<T> a, int64_t rows_per_block,
+                                                                      RowDropout drop) {
   using S = Slice<T, VEC>;
   constexpr int ROWS = kRowsInFlight<T, VEC, NV>;
   static_assert(kMaxRowsInFlight % ROWS == 0, "a group's rows are walked ROWS at a time");
@@ -343,6 +344,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
   const bool layer = a.kind == NormKind::kLayerNorm;
   const bool saved = a.rstd != nullptr;
   const float inv_d = 1.f / static_cast<float>(a.d);
+  const cpu::DropoutStream stream = drop.active ? WithOffset(drop.stream, drop.device_offset) : drop.stream;
   S gam[NV];
   float dg[NV][VEC], db[NV][VEC];
 #pragma unroll
@@ -463,6 +465,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
             db[k][j] += dy;
           }
           StoreFloats<T, VEC>(a.dx + first_off + (r * d + c * VEC), out);
+          if (a.dx_dropped != nullptr) {  // DropoutGrad of dx as stored
+            const int64_t off = first_off + (r * d + c * VEC);
+            const uint32_t keep = drop.active ? KeepBitsOf<VEC>(stream, drop.base + static_cast<uint64_t>(off)) : ~0u;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out[j] = (keep >> j) & 1u ? ToFloat(FromFloat<T>(out[j])) * drop.scale : 0.f;
+            StoreFloats<T, VEC>(a.dx_dropped + off, out);
+          }
         }
       }
     }
@@ -546,6 +555,18 @@ __global__ void __launch_bounds__(1024) ColumnSumKernel(const float* __restrict_
   out[col] = sum;
 }
 
+// The kernels' view of `p` (inactive when null or not dropping).
+RowDropout RowDropoutOf(const DropoutParams* p) {
+  RowDropout drop;
+  if (p == nullptr || !DropoutActive(*p)) return drop;
+  drop.active = true;
+  drop.stream = cpu::DropoutStream::Make(p->seed, p->node_key, p->offset, p->ratio);
+  drop.device_offset = p->device_offset;
+  drop.base = p->counter_base;
+  drop.scale = static_cast<float>(KeepScale(*p));
+  return drop;
+}
+
 }  // namespace
 
 int64_t NormBackwardWorkspaceBytes(int64_t rows, int64_t d) {
@@ -558,15 +579,7 @@ cudaError_t LaunchNormForward(const NormForwardArgs<T>& a, cudaStream_t stream) 
   RowPlan plan;
   const bool aligned = rows::AllAligned(16, a.x, a.residual, a.sum, a.gamma, a.beta, a.y);
   if (!PlanRow<T>(a.d, aligned, &plan) || a.rows > 0x7fffffff) return cudaErrorInvalidValue;
-  ForwardDropout drop;
-  if (a.dropout != nullptr && a.residual != nullptr && DropoutActive(*a.dropout)) {
-    const DropoutParams& p = *a.dropout;
-    drop.active = true;
-    drop.stream = cpu::DropoutStream::Make(p.seed, p.node_key, p.offset, p.ratio);
-    drop.device_offset = p.device_offset;
-    drop.base = p.counter_base;
-    drop.scale = static_cast<float>(KeepScale(p));
-  }
+  const RowDropout drop = a.residual != nullptr ? RowDropoutOf(a.dropout) : RowDropout{};
   return WithPlan<T>(plan, [&](auto vec, auto nv) {
     NormForwardKernel<T, decltype(vec)::value, decltype(nv)::value>
         <<<static_cast<unsigned>(a.rows), plan.threads, 0, stream>>>(a, drop);
@@ -586,15 +599,16 @@ cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream
     return cudaSuccess;
   }
   RowPlan plan;
-  const bool aligned = rows::AllAligned(16, a.dy, a.dy2, a.x, a.gamma, a.dresidual, a.dx);
+  const bool aligned = rows::AllAligned(16, a.dy, a.dy2, a.x, a.gamma, a.dresidual, a.dx, a.dx_dropped);
   if (!PlanBackward<T>(a.d, aligned, &plan)) return cudaErrorInvalidValue;
   const int64_t blocks = BackwardBlocks(a.rows, a.d);
   const int64_t rows_per_block = (a.rows + blocks - 1) / blocks;
+  const RowDropout drop = a.dx_dropped != nullptr ? RowDropoutOf(a.dropout) : RowDropout{};
   cudaError_t err;
   if (plan.tpr == 0) {
     err = WithPlan<T>(plan, [&](auto vec, auto nv) {
       NormBackwardKernel<T, decltype(vec)::value, decltype(nv)::value, 0>
-          <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block);
+          <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
       return cudaGetLastError();
     });
   } else {
@@ -602,11 +616,11 @@ cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream
       constexpr int kTpr = decltype(tpr)::value;
       if (plan.vec == 1) {
         NormBackwardKernel<T, 1, kWarpRowItems, kTpr>
-            <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block);
+            <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
       } else {
         constexpr int kVec = rows::kVec16<T>;
         NormBackwardKernel<T, kVec, kWarpRowItems / kVec, kTpr>
-            <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block);
+            <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
       }
       return cudaGetLastError();
     });

@@ -12,7 +12,8 @@
 // Backward (the CPU LayerNormGrad): with xh = (s - mean) * rstd and g = dy * gamma (dy = dy + dy2
 // rounded to T when a second addend is given: the Sum the graph fused into LayerNormGrad),
 //   LayerNorm: ds = rstd * (g - mean(g) - xh * mean(g xh)),  RMSNorm: ds = rstd * (g - xh * mean(g xh)),
-//   dx = ds + dresidual (the residual stream's incoming gradient, when given),
+//   dx = ds + dresidual (the residual stream's incoming gradient, when given), and optionally
+//   dx_dropped = dx through the forward's fused dropout (LayerNormGrad's dXDropped),
 //   dgamma = sum over rows of dy * xh, dbeta = sum over rows of dy.
 // With T = bf16 the stored s (rounded to bf16) is what is normalised, so the backward, which reads
 // s, sees exactly the forward's input.
@@ -78,6 +79,10 @@ struct NormBackwardArgs {
   float* dgamma = nullptr;       // (d) optional, overwritten
   float* dbeta = nullptr;        // (d) optional, overwritten; LayerNorm only
   float* workspace = nullptr;    // NormBackwardWorkspaceBytes(rows, d) bytes when dgamma or dbeta
+  // Optional, LayerNorm only: dx_dropped = dx as stored, kept and scaled, or zeroed, by this dropout (the
+  // forward's fused one, element i at counter counter_base + i): the DropoutGrad of dx in the same pass.
+  const DropoutParams* dropout = nullptr;
+  T* dx_dropped = nullptr;  // (rows, d)
 };
 
 // Bytes of the backward's workspace; depends only on (rows, d).

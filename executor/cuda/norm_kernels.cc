@@ -142,7 +142,7 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
   });
 }
 
-// dX, dScale?, dBias? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?).
+// dX, dScale?, dBias?, dXDropped? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?).
 KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 5, 6}, {3, 4});
   if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
@@ -158,10 +158,18 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
   if (in[2].dims() != std::vector<int64_t>(in[1].dims().begin() + axis, in[1].dims().end())) return std::nullopt;
   const bool saved = HasInput(in, 3) && HasInput(in, 4);
   if (saved && (in[3].num_elements() != rows || in[4].num_elements() != rows)) return std::nullopt;
-  std::vector<ir::Tensor> out(3);
-  absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, *t, in[1].dims());
-  if (!dx.ok()) return dx.status();
-  out[0] = *dx;
+  std::optional<DropoutParams> drop;
+  if (WantsOutput(node, 3)) {
+    drop = FusedDropout(ctx, node, in[1].num_elements());
+    if (!drop) return std::nullopt;
+  }
+  std::vector<ir::Tensor> out(drop ? 4 : 3);
+  for (int k : {0, 3}) {
+    if (k >= static_cast<int>(out.size())) continue;
+    absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, k, *t, in[1].dims());
+    if (!dx.ok()) return dx.status();
+    out[k] = *dx;
+  }
   for (int k = 1; k <= 2; ++k) {
     if (!WantsOutput(node, k)) continue;
     absl::StatusOr<ir::Tensor> g = ctx.Output(node, k, *t, in[2].dims());
@@ -179,6 +187,7 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
     if (HasInput(in, 5)) a.dresidual = DevicePtr<T>(in[5]);
     if (HasInput(in, 6)) a.dy2 = DevicePtr<T>(in[6]);
     a.dx = DevicePtr<T>(out[0]);
+    if (drop) a.dropout = &*drop, a.dx_dropped = DevicePtr<T>(out[3]);
     return RunBackward(ctx, node, a, out, out[1], out[2]);
   });
 }

@@ -28,7 +28,7 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   // With a fused residual the node normalises S = residual + X' (op.h), its output 3: LayerNormGrad
   // of S, plus S's gradient from its other readers (added by the kernel: its dresidual), is the
   // residual's gradient, and X's is that through the fused dropout (its mask regenerated from the
-  // forward's random stream).
+  // forward's random stream), which the same LayerNormGrad writes as its output 3.
   const bool residual = b.node().inputs.size() > 3 && b.I(3) != ir::kNoValue;
   ValueId x = residual ? b.EnsureForwardOutput(3, b.TypeOf(b.I(0))) : b.I(0);
   const ir::DType dt = b.TypeOf(x).dtype;
@@ -55,30 +55,29 @@ absl::Status LayerNormGrad(GradBuilder& b) {
   const bool needs_x = b.NeedsGI(0) || (residual && b.NeedsGI(3));
   if (residual && needs_x && b.GO(3) != ir::kNoValue) ins.push_back(b.GO(3));
   while (ins.back() == ir::kNoValue) ins.pop_back();
+  const ir::Attrs& fwd = b.node().attrs;
+  const double ratio = fwd.Get<double>("dropout", 0.0);
+  const bool dropped = residual && ratio != 0.0 && b.NeedsGI(0);
+  if (dropped) {
+    a.Set("dropout", ratio);
+    a.Set("rng_key", fwd.Get<std::string>("rng_key", b.node().name));
+  }
   std::vector<std::optional<ValueType>> outs = {
       needs_x ? std::optional<ValueType>(b.TypeOf(x)) : std::nullopt,
       b.NeedsGI(1) ? std::optional<ValueType>(b.TypeOf(b.I(1))) : std::nullopt,
-      b.NeedsGI(2) ? std::optional<ValueType>(b.TypeOf(b.I(2))) : std::nullopt};
+      b.NeedsGI(2) ? std::optional<ValueType>(b.TypeOf(b.I(2))) : std::nullopt,
+      dropped ? std::optional<ValueType>(b.TypeOf(b.I(0))) : std::nullopt};
   while (outs.size() > 1 && !outs.back()) outs.pop_back();
   std::vector<ValueId> g = b.EmitMulti(OpKind::kLayerNormGrad, ins, outs, std::move(a));
-  for (int i = 1; i < static_cast<int>(g.size()); ++i)
+  for (int i = 1; i <= 2 && i < static_cast<int>(g.size()); ++i)
     if (b.NeedsGI(i)) b.SetGI(i, g[i]);
   if (!needs_x) return absl::OkStatus();
   if (!residual) {
     b.SetGI(0, g[0]);
     return absl::OkStatus();
   }
-  ValueId ds = g[0];
-  if (b.NeedsGI(3)) b.SetGI(3, ds);
-  if (!b.NeedsGI(0)) return absl::OkStatus();
-  const ir::Attrs& fwd = b.node().attrs;
-  if (const double ratio = fwd.Get<double>("dropout", 0.0); ratio != 0.0) {
-    ir::Attrs d;
-    d.Set("ratio", ratio);
-    d.Set("rng_key", fwd.Get<std::string>("rng_key", b.node().name));
-    ds = b.Emit(OpKind::kDropoutGrad, {ds}, b.TypeOf(b.I(0)), std::move(d));
-  }
-  b.SetGI(0, ds);
+  if (b.NeedsGI(3)) b.SetGI(3, g[0]);
+  if (b.NeedsGI(0)) b.SetGI(0, dropped ? g[3] : g[0]);
   return absl::OkStatus();
 }
 

@@ -191,8 +191,17 @@ absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
   const int dy2 = NormGradDy2Input(ctx.node().op);
   if (ctx.has_input(dy2)) RETURN_IF_ERROR(SameShape(ctx, 0, dy2).status());
   RETURN_IF_ERROR(ctx.Axis(ctx.attrs().Get<int64_t>("axis", -1), ctx.rank(1), "axis").status());
-  Outputs out = One(ctx.dtype(1), std::move(s));
-  for (int i = 1; i < ctx.num_outputs(); ++i) out.push_back({ctx.dtype(2), ctx.shape(2)});
+  if (ctx.has_output(3) && ctx.attrs().Get<double>("dropout", 0.0) == 0.0) {
+    return ctx.Error() << "output 3 (dX through the forward's dropout) needs a nonzero attribute dropout";
+  }
+  Outputs out = One(ctx.dtype(1), s);
+  for (int i = 1; i < ctx.num_outputs(); ++i) {
+    if (i == 3) {
+      out.push_back({ctx.dtype(1), s});
+    } else {
+      out.push_back({ctx.dtype(2), ctx.shape(2)});
+    }
+  }
   return out;
 }
 

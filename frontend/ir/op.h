@@ -116,13 +116,16 @@
 //   forward's dropout and rng_key, dY is first kept and scaled, or zeroed, by the forward's mask:
 //   read from keep_bits (the forward's KeepBits) when given, else regenerated from the stream.
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?) attrs axis, epsilon -> dX,
-//   dScale?, dBias?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel
+//   dScale?, dBias?, dXDropped?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel
 //   recomputes them. dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first
 //   as an Add after it would: the other gradient of a fused residual's sum (the residual stream's).
 //   dY2 (dY's dtype and shape) is a second addend of the incoming gradient: the kernel reads dY + dY2,
 //   the Sum it replaces (passes/sum_into_norm_grad.h); in f32 for a half dtype on the CPU backend,
 //   rounded to it by the CUDA kernel (as the Sum would store it).
-//   dScale and dBias both have scale's shape.
+//   dScale and dBias both have scale's shape. Optional output 3, dXDropped (with attrs dropout and
+//   rng_key: a fused residual's LayerNorm with its dropout, the forward's): DropoutGrad of dX (output 0,
+//   which it needs) by the forward's mask regenerated from its stream, the gradient of the operand the
+//   forward dropped; one pass instead of a DropoutGrad reading dX again.
 // - RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
@@ -290,7 +293,7 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
   V(GeluGrad, "GeluGrad", 2, 3, 1, 1, 0)                                                     \
-  V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 3, 0)                                           \
+  V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 4, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 6, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \

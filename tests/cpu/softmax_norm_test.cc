@@ -2,6 +2,7 @@
 // against numpy.
 #include <cmath>
 
+#include "frontend/ir/infer.h"
 #include "tests/cpu/test_util.h"
 
 namespace onnxpipe::cpu::testing {
@@ -150,6 +151,58 @@ TEST(LayerNormGrad, DresidualIsTheAddAfterIt) {
                     {dy, x, scale, Tensor(), Tensor(), Rand(t, {3, 8}, 74)});
     EXPECT_FALSE(bad.ok());
   }
+}
+
+// LayerNormGrad's dXDropped (output 3) is DropoutGrad of its dX (output 0) by the forward's stream (the
+// node's dropout and rng_key), bit for bit in f32 and f64, with dresidual, a whole batch and a
+// micro-batch's rows, training and inference (dX itself then); bf16 computes through f32 and rounds
+// once; it needs the dropout attribute.
+TEST(LayerNormGrad, DroppedDxIsDropoutGradOfDx) {
+  ir::Attrs attrs;
+  attrs.Set("axis", int64_t{-1});
+  attrs.Set("epsilon", 1e-5);
+  attrs.Set("dropout", 0.3);
+  attrs.Set("rng_key", std::string("/layer/dropout1/Dropout"));
+  ir::Attrs drop;
+  drop.Set("ratio", 0.3);
+  drop.Set("rng_key", std::string("/layer/dropout1/Dropout"));
+  for (DType t : {DType::kF32, DType::kF64, DType::kBF16}) {
+    const Tensor dy = Rand(t, {4, 5, 24}, 80), x = Rand(t, {4, 5, 24}, 81), scale = Rand(t, {24}, 82);
+    const Tensor dres = Rand(t, {4, 5, 24}, 83);
+    for (const EvalContext& ctx : {EvalContext{true, 7, 3}, EvalContext{true, 7, 3, 2, 8}, EvalContext{false, 7, 3}}) {
+      absl::StatusOr<std::vector<Tensor>> got =
+          Eval(MakeNode(OpKind::kLayerNormGrad, 6, 4, attrs), {dy, x, scale, Tensor(), Tensor(), dres}, ctx);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), 4u);
+      Tensor want = Eval1(MakeNode(OpKind::kDropoutGrad, 1, 1, drop, "grad"), {(*got)[0]}, ctx);
+      if (t == DType::kBF16) {
+        const std::vector<Tensor> wide = {dy.CastTo(DType::kF32), x.CastTo(DType::kF32), scale.CastTo(DType::kF32),
+                                          Tensor(), Tensor(), dres.CastTo(DType::kF32)};
+        absl::StatusOr<std::vector<Tensor>> f32 = Eval(MakeNode(OpKind::kLayerNormGrad, 6, 4, attrs), wide, ctx);
+        ASSERT_TRUE(f32.ok()) << f32.status();
+        want = (*f32)[3].CastTo(DType::kBF16);
+      }
+      EXPECT_TRUE((*got)[3].BitwiseEquals(want)) << ir::DTypeName(t) << " training " << ctx.training;
+      if (!ctx.training) {
+        EXPECT_TRUE((*got)[3].BitwiseEquals((*got)[0]));
+        continue;
+      }
+      int64_t zeros = 0;
+      for (int64_t i = 0; i < want.num_elements(); ++i) zeros += want.GetAsDouble(i) == 0.0;
+      EXPECT_GT(zeros, want.num_elements() / 8) << "about 30 % dropped";
+    }
+  }
+  ir::Attrs plain = attrs;
+  plain.Set("dropout", 0.0);
+  ir::Graph g;
+  const ir::ValueId v = g.AddValue("x", DType::kF32, {2, 8});
+  const ir::ValueId s = g.AddValue("s", DType::kF32, {8});
+  std::vector<ir::ValueId> outs;
+  for (int k = 0; k < 4; ++k) outs.push_back(g.AddValue("o" + std::to_string(k), DType::kF32, {}, false));
+  g.AddNode(OpKind::kLayerNormGrad, "lng", {v, v, s}, outs, plain);
+  const absl::Status inferred = ir::InferShapes(g);
+  EXPECT_FALSE(inferred.ok());
+  EXPECT_NE(std::string(inferred.message()).find("needs a nonzero attribute dropout"), std::string::npos) << inferred;
 }
 
 // A norm gradient's dY2 is the Sum before it: bit for bit Sum(dY, dY2) then LayerNormGrad (with

@@ -115,6 +115,17 @@ TEST_F(CudaOpsTest, Bf16NormsKeepFp32Statistics) {
   };
   const std::vector<Tensor> ln_in = {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2], dres, dy2};
   CheckBf16({ir::OpKind::kLayerNormGrad, ln_in, {}, 3}, {kB, kB, kB}, true, sum_reference(ln_in));
+  // dXDropped: dX as stored (bf16) through the forward's dropout; the reference drops the fp32 dX (within an ulp).
+  backend::ExecContext train;
+  train.training = true, train.seed = 5, train.offset = 2;
+  CheckBf16({ir::OpKind::kLayerNormGrad,
+             {dy, x, scale, (*ln_fwd)[1], (*ln_fwd)[2], dres},
+             Attrs({{"dropout", 0.1}, {"rng_key", std::string("/layer/dropout1/Dropout")}}),
+             4,
+             {},
+             1e-5,
+             train},
+            {kB, kB, kB, kB});
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, (*rms_fwd)[1]}, {}, 2}, {kB, kB});
   CheckBf16({ir::OpKind::kRMSNormGrad, {dy, x, scale, Tensor()}, {}, 1}, {kB});  // no dScale
   const std::vector<Tensor> rms_in = {dy, x, scale, (*rms_fwd)[1], dy2};

@@ -85,6 +85,22 @@ TEST_F(CudaOpsTest, LayerNormGradWithSavedAndRecomputedStatistics) {
   const Tensor dy2 = Rand({4, 7, 96}, 5);
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, (*fwd)[1], (*fwd)[2], Tensor(), dy2}, {}, 3});
   Check({ir::OpKind::kLayerNormGrad, {dy, x, scale, Tensor(), Tensor(), dres, dy2}, {}, 3});
+  // dXDropped (output 3): dX through the forward's dropout, the CPU's mask; a micro-batch's rows; inference.
+  backend::ExecContext train;
+  train.training = true, train.seed = 11, train.offset = 3;
+  Case dropped{ir::OpKind::kLayerNormGrad,
+               {dy, x, scale, (*fwd)[1], (*fwd)[2], dres},
+               Attrs({{"dropout", 0.1}, {"rng_key", std::string("/layer/dropout1/Dropout")}}),
+               4,
+               {},
+               1e-5,
+               train};
+  Check(dropped);
+  dropped.ctx.row_offset = 4, dropped.ctx.rows = 4;
+  dropped.inputs = {dy, x, scale, Tensor(), Tensor(), Tensor(), dy2};
+  Check(dropped);
+  dropped.ctx = backend::ExecContext{};
+  Check(dropped);
 }
 
 TEST_F(CudaOpsTest, RMSNormAndItsGradient) {

@@ -105,6 +105,11 @@ TEST(ResidualNormFusionTest, LayerNormTakesTheAddAndDropoutAndComputesTheSameBit
       const std::vector<const ir::Node*> lng = testing::NodesOf(trained, OpKind::kLayerNormGrad);
       ASSERT_EQ(lng.size(), 1u);
       EXPECT_EQ(lng[0]->inputs.size() > 5 && lng[0]->inputs[5] != ir::kNoValue, pre_ln);
+      // The dropped operand's gradient is the LayerNormGrad's dXDropped: no DropoutGrad reads its dX again.
+      EXPECT_TRUE(testing::NodesOf(trained, OpKind::kDropoutGrad).empty()) << testing::HistogramString(trained);
+      ASSERT_EQ(lng[0]->outputs.size(), 4u);
+      EXPECT_NE(lng[0]->outputs[3], ir::kNoValue);
+      EXPECT_EQ(lng[0]->attrs.Get<double>("dropout", 0.0), 0.25);
     }
   }
 }
