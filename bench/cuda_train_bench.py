@@ -163,6 +163,7 @@ def main():
                   for e in ([] if a.model else peer_lines(argparse.Namespace(**{**vars(a), "batch": [min(*a.batch, 32)]}),
                                                           ["--export-onnx", model]))]
         onnxpipe = {b: onnxpipe_run(a, model, b, a.dtype, work) for b in a.batch}
+        print(json.dumps({"onnxpipe": onnxpipe}, indent=1), flush=True)  # before the peers, which take longest
         no_graphs = ({b: onnxpipe_run(a, model, b, a.dtype, work, graphs=False) for b in a.batch}
                      if a.no_graphs_row else {})
         cache = ["--gemm-tactics", os.path.join(work, "gemm_tactics.json")]
