@@ -374,7 +374,7 @@ absl::Status GemmContext::Impl::Choose(Plan& plan, const GemmDesc& d, const Gemm
   if (timing) {
     ++timed;
     tactics.Insert(plan.key, plan.tactic);
-    if (absl::Status saved = tactics.Save(options.tactic_cache_path); !saved.ok()) {
+    if (absl::Status saved = tactics.SaveMerged(options.tactic_cache_path); !saved.ok()) {
       std::fprintf(stderr, "warning: GEMM tactic cache not saved: %s\n", std::string(saved.message()).c_str());
     }
   }

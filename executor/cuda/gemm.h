@@ -33,7 +33,8 @@
 // says how much to plan. Algorithms needing more than the given size are not used.
 //
 // Threading: a GemmContext (one cuBLASLt handle plus the tactic caches) is used by one host thread at a time; make
-// one per stream or thread. Its destructor releases the handle; it must not outlive the CUDA context.
+// one per stream or thread. Contexts of one process may share a tactic cache file: each save merges with the file.
+// Its destructor releases the handle; it must not outlive the CUDA context.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include "executor/cuda/gemm_tactics.h"
 
 #include <cstdio>
+#include <mutex>
 
 #include "executor/io/atomic_file.h"
 #include "nlohmann/json.hpp"
@@ -108,6 +109,15 @@ absl::StatusOr<GemmTacticCache> GemmTacticCache::Load(const std::string& path) {
 
 absl::Status GemmTacticCache::Save(const std::string& path) const {
   return io::WriteFileAtomically(path, ToJson());
+}
+
+absl::Status GemmTacticCache::SaveMerged(const std::string& path) {
+  static std::mutex file_mutex;
+  std::lock_guard<std::mutex> lock(file_mutex);
+  if (absl::StatusOr<GemmTacticCache> on_disk = Load(path); on_disk.ok()) {
+    tactics_.merge(on_disk->tactics_);  // keys this cache has keep its own tactic
+  }
+  return Save(path);
 }
 
 }  // namespace onnxpipe::cuda

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -552,6 +553,45 @@ TEST(GemmTacticCacheTest, FileRoundTripKeepsEveryTactic) {
     EXPECT_EQ(*loaded->Find(key), *cache.Find(key)) << key;
   }
   EXPECT_EQ(loaded->Find("H200|other"), nullptr);
+}
+
+// Per-stream contexts share one file: each inserts its own problems and saves after every one, from its own thread.
+// A plain Save would leave only the last writer's map; SaveMerged must keep every problem either thread timed.
+TEST(GemmTacticCacheTest, ConcurrentMergedSavesKeepEveryWritersTactics) {
+  const std::string path = TempPath("gemm_tactics_shared.json");
+  constexpr int kWriters = 3, kEach = 12;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&path, w] {
+      GemmTacticCache cache;
+      for (int i = 0; i < kEach; ++i) {
+        cache.Insert("stream" + std::to_string(w) + "|M" + std::to_string(i), {.algo_id = w, .time_us = 1.0 + i});
+        ASSERT_TRUE(cache.SaveMerged(path).ok());
+      }
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  auto loaded = GemmTacticCache::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), size_t{kWriters * kEach});
+  for (int w = 0; w < kWriters; ++w) {
+    for (int i = 0; i < kEach; ++i) {
+      const GemmTactic* t = loaded->Find("stream" + std::to_string(w) + "|M" + std::to_string(i));
+      ASSERT_NE(t, nullptr) << w << " " << i;
+      EXPECT_EQ(t->algo_id, w);
+      EXPECT_EQ(t->time_us, 1.0 + i);
+    }
+  }
+}
+
+TEST(GemmTacticCacheTest, MergedSaveReplacesACorruptFile) {
+  const std::string path = TempPath("gemm_tactics_replace.json");
+  ASSERT_TRUE(io::WriteFileAtomically(path, "{\"format\": \"onnxpipe").ok());
+  GemmTacticCache cache = TwoTactics();
+  ASSERT_TRUE(cache.SaveMerged(path).ok());
+  auto loaded = GemmTacticCache::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 2u);
 }
 
 TEST(GemmTacticCacheTest, MissingFileIsNotFound) {
