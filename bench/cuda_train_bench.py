@@ -94,7 +94,9 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True, variant="", extra=()
 def predicted(a, model, batch, dtype, work):
     """`onnxpipe profile --backend cuda` of the training graph, then `partition --profile` of it: the step and stage
     memory the partitioner predicts from the measured per-op times (one stage), and its roofline-only prediction."""
-    times = os.path.join(work, f"times_b{batch}.json")
+    os.makedirs(a.out, exist_ok=True)  # the profile is kept beside the results: per-op times to read afterwards
+    times = os.path.join(a.out, f"cuda_profile_{datetime.date.today():%Y%m%d}_{a.tag}_b{batch}.json")
+    device = "h100-80gb" if "h100" in a.device_name.lower() else "h200"
     tf32 = [] if a.no_tf32 or dtype != "fp32" else ["--tf32"]
     dt = [] if dtype == "fp32" else ["--dtype", dtype]
     r = subprocess.run([a.onnxpipe, "profile", model, "--batch", str(batch), "--backend", "cuda", "--repeats", "3",
@@ -104,7 +106,7 @@ def predicted(a, model, batch, dtype, work):
     out = {}
     for name, extra in (("profiled", ["--profile", times]), ("roofline", [])):
         plan_dir = os.path.join(work, f"plan_{name}_b{batch}")
-        r = subprocess.run([a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--device", "h200",
+        r = subprocess.run([a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--device", device,
                             "--dtype", dtype, "--no-onnx", "--out", plan_dir, *extra], capture_output=True, text=True)
         if r.returncode != 0:
             out[name] = dict(error=(r.stderr or r.stdout).strip()[-2000:])
@@ -171,7 +173,10 @@ def main():
                    if a.tactics_row else {})
         if a.predict is not None:
             for b in [b for b in a.predict or a.batch if b in onnxpipe]:
-                onnxpipe[b]["predicted"] = predicted(a, model, b, a.dtype, work)
+                onnxpipe[b]["predicted"] = pred = predicted(a, model, b, a.dtype, work)
+                measured = onnxpipe[b].get("samples_s")
+                for side in (v for v in pred.values() if isinstance(v, dict) and "samples_s" in v and measured):
+                    side["error_vs_measured"] = round(side["samples_s"] / measured - 1, 4)
     peer_flags = {"eager": [], "ckpt": ["--ckpt", "on"], "compile": ["--compile"]}
     peers = {}
     for name in a.peers:

@@ -12,6 +12,8 @@ shifted left, the last position ignored) and runs:
              by about 0.5 s); its losses, peak GPU memory line and host fallbacks from the N2 run
   eager      PyTorch, bf16 autocast, the same rows in the same order: samples/s over the steps after warmup
   compile    the same under torch.compile
+  onnxpipe_tactics  (--tactics-row) onnxpipe again with --gemm-tactics: the first run times cuBLASLt's candidates for
+             each GEMM and fills the cache that the timed runs reuse
 MFU = tokens/s x (6 N + 12 L d S) / the card's dense bf16 peak (N the parameters, a tied embedding counted once).
 Writes bench/results/llm_train_<date>_<tag>_<preset>.json.
 
@@ -95,7 +97,7 @@ def make_data(a, vocab, rows, work):
     return data, tokens, labels
 
 
-def onnxpipe_run(a, model, data, work):
+def onnxpipe_run(a, model, data, work, extra=()):
     n1 = a.warmup + 2
     n2 = n1 + a.steps
     out = {}
@@ -104,7 +106,7 @@ def onnxpipe_run(a, model, data, work):
         metrics = os.path.join(work, f"m{n}.jsonl")
         cmd = [a.onnxpipe, "train", model, "--data", data, "--batch", str(a.batch), "--steps", str(n), "--optimizer",
                "sgd", "--lr", str(a.lr), "--backend", "cuda", "--dtype", "bf16", "--logits", "logits", "--metrics",
-               metrics, "--log-every", "1000000", *a.onnxpipe_flags]
+               metrics, "--log-every", "1000000", *a.onnxpipe_flags, *extra]
         t = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True)
         walls[n] = time.monotonic() - t
@@ -185,6 +187,9 @@ def main():
     p.add_argument("--losses", type=int, default=3, help="first losses recorded side by side")
     p.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"])
     p.add_argument("--onnxpipe-flags", nargs="*", default=[], help="more `onnxpipe train` flags")
+    p.add_argument("--tactics-row", action="store_true",
+                   help="also run onnxpipe with --gemm-tactics (row key onnxpipe_tactics: GEMM candidates timed in the "
+                        "first of its runs, whose cache the timed ones reuse)")
     p.add_argument("--profile", action="store_true",
                    help="also `onnxpipe profile --backend cuda` one training step: the ops that took longest")
     p.add_argument("--device-name", default="")
@@ -206,6 +211,9 @@ def main():
         result["export_s"] = round(time.monotonic() - t, 1)
         data, tokens, labels = make_data(a, shape["vocab"], rows, work)
         result["onnxpipe"] = onnxpipe_run(a, path, data, work)
+        if a.tactics_row:
+            cache = ["--gemm-tactics", os.path.join(work, "gemm_tactics.json")]
+            result["onnxpipe_tactics"] = onnxpipe_run(a, path, data, work, extra=cache)
         if a.profile:
             result["onnxpipe_profile"] = onnxpipe_profile(a, path, work)
     for name in a.peers:
@@ -213,15 +221,17 @@ def main():
     tokens_per_sample = a.seq
     flops_per_token = 6 * shape["parameters"] + 12 * shape["layers"] * shape["hidden"] * a.seq
     peak = next((v for k, v in PEAK_BF16.items() if k in device), None)
-    for name in ["onnxpipe", *a.peers]:
-        r = result[name]
+    for name in ["onnxpipe", "onnxpipe_tactics", *a.peers]:
+        r = result.get(name, {})
         if "samples_s" not in r:
             continue
         r["tokens_s"] = round(r["samples_s"] * tokens_per_sample, 1)
         if peak:
             r["mfu"] = round(r["tokens_s"] * flops_per_token / peak, 4)
-        if name != "onnxpipe" and "samples_s" in result["onnxpipe"]:
-            result[f"onnxpipe_over_{name}"] = round(result["onnxpipe"]["samples_s"] / r["samples_s"], 4)
+        if name in a.peers:
+            for side in ("onnxpipe", "onnxpipe_tactics"):
+                if "samples_s" in result.get(side, {}):
+                    result[f"{side}_over_{name}"] = round(result[side]["samples_s"] / r["samples_s"], 4)
     os.makedirs(a.out, exist_ok=True)
     out = os.path.join(a.out, f"llm_train_{datetime.date.today():%Y%m%d}_{a.tag}_{a.preset}.json")
     with open(out, "w") as f:

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "executor/cuda/cuda_status.h"
+#include "executor/cuda/dropout.h"
 #include "executor/cuda/layernorm.h"
 #include "executor/cuda/softmax.h"
 
@@ -128,6 +129,17 @@ void BenchNorm(const char* dtype, NormKind kind, int64_t rows, int64_t d) {
   Report((tag + " fwd, residual add fused").c_str(), rf_ms, 4 * n * e + stats);
   const double rb_ms = TimeMs([&] { return NormBackward(b, nullptr); });
   Report((tag + " bwd, residual gradient fused").c_str(), rb_ms, 4 * n * e + stats);
+  if (layer) {
+    // A post-LN encoder's norm: two incoming gradients summed, the fused residual dropout's gradient written
+    // beside dx. Read x, dy, dy2; write dx, dx_dropped.
+    const DropoutParams drop{.ratio = 0.1, .seed = 1, .node_key = 2};
+    b.dresidual = nullptr;
+    b.dy2 = r;
+    b.dropout = &drop;
+    b.dx_dropped = sum;
+    const double pb_ms = TimeMs([&] { return NormBackward(b, nullptr); });
+    Report((tag + " bwd, dy + dy2, dropout dX written (post-LN)").c_str(), pb_ms, 5 * n * e + stats);
+  }
   for (void* p : std::vector<void*>{x, r, sum, y, dy, dx, gamma, beta, mean, rstd, dgamma, dbeta, ws}) cudaFree(p);
 }
 
