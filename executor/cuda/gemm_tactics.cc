@@ -2,7 +2,13 @@
 // reported, so a truncated or hand-edited file becomes a DataLoss status the caller can warn about and ignore.
 #include "executor/cuda/gemm_tactics.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "executor/io/atomic_file.h"
@@ -114,10 +120,23 @@ absl::Status GemmTacticCache::Save(const std::string& path) const {
 absl::Status GemmTacticCache::SaveMerged(const std::string& path) {
   static std::mutex file_mutex;
   std::lock_guard<std::mutex> lock(file_mutex);
-  if (absl::StatusOr<GemmTacticCache> on_disk = Load(path); on_disk.ok()) {
-    tactics_.merge(on_disk->tactics_);  // keys this cache has keep its own tactic
+  const std::string lock_path = path + ".lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError("GEMM tactic cache: cannot open " + lock_path + ": " + std::strerror(errno));
+  int locked;
+  while ((locked = ::flock(fd, LOCK_EX)) != 0 && errno == EINTR) {
   }
-  return Save(path);
+  absl::Status saved;
+  if (locked != 0) {
+    saved = absl::UnavailableError("GEMM tactic cache: cannot lock " + lock_path + ": " + std::strerror(errno));
+  } else {
+    if (absl::StatusOr<GemmTacticCache> on_disk = Load(path); on_disk.ok()) {
+      tactics_.merge(on_disk->tactics_);  // keys this cache has keep its own tactic
+    }
+    saved = Save(path);
+  }
+  ::close(fd);  // releases the lock
+  return saved;
 }
 
 }  // namespace onnxpipe::cuda

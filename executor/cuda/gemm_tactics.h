@@ -42,9 +42,10 @@ class GemmTacticCache {
   static absl::StatusOr<GemmTacticCache> Load(const std::string& path);
   // Writes `path` atomically (temp file + rename): readers see the old file or the new one, never a prefix.
   absl::Status Save(const std::string& path) const;
-  // Save for caches that share a file (one GemmContext per stream or stage): under a process-wide lock, first takes
-  // in the tactics the file has that this cache lacks, so no writer drops another's. A corrupt or absent file is
-  // simply replaced. Two processes saving at the same instant can still lose one entry, which is timed again later.
+  // Save for caches that share a file (one GemmContext per stream or stage, one process per rank on a node): first
+  // takes in the tactics the file has that this cache lacks, so no writer drops another's. Threads are serialised by
+  // a process-wide mutex, processes by flock(2) on `path` + ".lock" (created beside the file and left there). A
+  // corrupt or absent file is simply replaced.
   absl::Status SaveMerged(const std::string& path);
 
  private:

@@ -10,6 +10,9 @@
 #include <random>
 #include <string>
 #include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -582,6 +585,50 @@ TEST(GemmTacticCacheTest, ConcurrentMergedSavesKeepEveryWritersTactics) {
       EXPECT_EQ(t->time_us, 1.0 + i);
     }
   }
+}
+
+// Ranks of one node are processes sharing the file: the flock beside it serialises their merges.
+TEST(GemmTacticCacheTest, ConcurrentMergedSavesFromProcessesKeepEveryTactic) {
+  const std::string path = TempPath("gemm_tactics_ranks.json");
+  constexpr int kRanks = 4, kEach = 15;
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      GemmTacticCache cache;
+      for (int i = 0; i < kEach; ++i) {
+        cache.Insert("rank" + std::to_string(rank) + "|M" + std::to_string(i), {.algo_id = rank, .time_us = 2.0 + i});
+        if (!cache.SaveMerged(path).ok()) _exit(1);
+      }
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank's save failed";
+  }
+  auto loaded = GemmTacticCache::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), size_t{kRanks * kEach});
+  for (int rank = 0; rank < kRanks; ++rank) {
+    for (int i = 0; i < kEach; ++i) {
+      const GemmTactic* t = loaded->Find("rank" + std::to_string(rank) + "|M" + std::to_string(i));
+      ASSERT_NE(t, nullptr) << rank << " " << i;
+      EXPECT_EQ(t->algo_id, rank);
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(path + ".lock"));
+  EXPECT_FALSE(std::filesystem::exists(io::AtomicTempPath(path)));
+}
+
+TEST(GemmTacticCacheTest, MergedSaveToAnUnwritableFolderIsAnError) {
+  GemmTacticCache cache = TwoTactics();
+  const absl::Status saved = cache.SaveMerged(::testing::TempDir() + "/no_such_folder/gemm_tactics.json");
+  ASSERT_FALSE(saved.ok());
+  EXPECT_NE(saved.message().find("no_such_folder"), std::string_view::npos) << saved;
 }
 
 TEST(GemmTacticCacheTest, MergedSaveReplacesACorruptFile) {
