@@ -558,33 +558,42 @@ TEST(GemmTacticCacheTest, FileRoundTripKeepsEveryTactic) {
   EXPECT_EQ(loaded->Find("H200|other"), nullptr);
 }
 
-// Per-stream contexts share one file: each inserts its own problems and saves after every one, from its own thread.
-// A plain Save would leave only the last writer's map; SaveMerged must keep every problem either thread timed.
-TEST(GemmTacticCacheTest, ConcurrentMergedSavesKeepEveryWritersTactics) {
-  const std::string path = TempPath("gemm_tactics_shared.json");
-  constexpr int kWriters = 3, kEach = 12;
-  std::vector<std::thread> writers;
-  for (int w = 0; w < kWriters; ++w) {
-    writers.emplace_back([&path, w] {
-      GemmTacticCache cache;
-      for (int i = 0; i < kEach; ++i) {
-        cache.Insert("stream" + std::to_string(w) + "|M" + std::to_string(i), {.algo_id = w, .time_us = 1.0 + i});
-        ASSERT_TRUE(cache.SaveMerged(path).ok());
-      }
-    });
+// Writer w of a shared tactic file: inserts its `each` problems, saving after every one. False when a save fails.
+bool WriteSharedTactics(const std::string& path, int w, int each) {
+  GemmTacticCache cache;
+  for (int i = 0; i < each; ++i) {
+    cache.Insert("writer" + std::to_string(w) + "|M" + std::to_string(i), {.algo_id = w, .time_us = 1.0 + i});
+    if (!cache.SaveMerged(path).ok()) return false;
   }
-  for (std::thread& t : writers) t.join();
+  return true;
+}
+
+// The file holds every writer's problems with the tactic it inserted, and nothing else.
+void ExpectEveryWritersTactics(const std::string& path, int writers, int each) {
   auto loaded = GemmTacticCache::Load(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->size(), size_t{kWriters * kEach});
-  for (int w = 0; w < kWriters; ++w) {
-    for (int i = 0; i < kEach; ++i) {
-      const GemmTactic* t = loaded->Find("stream" + std::to_string(w) + "|M" + std::to_string(i));
+  EXPECT_EQ(loaded->size(), static_cast<size_t>(writers * each));
+  for (int w = 0; w < writers; ++w) {
+    for (int i = 0; i < each; ++i) {
+      const GemmTactic* t = loaded->Find("writer" + std::to_string(w) + "|M" + std::to_string(i));
       ASSERT_NE(t, nullptr) << w << " " << i;
       EXPECT_EQ(t->algo_id, w);
       EXPECT_EQ(t->time_us, 1.0 + i);
     }
   }
+}
+
+// Per-stream contexts share one file, each saving from its own thread. A plain Save would leave only the last
+// writer's map; SaveMerged must keep every problem any thread timed.
+TEST(GemmTacticCacheTest, ConcurrentMergedSavesKeepEveryWritersTactics) {
+  const std::string path = TempPath("gemm_tactics_shared.json");
+  constexpr int kWriters = 3, kEach = 12;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&path, w] { EXPECT_TRUE(WriteSharedTactics(path, w, kEach)) << "writer " << w; });
+  }
+  for (std::thread& t : writers) t.join();
+  ExpectEveryWritersTactics(path, kWriters, kEach);
 }
 
 // Ranks of one node are processes sharing the file: the flock beside it serialises their merges.
@@ -595,14 +604,7 @@ TEST(GemmTacticCacheTest, ConcurrentMergedSavesFromProcessesKeepEveryTactic) {
   for (int rank = 0; rank < kRanks; ++rank) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      GemmTacticCache cache;
-      for (int i = 0; i < kEach; ++i) {
-        cache.Insert("rank" + std::to_string(rank) + "|M" + std::to_string(i), {.algo_id = rank, .time_us = 2.0 + i});
-        if (!cache.SaveMerged(path).ok()) _exit(1);
-      }
-      _exit(0);
-    }
+    if (pid == 0) _exit(WriteSharedTactics(path, rank, kEach) ? 0 : 1);
     children.push_back(pid);
   }
   for (pid_t pid : children) {
@@ -610,16 +612,7 @@ TEST(GemmTacticCacheTest, ConcurrentMergedSavesFromProcessesKeepEveryTactic) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank's save failed";
   }
-  auto loaded = GemmTacticCache::Load(path);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->size(), size_t{kRanks * kEach});
-  for (int rank = 0; rank < kRanks; ++rank) {
-    for (int i = 0; i < kEach; ++i) {
-      const GemmTactic* t = loaded->Find("rank" + std::to_string(rank) + "|M" + std::to_string(i));
-      ASSERT_NE(t, nullptr) << rank << " " << i;
-      EXPECT_EQ(t->algo_id, rank);
-    }
-  }
+  ExpectEveryWritersTactics(path, kRanks, kEach);
   EXPECT_TRUE(std::filesystem::exists(path + ".lock"));
   EXPECT_FALSE(std::filesystem::exists(io::AtomicTempPath(path)));
 }
