@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 
 #include "executor/io/atomic_file.h"
 #include "nlohmann/json.hpp"
@@ -118,8 +117,8 @@ absl::Status GemmTacticCache::Save(const std::string& path) const {
 }
 
 absl::Status GemmTacticCache::SaveMerged(const std::string& path) {
-  static std::mutex file_mutex;
-  std::lock_guard<std::mutex> lock(file_mutex);
+  // flock(2) serialises threads too: each call opens its own descriptor, and locks through separate descriptors
+  // exclude each other even within one process.
   const std::string lock_path = path + ".lock";
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return absl::UnavailableError("GEMM tactic cache: cannot open " + lock_path + ": " + std::strerror(errno));

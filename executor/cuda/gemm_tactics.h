@@ -43,8 +43,8 @@ class GemmTacticCache {
   // Writes `path` atomically (temp file + rename): readers see the old file or the new one, never a prefix.
   absl::Status Save(const std::string& path) const;
   // Save for caches that share a file (one GemmContext per stream or stage, one process per rank on a node): first
-  // takes in the tactics the file has that this cache lacks, so no writer drops another's. Threads are serialised by
-  // a process-wide mutex, processes by flock(2) on `path` + ".lock" (created beside the file and left there). A
+  // takes in the tactics the file has that this cache lacks, so no writer drops another's. Threads and processes are
+  // serialised by flock(2) on `path` + ".lock" (created beside the file and left there). A
   // corrupt or absent file is simply replaced.
   absl::Status SaveMerged(const std::string& path);
 
