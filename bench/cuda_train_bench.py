@@ -53,7 +53,7 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True, variant="", extra=()
     if a.memory_budget:
         plan_dir = os.path.join(work, f"plan_budget_b{batch}")
         pcmd = [a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--microbatches",
-                str(a.microbatches), "--recompute", "auto", "--device", "h200", "--device-memory", a.memory_budget,
+                str(a.microbatches), "--recompute", "auto", "--device", "auto", "--device-memory", a.memory_budget,
                 "--dtype", dtype, "--no-onnx", "--out", plan_dir]
         r = subprocess.run(pcmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -96,7 +96,6 @@ def predicted(a, model, batch, dtype, work):
     memory the partitioner predicts from the measured per-op times (one stage), and its roofline-only prediction."""
     os.makedirs(a.out, exist_ok=True)  # the profile is kept beside the results: per-op times to read afterwards
     times = os.path.join(a.out, f"cuda_profile_{datetime.date.today():%Y%m%d}_{a.tag}_b{batch}.json")
-    device = "h100-80gb" if "h100" in a.device_name.lower() else "h200"
     tf32 = [] if a.no_tf32 or dtype != "fp32" else ["--tf32"]
     dt = [] if dtype == "fp32" else ["--dtype", dtype]
     r = subprocess.run([a.onnxpipe, "profile", model, "--batch", str(batch), "--backend", "cuda", "--repeats", "3",
@@ -104,16 +103,17 @@ def predicted(a, model, batch, dtype, work):
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout).strip()[-2000:])
     out = {}
-    for name, extra in (("profiled", ["--profile", times]), ("roofline", [])):
+    # The profiled plan is for the device the profile names (the card it ran on); the roofline's for this GPU too.
+    for name, extra in (("profiled", ["--profile", times]), ("roofline", ["--device", "auto"])):
         plan_dir = os.path.join(work, f"plan_{name}_b{batch}")
-        r = subprocess.run([a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--device", device,
-                            "--dtype", dtype, "--no-onnx", "--out", plan_dir, *extra], capture_output=True, text=True)
+        r = subprocess.run([a.onnxpipe, "partition", model, "--stages", "1", "--batch", str(batch), "--dtype", dtype,
+                            "--no-onnx", "--out", plan_dir, *extra], capture_output=True, text=True)
         if r.returncode != 0:
             out[name] = dict(error=(r.stderr or r.stdout).strip()[-2000:])
             continue
         plan = json.load(open(os.path.join(plan_dir, "plan.json")))
         memory = plan["stages"][0]["memory"]
-        out[name] = dict(samples_s=plan["predicted"]["samples_per_s"], step_ms=plan["predicted"]["step_ms"],
+        out[name] = dict(device=plan["device"]["name"], samples_s=plan["predicted"]["samples_per_s"], step_ms=plan["predicted"]["step_ms"],
                          memory_gib=round(memory["total"] / 2**30, 3),
                          kernel_scratch_counted=plan["config"]["kernel_scratch_counted"],
                          kernel_scratch_mib=round(memory.get("kernel_scratch", 0) / 2**20, 1))

@@ -226,6 +226,7 @@ absl::StatusOr<OpTimes> OpTimesFromJson(const nlohmann::json& j, const std::stri
   };
   RETURN_IF_ERROR(str("model", &t.model));
   RETURN_IF_ERROR(str("backend", &t.backend));
+  RETURN_IF_ERROR(str("device", &t.device));
   RETURN_IF_ERROR(str("dtype", &t.dtype));
   RETURN_IF_ERROR(str("optimizer", &t.optimizer));
   RETURN_IF_ERROR(str("created", &t.created));
@@ -293,6 +294,7 @@ nlohmann::ordered_json OpTimesToJson(const OpTimes& t) {
   j["format"] = kOpTimesFormat;
   j["model"] = t.model;
   j["backend"] = t.backend;
+  j["device"] = t.device;
   j["dtype"] = t.dtype;
   j["optimizer"] = t.optimizer;
   j["microbatch"] = t.microbatch;

@@ -15,6 +15,7 @@
 //   {
 //     "format": "onnxpipe-op-times/1",
 //     "model": "m.onnx", "backend": "cpu", "dtype": "fp32", "optimizer": "sgd",
+//     "device": "h100-80gb",     optional: the built-in device measured on ("" or absent: unknown)
 //     "microbatch": 4,           the batch the training graph was bound to when measuring
 //     "seq": 64,                 0 when the model has no sequence dim
 //     "repeats": 5,              each node's time is the median over this many runs
@@ -83,6 +84,10 @@ inline constexpr char kOpTimesFormat[] = "onnxpipe-op-times/1";
 
 struct OpTimes {
   std::string model, backend = "cpu", dtype = "fp32", optimizer, created;
+  // The built-in device profile (device.h) of what the times were measured on: "cpu" for the CPU backends, e.g.
+  // "h100-80gb" for an H100; "" when unknown (a GPU without a built-in profile, or a file from before the field).
+  // `partition --profile` partitions for it when --device is not given.
+  std::string device;
   int64_t microbatch = 0;
   int64_t seq = 0;
   int64_t repeats = 0;

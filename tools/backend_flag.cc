@@ -87,15 +87,36 @@ std::string BackendAttentionSummary(const backend::Backend& be) {
   return "";
 }
 
-std::string BackendDeviceProfile(const backend::Backend& be) {
+std::string BackendBuiltinDevice(const backend::Backend& be) {
 #ifdef ONNXPIPE_HAVE_CUDA
   if (dynamic_cast<const cuda::CudaBackend*>(&be) != nullptr) {
     const absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(be.placement().index);
-    const std::string builtin = info.ok() ? partitioner::BuiltinDeviceForGpu(info->name, info->total_memory) : "";
-    return builtin.empty() ? "h200" : builtin;
+    return info.ok() ? partitioner::BuiltinDeviceForGpu(info->name, info->total_memory) : "";
   }
 #endif
   return "cpu";
+}
+
+std::string BackendDeviceProfile(const backend::Backend& be) {
+  const std::string builtin = BackendBuiltinDevice(be);
+  return builtin.empty() ? "h200" : builtin;
+}
+
+absl::StatusOr<std::string> LocalGpuDevice(int64_t index) {
+#ifdef ONNXPIPE_HAVE_CUDA
+  absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(static_cast<int>(index));
+  if (!info.ok()) return Annotate(info.status(), "--device auto: no CUDA GPU " + std::to_string(index) + " here");
+  const std::string builtin = partitioner::BuiltinDeviceForGpu(info->name, info->total_memory);
+  if (builtin.empty()) {
+    return NOT_FOUND() << "--device auto: GPU " << index << " (" << info->name
+                       << ") has no built-in device profile; pass --device FILE.json (onnxpipe profile --backend cuda "
+                          "--device-out FILE.json writes one)";
+  }
+  return builtin;
+#else
+  return FAILED_PRECONDITION() << "--device auto: this onnxpipe was built without the CUDA backend, so it cannot "
+                                  "read this machine's GPU; name the device (e.g. --device h100-80gb)";
+#endif
 }
 
 std::string BackendMemorySummary(const backend::Backend& be) {

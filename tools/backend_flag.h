@@ -37,10 +37,15 @@ std::string BackendFallbackSummary(const backend::Backend& be);
 // Which fused attention ran Attention/AttentionGrad on the cuda backend, e.g.
 // "cuda attention: cudnn ran 12, flash ran 0" ("" for other backends or when none ran).
 std::string BackendAttentionSummary(const backend::Backend& be);
+// The built-in device profile (partitioner/device.h) of what `be` runs on: "cpu" for the CPU backends, the GPU's
+// for cuda (partitioner::BuiltinDeviceForGpu), "" for a GPU without one. `onnxpipe profile` records it.
+std::string BackendBuiltinDevice(const backend::Backend& be);
 // The partitioner's device profile for what `be` runs on, for the commands that partition without --device (train
-// --stages K): "cpu" for the CPU backends; the GPU's built-in profile for cuda (partitioner::BuiltinDeviceForGpu),
-// or the partition tool's default, h200, for a GPU without one.
+// --stages K): BackendBuiltinDevice, or the partition tool's default, h200, for a GPU without one.
 std::string BackendDeviceProfile(const backend::Backend& be);
+// `partition --device auto`: the built-in profile of this machine's GPU `index`. An error naming the flag when
+// there is none: onnxpipe built without CUDA, no such GPU, or a GPU without a built-in profile.
+absl::StatusOr<std::string> LocalGpuDevice(int64_t index);
 // The cuda backend's memory: peak bytes in its buffers, the GPU's use ("" for other backends).
 std::string BackendMemorySummary(const backend::Backend& be);
 

@@ -17,10 +17,10 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"inspect", "import an ONNX model and explain it: inputs, ops before/after fusion, parameters", RunInspect},
-    {"run", "evaluate the forward pass on the CPU backend (.pb or .npy inputs -> .npy outputs)", RunRun},
-    {"train", "train on the CPU backend (npy data, SGD/AdamW, metrics JSONL), matching PyTorch", RunTrain},
+    {"run", "evaluate the forward pass on the CPU or a GPU (.pb or .npy inputs -> .npy outputs)", RunRun},
+    {"train", "train on the CPU or GPUs, one stage or a pipeline plan (npy data, SGD/AdamW, metrics JSONL)", RunTrain},
     {"partition", "split the training graph into pipeline stages that fit the GPUs; plan + reports", RunPartition},
-    {"profile", "measure per-op times of the training graph on the CPU backend (for partition --profile)", RunProfile},
+    {"profile", "measure per-op times of the training graph on the CPU or a GPU (for partition --profile)", RunProfile},
     {"launch", "start and supervise the ranks of a multi-process run (as torchrun): launch --nproc N -- train ...",
      RunLaunch},
 };

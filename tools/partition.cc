@@ -16,6 +16,7 @@
 #include "partitioner/plan_io.h"
 #include "partitioner/reports.h"
 #include "partitioner/sweep.h"
+#include "tools/backend_flag.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tools/partition_model.h"
@@ -41,6 +42,7 @@ struct Flags {
   GraphFlags graph;  // optimizer, loss and trained initializers, as train's (the stage programs are built with them)
   std::string stages = "1", schedule = "1f1b", recompute = "none", dtype = "fp32";
   std::string device = "h200", device_memory, profile, out, sweep, objective = "fewest";
+  bool device_set = false;  // --device given (else the profile's device, when it names one)
   int64_t batch = 0, microbatches = 1, seq = 0, max_stages = 64, data_parallel = 1;
   double cut_slack = 0.05, dp_bucket_mb = 25;
   bool onnx = true;
@@ -93,11 +95,41 @@ std::vector<std::string> ProfileScratchNotes(const part::OpTimes& profile, const
   return notes;
 }
 
+// The device to plan for: --device (auto: this machine's GPU); without it, the built-in device the profile was
+// measured on, else h200. A built-in device other than the profile's gets a note: its times are used as measured.
+absl::StatusOr<part::DeviceProfile> PlanDevice(const Flags& f, const part::OpTimes* profile,
+                                               std::vector<std::string>* notes) {
+  std::string name = f.device;
+  if (f.device == "auto") {
+    ASSIGN_OR_RETURN(name, LocalGpuDevice(0));
+  } else if (!f.device_set && profile != nullptr && !profile->device.empty()) {
+    name = profile->device;
+  }
+  absl::StatusOr<part::DeviceProfile> device = part::ResolveDevice(name);
+  if (!device.ok()) return Annotate(device.status(), f.device_set ? "--device" : f.profile + "'s device");
+  if (profile != nullptr && !profile->device.empty() && device->source == "built-in" &&
+      device->name != profile->device) {
+    notes->push_back(f.profile + " was measured on " + profile->device + ": its times are used as measured for " +
+                     device->name);
+  }
+  return device;
+}
+
 absl::Status Run(const std::string& model_path, const Flags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   // Everything that can be checked without the model first.
-  ASSIGN_OR_RETURN(part::DeviceProfile device, part::ResolveDevice(f.device));
   part::PartitionOptions o;
+  if (!f.profile.empty()) {
+    ASSIGN_OR_RETURN(part::OpTimes times, part::LoadOpTimes(f.profile));
+    o.op_times = std::make_shared<part::OpTimes>(std::move(times));
+  }
+  std::vector<std::string> device_notes;
+  ASSIGN_OR_RETURN(part::DeviceProfile device, PlanDevice(f, o.op_times.get(), &device_notes));
+  for (const std::string& n : device_notes) std::fprintf(stderr, "warning: %s\n", n.c_str());
+  if (!f.device_set && f.device != "auto" && o.op_times && device.name == o.op_times->device) {
+    std::printf("device %s: where %s was measured (--device plans for another)\n", device.name.c_str(),
+                f.profile.c_str());
+  }
   o.model = std::filesystem::path(model_path).filename().string();
   o.optimizer = f.graph.optimizer;
   o.batch = f.batch;
@@ -130,10 +162,6 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     absl::StatusOr<int64_t> bytes = part::ParseByteSize(f.device_memory);
     if (!bytes.ok()) return Annotate(bytes.status(), "--device-memory");
     o.memory_bytes = *bytes;
-  }
-  if (!f.profile.empty()) {
-    ASSIGN_OR_RETURN(part::OpTimes times, part::LoadOpTimes(f.profile));
-    o.op_times = std::make_shared<part::OpTimes>(std::move(times));
   }
   if (!(f.dp_bucket_mb >= 0 && f.dp_bucket_mb <= 1 << 20)) {
     return INVALID_ARGUMENT() << "--dp-bucket-mb must be between 0 and 1048576 MiB, got " << f.dp_bucket_mb;
@@ -228,6 +256,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   ASSIGN_OR_RETURN(std::unique_ptr<part::PartitionContext> ctx,
                    part::PartitionContext::Create(*g, cluster, o.precision, o.op_times, mb, o.cut_slack));
   ASSIGN_OR_RETURN(part::PartitionPlan plan, part::Partition(*ctx, o));
+  plan.warnings.insert(plan.warnings.end(), device_notes.begin(), device_notes.end());
   if (scratch_from_profile) {
     for (const std::string& note : ProfileScratchNotes(*o.op_times, f.profile, *g, {mb})) {
       plan.warnings.push_back(note);
@@ -297,7 +326,9 @@ int RunPartition(const Args& args) {
   AddGraphFlags(fs, &f.graph);
   fs.String("dtype", &f.dtype, "fp32 | bf16: the training graph `train --dtype` runs (bf16: bf16 activations and "
             "GEMMs, fp32 master weights, gradients and optimizer state), and the device's GEMM peak for it");
-  fs.String("device", &f.device, "built-in device name or a device JSON file");
+  fs.String("device", &f.device,
+            "built-in device name, a device JSON file, or auto (this machine's GPU 0, by its built-in profile). "
+            "Default: the device --profile was measured on, else h200");
   fs.String("device-memory", &f.device_memory, "override the device memory, e.g. 40GiB");
   fs.String("profile", &f.profile,
             "measured per-op times (onnxpipe profile --out times.json); a --backend cuda profile's kernel scratch "
@@ -314,6 +345,7 @@ int RunPartition(const Args& args) {
     std::printf("%s", fs.Usage().c_str());
     return 0;
   }
+  f.device_set = fs.WasSet("device");
   if (fs.positional().size() != 1) return Fail("partition", "expected exactly one MODEL.onnx (see --help)", 2);
   if (f.out.empty()) return Fail("partition", "--out DIR is required", 2);
   if (absl::Status st = Run(fs.positional()[0], f); !st.ok()) return Fail("partition", std::string(st.message()));

@@ -273,6 +273,7 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   part::OpTimes times;
   times.model = std::filesystem::path(model_path).filename().string();
   times.backend = f.backend;
+  times.device = BackendBuiltinDevice(*be);
   times.dtype = f.dtype;
   times.optimizer = f.graph.optimizer;
   times.microbatch = f.batch;
@@ -299,8 +300,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
     phase_ms[static_cast<int>(n.phase)] += ms;
   }
   RETURN_IF_ERROR(io::WriteFileAtomically(f.out, part::OpTimesToJson(times).dump(1) + "\n"));
-  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend\n", times.model.c_str(),
-              order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats), f.backend.c_str());
+  std::printf("profiled %s: %zu nodes, micro-batch %lld, median of %lld runs on the %s backend (device %s)\n",
+              times.model.c_str(), order.size(), static_cast<long long>(f.batch), static_cast<long long>(f.repeats),
+              f.backend.c_str(), times.device.empty() ? "without a built-in profile" : times.device.c_str());
   if (const std::string fallbacks = BackendFallbackSummary(*be); !fallbacks.empty())
     std::printf("%s\n", fallbacks.c_str());
   if (const std::string att = BackendAttentionSummary(*be); !att.empty()) std::printf("%s\n", att.c_str());
@@ -314,8 +316,9 @@ absl::Status Run(const std::string& model_path, const Flags& f) {
   std::printf("wrote %s\n", f.out.c_str());
 
   // The roofline that reproduces these times (partitioner/calibrate.h).
+  // Calibrated from the built-in profile of what it ran on (its memory, reserve and links are kept).
   const bool host = f.backend != "cuda";
-  part::DeviceProfile base = *part::BuiltinDevice(host ? "cpu" : "h200");
+  part::DeviceProfile base = *part::BuiltinDevice(BackendDeviceProfile(*be));
   base.name = host ? "cpu-calibrated" : "gpu-calibrated";
   base.source = "onnxpipe profile " + times.model + " --batch " + std::to_string(f.batch);
   if (const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); host && pages > 0 && page > 0) {
@@ -348,7 +351,9 @@ int RunProfile(const Args& args) {
              "backend (or --backend cuda: each node's time up to its device work's end) with random inputs and\n"
              "writes every node's median time and kernel scratch bytes (format onnxpipe-op-times/1, documented\n"
              "in partitioner/cost_model.h) for `onnxpipe partition --profile times.json` (a cuda profile's\n"
-             "scratch is what a GPU plan counts as kernel scratch). --batch is the micro-batch to measure at.\n"
+             "scratch is what a GPU plan counts as kernel scratch), with the built-in device it ran on\n"
+             "(cpu, or e.g. h100-80gb), which partition plans for unless --device says otherwise.\n"
+             "--batch is the micro-batch to measure at.\n"
              "It prints the roofline calibrated from these times (achieved GEMM and vector FLOP/s,\n"
              "memory bandwidth, per-op overhead); --device-out writes it as a device file\n"
              "(partitioner/device.h) for `onnxpipe partition --device FILE.json`.");

@@ -354,6 +354,63 @@ TEST_F(PartitionCli, ProfileRoundTrip) {
   EXPECT_NEAR(fwd, want, 1e-6 * want + 1e-9);
 }
 
+// A profile names the device it was measured on, and partition plans for it unless --device says otherwise: then
+// a warning that the times are used as measured. --device auto is this machine's GPU, or an error naming the flag.
+TEST_F(PartitionCli, ProfilesDeviceIsTheDefault) {
+  const std::string model = SourcePath("models/tiny_classifier.onnx");
+  const std::string times = Path("device_times.json");
+  CommandResult r =
+      RunCommand(Onnxpipe() + " profile " + model + " --batch 2 --seq 16 --repeats 1 --warmup 0 --out " + times);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("on the cpu backend (device cpu)"));
+  json t = json::parse(ReadAll(times));
+  EXPECT_EQ(t["device"], "cpu");
+  const std::string args = " --stages 1 --batch 4 --seq 16 --no-onnx --profile ";
+  r = Partition(model + args + times + " --out " + Path("device_default"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Plan(Path("device_default"))["device"]["name"], "cpu");
+  EXPECT_THAT(r.out, HasSubstr("device cpu: where " + times + " was measured"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("used as measured")));
+  // A profile from a GPU run: that GPU's built-in device, its memory.
+  t["device"] = "h100-80gb";
+  const std::string h100_times = Path("device_h100_times.json");
+  std::ofstream(h100_times) << t.dump(1);
+  r = Partition(model + args + h100_times + " --out " + Path("device_h100"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json h100 = Plan(Path("device_h100"));
+  EXPECT_EQ(h100["device"]["name"], "h100-80gb");
+  EXPECT_EQ(h100["device"]["memory"].get<int64_t>(), partitioner::BuiltinDevice("h100-80gb")->memory_bytes);
+  // --device overrides, with a warning on stderr and in the plan.
+  r = Partition(model + args + h100_times + " --device h200 --out " + Path("device_h200"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string note = h100_times + " was measured on h100-80gb: its times are used as measured for h200";
+  EXPECT_THAT(r.err, HasSubstr(note));
+  const json h200 = Plan(Path("device_h200"));
+  EXPECT_EQ(h200["device"]["name"], "h200");
+  EXPECT_THAT(h200["warnings"].dump(), HasSubstr(note));
+  // Without a device in the profile (older files): h200, as before.
+  t.erase("device");
+  const std::string old_times = Path("device_old_times.json");
+  std::ofstream(old_times) << t.dump(1);
+  r = Partition(model + args + old_times + " --out " + Path("device_old"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Plan(Path("device_old"))["device"]["name"], "h200");
+  // A device name the partitioner does not know: the error names the profile.
+  t["device"] = "tpu-v9";
+  std::ofstream(old_times) << t.dump(1);
+  r = Partition(model + args + old_times + " --out " + Path("device_bad"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr(old_times + "'s device: unknown device 'tpu-v9'"));
+  // auto: a GPU's built-in profile where this machine has one, else an error naming the flag.
+  r = Partition(model + " --stages 1 --batch 4 --seq 16 --no-onnx --device auto --out " + Path("device_auto"));
+  if (r.exit_code == 0) {
+    const std::vector<std::string> gpus = {"h200", "h100-80gb", "a100-80gb", "a100-40gb", "v100-32gb"};
+    EXPECT_THAT(gpus, ::testing::Contains(Plan(Path("device_auto"))["device"]["name"].get<std::string>()));
+  } else {
+    EXPECT_THAT(r.err, HasSubstr("--device auto: "));
+  }
+}
+
 // The largest of `bytes` over the nodes plan.json lists on `stage` (forward, backward, optimizer,
 // replicated), 0 when it lists none of them.
 int64_t LargestOnStage(const json& stage, const std::map<std::string, int64_t>& bytes) {
@@ -386,6 +443,7 @@ TEST_F(PartitionCli, CudaProfileScratchIsCountedForAGpuDevice) {
   }
   json cuda = measured;
   cuda["backend"] = "cuda";
+  cuda["device"] = "h200";
   std::map<std::string, int64_t> chosen;
   for (size_t i = 0; i < cuda["ops"].size(); ++i) {
     json& op = cuda["ops"][i];

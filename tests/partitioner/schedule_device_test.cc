@@ -204,6 +204,18 @@ TEST(CostModel, ProfileFormat) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->ops[0].node, "a");
   EXPECT_DOUBLE_EQ(back->ops[0].ms, 1.5);
+  // The device it was measured on: "" when the file has none (older profiles), kept through a round trip.
+  EXPECT_EQ(back->device, "");
+  nlohmann::json on_h100 = ok;
+  on_h100["device"] = "h100-80gb";
+  absl::StatusOr<OpTimes> h100 = OpTimesFromJson(on_h100, "t.json");
+  ASSERT_TRUE(h100.ok()) << h100.status();
+  absl::StatusOr<OpTimes> h100_back = OpTimesFromJson(nlohmann::json::parse(OpTimesToJson(*h100).dump()), "t3");
+  ASSERT_TRUE(h100_back.ok()) << h100_back.status();
+  EXPECT_EQ(h100_back->device, "h100-80gb");
+  on_h100["device"] = 100;
+  EXPECT_THAT(std::string(OpTimesFromJson(on_h100, "t.json").status().message()),
+              HasSubstr("t.json: \"device\" must be a string"));
   const char* bad[] = {
       R"({"microbatch": 4, "ops": []})",
       R"({"format": "onnxpipe-op-times/1", "ops": []})",
