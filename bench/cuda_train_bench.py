@@ -6,17 +6,19 @@ post-LN, GELU, dropout 0.1) and exports the very same seeded model to ONNX; this
 onnxpipe on random tokens (the same vocabulary, sequence length, batch, SGD) and runs the peer's own step loop (eager,
 per-layer checkpointing, torch.compile, as asked) in the same command. samples/s: onnxpipe's median step-to-step rate
 over the steps after --warmup (its metrics file); samples_s_whole_process: onnxpipe run twice, with warmup + 2 and
-warmup + 2 + --steps steps, batch x --steps / (wall2 - wall1) (start-up, export load and planning cancel); the peer's
+warmup + 2 + N steps, batch x N / (wall2 - wall1) (start-up, export load and planning cancel; N is --steps or
+--whole-process-steps, whichever is larger, as start-up varies by about a second between runs); the peer's
 from its JSON lines (wall time over its timed steps). Writes bench/results/cuda_train_<date>_<tag>.json
 with every number, the ratios onnxpipe / peer and the host fallbacks onnxpipe printed (ops without a CUDA kernel yet).
 
   python3 bench/cuda_train_bench.py --peer .dev/torch_peer.py --onnxpipe .build/main/tools/onnxpipe \
-      --layers 2 --batch 32 --dtype fp32 --tag h200
+      --layers 2 --batch 32 --dtype fp32
 """
 import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -26,6 +28,16 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gpu_name():
+    """GPU 0's name by nvidia-smi, or "unknown GPU" where it cannot say."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown GPU"
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown GPU"
 
 
 def peer_lines(a, extra):
@@ -66,7 +78,7 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True, variant="", extra=()
                     .replace(work, "WORK"))
         cmd += ["--plan", plan_dir, "--microbatches", str(a.microbatches)]
     n1 = a.warmup + 2
-    n2 = n1 + a.steps
+    n2 = n1 + max(a.steps, a.whole_process_steps)
     walls = {}
     for n in (n1, n1, n2):  # the first run warms the file cache (and fills a tactic cache): timed again
         run = [str(n) if c == "STEPS" else c for c in cmd]
@@ -138,6 +150,9 @@ def main():
                    help="exact fp32 GEMMs on both sides (default: TF32 on both, PyTorch's peer default)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--whole-process-steps", type=int, default=100,
+                   help="onnxpipe's longer run has at least this many steps more than its shorter one (the "
+                   "whole-process rate is their difference: too few steps and start-up's variation is the figure)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--memory-budget", help="train under this GPU memory (e.g. 10.7GiB): `partition --recompute auto "
                    "--device-memory BUDGET --microbatches M` plans what to recompute, `train --plan` runs it")
@@ -153,10 +168,12 @@ def main():
     p.add_argument("--no-graphs-row", action="store_true",
                    help="also run onnxpipe with --no-cuda-graphs (row key onnxpipe_no_graphs; the onnxpipe row runs "
                         "with CUDA graphs, train's default: --warmup >= 2, the first step is eager, the second records)")
-    p.add_argument("--device-name", default="NVIDIA H200")
-    p.add_argument("--tag", default="h200")
+    p.add_argument("--device-name", default=gpu_name(),
+                   help="the GPU, as recorded (default: nvidia-smi's name of GPU 0)")
+    p.add_argument("--tag", help="names the results file (default: from --device-name, e.g. nvidia_h100_80gb_hbm3)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     a = p.parse_args()
+    a.tag = a.tag or re.sub(r"[^a-z0-9]+", "_", a.device_name.lower()).strip("_")
     with tempfile.TemporaryDirectory(prefix="cuda_train_bench_") as work:
         # Exported at a small batch (the export traces on the host: batch 256 runs out of its memory); onnxpipe
         # re-derives the batch.
