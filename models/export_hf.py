@@ -29,7 +29,6 @@ import os
 import shutil
 import sys
 import tempfile
-import types
 
 import numpy as np
 import torch
@@ -43,6 +42,25 @@ FORMAT = "onnxpipe-zoo/1"
 VOCAB, D, HEADS, KV_HEADS, FFN, LAYERS, SEQ, CLASSES, MAX_POS = 40, 16, 4, 2, 32, 2, 12, 3, 32
 PAD = 1  # the pad token of every family (RoBERTa's position ids count from it)
 TRAIN_BATCH = 4
+
+
+# Decoder families built like Llama from one config (sizes above) plus what sets each apart.
+LLAMA_LIKE = {
+    # squared-ReLU MLP without a gate, LayerNorm scaled by 1 + weight, rotary on half of each head
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(partial_rotary_factor=0.5)),
+    # LayerNorm without parameters, queries, keys and values clipped to [-c, c]
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(clip_qkv=0.3)),
+    # gate and up in one projection, interleaved rotary on half of each head, biased Q/K/V
+    "glm": ("GlmConfig", "GlmForCausalLM", dict(partial_rotary_factor=0.5)),
+    # squared-ReLU MLP without a gate
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", {}),
+    # every other layer without rotary (NoPE)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2)),
+    # RMSNorm after attention and MLP, on queries and keys, a sliding window on some layers
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", dict(sliding_window=4, sliding_window_pattern=2)),
+    # RMSNorm, SwiGLU, rotary: Kyutai's Helium
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {}),
+}
 
 
 def family_model(family, attn):
@@ -148,6 +166,50 @@ def family_model(family, attn):
                          num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, attention_dropout=0.0,
                          bos_token_id=0, eos_token_id=0, **extra, **common)
         return model_cls(cfg), names, lm
+    if family == "phi3":  # Q, K and V in one projection, gate and up in one (split in halves), partial rotary
+        cfg = tr.Phi3Config(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                            num_key_value_heads=KV_HEADS, partial_rotary_factor=0.5, max_position_embeddings=MAX_POS,
+                            original_max_position_embeddings=MAX_POS, resid_pdrop=0.0, embd_pdrop=0.0,
+                            attention_dropout=0.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                            **common)
+        return tr.Phi3ForCausalLM(cfg), names, lm
+    if family == "gemma2":  # tanh soft-capped scores and logits, a sliding window on every other layer, 4 norms
+        cfg = tr.Gemma2Config(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                              num_key_value_heads=KV_HEADS, head_dim=D // HEADS, query_pre_attn_scalar=D // HEADS,
+                              sliding_window=4, attn_logit_softcapping=20.0, final_logit_softcapping=10.0,
+                              max_position_embeddings=MAX_POS, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
+                              **common)
+        return tr.Gemma2ForCausalLM(cfg), names, lm
+    if family == "granite":  # Llama with scaled embeddings, residual branches, attention scores and logits
+        cfg = tr.GraniteConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                               num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, embedding_multiplier=3.0,
+                               residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0,
+                               tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, **common)
+        return tr.GraniteForCausalLM(cfg), names, lm
+    if family == "starcoder2":  # LayerNorm, biased projections, tanh-GELU MLP, GQA with a sliding window, rotary
+        cfg = tr.Starcoder2Config(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, sliding_window=4,
+                                  max_position_embeddings=MAX_POS, residual_dropout=0.0, embedding_dropout=0.0,
+                                  attention_dropout=0.0, bos_token_id=0, eos_token_id=0, **common)
+        return tr.Starcoder2ForCausalLM(cfg), names, lm
+    if family == "gemma3":  # Gemma 2's layout with RMSNorm on the queries and keys, local and global rotary bases
+        cfg = tr.Gemma3TextConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=D // HEADS,
+                                  query_pre_attn_scalar=D // HEADS, sliding_window=4, max_position_embeddings=MAX_POS,
+                                  attention_dropout=0.0, bos_token_id=0, eos_token_id=0, **common)
+        return tr.Gemma3ForCausalLM(cfg), names, lm
+    if family == "cohere":  # parallel attention and MLP after one bias-free LayerNorm, interleaved rotary, scaled logits
+        cfg = tr.CohereConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                              num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS, logit_scale=0.5,
+                              attention_dropout=0.0, bos_token_id=0, eos_token_id=0, **common)
+        return tr.CohereForCausalLM(cfg), names, lm
+    if family in LLAMA_LIKE:
+        config_cls, model_cls, extra = LLAMA_LIKE[family]
+        cfg = getattr(tr, config_cls)(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=D // HEADS,
+                                      max_position_embeddings=MAX_POS, attention_dropout=0.0, bos_token_id=0,
+                                      eos_token_id=0, **extra, **common)
+        return getattr(tr, model_cls)(cfg), names, lm
     if family == "bloom":  # ALiBi position biases, LayerNorm after the embedding, tied LM head
         cfg = tr.BloomConfig(hidden_size=D, n_layer=LAYERS, n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0,
                              bos_token_id=0, eos_token_id=0, **common)
@@ -191,23 +253,11 @@ class LogitsOnly(torch.nn.Module):
 
 
 # transformers computes some parts of a model in float32 whatever the model's dtype: the rotary cos/sin caches,
-# RMSNorm's normalisation (T5's too) and eager attention's softmax. That leaves ~1e-7 relative errors in a float64 reference,
-# while a float64 trainer computes everything in float64; so the float64 references do too (below). float32 runs
-# are unchanged: the same arithmetic.
-def rotary_in_working_precision(self, x, position_ids):
-    freqs = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.dtype)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-
-def rms_norm_in_working_precision(self, h):
-    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def gemma_rms_norm_in_working_precision(self, h):
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)) * (1.0 + self.weight)
-
-
+# RMSNorm's normalisation (T5's too) and eager attention's softmax. That would leave ~1e-7 relative errors in a float64
+# reference, while a float64 trainer computes everything in float64; so the float64 references run under
+# softmax_in_working_precision, where those upcasts keep float64 tensors in float64 and each family's own code runs
+# unchanged (Llama's and Cohere's rotary layouts, RMSNorm, Gemma's 1 + weight, Cohere's LayerNorm alike). float32
+# runs are unchanged: the same arithmetic.
 @contextlib.contextmanager
 def softmax_in_working_precision():
     """Softmax, and the casts to float32 that some attention code makes (GPT-Neo's and GPT-J's eager attention
@@ -232,18 +282,8 @@ def softmax_in_working_precision():
 
 
 def at_dtype(base, dtype):
-    """A copy of the model in `dtype`, computing in float64 throughout when dtype is float64 (see above)."""
-    model = copy.deepcopy(base).to(dtype)
-    if dtype == torch.float64:
-        for mod in model.modules():
-            name = type(mod).__name__
-            if name.endswith("RotaryEmbedding") and hasattr(mod, "inv_freq"):  # GPT-J's holds a sin/cos table
-                mod.forward = types.MethodType(rotary_in_working_precision, mod)
-            elif hasattr(mod, "variance_epsilon"):  # RMSNorm: LlamaRMSNorm, T5LayerNorm, ...
-                mod.forward = types.MethodType(rms_norm_in_working_precision, mod)
-            elif name.startswith("Gemma") and name.endswith("RMSNorm"):  # scaled by 1 + weight
-                mod.forward = types.MethodType(gemma_rms_norm_in_working_precision, mod)
-    return model
+    """A copy of the model in `dtype` (float64: run it under softmax_in_working_precision, see above)."""
+    return copy.deepcopy(base).to(dtype)
 
 
 def build_model(family, attn, seed=0):
@@ -303,10 +343,14 @@ VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscri
 VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
 VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", "dynamo", 18, "sdpa")]
 # Families added by the architecture sweep: TorchScript/eager and dynamo/sdpa (eager where the family has no sdpa).
-NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo")
+NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2")
 SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
-         "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode")
-VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP]
+         "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "phi3", "gemma2", "granite",
+         "starcoder2", "gemma3", "cohere", *LLAMA_LIKE)
+# Cohere's and Helium's TorchScript exports reshape the queries by another head count at any shape but the traced
+# one (onnxruntime cannot run them either), and GLM's fails in the exporter: only their dynamo exports are kept.
+TS_BROKEN = ("cohere", "helium", "glm")
+VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP if f not in TS_BROKEN]
 VARIANTS += [variant(f, "dynamo", 18, "eager" if f in NO_SDPA else "sdpa") for f in SWEEP]
 
 

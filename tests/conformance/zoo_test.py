@@ -161,15 +161,18 @@ def attention_blocks(side):
     return layers, {1}
 
 
-# The Hugging Face families whose attention rotates queries and keys (rotate-half; GPT-NeoX, Phi and StableLM
-# partially, GPT-J interleaved and partially): the rotary fusion makes each rotation one Rotary.
-ROTARY_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "olmo2", "falcon", "gpt_neox", "phi", "stablelm",
-                   "gptj"}
+# The Hugging Face families whose attention rotates queries and keys in every layer (rotate-half; GPT-NeoX, Phi,
+# Phi-3, Nemotron and StableLM partially, GPT-J and GLM interleaved and partially, Cohere interleaved): the rotary
+# fusion makes each rotation one Rotary. (SmolLM3 and EXAONE 4 leave some layers without one: not listed.)
+ROTARY_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "olmo", "olmo2", "falcon",
+                   "gpt_neox", "phi", "phi3", "stablelm", "gptj", "granite", "starcoder2", "cohere", "nemotron", "glm",
+                   "arcee", "helium"}
 
 
-# The Hugging Face families whose MLP is down(act(gate(x)) * up(x)) (SiLU; Gemma's tanh GELU): the gated activation
-# fusion makes each layer's act(gate) * up one GatedActivation.
-GATED_MLP_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "olmo2", "stablelm"}
+# The Hugging Face families whose MLP is down(act(gate(x)) * up(x)) (SiLU; Gemma's tanh GELU; Phi-3's gate and up
+# halves of one projection): the gated activation fusion makes each layer's act(gate) * up one GatedActivation.
+GATED_MLP_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "olmo", "olmo2", "stablelm",
+                      "phi3", "granite", "cohere", "glm", "smollm3", "exaone4", "helium"}
 
 
 def check_fusion(c, exe, model, side):
