@@ -352,6 +352,8 @@ SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", 
 TS_BROKEN = ("cohere", "helium", "glm")
 VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP if f not in TS_BROKEN]
 VARIANTS += [variant(f, "dynamo", 18, "eager" if f in NO_SDPA else "sdpa") for f in SWEEP]
+# Opset 23: the dynamo exporter writes ONNX's own Attention (sdpa) and RotaryEmbedding (transformers' rotary) ops.
+VARIANTS += [variant(f, "dynamo", 23, "sdpa") for f in ("llama", "mistral", "phi3", "gpt_neox", "gptj", "bert")]
 
 
 def export(model, v, args, path):

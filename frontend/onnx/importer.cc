@@ -193,6 +193,7 @@ const ImporterRegistry& ImporterRegistry::Get() {
     RegisterReduceImporters(*r);
     RegisterMiscImporters(*r);
     RegisterEinsumImporter(*r);
+    RegisterAttentionImporters(*r);
     RegisterIndexImporters(*r);
     return r;
   }();

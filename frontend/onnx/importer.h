@@ -177,6 +177,7 @@ void RegisterElementwiseImporters(ImporterRegistry& r);  // import_elementwise.c
 void RegisterShapeImporters(ImporterRegistry& r);        // import_shape.cc
 void RegisterReduceImporters(ImporterRegistry& r);       // import_reduce.cc: reductions, norms, softmax, loss
 void RegisterMiscImporters(ImporterRegistry& r);    // import_misc.cc: matmul, gather, constants, casts
+void RegisterAttentionImporters(ImporterRegistry& r);  // import_attention.cc: Attention, RotaryEmbedding (opset 23)
 void RegisterEinsumImporter(ImporterRegistry& r);   // import_einsum.cc: Einsum lowered to IR ops
 void RegisterIndexImporters(ImporterRegistry& r);   // import_index.cc: GatherElements/ND, CumSum, mask predicates
 
