@@ -210,6 +210,28 @@ def family_model(family, attn):
                                       max_position_embeddings=MAX_POS, attention_dropout=0.0, bos_token_id=0,
                                       eos_token_id=0, **extra, **common)
         return getattr(tr, model_cls)(cfg), names, lm
+    if family == "modernbert":  # rotary, GeGLU, bias-free LayerNorm, local (windowed) attention on every other layer
+        cfg = tr.ModernBertConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                  num_attention_heads=HEADS, max_position_embeddings=MAX_POS, local_attention=4,
+                                  global_attn_every_n_layers=2, num_labels=CLASSES, classifier_pooling="mean",
+                                  embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0, bos_token_id=0,
+                                  eos_token_id=0, cls_token_id=0, sep_token_id=0, **common)
+        return tr.ModernBertForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "ernie":  # BERT with task-type embeddings left out
+        cfg = tr.ErnieConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                             max_position_embeddings=MAX_POS, num_labels=CLASSES, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, **common)
+        return tr.ErnieForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "biogpt":  # learned positions from the mask's cumulative sum, scaled embeddings, pre-LN
+        cfg = tr.BioGptConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                              max_position_embeddings=MAX_POS, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0, layerdrop=0.0, **common)
+        return tr.BioGptForCausalLM(cfg), names, lm
+    if family == "codegen":  # GPT-J's interleaved partial rotary with Q, K and V from one projection in 4 groups
+        cfg = tr.CodeGenConfig(n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, rotary_dim=2, n_positions=MAX_POS,
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                               tie_word_embeddings=False, **common)
+        return tr.CodeGenForCausalLM(cfg), names, lm
     if family == "bloom":  # ALiBi position biases, LayerNorm after the embedding, tied LM head
         cfg = tr.BloomConfig(hidden_size=D, n_layer=LAYERS, n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0,
                              bos_token_id=0, eos_token_id=0, **common)
@@ -346,7 +368,7 @@ VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", 
 NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2")
 SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
          "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "phi3", "gemma2", "granite",
-         "starcoder2", "gemma3", "cohere", *LLAMA_LIKE)
+         "starcoder2", "gemma3", "cohere", *LLAMA_LIKE, "modernbert", "ernie", "biogpt", "codegen")
 # Cohere's and Helium's TorchScript exports reshape the queries by another head count at any shape but the traced
 # one (onnxruntime cannot run them either), and GLM's fails in the exporter: only their dynamo exports are kept.
 TS_BROKEN = ("cohere", "helium", "glm")

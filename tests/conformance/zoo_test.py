@@ -162,11 +162,12 @@ def attention_blocks(side):
 
 
 # The Hugging Face families whose attention rotates queries and keys in every layer (rotate-half; GPT-NeoX, Phi,
-# Phi-3, Nemotron and StableLM partially, GPT-J and GLM interleaved and partially, Cohere interleaved): the rotary
-# fusion makes each rotation one Rotary. (SmolLM3 and EXAONE 4 leave some layers without one: not listed.)
+# Phi-3, Nemotron and StableLM partially, GPT-J, CodeGen and GLM interleaved and partially, Cohere interleaved; the
+# encoder ModernBERT): the rotary fusion makes each rotation one Rotary. (SmolLM3 and EXAONE 4 leave some layers
+# without one: not listed.)
 ROTARY_FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "olmo", "olmo2", "falcon",
                    "gpt_neox", "phi", "phi3", "stablelm", "gptj", "granite", "starcoder2", "cohere", "nemotron", "glm",
-                   "arcee", "helium"}
+                   "arcee", "helium", "codegen", "modernbert"}
 
 
 # The Hugging Face families whose MLP is down(act(gate(x)) * up(x)) (SiLU; Gemma's tanh GELU; Phi-3's gate and up
