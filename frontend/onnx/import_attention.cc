@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "frontend/ir/infer.h"
 #include "frontend/onnx/importer.h"
 
 namespace onnxpipe::onnx_frontend {
@@ -26,20 +25,14 @@ namespace {
 using ir::OpKind;
 using ir::ValueId;
 
-// v's value, with the shapes and dtypes imported so far inferred first when v's shape is not known yet.
-const ir::Value& Inferred(ImportContext& ctx, ValueId v) {
-  if (!ctx.graph().value(v).shape_known) ir::InferShapes(ctx.graph()).IgnoreError();  // unknown stays unknown
-  return ctx.graph().value(v);
-}
-
 std::optional<int64_t> LastDim(ImportContext& ctx, ValueId v) {
-  const ir::Value& val = Inferred(ctx, v);
+  const ir::Value& val = InferredValue(ctx, v);
   if (!val.shape_known || val.shape.empty() || !val.shape.back().is_concrete()) return std::nullopt;
   return val.shape.back().value();
 }
 
 std::optional<int64_t> Rank(ImportContext& ctx, ValueId v) {
-  const ir::Value& val = Inferred(ctx, v);
+  const ir::Value& val = InferredValue(ctx, v);
   if (!val.shape_known) return std::nullopt;
   return static_cast<int64_t>(val.shape.size());
 }
@@ -175,7 +168,7 @@ ONNX_IMPORTER(Attention) {
   attrs.Set("dropout", 0.0);
   if (ctx.has_input(3)) {
     inputs.push_back(ctx.input(3));
-    const bool keep = Inferred(ctx, ctx.input(3)).dtype == ir::DType::kBool;  // true: attend
+    const bool keep = InferredValue(ctx, ctx.input(3)).dtype == ir::DType::kBool;  // true: attend
     attrs.Set("mask_kind", std::string(keep ? "bool" : "additive"));
   }
   if (*rank == 4) return ctx.Emit(OpKind::kAttention, std::move(inputs), std::move(attrs));

@@ -3,6 +3,7 @@
 // (lowered to Reshape/Expand, below).
 // Static operands that ONNX turned into inputs (Squeeze/Unsqueeze axes, Split sizes) become
 // attributes here; dynamic shape operands (Reshape/Expand shape, Slice bounds) stay inputs.
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -197,6 +198,90 @@ ONNX_IMPORTER(Tile) {
   return ctx.Emit(OpKind::kReshape, {copies, ctx.EmitHelper(OpKind::kMul, {dims, repeats})}, exact);
 }
 
+// Pad(X, pads, constant_value?, axes?) in constant mode, lowered at import to Concat with blocks of the fill:
+// for each axis with a pad, ConstantOfShape(X's dims with that dim replaced by the pad) before and/or after X
+// (the block shapes from Shape(X) in the graph, so the other dims may be dynamic). The gradient is Concat's (a slice
+// of dY). pads must be constant at import (the dynamo exporter writes an initializer; opsets below 11 an attribute);
+// pads computed in the graph (TorchScript builds them through a Reshape/Slice/Transpose chain), reflect, edge and
+// wrap modes and negative pads (cropping) are refused, naming the node.
+ONNX_IMPORTER(Pad) {
+  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 4));
+  ASSIGN_OR_RETURN(const std::string mode, ctx.attrs().Get<std::string>("mode", "constant"));
+  if (mode != "constant") return ctx.Error() << "mode '" << mode << "' is not supported (only constant padding)";
+  const ir::ValueId x = ctx.input(0);
+  const ir::Value& xv = InferredValue(ctx, x);
+  if (!xv.shape_known) return ctx.Error() << "needs X's rank known at import";
+  const int64_t rank = static_cast<int64_t>(xv.shape.size());
+  std::vector<int64_t> pads;
+  ir::Tensor fill = ir::Tensor(xv.dtype, {1});  // zeros
+  if (ctx.opset() < 11) {
+    ASSIGN_OR_RETURN(pads, ctx.attrs().Required<std::vector<int64_t>>("pads"));
+    ASSIGN_OR_RETURN(const double value, ctx.attrs().Get<double>("value", 0.0));
+    fill = ir::Tensor::FromVector<double>({1}, {value}).CastTo(xv.dtype);
+  } else {
+    RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));
+    const ir::Value& p = ctx.graph().value(ctx.input(1));
+    if (!p.constant || !p.constant->has_data()) {
+      return ctx.Error() << "computes its pads ('" << p.name << "') in the graph; onnxpipe imports constant pads "
+                         << "(torch's dynamo exporter writes them so)";
+    }
+    ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
+    ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));
+    if (value != nullptr) {
+      if (value->num_elements() != 1) return ctx.Error() << "constant_value must hold one element";
+      fill = value->CastTo(xv.dtype).Reshaped({1});
+    }
+  }
+  std::vector<int64_t> axes(rank);
+  for (int64_t i = 0; i < rank; ++i) axes[i] = i;
+  if (ctx.has_input(3)) {
+    ASSIGN_OR_RETURN(const ir::Tensor* a, ctx.ConstantInput(3, "axes"));
+    ASSIGN_OR_RETURN(axes, TensorToInts(*a, "axes", ctx));
+    for (int64_t& axis : axes) {
+      if (axis < -rank || axis >= rank) return ctx.Error() << "axis " << axis << " is out of range for rank " << rank;
+      if (axis < 0) axis += rank;
+    }
+  }
+  const int64_t n = static_cast<int64_t>(axes.size());
+  if (static_cast<int64_t>(pads.size()) != 2 * n) {
+    return ctx.Error() << "has " << pads.size() << " pads for " << n << " axes; expected " << 2 * n;
+  }
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p < 0; })) {
+    return ctx.Error() << "has negative pads (cropping), which onnxpipe does not import";
+  }
+  ir::Attrs fill_attr;
+  fill_attr.Set("value", fill);
+  auto block = [&](ir::ValueId of, int64_t axis, int64_t k) {
+    std::vector<ir::ValueId> dims;
+    ir::Attrs head, tail;
+    head.Set("end", axis);
+    tail.Set("start", axis + 1);
+    if (axis > 0) dims.push_back(ctx.EmitHelper(OpKind::kShape, {of}, head));
+    dims.push_back(ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {pads[k]})));
+    if (axis + 1 < rank) dims.push_back(ctx.EmitHelper(OpKind::kShape, {of}, tail));
+    ir::Attrs cat;
+    cat.Set("axis", int64_t{0});
+    return ctx.EmitHelper(OpKind::kConstantOfShape, {ctx.EmitHelper(OpKind::kConcat, dims, cat)}, fill_attr);
+  };
+  ir::ValueId y = x;
+  std::vector<int64_t> padded;
+  for (int64_t j = 0; j < n; ++j) {
+    if (pads[j] != 0 || pads[n + j] != 0) padded.push_back(j);
+  }
+  for (size_t p = 0; p < padded.size(); ++p) {
+    const int64_t j = padded[p], axis = axes[j];
+    std::vector<ir::ValueId> parts;
+    if (pads[j] != 0) parts.push_back(block(y, axis, j));
+    parts.push_back(y);
+    if (pads[n + j] != 0) parts.push_back(block(y, axis, n + j));
+    ir::Attrs cat;
+    cat.Set("axis", axis);
+    if (p + 1 == padded.size()) return ctx.Emit(OpKind::kConcat, std::move(parts), std::move(cat));
+    y = ctx.EmitHelper(OpKind::kConcat, std::move(parts), std::move(cat));
+  }
+  return ctx.Emit(OpKind::kIdentity, {x});  // nothing padded
+}
+
 ONNX_IMPORTER(ConstantOfShape) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 1));
   ASSIGN_OR_RETURN(ir::Tensor value,
@@ -238,6 +323,7 @@ void RegisterShapeImporters(ImporterRegistry& r) {
   REGISTER_ONNX_IMPORTER(r, Expand);
   REGISTER_ONNX_IMPORTER(r, ConstantOfShape);
   REGISTER_ONNX_IMPORTER(r, Tile);
+  REGISTER_ONNX_IMPORTER(r, Pad);
   REGISTER_ONNX_IMPORTER(r, Range);
   REGISTER_ONNX_IMPORTER_SINCE(r, Trilu, 14);
 }

@@ -2,6 +2,7 @@
 #include "frontend/onnx/importer.h"
 
 #include "absl/strings/str_cat.h"
+#include "frontend/ir/infer.h"
 #include "frontend/onnx/tensor_proto.h"
 
 namespace onnxpipe::onnx_frontend {
@@ -226,6 +227,11 @@ absl::StatusOr<std::vector<int64_t>> TensorToInts(const ir::Tensor& t, std::stri
   }
   if (t.rank() > 1) return ctx.Error() << role << " must be 1-D; got " << t.DebugString(4);
   return t.ToInt64Vector();
+}
+
+const ir::Value& InferredValue(ImportContext& ctx, ir::ValueId v) {
+  if (!ctx.graph().value(v).shape_known) ir::InferShapes(ctx.graph()).IgnoreError();  // unknown stays unknown
+  return ctx.graph().value(v);
 }
 
 absl::StatusOr<std::optional<std::vector<int64_t>>> AttrOrConstantInputInts(

@@ -187,6 +187,9 @@ void RegisterIndexImporters(ImporterRegistry& r);   // import_index.cc: GatherEl
 // is an error), nullopt when neither is present. The input form must be a constant.
 absl::StatusOr<std::optional<std::vector<int64_t>>> AttrOrConstantInputInts(
     const ImportContext& ctx, std::string_view name, int input_index);
+// v's value, with the shapes and dtypes of the graph imported so far inferred first when v's shape is not known
+// yet (an importer that needs a rank, a dim or a dtype its inputs do not declare).
+const ir::Value& InferredValue(ImportContext& ctx, ir::ValueId v);
 // Reads a 1-D (or scalar) integer constant as int64 values.
 absl::StatusOr<std::vector<int64_t>> TensorToInts(const ir::Tensor& t, std::string_view role,
                                                   const ImportContext& ctx);

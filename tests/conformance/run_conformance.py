@@ -27,7 +27,7 @@ SUPPORTED = {
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
     "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",
     "GreaterOrEqual", "LessOrEqual", "IsNaN", "CumSum", "GatherElements", "GatherND", "ArgMax", "Tile",
-    "Sign", "Ceil", "Clip",
+    "Sign", "Ceil", "Clip", "Pad",
 }
 
 
