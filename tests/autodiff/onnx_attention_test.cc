@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "executor/data/npy.h"
 #include "frontend/ir/infer.h"
 #include "frontend/onnx/loader.h"
 #include "gmock/gmock.h"
@@ -22,15 +21,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string DataPath(const std::string& file) {
-  return std::string(ONNXPIPE_SOURCE_DIR) + "/tests/data/onnx_attention/" + file;
-}
+std::string DataPath(const std::string& file) { return testing::TestDataPath("onnx_attention", file); }
 
-ir::Tensor Npy(const std::string& file) {
-  absl::StatusOr<ir::Tensor> t = data::ReadNpy(DataPath(file));
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : ir::Tensor();
-}
+ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(file)); }
 
 struct Case {
   std::string name;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/data/npy.h"
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/precision.h"
 #include "frontend/onnx/loader.h"
@@ -16,6 +17,18 @@
 #include "tests/autodiff/test_graph.h"
 
 namespace onnxpipe::autodiff::testing {
+
+// tests/data/<folder>/<file> in the source tree.
+inline std::string TestDataPath(const std::string& folder, const std::string& file) {
+  return std::string(ONNXPIPE_SOURCE_DIR) + "/tests/data/" + folder + "/" + file;
+}
+
+// The .npy file at `path`; a test failure and an empty tensor when it cannot be read.
+inline ir::Tensor ReadTestNpy(const std::string& path) {
+  absl::StatusOr<ir::Tensor> t = data::ReadNpy(path);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *std::move(t) : ir::Tensor();
+}
 
 // The model at `path` with the inputs in `constants` bound as initializers (so that they are
 // differentiated; an f32 model runs in f64): each parameter whose name `wanted` accepts has its

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <string>
 
-#include "executor/data/npy.h"
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/precision.h"
 #include "frontend/onnx/loader.h"
@@ -21,9 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string DataPath(const std::string& file) {
-  return std::string(ONNXPIPE_SOURCE_DIR) + "/tests/data/rms_normalization/" + file;
-}
+std::string DataPath(const std::string& file) { return testing::TestDataPath("rms_normalization", file); }
 
 struct Case {
   std::string name;
@@ -37,11 +34,7 @@ std::vector<Case> Cases() {
           {"two_axes_f32", 1, static_cast<double>(1e-5f), 1e-6}};
 }
 
-ir::Tensor Npy(const std::string& file) {
-  absl::StatusOr<ir::Tensor> t = data::ReadNpy(DataPath(file));
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : ir::Tensor();
-}
+ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(file)); }
 
 TEST(RMSNormalizationOnnxTest, ImportsToOneRMSNormWithTheFileAttributes) {
   for (const Case& c : Cases()) {

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "executor/data/npy.h"
 #include "frontend/autodiff/autodiff.h"
 #include "frontend/ir/precision.h"
 #include "frontend/onnx/loader.h"
@@ -18,13 +17,9 @@
 namespace onnxpipe::autodiff {
 namespace {
 
-std::string DataPath(const std::string& file) { return std::string(ONNXPIPE_SOURCE_DIR) + "/tests/data/tile/" + file; }
+std::string DataPath(const std::string& file) { return testing::TestDataPath("tile", file); }
 
-ir::Tensor Npy(const std::string& file) {
-  absl::StatusOr<ir::Tensor> t = data::ReadNpy(DataPath(file));
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : ir::Tensor();
-}
+ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(file)); }
 
 struct Case {
   std::string name;
