@@ -5,6 +5,7 @@
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/ir/infer.h"
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/passes/pipeline.h"
 
@@ -109,6 +110,9 @@ absl::Status PrepareModel(Model& model, const ModelOptions& options) {
     RETURN_IF_ERROR(Annotate(ir::InferShapes(g), path));
   }
   model.bindings = bindings;
+  if (options.compute == ir::DType::kF64) {
+    RETURN_IF_ERROR(Annotate(ir::ConvertComputePrecision(g, ir::DType::kF32, ir::DType::kF64), path));
+  }
   if (options.fuse) {
     cpu::CpuEvaluator evaluator;
     passes::PipelineOptions popts;

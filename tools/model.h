@@ -20,6 +20,8 @@ struct ModelOptions {
   std::map<std::string, int64_t> extra_dims;  // --dim NAME=V
   bool fuse = true;
   bool allow_unsupported = false;  // inspect: report unsupported ops instead of failing
+  // kF64: the graph computes in f64 before it is folded (ir::ConvertComputePrecision); otherwise as exported.
+  ir::DType compute = ir::DType::kF32;
 };
 
 struct Model {

@@ -37,6 +37,7 @@ absl::StatusOr<const autodiff::TrainingGraph*> TrainingGraphs::GetTraining(int64
   ModelOptions mo;
   mo.batch = microbatch;
   mo.seq = options_.seq;
+  mo.compute = options_.dtype;
   RETURN_IF_ERROR(PrepareModel(m, mo));
   const ir::Graph& forward = *m.graph;
   absl::StatusOr<autodiff::TrainingGraphSpec> spec = SpecOf(options_.graph, options_.dtype, forward);

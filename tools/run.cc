@@ -7,7 +7,6 @@
 #include "executor/cpu/cpu_evaluator.h"
 #include "executor/data/npy.h"
 #include "executor/runtime/interpreter.h"
-#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/passes/mixed_precision.h"
 #include "tools/backend_flag.h"
@@ -121,6 +120,7 @@ int RunRun(const Args& args) {
 
   // Bind the symbolic dims to the feeds' sizes, then fold and fuse for those shapes.
   ModelOptions options;
+  if (dtype == "fp64") options.compute = ir::DType::kF64;  // f64 before folding
   for (size_t i = 0; i < feeds->size(); ++i) {
     absl::Status st = runtime::CheckInput(*model->imported, model->imported->inputs()[i], (*feeds)[i],
                                           &options.extra_dims);
@@ -129,8 +129,6 @@ int RunRun(const Args& args) {
   if (absl::Status st = PrepareModel(*model, options); !st.ok()) return Fail("run", std::string(st.message()));
   ir::Graph& g = *model->graph;
   if (dtype == "fp64") {
-    if (absl::Status st = ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64); !st.ok())
-      return Fail("run", std::string(st.message()));
     for (ir::Tensor& t : *feeds)
       if (t.dtype() == ir::DType::kF32) t = t.CastTo(ir::DType::kF64);
   } else if (dtype == "bf16") {

@@ -453,6 +453,7 @@ absl::StatusOr<int> Train(const std::string& model_path, Flags& f, std::optional
 
   ModelOptions mo;
   mo.batch = f.batch;
+  mo.compute = options.dtype;  // --eval's forward graph, folded as the training graph's
   mo.extra_dims = NonBatchBindings(*model.imported, data.bindings);
   // Every run goes through the stage executor: one stage unless pipelining is asked for.
   const bool pipelined = f.stages > 0 || !f.plan.empty() || f.microbatches > 1 || f.backend != "cpu" || world;

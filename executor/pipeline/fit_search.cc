@@ -15,7 +15,7 @@ namespace {
 // What the run would allocate with `microbatches` and `recompute`, planned as PipelineTrainer::Create plans it.
 absl::StatusOr<int64_t> NeedWith(const FitQuery& q, int32_t microbatches, partitioner::RecomputePolicy recompute) {
   const int64_t b = q.options->batch / microbatches;
-  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(*q.imported, "B", b, *q.other_bindings));
+  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(*q.imported, "B", b, *q.other_bindings, q.options->dtype));
   train::TrainOptions mo = *q.options;
   mo.batch = b;
   ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, mo));

@@ -6,6 +6,7 @@
 
 #include "executor/cpu/cpu_evaluator.h"
 #include "frontend/ir/infer.h"
+#include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/passes/batch_symbolic.h"
 #include "frontend/passes/pipeline.h"
@@ -112,9 +113,11 @@ absl::StatusOr<ir::Tensor> SliceRows(const ir::Tensor& t, int64_t begin, int64_t
 
 absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, const std::string& batch_symbol,
                                                    int64_t microbatch_size,
-                                                   const std::map<std::string, int64_t>& other_bindings) {
+                                                   const std::map<std::string, int64_t>& other_bindings,
+                                                   ir::DType compute) {
   ir::Graph g = imported;
   const std::string& path = g.source_path;
+  if (compute == ir::DType::kF64) RETURN_IF_ERROR(ir::ConvertComputePrecision(g, ir::DType::kF32, ir::DType::kF64));
   std::string symbol = batch_symbol;
   cpu::CpuEvaluator evaluator;
   // A micro-batch of the export's own batch (one micro-batch of the exported size) runs the graph as exported:

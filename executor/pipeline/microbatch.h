@@ -47,9 +47,12 @@ absl::StatusOr<ir::Tensor> SliceRows(const ir::Tensor& t, int64_t begin, int64_t
 // and runs the forward pipeline (folding and fusion), as tools/model.h's PrepareModel does: the
 // forward graph a micro-batch's training graph is built from. A fixed-batch graph whose inputs' leading
 // dim is `microbatch_size` (one micro-batch of the export's batch) is used as exported; any other
-// fixed-batch graph is made symbolic first (MakeBatchSymbolic), which may refuse it as ambiguous.
+// fixed-batch graph is made symbolic first (MakeBatchSymbolic), which may refuse it as ambiguous. With `compute`
+// kF64 the graph computes in f64 before anything is folded (ir::ConvertComputePrecision), so that what folding
+// computes (a rotary table from positions) is f64 too, not f32 converted afterwards.
 absl::StatusOr<ir::Graph> PrepareMicrobatchForward(const ir::Graph& imported, const std::string& batch_symbol,
                                                    int64_t microbatch_size,
-                                                   const std::map<std::string, int64_t>& other_bindings);
+                                                   const std::map<std::string, int64_t>& other_bindings,
+                                                   ir::DType compute);
 
 }  // namespace onnxpipe::pipeline

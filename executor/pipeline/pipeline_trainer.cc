@@ -154,7 +154,7 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(
                   rank_stage, p.plan_dir.c_str());
     }
     // The training graph of one micro-batch, as the trainer (and the partitioner) builds it.
-    ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported, "B", b, other_bindings));
+    ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported, "B", b, other_bindings, options.dtype));
     train::TrainOptions mo = options;
     mo.batch = b;
     ir::Graph g;

@@ -49,7 +49,7 @@ absl::Status SetTrainingDType(ir::Graph& g, ir::DType dtype, const std::string& 
     case ir::DType::kF32:
       return absl::OkStatus();
     case ir::DType::kF64:
-      return ir::ConvertFloatPrecision(g, ir::DType::kF32, ir::DType::kF64);
+      return ir::ConvertComputePrecision(g, ir::DType::kF32, ir::DType::kF64);
     case ir::DType::kBF16:
       return passes::MixedPrecision({.compute = dtype, .freeze_regex = freeze_regex}).Run(&g).status();
     default:

@@ -3,6 +3,8 @@
 // when the op computes from half-precision inputs.
 #pragma once
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "frontend/ir/graph.h"
 
@@ -11,6 +13,17 @@ namespace onnxpipe::ir {
 // Every `from` value (inputs, constants, intermediates, Cast targets) becomes `to`. Outputs keep
 // their new dtype; callers convert feeds with Tensor::CastTo.
 absl::Status ConvertFloatPrecision(Graph& g, DType from, DType to);
+
+// The `from` values of g that only compute integers: every use is a Cast to a non-float type or a node whose
+// outputs are all such values, and each is a constant or made from constants, non-float values and such values
+// (T5's relative-position buckets: positions cast to float32, a log, a scale, cast back to int). Never a graph
+// input or output.
+std::vector<bool> IndexArithmetic(const Graph& g, DType from);
+
+// ConvertFloatPrecision for a graph that is to compute in `to`, before anything is folded (so that folding
+// computes in `to` as well: a rotary table from positions, a constant scale), except its index arithmetic, which
+// keeps `from`: the integers a model makes through floats (a floor of a float32 log) stay the ones it exports.
+absl::Status ConvertComputePrecision(Graph& g, DType from, DType to);
 
 inline bool IsHalf(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 

@@ -222,8 +222,8 @@ ONNX_IMPORTER(Pad) {
     RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));
     const ir::Value& p = ctx.graph().value(ctx.input(1));
     if (!p.constant || !p.constant->has_data()) {
-      return ctx.Error() << "computes its pads ('" << p.name << "') in the graph; onnxpipe imports constant pads "
-                         << "(torch's dynamo exporter writes them so)";
+      return ctx.Error() << "pads ('" << p.name << "') must be a constant: onnxpipe does not import pads computed in "
+                         << "the graph or fed as an input (torch's dynamo exporter writes them as an initializer)";
     }
     ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
     ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));

@@ -49,7 +49,7 @@ TEST(OnnxPadTest, WhatIsNotImportedFailsNamingTheNode) {
   const std::pair<const char*, const char*> cases[] = {
       {"pad_reflect", "mode 'reflect' is not supported"},
       {"pad_negative", "negative pads"},
-      {"pad_computed", "computes its pads"},
+      {"pad_computed", "pads ('zeros') must be a constant"},
   };
   for (const auto& [name, message] : cases) {
     absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(std::string(name) + ".onnx"));

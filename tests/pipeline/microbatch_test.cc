@@ -1,7 +1,10 @@
 // Micro-batching helpers: loss shares (hand-counted), row slicing, and the fixed-batch re-derivation
-// on small hand-built graphs (unique batch entry patched, ambiguous entries refused, Expand).
+// on small hand-built graphs (unique batch entry patched, ambiguous entries refused, Expand), and an f64 micro-batch
+// graph folded in f64.
 #include "executor/pipeline/microbatch.h"
 #include "frontend/passes/batch_symbolic.h"
+
+#include <cmath>
 
 #include "frontend/ir/infer.h"
 #include "gmock/gmock.h"
@@ -116,6 +119,42 @@ TEST(MakeBatchSymbolic, InputsWithDifferentLeadingDimsAreAmbiguous) {
   g.inputs().push_back(g.AddValue("b", ir::DType::kF32, ir::FromInts({3, 3})));
   EXPECT_THAT(passes::MakeBatchSymbolic(&g, "B", nullptr).message(), HasSubstr("leading dims differ"));
   EXPECT_TRUE(passes::HasFixedBatch(g));
+}
+
+// An f64 micro-batch graph folds in f64: a table computed from constants (as a rotary table is from positions) is
+// the f64 value, not the f32 one converted afterwards (up to 2^-24 relative off); an f32 graph folds in f32.
+TEST(PrepareMicrobatchForward, F64FoldsInF64) {
+  ir::Graph g;
+  const ir::ValueId x = g.AddValue("x", ir::DType::kF32, {ir::Dim::Symbol("B"), ir::Dim(3)});
+  g.inputs().push_back(x);
+  const ir::ValueId k = g.AddConstant("k", ir::Tensor::FromVector<float>({3}, {1.0f, 2.0f, 3.0f}));
+  const ir::ValueId c = g.AddConstant("c", ir::Tensor::FromVector<float>({}, {0.1f}));
+  const ir::ValueId angle = g.AddValue("angle", ir::DType::kF32, {}, false);
+  const ir::ValueId table = g.AddValue("table", ir::DType::kF32, {}, false);
+  const ir::ValueId y = g.AddValue("y", ir::DType::kF32, {}, false);
+  g.AddNode(ir::OpKind::kMul, "angle", {k, c}, {angle});
+  g.AddNode(ir::OpKind::kCos, "table", {angle}, {table});
+  g.AddNode(ir::OpKind::kAdd, "y", {x, table}, {y});
+  g.outputs().push_back(y);
+  ASSERT_TRUE(ir::InferShapes(g).ok());
+  for (const ir::DType compute : {ir::DType::kF64, ir::DType::kF32}) {
+    absl::StatusOr<ir::Graph> prepared = PrepareMicrobatchForward(g, "B", 2, {}, compute);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    const ir::Value& out = prepared->value(prepared->outputs()[0]);
+    EXPECT_EQ(out.dtype, compute);
+    const ir::Node& add = prepared->node(out.producer);
+    ASSERT_EQ(add.op, ir::OpKind::kAdd);
+    const ir::Value& folded = prepared->value(add.inputs[1]);
+    ASSERT_TRUE(folded.constant && folded.constant->has_data()) << "the table is folded";
+    for (int64_t i = 0; i < 3; ++i) {
+      const double want = std::cos(static_cast<double>(i + 1) * static_cast<double>(0.1f));
+      if (compute == ir::DType::kF64) {
+        EXPECT_EQ(folded.constant->GetAsDouble(i), want) << i;
+      } else {  // f32 arithmetic: within a few f32 ulps of the f64 value
+        EXPECT_NEAR(folded.constant->GetAsDouble(i), want, 4 * 0x1p-24 * std::abs(want)) << i;
+      }
+    }
+  }
 }
 
 }  // namespace

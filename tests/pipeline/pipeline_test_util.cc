@@ -107,8 +107,8 @@ absl::StatusOr<ir::Graph> ModelFixture::MicrobatchTrainingGraph(const RunConfig&
     return INVALID_ARGUMENT() << "batch " << batch_ << " is not divisible by " << c.microbatches;
   }
   const int64_t b = batch_ / c.microbatches;
-  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported_, "B", b, other_bindings_));
   ASSIGN_OR_RETURN(train::TrainOptions o, Options(c, b));
+  ASSIGN_OR_RETURN(ir::Graph forward, PrepareMicrobatchForward(imported_, "B", b, other_bindings_, o.dtype));
   ASSIGN_OR_RETURN(autodiff::TrainingGraph tg, autodiff::BuildTrainingGraph(forward, o));
   return std::move(tg.graph);
 }
