@@ -1,7 +1,7 @@
 // Time of the dropout kernels at the benchmark's FFN shape (65536 x 4096 bf16 elements, ratio 0.1):
-// Dropout and DropoutGrad (regenerating the mask), GELU with its fused dropout and its gradient, a
-// plain GELU, and a device copy of the same bytes as the bandwidth reference. CUDA events, mean of
-// 10 calls after one warm-up call. Not a test; run by hand on the GPU machine.
+// Dropout and DropoutGrad (regenerating the mask), GELU with its fused dropout and its gradient (also
+// with the gradient's column sums), a plain GELU, and a device copy of the same bytes as the bandwidth
+// reference. CUDA events, mean of 10 calls after one warm-up call. Not a test; run by hand on the GPU machine.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -58,6 +58,15 @@ int Main() {
   report("gelu + dropout, keep bits", MeanMs([&] { LaunchGeluForward(x, y, n, false, &p, bits, nullptr); }),
          4.125 * n);
   report("gelu grad, keep bits", MeanMs([&] { LaunchGeluBackward(dy, x, y, n, false, &p, bits, nullptr); }),
+         6.125 * n);
+  // GeluGrad with dXSums: the same gradient and its column sums (the next Linear's bias gradient), which
+  // replace the dW GEMM's BGRAD epilogue; fp32 sums of 4096 columns.
+  float *sums = nullptr, *ws = nullptr;
+  const int64_t rows = n / 4096, ws_bytes = GeluSumsWorkspaceBytes(rows, 4096);
+  if (cudaMalloc(&sums, 4096 * 4) != cudaSuccess || cudaMalloc(&ws, ws_bytes) != cudaSuccess) return 1;
+  report("gelu grad, keep bits, column sums", MeanMs([&] {
+           (void)GeluBackwardWithSums(dy, x, y, rows, 4096, false, &p, bits, ir::DType::kF32, sums, ws, nullptr);
+         }),
          6.125 * n);
   report("dropout", MeanMs([&] { LaunchDropoutForward(p, bf16, x, y, nullptr, n, nullptr); }), 4.0 * n);
   report("dropout grad (regenerated mask)",

@@ -139,6 +139,14 @@ void BenchNorm(const char* dtype, NormKind kind, int64_t rows, int64_t d) {
     b.dx_dropped = sum;
     const double pb_ms = TimeMs([&] { return NormBackward(b, nullptr); });
     Report((tag + " bwd, dy + dy2, dropout dX written (post-LN)").c_str(), pb_ms, 5 * n * e + stats);
+    // The same with the dropped dX's column sums (LayerNormGrad's dXDroppedSums: the bias gradient of the
+    // Linear before the dropout, instead of its dW GEMM's BGRAD epilogue).
+    float* sums = Alloc<float>(d);
+    b.dx_sums = sums;
+    b.sums_of_dropped = true;
+    const double ps_ms = TimeMs([&] { return NormBackward(b, nullptr); });
+    Report((tag + " bwd, post-LN, with the dropped dX's column sums").c_str(), ps_ms, 5 * n * e + stats);
+    cudaFree(sums);
   }
   for (void* p : std::vector<void*>{x, r, sum, y, dy, dx, gamma, beta, mean, rstd, dgamma, dbeta, ws}) cudaFree(p);
 }

@@ -752,7 +752,10 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.in_flight = in_flight;
   m.saved = layout.saved;
   m.parameters = plan.parameter_bytes;
-  m.gradients = plan.gradient_bytes;
+  // The gradients the stage accumulates over micro-batches, as the executor allocates them: its own parameters'
+  // and those it makes for a parameter held on another stage (a bias gradient summed by the next layer's norm
+  // backward, passes/ksum_from_producer.h), which it sends once per step.
+  m.gradients = layout.accumulators;
   m.optimizer_state = plan.optimizer_state_bytes;
   m.constants = plan.constant_bytes;
   m.arena = layout.arena();
@@ -760,16 +763,17 @@ absl::StatusOr<StageMemory> PlanStageMemory(const GraphAnalysis& a, const StageP
   m.transient = m.arena - m.activations;
   m.kernel_scratch = layout.workspace;
   // Boundary buffers: every value sent per micro-batch (the transport's copy in flight), and the
-  // shared parameters' contributions received once per step. Values received per micro-batch land
-  // in their planned slots of the arena and are counted there.
+  // gradients received once per step (the shared parameters' contributions, and a parameter's gradient
+  // made on another stage). Values received per micro-batch land in their planned slots of the arena and
+  // are counted there.
   std::set<ir::ValueId> boundary;
   for (const ValueLists* l : {&sp.send_forward, &sp.send_backward})
     for (const auto& [peer, vs] : *l) boundary.insert(vs.begin(), vs.end());
   for (const auto& [peer, vs] : sp.recv_post) {
     for (ir::ValueId v : vs) {
       const ir::ValueId param = a.contribution_param[v];
-      if (param != ir::kNoValue &&
-          std::binary_search(sp.shared_parameters.begin(), sp.shared_parameters.end(), param)) {
+      if (a.is_param_grad[v] || (param != ir::kNoValue && std::binary_search(sp.shared_parameters.begin(),
+                                                                             sp.shared_parameters.end(), param))) {
         boundary.insert(v);
       }
     }

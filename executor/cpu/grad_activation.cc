@@ -46,8 +46,37 @@ Outputs ReluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
 }
 REGISTER_CPU_KERNEL(kReluGrad, ReluGradKernel);
 
+// Output `k` of `node`, when it is wanted: the sums of `x` (T) over every dim but its last, in double
+// and row order (as FusedMatMul's KSum sums its operand), rounded to the dtype of attr sums_to
+// (default x's). The bias gradient a gradient kernel forms from its own output (op.h's dXSums).
+template <typename T>
+absl::Status AppendColumnSums(const ir::Node& node, const EvalContext& ctx, int k, const ir::Tensor& x,
+                              std::vector<ir::Tensor>* outs) {
+  if (static_cast<int>(node.outputs.size()) <= k || node.outputs[k] == ir::kNoValue) return absl::OkStatus();
+  const std::string to = node.attrs.Get<std::string>("sums_to", std::string(ir::DTypeName(x.dtype())));
+  const std::optional<ir::DType> t = ir::ParseDType(to);
+  if (!t || x.rank() == 0) {
+    return INVALID_ARGUMENT() << Describe(node) << ": output " << k << " (column sums) needs a float sums_to and "
+                              << "a tensor of rank >= 1, got '" << to << "' and " << DimsToString(x.dims());
+  }
+  const int64_t cols = x.dims().back(), rows = cols == 0 ? 0 : x.num_elements() / cols;
+  std::vector<double> acc(cols, 0.0);
+  const T* p = x.data<T>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) acc[c] += static_cast<double>(p[r * cols + c]);
+  outs->resize(k + 1);
+  return DispatchDType(FloatTypes{}, node, "sums_to", *t, [&](auto tag) -> absl::Status {
+    using S = typename decltype(tag)::type;
+    ASSIGN_OR_RETURN((*outs)[k], AllocOutput(node, ctx, k, *t, {cols}));
+    S* ps = (*outs)[k].template mutable_data<S>();
+    for (int64_t c = 0; c < cols; ++c) ps[c] = static_cast<S>(acc[c]);
+    return absl::OkStatus();
+  });
+}
+
 // dX = dY' * Gelu'(X), dY' = dY, or with the forward's fused dropout (attributes dropout, rng_key)
-// dY kept and scaled as DropoutGrad would, by the forward's keep bits (input 2) or its regenerated mask.
+// dY kept and scaled as DropoutGrad would, by the forward's keep bits (input 2) or its regenerated mask;
+// dXSums (output 1) when wanted.
 Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   RETURN_IF_ERROR(ExpectSame(node, in[0], in[1], "X"));
   const std::string approx = node.attrs.Get<std::string>("approximate", "none");
@@ -83,8 +112,10 @@ Outputs GeluGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, 
       }
       return std::vector<ir::Tensor>{out};
     };
-    if (tanh_form) return run([](T x) { return GeluTanhDerivative(x); });
-    return run([](T x) { return GeluErfDerivative(x); });
+    Outputs outs =
+        tanh_form ? run([](T x) { return GeluTanhDerivative(x); }) : run([](T x) { return GeluErfDerivative(x); });
+    if (outs.ok()) RETURN_IF_ERROR(AppendColumnSums<T>(node, ctx, 1, outs->front(), &*outs));
+    return outs;
   });
 }
 REGISTER_CPU_KERNEL(kGeluGrad, GeluGradKernel);
@@ -203,7 +234,7 @@ absl::StatusOr<const ir::Tensor*> Dy2Input(const ir::Node& node, const std::vect
 // to X's dtype, plus dresidual (one more rounding: the Add it replaces); dScale = sum over rows of
 // dY x^ and dBias = sum of dY, reduced to scale's shape when scale was broadcast. With dY2, dY is
 // dY + dY2 in the compute dtype (the Sum it replaces). dXDropped (output 3): DropoutGrad of dX by the
-// node's dropout stream (op.h).
+// node's dropout stream (op.h). dXSums, dXDroppedSums (outputs 4, 5): their column sums.
 Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>& in, const EvalContext& ctx) {
   const ir::Tensor& dy = in[0];
   const ir::Tensor& x = in[1];
@@ -309,6 +340,14 @@ Outputs LayerNormGradKernel(const ir::Node& node, const std::vector<ir::Tensor>&
         ASSIGN_OR_RETURN(outs[k], FinishParamGrad(node, ctx, k, sums[k - 1], scale.dims(), direct));
       }
     }
+    if (WantsOutput(node, 4) && !dx.defined()) {
+      return INVALID_ARGUMENT() << Describe(node) << ": output 4 (dX's sums) needs output 0 (dX)";
+    }
+    if (WantsOutput(node, 5) && !dropped) {
+      return INVALID_ARGUMENT() << Describe(node) << ": output 5 (dXDropped's sums) needs output 3 (dXDropped)";
+    }
+    if (dx.defined()) RETURN_IF_ERROR(AppendColumnSums<T>(node, ctx, 4, dx, &outs));
+    if (dropped) RETURN_IF_ERROR(AppendColumnSums<T>(node, ctx, 5, outs[3], &outs));
     return outs;
   });
 }

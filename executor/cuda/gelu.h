@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "executor/cuda/dropout.h"
+#include "frontend/ir/dtype.h"
 
 #ifndef __CUDACC__
 #include "absl/status/status.h"
@@ -31,7 +32,27 @@ template <typename T>
 cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool tanh_approx,
                                const DropoutParams* dropout, const uint8_t* keep_bits, cudaStream_t stream);
 
+// GeluGrad's dXSums: dx viewed as (rows, cols) and sums (cols, of sums_dtype: f32, bf16 or f16) = its
+// column sums as stored. The backward's threads each own VEC consecutive columns (16 bytes) of a part
+// of the rows and keep their sums in registers while they write dx; the parts' fp32 sums go to the
+// workspace and are added in double in a fixed order (reduce.h). The parts depend only on (rows,
+// cols), so the sums are bitwise reproducible. Without 16-byte aligned pointers and cols a multiple
+// of VEC, dx is written by the plain backward and then reduced (another summation order).
+int64_t GeluSumsWorkspaceBytes(int64_t rows, int64_t cols);
+// The fused pass alone (the parts' sums in `partial`, parts x cols floats); false when the
+// pointers or cols do not allow it (nothing launched).
+template <typename T>
+cudaError_t LaunchGeluBackwardPartialSums(const T* dy, const T* x, T* dx, int64_t rows, int64_t cols, bool tanh_approx,
+                                          const DropoutParams* dropout, const uint8_t* keep_bits, float* partial,
+                                          bool* launched, cudaStream_t stream);
+// The parts of a (rows, cols) column sum (shape only).
+int64_t GeluSumsParts(int64_t rows, int64_t cols);
+
 #ifndef __CUDACC__
+template <typename T>
+absl::Status GeluBackwardWithSums(const T* dy, const T* x, T* dx, int64_t rows, int64_t cols, bool tanh_approx,
+                                  const DropoutParams* dropout, const uint8_t* keep_bits, ir::DType sums_dtype,
+                                  void* sums, void* workspace, cudaStream_t stream);
 template <typename T>
 absl::Status GeluForward(const T* x, T* y, int64_t n, bool tanh_approx, const DropoutParams* dropout,
                          uint8_t* keep_bits, cudaStream_t stream);

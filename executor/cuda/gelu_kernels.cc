@@ -16,6 +16,20 @@ std::optional<bool> TanhForm(const ir::Node& node) {
   return std::nullopt;
 }
 
+// dXSums' dtype (attr sums_to, default dX's): f32, bf16 or f16 (what the reduction writes), else nullopt.
+std::optional<ir::DType> SumsDType(const ir::Node& node, ir::DType dx) {
+  const std::optional<ir::DType> t =
+      ir::ParseDType(node.attrs.Get<std::string>("sums_to", std::string(ir::DTypeName(dx))));
+  if (!t || (*t != ir::DType::kF32 && *t != ir::DType::kBF16 && *t != ir::DType::kF16)) return std::nullopt;
+  return t;
+}
+
+// (rows, cols) of dims viewed as rows of their last dim (rank >= 1).
+std::pair<int64_t, int64_t> RowsAndCols(const std::vector<int64_t>& dims) {
+  const int64_t cols = dims.back();
+  return {cols == 0 ? 0 : ir::ElementCount(dims) / cols, cols};
+}
+
 // Y = Gelu(X), with its fused dropout and, when asked for, its keep bits (output 1).
 KernelResult Gelu(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<bool> tanh_form = TanhForm(node);
@@ -48,23 +62,45 @@ KernelResult GeluGrad(const KernelContext& ctx, const ir::Node& node, const std:
   if (!tanh_form || !drop || in[0].dtype() != in[1].dtype() || in[0].dims() != in[1].dims()) return std::nullopt;
   const bool has_bits = in.size() > 2 && in[2].defined();
   if (has_bits && (in[2].dtype() != ir::DType::kU8 || ir::KeepBitsDims(in[1].dims()) != in[2].dims())) return std::nullopt;
+  const std::optional<ir::DType> sums_dtype = SumsDType(node, in[0].dtype());
+  if (WantsOutput(node, 1) && (!sums_dtype || in[1].rank() == 0)) return std::nullopt;
   return WithFloatElement(in[0].dtype(), [&](auto tag) -> KernelResult {
     using T = typename decltype(tag)::type;
     absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, 0, in[0].dtype(), in[1].dims());
     if (!dx.ok()) return dx.status();
+    const uint8_t* bits = has_bits ? DevicePtr<const uint8_t>(in[2]) : nullptr;
+    if (!WantsOutput(node, 1)) {
+      const absl::Status st = GeluBackward(DevicePtr<const T>(in[0]), DevicePtr<const T>(in[1]), DevicePtr<T>(*dx),
+                                           in[1].num_elements(), *tanh_form, &*drop, bits, ctx.stream);
+      if (!st.ok()) return st;
+      return std::vector<ir::Tensor>{*dx};
+    }
+    const auto [rows, cols] = RowsAndCols(in[1].dims());
+    absl::StatusOr<ir::Tensor> sums = ctx.FullOutput(node, 1, *sums_dtype, {cols});
+    if (!sums.ok()) return sums.status();
+    absl::StatusOr<void*> ws = ctx.Workspace(node, GeluSumsWorkspaceBytes(rows, cols));
+    if (!ws.ok()) return ws.status();
     const absl::Status st =
-        GeluBackward(DevicePtr<const T>(in[0]), DevicePtr<const T>(in[1]), DevicePtr<T>(*dx), in[1].num_elements(),
-                     *tanh_form, &*drop, has_bits ? DevicePtr<const uint8_t>(in[2]) : nullptr, ctx.stream);
+        GeluBackwardWithSums(DevicePtr<const T>(in[0]), DevicePtr<const T>(in[1]), DevicePtr<T>(*dx), rows, cols,
+                             *tanh_form, &*drop, bits, *sums_dtype, sums->device_raw(), *ws, ctx.stream);
     if (!st.ok()) return st;
-    return std::vector<ir::Tensor>{*dx};
+    return std::vector<ir::Tensor>{*dx, *sums};
   });
+}
+
+// GeluGrad's scratch: the parts' column sums when dXSums is wanted.
+int64_t GeluGradWorkspace(const ir::Graph& g, const ir::Node& node) {
+  const std::optional<std::vector<int64_t>> x = InputDims(g, node, 1);
+  if (!WantsOutput(node, 1) || !x || x->empty()) return 0;
+  const auto [rows, cols] = RowsAndCols(*x);
+  return GeluSumsWorkspaceBytes(rows, cols);
 }
 
 }  // namespace
 
 void RegisterGeluKernels(KernelTable& table) {
   table[ir::OpKind::kGelu].run = Gelu;
-  table[ir::OpKind::kGeluGrad].run = GeluGrad;
+  table[ir::OpKind::kGeluGrad] = {GeluGrad, GeluGradWorkspace};
 }
 
 }  // namespace onnxpipe::cuda

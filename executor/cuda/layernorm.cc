@@ -58,8 +58,10 @@ absl::Status NormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream) {
     RETURN_IF_ERROR(
         Require(kFn, a.mean == nullptr && a.dbeta == nullptr, "RMSNorm takes no saved mean and has no dbeta"));
   }
-  RETURN_IF_ERROR(Require(kFn, (a.dgamma == nullptr && a.dbeta == nullptr) || a.workspace != nullptr,
-                          "dgamma/dbeta need a workspace of NormBackwardWorkspaceBytes(rows, d) bytes"));
+  RETURN_IF_ERROR(Require(kFn,
+                          (a.dgamma == nullptr && a.dbeta == nullptr && a.dx_sums == nullptr) || a.workspace != nullptr,
+                          "dgamma/dbeta/dx_sums need a workspace of NormBackwardWorkspaceBytes(rows, d) bytes"));
+  RETURN_IF_ERROR(Require(kFn, !a.sums_of_dropped || a.dx_dropped != nullptr, "sums of dx_dropped need dx_dropped"));
   RETURN_IF_ERROR(Require(kFn, a.dx_dropped == nullptr || (a.dropout != nullptr && a.kind == NormKind::kLayerNorm),
                           "dx_dropped needs the dropout's parameters (LayerNorm only)"));
   CUDA_RETURN_IF_ERROR(LaunchNormBackward(a, stream));

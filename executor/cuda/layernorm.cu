@@ -118,6 +118,12 @@ bool PlanBackward(int64_t d, bool aligned, RowPlan* plan) {
   return true;
 }
 
+// Calls f(integral_constant<bool, flag>).
+template <typename F>
+cudaError_t WithFlag(bool flag, F&& f) {
+  return flag ? f(std::true_type{}) : f(std::false_type{});
+}
+
 // Calls f(integral_constant TPR) for a warp path group size.
 template <typename F>
 cudaError_t WithTpr(int tpr, F&& f) {
@@ -327,14 +333,15 @@ struct Slice {
 // workspace rows b (dgamma) and gridDim.x + b (dbeta), each of d floats. Row data stay packed
 // (Slice) and are converted where used. The minimum of 1 block per SM is spelled out because
 // without it ptxas held some instantiations to 64 registers, spilling.
-template <typename T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwardArgs<T> a, int64_t rows_per_block,
-                                                                      RowDropout drop) {
+template <typename T, int VEC, int NV, int TPR, bool kSums>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    NormBackwardKernel(NormBackwardArgs<T> a, int64_t rows_per_block, RowDropout drop) {
   using S = Slice<T, VEC>;
   constexpr int ROWS = kRowsInFlight<T, VEC, NV>;
   static_assert(kMaxRowsInFlight % ROWS == 0, "a group's rows are walked ROWS at a time");
-  // Block reductions of 2 ROWS values, or the warp path's combination of dgamma/dbeta.
-  __shared__ float smem[TPR == 0 ? 32 * 2 * ROWS : 2 * kWarpRowMaxD];
+  constexpr int kAcc = kSums ? 3 : 2;  // column sums kept: dgamma, dbeta and (kSums) dx_sums
+  // Block reductions of 2 ROWS values, or the warp path's combination of the column sums.
+  __shared__ float smem[TPR == 0 ? 32 * 2 * ROWS : kAcc * kWarpRowMaxD];
   const int tpr = TPR > 0 ? TPR : static_cast<int>(blockDim.x);
   const int lane = TPR > 0 ? static_cast<int>(threadIdx.x) % TPR : static_cast<int>(threadIdx.x);
   const int group = TPR > 0 ? static_cast<int>(threadIdx.x) / TPR : 0;
@@ -346,14 +353,17 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
   const float inv_d = 1.f / static_cast<float>(a.d);
   const cpu::DropoutStream stream = drop.active ? WithOffset(drop.stream, drop.device_offset) : drop.stream;
   S gam[NV];
-  float dg[NV][VEC], db[NV][VEC];
+  float acc[kAcc][NV][VEC];
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int c = lane + k * tpr;
     gam[k].Zero();
     if (c < chunks) gam[k].Load(a.gamma + int64_t{c} * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) dg[k][j] = db[k][j] = 0.f;
+    for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+      for (int s = 0; s < kAcc; ++s) acc[s][k][j] = 0.f;
+    }
   }
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t row_end = row_begin + rows_per_block < a.rows ? row_begin + rows_per_block : a.rows;
@@ -461,24 +471,41 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
             const float dy = dys[r][k][j];
             const float xh = (xs[r][k][j] - mean[r]) * rstd[r];
             out[j] = rstd[r] * (dy * gam[k][j] - mg - xh * mgx) + drs[r][k][j];
-            dg[k][j] += dy * xh;
-            db[k][j] += dy;
+            acc[0][k][j] += dy * xh;
+            acc[1][k][j] += dy;
           }
           StoreFloats<T, VEC>(a.dx + first_off + (r * d + c * VEC), out);
+          if constexpr (kSums) {
+            if (!a.sums_of_dropped) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) acc[kAcc - 1][k][j] += ToFloat(FromFloat<T>(out[j]));
+            }
+          }
           if (a.dx_dropped != nullptr) {  // DropoutGrad of dx as stored
             const int64_t off = first_off + (r * d + c * VEC);
             const uint32_t keep = drop.active ? KeepBitsOf<VEC>(stream, drop.base + static_cast<uint64_t>(off)) : ~0u;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) out[j] = (keep >> j) & 1u ? ToFloat(FromFloat<T>(out[j])) * drop.scale : 0.f;
             StoreFloats<T, VEC>(a.dx_dropped + off, out);
+            if constexpr (kSums) {
+              if (a.sums_of_dropped) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[kAcc - 1][k][j] += ToFloat(FromFloat<T>(out[j]));
+              }
+            }
           }
         }
       }
     }
   }
-  if (a.dgamma == nullptr && a.dbeta == nullptr) return;
-  float* const part_g = a.dgamma == nullptr ? nullptr : a.workspace + static_cast<int64_t>(blockIdx.x) * a.d;
-  float* const part_b = a.dbeta == nullptr ? nullptr : a.workspace + static_cast<int64_t>(gridDim.x + blockIdx.x) * a.d;
+  if (a.dgamma == nullptr && a.dbeta == nullptr && !kSums) return;
+  // Workspace rows s * gridDim.x + b: block b's partial sums of column sum s (dgamma, dbeta, dx_sums).
+  float* part[kAcc];
+  const float* const wanted[3] = {a.dgamma, a.dbeta, a.dx_sums};
+#pragma unroll
+  for (int s = 0; s < kAcc; ++s) {
+    part[s] = wanted[s] == nullptr ? nullptr : a.workspace + static_cast<int64_t>(s * gridDim.x + blockIdx.x) * a.d;
+  }
   if constexpr (TPR == 0) {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -486,8 +513,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
       if (c >= chunks) continue;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (part_g != nullptr) part_g[int64_t{c} * VEC + j] = dg[k][j];
-        if (part_b != nullptr) part_b[int64_t{c} * VEC + j] = db[k][j];
+#pragma unroll
+        for (int s = 0; s < kAcc; ++s) {
+          if (part[s] != nullptr) part[s][int64_t{c} * VEC + j] = acc[s][k][j];
+        }
       }
     }
   } else {
@@ -500,13 +529,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
       for (int k = 0; k < NV; ++k) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          dg[k][j] += __shfl_xor_sync(0xffffffffu, dg[k][j], off);
-          db[k][j] += __shfl_xor_sync(0xffffffffu, db[k][j], off);
+#pragma unroll
+          for (int s = 0; s < kAcc; ++s) acc[s][k][j] += __shfl_xor_sync(0xffffffffu, acc[s][k][j], off);
         }
       }
     }
-    float* const acc_g = smem;
-    float* const acc_b = smem + kWarpRowMaxD;
     const int warp = static_cast<int>(threadIdx.x) / 32;
     for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) {
       if (warp == w && static_cast<int>(threadIdx.x) % 32 < TPR) {
@@ -517,30 +544,37 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(NormBackwar
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const int i = c * VEC + j;
-            acc_g[i] = w == 0 ? dg[k][j] : acc_g[i] + dg[k][j];
-            acc_b[i] = w == 0 ? db[k][j] : acc_b[i] + db[k][j];
+#pragma unroll
+            for (int s = 0; s < kAcc; ++s) {
+              float* const into = smem + s * kWarpRowMaxD;
+              into[i] = w == 0 ? acc[s][k][j] : into[i] + acc[s][k][j];
+            }
           }
         }
       }
       __syncthreads();
     }
     for (int i = threadIdx.x; i < a.d; i += blockDim.x) {
-      if (part_g != nullptr) part_g[i] = acc_g[i];
-      if (part_b != nullptr) part_b[i] = acc_b[i];
+#pragma unroll
+      for (int s = 0; s < kAcc; ++s) {
+        if (part[s] != nullptr) part[s][i] = smem[s * kWarpRowMaxD + i];
+      }
     }
   }
 }
 
 // One column sum of the parts' partials per thread column: dgamma from the first `parts` rows of
-// `partial` (blockIdx.y = 0), dbeta from the next `parts` (blockIdx.y = 1), so that twice as many
-// SMs share the (latency bound) work. Fixed order: thread row ty sums parts ty, ty + 32, ... in
-// order, then the 32 results are added in ty order.
-__global__ void __launch_bounds__(1024) ColumnSumKernel(const float* __restrict__ partial, int64_t parts, int64_t d,
-                                                        float* __restrict__ dgamma, float* __restrict__ dbeta) {
+// `partial` (blockIdx.y = 0), dbeta from the next `parts` (blockIdx.y = 1), dx_sums from the `parts`
+// after those (blockIdx.y = 2), so that several times as many SMs share the (latency bound) work.
+// Fixed order: thread row ty sums parts ty, ty + 32, ... in order, then the 32 results are added in
+// ty order.
+__global__ void __launch_bounds__(1024)
+    ColumnSumKernel(const float* __restrict__ partial, int64_t parts, int64_t d, float* __restrict__ dgamma,
+                    float* __restrict__ dbeta, float* __restrict__ dx_sums) {
   __shared__ float s[32][33];
-  float* const out = blockIdx.y == 0 ? dgamma : dbeta;
+  float* const out = blockIdx.y == 0 ? dgamma : blockIdx.y == 1 ? dbeta : dx_sums;
   if (out == nullptr) return;  // the same for the whole block
-  const float* const src = partial + (blockIdx.y == 0 ? 0 : parts * d);
+  const float* const src = partial + blockIdx.y * parts * d;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float t = 0.f;
   if (col < d) {
@@ -570,7 +604,7 @@ RowDropout RowDropoutOf(const DropoutParams* p) {
 }  // namespace
 
 int64_t NormBackwardWorkspaceBytes(int64_t rows, int64_t d) {
-  return 2 * BackwardBlocks(rows, d) * d * static_cast<int64_t>(sizeof(float));
+  return 3 * BackwardBlocks(rows, d) * d * static_cast<int64_t>(sizeof(float));
 }
 
 template <typename T>
@@ -590,7 +624,7 @@ cudaError_t LaunchNormForward(const NormForwardArgs<T>& a, cudaStream_t stream) 
 template <typename T>
 cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream) {
   if (a.rows == 0) {
-    float* const sums[2] = {a.dgamma, a.dbeta};  // sums over no rows
+    float* const sums[3] = {a.dgamma, a.dbeta, a.dx_sums};  // sums over no rows
     for (float* p : sums) {
       if (p == nullptr) continue;
       const cudaError_t err = cudaMemsetAsync(p, 0, a.d * sizeof(float), stream);
@@ -604,30 +638,33 @@ cudaError_t LaunchNormBackward(const NormBackwardArgs<T>& a, cudaStream_t stream
   const int64_t blocks = BackwardBlocks(a.rows, a.d);
   const int64_t rows_per_block = (a.rows + blocks - 1) / blocks;
   const RowDropout drop = a.dx_dropped != nullptr ? RowDropoutOf(a.dropout) : RowDropout{};
-  cudaError_t err;
-  if (plan.tpr == 0) {
-    err = WithPlan<T>(plan, [&](auto vec, auto nv) {
-      NormBackwardKernel<T, decltype(vec)::value, decltype(nv)::value, 0>
-          <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
-      return cudaGetLastError();
-    });
-  } else {
-    err = WithTpr(plan.tpr, [&](auto tpr) {
+  const bool sums = a.dx_sums != nullptr;
+  cudaError_t err = WithFlag(sums, [&](auto with_sums) {
+    constexpr bool kSums = decltype(with_sums)::value;
+    if (plan.tpr == 0) {
+      return WithPlan<T>(plan, [&](auto vec, auto nv) {
+        NormBackwardKernel<T, decltype(vec)::value, decltype(nv)::value, 0, kSums>
+            <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
+        return cudaGetLastError();
+      });
+    }
+    return WithTpr(plan.tpr, [&](auto tpr) {
       constexpr int kTpr = decltype(tpr)::value;
       if (plan.vec == 1) {
-        NormBackwardKernel<T, 1, kWarpRowItems, kTpr>
+        NormBackwardKernel<T, 1, kWarpRowItems, kTpr, kSums>
             <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
       } else {
         constexpr int kVec = rows::kVec16<T>;
-        NormBackwardKernel<T, kVec, kWarpRowItems / kVec, kTpr>
+        NormBackwardKernel<T, kVec, kWarpRowItems / kVec, kTpr, kSums>
             <<<static_cast<unsigned>(blocks), plan.threads, 0, stream>>>(a, rows_per_block, drop);
       }
       return cudaGetLastError();
     });
-  }
-  if (err != cudaSuccess || (a.dgamma == nullptr && a.dbeta == nullptr)) return err;
-  ColumnSumKernel<<<dim3(static_cast<unsigned>((a.d + 31) / 32), 2), dim3(32, 32), 0, stream>>>(a.workspace, blocks,
-                                                                                                a.d, a.dgamma, a.dbeta);
+  });
+  if (err != cudaSuccess || (a.dgamma == nullptr && a.dbeta == nullptr && !sums)) return err;
+  const unsigned kinds = sums ? 3 : 2;
+  ColumnSumKernel<<<dim3(static_cast<unsigned>((a.d + 31) / 32), kinds), dim3(32, 32), 0, stream>>>(
+      a.workspace, blocks, a.d, a.dgamma, a.dbeta, a.dx_sums);
   return cudaGetLastError();
 }
 

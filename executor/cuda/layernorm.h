@@ -14,13 +14,14 @@
 //   LayerNorm: ds = rstd * (g - mean(g) - xh * mean(g xh)),  RMSNorm: ds = rstd * (g - xh * mean(g xh)),
 //   dx = ds + dresidual (the residual stream's incoming gradient, when given), and optionally
 //   dx_dropped = dx through the forward's fused dropout (LayerNormGrad's dXDropped),
-//   dgamma = sum over rows of dy * xh, dbeta = sum over rows of dy.
+//   dgamma = sum over rows of dy * xh, dbeta = sum over rows of dy, and optionally the sums over rows
+//   of dx or dx_dropped as stored (a bias gradient).
 // With T = bf16 the stored s (rounded to bf16) is what is normalised, so the backward, which reads
 // s, sees exactly the forward's input.
 //
 // Kernels: a thread block per row (the backward's blocks walk ranges of rows, several rows in flight
 // at a time, and give a row 8 to 32 lanes of a warp when d <= 256), each thread holding up to 16
-// elements in registers (16-byte loads when d and the pointers allow); dgamma/dbeta are reduced in
+// elements in registers (16-byte loads when d and the pointers allow); dgamma/dbeta (and dx_sums) are reduced in
 // two passes through a workspace (per-block partial sums, then a fixed-order column sum), so
 // results are bitwise reproducible without atomics.
 #pragma once
@@ -83,6 +84,11 @@ struct NormBackwardArgs {
   // forward's fused one, element i at counter counter_base + i): the DropoutGrad of dx in the same pass.
   const DropoutParams* dropout = nullptr;
   T* dx_dropped = nullptr;  // (rows, d)
+  // Optional: the column sums (d) of dx as stored, or of dx_dropped with sums_of_dropped (fp32,
+  // overwritten; needs the workspace): LayerNormGrad's dXSums, the bias gradient of the Linear whose
+  // output that gradient is, reduced as dgamma/dbeta are.
+  float* dx_sums = nullptr;
+  bool sums_of_dropped = false;
 };
 
 // Bytes of the backward's workspace; depends only on (rows, d).

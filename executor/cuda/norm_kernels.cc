@@ -47,33 +47,34 @@ std::optional<ir::DType> NormDType(const std::vector<ir::Tensor>& in, std::initi
 
 int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Workspace of a backward over (rows, d) with `grads` parameter gradients wanted: the launcher's,
-// then (bf16) an fp32 staging slot per gradient, 256-byte aligned.
-int64_t BackwardWorkspaceBytes(ir::DType t, int64_t rows, int64_t d, int grads) {
-  if (grads == 0) return 0;
-  const int64_t own = NormBackwardWorkspaceBytes(rows, d);
-  if (t == ir::DType::kF32) return own;
-  return Aligned(own) + grads * Aligned(d * static_cast<int64_t>(sizeof(float)));
+// Workspace of a backward over (rows, d) with `sums` column sums wanted (dgamma, dbeta, dx_sums), of
+// which `staged` are not f32: the launcher's, then an fp32 staging slot per staged one, 256-byte aligned.
+int64_t BackwardWorkspaceBytes(int64_t rows, int64_t d, int sums, int staged) {
+  if (sums == 0) return 0;
+  return Aligned(NormBackwardWorkspaceBytes(rows, d)) + staged * Aligned(d * static_cast<int64_t>(sizeof(float)));
 }
 
-// Takes the backward's workspace and points the launcher's dgamma/dbeta at the outputs (f32) or at
-// the staging slots (bf16); returns the staged pairs (fp32 slot, bf16 output) to round after it.
+// Takes the backward's workspace and points the launcher's dgamma/dbeta/dx_sums at the outputs (f32)
+// or at staging slots (bf16); returns the staged pairs (fp32 slot, bf16 output) to round after it.
 template <typename T>
 absl::StatusOr<std::vector<std::pair<float*, void*>>> ParamGrads(const KernelContext& ctx, const ir::Node& node,
                                                                  NormBackwardArgs<T>& a, const ir::Tensor& dgamma,
-                                                                 const ir::Tensor& dbeta) {
-  constexpr bool kF32 = std::is_same_v<T, float>;
+                                                                 const ir::Tensor& dbeta, const ir::Tensor& sums) {
   std::vector<std::pair<float*, void*>> staged;
-  const int grads = int{dgamma.defined()} + int{dbeta.defined()};
-  const ir::DType t = kF32 ? ir::DType::kF32 : ir::DType::kBF16;
-  if (grads == 0) return staged;
-  ASSIGN_OR_RETURN(void* ws, ctx.Workspace(node, BackwardWorkspaceBytes(t, a.rows, a.d, grads)));
+  const std::pair<float**, const ir::Tensor*> wanted[] = {
+      {&a.dgamma, &dgamma}, {&a.dbeta, &dbeta}, {&a.dx_sums, &sums}};
+  int count = 0, stage = 0;
+  for (const auto& [grad, out] : wanted) {
+    count += out->defined();
+    stage += out->defined() && out->dtype() != ir::DType::kF32;
+  }
+  if (count == 0) return staged;
+  ASSIGN_OR_RETURN(void* ws, ctx.Workspace(node, BackwardWorkspaceBytes(a.rows, a.d, count, stage)));
   a.workspace = static_cast<float*>(ws);
   char* slot = static_cast<char*>(ws) + Aligned(NormBackwardWorkspaceBytes(a.rows, a.d));
-  const std::pair<float**, const ir::Tensor*> wanted[] = {{&a.dgamma, &dgamma}, {&a.dbeta, &dbeta}};
   for (const auto& [grad, out] : wanted) {
     if (!out->defined()) continue;
-    if (kF32) {
+    if (out->dtype() == ir::DType::kF32) {
       *grad = DevicePtr<float>(*out);
       continue;
     }
@@ -87,8 +88,9 @@ absl::StatusOr<std::vector<std::pair<float*, void*>>> ParamGrads(const KernelCon
 // Runs the backward, then rounds the staged fp32 parameter gradients into their bf16 outputs.
 template <typename T>
 KernelResult RunBackward(const KernelContext& ctx, const ir::Node& node, NormBackwardArgs<T>& a,
-                         std::vector<ir::Tensor> out, const ir::Tensor& dgamma, const ir::Tensor& dbeta) {
-  absl::StatusOr<std::vector<std::pair<float*, void*>>> staged = ParamGrads(ctx, node, a, dgamma, dbeta);
+                         std::vector<ir::Tensor> out, const ir::Tensor& dgamma, const ir::Tensor& dbeta,
+                         const ir::Tensor& sums = ir::Tensor()) {
+  absl::StatusOr<std::vector<std::pair<float*, void*>>> staged = ParamGrads(ctx, node, a, dgamma, dbeta, sums);
   if (!staged.ok()) return staged.status();
   if (absl::Status st = NormBackward(a, ctx.stream); !st.ok()) return st;
   for (const auto& [from, to] : *staged) {
@@ -142,7 +144,17 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
   });
 }
 
-// dX, dScale?, dBias?, dXDropped? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?).
+// The output of LayerNormGrad's column sums wanted (4: of dX, 5: of dXDropped; op.h), 0 for none, -1 for
+// what the kernel does not write (both, or sums of a dXDropped not written).
+int SumsOutput(const ir::Node& node) {
+  const bool of_dx = WantsOutput(node, 4), of_dropped = WantsOutput(node, 5);
+  if (of_dx && of_dropped) return -1;
+  if (of_dropped) return WantsOutput(node, 3) ? 5 : -1;
+  return of_dx ? 4 : 0;
+}
+
+// dX, dScale?, dBias?, dXDropped?, dXSums?, dXDroppedSums? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?,
+// dresidual?, dY2?).
 KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const std::vector<ir::Tensor>& in) {
   const std::optional<ir::DType> t = NormDType(in, {0, 1, 2, 5, 6}, {3, 4});
   if (!t || in[0].dims() != in[1].dims()) return std::nullopt;
@@ -163,8 +175,20 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
     drop = FusedDropout(ctx, node, in[1].num_elements());
     if (!drop) return std::nullopt;
   }
-  std::vector<ir::Tensor> out(drop ? 4 : 3);
+  const int sums_at = SumsOutput(node);
+  const std::optional<ir::DType> sums_dtype =
+      ir::ParseDType(node.attrs.Get<std::string>("sums_to", std::string(ir::DTypeName(*t))));
+  if (sums_at < 0 || (sums_at > 0 && (axis != rank - 1 || (sums_dtype != ir::DType::kF32 && sums_dtype != *t)))) {
+    return std::nullopt;
+  }
+  std::vector<ir::Tensor> out(sums_at > 0 ? sums_at + 1 : drop ? 4 : 3);
+  if (sums_at > 0) {
+    absl::StatusOr<ir::Tensor> s = ctx.Output(node, sums_at, *sums_dtype, {d});  // zeros when rows == 0
+    if (!s.ok()) return s.status();
+    out[sums_at] = *s;
+  }
   for (int k : {0, 3}) {
+    if (k == 3 && !drop) continue;
     if (k >= static_cast<int>(out.size())) continue;
     absl::StatusOr<ir::Tensor> dx = ctx.FullOutput(node, k, *t, in[1].dims());
     if (!dx.ok()) return dx.status();
@@ -188,7 +212,8 @@ KernelResult LayerNormGrad(const KernelContext& ctx, const ir::Node& node, const
     if (HasInput(in, 6)) a.dy2 = DevicePtr<T>(in[6]);
     a.dx = DevicePtr<T>(out[0]);
     if (drop) a.dropout = &*drop, a.dx_dropped = DevicePtr<T>(out[3]);
-    return RunBackward(ctx, node, a, out, out[1], out[2]);
+    a.sums_of_dropped = sums_at == 5;
+    return RunBackward(ctx, node, a, out, out[1], out[2], sums_at > 0 ? out[sums_at] : ir::Tensor());
   });
 }
 
@@ -279,8 +304,14 @@ int64_t LayerNormGradWorkspace(const ir::Graph& g, const ir::Node& node) {
   if (!x) return 0;
   const std::optional<std::pair<int64_t, int64_t>> rd = RowsAndD(node, *x);
   if (!rd) return 0;
-  const int grads = int{WantsOutput(node, 1)} + int{WantsOutput(node, 2)};
-  return BackwardWorkspaceBytes(g.value(node.inputs[1]).dtype, rd->first, rd->second, grads);
+  const bool half = g.value(node.inputs[1]).dtype != ir::DType::kF32;
+  int sums = 0, staged = 0;
+  for (int k : {1, 2, 4, 5}) {
+    if (!WantsOutput(node, k)) continue;
+    ++sums;
+    staged += k <= 2 ? half : g.value(node.outputs[k]).dtype != ir::DType::kF32;
+  }
+  return BackwardWorkspaceBytes(rd->first, rd->second, sums, staged);
 }
 
 }  // namespace

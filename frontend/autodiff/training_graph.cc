@@ -7,8 +7,9 @@
 #include "frontend/ir/precision.h"
 #include "frontend/ir/status.h"
 #include "frontend/passes/cast_into_gemm.h"
-#include "frontend/passes/sum_into_norm_grad.h"
+#include "frontend/passes/ksum_from_producer.h"
 #include "frontend/passes/mixed_precision.h"
+#include "frontend/passes/sum_into_norm_grad.h"
 
 namespace onnxpipe::autodiff {
 namespace {
@@ -92,6 +93,8 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(const ir::Graph& forward, const
   if (spec.dtype == ir::DType::kBF16) RETURN_IF_ERROR(passes::CastIntoGemm().Run(&g).status());
   // A normalisation's incoming gradient summed over its output's readers is added as it is loaded.
   RETURN_IF_ERROR(passes::SumIntoNormGrad().Run(&g).status());
+  // A bias gradient is summed by the kernel that writes its Linear's incoming gradient, where one can.
+  RETURN_IF_ERROR(passes::KSumFromProducer().Run(&g).status());
   for (ir::ValueId v : grads.unreachable_params) t.unreachable.push_back(g.value(v).name);
   for (ir::ValueId v : grads.frozen_params) t.frozen.push_back(g.value(v).name);
   for (const ParamGrad& pg : grads.param_grads) {

@@ -155,9 +155,24 @@ absl::StatusOr<Outputs> PointwiseGradRule(const InferContext& ctx) {
   return One(ctx.dtype(0), std::move(s));
 }
 
-// PointwiseGradRule's, and the forward's keep bits (input 2), when given, packed from X's dims.
+// A gradient's column sums (GeluGrad's and LayerNormGrad's dXSums): the last dim of the gradient (dims
+// `s`), of dtype attr sums_to (default `dx`).
+absl::StatusOr<TypeAndShape> SumsType(const InferContext& ctx, DType dx, const Shape& s) {
+  const std::string to = ctx.attrs().Get<std::string>("sums_to", std::string(DTypeName(dx)));
+  const std::optional<DType> t = ParseDType(to);
+  if (!t || !IsFloat(*t)) return ctx.Error() << "sums_to is '" << to << "', expected a float dtype name";
+  if (s.empty()) return ctx.Error() << "column sums need a gradient of rank >= 1, X is " << ctx.Describe(1);
+  return TypeAndShape{*t, Shape{s.back()}};
+}
+
+// PointwiseGradRule's, and the forward's keep bits (input 2), when given, packed from X's dims;
+// dXSums (X's last dim, of dtype sums_to).
 absl::StatusOr<Outputs> GeluGradRule(const InferContext& ctx) {
   ASSIGN_OR_RETURN(Outputs out, PointwiseGradRule(ctx));
+  if (ctx.num_outputs() > 1) {
+    ASSIGN_OR_RETURN(TypeAndShape t, SumsType(ctx, out[0].dtype, out[0].shape));
+    out.push_back(std::move(t));
+  }
   if (!ctx.has_input(2)) return out;
   const std::optional<Shape> bits = KeepBitsShape(out[0].shape);
   if (!bits) return ctx.Error() << "keep bits (input 2) need X's last dim a multiple of 8, X is " << ctx.Describe(1);
@@ -194,10 +209,14 @@ absl::StatusOr<Outputs> LayerNormGradRule(const InferContext& ctx) {
   if (ctx.has_output(3) && ctx.attrs().Get<double>("dropout", 0.0) == 0.0) {
     return ctx.Error() << "output 3 (dX through the forward's dropout) needs a nonzero attribute dropout";
   }
+  if (ctx.has_output(5) && !ctx.has_output(3)) return ctx.Error() << "output 5 (dXDropped's sums) needs output 3";
   Outputs out = One(ctx.dtype(1), s);
   for (int i = 1; i < ctx.num_outputs(); ++i) {
     if (i == 3) {
       out.push_back({ctx.dtype(1), s});
+    } else if (i >= 4) {
+      ASSIGN_OR_RETURN(TypeAndShape t, SumsType(ctx, ctx.dtype(1), s));
+      out.push_back(std::move(t));
     } else {
       out.push_back({ctx.dtype(2), ctx.shape(2)});
     }

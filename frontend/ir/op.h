@@ -112,9 +112,12 @@
 // - ReluGrad(dY, Y) -> dY * (Y > 0).
 // - SoftmaxGrad(dY, Y) attr axis -> Y * (dY - sum(dY * Y, axis)); Y = Softmax output.
 // - LogSoftmaxGrad(dY, Y) attr axis -> dY - exp(Y) * sum(dY, axis); Y = LogSoftmax output.
-// - GeluGrad(dY, X, keep_bits?) attr approximate ("none" | "tanh") -> dY * Gelu'(X); with the
-//   forward's dropout and rng_key, dY is first kept and scaled, or zeroed, by the forward's mask:
-//   read from keep_bits (the forward's KeepBits) when given, else regenerated from the stream.
+// - GeluGrad(dY, X, keep_bits?) attr approximate ("none" | "tanh") -> dX = dY * Gelu'(X), dXSums?;
+//   with the forward's dropout and rng_key, dY is first kept and scaled, or zeroed, by the forward's
+//   mask: read from keep_bits (the forward's KeepBits) when given, else regenerated from the stream.
+//   Optional output 1, dXSums (X's last dim; dtype attr sums_to, default X's): the sums of dX as
+//   stored over all its other dims, accumulated in at least f32 -- the following Linear's bias
+//   gradient, formed while dX is written (passes/ksum_from_producer.h) instead of by a GEMM epilogue.
 // - LayerNormGrad(dY, X, scale, mean?, inv_std_dev?, dresidual?, dY2?) attrs axis, epsilon -> dX,
 //   dScale?, dBias?, dXDropped?. mean/inv_std_dev are LayerNorm's optional outputs; when absent the kernel
 //   recomputes them. dresidual (X's dtype and shape) is added to dX, each rounded to X's dtype first
@@ -126,6 +129,9 @@
 //   rng_key: a fused residual's LayerNorm with its dropout, the forward's): DropoutGrad of dX (output 0,
 //   which it needs) by the forward's mask regenerated from its stream, the gradient of the operand the
 //   forward dropped; one pass instead of a DropoutGrad reading dX again.
+//   Optional outputs 4, dXSums, and 5, dXDroppedSums (X's last dim; dtype attr sums_to, default X's):
+//   the sums of dX (output 0) or of dXDropped (output 3) as stored over all their other dims, as
+//   GeluGrad's dXSums (a Linear's bias gradient, passes/ksum_from_producer.h).
 // - RMSNormGrad(dY, X, scale, inv_std_dev?, dY2?) attrs axis, epsilon -> dX, dScale?. With x^ = X r
 //   and g = dY * scale over a row of n: dX = r (g - x^ mean(g x^)); dScale = sum over rows of
 //   dY x^ in scale's shape. inv_std_dev is RMSNorm's optional output; absent, it is recomputed.
@@ -144,8 +150,8 @@
 //   dims the mask broadcasts) is there when the mask is a learned bias (T5's relative positions).
 //   Views as the forward's: dO is read through o_view; each gradient has its input's dims and is
 //   written through that input's view; grouped K and V (fewer heads) get dK and dV with their
-//   Hkv heads, each the sum over its group's query heads, summed in the kernel. Inputs that are one value, each through a view, share one
-//   gradient: the first of them (ir::AttentionGradSlot) carries it, the views covering it exactly.
+//   Hkv heads, each the sum over its group's query heads, summed in the kernel. Inputs that are one value, each through
+//   a view, share one gradient: the first of them (ir::AttentionGradSlot) carries it, the views covering it exactly.
 // - RotaryGrad(dY, cos, sin) attrs as the forward Rotary -> dX: the transpose of Rotary's linear
 //   map, dX = dY * cos + rot^T(dY * sin) on the first R features (rot^T = -rot, applied after the
 //   table: dX[i] = dY[i] cos[i] + dY[i + R/2] sin[i + R/2], dX[i + R/2] = dY[i + R/2] cos[i + R/2] -
@@ -292,8 +298,8 @@ constexpr uint32_t OpShapeOnly(int i) { return 1u << (8 + i); }
   V(ReluGrad, "ReluGrad", 2, 2, 1, 1, 0)                                                     \
   V(SoftmaxGrad, "SoftmaxGrad", 2, 2, 1, 1, 0)                                               \
   V(LogSoftmaxGrad, "LogSoftmaxGrad", 2, 2, 1, 1, 0)                                         \
-  V(GeluGrad, "GeluGrad", 2, 3, 1, 1, 0)                                                     \
-  V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 4, 0)                                           \
+  V(GeluGrad, "GeluGrad", 2, 3, 1, 2, 0)                                                     \
+  V(LayerNormGrad, "LayerNormGrad", 3, 7, 1, 6, 0)                                           \
   V(RMSNormGrad, "RMSNormGrad", 3, 6, 1, 2, 0)                                               \
   V(DropoutGrad, "DropoutGrad", 1, 2, 1, 1, 0)                                               \
   V(AttentionGrad, "AttentionGrad", 4, 7, 3, 4, kOpGemm | kOpCostly)                         \

@@ -29,7 +29,8 @@ inline bool IsHalf(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 
 // Output `index` of `node` stays f32 when the node reads half-precision activations: the
 // normalisation statistics (ONNX's stash_type, float by default): LayerNorm's Mean and InvStdDev,
-// RMSNorm's InvStdDev, and Attention's Stats; a FusedMatMul's outputs under its `to`; and every
+// RMSNorm's InvStdDev, and Attention's Stats; a FusedMatMul's outputs under its `to`, and the column sums
+// a GeluGrad or LayerNormGrad writes in its place (sums_to f32); and every
 // output of SoftmaxCrossEntropyLoss, which computes in f32 from half logits (op.h).
 // Every backend computing a half node keeps these outputs f32.
 bool KeepsF32Output(const Node& node, int index);

@@ -201,11 +201,11 @@ ONNX_IMPORTER(Tile) {
 // Pad(X, pads, constant_value?, axes?) in constant mode, lowered at import to Concat with blocks of the fill:
 // for each axis with a pad, ConstantOfShape(X's dims with that dim replaced by the pad) before and/or after X
 // (the block shapes from Shape(X) in the graph, so the other dims may be dynamic). The gradient is Concat's (a slice
-// of dY). pads must be constant at import (the dynamo exporter writes an initializer; opsets below 11 an attribute);
-// pads computed in the graph (TorchScript builds them through a Reshape/Slice/Transpose chain), reflect, edge and
-// wrap modes and negative pads (cropping) are refused, naming the node.
+// of dY). pads must be constant at import (the dynamo exporter writes an initializer); pads computed in the graph
+// (TorchScript builds them through a Reshape/Slice/Transpose chain), reflect, edge and wrap modes and negative pads
+// (cropping) are refused, naming the node.
 ONNX_IMPORTER(Pad) {
-  RETURN_IF_ERROR(ctx.CheckNumInputs(1, 4));
+  RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));  // pads are an input from opset 11 (onnxpipe reads 13 and above)
   ASSIGN_OR_RETURN(const std::string mode, ctx.attrs().Get<std::string>("mode", "constant"));
   if (mode != "constant") return ctx.Error() << "mode '" << mode << "' is not supported (only constant padding)";
   const ir::ValueId x = ctx.input(0);
@@ -214,23 +214,16 @@ ONNX_IMPORTER(Pad) {
   const int64_t rank = static_cast<int64_t>(xv.shape.size());
   std::vector<int64_t> pads;
   ir::Tensor fill = ir::Tensor(xv.dtype, {1});  // zeros
-  if (ctx.opset() < 11) {
-    ASSIGN_OR_RETURN(pads, ctx.attrs().Required<std::vector<int64_t>>("pads"));
-    ASSIGN_OR_RETURN(const double value, ctx.attrs().Get<double>("value", 0.0));
-    fill = ir::Tensor::FromVector<double>({1}, {value}).CastTo(xv.dtype);
-  } else {
-    RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));
-    const ir::Value& p = ctx.graph().value(ctx.input(1));
-    if (!p.constant || !p.constant->has_data()) {
-      return ctx.Error() << "pads ('" << p.name << "') must be a constant: onnxpipe does not import pads computed in "
-                         << "the graph or fed as an input (torch's dynamo exporter writes them as an initializer)";
-    }
-    ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
-    ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));
-    if (value != nullptr) {
-      if (value->num_elements() != 1) return ctx.Error() << "constant_value must hold one element";
-      fill = value->CastTo(xv.dtype).Reshaped({1});
-    }
+  const ir::Value& p = ctx.graph().value(ctx.input(1));
+  if (!p.constant || !p.constant->has_data()) {
+    return ctx.Error() << "pads ('" << p.name << "') must be a constant: onnxpipe does not import pads computed in "
+                       << "the graph or fed as an input (torch's dynamo exporter writes them as an initializer)";
+  }
+  ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
+  ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));
+  if (value != nullptr) {
+    if (value->num_elements() != 1) return ctx.Error() << "constant_value must hold one element";
+    fill = value->CastTo(xv.dtype).Reshaped({1});
   }
   std::vector<int64_t> axes(rank);
   for (int64_t i = 0; i < rank; ++i) axes[i] = i;

@@ -92,6 +92,48 @@ TEST_P(GeluCudaTest, RejectsNegativeCount) {
   EXPECT_FALSE(GeluBackward<__nv_bfloat16>(nullptr, nullptr, nullptr, -1, GetParam(), nullptr, nullptr, nullptr).ok());
 }
 
+// GeluBackwardWithSums (GeluGrad's dXSums): dx bitwise the plain backward's (with the same dropout:
+// none, the forward's keep bits, or the regenerated stream), sums the double column sums of that dx
+// within fp32 accumulation. (rows, cols) cover the fused path and, for bf16 with cols not a multiple
+// of 8, the plain backward followed by a reduction.
+template <typename T>
+void CheckBackwardWithSums(int64_t rows, int64_t cols, bool tanh_approx, int keep_mode) {
+  SCOPED_TRACE(::testing::Message() << rows << " x " << cols << (sizeof(T) == 2 ? " bf16" : " f32") << ", keep "
+                                    << keep_mode);
+  const int64_t n = rows * cols;
+  DeviceBuffer<T> x_dev(n), dy_dev(n), y_dev(n), dx_dev(n), dx2_dev(n);
+  Upload(Representable<T>(testing::Uniform(n, 3, -4.f, 4.f)), x_dev);
+  Upload(Representable<T>(testing::Uniform(n, 4)), dy_dev);
+  DropoutParams drop;
+  drop.ratio = keep_mode == 0 ? 0.0 : 0.25;
+  drop.seed = 17, drop.node_key = 5, drop.offset = 2;
+  DeviceBuffer<uint8_t> bits(keep_mode == 1 ? n / 8 : 0);
+  ASSERT_TRUE(GeluForward<T>(x_dev.get(), y_dev.get(), n, tanh_approx, &drop, bits.get(), nullptr).ok());
+  ASSERT_TRUE(
+      GeluBackward<T>(dy_dev.get(), x_dev.get(), dx_dev.get(), n, tanh_approx, &drop, bits.get(), nullptr).ok());
+  DeviceBuffer<float> sums(cols), ws((GeluSumsWorkspaceBytes(rows, cols) + 3) / 4);
+  ASSERT_TRUE(GeluBackwardWithSums<T>(dy_dev.get(), x_dev.get(), dx2_dev.get(), rows, cols, tanh_approx, &drop,
+                                      bits.get(), ir::DType::kF32, sums.get(), ws.get(), nullptr)
+                  .ok());
+  const std::vector<float> dx = Download(dx_dev), dx2 = Download(dx2_dev), got = Download(sums);
+  ASSERT_EQ(dx, dx2);
+  for (int64_t c = 0; c < cols; ++c) {
+    double want = 0, mag = 0;
+    for (int64_t r = 0; r < rows; ++r) want += dx[r * cols + c], mag += std::abs(dx[r * cols + c]);
+    ASSERT_NEAR(got[c], want, 1e-6 * mag + 1e-30) << "column " << c;
+  }
+}
+
+TEST_P(GeluCudaTest, BackwardWithSumsIsTheBackwardAndItsColumnSums) {
+  for (const int keep_mode : {0, 1, 2}) {
+    CheckBackwardWithSums<float>(1000, 512, GetParam(), keep_mode);
+    CheckBackwardWithSums<__nv_bfloat16>(3000, 1024, GetParam(), keep_mode);
+    CheckBackwardWithSums<__nv_bfloat16>(37, 24, GetParam(), keep_mode);
+    CheckBackwardWithSums<float>(9, 12, GetParam(), keep_mode == 1 ? 0 : keep_mode);          // bits need cols % 8
+    CheckBackwardWithSums<__nv_bfloat16>(5, 12, GetParam(), keep_mode == 1 ? 0 : keep_mode);  // not fused
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(ErfAndTanh, GeluCudaTest, ::testing::Bool());
 
 }  // namespace

@@ -118,9 +118,12 @@ std::vector<float> Padded(const std::vector<float>& v, int64_t offset) {
 // Runs the backward on the GPU for input `x` (the normalised values), with the given saved
 // statistics (or none: recomputed) and an optional residual gradient added to dx. Every T pointer
 // is `offset` elements past the start of its allocation (1: not 16-byte aligned).
+// With `sums`: also dx's column sums (dx_sums), or with `dropout` dx_dropped's (into `dropped`).
 template <typename T>
 Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float>& x_host,
-                     const std::optional<Forward>& saved, const std::vector<float>* dresidual, int64_t offset = 0) {
+                     const std::optional<Forward>& saved, const std::vector<float>* dresidual, int64_t offset = 0,
+                     std::vector<float>* sums = nullptr, const DropoutParams* dropout = nullptr,
+                     std::vector<float>* dropped = nullptr) {
   const int64_t n = p.shape.rows * p.shape.d;
   const bool layer = kind == NormKind::kLayerNorm;
   DeviceBuffer<T> dy(offset + n), x(offset + n), gamma(offset + p.shape.d), dx(offset + n),
@@ -153,8 +156,17 @@ Backward RunBackward(NormKind kind, const Problem<T>& p, const std::vector<float
   a.dgamma = dgamma.get();
   a.dbeta = dbeta.get();
   a.workspace = ws.get();
+  DeviceBuffer<float> sums_dev(sums != nullptr ? p.shape.d : 0);
+  DeviceBuffer<T> dx_dropped(dropout != nullptr ? offset + n : 0);
+  a.dx_sums = sums_dev.get();
+  if (dropout != nullptr) a.dropout = dropout, a.dx_dropped = dx_dropped.get() + offset, a.sums_of_dropped = true;
   const absl::Status st = NormBackward(a, nullptr);
   EXPECT_TRUE(st.ok()) << st;
+  if (sums != nullptr) *sums = Download(sums_dev);
+  if (dropped != nullptr) {
+    *dropped = Download(dx_dropped);
+    dropped->erase(dropped->begin(), dropped->begin() + offset);
+  }
   Backward b;
   b.dx = Download(dx);
   b.dx.erase(b.dx.begin(), b.dx.begin() + offset);
@@ -272,6 +284,54 @@ TYPED_TEST(NormCudaTest, LayerNormBackwardMatchesCpu) {
     std::vector<float> dx = Floats(want[0]);
     for (size_t i = 0; i < dx.size(); ++i) dx[i] += dres[i];
     ExpectMatch<T>(got.dx, dx, "dx + dresidual " + Name(s));
+  }
+}
+
+// The sums over rows of a (rows, d) tensor in double; ColumnSumsMatch: `got` within fp32 accumulation
+// of them (relative to the sum of magnitudes).
+std::vector<double> ColumnSums(const std::vector<float>& v, Shape s) {
+  std::vector<double> out(s.d, 0.0);
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (int64_t c = 0; c < s.d; ++c) out[c] += v[r * s.d + c];
+  return out;
+}
+::testing::AssertionResult ColumnSumsMatch(const std::vector<float>& got, const std::vector<float>& v, Shape s) {
+  const std::vector<double> want = ColumnSums(v, s);
+  std::vector<float> mag(v.size());
+  for (size_t i = 0; i < v.size(); ++i) mag[i] = std::abs(v[i]);
+  const std::vector<double> scale = ColumnSums(mag, s);
+  if (static_cast<int64_t>(got.size()) != s.d) return ::testing::AssertionFailure() << got.size() << " sums";
+  for (int64_t c = 0; c < s.d; ++c) {
+    if (std::abs(got[c] - want[c]) > 1e-6 * scale[c] + 1e-30) {
+      return ::testing::AssertionFailure() << "column " << c << ": " << got[c] << " against " << want[c];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// dx_sums (LayerNormGrad's dXSums, dXDroppedSums): dx and the parameter gradients as without them, the
+// sums those of dx (or of dx_dropped) as stored, on the block and warp-per-row paths, aligned or not.
+TYPED_TEST(NormCudaTest, BackwardSumsItsOutputsColumns) {
+  using T = TypeParam;
+  uint32_t seed = 700;
+  for (const Shape& s : Shapes()) {
+    Problem<T> p(s, seed += 10);
+    const std::vector<float> dres = Representable<T>(Uniform(s.rows * s.d, seed + 5, -1.f, 1.f));
+    for (int64_t offset : {0, 1}) {
+      const std::string what = Name(s) + (offset ? " unaligned" : "");
+      const Backward want = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, &dres, offset);
+      std::vector<float> sums;
+      const Backward got = RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, &dres, offset, &sums);
+      EXPECT_EQ(got.dx, want.dx) << what;
+      EXPECT_EQ(got.dgamma, want.dgamma) << what;
+      EXPECT_EQ(got.dbeta, want.dbeta) << what;
+      EXPECT_TRUE(ColumnSumsMatch(sums, got.dx, s)) << "dx " << what;
+      DropoutParams drop;
+      drop.ratio = 0.1, drop.seed = 3, drop.node_key = 9;
+      std::vector<float> dropped;
+      RunBackward<T>(NormKind::kLayerNorm, p, p.x, std::nullopt, &dres, offset, &sums, &drop, &dropped);
+      EXPECT_TRUE(ColumnSumsMatch(sums, dropped, s)) << "dx_dropped " << what;
+    }
   }
 }
 

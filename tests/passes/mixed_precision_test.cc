@@ -219,6 +219,54 @@ TEST(MixedPrecisionTest, TrainingGraphHasNoF32LogitsSizedTensor) {
   }
 }
 
+// A post-LN MLP block trained in bf16: the bias gradients come from the kernels that write the Linears'
+// incoming gradients (passes/ksum_from_producer.h), in f32 as the weight-gradient GEMMs' were: b1's from
+// GeluGrad's dXSums, b2's from LayerNormGrad's dXDroppedSums (b2's output goes through the norm's fused
+// dropout); no GEMM keeps a KSum output.
+TEST(MixedPrecisionTest, BiasGradientsComeFromTheGradientKernels) {
+  const ir::Shape xs = {Dim(2), Dim(8), Dim(16)}, hs = {Dim(2), Dim(8), Dim(32)};
+  GraphBuilder b;
+  const ValueId x = b.Input("x", xs);
+  const ValueId h = b.Op(OpKind::kLinear, {x, b.Param("w1", {16, 32}), b.Param("b1", {32})}, hs);
+  const ValueId a = b.Op(OpKind::kGelu, {h}, hs);
+  const ValueId o = b.Op(OpKind::kLinear, {a, b.Param("w2", {32, 16}), b.Param("b2", {16})}, xs);
+  const ValueId n = b.Op(OpKind::kLayerNorm, {o, b.Param("gamma", {16}), b.Param("beta", {16}), x}, xs,
+                         MakeAttrs({{"dropout", 0.1}, {"rng_key", std::string("drop")}}));
+  const ValueId logits = b.Op(OpKind::kMatMul, {n, b.Param("head", {16, 5})}, {Dim(2), Dim(8), Dim(5)});
+  b.Output(logits);
+  autodiff::TrainingGraphSpec spec;
+  spec.logits = b.graph().value(logits).name;
+  spec.dtype = DType::kBF16;
+  spec.dropout = true;
+  absl::StatusOr<autodiff::TrainingGraph> t = autodiff::BuildTrainingGraph(b.graph(), spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const ir::Graph& g = t->graph;
+  ASSERT_TRUE(ir::Verify(g).ok()) << ir::Verify(g);
+  for (const ir::Node* m : testing::NodesOf(g, OpKind::kFusedMatMul)) {
+    EXPECT_TRUE(m->outputs.size() < 2 || m->outputs[1] == ir::kNoValue) << m->name << " keeps its KSum";
+  }
+  // Each bias's gradient, by the parameter's name, and the node output it is.
+  auto grad_of = [&](const std::string& param) -> std::pair<const ir::Node*, int> {
+    for (size_t i = 0; i < t->params.size(); ++i) {
+      if (g.value(t->params[i]).name != param) continue;
+      const ir::Value& v = g.value(t->grads[i]);
+      return {v.producer == ir::kNoNode ? nullptr : &g.node(v.producer), v.producer_output};
+    }
+    return {nullptr, -1};
+  };
+  const auto [gelu_grad, k1] = grad_of("b1");
+  ASSERT_NE(gelu_grad, nullptr);
+  EXPECT_EQ(gelu_grad->op, OpKind::kGeluGrad);
+  EXPECT_EQ(k1, 1);
+  const auto [norm_grad, k2] = grad_of("b2");
+  ASSERT_NE(norm_grad, nullptr);
+  EXPECT_EQ(norm_grad->op, OpKind::kLayerNormGrad);
+  EXPECT_EQ(k2, 5);
+  EXPECT_EQ(g.value(gelu_grad->outputs[1]).dtype, DType::kF32);
+  EXPECT_EQ(g.value(norm_grad->outputs[5]).dtype, DType::kF32);
+  EXPECT_EQ(g.value(norm_grad->outputs[5]).shape, ir::Shape{Dim(16)});
+}
+
 TEST(MixedPrecisionTest, RejectsANonHalfComputeDtype) {
   Model m;
   absl::StatusOr<bool> r = MixedPrecision({.compute = DType::kF32, .freeze_regex = ""}).Run(&m.b.graph());
