@@ -41,14 +41,6 @@ ir::Graph Differentiated(const ir::Shape& lead, bool tanh_form, bool trans_b) {
   return g;
 }
 
-std::vector<ir::Tensor> Evaluated(const ir::Graph& g) {
-  absl::StatusOr<std::vector<ir::Tensor>> feeds = testing::RandomFeeds(g, {}, 11);
-  EXPECT_TRUE(feeds.ok()) << feeds.status();
-  absl::StatusOr<std::vector<ir::Tensor>> out = testing::Evaluate(g, feeds.ok() ? *feeds : std::vector<ir::Tensor>{});
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *out : std::vector<ir::Tensor>{};
-}
-
 // FusedMatMul nodes that still have a KSum output.
 size_t GemmsWithKSum(const ir::Graph& g) {
   size_t n = 0;
@@ -77,7 +69,7 @@ TEST(KSumFromProducerTest, SameLossAndGradientsBitForBit) {
         ASSERT_EQ(gg.size(), 1u);
         ASSERT_EQ(gg[0]->outputs.size(), 2u);
         EXPECT_EQ(moved.value(gg[0]->outputs[1]).shape, ir::Shape{Dim(16)});
-        absl::StatusOr<double> diff = testing::MaxAbsDiff(Evaluated(plain), Evaluated(moved));
+        absl::StatusOr<double> diff = testing::MaxAbsDiffOnRandomFeeds(plain, moved, 11);
         ASSERT_TRUE(diff.ok()) << diff.status();
         EXPECT_EQ(*diff, 0.0);
         absl::StatusOr<bool> again = KSumFromProducer().Run(&moved);

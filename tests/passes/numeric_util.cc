@@ -100,4 +100,11 @@ absl::StatusOr<double> MaxAbsDiff(const std::vector<ir::Tensor>& a, const std::v
   return worst;
 }
 
+absl::StatusOr<double> MaxAbsDiffOnRandomFeeds(const ir::Graph& a, const ir::Graph& b, uint32_t seed) {
+  ASSIGN_OR_RETURN(const std::vector<ir::Tensor> feeds, RandomFeeds(a, {}, seed));
+  ASSIGN_OR_RETURN(const std::vector<ir::Tensor> x, Evaluate(a, feeds));
+  ASSIGN_OR_RETURN(const std::vector<ir::Tensor> y, Evaluate(b, feeds));
+  return MaxAbsDiff(x, y);
+}
+
 }  // namespace onnxpipe::passes::testing

@@ -33,4 +33,8 @@ absl::StatusOr<ir::Graph> StageOnnxRoundTrip(const ir::Graph& g, const std::stri
 // in one and not the other.
 absl::StatusOr<double> MaxAbsDiff(const std::vector<ir::Tensor>& a, const std::vector<ir::Tensor>& b);
 
+// MaxAbsDiff of the outputs of graphs `a` and `b` (one graph before and after a rewrite: the same
+// inputs) evaluated (inference mode) on the same RandomFeeds(a, {}, seed).
+absl::StatusOr<double> MaxAbsDiffOnRandomFeeds(const ir::Graph& a, const ir::Graph& b, uint32_t seed);
+
 }  // namespace onnxpipe::passes::testing
