@@ -2,10 +2,10 @@
 // reduce.h): Add Sub Mul Min Max (f32 bf16 i64 i32), Div Pow ReluGrad (f32 bf16), Equal Less Greater GreaterOrEqual
 // LessOrEqual (f32 bf16 i64 i32, to bool), And Not (bool), with numpy broadcasting and both operands of one dtype; Sum
 // (f32 bf16, any number of broadcast operands); Where (f32 bf16 i64 i32); Cast (between f32 bf16 i64 i32 bool); unary
-// math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32 bf16, double accumulation like the CPU);
-// ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes in fp32 and rounds each output once, as the CPU's fp32
-// kernel on widened inputs with the result rounded. Other dtypes (f64, f16, the one-byte integers) and a Pow with an
-// exponent of another dtype run on the host.
+// math (f32 bf16; Neg Relu Abs also i64 i32); ReduceSum/ReduceMean (f32 bf16, double accumulation like the CPU;
+// ReduceSum also i64 i32, in int64); ReduceToShapeOf and ExpandLike (f32 bf16). bf16 computes in fp32 and rounds each
+// output once, as the CPU's fp32 kernel on widened inputs with the result rounded. Other dtypes (f64, f16, the one-byte
+// integers) and a Pow with an exponent of another dtype run on the host.
 #include <algorithm>
 
 #include "executor/cuda/cuda_kernels.h"
@@ -147,7 +147,8 @@ KernelResult UnaryKernel(UnaryOp op, const KernelContext& ctx, const ir::Node& n
 KernelResult ReduceKernel(ReduceKind kind, const KernelContext& ctx, const ir::Node& node,
                           const std::vector<ir::Tensor>& in) {
   const ir::Tensor& x = in[0];
-  if (!IsKernelFloat(x.dtype())) return std::nullopt;
+  const bool integers = x.dtype() == ir::DType::kI64 || x.dtype() == ir::DType::kI32;
+  if (!IsKernelFloat(x.dtype()) && !(integers && kind == ReduceKind::kSum)) return std::nullopt;
   const std::vector<int64_t> axes = node.attrs.Get<std::vector<int64_t>>("axes", {});
   const bool keepdims = node.attrs.Get<int64_t>("keepdims", 1) != 0;
   if (axes.empty() && node.attrs.Get<int64_t>("noop_with_empty_axes", 0) != 0) {

@@ -125,15 +125,22 @@ ReduceGeometry GeometryOf(const ReducePlan& p, int elem_bytes, bool split) {
 }
 
 int64_t ReduceWorkspaceBytes(const ReducePlan& plan, ir::DType x_dtype) {
+  if (!ir::IsFloat(x_dtype)) return 0;  // integer sums never split
   const ReduceGeometry g = GeometryOf(plan, static_cast<int>(ir::DTypeSize(x_dtype)), /*split=*/true);
   return g.splits > 1 ? g.splits * plan.num_out * static_cast<int64_t>(sizeof(double)) : 0;
 }
 
 absl::Status Reduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
                     void* y, cudaStream_t stream, void* workspace, int64_t workspace_bytes) {
+  const bool integers = x_dtype == ir::DType::kI64 || x_dtype == ir::DType::kI32;
+  if (integers && (kind != ReduceKind::kSum || y_dtype != x_dtype)) {
+    return INVALID_ARGUMENT() << "Reduce: " << ir::DTypeName(x_dtype) << " input: only a sum into "
+                              << ir::DTypeName(x_dtype) << " is supported, got " << ir::DTypeName(y_dtype);
+  }
   for (ir::DType t : {x_dtype, y_dtype}) {
-    if (t != ir::DType::kF32 && t != ir::DType::kBF16 && t != ir::DType::kF16) {
-      return INVALID_ARGUMENT() << "Reduce: dtype " << ir::DTypeName(t) << " is not f32, bf16 or f16";
+    if (!integers && t != ir::DType::kF32 && t != ir::DType::kBF16 && t != ir::DType::kF16) {
+      return INVALID_ARGUMENT() << "Reduce: dtype " << ir::DTypeName(t) << " is not f32, bf16 or f16 (or i64/i32 "
+                                << "summed into their own dtype)";
     }
   }
   if (plan.num_out > 0 && (y == nullptr || (plan.num_reduced > 0 && x == nullptr))) {

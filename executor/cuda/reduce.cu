@@ -10,6 +10,7 @@
 //  - with a workspace, the reduced range is cut into slices so that the grid fills the GPU whatever
 //    the number of outputs; each slice writes one double per output, and SumSlicesKernel (a thread per
 //    output) or, for few outputs, SumSlicesWarpKernel (a warp per output) adds them in a fixed order.
+// Integer sums (IntegerSumKernel) take a thread per output, in order.
 #include <type_traits>
 
 #include "executor/cuda/device_util.cuh"
@@ -276,6 +277,20 @@ __global__ void SumSlicesKernel(ReduceKind kind, ReducePlan p, int64_t splits, c
   }
 }
 
+// Integer sums (i64, i32: a mask's count of tokens): a thread per output walks its reduced elements in
+// order, accumulating in int64 with wrap-around, as the CPU backend does; the result is stored as T.
+template <typename T>
+__global__ void IntegerSumKernel(ReducePlan p, const T* __restrict__ x, T* __restrict__ y) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < p.num_out;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    const T* base = x + KeptOffset(p, o);
+    Odometer od(p, 0);
+    uint64_t acc = 0;
+    for (int64_t r = 0; r < p.num_reduced; ++r, od.Next(p)) acc += static_cast<uint64_t>(base[od.off]);
+    y[o] = static_cast<T>(static_cast<int64_t>(acc));
+  }
+}
+
 // One thread per (o, i) line of x (outer, n, inner); neighbouring threads take neighbouring i.
 template <typename T, typename Acc>
 __global__ void CumSumKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner,
@@ -316,6 +331,16 @@ void LaunchColumns(ReduceKind kind, const ReducePlan& p, const ReduceGeometry& g
 cudaError_t LaunchReduce(ReduceKind kind, const ReducePlan& plan, ir::DType x_dtype, const void* x, ir::DType y_dtype,
                          void* y, void* workspace, int64_t workspace_bytes, cudaStream_t stream) {
   if (plan.num_out == 0) return cudaSuccess;
+  if (x_dtype == ir::DType::kI64 || x_dtype == ir::DType::kI32) {
+    if (kind != ReduceKind::kSum || y_dtype != x_dtype) return cudaErrorInvalidValue;
+    const unsigned grid = GridFor(plan.num_out);
+    if (x_dtype == ir::DType::kI64) {
+      IntegerSumKernel<<<grid, kThreads, 0, stream>>>(plan, static_cast<const int64_t*>(x), static_cast<int64_t*>(y));
+    } else {
+      IntegerSumKernel<<<grid, kThreads, 0, stream>>>(plan, static_cast<const int32_t*>(x), static_cast<int32_t*>(y));
+    }
+    return cudaGetLastError();
+  }
   return DispatchFloat(x_dtype, [&](auto xtag) -> cudaError_t {
     using X = typename decltype(xtag)::type;
     return DispatchFloat(y_dtype, [&](auto ytag) -> cudaError_t {

@@ -5,7 +5,8 @@
 // only changes the dims a caller records, never the layout). Sums accumulate in double, in a fixed
 // order (deterministic), and round once to y's dtype; Mean divides the double sum by the number of
 // reduced elements, as the CPU backend does. x and y dtypes: f32 bf16 f16 (independently, e.g. a
-// bf16 gradient reduced into an fp32 bias gradient).
+// bf16 gradient reduced into an fp32 bias gradient); or i64 / i32 summed into their own dtype, in
+// int64 with wrap-around (a mask's token count: the mean pooling of ModernBERT-like encoders).
 #pragma once
 
 #include <cuda_runtime.h>

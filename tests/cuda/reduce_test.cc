@@ -289,11 +289,33 @@ TEST_F(ReduceTest, CumSumMatchesCpu) {
   EXPECT_FALSE(CumSum(DType::kF32, nullptr, y.get(), 1, 4, 1, false, false, nullptr).ok());
 }
 
+// Integer ReduceSum (a mask's token count, ModernBERT's mean pooling): i64 and i32 over leading, middle,
+// trailing and all axes, equal to the CPU backend's sums, with values far beyond float's exact range.
+TEST_F(ReduceTest, IntegerSumsEqualCpu) {
+  const std::vector<int64_t> dims = {3, 37, 5};
+  for (DType t : {DType::kI64, DType::kI32}) {
+    Tensor x64(DType::kI64, dims);
+    for (int64_t i = 0; i < x64.num_elements(); ++i) x64.mutable_data<int64_t>()[i] = (i * 7919) % 13 - 6;
+    for (int64_t i : {5, 10, 15}) x64.mutable_data<int64_t>()[i] = (int64_t{1} << 60) + i;  // not exact in double
+    const Tensor x = t == DType::kI64 ? x64 : x64.CastTo(DType::kI32);
+    for (const std::vector<int64_t>& axes : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}}) {
+      auto plan = MakeReducePlan(x.dims(), axes);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const Tensor want = CpuReduce(ReduceKind::kSum, x, axes);
+      const Tensor got = GpuReduce(ReduceKind::kSum, *plan, x, t, want.dims());
+      ASSERT_EQ(got.dtype(), want.dtype());
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), got.num_bytes()), 0)
+          << ir::DTypeName(t) << " over " << axes.size() << " axes";
+    }
+  }
+}
+
 TEST_F(ReduceTest, BadArgumentsAreErrors) {
   auto plan = MakeReducePlan({4, 5}, {0});
   ASSERT_TRUE(plan.ok());
   DeviceTensor x(DType::kF32, {4, 5}), y(DType::kF32, {5});
   EXPECT_FALSE(Reduce(ReduceKind::kSum, *plan, DType::kI64, x.get(), DType::kF32, y.get(), nullptr).ok());
+  EXPECT_FALSE(Reduce(ReduceKind::kMean, *plan, DType::kI64, x.get(), DType::kI64, y.get(), nullptr).ok());
   EXPECT_FALSE(Reduce(ReduceKind::kSum, *plan, DType::kF32, nullptr, DType::kF32, y.get(), nullptr).ok());
   EXPECT_FALSE(Reduce(ReduceKind::kSum, *plan, DType::kF32, x.get(), DType::kF32, nullptr, nullptr).ok());
 }
