@@ -39,7 +39,7 @@ cudaError_t LaunchGeluBackward(const T* dy, const T* x, T* dx, int64_t n, bool t
 // cols), so the sums are bitwise reproducible. Without 16-byte aligned pointers and cols a multiple
 // of VEC, dx is written by the plain backward and then reduced (another summation order).
 int64_t GeluSumsWorkspaceBytes(int64_t rows, int64_t cols);
-// The fused pass alone (the parts' sums in `partial`, parts x cols floats); false when the
+// The fused pass alone (the parts' sums in `partial`, parts x cols floats); *launched false when the
 // pointers or cols do not allow it (nothing launched).
 template <typename T>
 cudaError_t LaunchGeluBackwardPartialSums(const T* dy, const T* x, T* dx, int64_t rows, int64_t cols, bool tanh_approx,

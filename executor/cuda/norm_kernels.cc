@@ -147,10 +147,11 @@ KernelResult LayerNorm(const KernelContext& ctx, const ir::Node& node, const std
 // The output of LayerNormGrad's column sums wanted (4: of dX, 5: of dXDropped; op.h), 0 for none, -1 for
 // what the kernel does not write (both, or sums of a dXDropped not written).
 int SumsOutput(const ir::Node& node) {
-  const bool of_dx = WantsOutput(node, 4), of_dropped = WantsOutput(node, 5);
+  const int dx_sums = ir::ColumnSumsOutput(node.op, 0), dropped_sums = ir::ColumnSumsOutput(node.op, 3);
+  const bool of_dx = WantsOutput(node, dx_sums), of_dropped = WantsOutput(node, dropped_sums);
   if (of_dx && of_dropped) return -1;
-  if (of_dropped) return WantsOutput(node, 3) ? 5 : -1;
-  return of_dx ? 4 : 0;
+  if (of_dropped) return WantsOutput(node, 3) ? dropped_sums : -1;
+  return of_dx ? dx_sums : 0;
 }
 
 // dX, dScale?, dBias?, dXDropped?, dXSums?, dXDroppedSums? = LayerNormGrad(dY, X, scale, mean?, inv_std_dev?,

@@ -362,5 +362,16 @@ constexpr int UpdateComputeCopyOutput(OpKind op) {
 constexpr int NormGradResidualInput(OpKind op) {
   return op == OpKind::kLayerNormGrad || op == OpKind::kRMSNormGrad ? 5 : -1;
 }
+// The output where a gradient op writes the column sums of its output `k` (GeluGrad's dXSums,
+// LayerNormGrad's dXSums and dXDroppedSums); -1 where it has none.
+constexpr int ColumnSumsOutput(OpKind op, int k) {
+  if (op == OpKind::kGeluGrad) return k == 0 ? 1 : -1;
+  if (op == OpKind::kLayerNormGrad) return k == 0 ? 4 : k == 3 ? 5 : -1;
+  return -1;
+}
+// Whether output `index` of a node of `op` is such a column sum.
+constexpr bool IsColumnSumsOutput(OpKind op, int index) {
+  return index >= 0 && (index == ColumnSumsOutput(op, 0) || index == ColumnSumsOutput(op, 3));
+}
 
 }  // namespace onnxpipe::ir

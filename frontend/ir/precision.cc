@@ -88,9 +88,9 @@ bool KeepsF32Output(const Node& node, int index) {
     case OpKind::kRMSNorm: return index == 1;
     case OpKind::kAttention: return index == 1;  // Stats
     case OpKind::kFusedMatMul: return node.attrs.Has("to");
-    case OpKind::kGeluGrad:  // dXSums, as the KSum it stands for
-      return index == 1 && node.attrs.Get<std::string>("sums_to", "") == "f32";
-    case OpKind::kLayerNormGrad: return index >= 4 && node.attrs.Get<std::string>("sums_to", "") == "f32";
+    case OpKind::kGeluGrad:
+    case OpKind::kLayerNormGrad:  // column sums in a GEMM KSum's place, in its dtype
+      return IsColumnSumsOutput(node.op, index) && node.attrs.Get<std::string>("sums_to", "") == "f32";
     case OpKind::kSoftmaxCrossEntropyLoss: return true;  // loss, log_prob, Stats (op.h)
     default: return false;
   }

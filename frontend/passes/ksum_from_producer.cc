@@ -11,13 +11,6 @@ using ir::NodeId;
 using ir::OpKind;
 using ir::ValueId;
 
-// The output where `op` can write the column sums of its output `k`; -1 when it cannot.
-int SumsOutput(OpKind op, int k) {
-  if (op == OpKind::kGeluGrad) return k == 0 ? 1 : -1;
-  if (op == OpKind::kLayerNormGrad) return k == 0 ? 4 : k == 3 ? 5 : -1;
-  return -1;
-}
-
 // The value whose rows the rank-2 `flat` is: `flat` itself, or the input of the Flatten that made it
 // when that keeps its input's last dim as the columns.
 ValueId FlattenedRows(const ir::Graph& g, ValueId flat) {
@@ -44,7 +37,7 @@ bool Move(ir::Graph* g, const UseInfo&, NodeId id) {
   const NodeId pid = ProducerId(*g, dy);
   if (dy == ir::kNoValue || pid == ir::kNoNode) return false;
   const ir::Node& producer = g->node(pid);
-  const int k = SumsOutput(producer.op, g->value(dy).producer_output);
+  const int k = ir::ColumnSumsOutput(producer.op, g->value(dy).producer_output);
   if (k < 0) return false;
   if (static_cast<int>(producer.outputs.size()) > k && producer.outputs[k] != ir::kNoValue) return false;
   const ValueId sums = mm.outputs[1];
