@@ -217,6 +217,14 @@ def family_model(family, attn):
                                   embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0, bos_token_id=0,
                                   eos_token_id=0, cls_token_id=0, sep_token_id=0, **common)
         return tr.ModernBertForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "mobilebert":  # bottlenecked BERT: NoNorm (an elementwise scale and shift), stacked FFNs, trigram
+        # embeddings (the token embeddings of each position's neighbours, shifted in by padding, concatenated)
+        cfg = tr.MobileBertConfig(hidden_size=D, embedding_size=8, intra_bottleneck_size=8, true_hidden_size=8,
+                                  num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+                                  num_feedforward_networks=2, max_position_embeddings=MAX_POS, num_labels=CLASSES,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  classifier_dropout=0.0, **common)
+        return tr.MobileBertForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"], False
     if family == "ernie":  # BERT with task-type embeddings left out
         cfg = tr.ErnieConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                              max_position_embeddings=MAX_POS, num_labels=CLASSES, hidden_dropout_prob=0.0,
@@ -368,7 +376,8 @@ VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", 
 NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2")
 SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
          "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "phi3", "gemma2", "granite",
-         "starcoder2", "gemma3", "cohere", *LLAMA_LIKE, "modernbert", "ernie", "biogpt", "codegen")
+         "starcoder2", "gemma3", "cohere", *LLAMA_LIKE, "modernbert", "ernie", "biogpt", "codegen",
+         "mobilebert")
 # Cohere's and Helium's TorchScript exports reshape the queries by another head count at any shape but the traced
 # one (onnxruntime cannot run them either), and GLM's fails in the exporter: only their dynamo exports are kept.
 TS_BROKEN = ("cohere", "helium", "glm")

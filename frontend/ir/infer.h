@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +36,12 @@ absl::Status BindSymbols(Graph& g, const std::map<std::string, int64_t>& binding
 // The named symbols ("B", "S"; not the unknown "?k" ones) in the graph inputs' shapes: what a
 // user can bind.
 std::set<std::string> CollectSymbols(const Graph& g);
+
+// The elements of the integer value `v` when they are known before the graph runs: constants and
+// the shape arithmetic exporters build from them (Shape of concrete dims, Concat, Slice, Transpose,
+// Reshape, Cast, Gather, ...; at most 64 elements). nullopt when any element is not. Shapes must be
+// inferred first.
+std::optional<std::vector<int64_t>> KnownInts(const Graph& g, ValueId v);
 
 // True when the op has a shape rule (every op in the op list should).
 bool HasShapeRule(OpKind op);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <unordered_map>
 
+#include "frontend/ir/infer.h"
 #include "frontend/ir/infer_rules.h"
 
 namespace onnxpipe::ir::infer_internal {
@@ -266,6 +267,8 @@ class KnownDataBuilder {
       }
       case OpKind::kSlice:
         return SliceData(out, p, depth);
+      case OpKind::kTranspose:
+        return TransposeData(out, p, depth);
       case OpKind::kAdd:
       case OpKind::kSub:
       case OpKind::kMul:
@@ -356,37 +359,91 @@ class KnownDataBuilder {
     return Shaped(out, std::move(elems));
   }
 
+  // Any rank, any axes (ONNX's clamping, negative steps included): the kept indices per axis, then
+  // the elements at their row-major combinations.
   std::optional<KnownData> SliceData(const Value& out, const Node& p, int depth) {
     std::optional<KnownData> x = In(p, 0, depth), starts = In(p, 1, depth), ends = In(p, 2, depth);
-    if (!x || x->dims.size() != 1 || !starts || !ends || !starts->AllConcrete() ||
-        !ends->AllConcrete() || starts->elems.size() != 1 || ends->elems.size() != 1)
+    if (!x || x->dims.empty() || !starts || !ends || !starts->AllConcrete() || !ends->AllConcrete() ||
+        starts->elems.size() != ends->elems.size())
       return std::nullopt;
-    int64_t step = 1;
-    if (p.inputs.size() > 3 && p.inputs[3] != kNoValue) {
-      std::optional<KnownData> axes = In(p, 3, depth);
-      if (!axes || !axes->AllConcrete() || axes->elems.size() != 1) return std::nullopt;
-      const int64_t axis = axes->elems[0].value();
-      if (axis != 0 && axis != -1) return std::nullopt;
+    const int64_t rank = static_cast<int64_t>(x->dims.size());
+    const size_t n_axes = starts->elems.size();
+    std::vector<int64_t> axes(n_axes), steps(n_axes, 1);
+    for (size_t i = 0; i < n_axes; ++i) axes[i] = static_cast<int64_t>(i);
+    auto optional_ints = [&](int input, std::vector<int64_t>& to) {
+      if (static_cast<int>(p.inputs.size()) <= input || p.inputs[input] == kNoValue) return true;
+      std::optional<KnownData> d = In(p, input, depth);
+      if (!d || !d->AllConcrete() || d->elems.size() != n_axes) return false;
+      to = d->Ints();
+      return true;
+    };
+    if (!optional_ints(3, axes) || !optional_ints(4, steps)) return std::nullopt;
+    std::vector<std::vector<int64_t>> kept(rank);
+    for (int64_t d = 0; d < rank; ++d) {
+      for (int64_t i = 0; i < x->dims[d]; ++i) kept[d].push_back(i);
     }
-    if (p.inputs.size() > 4 && p.inputs[4] != kNoValue) {
-      std::optional<KnownData> steps = In(p, 4, depth);
-      if (!steps || !steps->AllConcrete() || steps->elems.size() != 1) return std::nullopt;
-      step = steps->elems[0].value();
-      if (step == 0) return std::nullopt;
+    for (size_t i = 0; i < n_axes; ++i) {
+      const int64_t axis = axes[i] < 0 ? axes[i] + rank : axes[i];
+      if (axis < 0 || axis >= rank || steps[i] == 0) return std::nullopt;
+      const int64_t n = x->dims[axis], step = steps[i];
+      int64_t s = starts->elems[i].value(), e = ends->elems[i].value();
+      if (s < 0) s += n;
+      if (e < 0) e += n;
+      kept[axis].clear();
+      if (step > 0) {
+        s = std::clamp<int64_t>(s, 0, n);
+        e = std::clamp<int64_t>(e, 0, n);
+        for (int64_t k = s; k < e; k += step) kept[axis].push_back(k);
+      } else {
+        s = std::clamp<int64_t>(s, 0, n - 1);
+        e = std::clamp<int64_t>(e, -1, n - 1);
+        for (int64_t k = s; k > e; k += step) kept[axis].push_back(k);
+      }
     }
-    const int64_t n = x->dims[0];
-    int64_t s = starts->elems[0].value(), e = ends->elems[0].value();
-    if (s < 0) s += n;
-    if (e < 0) e += n;
+    return Shaped(out, Gathered(*x, kept));
+  }
+
+  // Elements of `x` at every combination of the per-axis indices, in row-major order of the result.
+  static std::vector<Dim> Gathered(const KnownData& x, const std::vector<std::vector<int64_t>>& index) {
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    std::vector<int64_t> stride(rank, 1);
+    for (int64_t d = rank - 2; d >= 0; --d) stride[d] = stride[d + 1] * x.dims[d + 1];
     std::vector<Dim> elems;
-    if (step > 0) {
-      s = std::clamp<int64_t>(s, 0, n);
-      e = std::clamp<int64_t>(e, 0, n);
-      for (int64_t i = s; i < e; i += step) elems.push_back(x->elems[i]);
-    } else {
-      s = std::clamp<int64_t>(s, 0, n - 1);
-      e = std::clamp<int64_t>(e, -1, n - 1);
-      for (int64_t i = s; i > e; i += step) elems.push_back(x->elems[i]);
+    std::vector<size_t> at(rank, 0);
+    if (std::any_of(index.begin(), index.end(), [](const auto& v) { return v.empty(); })) return elems;
+    while (true) {
+      int64_t flat = 0;
+      for (int64_t d = 0; d < rank; ++d) flat += index[d][at[d]] * stride[d];
+      elems.push_back(x.elems[flat]);
+      int64_t d = rank - 1;
+      while (d >= 0 && ++at[d] == index[d].size()) at[d--] = 0;
+      if (d < 0) return elems;
+    }
+  }
+
+  std::optional<KnownData> TransposeData(const Value& out, const Node& p, int depth) {
+    std::optional<KnownData> x = In(p, 0, depth);
+    if (!x) return std::nullopt;
+    const int64_t rank = static_cast<int64_t>(x->dims.size());
+    std::vector<int64_t> perm(rank);
+    for (int64_t d = 0; d < rank; ++d) perm[d] = rank - 1 - d;
+    if (p.attrs.Has("perm")) perm = p.attrs.Get<std::vector<int64_t>>("perm");
+    if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
+    std::vector<int64_t> stride(rank, 1);
+    for (int64_t d = rank - 2; d >= 0; --d) stride[d] = stride[d + 1] * x->dims[d + 1];
+    std::vector<int64_t> out_dims(rank), out_stride(rank);
+    for (int64_t d = 0; d < rank; ++d) {
+      if (perm[d] < 0 || perm[d] >= rank) return std::nullopt;
+      out_dims[d] = x->dims[perm[d]];
+      out_stride[d] = stride[perm[d]];
+    }
+    std::vector<Dim> elems;
+    std::vector<int64_t> at(rank, 0);
+    for (size_t i = 0; i < x->elems.size(); ++i) {
+      int64_t flat = 0;
+      for (int64_t d = 0; d < rank; ++d) flat += at[d] * out_stride[d];
+      elems.push_back(x->elems[flat]);
+      for (int64_t d = rank - 1; d >= 0 && ++at[d] == out_dims[d]; --d) at[d] = 0;
     }
     return Shaped(out, std::move(elems));
   }
@@ -404,3 +461,13 @@ std::optional<KnownData> ComputeKnownData(const Graph& g, ValueId v) {
 }
 
 }  // namespace onnxpipe::ir::infer_internal
+
+namespace onnxpipe::ir {
+
+std::optional<std::vector<int64_t>> KnownInts(const Graph& g, ValueId v) {
+  std::optional<infer_internal::KnownData> d = infer_internal::ComputeKnownData(g, v);
+  if (!d || !d->AllConcrete()) return std::nullopt;
+  return d->Ints();
+}
+
+}  // namespace onnxpipe::ir

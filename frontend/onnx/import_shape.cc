@@ -5,9 +5,11 @@
 // attributes here; dynamic shape operands (Reshape/Expand shape, Slice bounds) stay inputs.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "frontend/ir/infer.h"
 #include "frontend/onnx/importer.h"
 
 namespace onnxpipe::onnx_frontend {
@@ -201,8 +203,9 @@ ONNX_IMPORTER(Tile) {
 // Pad(X, pads, constant_value?, axes?) in constant mode, lowered at import to Concat with blocks of the fill:
 // for each axis with a pad, ConstantOfShape(X's dims with that dim replaced by the pad) before and/or after X
 // (the block shapes from Shape(X) in the graph, so the other dims may be dynamic). The gradient is Concat's (a slice
-// of dY). pads must be constant at import (the dynamo exporter writes an initializer); pads computed in the graph
-// (TorchScript builds them through a Reshape/Slice/Transpose chain), reflect, edge and wrap modes and negative pads
+// of dY). pads must be known at import: an initializer (the dynamo exporter's), or computed in the graph from
+// constants and static dims (TorchScript's Concat/Reshape/Slice/Transpose chain over F.pad's list), which
+// ir::KnownInts evaluates. Pads that depend on data or dynamic dims, reflect, edge and wrap modes and negative pads
 // (cropping) are refused, naming the node.
 ONNX_IMPORTER(Pad) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));  // pads are an input from opset 11 (onnxpipe reads 13 and above)
@@ -215,11 +218,18 @@ ONNX_IMPORTER(Pad) {
   std::vector<int64_t> pads;
   ir::Tensor fill = ir::Tensor(xv.dtype, {1});  // zeros
   const ir::Value& p = ctx.graph().value(ctx.input(1));
-  if (!p.constant || !p.constant->has_data()) {
-    return ctx.Error() << "pads ('" << p.name << "') must be a constant: onnxpipe does not import pads computed in "
-                       << "the graph or fed as an input (torch's dynamo exporter writes them as an initializer)";
+  if (p.constant && p.constant->has_data()) {
+    ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
+  } else {
+    InferredValue(ctx, ctx.input(1));
+    std::optional<std::vector<int64_t>> known = ir::KnownInts(ctx.graph(), ctx.input(1));
+    if (!known) {
+      return ctx.Error() << "pads ('" << p.name << "') must be a constant, or computed from constants and static "
+                         << "dims before the graph runs; onnxpipe does not import pads that depend on the data or "
+                         << "on a dynamic dim";
+    }
+    pads = *std::move(known);
   }
-  ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
   ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));
   if (value != nullptr) {
     if (value->num_elements() != 1) return ctx.Error() << "constant_value must hold one element";

@@ -271,6 +271,27 @@ TEST(InferTest, ConcatOfTwoDimensionalShapeDataOnTheLastAxis) {
   EXPECT_EQ(b.Str(from_rows), "(B, S, 8, 3, 1, 2)");
 }
 
+// KnownInts through multi-axis Slice and Transpose of small integer tensors (numpy:
+// a = arange(12).reshape(3, 4); a[2::-2, 1:4:2] = [[9, 11], [1, 3]]; a.T.reshape(-1) =
+// [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]), and a symbolic element keeps the value unknown.
+TEST(InferTest, KnownIntsThroughSliceAndTranspose) {
+  Builder b;
+  ValueId a = b.Op(OpKind::kReshape, {b.Ints({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}), b.Ints({3, 4})});
+  ValueId sliced = b.Op(OpKind::kSlice, {a, b.Ints({2, 1}), b.Ints({kMin, 4}), b.Ints({0, -1}), b.Ints({-2, 2})});
+  ValueId flat = b.Op(OpKind::kReshape, {sliced, b.Ints({-1})});
+  ValueId t = b.Op(OpKind::kReshape, {b.Op(OpKind::kTranspose, {a}, A({{"perm", I({1, 0})}})), b.Ints({-1})});
+  ValueId cube = b.Op(OpKind::kReshape, {a, b.Ints({2, 3, 2})});  // cube[i][j][k] = 6i + 2j + k
+  ValueId moved = b.Op(OpKind::kTranspose, {cube}, A({{"perm", I({2, 0, 1})}}));
+  ValueId dims = b.Op(OpKind::kShape, {b.Input("x", {B, 3})});
+  ValueId with_b = b.Op(OpKind::kSlice, {dims, b.Ints({-1}), b.Ints({kMin}), b.Ints({0}), b.Ints({-1})});
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(KnownInts(b.g, flat), std::optional(I({9, 11, 1, 3})));
+  EXPECT_EQ(KnownInts(b.g, t), std::optional(I({0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11})));
+  EXPECT_EQ(b.Str(moved), "(2, 2, 3)");  // moved[k][i][j] = cube[i][j][k]
+  EXPECT_EQ(KnownInts(b.g, moved), std::optional(I({0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11})));
+  EXPECT_EQ(KnownInts(b.g, with_b), std::nullopt);  // (3, B)
+}
+
 TEST(InferTest, ReshapeContradictions) {
   Builder b;
   b.Op(OpKind::kReshape, {b.Input("x", {6, 4}), b.Ints({-1, 5})}, {}, "/r/Reshape");

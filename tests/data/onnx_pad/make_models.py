@@ -4,8 +4,11 @@ mode, which is the specification's definition):
 
   pad_axes.onnx      X (2, 3, 4), opset 18, pads [1, 0, 2, 3] on axes [1, -1], constant_value 2.5
   pad_all.onnx       X (2, 3, 4), opset 13, pads [0, 2, 0, 1, 0, 1] on every axis, zeros
+  pad_traced.onnx    X (B, 3, 4), opset 17, F.pad(X, (1, 2, 0, 3)) as the TorchScript exporter writes it: the pads
+                     computed in the graph from the list (zeros for the leading axes from Shape of the list, Concat,
+                     Reshape to pairs, the pairs reversed by a Slice of step -1, Transpose, Reshape, Cast)
   pad_reflect.onnx, pad_negative.onnx, pad_computed.onnx: refused by onnxpipe (reflect mode, a crop, pads computed
-                     in the graph from Shape(X))
+                     in the graph from X's dynamic first dim)
 Float32 models; inputs and references: <model>.X.npy and <model>.Y.npy. onnxruntime, when installed, is checked
 against the references:
   VENV/bin/python tests/data/onnx_pad/make_models.py
@@ -19,8 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def model(name, nodes, initializers, y_shape, opset):
-    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 4])],
+def model(name, nodes, initializers, y_shape, opset, x_shape=(2, 3, 4)):
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape))],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, y_shape)],
                               initializer=[numpy_helper.from_array(a, n) for n, a in initializers.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxpipe-tests",
@@ -56,11 +59,39 @@ def main():
     node = helper.make_node("Pad", ["X", "pads"], ["Y"], name="/emb/pad")
     onnx.save_model(model("pad_negative", [node], {"pads": np.array([0, -1, 0, 0, 0, 0], np.int64)}, [2, 2, 4], 13),
                     os.path.join(HERE, "pad_negative.onnx"))
-    nodes = [helper.make_node("Shape", ["X"], ["dims"], name="/emb/shape"),
-             helper.make_node("Concat", ["dims", "dims"], ["six"], name="/emb/concat", axis=0),
-             helper.make_node("Sub", ["six", "six"], ["zeros"], name="/emb/sub"),
-             helper.make_node("Pad", ["X", "zeros"], ["Y"], name="/emb/pad")]
-    onnx.save_model(model("pad_computed", nodes, {}, [2, 3, 4], 13), os.path.join(HERE, "pad_computed.onnx"))
+    write("pad_traced", model("pad_traced", traced_pad_nodes([1, 2, 0, 3], rank=3), {}, ["B", 6, 7], 17,
+                              x_shape=("B", 3, 4)), x, np.pad(x, [(0, 0), (0, 3), (1, 2)]))
+    nodes = [helper.make_node("Shape", ["X"], ["dims"], name="/emb/shape", start=0, end=1),
+             helper.make_node("Concat", ["dims", "five"], ["six"], name="/emb/concat", axis=0),
+             helper.make_node("Pad", ["X", "six"], ["Y"], name="/emb/pad")]
+    onnx.save_model(model("pad_computed", nodes, {"five": np.zeros(5, np.int64)}, ["B", 3, 4], 13, x_shape=("B", 3, 4)),
+                    os.path.join(HERE, "pad_computed.onnx"))
+
+
+def traced_pad_nodes(torch_pads, rank):
+    """F.pad's list (last axis first, (before, after) pairs) turned into ONNX's pads in the graph, the way the
+    TorchScript exporter does it."""
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], name=f"/emb/{name}",
+                                value=numpy_helper.from_array(np.array(value, np.int64)))
+
+    return [const("list", torch_pads), const("two", 2), const("rank", rank), const("first", [0]),
+            helper.make_node("Shape", ["list"], ["list_len"], name="/emb/shape"),
+            helper.make_node("Gather", ["list_len", "first"], ["n"], name="/emb/gather", axis=0),
+            helper.make_node("Mul", ["rank", "two"], ["all"], name="/emb/mul"),
+            helper.make_node("Sub", ["all", "n"], ["rest"], name="/emb/sub"),
+            helper.make_node("ConstantOfShape", ["rest"], ["zeros"], name="/emb/zeros",
+                             value=numpy_helper.from_array(np.zeros(1, np.int64))),
+            helper.make_node("Concat", ["list", "zeros"], ["full"], name="/emb/concat", axis=0),
+            const("pairs_shape", [-1, 2]),
+            helper.make_node("Reshape", ["full", "pairs_shape"], ["pairs"], name="/emb/pairs"),
+            const("start", [-1]), const("end", [-(2**63 - 1)]), const("axis", [0]), const("step", [-1]),
+            helper.make_node("Slice", ["pairs", "start", "end", "axis", "step"], ["reversed"], name="/emb/reverse"),
+            helper.make_node("Transpose", ["reversed"], ["columns"], name="/emb/transpose", perm=[1, 0]),
+            const("flat", [-1]),
+            helper.make_node("Reshape", ["columns", "flat"], ["flat_pads"], name="/emb/flatten"),
+            helper.make_node("Cast", ["flat_pads"], ["pads"], name="/emb/cast", to=TensorProto.INT64),
+            helper.make_node("Pad", ["X", "pads"], ["Y"], name="/emb/pad", mode="constant")]
 
 
 if __name__ == "__main__":
