@@ -5,10 +5,11 @@ The peer (shared/bench/torch_peer.py, passed as --peer) builds the DESIGN.md ben
 post-LN, GELU, dropout 0.1) and exports the very same seeded model to ONNX; this script then trains that export with
 onnxpipe on random tokens (the same vocabulary, sequence length, batch, SGD) and runs the peer's own step loop (eager,
 per-layer checkpointing, torch.compile, as asked) in the same command. samples/s: onnxpipe's median step-to-step rate
-over the steps after --warmup (its metrics file); samples_s_whole_process: onnxpipe run twice, with warmup + 2 and
-warmup + 2 + N steps, batch x N / (wall2 - wall1) (start-up, export load and planning cancel; N is --steps or
---whole-process-steps, whichever is larger, as start-up varies by about a second between runs); the peer's
-from its JSON lines (wall time over its timed steps). Writes bench/results/cuda_train_<date>_<tag>.json
+over the steps after --warmup (its metrics file); samples_s_whole_process: onnxpipe run with warmup + 2 steps (three
+times) and warmup + 2 + N steps, batch x N / the difference in wall time (start-up, export load and planning cancel;
+N is --steps or --whole-process-steps, whichever is larger; null when start-up's spread between the runs is over 5 %
+of the difference: bench/whole_process.py); the peer's from its JSON lines (wall time over its timed steps).
+Writes bench/results/cuda_train_<date>_<tag>.json
 with every number, the ratios onnxpipe / peer and the host fallbacks onnxpipe printed (ops without a CUDA kernel yet).
 
   python3 bench/cuda_train_bench.py --peer .dev/torch_peer.py --onnxpipe .build/main/tools/onnxpipe \
@@ -23,9 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from whole_process import whole_process_rate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,23 +81,17 @@ def onnxpipe_run(a, model, batch, dtype, work, graphs=True, variant="", extra=()
         cmd += ["--plan", plan_dir, "--microbatches", str(a.microbatches)]
     n1 = a.warmup + 2
     n2 = n1 + max(a.steps, a.whole_process_steps)
-    walls = {}
-    for n in (n1, n1, n2):  # the first run warms the file cache (and fills a tactic cache): timed again
-        run = [str(n) if c == "STEPS" else c for c in cmd]
-        t = time.monotonic()
-        r = subprocess.run(run, capture_output=True, text=True)
-        walls[n] = time.monotonic() - t
-        if r.returncode != 0:
-            return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *run[1:]]))
-    cmd = run
+    r, whole = whole_process_rate(lambda n: subprocess.run([str(n) if c == "STEPS" else c for c in cmd],
+                                                           capture_output=True, text=True), n1, n2, batch)
+    cmd = r.args
+    if whole is None:
+        return dict(error=(r.stderr or r.stdout).strip()[-2000:], command=" ".join(["onnxpipe", *cmd[1:]]))
     steps = [json.loads(l) for l in open(metrics)]
     fallbacks = [l for l in r.stdout.splitlines() if l.startswith("cuda: ran on the host")]
     memory = [l for l in r.stdout.splitlines() if l.startswith("cuda memory:")]
     attention = [l for l in r.stdout.splitlines() if l.startswith("cuda attention:")]
     graphs_line = [l for l in r.stdout.splitlines() if l.startswith("cuda graphs:")]
-    return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]),
-                samples_s_whole_process=batch * (n2 - n1) / (walls[n2] - walls[n1]),
-                wall_s={str(k): round(v, 3) for k, v in walls.items()},
+    return dict(samples_s=statistics.median(s["samples_per_s"] for s in steps[a.warmup:]), **whole,
                 losses=[s["loss"] for s in steps], host_fallbacks=fallbacks[0] if fallbacks else "",
                 memory=memory[0] if memory else "", attention=attention[0] if attention else "",
                 **({"graphs": graphs_line[0]} if graphs_line else {}),
@@ -211,7 +207,7 @@ def main():
                                       ("onnxpipe_no_graphs", "samples_s", "ratio_no_graphs"),
                                       ("onnxpipe_tactics", "samples_s", "ratio_tactics"),
                                       ("onnxpipe_tactics", "samples_s_whole_process", "ratio_tactics_whole_process")):
-                if rate in row.get(key, {}) and pr.get("samples_s"):
+                if row.get(key, {}).get(rate) and pr.get("samples_s"):
                     row[f"{prefix}_vs_{name}"] = round(row[key][rate] / pr["samples_s"], 4)
         rows.append(row)
     result = dict(benchmark="cuda_train", date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
