@@ -60,6 +60,26 @@ LLAMA_LIKE = {
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", dict(sliding_window=4, sliding_window_pattern=2)),
     # RMSNorm, SwiGLU, rotary: Kyutai's Helium
     "helium": ("HeliumConfig", "HeliumForCausalLM", {}),
+    # Llama 3.1's rope scaling: the inverse frequencies rescaled by wavelength band at export time
+    "llama3_rope": ("LlamaConfig", "LlamaForCausalLM",
+                    dict(rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=16))),
+    # Phi-3's LongRoPE: per-frequency factors (the long ones beyond the original context) and a cos/sin scale
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(original_max_position_embeddings=8,
+                           rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5], long_factor=[2.0, 3.0]))),
+    # RMSNorm on queries and keys after the projections
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {}),
+    # biased Q/K/V and an attention output bias, residual dropout (off here)
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", dict(residual_dropout=0.0)),
+    # Baidu's ERNIE 4.5 dense decoder: interleaved rotary
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {}),
+    # GLM-4: gate and up in one projection, RMSNorm after attention and after the MLP, partial interleaved rotary
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {}),
+    # the xIELU activation (trainable alphas through softplus and expm1), no gate; QK RMSNorm
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {}),
+    # squared ReLU, LayerNorm on queries and keys, partial rotary (Adept's Persimmon)
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(partial_rotary_factor=0.5)),
 }
 
 
@@ -217,6 +237,28 @@ def family_model(family, attn):
                                   embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0, bos_token_id=0,
                                   eos_token_id=0, cls_token_id=0, sep_token_id=0, **common)
         return tr.ModernBertForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+    if family == "mpt":  # ALiBi on every head, sliced by max(0, 1 - S); bias-free LayerNorm; no position table
+        cfg = tr.MptConfig(d_model=D, n_heads=HEADS, n_layers=LAYERS, expansion_ratio=2, max_seq_len=MAX_POS,
+                           **common)
+        return tr.MptForCausalLM(cfg), ["input_ids", "attention_mask"], True
+    if family == "ctrl":  # fixed sinusoidal positions added to sqrt(d)-scaled embeddings, pre-LN, untied biased head
+        cfg = tr.CTRLConfig(n_positions=MAX_POS, n_embd=D, dff=FFN, n_layer=LAYERS, n_head=HEADS, resid_pdrop=0.0,
+                            embd_pdrop=0.0, **common)
+        return tr.CTRLLMHeadModel(cfg), ["input_ids", "attention_mask"], True
+    if family in ("roformer", "esm", "rembert"):
+        # Encoders: RoFormer (interleaved sinusoidal rotary on Q and K), ESM-2 (rotary, pre-LN, no token types),
+        # RemBERT (embeddings narrower than the layers, untied wide output embeddings)
+        enc = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+                   max_position_embeddings=MAX_POS, num_labels=CLASSES, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0, **common)
+        if family == "roformer":
+            cfg = tr.RoFormerConfig(embedding_size=D, **enc)
+            return tr.RoFormerForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"], False
+        if family == "esm":
+            cfg = tr.EsmConfig(position_embedding_type="rotary", mask_token_id=3, **enc)
+            return tr.EsmForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
+        cfg = tr.RemBertConfig(input_embedding_size=8, output_embedding_size=8, classifier_dropout_prob=0.0, **enc)
+        return tr.RemBertForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"], False
     if family == "mobilebert":  # bottlenecked BERT: NoNorm (an elementwise scale and shift), stacked FFNs, trigram
         # embeddings (the token embeddings of each position's neighbours, shifted in by padding, concatenated)
         cfg = tr.MobileBertConfig(hidden_size=D, embedding_size=8, intra_bottleneck_size=8, true_hidden_size=8,
@@ -373,14 +415,16 @@ VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscri
 VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
 VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", "dynamo", 18, "sdpa")]
 # Families added by the architecture sweep: TorchScript/eager and dynamo/sdpa (eager where the family has no sdpa).
-NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2")
+NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2", "roformer", "rembert", "ctrl", "mpt")
 SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
          "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "phi3", "gemma2", "granite",
          "starcoder2", "gemma3", "cohere", *LLAMA_LIKE, "modernbert", "ernie", "biogpt", "codegen",
-         "mobilebert")
+         "mobilebert", "mpt", "ctrl", "roformer", "esm", "rembert")
 # Cohere's and Helium's TorchScript exports reshape the queries by another head count at any shape but the traced
 # one (onnxruntime cannot run them either), and GLM's fails in the exporter: only their dynamo exports are kept.
-TS_BROKEN = ("cohere", "helium", "glm")
+# Of the third sweep, ERNIE 4.5's TorchScript export has the same fault; Phi-3 LongRoPE's (aten::copy) and Apertus's
+# (aten::expm1) fail in the TorchScript exporter, and GLM-4's in its Concat.
+TS_BROKEN = ("cohere", "helium", "glm", "ernie4_5", "phi3_longrope", "apertus", "glm4")
 VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP if f not in TS_BROKEN]
 VARIANTS += [variant(f, "dynamo", 18, "eager" if f in NO_SDPA else "sdpa") for f in SWEEP]
 # Opset 23: the dynamo exporter writes ONNX's own Attention (sdpa) and RotaryEmbedding (transformers' rotary) ops.

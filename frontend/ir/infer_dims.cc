@@ -274,6 +274,8 @@ class KnownDataBuilder {
       case OpKind::kMul:
       case OpKind::kDiv:
       case OpKind::kMod:
+      case OpKind::kMax:
+      case OpKind::kMin:
       case OpKind::kEqual:
         return Binary(out, p, depth);
       case OpKind::kWhere: {
@@ -340,6 +342,24 @@ class KnownDataBuilder {
             elems.push_back(Dim(r != 0 && (r < 0) != (y.value() < 0) ? r + y.value() : r));
           }
           break;
+        case OpKind::kMax:
+        case OpKind::kMin: {
+          // Concrete operands, equal ones, or a named symbol (a dim, >= 1) against a constant <= 1
+          // (MPT's ALiBi slices from max(0, 1 - S)).
+          const bool is_max = p.op == OpKind::kMax;
+          if (concrete) {
+            elems.push_back(Dim(is_max ? std::max(x.value(), y.value()) : std::min(x.value(), y.value())));
+          } else if (x == y && !x.is_unknown()) {
+            elems.push_back(x);
+          } else if (IsPositiveSymbolic(x) && y.is_concrete() && y.value() <= 1) {
+            elems.push_back(is_max ? x : y);
+          } else if (IsPositiveSymbolic(y) && x.is_concrete() && x.value() <= 1) {
+            elems.push_back(is_max ? y : x);
+          } else {
+            elems.push_back(Dim::Unknown());
+          }
+          break;
+        }
         case OpKind::kEqual:
           // Symbols stand for dims (>= 1), so a named symbol never equals 0 or the -1 sentinel.
           if (x == y && !x.is_unknown()) {

@@ -61,10 +61,10 @@ class Folder {
       RETURN_IF_ERROR(Commit(id, {*t}));
       return true;
     }
-    if (IsNoOp(n)) {
-      ValueId in = n.inputs[0], out = n.outputs[0];
+    if (std::optional<ValueId> in = PassThrough(n)) {
+      const ValueId out = n.outputs[0];
       g_->RemoveNode(id);
-      g_->ReplaceAllUses(out, in);
+      g_->ReplaceAllUses(out, *in);
       return true;
     }
     if (std::all_of(n.inputs.begin(), n.inputs.end(), [&](ValueId v) { return Frozen(v); })) {
@@ -110,25 +110,68 @@ class Folder {
     return std::none_of(va.shape.begin(), va.shape.end(), [](const ir::Dim& d) { return d.is_unknown(); });
   }
 
-  bool IsNoOp(const Node& n) const {
+  // The input a no-op node's output equals (rule 2 of the header): Identity, Cast to the input's
+  // dtype, Reshape and Expand to the input's shape, and arithmetic with a uniform constant that
+  // changes nothing (x + 0, x - 0, x * 1, x / 1) where the output has x's shape and dtype
+  // (GPT-NeoX-Japanese's baddbmm adds beta times a zero tensor to the attention scores).
+  std::optional<ValueId> PassThrough(const Node& n) const {
     if (n.outputs.empty() || n.outputs[0] == ir::kNoValue || n.inputs.empty() || n.inputs[0] == ir::kNoValue) {
-      return false;
+      return std::nullopt;
     }
     const ValueId in = n.inputs[0], out = n.outputs[0];
-    if (g_->value(in).dtype != g_->value(out).dtype) return false;
+    auto unchanged = [&](ValueId x) -> std::optional<ValueId> {
+      if (g_->value(x).dtype != g_->value(out).dtype || !SameKnownShape(x, out)) return std::nullopt;
+      return x;
+    };
+    auto operand_if_other_is = [&](double neutral, bool either_side) -> std::optional<ValueId> {
+      if (n.inputs.size() != 2 || n.inputs[1] == ir::kNoValue) return std::nullopt;
+      if (UniformValue(n.inputs[1]) == neutral) return unchanged(n.inputs[0]);
+      if (either_side && UniformValue(n.inputs[0]) == neutral) return unchanged(n.inputs[1]);
+      return std::nullopt;
+    };
     switch (n.op) {
       case OpKind::kIdentity:
-        return true;
+        if (g_->value(in).dtype != g_->value(out).dtype) return std::nullopt;
+        return in;
       case OpKind::kCast: {
         std::optional<ir::DType> to = ir::ParseDType(n.attrs.Get<std::string>("to"));
-        return to.has_value() && *to == g_->value(in).dtype;
+        if (!to.has_value() || *to != g_->value(in).dtype) return std::nullopt;
+        return in;
       }
       case OpKind::kReshape:
       case OpKind::kExpand:
-        return SameKnownShape(in, out);
+        return unchanged(in);
+      case OpKind::kAdd:
+        return operand_if_other_is(0.0, true);
+      case OpKind::kSub:
+        return operand_if_other_is(0.0, false);
+      case OpKind::kMul:
+        return operand_if_other_is(1.0, true);
+      case OpKind::kDiv:
+        return operand_if_other_is(1.0, false);
       default:
-        return false;
+        return std::nullopt;
     }
+  }
+
+  // The value every element of float `v` holds when that is known before the graph runs: a constant
+  // that is not a parameter with all elements equal, or a ConstantOfShape's fill.
+  std::optional<double> UniformValue(ValueId v) const {
+    const ir::Value& val = g_->value(v);
+    if (!ir::IsFloat(val.dtype)) return std::nullopt;
+    if (IsFrozenConstant(*g_, v) && val.constant->num_elements() > 0) {
+      const Tensor& t = *val.constant;
+      const double first = t.GetAsDouble(0);
+      for (int64_t i = 1; i < t.num_elements(); ++i) {
+        if (t.GetAsDouble(i) != first) return std::nullopt;
+      }
+      return first;
+    }
+    if (val.producer == ir::kNoNode) return std::nullopt;
+    const Node& p = g_->node(val.producer);
+    if (p.removed || p.op != OpKind::kConstantOfShape) return std::nullopt;
+    const Tensor fill = p.attrs.Get<Tensor>("value");
+    return fill.defined() && fill.num_elements() == 1 ? fill.GetAsDouble(0) : 0.0;
   }
 
   // Element count of each output known before evaluating, where it can be; false when one is

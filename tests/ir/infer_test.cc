@@ -292,6 +292,28 @@ TEST(InferTest, KnownIntsThroughSliceAndTranspose) {
   EXPECT_EQ(KnownInts(b.g, with_b), std::nullopt);  // (3, B)
 }
 
+// MPT's ALiBi: slice_start = max(0, 1 - S) is unknown while S is a symbol (it is 0 for S >= 1, but
+// only a named symbol against a constant <= 1 is decided), and the Slice's shape follows once S is bound.
+TEST(InferTest, KnownIntsThroughMaxAndMin) {
+  Builder b;
+  ValueId dims = b.Op(OpKind::kShape, {b.Input("ids", {B, S})});
+  ValueId s = b.Op(OpKind::kGather, {dims, b.Ints({1})});
+  ValueId start = b.Op(OpKind::kMax, {b.Ints({0}), b.Op(OpKind::kSub, {b.Ints({1}), s})});
+  ValueId at_least_one = b.Op(OpKind::kMax, {s, b.Ints({1})});
+  ValueId zero = b.Op(OpKind::kMin, {b.Ints({0}), s});
+  ValueId both = b.Op(OpKind::kMin, {b.Ints({7, -3}), b.Ints({5, 2})});
+  ValueId sliced = b.Op(OpKind::kSlice, {b.Input("table", {4, 32}), start, b.Ints({kMax}), b.Ints({1})});
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(KnownInts(b.g, start), std::nullopt);
+  EXPECT_EQ(b.Str(at_least_one), "(1)");
+  EXPECT_EQ(KnownInts(b.g, zero), std::optional(I({0})));
+  EXPECT_EQ(KnownInts(b.g, both), std::optional(I({5, -3})));
+  ASSERT_TRUE(BindSymbols(b.g, {{"B", 2}, {"S", 6}}).ok());
+  ASSERT_TRUE(b.Infer().ok()) << b.Infer();
+  EXPECT_EQ(KnownInts(b.g, start), std::optional(I({0})));
+  EXPECT_EQ(b.Str(sliced), "(4, 32)");
+}
+
 TEST(InferTest, ReshapeContradictions) {
   Builder b;
   b.Op(OpKind::kReshape, {b.Input("x", {6, 4}), b.Ints({-1, 5})}, {}, "/r/Reshape");
