@@ -452,10 +452,13 @@ def export(model, v, args, path):
 
     proto = onnx.load(path)
     # The dynamo exporter's per-node metadata (stack traces naming the exporting machine's paths, module
-    # hierarchies, fx node text) is three quarters of these files and no input to a trainer: dropped.
+    # hierarchies, fx node text) is three quarters of these files: dropped, but for the module path of each node
+    # ("pkg.torch.onnx.name_scopes"), which onnxpipe reads as the node's layer.
     if strip_machine_paths(proto) or any(len(n.metadata_props) for n in proto.graph.node):
         for n in proto.graph.node:
+            keep = [p for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"]
             del n.metadata_props[:]
+            n.metadata_props.extend(keep)
         onnx.save_model(proto, path)
     return proto
 

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "frontend/ir/infer.h"
+#include "frontend/onnx/proto_metadata.h"
 #include "frontend/onnx/tensor_proto.h"
 
 namespace onnxpipe::onnx_frontend {
@@ -86,6 +87,9 @@ ImportContext::ImportContext(ir::Graph& graph, const onnx::NodeProto& node, std:
       outputs_(std::move(outputs)),
       attrs_(node, desc_, base_dir),
       warnings_(warnings) {
+  const std::string scope =
+      ScopeOfNameScopes(MetadataProp(node, kNodeMetadataField, "pkg.torch.onnx.name_scopes"));
+  name_ = scope.empty() ? node.name() : absl::StrCat(scope, "/", node.name());
   while (!inputs_.empty() && inputs_.back() == ir::kNoValue) inputs_.pop_back();
   while (!outputs_.empty() && outputs_.back() == ir::kNoValue) outputs_.pop_back();
 }
@@ -121,7 +125,7 @@ void ImportContext::MaterializeAllOutputs() {
   outputs_.resize(node_.output_size(), ir::kNoValue);
   for (size_t i = 0; i < outputs_.size(); ++i) {
     if (outputs_[i] != ir::kNoValue) continue;
-    outputs_[i] = graph_.AddValue(graph_.UniqueName(absl::StrCat(node_.name(), "_unused_", i)),
+    outputs_[i] = graph_.AddValue(graph_.UniqueName(absl::StrCat(name_, "_unused_", i)),
                                   ir::DType::kF32, {}, /*shape_known=*/false);
   }
 }
@@ -138,22 +142,21 @@ absl::Status ImportContext::Emit(ir::OpKind op, std::vector<ir::ValueId> inputs,
     return Error() << "has " << inputs.size() << " operands; onnxpipe's " << info.name
                    << " takes " << info.min_inputs << " to " << info.max_inputs;
   }
-  graph_.AddNode(op, node_.name(), std::move(inputs), outputs_, std::move(attrs));
+  graph_.AddNode(op, name_, std::move(inputs), outputs_, std::move(attrs));
   return absl::OkStatus();
 }
 
 ir::ValueId ImportContext::EmitHelper(ir::OpKind op, std::vector<ir::ValueId> inputs,
                                       ir::Attrs attrs) {
-  const std::string base = absl::StrCat(node_.name(), "/", std::string(ir::OpName(op)));
+  const std::string base = absl::StrCat(name_, "/", std::string(ir::OpName(op)));
   const ir::ValueId out = graph_.AddValue(graph_.UniqueName(base + "_output"), ir::DType::kF32,
                                           {}, /*shape_known=*/false);
-  graph_.AddNode(op, absl::StrCat(base, "_", helpers_++), std::move(inputs), {out},
-                 std::move(attrs));
+  graph_.AddNode(op, absl::StrCat(base, "_", helpers_++), std::move(inputs), {out}, std::move(attrs));
   return out;
 }
 
 ir::ValueId ImportContext::HelperConstant(ir::Tensor t) {
-  return graph_.AddConstant(graph_.UniqueName(absl::StrCat(node_.name(), "/const")),
+  return graph_.AddConstant(graph_.UniqueName(absl::StrCat(name_, "/const")),
                             std::move(t));
 }
 

@@ -138,6 +138,11 @@ class ImportContext {
   AttrReader attrs_;
   std::vector<std::string>* warnings_;
   int helpers_ = 0;
+  // The name of the IR nodes made for this one: the ONNX name, behind the module scope that torch's
+  // dynamo exporter records in the node's name_scopes metadata (proto_metadata.h) when it does, so
+  // that the nodes and everything fused from them carry their layer ("/m/model/layers.0/self_attn/
+  // node_linear_3") as TorchScript exports' names do.
+  std::string name_;
 };
 
 using ImporterFn = absl::Status (*)(ImportContext& ctx);

@@ -28,6 +28,7 @@
 #include "frontend/onnx/file_io.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/libonnx_guard.h"
+#include "frontend/onnx/proto_metadata.h"
 #include "frontend/onnx/tensor_proto.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "onnx/checker.h"
@@ -50,36 +51,6 @@ std::string DescribeNode(const onnx::NodeProto& n, int index) {
   std::string op =
       domain.empty() ? n.op_type() : absl::StrCat(std::string(domain), "::", n.op_type());
   return absl::StrCat("node ", who, " (", op, ")");
-}
-
-// The value of the graph's metadata entry `key` (GraphProto.metadata_props, field 16, IR >= 10), or
-// "" when absent. libonnx 1.12's GraphProto predates the field, so protobuf keeps it among the
-// unknown fields, as length-delimited StringStringEntryProto messages; a newer libonnx that knows
-// the field is read through reflection.
-std::string GraphMetadata(const onnx::GraphProto& g, std::string_view key) {
-  constexpr int kMetadataPropsField = 16;
-  const google::protobuf::FieldDescriptor* field = g.GetDescriptor()->FindFieldByNumber(kMetadataPropsField);
-  if (field != nullptr) {
-    if (!field->is_repeated() || field->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE) return "";
-    const google::protobuf::Reflection* r = g.GetReflection();
-    for (int i = 0; i < r->FieldSize(g, field); ++i) {
-      onnx::StringStringEntryProto e;
-      if (e.ParseFromString(r->GetRepeatedMessage(g, field, i).SerializeAsString()) && e.key() == key) {
-        return e.value();
-      }
-    }
-    return "";
-  }
-  const google::protobuf::UnknownFieldSet& unknown = g.unknown_fields();
-  for (int i = 0; i < unknown.field_count(); ++i) {
-    const google::protobuf::UnknownField& f = unknown.field(i);
-    if (f.number() != kMetadataPropsField || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
-      continue;
-    }
-    onnx::StringStringEntryProto e;
-    if (e.ParseFromString(f.length_delimited()) && e.key() == key) return e.value();
-  }
-  return "";
 }
 
 // Where a value name is defined, for duplicate-definition messages.
@@ -386,7 +357,7 @@ class ModelImporter {
       }
     }
     // torch's dynamo exporter records which initializers are parameters and which buffers.
-    if (const std::string sig = GraphMetadata(g, kTorchExportSignatureKey); !sig.empty()) {
+    if (const std::string sig = MetadataProp(g, kGraphMetadataField, kTorchExportSignatureKey); !sig.empty()) {
       if (ApplyTorchExportSignature(sig, &graph_)) {
         // LoadOptions::constant_inputs are graph inputs bound by the caller, not exporter-made.
         for (const auto& entry : options_.constant_inputs) {

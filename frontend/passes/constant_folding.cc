@@ -111,9 +111,10 @@ class Folder {
   }
 
   // The input a no-op node's output equals (rule 2 of the header): Identity, Cast to the input's
-  // dtype, Reshape and Expand to the input's shape, and arithmetic with a uniform constant that
-  // changes nothing (x + 0, x - 0, x * 1, x / 1) where the output has x's shape and dtype
-  // (GPT-NeoX-Japanese's baddbmm adds beta times a zero tensor to the attention scores).
+  // dtype, Reshape and Expand to the input's shape, and x + 0, x - 0 where the output has x's shape
+  // and dtype (GPT-NeoX-Japanese's baddbmm adds beta times a zero tensor to the attention scores).
+  // x * 1 stays: a norm's frozen all-ones scale (an untrained Gemma's 1 + weight) is part of the
+  // pattern its fusion matches.
   std::optional<ValueId> PassThrough(const Node& n) const {
     if (n.outputs.empty() || n.outputs[0] == ir::kNoValue || n.inputs.empty() || n.inputs[0] == ir::kNoValue) {
       return std::nullopt;
@@ -123,10 +124,10 @@ class Folder {
       if (g_->value(x).dtype != g_->value(out).dtype || !SameKnownShape(x, out)) return std::nullopt;
       return x;
     };
-    auto operand_if_other_is = [&](double neutral, bool either_side) -> std::optional<ValueId> {
+    auto operand_if_other_is_zero = [&](bool either_side) -> std::optional<ValueId> {
       if (n.inputs.size() != 2 || n.inputs[1] == ir::kNoValue) return std::nullopt;
-      if (UniformValue(n.inputs[1]) == neutral) return unchanged(n.inputs[0]);
-      if (either_side && UniformValue(n.inputs[0]) == neutral) return unchanged(n.inputs[1]);
+      if (UniformValue(n.inputs[1]) == 0.0) return unchanged(n.inputs[0]);
+      if (either_side && UniformValue(n.inputs[0]) == 0.0) return unchanged(n.inputs[1]);
       return std::nullopt;
     };
     switch (n.op) {
@@ -142,20 +143,17 @@ class Folder {
       case OpKind::kExpand:
         return unchanged(in);
       case OpKind::kAdd:
-        return operand_if_other_is(0.0, true);
+        return operand_if_other_is_zero(true);
       case OpKind::kSub:
-        return operand_if_other_is(0.0, false);
-      case OpKind::kMul:
-        return operand_if_other_is(1.0, true);
-      case OpKind::kDiv:
-        return operand_if_other_is(1.0, false);
+        return operand_if_other_is_zero(false);
       default:
         return std::nullopt;
     }
   }
 
   // The value every element of float `v` holds when that is known before the graph runs: a constant
-  // that is not a parameter with all elements equal, or a ConstantOfShape's fill.
+  // that is not a parameter with all elements equal, a ConstantOfShape's fill, or the product of two
+  // such values (beta * zeros).
   std::optional<double> UniformValue(ValueId v) const {
     const ir::Value& val = g_->value(v);
     if (!ir::IsFloat(val.dtype)) return std::nullopt;
@@ -169,7 +167,13 @@ class Folder {
     }
     if (val.producer == ir::kNoNode) return std::nullopt;
     const Node& p = g_->node(val.producer);
-    if (p.removed || p.op != OpKind::kConstantOfShape) return std::nullopt;
+    if (p.removed) return std::nullopt;
+    if (p.op == OpKind::kMul && p.inputs.size() == 2 && p.inputs[1] != ir::kNoValue) {
+      const std::optional<double> a = UniformValue(p.inputs[0]), b = UniformValue(p.inputs[1]);
+      if (!a || !b || !std::isfinite(*a * *b)) return std::nullopt;
+      return *a * *b;
+    }
+    if (p.op != OpKind::kConstantOfShape) return std::nullopt;
     const Tensor fill = p.attrs.Get<Tensor>("value");
     return fill.defined() && fill.num_elements() == 1 ? fill.GetAsDouble(0) : 0.0;
   }

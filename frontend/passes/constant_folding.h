@@ -6,9 +6,9 @@
 //     i64 constant. This is what makes the exporter's Shape->Gather->Unsqueeze->Concat->Reshape
 //     chains fold away once the batch and sequence sizes are bound.
 //  2. No-op nodes are bypassed (their uses rewired to their input): Identity, Cast to the input's
-//     own dtype, Reshape and Expand whose output shape equals the input shape, and x + 0, x - 0,
-//     x * 1, x / 1 where the 0 or 1 is a uniform non-parameter constant or ConstantOfShape and the
-//     output has x's shape and dtype.
+//     own dtype, Reshape and Expand whose output shape equals the input shape, and x + 0, x - 0
+//     where the 0 is a uniform non-parameter constant, a ConstantOfShape or a product of such, and
+//     the output has x's shape and dtype.
 //  3. A node whose operands are all frozen constants (see below) is evaluated with the injected
 //     ir::OpEvaluator and its outputs become constant values; the node is removed.
 //  4. A node whose outputs are all non-float (bool, integer) and whose operands are computable
