@@ -87,8 +87,7 @@ ImportContext::ImportContext(ir::Graph& graph, const onnx::NodeProto& node, std:
       outputs_(std::move(outputs)),
       attrs_(node, desc_, base_dir),
       warnings_(warnings) {
-  const std::string scope =
-      ScopeOfNameScopes(MetadataProp(node, kNodeMetadataField, "pkg.torch.onnx.name_scopes"));
+  const std::string scope = ScopeOfNameScopes(MetadataProp(node, kNodeMetadataField, "pkg.torch.onnx.name_scopes"));
   name_ = scope.empty() ? node.name() : absl::StrCat(scope, "/", node.name());
   while (!inputs_.empty() && inputs_.back() == ir::kNoValue) inputs_.pop_back();
   while (!outputs_.empty() && outputs_.back() == ir::kNoValue) outputs_.pop_back();
@@ -125,8 +124,8 @@ void ImportContext::MaterializeAllOutputs() {
   outputs_.resize(node_.output_size(), ir::kNoValue);
   for (size_t i = 0; i < outputs_.size(); ++i) {
     if (outputs_[i] != ir::kNoValue) continue;
-    outputs_[i] = graph_.AddValue(graph_.UniqueName(absl::StrCat(name_, "_unused_", i)),
-                                  ir::DType::kF32, {}, /*shape_known=*/false);
+    outputs_[i] = graph_.AddValue(graph_.UniqueName(absl::StrCat(name_, "_unused_", i)), ir::DType::kF32, {},
+                                  /*shape_known=*/false);
   }
 }
 
@@ -156,8 +155,7 @@ ir::ValueId ImportContext::EmitHelper(ir::OpKind op, std::vector<ir::ValueId> in
 }
 
 ir::ValueId ImportContext::HelperConstant(ir::Tensor t) {
-  return graph_.AddConstant(graph_.UniqueName(absl::StrCat(name_, "/const")),
-                            std::move(t));
+  return graph_.AddConstant(graph_.UniqueName(absl::StrCat(name_, "/const")), std::move(t));
 }
 
 absl::Status ImportContext::DefineConstant(ir::Tensor t) {
