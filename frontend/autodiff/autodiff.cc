@@ -47,7 +47,8 @@ ValueId Driver::Finalize(ValueId v) {
   std::vector<ValueId>& c = contrib_[v];
   if (c.empty()) return ir::kNoValue;
   if (c.size() == 1) return final_[v] = c[0];
-  const ir::Value& val = g_->value(v);
+  // A copy: AddValue below may move the graph's values.
+  const ir::Value val = g_->value(v);
   std::string origin = val.name;
   std::string scope;
   if (val.producer != ir::kNoNode) {

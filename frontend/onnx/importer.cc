@@ -191,6 +191,7 @@ const ImporterRegistry& ImporterRegistry::Get() {
   static const ImporterRegistry* registry = [] {
     auto* r = new ImporterRegistry;
     RegisterElementwiseImporters(*r);
+    RegisterActivationImporters(*r);
     RegisterShapeImporters(*r);
     RegisterReduceImporters(*r);
     RegisterMiscImporters(*r);

@@ -179,6 +179,7 @@ std::string_view CanonicalDomain(std::string_view domain);
 
 // One per op family file.
 void RegisterElementwiseImporters(ImporterRegistry& r);  // import_elementwise.cc
+void RegisterActivationImporters(ImporterRegistry& r);   // import_activation.cc
 void RegisterShapeImporters(ImporterRegistry& r);        // import_shape.cc
 void RegisterReduceImporters(ImporterRegistry& r);       // import_reduce.cc: reductions, norms, softmax, loss
 void RegisterMiscImporters(ImporterRegistry& r);    // import_misc.cc: matmul, gather, constants, casts

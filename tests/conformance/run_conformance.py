@@ -27,7 +27,8 @@ SUPPORTED = {
     "Where", "Equal", "Less", "Greater", "Not", "And", "Mod", "Expand", "Identity", "Dropout",
     "Range", "Trilu", "SoftmaxCrossEntropyLoss", "Sin", "Cos", "Abs", "Min", "Max", "Einsum",
     "GreaterOrEqual", "LessOrEqual", "IsNaN", "CumSum", "GatherElements", "GatherND", "ArgMax", "Tile",
-    "Sign", "Ceil", "Clip", "Pad",
+    "Sign", "Ceil", "Clip", "Pad", "Softplus", "Softsign", "Mish", "Elu", "Celu", "Selu", "LeakyRelu", "PRelu",
+    "ThresholdedRelu", "HardSigmoid", "HardSwish", "Sum", "Mean", "Or", "Xor",
 }
 
 

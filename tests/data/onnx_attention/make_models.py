@@ -23,12 +23,15 @@ Inputs and references: <model>.<input>.npy and <model>.Y.npy. Needs onnx >= 1.18
   VENV/bin/python tests/data/onnx_attention/make_models.py
 """
 import os
+import sys
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import reference_models  # noqa: E402
 F32 = TensorProto.FLOAT
 
 
@@ -74,18 +77,7 @@ def model(name, node, inputs, constants, y_shape):
 
 
 def write(name, m, inputs, y):
-    onnx.save_model(m, os.path.join(HERE, name + ".onnx"))
-    for n, a in inputs.items():
-        np.save(os.path.join(HERE, f"{name}.{n}.npy"), a)
-    np.save(os.path.join(HERE, name + ".Y.npy"), y)
-    try:
-        import onnxruntime
-    except ImportError:
-        return
-    got = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
-    err = float(np.abs(got - y).max())
-    print(f"{name}: onnxruntime against numpy max abs error {err:.3g}")
-    assert err < 1e-5 * max(1.0, float(np.abs(y).max())), err
+    reference_models.write(HERE, name, m, inputs, y, inputs, atol=1e-5 * max(1.0, float(np.abs(y).max())))
 
 
 def f32(a):

@@ -14,12 +14,15 @@ against the references:
   VENV/bin/python tests/data/onnx_pad/make_models.py
 """
 import os
+import sys
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import reference_models  # noqa: E402
 
 
 def model(name, nodes, initializers, y_shape, opset, x_shape=(2, 3, 4)):
@@ -31,16 +34,7 @@ def model(name, nodes, initializers, y_shape, opset, x_shape=(2, 3, 4)):
 
 
 def write(name, m, x, y):
-    onnx.save_model(m, os.path.join(HERE, name + ".onnx"))
-    np.save(os.path.join(HERE, name + ".X.npy"), x)
-    np.save(os.path.join(HERE, name + ".Y.npy"), y)
-    try:
-        import onnxruntime
-    except ImportError:
-        return
-    got = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
-    assert got.shape == y.shape and np.array_equal(got, y), name
-    print(f"{name}: onnxruntime equals numpy")
+    reference_models.write(HERE, name, m, {"X": x}, y, {"X": x})
 
 
 def main():
