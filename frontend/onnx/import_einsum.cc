@@ -6,7 +6,10 @@
 // labels it lacks as size-1 axes (Unsqueeze), multiply with numpy broadcasting (Mul) and sum the
 // contracted axes away (ReduceSum). That is exact for every such equation; it materialises the
 // broadcast product, so it suits the small einsums exporters produce (outer products, position
-// tables), not large contractions. Ellipsis, repeated labels within one operand (diagonals) and
+// tables), not large contractions. An ellipsis ("...") stands for the dims an operand has beyond
+// its letters (its rank must be known at import): they get unused letters, right-aligned across the
+// operands as numpy broadcasts them, and lead the implicit output. Repeated labels within one operand
+// (diagonals), an explicit output that leaves out the dims of an ellipsis (numpy refuses it too) and
 // more than two operands are refused with an error naming the equation.
 #include <algorithm>
 #include <map>
@@ -30,9 +33,6 @@ absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& te
   std::string s;
   for (char c : text) {
     if (c != ' ') s += c;
-  }
-  if (s.find("...") != std::string::npos) {
-    return ctx.Error() << "equation '" << text << "': ellipsis ('...') is not supported";
   }
   Equation eq;
   const size_t arrow = s.find("->");
@@ -80,11 +80,86 @@ absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& te
   return eq;
 }
 
+// The equation with each "..." replaced by letters it does not use: operand i's ellipsis covers
+// rank_i - (its letters) dims, which take the last of the widest ellipsis's letters. The implicit
+// form gets an explicit output: those letters, then the letters that appear once, alphabetically.
+absl::StatusOr<std::string> ExpandEllipsis(ImportContext& ctx, const std::string& text, int n) {
+  std::string s;
+  for (char c : text) {
+    if (c != ' ') s += c;
+  }
+  if (s.find("...") == std::string::npos) return s;
+  const size_t arrow = s.find("->");
+  const std::string lhs = s.substr(0, arrow);
+  std::vector<std::string> operands;
+  for (size_t start = 0;;) {
+    const size_t comma = lhs.find(',', start);
+    operands.push_back(lhs.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<int>(operands.size()) != n) {
+    return ctx.Error() << "equation '" << text << "' names " << operands.size() << " operands; the node has " << n;
+  }
+  std::vector<int64_t> covered(n, 0);
+  int64_t widest = 0;
+  for (int i = 0; i < n; ++i) {
+    if (operands[i].find("...") == std::string::npos) continue;
+    const ir::Value& v = InferredValue(ctx, ctx.input(i));
+    if (!v.shape_known)
+      return ctx.Error() << "equation '" << text << "': the ellipsis needs operand " << i << "'s rank";
+    covered[i] = static_cast<int64_t>(v.shape.size()) - static_cast<int64_t>(operands[i].size() - 3);
+    if (covered[i] < 0) {
+      return ctx.Error() << "equation '" << text << "': operand " << i << " has rank " << v.shape.size()
+                         << ", fewer dims than its labels";
+    }
+    widest = std::max(widest, covered[i]);
+  }
+  std::string letters;
+  for (char c = 'A'; c <= 'z' && static_cast<int64_t>(letters.size()) < widest; ++c) {
+    if (std::isalpha(static_cast<unsigned char>(c)) && s.find(c) == std::string::npos) letters += c;
+  }
+  if (static_cast<int64_t>(letters.size()) < widest) {
+    return ctx.Error() << "equation '" << text << "': no letters left for the ellipsis's " << widest << " dims";
+  }
+  std::string expanded;
+  for (int i = 0; i < n; ++i) {
+    std::string op = operands[i];
+    if (const size_t e = op.find("..."); e != std::string::npos) {
+      op.replace(e, 3, letters.substr(widest - covered[i]));
+    }
+    expanded += (i == 0 ? "" : ",") + op;
+  }
+  std::string output;
+  if (arrow == std::string::npos) {
+    std::map<char, int> count;
+    for (const std::string& op : operands) {
+      for (char c : op) {
+        if (c != '.') ++count[c];
+      }
+    }
+    output = letters;
+    for (const auto& [c, k] : count) {
+      if (k == 1) output += c;
+    }
+  } else {
+    output = s.substr(arrow + 2);
+    if (const size_t e = output.find("..."); e != std::string::npos) {
+      output.replace(e, 3, letters);
+    } else if (widest > 0) {
+      return ctx.Error() << "equation '" << text << "': the output leaves out the " << widest
+                         << " dims of the ellipsis; write '...' in it";
+    }
+  }
+  return absl::StrCat(expanded, "->", output);
+}
+
 ONNX_IMPORTER(Einsum) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
   ASSIGN_OR_RETURN(std::string text, ctx.attrs().Required<std::string>("equation"));
   const int n = ctx.num_inputs();
-  ASSIGN_OR_RETURN(Equation eq, ParseEquation(ctx, text, n));
+  ASSIGN_OR_RETURN(const std::string expanded, ExpandEllipsis(ctx, text, n));
+  ASSIGN_OR_RETURN(Equation eq, ParseEquation(ctx, expanded, n));
 
   // Global axis order: output labels, then contracted labels in order of appearance.
   std::string order = eq.output;

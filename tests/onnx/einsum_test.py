@@ -3,8 +3,9 @@
 
   /usr/bin/python3 tests/onnx/einsum_test.py --onnxpipe BUILD/tools/onnxpipe
 Explicit and implicit equations with one and two operands (outer product, batched matmul, attention scores,
-transpose, full and partial sums, broadcast-free contractions) in float32 and float64, and the refused forms
-(ellipsis, a repeated label within one operand) failing with an error that names the node and the equation.
+transpose, full and partial sums, broadcast-free contractions) in float32 and float64, ellipses (in explicit and
+implicit outputs, their dims broadcast), and the refused forms (a repeated label within one operand, an explicit
+output without the ellipsis's dims) failing with an error that names the node and the equation.
 Prints `N passed, N failed`; exit 1 on any failure.
 """
 import argparse
@@ -28,15 +29,21 @@ CASES = [  # equation, operand shapes
     ("ij,jk", [(3, 4), (4, 2)]),  # implicit output: "ik"
     ("ba,ca->bc", [(3, 2), (4, 2)]),
     ("i,i", [(6,), (6,)]),  # implicit: inner product, scalar
+    ("...qhd,...khd->...hqk", [(2, 5, 2, 4), (2, 6, 2, 4)]),  # LongT5's local attention scores
+    ("...ij->...ji", [(2, 3, 4)]),
+    ("...ij,...jk", [(2, 1, 3, 4), (2, 5, 4, 2)]),  # implicit "...ik"; the ellipses' dims broadcast
+    ("i...->...", [(3, 2, 4)]),
+    ("a...,b->...ab", [(3,), (2,)]),  # an ellipsis of no dims
 ]
-REFUSED = [("ii->i", [(3, 3)], "repeats within one operand"), ("...ij->...ji", [(2, 3, 4)], "ellipsis")]
+REFUSED = [("ii->i", [(3, 3)], "repeats within one operand"),
+           ("b...d,b...d->b", [(2, 3, 4), (2, 3, 4)], "leaves out the 1 dims of the ellipsis")]
 
 
 def out_shape(equation, shapes):
     try:
         return list(np.einsum(equation, *[np.zeros(s) for s in shapes]).shape)
-    except ValueError:  # numpy refuses it too (not for the refused forms below): let onnxpipe say why
-        return []
+    except ValueError:  # numpy refuses it too (the refused forms below have 1-D outputs): onnxpipe must say why
+        return ["n"]
 
 
 def write_model(path, equation, shapes, elem):
