@@ -40,6 +40,7 @@ from export_zoo import (IGNORE_INDEX, OPTIMIZERS, freeze_list, runs_in_onnxrunti
 
 FORMAT = "onnxpipe-zoo/1"
 VOCAB, D, HEADS, KV_HEADS, FFN, LAYERS, SEQ, CLASSES, MAX_POS = 40, 16, 4, 2, 32, 2, 12, 3, 32
+IMAGE, PATCH = 8, 4  # vision families: 8 x 8 RGB images in 4 x 4 patches
 PAD = 1  # the pad token of every family (RoBERTa's position ids count from it)
 TRAIN_BATCH = 4
 
@@ -130,6 +131,12 @@ def family_model(family, attn):
                           relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
                           feed_forward_proj="relu", eos_token_id=2, decoder_start_token_id=0, **common)
         return tr.T5ForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
+    if family == "longt5":  # T5 whose encoder attends within blocks of 3 (local_radius 2): the sequence padded to a
+        # multiple of the block at run time, block scores through an Einsum with an ellipsis
+        cfg = tr.LongT5Config(d_model=D, d_kv=D // HEADS, d_ff=FFN, num_layers=1, num_decoder_layers=1, num_heads=HEADS,
+                              local_radius=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                              dropout_rate=0.0, eos_token_id=2, decoder_start_token_id=0, **common)
+        return tr.LongT5ForConditionalGeneration(cfg), ["input_ids", "attention_mask", "decoder_input_ids"], True
     if family in ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2"):
         # Encoders with sequence classification heads. ALBERT factorises the embedding (E < D) and shares one
         # layer's weights across all layers; ELECTRA projects its E-wide embeddings up to D; MPNet adds T5-style
@@ -259,6 +266,22 @@ def family_model(family, attn):
             return tr.EsmForSequenceClassification(cfg), ["input_ids", "attention_mask"], False
         cfg = tr.RemBertConfig(input_embedding_size=8, output_embedding_size=8, classifier_dropout_prob=0.0, **enc)
         return tr.RemBertForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"], False
+    if family in ("vit", "deit", "dinov2", "siglip"):
+        # Vision transformers classifying 8 x 8 images: the patch embedding is a Conv with strides equal to its
+        # kernel. DeiT adds a distillation token, DINOv2 layer scale, SigLIP mean pooling without a class token.
+        vis = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+                   image_size=IMAGE, patch_size=PATCH, num_channels=3, num_labels=CLASSES, attn_implementation=attn)
+        drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        if family == "vit":
+            return tr.ViTForImageClassification(tr.ViTConfig(**vis, **drop)), ["pixel_values"], False
+        if family == "deit":
+            return tr.DeiTForImageClassification(tr.DeiTConfig(**vis, **drop)), ["pixel_values"], False
+        if family == "dinov2":
+            cfg = tr.Dinov2Config(layerscale_value=0.1, drop_path_rate=0.0, **vis, **drop)
+            return tr.Dinov2ForImageClassification(cfg), ["pixel_values"], False
+        cfg = tr.SiglipConfig(vision_config=dict(vis, attention_dropout=0.0), text_config=dict(vocab_size=VOCAB),
+                              num_labels=CLASSES)
+        return tr.SiglipForImageClassification(cfg), ["pixel_values"], False
     if family == "mobilebert":  # bottlenecked BERT: NoNorm (an elementwise scale and shift), stacked FFNs, trigram
         # embeddings (the token embeddings of each position's neighbours, shifted in by padding, concatenated)
         cfg = tr.MobileBertConfig(hidden_size=D, embedding_size=8, intra_bottleneck_size=8, true_hidden_size=8,
@@ -370,7 +393,8 @@ def build_model(family, attn, seed=0):
 
 
 def make_inputs(names, batch, seq, rng):
-    """Right-padded rows: lengths in [seq/2, seq], the padded tail holds PAD and mask 0; token types 0 then 1."""
+    """Right-padded rows: lengths in [seq/2, seq], the padded tail holds PAD and mask 0; token types 0 then 1.
+    Images (pixel_values): IMAGE x IMAGE, three channels of normal noise."""
     lengths = rng.integers(max(2, seq // 2), seq + 1, size=batch)
     lengths[0] = seq
     mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
@@ -379,15 +403,17 @@ def make_inputs(names, batch, seq, rng):
     out = {"input_ids": ids, "attention_mask": mask}
     if "decoder_input_ids" in names:  # teacher forcing: the decoder reads other tokens of the same length
         out["decoder_input_ids"] = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
+    if "pixel_values" in names:
+        out["pixel_values"] = rng.normal(size=(batch, 3, IMAGE, IMAGE)).astype(np.float32)
     if "token_type_ids" in names:
         out["token_type_ids"] = (np.arange(seq)[None, :] >= (lengths[:, None] // 2)).astype(np.int64) * mask
     return {n: out[n] for n in names}
 
 
 def make_labels(is_lm, inputs, rng):
-    ids = inputs["input_ids"]
     if not is_lm:
-        return rng.integers(0, CLASSES, size=(ids.shape[0],), dtype=np.int64)
+        return rng.integers(0, CLASSES, size=(next(iter(inputs.values())).shape[0],), dtype=np.int64)
+    ids = inputs["input_ids"]
     labels = rng.integers(0, VOCAB, size=ids.shape, dtype=np.int64)
     labels[inputs["attention_mask"] == 0] = IGNORE_INDEX
     labels[rng.random(labels.shape) < 0.2] = IGNORE_INDEX
@@ -412,19 +438,21 @@ VARIANTS += [variant(f, "dynamo", 18, "sdpa") for f in ("bert", "roberta", "dist
 VARIANTS += [variant("llama", "dynamo", 18, "eager"), variant("bert", "torchscript", 17, "sdpa"),
              variant("gpt2", "dynamo", 18, "eager", dynamic=False), variant("mistral", "torchscript", 17, "eager"),
              variant("mistral", "dynamo", 18, "sdpa")]
-VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5") for e, o in (("torchscript", 17), ("dynamo", 18))]
+VARIANTS += [variant(f, e, o, "eager") for f in ("bart", "t5", "longt5")
+             for e, o in (("torchscript", 17), ("dynamo", 18))]
 VARIANTS += [variant("gpt2cls", "torchscript", 17, "eager"), variant("gpt2cls", "dynamo", 18, "sdpa")]
 # Families added by the architecture sweep: TorchScript/eager and dynamo/sdpa (eager where the family has no sdpa).
 NO_SDPA = ("bloom", "mpnet", "deberta_v2", "gpt_neo", "gemma2", "roformer", "rembert", "ctrl", "mpt")
 SWEEP = ("albert", "electra", "xlm_roberta", "mpnet", "deberta_v2", "gpt_neox", "opt", "phi", "gemma", "qwen3",
          "olmo2", "stablelm", "bloom", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "phi3", "gemma2", "granite",
          "starcoder2", "gemma3", "cohere", *LLAMA_LIKE, "modernbert", "ernie", "biogpt", "codegen",
-         "mobilebert", "mpt", "ctrl", "roformer", "esm", "rembert")
+         "mobilebert", "mpt", "ctrl", "roformer", "esm", "rembert", "vit", "deit", "dinov2", "siglip")
 # Cohere's and Helium's TorchScript exports reshape the queries by another head count at any shape but the traced
 # one (onnxruntime cannot run them either), and GLM's fails in the exporter: only their dynamo exports are kept.
 # Of the third sweep, ERNIE 4.5's TorchScript export has the same fault; Phi-3 LongRoPE's (aten::copy) and Apertus's
-# (aten::expm1) fail in the TorchScript exporter, and GLM-4's in its Concat.
-TS_BROKEN = ("cohere", "helium", "glm", "ernie4_5", "phi3_longrope", "apertus", "glm4")
+# (aten::expm1) fail in the TorchScript exporter, and GLM-4's in its Concat. DINOv2's TorchScript export always
+# interpolates its position table (bicubic Resize, which onnxpipe does not import).
+TS_BROKEN = ("cohere", "helium", "glm", "ernie4_5", "phi3_longrope", "apertus", "glm4", "dinov2")
 VARIANTS += [variant(f, "torchscript", 17, "eager") for f in SWEEP if f not in TS_BROKEN]
 VARIANTS += [variant(f, "dynamo", 18, "eager" if f in NO_SDPA else "sdpa") for f in SWEEP]
 # Opset 23: the dynamo exporter writes ONNX's own Attention (sdpa) and RotaryEmbedding (transformers' rotary) ops.
@@ -437,7 +465,7 @@ def export(model, v, args, path):
     if v["exporter"] == "torchscript":
         axes = None
         if v["dynamic"]:
-            axes = {n: {0: "batch", 1: "seq"} for n in names}
+            axes = {n: {0: "batch"} if n == "pixel_values" else {0: "batch", 1: "seq"} for n in names}
             axes["logits"] = {0: "batch", 1: "seq"} if model.is_lm else {0: "batch"}
         torch.onnx.export(model, args, path, dynamo=False, dynamic_axes=axes, do_constant_folding=False,
                           training=torch.onnx.TrainingMode.TRAINING, **kw)
@@ -445,7 +473,7 @@ def export(model, v, args, path):
         shapes = None
         if v["dynamic"]:
             b, s = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=MAX_POS - 4)
-            shapes = (tuple({0: b, 1: s} for _ in names),)  # forward(*inputs): one varargs tuple
+            shapes = (tuple({0: b} if n == "pixel_values" else {0: b, 1: s} for n in names),)  # one varargs tuple
         prog = torch.onnx.export(model, args, None, dynamo=True, dynamic_shapes=shapes, **kw)
         prog.save(path, external_data=False)
     import onnx

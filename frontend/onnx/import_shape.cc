@@ -203,10 +203,11 @@ ONNX_IMPORTER(Tile) {
 // Pad(X, pads, constant_value?, axes?) in constant mode, lowered at import to Concat with blocks of the fill:
 // for each axis with a pad, ConstantOfShape(X's dims with that dim replaced by the pad) before and/or after X
 // (the block shapes from Shape(X) in the graph, so the other dims may be dynamic). The gradient is Concat's (a slice
-// of dY). pads must be known at import: an initializer (the dynamo exporter's), or computed in the graph from
-// constants and static dims (TorchScript's Concat/Reshape/Slice/Transpose chain over F.pad's list), which
-// ir::KnownInts evaluates. Pads that depend on data or dynamic dims, reflect, edge and wrap modes and negative pads
-// (cropping) are refused, naming the node.
+// of dY). Pads known at import (an initializer, or TorchScript's Concat/Reshape/Slice/Transpose chain over
+// F.pad's list, which ir::KnownInts evaluates) give blocks only where a pad is not 0; pads computed from a
+// dynamic dim give a block on every side, sized by the pads tensor's element at run time (0 makes it empty; once
+// the dims are bound, folding turns it into a constant). Reflect, edge and wrap modes and known negative pads
+// (cropping) are refused, naming the node; a negative pad computed at run time fails there.
 ONNX_IMPORTER(Pad) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(2, 4));  // pads are an input from opset 11 (onnxpipe reads 13 and above)
   ASSIGN_OR_RETURN(const std::string mode, ctx.attrs().Get<std::string>("mode", "constant"));
@@ -215,21 +216,7 @@ ONNX_IMPORTER(Pad) {
   const ir::Value& xv = InferredValue(ctx, x);
   if (!xv.shape_known) return ctx.Error() << "needs X's rank known at import";
   const int64_t rank = static_cast<int64_t>(xv.shape.size());
-  std::vector<int64_t> pads;
   ir::Tensor fill = ir::Tensor(xv.dtype, {1});  // zeros
-  const ir::Value& p = ctx.graph().value(ctx.input(1));
-  if (p.constant && p.constant->has_data()) {
-    ASSIGN_OR_RETURN(pads, TensorToInts(*p.constant, "pads", ctx));
-  } else {
-    InferredValue(ctx, ctx.input(1));
-    std::optional<std::vector<int64_t>> known = ir::KnownInts(ctx.graph(), ctx.input(1));
-    if (!known) {
-      return ctx.Error() << "pads ('" << p.name << "') must be a constant, or computed from constants and static "
-                         << "dims before the graph runs; onnxpipe does not import pads that depend on the data or "
-                         << "on a dynamic dim";
-    }
-    pads = *std::move(known);
-  }
   ASSIGN_OR_RETURN(const ir::Tensor* value, ctx.ConstantInput(2, "constant_value"));
   if (value != nullptr) {
     if (value->num_elements() != 1) return ctx.Error() << "constant_value must hold one element";
@@ -246,12 +233,36 @@ ONNX_IMPORTER(Pad) {
     }
   }
   const int64_t n = static_cast<int64_t>(axes.size());
-  if (static_cast<int64_t>(pads.size()) != 2 * n) {
-    return ctx.Error() << "has " << pads.size() << " pads for " << n << " axes; expected " << 2 * n;
+  // Each pad amount: known at import (a constant, or arithmetic on constants and static dims), or one element of
+  // the pads tensor sliced at run time (pads from a dynamic dim: a sequence padded to a multiple of a block).
+  std::vector<std::optional<int64_t>> known(2 * n);
+  const ir::ValueId pads = ctx.input(1);
+  InferredValue(ctx, pads);
+  std::optional<std::vector<int64_t>> ints = ir::KnownInts(ctx.graph(), pads);
+  if (!ints) {  // the file's declared shapes may hide what inference knows (TorchScript's "unk__N" dims)
+    ir::InferShapes(ctx.graph()).IgnoreError();
+    ints = ir::KnownInts(ctx.graph(), pads);
   }
-  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p < 0; })) {
-    return ctx.Error() << "has negative pads (cropping), which onnxpipe does not import";
+  if (ints) {
+    if (static_cast<int64_t>(ints->size()) != 2 * n) {
+      return ctx.Error() << "has " << ints->size() << " pads for " << n << " axes; expected " << 2 * n;
+    }
+    if (std::any_of(ints->begin(), ints->end(), [](int64_t p) { return p < 0; })) {
+      return ctx.Error() << "has negative pads (cropping), which onnxpipe does not import";
+    }
+    for (int64_t k = 0; k < 2 * n; ++k) known[k] = (*ints)[k];
+  } else {
+    const ir::Value& pv = ctx.graph().value(pads);
+    if (!pv.shape_known || pv.shape.size() != 1 || pv.shape[0] != ir::Dim(2 * n)) {
+      return ctx.Error() << "pads ('" << pv.name << "') must be a constant, or of known length " << 2 * n
+                         << " (two per padded axis)";
+    }
   }
+  auto amount = [&](int64_t k) {
+    if (known[k]) return ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {*known[k]}));
+    return ctx.EmitHelper(OpKind::kSlice, {pads, ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {k})),
+                                           ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {k + 1}))});
+  };
   ir::Attrs fill_attr;
   fill_attr.Set("value", fill);
   auto block = [&](ir::ValueId of, int64_t axis, int64_t k) {
@@ -260,23 +271,24 @@ ONNX_IMPORTER(Pad) {
     head.Set("end", axis);
     tail.Set("start", axis + 1);
     if (axis > 0) dims.push_back(ctx.EmitHelper(OpKind::kShape, {of}, head));
-    dims.push_back(ctx.HelperConstant(ir::Tensor::FromVector<int64_t>({1}, {pads[k]})));
+    dims.push_back(amount(k));
     if (axis + 1 < rank) dims.push_back(ctx.EmitHelper(OpKind::kShape, {of}, tail));
     ir::Attrs cat;
     cat.Set("axis", int64_t{0});
     return ctx.EmitHelper(OpKind::kConstantOfShape, {ctx.EmitHelper(OpKind::kConcat, dims, cat)}, fill_attr);
   };
+  auto pads_at = [&](int64_t k) { return !known[k] || *known[k] != 0; };  // a block to add (maybe empty at run time)
   ir::ValueId y = x;
   std::vector<int64_t> padded;
   for (int64_t j = 0; j < n; ++j) {
-    if (pads[j] != 0 || pads[n + j] != 0) padded.push_back(j);
+    if (pads_at(j) || pads_at(n + j)) padded.push_back(j);
   }
   for (size_t p = 0; p < padded.size(); ++p) {
     const int64_t j = padded[p], axis = axes[j];
     std::vector<ir::ValueId> parts;
-    if (pads[j] != 0) parts.push_back(block(y, axis, j));
+    if (pads_at(j)) parts.push_back(block(y, axis, j));
     parts.push_back(y);
-    if (pads[n + j] != 0) parts.push_back(block(y, axis, n + j));
+    if (pads_at(n + j)) parts.push_back(block(y, axis, n + j));
     ir::Attrs cat;
     cat.Set("axis", axis);
     if (p + 1 == padded.size()) return ctx.Emit(OpKind::kConcat, std::move(parts), std::move(cat));

@@ -196,6 +196,7 @@ const ImporterRegistry& ImporterRegistry::Get() {
     RegisterReduceImporters(*r);
     RegisterMiscImporters(*r);
     RegisterEinsumImporter(*r);
+    RegisterConvImporter(*r);
     RegisterAttentionImporters(*r);
     RegisterIndexImporters(*r);
     return r;

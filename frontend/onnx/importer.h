@@ -185,6 +185,7 @@ void RegisterReduceImporters(ImporterRegistry& r);       // import_reduce.cc: re
 void RegisterMiscImporters(ImporterRegistry& r);    // import_misc.cc: matmul, gather, constants, casts
 void RegisterAttentionImporters(ImporterRegistry& r);  // import_attention.cc: Attention, RotaryEmbedding (opset 23)
 void RegisterEinsumImporter(ImporterRegistry& r);   // import_einsum.cc: Einsum lowered to IR ops
+void RegisterConvImporter(ImporterRegistry& r);     // import_conv.cc: patch-embedding Conv as a MatMul
 void RegisterIndexImporters(ImporterRegistry& r);   // import_index.cc: GatherElements/ND, CumSum, mask predicates
 
 // Shared helpers for importers.

@@ -180,7 +180,9 @@ def check_fusion(c, exe, model, side):
     blocks, per_layer = attention_blocks(side)
     cmd = [exe, "inspect", model, "--json"]
     if side.get("dynamic", True):
-        cmd += ["--batch", str(side["train"]["batch"]), "--seq", str(side["config"]["seq"])]
+        cmd += ["--batch", str(side["train"]["batch"])]
+        if any(len(i["dims"]) > 1 and isinstance(i["dims"][1], str) for i in side.get("inputs", [])):
+            cmd += ["--seq", str(side["config"]["seq"])]  # not for images: no input has a sequence dim
     rc, out, err = run(cmd)
     if not c.check("inspect at the training shape", rc == 0, err.strip()[-2000:]):
         return

@@ -7,8 +7,9 @@ mode, which is the specification's definition):
   pad_traced.onnx    X (B, 3, 4), opset 17, F.pad(X, (1, 2, 0, 3)) as the TorchScript exporter writes it: the pads
                      computed in the graph from the list (zeros for the leading axes from Shape of the list, Concat,
                      Reshape to pairs, the pairs reversed by a Slice of step -1, Transpose, Reshape, Cast)
-  pad_reflect.onnx, pad_negative.onnx, pad_computed.onnx: refused by onnxpipe (reflect mode, a crop, pads computed
-                     in the graph from X's dynamic first dim)
+  pad_dynamic.onnx   X (B, 3, 4), opset 15, pads computed at run time from X's dims: B rows before axis 0 and
+                     4 - (3 mod 4) = 1 column after axis 2 (with X (2, 3, 4): Y (4, 3, 5))
+  pad_reflect.onnx, pad_negative.onnx: refused by onnxpipe (reflect mode, a crop)
 Float32 models; inputs and references: <model>.X.npy and <model>.Y.npy. onnxruntime, when installed, is checked
 against the references:
   VENV/bin/python tests/data/onnx_pad/make_models.py
@@ -55,11 +56,17 @@ def main():
                     os.path.join(HERE, "pad_negative.onnx"))
     write("pad_traced", model("pad_traced", traced_pad_nodes([1, 2, 0, 3], rank=3), {}, ["B", 6, 7], 17,
                               x_shape=("B", 3, 4)), x, np.pad(x, [(0, 0), (0, 3), (1, 2)]))
+    # pads from the dynamic batch dim (B rows before axis 0; after axis 2, 4 - S % 4 with S = 3: a last axis padded
+    # to the next multiple of 4, plus one), only known at run time
     nodes = [helper.make_node("Shape", ["X"], ["dims"], name="/emb/shape", start=0, end=1),
-             helper.make_node("Concat", ["dims", "five"], ["six"], name="/emb/concat", axis=0),
+             helper.make_node("Shape", ["X"], ["width"], name="/emb/width", start=1, end=2),
+             helper.make_node("Mod", ["width", "four"], ["rest"], name="/emb/mod"),
+             helper.make_node("Sub", ["four", "rest"], ["to_multiple"], name="/emb/sub"),
+             helper.make_node("Concat", ["dims", "four_zeros", "to_multiple"], ["six"], name="/emb/concat", axis=0),
              helper.make_node("Pad", ["X", "six"], ["Y"], name="/emb/pad")]
-    onnx.save_model(model("pad_computed", nodes, {"five": np.zeros(5, np.int64)}, ["B", 3, 4], 13, x_shape=("B", 3, 4)),
-                    os.path.join(HERE, "pad_computed.onnx"))
+    inits = {"four": np.array([4], np.int64), "four_zeros": np.zeros(4, np.int64)}
+    write("pad_dynamic", model("pad_dynamic", nodes, inits, ["Y0", 3, 5], 15, x_shape=("B", 3, 4)), x,
+          np.pad(x, [(2, 0), (0, 0), (0, 1)]))
 
 
 def traced_pad_nodes(torch_pads, rank):
