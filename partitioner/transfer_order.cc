@@ -37,6 +37,12 @@ class Poster {
     for (ir::ValueId v : values) g.ops.push_back({TransferOp::kRecv, peer, m, v});
     out_.push_back(std::move(g));
   }
+  // More receives in the last group (a run of RECV actions).
+  void JoinReceive(const std::string& action, int32_t peer, int32_t m, const std::vector<ir::ValueId>& values) {
+    TransferGroup& g = out_.back();
+    g.action += "+" + action;
+    for (ir::ValueId v : values) g.ops.push_back({TransferOp::kRecv, peer, m, v});
+  }
   void Flush(const std::string& action) {
     if (!held_.empty()) Receive(action, -1, -1, {});
   }
@@ -74,6 +80,18 @@ bool ReceivesNext(const ActionList& list, size_t i) {
          (list[next].kind == ActionKind::kRecvActivation || list[next].kind == ActionKind::kRecvGradient);
 }
 
+size_t ReceiveRunEnd(const ActionList& list, size_t i) {
+  const Action& first = list[i];
+  size_t end = i + 1;
+  for (size_t j = i + 1; j < list.size(); ++j) {
+    const Action& a = list[j];
+    if (a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient) continue;
+    if (a.kind != first.kind || a.microbatch != first.microbatch) break;
+    end = j + 1;
+  }
+  return end;
+}
+
 std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::vector<ActionList>& lists, int32_t k) {
   const StageProgram& sp = p.stages[k];
   Poster post(sp);
@@ -84,11 +102,18 @@ std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::
     const bool recv_next = ReceivesNext(lists[k], i);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
-        post.Receive(name, a.peer, a.microbatch, sp.recv_forward.at(a.peer));
+      case ActionKind::kRecvGradient: {
+        const std::map<int32_t, std::vector<ir::ValueId>>& from =
+            a.kind == ActionKind::kRecvActivation ? sp.recv_forward : sp.recv_backward;
+        post.Receive(name, a.peer, a.microbatch, from.at(a.peer));
+        const size_t end = ReceiveRunEnd(lists[k], i);
+        for (size_t j = i + 1; j < end; ++j) {
+          const Action& b = lists[k][j];
+          if (b.kind == a.kind) post.JoinReceive(ActionToString(b), b.peer, b.microbatch, from.at(b.peer));
+        }
+        i = end - 1;
         break;
-      case ActionKind::kRecvGradient:
-        post.Receive(name, a.peer, a.microbatch, sp.recv_backward.at(a.peer));
-        break;
+      }
       case ActionKind::kForward:
         for (ir::NodeId id : sp.forward) post.Made(id, sp.send_forward, a.microbatch);
         if (!recv_next) post.Flush(name);

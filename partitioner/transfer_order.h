@@ -6,15 +6,19 @@
 // receive is posted. The executor (executor/pipeline) posts, per stage and in its action list's order:
 // - each value a compute action (F, B, R) makes for a peer, as the node making it ends, in node order
 //   and, for a value going to several peers, in ascending peer order;
-// - each RECV action's values, in the order its value list gives, as one group;
+// - each RECV action's values, in the order its value list gives, as one group, which also takes the values of the
+//   RECV actions right after it for the same micro-batch and direction (from other peers: a stage that reads a
+//   value skipping the stage before it): NCCL completes a group as a whole, and receiving those one peer at a
+//   time can deadlock 1F1B (ReceiveRunEnd);
 // - in the optimizer phase: the accumulated contributions it sends (the post transfer list's order,
 //   less those all-reduced), then per post node the values it reads from peers (before the node) and
 //   the values it makes for peers (after it); a value from a peer after every value that peer sent
 //   before it; a Sum the plan all-reduces (AllReducedSums) exchanges nothing point-to-point.
 // A comm holds the sends made since its last group and issues them with the next group (a RECV
 // action's, a receive of the optimizer phase, or the flush at the end of a compute action not
-// followed by a RECV and at the end of the step): so a stage's sends and its next receives go out as one ncclGroupStart/End, which is what
-// lets a 1F1B stage send its activation and receive its gradient without waiting for each other.
+// followed by a RECV and at the end of the step): so a stage's sends and its next receives go out as one
+// ncclGroupStart/End, which is what lets a 1F1B stage send its activation and receive its gradient without waiting for
+// each other.
 //
 // ProveTransferOrder derives those posts and checks (1) that on every channel the sender's n-th
 // message is the receiver's n-th (micro-batch and value), and (2) that the micro-batch phase's groups
@@ -49,6 +53,10 @@ struct TransferGroup {
 // Whether the next action after list[i] that is not a SEND (SENDs post nothing: values leave as they are made)
 // receives: a compute action's held sends then go out with that receive, else at the action's end.
 bool ReceivesNext(const ActionList& list, size_t i);
+
+// The end of the run of RECV actions that begins at list[i] (a RECV): the index after the last one of the same
+// direction and micro-batch that follows it with only SENDs between. The run is received as one group.
+size_t ReceiveRunEnd(const ActionList& list, size_t i);
 
 // Stage k's posts in order, grouped as the comm issues them (see the file comment).
 std::vector<TransferGroup> TransferProgram(const PipelineProgram& p, const std::vector<ActionList>& lists, int32_t k);

@@ -35,16 +35,19 @@ absl::Status StageExecutor::IssueHeldSends(const partitioner::Action& after) {
                    "stage " + std::to_string(sp_.stage) + ": sending after " + partitioner::ActionToString(after));
 }
 
-// The values of one RECV action, received as one group straight into their planned slots. A value
-// the plan gives no slot (one only read for its dims) lands in a buffer of its own.
-absl::Status StageExecutor::Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values,
+// The values of a run of RECV actions, received as one group straight into their planned slots. A
+// value the plan gives no slot (one only read for its dims) lands in a buffer of its own.
+absl::Status StageExecutor::Receive(int32_t m, const std::vector<std::pair<int32_t, std::vector<ir::ValueId>>>& from,
                                     const char* phase) {
   ASSIGN_OR_RETURN(Table * tp, Get(m));
   Table& t = *tp;
   const double start = Now();
   const std::string where = "stage " + std::to_string(sp_.stage) + ", micro-batch " + std::to_string(m);
+  std::vector<std::pair<int32_t, ir::ValueId>> values;  // (peer, value) in posting order
+  for (const auto& [peer, vs] : from)
+    for (ir::ValueId v : vs) values.push_back({peer, v});
   std::vector<ir::Tensor> into;
-  for (ir::ValueId v : values) {
+  for (const auto& [peer, v] : values) {
     const ir::Value& val = sp_.graph.value(v);
     ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ConcreteDims(val));
     absl::StatusOr<ir::Tensor> buffer = arena_->Address(v, m) != nullptr
@@ -55,17 +58,20 @@ absl::Status StageExecutor::Receive(int32_t m, int32_t peer, const std::vector<i
   }
   absl::Status st = comm_->GroupStart();
   for (size_t i = 0; i < values.size() && st.ok(); ++i) {
-    st = comm_->Recv(peer, Tag(inputs_->step, kTagMicrobatch, m, sp_.graph, values[i]), into[i], stream_.get());
+    const auto& [peer, v] = values[i];
+    st = comm_->Recv(peer, Tag(inputs_->step, kTagMicrobatch, m, sp_.graph, v), into[i], stream_.get());
   }
   if (absl::Status end = comm_->GroupEnd(); st.ok()) st = end;
+  std::string peers;
+  for (const auto& [peer, vs] : from) peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
   if (!st.ok()) {
     std::string names;
-    for (ir::ValueId v : values) names += (names.empty() ? "'" : ", '") + sp_.graph.value(v).name + "'";
-    return CommError(st, where + ": receiving " + names + " from stage " + std::to_string(peer));
+    for (const auto& [peer, v] : values) names += (names.empty() ? "'" : ", '") + sp_.graph.value(v).name + "'";
+    return CommError(st, where + ": receiving " + names + " from stage " + peers);
   }
-  for (size_t i = 0; i < values.size(); ++i) RETURN_IF_ERROR(Put(t, m, values[i], into[i]));
+  for (size_t i = 0; i < values.size(); ++i) RETURN_IF_ERROR(Put(t, m, values[i].second, into[i]));
   result_.measure.recv_wait_s +=
-      Traced(start, 1, std::string("recv ") + phase + std::to_string(m) + " from " + std::to_string(peer), "recv", m);
+      Traced(start, 1, std::string("recv ") + phase + std::to_string(m) + " from " + peers, "recv", m);
   return absl::OkStatus();
 }
 

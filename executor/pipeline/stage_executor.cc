@@ -183,11 +183,18 @@ absl::StatusOr<StageStepResult> StageExecutor::Run(const partitioner::ActionList
     const partitioner::Action& a = list[i];
     switch (a.kind) {
       case ActionKind::kRecvActivation:
-        RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_forward.at(a.peer), "F"));
+      case ActionKind::kRecvGradient: {  // with the RECVs right after it for the same micro-batch, as one group
+        const bool forward = a.kind == ActionKind::kRecvActivation;
+        const partitioner::ValueLists& lists = forward ? sp_.recv_forward : sp_.recv_backward;
+        std::vector<std::pair<int32_t, std::vector<ir::ValueId>>> from;
+        const size_t end = partitioner::ReceiveRunEnd(list, i);
+        for (size_t j = i; j < end; ++j) {
+          if (list[j].kind == a.kind) from.push_back({list[j].peer, lists.at(list[j].peer)});
+        }
+        RETURN_IF_ERROR(Receive(a.microbatch, from, forward ? "F" : "B"));
+        i = end - 1;
         break;
-      case ActionKind::kRecvGradient:
-        RETURN_IF_ERROR(Receive(a.microbatch, a.peer, sp_.recv_backward.at(a.peer), "B"));
-        break;
+      }
       case ActionKind::kForward:
         RETURN_IF_ERROR(Forward(a.microbatch));
         break;

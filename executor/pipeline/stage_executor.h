@@ -176,7 +176,9 @@ class StageExecutor {
 
   // stage_comm.cc: the stage's transfers.
   absl::Status IssueHeldSends(const partitioner::Action& after);
-  absl::Status Receive(int32_t m, int32_t peer, const std::vector<ir::ValueId>& values, const char* phase);
+  // The values of a run of RECV actions (partitioner::ReceiveRunEnd) for micro-batch m: per peer, its values.
+  absl::Status Receive(int32_t m, const std::vector<std::pair<int32_t, std::vector<ir::ValueId>>>& from,
+                       const char* phase);
   absl::Status Send(Table& t, int32_t m, StepPhase ph, int32_t peer, ir::ValueId v);
   absl::Status FlushSends(Table& t, int32_t m, StepPhase ph);
   absl::Status GradientReady(ir::ValueId v);

@@ -4,6 +4,7 @@
 // different orders refused naming the channel and both values.
 #include "partitioner/transfer_order.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,55 @@ TEST(SimulateTransfers, AnExchangeInSeparateGroupsDeadlocksAndInOneGroupComplete
   for (auto& stage : ring)
     for (TransferGroup& g : stage) g.optimizer = true;
   EXPECT_TRUE(SimulateTransfers(ring).ok());
+}
+
+// A stage that receives one micro-batch's activations from two peers (a value skipping a stage, as an encoder's
+// output reaching a later decoder stage) under 1F1B, micro-batches 0 and 1, three stages; stage 0 sends to 1 and 2.
+// Stage 2 has done F0 and B0 and receives micro-batch 1; stage 0 holds F1's sends in the group that receives
+// micro-batch 0's gradients; stage 1 holds F1's send in the group receiving stage 2's gradient. Receiving from one
+// peer at a time, each waits on the next: a deadlock. Receiving a micro-batch's run from both peers as one group
+// (ReceiveRunEnd), every group finds its counterparts.
+TEST(SimulateTransfers, ReceivingFromTwoPeersAtOnceLets1F1BWithASkipComplete) {
+  auto op = [](TransferOp::Kind k, int32_t peer, int32_t m, ir::ValueId v) { return TransferOp{k, peer, m, v}; };
+  const auto S = TransferOp::kSend, R = TransferOp::kRecv;
+  // Values: 1 = stage 0's activation, 2 = stage 1's, 3 = stage 2's gradient for 1, 4 = for 0, 5 = stage 1's for 0.
+  auto program = [&](bool together) {
+    std::vector<TransferGroup> s0 = {{"F0", {op(S, 1, 0, 1), op(S, 2, 0, 1)}}};
+    std::vector<TransferGroup> s2;
+    if (together) {
+      s2.push_back({"RECV_ACT0<0+RECV_ACT0<1", {op(R, 0, 0, 1), op(R, 1, 0, 2)}});
+      s2.push_back({"RECV_ACT1<0+RECV_ACT1<1", {op(S, 1, 0, 3), op(S, 0, 0, 4), op(R, 0, 1, 1), op(R, 1, 1, 2)}});
+      s0.push_back({"RECV_GRAD0<1+RECV_GRAD0<2", {op(S, 1, 1, 1), op(S, 2, 1, 1), op(R, 1, 0, 5), op(R, 2, 0, 4)}});
+    } else {
+      s2.push_back({"RECV_ACT0<0", {op(R, 0, 0, 1)}});
+      s2.push_back({"RECV_ACT0<1", {op(R, 1, 0, 2)}});
+      s2.push_back({"RECV_ACT1<0", {op(S, 1, 0, 3), op(S, 0, 0, 4), op(R, 0, 1, 1)}});
+      s2.push_back({"RECV_ACT1<1", {op(R, 1, 1, 2)}});
+      s0.push_back({"RECV_GRAD0<1", {op(S, 1, 1, 1), op(S, 2, 1, 1), op(R, 1, 0, 5)}});
+      s0.push_back({"RECV_GRAD0<2", {op(R, 2, 0, 4)}});
+    }
+    const std::vector<TransferGroup> s1 = {{"RECV_ACT0<0", {op(R, 0, 0, 1)}},
+                                           {"RECV_ACT1<0", {op(S, 2, 0, 2), op(R, 0, 1, 1)}},
+                                           {"RECV_GRAD0<2", {op(S, 2, 1, 2), op(R, 2, 0, 3)}},
+                                           {"B0", {op(S, 0, 0, 5)}}};
+    return std::vector<std::vector<TransferGroup>>{s0, s1, s2};
+  };
+  const absl::Status apart = SimulateTransfers(program(false));
+  EXPECT_THAT(apart.message(), HasSubstr("stage 0 at RECV_GRAD0<1; stage 1 at RECV_GRAD0<2; stage 2 at RECV_ACT1<0"));
+  EXPECT_TRUE(SimulateTransfers(program(true)).ok()) << SimulateTransfers(program(true));
+}
+
+TEST(ReceiveRunEnd, TakesTheRecvsOfOneMicrobatchAndDirectionThatFollow) {
+  auto list = [](const std::vector<std::string>& names) {
+    ActionList l;
+    for (const std::string& n : names) l.push_back(*ParseAction(n));
+    return l;
+  };
+  EXPECT_EQ(ReceiveRunEnd(list({"RECV_ACT1<0", "RECV_ACT1<1", "F1"}), 0), 2u);
+  EXPECT_EQ(ReceiveRunEnd(list({"F0", "RECV_ACT1<0", "SEND_ACT0>2", "RECV_ACT1<1", "F1"}), 1), 4u);
+  EXPECT_EQ(ReceiveRunEnd(list({"RECV_ACT1<0", "RECV_ACT2<1"}), 0), 1u);   // another micro-batch
+  EXPECT_EQ(ReceiveRunEnd(list({"RECV_GRAD0<2", "RECV_ACT1<0"}), 0), 1u);  // another direction
+  EXPECT_EQ(ReceiveRunEnd(list({"RECV_GRAD0<2"}), 0), 1u);
 }
 
 // A 5-layer chain with a tied head (a parameter held on the first and last stage), planned and compiled as train
