@@ -25,36 +25,15 @@ std::string DataPath(const std::string& file) { return testing::TestDataPath("on
 
 ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(file)); }
 
-absl::StatusOr<std::vector<ir::Tensor>> RunModel(const std::string& name, std::vector<ir::Tensor> feeds) {
-  absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(name + ".onnx"));
-  if (!m.ok()) return m.status();
-  RETURN_IF_ERROR(ir::InferShapes(*m->graph));
-  return testing::Run(*m->graph, std::move(feeds));
-}
-
 TEST(OnnxActivationTest, ForwardEqualsTheSpecification) {
   for (const std::string name : kFloatModels) {
-    absl::StatusOr<std::vector<ir::Tensor>> out = RunModel(name, {Npy(name + ".X.npy")});
-    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
-    const ir::Tensor want = Npy(name + ".Y.npy");
-    ASSERT_EQ((*out)[0].dims(), want.dims()) << name;
-    for (int64_t i = 0; i < want.num_elements(); ++i) {
-      const double got = (*out)[0].GetAsDouble(i), expected = want.GetAsDouble(i);
-      EXPECT_NEAR(got, expected, 1e-6 + 2e-6 * std::abs(expected)) << name << " element " << i;
-    }
+    testing::ExpectOutputMatchesReference("onnx_activations", name, {Npy(name + ".X.npy")}, 1e-6, 2e-6);
   }
 }
 
 TEST(OnnxActivationTest, OrAndXorEqualNumpy) {
   for (const std::string name : {"or", "xor"}) {
-    absl::StatusOr<std::vector<ir::Tensor>> out = RunModel(name, {Npy(name + ".X.npy"), Npy(name + ".B.npy")});
-    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
-    const ir::Tensor want = Npy(name + ".Y.npy");
-    ASSERT_EQ((*out)[0].dims(), want.dims()) << name;
-    ASSERT_EQ((*out)[0].dtype(), ir::DType::kBool) << name;
-    for (int64_t i = 0; i < want.num_elements(); ++i) {
-      EXPECT_EQ((*out)[0].GetAsInt(i), want.GetAsInt(i)) << name << " element " << i;
-    }
+    testing::ExpectOutputMatchesReference("onnx_activations", name, {Npy(name + ".X.npy"), Npy(name + ".B.npy")});
   }
 }
 

@@ -11,15 +11,12 @@
 
 #include "frontend/ir/infer.h"
 #include "frontend/onnx/loader.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/autodiff/onnx_grad_check.h"
 #include "tests/autodiff/test_graph.h"
 
 namespace onnxpipe::autodiff {
 namespace {
-
-using ::testing::HasSubstr;
 
 const char* const kModels[] = {"patch2d", "batch2d", "trim2d", "point1d", "patch3d"};
 
@@ -29,17 +26,7 @@ ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(f
 
 TEST(OnnxConvTest, ForwardEqualsTheWindowSums) {
   for (const std::string name : kModels) {
-    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(name + ".onnx"));
-    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
-    ASSERT_TRUE(ir::InferShapes(*m->graph).ok()) << name;
-    absl::StatusOr<std::vector<ir::Tensor>> out = testing::Run(*m->graph, {Npy(name + ".X.npy")});
-    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
-    const ir::Tensor want = Npy(name + ".Y.npy");
-    ASSERT_EQ((*out)[0].dims(), want.dims()) << name;
-    for (int64_t i = 0; i < want.num_elements(); ++i) {
-      const double expected = want.GetAsDouble(i);
-      EXPECT_NEAR((*out)[0].GetAsDouble(i), expected, 1e-5 + 1e-5 * std::abs(expected)) << name << " element " << i;
-    }
+    testing::ExpectOutputMatchesReference("onnx_conv", name, {Npy(name + ".X.npy")}, 1e-5, 1e-5);
   }
 }
 
@@ -56,14 +43,8 @@ TEST(OnnxConvTest, GradientsEqualFiniteDifferences) {
 }
 
 TEST(OnnxConvTest, OverlappingWindowsAndGroupsFailNamingTheNode) {
-  const std::pair<const char*, const char*> cases[] = {{"overlap", "strides other than its kernel"},
-                                                       {"groups", "has groups"}};
-  for (const auto& [name, message] : cases) {
-    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(std::string(name) + ".onnx"));
-    ASSERT_FALSE(m.ok()) << name;
-    EXPECT_THAT(m.status().message(), HasSubstr("'/embed/patch' (Conv)")) << name;
-    EXPECT_THAT(m.status().message(), HasSubstr(message)) << name;
-  }
+  testing::ExpectLoadFailsNamingTheNode("onnx_conv", "'/embed/patch' (Conv)",
+                                        {{"overlap", "strides other than its kernel"}, {"groups", "has groups"}});
 }
 
 }  // namespace

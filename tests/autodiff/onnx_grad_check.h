@@ -7,12 +7,15 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/data/npy.h"
 #include "frontend/autodiff/autodiff.h"
+#include "frontend/ir/infer.h"
 #include "frontend/ir/precision.h"
 #include "frontend/onnx/loader.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/autodiff/test_graph.h"
 
@@ -28,6 +31,37 @@ inline ir::Tensor ReadTestNpy(const std::string& path) {
   absl::StatusOr<ir::Tensor> t = data::ReadNpy(path);
   EXPECT_TRUE(t.ok()) << t.status();
   return t.ok() ? *std::move(t) : ir::Tensor();
+}
+
+// tests/data/<folder>/<name>.onnx run on `feeds` (its graph inputs in order): its first output has the dims of
+// <name>.Y.npy and every element within atol + rtol * |expected| of it (0 and 0: equal).
+inline void ExpectOutputMatchesReference(const std::string& folder, const std::string& name,
+                                         std::vector<ir::Tensor> feeds, double atol = 0, double rtol = 0) {
+  absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(TestDataPath(folder, name + ".onnx"));
+  ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+  ASSERT_TRUE(ir::InferShapes(*m->graph).ok()) << name;
+  absl::StatusOr<std::vector<ir::Tensor>> out = Run(*m->graph, std::move(feeds));
+  ASSERT_TRUE(out.ok()) << name << ": " << out.status();
+  const ir::Tensor want = ReadTestNpy(TestDataPath(folder, name + ".Y.npy"));
+  ASSERT_EQ((*out)[0].dims(), want.dims()) << name;
+  ASSERT_EQ((*out)[0].dtype(), want.dtype()) << name;
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    const double expected = want.GetAsDouble(i);
+    ASSERT_LE(std::abs((*out)[0].GetAsDouble(i) - expected), atol + rtol * std::abs(expected))
+        << name << " element " << i << ": " << (*out)[0].GetAsDouble(i) << " against " << expected;
+  }
+}
+
+// Each (name, message) of `cases`: tests/data/<folder>/<name>.onnx fails to load, with an error naming `node` (as
+// "'/emb/pad' (Pad)") and holding the message.
+inline void ExpectLoadFailsNamingTheNode(const std::string& folder, const std::string& node,
+                                         const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [name, message] : cases) {
+    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(TestDataPath(folder, name + ".onnx"));
+    ASSERT_FALSE(m.ok()) << name;
+    EXPECT_THAT(m.status().message(), ::testing::HasSubstr(node)) << name;
+    EXPECT_THAT(m.status().message(), ::testing::HasSubstr(message)) << name;
+  }
 }
 
 // The model at `path` with the inputs in `constants` bound as initializers (so that they are

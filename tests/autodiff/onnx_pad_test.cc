@@ -9,7 +9,6 @@
 
 #include "frontend/ir/infer.h"
 #include "frontend/onnx/loader.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/autodiff/onnx_grad_check.h"
 #include "tests/autodiff/test_graph.h"
@@ -17,24 +16,13 @@
 namespace onnxpipe::autodiff {
 namespace {
 
-using ::testing::HasSubstr;
-
 std::string DataPath(const std::string& file) { return testing::TestDataPath("onnx_pad", file); }
 
 ir::Tensor Npy(const std::string& file) { return testing::ReadTestNpy(DataPath(file)); }
 
 TEST(OnnxPadTest, ForwardEqualsNumpy) {
   for (const std::string name : {"pad_axes", "pad_all", "pad_traced", "pad_dynamic"}) {
-    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(name + ".onnx"));
-    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
-    ASSERT_TRUE(ir::InferShapes(*m->graph).ok()) << name;
-    absl::StatusOr<std::vector<ir::Tensor>> out = testing::Run(*m->graph, {Npy(name + ".X.npy")});
-    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
-    const ir::Tensor want = Npy(name + ".Y.npy");
-    ASSERT_EQ((*out)[0].dims(), want.dims()) << name;
-    for (int64_t i = 0; i < want.num_elements(); ++i) {
-      ASSERT_EQ((*out)[0].data<float>()[i], want.data<float>()[i]) << name << " element " << i;  // copies only
-    }
+    testing::ExpectOutputMatchesReference("onnx_pad", name, {Npy(name + ".X.npy")});  // copies only: equal
   }
 }
 
@@ -47,16 +35,9 @@ TEST(OnnxPadTest, GradientEqualsFiniteDifferences) {
 }
 
 TEST(OnnxPadTest, WhatIsNotImportedFailsNamingTheNode) {
-  const std::pair<const char*, const char*> cases[] = {
-      {"pad_reflect", "mode 'reflect' is not supported"},
-      {"pad_negative", "negative pads"},
-  };
-  for (const auto& [name, message] : cases) {
-    absl::StatusOr<onnx_frontend::LoadedModel> m = onnx_frontend::LoadOnnxModel(DataPath(std::string(name) + ".onnx"));
-    ASSERT_FALSE(m.ok()) << name;
-    EXPECT_THAT(m.status().message(), HasSubstr("'/emb/pad' (Pad)")) << name;
-    EXPECT_THAT(m.status().message(), HasSubstr(message)) << name;
-  }
+  testing::ExpectLoadFailsNamingTheNode(
+      "onnx_pad", "'/emb/pad' (Pad)",
+      {{"pad_reflect", "mode 'reflect' is not supported"}, {"pad_negative", "negative pads"}});
 }
 
 }  // namespace
