@@ -7,7 +7,10 @@ specification's sum over each window (float64 loops, rounded to float32):
   point1d.onnx   X (2, 6, 7), W (3, 6, 1), B (3): a kernel-1 conv (strides 1)
   patch3d.onnx   X (1, 2, 4, 4, 6), W (3, 2, 2, 2, 3), B (3), strides (2, 2, 3)
   batch2d.onnx   patch2d with a symbolic batch dim
-  overlap.onnx, groups.onnx: refused by onnxpipe (a 3 x 3 kernel at stride 1 with padding; two groups)
+  avgpool2d.onnx AveragePool of X (2, 3, 8, 12), kernel and strides (4, 4): Y (2, 3, 2, 3)
+  maxpool1d.onnx MaxPool of X (2, 3, 10), kernel and strides 3 (the last element outside every window): Y (2, 3, 3)
+  overlap.onnx, groups.onnx, overlap_pool.onnx: refused by onnxpipe (a 3 x 3 kernel at stride 1 with padding; two
+                 groups; a MaxPool of kernel 3 at stride 1)
 W and B are initializers. Inputs and references: <model>.<name>.npy, <model>.Y.npy. onnxruntime, when installed, is
 checked against the references:
   VENV/bin/python tests/data/onnx_conv/make_models.py
@@ -69,6 +72,24 @@ def main():
         if name == "patch2d":
             reference_models.write(HERE, "batch2d", model("batch2d", ("B", *xs[1:]), ("B", *y.shape[1:]), inits, attrs),
                                    {"X": x}, y, {"X": x}, rtol=1e-5, atol=1e-5)
+    for name, op, xs, k, reduce in (("avgpool2d", "AveragePool", (2, 3, 8, 12), (4, 4), np.mean),
+                                     ("maxpool1d", "MaxPool", (2, 3, 10), (3,), np.max)):
+        x = f32(*xs)
+        windows = [d // kk for d, kk in zip(xs[2:], k)]
+        trimmed = x[(slice(None), slice(None), *[slice(0, o * kk) for o, kk in zip(windows, k)])]
+        split = trimmed.astype(np.float64).reshape(xs[0], xs[1], *[v for o, kk in zip(windows, k) for v in (o, kk)])
+        y = reduce(split, axis=tuple(3 + 2 * i for i in range(len(k)))).astype(np.float32)
+        node = helper.make_node(op, ["X"], ["Y"], name="/embed/patch", kernel_shape=list(k), strides=list(k))
+        graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(xs))],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(y.shape))])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxpipe-tests",
+                              ir_version=9)
+        reference_models.write(HERE, name, m, {"X": x}, y, {"X": x}, rtol=1e-6, atol=1e-6)
+    node = helper.make_node("MaxPool", ["X"], ["Y"], name="/embed/patch", kernel_shape=[3], strides=[1])
+    graph = helper.make_graph([node], "overlap_pool", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 9])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 7])])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+                    os.path.join(HERE, "overlap_pool.onnx"))
     w = f32(4, 3, 3, 3)
     overlap = model("overlap", (2, 3, 8, 8), (2, 4, 8, 8), {"W": w, "B": f32(4)},
                     dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]))
