@@ -27,9 +27,12 @@ using ir::OpKind;
 struct Equation {
   std::vector<std::string> operands;  // labels per operand
   std::string output;
+  bool explicit_output = false;  // "->" given
+  std::string ellipsis;          // the letters that stand for the dims of "..."
 };
 
-absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& text, int n) {
+// The equation split into operands and output, spaces dropped; labels are checked by CheckLabels.
+absl::StatusOr<Equation> SplitEquation(ImportContext& ctx, const std::string& text, int n) {
   std::string s;
   for (char c : text) {
     if (c != ' ') s += c;
@@ -37,17 +40,63 @@ absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& te
   Equation eq;
   const size_t arrow = s.find("->");
   const std::string lhs = s.substr(0, arrow);
-  size_t start = 0;
-  while (true) {
+  for (size_t start = 0;;) {
     const size_t comma = lhs.find(',', start);
     eq.operands.push_back(lhs.substr(start, comma == std::string::npos ? comma : comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   if (static_cast<int>(eq.operands.size()) != n) {
-    return ctx.Error() << "equation '" << text << "' names " << eq.operands.size()
-                       << " operands; the node has " << n;
+    return ctx.Error() << "equation '" << text << "' names " << eq.operands.size() << " operands; the node has " << n;
   }
+  eq.explicit_output = arrow != std::string::npos;
+  if (eq.explicit_output) eq.output = s.substr(arrow + 2);
+  return eq;
+}
+
+// Replaces each "..." by letters the equation does not use: operand i's covers rank_i - (its letters) dims, which
+// take the last of the widest ellipsis's letters (numpy's right alignment).
+absl::Status ExpandEllipsis(ImportContext& ctx, const std::string& text, Equation& eq) {
+  const int n = static_cast<int>(eq.operands.size());
+  std::vector<int64_t> covered(n, -1);
+  int64_t widest = 0;
+  for (int i = 0; i < n; ++i) {
+    if (eq.operands[i].find("...") == std::string::npos) continue;
+    const ir::Value& v = InferredValue(ctx, ctx.input(i));
+    if (!v.shape_known)
+      return ctx.Error() << "equation '" << text << "': the ellipsis needs operand " << i << "'s rank";
+    covered[i] = static_cast<int64_t>(v.shape.size()) - static_cast<int64_t>(eq.operands[i].size() - 3);
+    if (covered[i] < 0) {
+      return ctx.Error() << "equation '" << text << "': operand " << i << " has rank " << v.shape.size()
+                         << ", fewer dims than its labels";
+    }
+    widest = std::max(widest, covered[i]);
+  }
+  if (std::all_of(covered.begin(), covered.end(), [](int64_t c) { return c < 0; })) return absl::OkStatus();
+  for (char c = 'A'; c <= 'z' && static_cast<int64_t>(eq.ellipsis.size()) < widest; ++c) {
+    if (!std::isalpha(static_cast<unsigned char>(c))) continue;
+    bool used = eq.output.find(c) != std::string::npos;
+    for (const std::string& op : eq.operands) used = used || op.find(c) != std::string::npos;
+    if (!used) eq.ellipsis += c;
+  }
+  if (static_cast<int64_t>(eq.ellipsis.size()) < widest) {
+    return ctx.Error() << "equation '" << text << "': no letters left for the ellipsis's " << widest << " dims";
+  }
+  for (int i = 0; i < n; ++i) {
+    if (covered[i] >= 0) eq.operands[i].replace(eq.operands[i].find("..."), 3, eq.ellipsis.substr(widest - covered[i]));
+  }
+  if (const size_t e = eq.output.find("..."); e != std::string::npos) {
+    eq.output.replace(e, 3, eq.ellipsis);
+  } else if (eq.explicit_output && widest > 0) {
+    return ctx.Error() << "equation '" << text << "': the output leaves out the " << widest
+                       << " dims of the ellipsis; write '...' in it";
+  }
+  return absl::OkStatus();
+}
+
+// Checks the labels (letters, none repeated within an operand or the output, every output label an input's) and
+// fills in the implicit output: the ellipsis's letters, then the labels that appear once, alphabetically.
+absl::Status CheckLabels(ImportContext& ctx, const std::string& text, Equation& eq) {
   std::map<char, int> count;
   for (const std::string& op : eq.operands) {
     for (size_t i = 0; i < op.size(); ++i) {
@@ -62,104 +111,29 @@ absl::StatusOr<Equation> ParseEquation(ImportContext& ctx, const std::string& te
       ++count[c];
     }
   }
-  if (arrow != std::string::npos) {
-    eq.output = s.substr(arrow + 2);
-    for (size_t i = 0; i < eq.output.size(); ++i) {
-      const char c = eq.output[i];
-      if (!count.count(c) || eq.output.find(c, i + 1) != std::string::npos) {
-        return ctx.Error() << "equation '" << text << "': output label '" << c
-                           << "' is not an input label or repeats";
-      }
-    }
-  } else {
-    // Implicit form: the labels that appear once, in alphabetical order.
+  if (!eq.explicit_output) {
+    eq.output = eq.ellipsis;
     for (const auto& [c, k] : count) {
-      if (k == 1) eq.output += c;
+      if (k == 1 && eq.ellipsis.find(c) == std::string::npos) eq.output += c;
+    }
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < eq.output.size(); ++i) {
+    const char c = eq.output[i];
+    if (!count.count(c) || eq.output.find(c, i + 1) != std::string::npos) {
+      return ctx.Error() << "equation '" << text << "': output label '" << c << "' is not an input label or repeats";
     }
   }
-  return eq;
-}
-
-// The equation with each "..." replaced by letters it does not use: operand i's ellipsis covers
-// rank_i - (its letters) dims, which take the last of the widest ellipsis's letters. The implicit
-// form gets an explicit output: those letters, then the letters that appear once, alphabetically.
-absl::StatusOr<std::string> ExpandEllipsis(ImportContext& ctx, const std::string& text, int n) {
-  std::string s;
-  for (char c : text) {
-    if (c != ' ') s += c;
-  }
-  if (s.find("...") == std::string::npos) return s;
-  const size_t arrow = s.find("->");
-  const std::string lhs = s.substr(0, arrow);
-  std::vector<std::string> operands;
-  for (size_t start = 0;;) {
-    const size_t comma = lhs.find(',', start);
-    operands.push_back(lhs.substr(start, comma == std::string::npos ? comma : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  if (static_cast<int>(operands.size()) != n) {
-    return ctx.Error() << "equation '" << text << "' names " << operands.size() << " operands; the node has " << n;
-  }
-  std::vector<int64_t> covered(n, 0);
-  int64_t widest = 0;
-  for (int i = 0; i < n; ++i) {
-    if (operands[i].find("...") == std::string::npos) continue;
-    const ir::Value& v = InferredValue(ctx, ctx.input(i));
-    if (!v.shape_known)
-      return ctx.Error() << "equation '" << text << "': the ellipsis needs operand " << i << "'s rank";
-    covered[i] = static_cast<int64_t>(v.shape.size()) - static_cast<int64_t>(operands[i].size() - 3);
-    if (covered[i] < 0) {
-      return ctx.Error() << "equation '" << text << "': operand " << i << " has rank " << v.shape.size()
-                         << ", fewer dims than its labels";
-    }
-    widest = std::max(widest, covered[i]);
-  }
-  std::string letters;
-  for (char c = 'A'; c <= 'z' && static_cast<int64_t>(letters.size()) < widest; ++c) {
-    if (std::isalpha(static_cast<unsigned char>(c)) && s.find(c) == std::string::npos) letters += c;
-  }
-  if (static_cast<int64_t>(letters.size()) < widest) {
-    return ctx.Error() << "equation '" << text << "': no letters left for the ellipsis's " << widest << " dims";
-  }
-  std::string expanded;
-  for (int i = 0; i < n; ++i) {
-    std::string op = operands[i];
-    if (const size_t e = op.find("..."); e != std::string::npos) {
-      op.replace(e, 3, letters.substr(widest - covered[i]));
-    }
-    expanded += (i == 0 ? "" : ",") + op;
-  }
-  std::string output;
-  if (arrow == std::string::npos) {
-    std::map<char, int> count;
-    for (const std::string& op : operands) {
-      for (char c : op) {
-        if (c != '.') ++count[c];
-      }
-    }
-    output = letters;
-    for (const auto& [c, k] : count) {
-      if (k == 1) output += c;
-    }
-  } else {
-    output = s.substr(arrow + 2);
-    if (const size_t e = output.find("..."); e != std::string::npos) {
-      output.replace(e, 3, letters);
-    } else if (widest > 0) {
-      return ctx.Error() << "equation '" << text << "': the output leaves out the " << widest
-                         << " dims of the ellipsis; write '...' in it";
-    }
-  }
-  return absl::StrCat(expanded, "->", output);
+  return absl::OkStatus();
 }
 
 ONNX_IMPORTER(Einsum) {
   RETURN_IF_ERROR(ctx.CheckNumInputs(1, 2));
   ASSIGN_OR_RETURN(std::string text, ctx.attrs().Required<std::string>("equation"));
   const int n = ctx.num_inputs();
-  ASSIGN_OR_RETURN(const std::string expanded, ExpandEllipsis(ctx, text, n));
-  ASSIGN_OR_RETURN(Equation eq, ParseEquation(ctx, expanded, n));
+  ASSIGN_OR_RETURN(Equation eq, SplitEquation(ctx, text, n));
+  RETURN_IF_ERROR(ExpandEllipsis(ctx, text, eq));
+  RETURN_IF_ERROR(CheckLabels(ctx, text, eq));
 
   // Global axis order: output labels, then contracted labels in order of appearance.
   std::string order = eq.output;
