@@ -237,7 +237,6 @@ ONNX_IMPORTER(Pad) {
   // the pads tensor sliced at run time (pads from a dynamic dim: a sequence padded to a multiple of a block).
   std::vector<std::optional<int64_t>> known(2 * n);
   const ir::ValueId pads = ctx.input(1);
-  InferredValue(ctx, pads);
   std::optional<std::vector<int64_t>> ints = ir::KnownInts(ctx.graph(), pads);
   if (!ints) {  // the file's declared shapes may hide what inference knows (TorchScript's "unk__N" dims)
     ir::InferShapes(ctx.graph()).IgnoreError();
